@@ -1,0 +1,332 @@
+//! Tensors: a dtype, a shape and 64-byte-aligned bytes that are owned, shared, or borrowed
+//! from a memory-mapped file (weights stored as ONNX external data are never copied).
+
+use crate::DType;
+use half::{bf16, f16};
+use std::fmt;
+use std::sync::Arc;
+
+/// The alignment of every owned tensor buffer: one cache line, and enough for AVX-512 loads.
+pub const ALIGN: usize = 64;
+
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Block([u8; ALIGN]);
+
+/// Where a tensor's bytes live.
+enum Storage {
+    /// An owned, 64-byte-aligned allocation.
+    Owned { blocks: Vec<Block>, len: usize },
+    /// A range of a read-only memory map (external weights); kept alive by the Arc.
+    Mapped { map: Arc<memmap2::Mmap>, offset: usize, len: usize },
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Owned { blocks, len } => &bytemuck::cast_slice::<Block, u8>(blocks)[..*len],
+            Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+        }
+    }
+
+    fn zeroed(len: usize) -> Storage {
+        Storage::Owned { blocks: vec![Block([0; ALIGN]); len.div_ceil(ALIGN)], len }
+    }
+
+    fn from_bytes(src: &[u8]) -> Storage {
+        let mut s = Storage::zeroed(src.len());
+        s.bytes_mut().copy_from_slice(src);
+        s
+    }
+
+    /// Mutable bytes; only owned storage can be written (a mapped one is copied first by
+    /// [`Tensor::bytes_mut`]).
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Storage::Owned { blocks, len } => &mut bytemuck::cast_slice_mut::<Block, u8>(blocks)[..*len],
+            Storage::Mapped { .. } => unreachable!("mapped storage is copied before writing"),
+        }
+    }
+}
+
+/// A Rust type that can be the element of a tensor.
+pub trait Elem: bytemuck::Pod + Send + Sync + 'static {
+    /// The dtype this Rust type stands for.
+    const DTYPE: DType;
+    /// Whether a tensor of `dt` can be viewed as a slice of this type (u8 also views bool).
+    fn views(dt: DType) -> bool {
+        dt == Self::DTYPE
+    }
+}
+
+macro_rules! elem {
+    ($($t:ty => $d:ident),*) => { $(impl Elem for $t { const DTYPE: DType = DType::$d; })* };
+}
+elem!(f32 => F32, f64 => F64, f16 => F16, bf16 => BF16, i8 => I8, i16 => I16, i32 => I32,
+      i64 => I64, u16 => U16, u32 => U32, u64 => U64);
+impl Elem for u8 {
+    const DTYPE: DType = DType::U8;
+    fn views(dt: DType) -> bool {
+        dt == DType::U8 || dt == DType::Bool
+    }
+}
+
+/// A dense, row-major tensor. Cloning is cheap (the bytes are shared); writing through
+/// [`Tensor::bytes_mut`] or [`Tensor::data_mut`] copies them first if they are shared.
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    storage: Arc<Storage>,
+}
+
+/// Why bytes could not be made into a tensor.
+#[derive(Debug, thiserror::Error)]
+#[error("tensor of {dtype}{shape:?} needs {expected} bytes, got {got}")]
+pub struct SizeMismatch {
+    /// The dtype asked for.
+    pub dtype: DType,
+    /// The shape asked for.
+    pub shape: Vec<usize>,
+    /// Bytes the dtype and shape need.
+    pub expected: usize,
+    /// Bytes given.
+    pub got: usize,
+}
+
+impl Tensor {
+    /// A tensor of zeros (false for bool).
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::zeroed(n * dtype.size())) }
+    }
+
+    /// A tensor copied from little-endian bytes.
+    pub fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor, SizeMismatch> {
+        let n: usize = shape.iter().product();
+        if n * dtype.size() != bytes.len() {
+            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: bytes.len() });
+        }
+        Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::from_bytes(bytes)) })
+    }
+
+    /// A tensor that borrows `len` bytes at `offset` of a memory map, without copying when
+    /// the range is aligned for the dtype (else the bytes are copied into an aligned buffer).
+    pub fn from_mmap(
+        dtype: DType,
+        shape: &[usize],
+        map: Arc<memmap2::Mmap>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Tensor, SizeMismatch> {
+        let n: usize = shape.iter().product();
+        let in_bounds = offset.checked_add(len).is_some_and(|end| end <= map.len());
+        if n * dtype.size() != len || !in_bounds {
+            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: len });
+        }
+        let ptr = map.as_ptr() as usize + offset;
+        if ptr % dtype.size() != 0 {
+            return Tensor::from_bytes(dtype, shape, &map[offset..offset + len]);
+        }
+        Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::Mapped { map, offset, len }) })
+    }
+
+    /// A tensor holding a copy of `data`.
+    pub fn from_slice<T: Elem>(shape: &[usize], data: &[T]) -> Tensor {
+        let n: usize = shape.iter().product();
+        assert_eq!(n, data.len(), "Tensor::from_slice: shape {shape:?} does not hold {} elements", data.len());
+        Tensor {
+            dtype: T::DTYPE,
+            shape: shape.to_vec(),
+            storage: Arc::new(Storage::from_bytes(bytemuck::cast_slice(data))),
+        }
+    }
+
+    /// A tensor made from a vector (copied once into aligned storage).
+    pub fn from_vec<T: Elem>(shape: &[usize], data: Vec<T>) -> Tensor {
+        Tensor::from_slice(shape, &data)
+    }
+
+    /// A bool tensor.
+    pub fn from_bools(shape: &[usize], data: &[bool]) -> Tensor {
+        let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
+        let mut t = Tensor::from_slice(shape, &bytes);
+        t.dtype = DType::Bool;
+        t
+    }
+
+    /// A 0-d tensor.
+    pub fn scalar<T: Elem>(v: T) -> Tensor {
+        Tensor::from_slice(&[], &[v])
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The raw little-endian bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
+    /// Writable bytes (copies shared or mapped storage first).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let unique_owned = matches!(Arc::get_mut(&mut self.storage), Some(Storage::Owned { .. }));
+        if !unique_owned {
+            self.storage = Arc::new(Storage::from_bytes(self.storage.bytes()));
+        }
+        Arc::get_mut(&mut self.storage).expect("storage was just made unique").bytes_mut()
+    }
+
+    /// Whether the bytes are borrowed from a memory-mapped file.
+    pub fn is_mapped(&self) -> bool {
+        matches!(*self.storage, Storage::Mapped { .. })
+    }
+
+    /// The elements as a slice of `T`; `None` if `T` is not this tensor's dtype.
+    pub fn try_data<T: Elem>(&self) -> Option<&[T]> {
+        if !T::views(self.dtype) {
+            return None;
+        }
+        bytemuck::try_cast_slice(self.bytes()).ok()
+    }
+
+    /// The elements as a slice of `T`. Panics on a dtype mismatch, which is a bug in the
+    /// caller (kernels check dtypes before they look at data).
+    pub fn data<T: Elem>(&self) -> &[T] {
+        match self.try_data() {
+            Some(d) => d,
+            None => panic!("tensor of {} viewed as {}", self.dtype, T::DTYPE),
+        }
+    }
+
+    /// The elements as a mutable slice of `T` (see [`Tensor::data`]).
+    pub fn data_mut<T: Elem>(&mut self) -> &mut [T] {
+        assert!(T::views(self.dtype), "tensor of {} viewed as {}", self.dtype, T::DTYPE);
+        bytemuck::cast_slice_mut(self.bytes_mut())
+    }
+
+    /// The same data with another shape of the same element count.
+    pub fn reshaped(&self, shape: &[usize]) -> Tensor {
+        assert_eq!(shape.iter().product::<usize>(), self.len(), "reshape must keep the element count");
+        Tensor { dtype: self.dtype, shape: shape.to_vec(), storage: self.storage.clone() }
+    }
+
+    /// Every element converted to f64 (bool as 0/1), for printing and comparisons.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match self.dtype {
+            DType::F32 => self.data::<f32>().iter().map(|&x| x as f64).collect(),
+            DType::F64 => self.data::<f64>().to_vec(),
+            DType::F16 => self.data::<f16>().iter().map(|x| x.to_f64()).collect(),
+            DType::BF16 => self.data::<bf16>().iter().map(|x| x.to_f64()).collect(),
+            DType::I8 => self.data::<i8>().iter().map(|&x| x as f64).collect(),
+            DType::I16 => self.data::<i16>().iter().map(|&x| x as f64).collect(),
+            DType::I32 => self.data::<i32>().iter().map(|&x| x as f64).collect(),
+            DType::I64 => self.data::<i64>().iter().map(|&x| x as f64).collect(),
+            DType::U8 | DType::Bool => self.data::<u8>().iter().map(|&x| x as f64).collect(),
+            DType::U16 => self.data::<u16>().iter().map(|&x| x as f64).collect(),
+            DType::U32 => self.data::<u32>().iter().map(|&x| x as f64).collect(),
+            DType::U64 => self.data::<u64>().iter().map(|&x| x as f64).collect(),
+        }
+    }
+
+    /// Integer elements as i64 (bool as 0/1; floats truncated), for shape-like inputs.
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        match self.dtype {
+            DType::I64 => self.data::<i64>().to_vec(),
+            DType::I32 => self.data::<i32>().iter().map(|&x| x as i64).collect(),
+            DType::U64 => self.data::<u64>().iter().map(|&x| x as i64).collect(),
+            _ => self.to_f64_vec().into_iter().map(|x| x as i64).collect(),
+        }
+    }
+
+    /// A tensor of `dtype` from f64 values (rounded or saturated the way `as` casts do).
+    pub fn from_f64(dtype: DType, shape: &[usize], v: &[f64]) -> Tensor {
+        match dtype {
+            DType::F32 => Tensor::from_vec(shape, v.iter().map(|&x| x as f32).collect()),
+            DType::F64 => Tensor::from_slice(shape, v),
+            DType::F16 => Tensor::from_vec(shape, v.iter().map(|&x| f16::from_f64(x)).collect()),
+            DType::BF16 => Tensor::from_vec(shape, v.iter().map(|&x| bf16::from_f64(x)).collect()),
+            DType::I8 => Tensor::from_vec(shape, v.iter().map(|&x| x as i8).collect()),
+            DType::I16 => Tensor::from_vec(shape, v.iter().map(|&x| x as i16).collect()),
+            DType::I32 => Tensor::from_vec(shape, v.iter().map(|&x| x as i32).collect()),
+            DType::I64 => Tensor::from_vec(shape, v.iter().map(|&x| x as i64).collect()),
+            DType::U8 => Tensor::from_vec(shape, v.iter().map(|&x| x as u8).collect()),
+            DType::U16 => Tensor::from_vec(shape, v.iter().map(|&x| x as u16).collect()),
+            DType::U32 => Tensor::from_vec(shape, v.iter().map(|&x| x as u32).collect()),
+            DType::U64 => Tensor::from_vec(shape, v.iter().map(|&x| x as u64).collect()),
+            DType::Bool => Tensor::from_bools(shape, &v.iter().map(|&x| x != 0.0).collect::<Vec<_>>()),
+        }
+    }
+
+    /// An i64 tensor, the type of shapes and indices.
+    pub fn from_i64(shape: &[usize], v: Vec<i64>) -> Tensor {
+        Tensor::from_vec(shape, v)
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}{:?}", self.dtype, self.shape)?;
+        if self.len() <= 8 {
+            write!(f, " {:?}", self.to_f64_vec())?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl PartialEq for Tensor {
+    /// Same dtype, shape and bytes.
+    fn eq(&self, other: &Tensor) -> bool {
+        self.dtype == other.dtype && self.shape == other.shape && self.bytes() == other.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_storage_is_aligned_and_copy_on_write() {
+        let a = Tensor::from_slice(&[2, 2], &[1.0f32, 2.0, 3.0, 4.0]);
+        assert_eq!(a.bytes().as_ptr() as usize % ALIGN, 0);
+        let mut b = a.clone();
+        b.data_mut::<f32>()[0] = 9.0;
+        assert_eq!(a.data::<f32>()[0], 1.0);
+        assert_eq!(b.data::<f32>()[0], 9.0);
+    }
+
+    #[test]
+    fn size_mismatch_is_an_error() {
+        assert!(Tensor::from_bytes(DType::F32, &[3], &[0; 8]).is_err());
+    }
+
+    #[test]
+    fn bool_is_viewed_as_u8() {
+        let t = Tensor::from_bools(&[3], &[true, false, true]);
+        assert_eq!(t.dtype(), DType::Bool);
+        assert_eq!(t.data::<u8>(), &[1, 0, 1]);
+        assert!(t.try_data::<i8>().is_none());
+    }
+}
