@@ -1,0 +1,214 @@
+//! The importer proper: ModelProto → [`Model`], graph by graph.
+
+use super::canon::canonicalize;
+use super::proto::{self, attribute_proto::AttributeType, type_proto, ModelProto};
+use super::tensor::{convert, ExternalFiles};
+use super::ImportError;
+use aim_ir::{Attr, DType, Dim, Graph, Model, Node, ValueInfo, ValueType};
+use prost::Message;
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+/// The opsets aim reads.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=23;
+
+/// Reads and imports an ONNX file; external data is looked up next to it.
+pub fn import_file(path: &Path) -> Result<Model, ImportError> {
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }.to_path_buf());
+    import(&bytes, &path.display().to_string(), ExternalFiles::new(base))
+}
+
+/// Imports an ONNX model from bytes (no external data can be resolved). `what` names the
+/// source in errors.
+pub fn import_bytes(bytes: &[u8], what: &str) -> Result<Model, ImportError> {
+    import(bytes, what, ExternalFiles::new(None))
+}
+
+fn import(bytes: &[u8], what: &str, mut ext: ExternalFiles) -> Result<Model, ImportError> {
+    let m = ModelProto::decode(bytes).map_err(|e| ImportError::Decode { what: what.to_string(), reason: e.to_string() })?;
+    let Some(g) = &m.graph else { return Err(ImportError::NoGraph { what: what.to_string() }) };
+    let opset = m
+        .opset_import
+        .iter()
+        .find(|o| matches!(o.domain(), "" | "ai.onnx"))
+        .map(|o| o.version())
+        .unwrap_or(if m.opset_import.is_empty() { 1 } else { 0 });
+    if !OPSETS.contains(&opset) {
+        return Err(ImportError::Opset { opset });
+    }
+    let mut cx = Importer { opset, ext: &mut ext, used_names: HashSet::new() };
+    let graph = cx.graph(g, true)?;
+    Ok(Model { graph, opset, producer: m.producer_name().to_string() })
+}
+
+struct Importer<'a> {
+    opset: i64,
+    ext: &'a mut ExternalFiles,
+    used_names: HashSet<String>,
+}
+
+fn value_type(v: &proto::ValueInfoProto) -> Result<ValueType, ImportError> {
+    let Some(t) = &v.r#type else { return Ok(ValueType::unknown()) };
+    match &t.value {
+        Some(type_proto::Value::TensorType(tt)) => {
+            let code = tt.elem_type();
+            let dtype = match code {
+                0 => None,
+                c => Some(DType::from_onnx_code(c).ok_or_else(|| ImportError::DType {
+                    what: format!("value '{}'", v.name()),
+                    dtype: DType::onnx_code_name(c).to_string(),
+                })?),
+            };
+            let shape = tt.shape.as_ref().map(|s| {
+                s.dim
+                    .iter()
+                    .map(|d| match &d.value {
+                        Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => Dim::Known(*v as usize),
+                        Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
+                            Dim::Sym(sanitize_symbol(p))
+                        }
+                        _ => Dim::Unknown,
+                    })
+                    .collect()
+            });
+            Ok(ValueType { dtype, shape })
+        }
+        None => Ok(ValueType::unknown()),
+        Some(other) => {
+            let kind = match other {
+                type_proto::Value::SequenceType(_) => "sequence",
+                type_proto::Value::MapType(_) => "map",
+                type_proto::Value::OptionalType(_) => "optional",
+                type_proto::Value::SparseTensorType(_) => "sparse tensor",
+                _ => "opaque",
+            };
+            Err(ImportError::NonTensorValue { name: v.name().to_string(), kind: kind.to_string() })
+        }
+    }
+}
+
+/// Symbolic dim names become identifiers of the text format (`batch size` → `batch_size`).
+fn sanitize_symbol(p: &str) -> String {
+    let mut s: String = p.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+    if s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, '_');
+    }
+    s
+}
+
+impl Importer<'_> {
+    fn graph(&mut self, g: &proto::GraphProto, main: bool) -> Result<Graph, ImportError> {
+        let mut out = Graph { name: g.name().to_string(), ..Graph::default() };
+        for t in &g.initializer {
+            let what = format!("initializer '{}'", t.name());
+            out.initializers.insert(t.name().to_string(), convert(t, &what, self.ext)?);
+        }
+        if !g.sparse_initializer.is_empty() {
+            return Err(ImportError::DType { what: "sparse initializers".into(), dtype: "sparse".into() });
+        }
+        for v in &g.input {
+            // Before IR version 4, initializers were listed as inputs too; they stay constants.
+            if main && out.initializers.contains_key(v.name()) {
+                continue;
+            }
+            out.inputs.push(ValueInfo { name: v.name().to_string(), ty: value_type(v)? });
+        }
+        for v in &g.output {
+            out.outputs.push(ValueInfo { name: v.name().to_string(), ty: value_type(v)? });
+        }
+        for v in &g.value_info {
+            if let Ok(ty) = value_type(v) {
+                out.value_types.insert(v.name().to_string(), ty);
+            }
+        }
+        for (i, n) in g.node.iter().enumerate() {
+            let node = self.node(n, i)?;
+            if matches!(node.domain.as_str(), "" | "ai.onnx") {
+                canonicalize(node, self.opset, &mut out)?;
+            } else {
+                out.nodes.push(node);
+            }
+        }
+        Ok(out)
+    }
+
+    fn unique_name(&mut self, n: &proto::NodeProto, index: usize) -> String {
+        let base = if n.name().is_empty() { format!("{}_{index}", n.op_type()) } else { n.name().to_string() };
+        let mut name = base.clone();
+        let mut k = 1;
+        while !self.used_names.insert(name.clone()) {
+            name = format!("{base}_{k}");
+            k += 1;
+        }
+        name
+    }
+
+    fn node(&mut self, n: &proto::NodeProto, index: usize) -> Result<Node, ImportError> {
+        let name = self.unique_name(n, index);
+        let mut attrs = BTreeMap::new();
+        for a in &n.attribute {
+            let what = format!("node '{name}' ({}) attribute '{}'", n.op_type(), a.name());
+            if let Some(v) = self.attr(a, &what)? {
+                attrs.insert(a.name().to_string(), v);
+            }
+        }
+        let domain = if n.domain() == "ai.onnx" { String::new() } else { n.domain().to_string() };
+        Ok(Node {
+            name,
+            op: n.op_type().to_string(),
+            domain,
+            inputs: n.input.clone(),
+            outputs: n.output.clone(),
+            attrs,
+        })
+    }
+
+    fn attr(&mut self, a: &proto::AttributeProto, what: &str) -> Result<Option<Attr>, ImportError> {
+        let ty = match a.r#type() {
+            AttributeType::Undefined => {
+                // Very old models leave the type out; tell it by the field that is set.
+                if a.f.is_some() {
+                    AttributeType::Float
+                } else if a.i.is_some() {
+                    AttributeType::Int
+                } else if a.s.is_some() {
+                    AttributeType::String
+                } else if a.t.is_some() {
+                    AttributeType::Tensor
+                } else if a.g.is_some() {
+                    AttributeType::Graph
+                } else if !a.floats.is_empty() {
+                    AttributeType::Floats
+                } else if !a.ints.is_empty() {
+                    AttributeType::Ints
+                } else if !a.strings.is_empty() {
+                    AttributeType::Strings
+                } else {
+                    return Ok(None);
+                }
+            }
+            t => t,
+        };
+        let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        Ok(Some(match ty {
+            AttributeType::Float => Attr::Float(a.f()),
+            AttributeType::Int => Attr::Int(a.i()),
+            AttributeType::String => Attr::String(s(a.s())),
+            AttributeType::Floats => Attr::Floats(a.floats.clone()),
+            AttributeType::Ints => Attr::Ints(a.ints.clone()),
+            AttributeType::Strings => Attr::Strings(a.strings.iter().map(|b| s(b)).collect()),
+            AttributeType::Tensor => {
+                let t = a.t.as_ref().ok_or_else(|| ImportError::BadTensor { what: what.into(), reason: "missing tensor".into() })?;
+                Attr::Tensor(convert(t, what, self.ext)?)
+            }
+            AttributeType::Graph => {
+                let g = a.g.as_ref().ok_or_else(|| ImportError::BadTensor { what: what.into(), reason: "missing graph".into() })?;
+                Attr::Graph(Box::new(self.graph(g, false)?))
+            }
+            other => {
+                return Err(ImportError::DType { what: what.into(), dtype: format!("attribute kind {}", other.as_str_name()) })
+            }
+        }))
+    }
+}

@@ -1,0 +1,12 @@
+//! ONNX import: protobuf bytes → [`aim_ir::Model`] in aim's canonical op forms.
+
+mod canon;
+mod error;
+mod import;
+#[allow(clippy::all, missing_docs, rustdoc::all)]
+pub mod proto;
+mod tensor;
+
+pub use error::ImportError;
+pub use import::{import_bytes, import_file};
+pub use tensor::{decode_tensor_proto, tensor_from_proto};
