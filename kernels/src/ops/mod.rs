@@ -1,0 +1,14 @@
+//! The reference kernels, one module per family of ops.
+
+pub mod binary;
+pub mod conv;
+pub mod einsum;
+pub mod elementwise;
+pub mod index;
+pub mod matmul;
+pub mod norm;
+pub mod pool;
+pub mod reduce;
+pub mod resize;
+pub mod shape;
+pub mod window;

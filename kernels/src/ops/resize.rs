@@ -1,0 +1,211 @@
+//! Resize (and so Upsample, which import rewrites into it): nearest, linear and cubic
+//! modes, every coordinate transformation mode, antialiasing, axes and aspect-ratio
+//! policies. Interpolation is separable, so it runs one axis at a time.
+
+use crate::util::{axis, err, ints_of, opt, req, Result};
+use aim_ir::{Node, Tensor};
+
+/// One output position along an axis: (source index, weight) taps, or `None` when the
+/// position falls outside the crop box (tf_crop_and_resize extrapolation).
+type Taps = Option<Vec<(usize, f64)>>;
+
+struct Axis<'a> {
+    node: &'a Node,
+    len_in: usize,
+    len_out: usize,
+    scale: f64,
+    roi: (f64, f64),
+}
+
+fn cubic_weight(t: f64, a: f64) -> f64 {
+    let t = t.abs();
+    if t <= 1.0 {
+        ((a + 2.0) * t - (a + 3.0)) * t * t + 1.0
+    } else if t < 2.0 {
+        ((a * t - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a
+    } else {
+        0.0
+    }
+}
+
+impl Axis<'_> {
+    fn source_coord(&self, x: usize) -> f64 {
+        let (xo, s) = (x as f64, self.scale);
+        let (li, lo) = (self.len_in as f64, self.len_out as f64);
+        match self.node.string("coordinate_transformation_mode", "half_pixel") {
+            "asymmetric" => xo / s,
+            "align_corners" => {
+                if self.len_out == 1 { 0.0 } else { xo * (li - 1.0) / (lo - 1.0) }
+            }
+            "pytorch_half_pixel" => {
+                if self.len_out > 1 { (xo + 0.5) / s - 0.5 } else { 0.0 }
+            }
+            "tf_crop_and_resize" => {
+                let (a, b) = self.roi;
+                if self.len_out > 1 {
+                    a * (li - 1.0) + xo * (b - a) * (li - 1.0) / (lo - 1.0)
+                } else {
+                    0.5 * (a + b) * (li - 1.0)
+                }
+            }
+            "half_pixel_symmetric" => {
+                let adjustment = lo / (s * li);
+                let center = li / 2.0;
+                let offset = center * (1.0 - adjustment);
+                offset + (xo + 0.5) / s - 0.5
+            }
+            _ => (xo + 0.5) / s - 0.5,
+        }
+    }
+
+    fn taps(&self, x: usize) -> Result<Taps> {
+        let c = self.source_coord(x);
+        let n = self.len_in as i64;
+        let crop = self.node.string("coordinate_transformation_mode", "") == "tf_crop_and_resize";
+        if crop && (c < 0.0 || c > (n - 1) as f64) {
+            return Ok(None);
+        }
+        let clampi = |i: i64| i.clamp(0, n - 1) as usize;
+        let mode = self.node.string("mode", "nearest");
+        if mode == "nearest" {
+            let i = match self.node.string("nearest_mode", "round_prefer_floor") {
+                "floor" => c.floor(),
+                "ceil" => c.ceil(),
+                "round_prefer_ceil" => (c + 0.5).floor(),
+                _ => {
+                    if c.fract() == 0.5 || c.fract() == -0.5 { c.floor() } else { c.round() }
+                }
+            };
+            return Ok(Some(vec![(clampi(i as i64), 1.0)]));
+        }
+        let a = self.node.float("cubic_coeff_a", -0.75) as f64;
+        let exclude = self.node.int("exclude_outside", 0) != 0;
+        let antialias = self.node.int("antialias", 0) != 0 && self.scale < 1.0;
+        let weight = |t: f64| if mode == "linear" { (1.0 - t.abs()).max(0.0) } else { cubic_weight(t, a) };
+        let (support, stretch) = if antialias { (if mode == "linear" { 1.0 } else { 2.0 } / self.scale, self.scale) } else {
+            (if mode == "linear" { 1.0 } else { 2.0 }, 1.0)
+        };
+        let lo = (c - support).floor() as i64 + 1;
+        let hi = (c + support).ceil() as i64 - 1;
+        let (lo, hi) = if mode == "cubic" && !antialias { (c.floor() as i64 - 1, c.floor() as i64 + 2) } else if mode == "linear" && !antialias {
+            (c.floor() as i64, c.floor() as i64 + 1)
+        } else {
+            (lo, hi)
+        };
+        let mut taps: Vec<(i64, f64)> = (lo..=hi).map(|i| (i, weight((c - i as f64) * stretch))).collect();
+        if exclude || antialias {
+            taps.retain(|&(i, _)| (0..n).contains(&i));
+        }
+        let total: f64 = taps.iter().map(|t| t.1).sum();
+        if (exclude || antialias) && total != 0.0 {
+            taps.iter_mut().for_each(|t| t.1 /= total);
+        }
+        Ok(Some(taps.into_iter().map(|(i, w)| (clampi(i), w)).collect()))
+    }
+}
+
+fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+    let x = req(ins, 0)?;
+    let r = x.rank();
+    let axes: Vec<usize> = match node.ints("axes") {
+        Some(a) => a.iter().map(|&v| axis(v, r)).collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    let scales_in = opt(ins, 2).filter(|t| !t.is_empty()).map(|t| t.to_f64_vec());
+    let sizes_in = opt(ins, 3).filter(|t| !t.is_empty()).map(ints_of).transpose()?;
+    let mut scales = vec![1.0f64; r];
+    let mut out: Vec<usize> = x.shape().to_vec();
+    match (scales_in, sizes_in) {
+        (Some(s), None) => {
+            if s.len() != axes.len() {
+                return err(format!("scales has {} values for {} axes", s.len(), axes.len()));
+            }
+            for (k, &a) in axes.iter().enumerate() {
+                if s[k] <= 0.0 {
+                    return err(format!("scale {} must be positive", s[k]));
+                }
+                scales[a] = s[k];
+                out[a] = (x.shape()[a] as f64 * s[k]).floor() as usize;
+            }
+        }
+        (None, Some(z)) => {
+            if z.len() != axes.len() {
+                return err(format!("sizes has {} values for {} axes", z.len(), axes.len()));
+            }
+            let policy = node.string("keep_aspect_ratio_policy", "stretch");
+            let ratios: Vec<f64> = axes.iter().zip(&z).map(|(&a, &s)| s as f64 / x.shape()[a] as f64).collect();
+            let pick = match policy {
+                "not_larger" => Some(ratios.iter().copied().fold(f64::INFINITY, f64::min)),
+                "not_smaller" => Some(ratios.iter().copied().fold(0.0, f64::max)),
+                _ => None,
+            };
+            for (k, &a) in axes.iter().enumerate() {
+                match pick {
+                    Some(p) => {
+                        scales[a] = p;
+                        out[a] = (x.shape()[a] as f64 * p).round() as usize;
+                    }
+                    None => {
+                        scales[a] = ratios[k];
+                        out[a] = z[k].max(0) as usize;
+                    }
+                }
+            }
+        }
+        _ => return err("Resize needs exactly one of scales and sizes"),
+    }
+    let roi = opt(ins, 1).map(|t| t.to_f64_vec()).unwrap_or_default();
+    let extrapolation = node.float("extrapolation_value", 0.0) as f64;
+    let mut data = x.to_f64_vec();
+    let mut outside = vec![false; data.len()];
+    let mut shape = x.shape().to_vec();
+    for d in 0..r {
+        if out[d] == shape[d] && scales[d] == 1.0 {
+            continue;
+        }
+        let k = axes.iter().position(|&a| a == d);
+        let roi_d = match k {
+            Some(k) if roi.len() == 2 * axes.len() => (roi[k], roi[k + axes.len()]),
+            _ => (0.0, 1.0),
+        };
+        let ax = Axis { node, len_in: shape[d], len_out: out[d], scale: scales[d], roi: roi_d };
+        let taps: Vec<Taps> = (0..out[d]).map(|i| ax.taps(i)).collect::<Result<_>>()?;
+        let (outer, inner) = (shape[..d].iter().product::<usize>(), shape[d + 1..].iter().product::<usize>());
+        let mut nd = vec![0.0; outer * out[d] * inner];
+        let mut no = vec![false; nd.len()];
+        for o in 0..outer {
+            for (j, t) in taps.iter().enumerate() {
+                for i in 0..inner {
+                    let at = (o * out[d] + j) * inner + i;
+                    match t {
+                        None => no[at] = true,
+                        Some(t) => {
+                            let mut acc = 0.0;
+                            let mut out_any = false;
+                            for &(s, w) in t {
+                                let src = (o * shape[d] + s) * inner + i;
+                                acc += w * data[src];
+                                out_any |= outside[src];
+                            }
+                            nd[at] = acc;
+                            no[at] = out_any;
+                        }
+                    }
+                }
+            }
+        }
+        data = nd;
+        outside = no;
+        shape[d] = out[d];
+    }
+    for (v, &o) in data.iter_mut().zip(&outside) {
+        if o {
+            *v = extrapolation;
+        }
+    }
+    let rounded: Vec<f64> = if x.dtype().is_float() { data } else { data.iter().map(|v| v.round()).collect() };
+    Ok(vec![Tensor::from_f64(x.dtype(), &shape, &rounded)])
+}
+
+/// This module's ops.
+pub const OPS: &[(&str, crate::Kernel)] = &[("Resize", resize)];

@@ -1,0 +1,171 @@
+//! Helpers shared by the kernels: input access, axis normalisation, broadcasting, strides.
+
+use crate::KernelError;
+use aim_ir::{DType, Tensor};
+
+/// Kernel result type.
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// Builds an error from a message.
+pub fn err<T>(msg: impl Into<String>) -> Result<T> {
+    Err(KernelError(msg.into()))
+}
+
+/// Input `i`, which the op requires.
+pub fn req(ins: &[Option<Tensor>], i: usize) -> Result<&Tensor> {
+    match ins.get(i) {
+        Some(Some(t)) => Ok(t),
+        _ => err(format!("input {i} is required")),
+    }
+}
+
+/// Input `i` if given.
+pub fn opt(ins: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
+    ins.get(i).and_then(|t| t.as_ref())
+}
+
+/// Normalises a possibly negative axis against `rank` (`-1` is the last axis).
+pub fn axis(a: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    let x = if a < 0 { a + r } else { a };
+    if x < 0 || x >= r {
+        return err(format!("axis {a} is out of range for a tensor of rank {rank}"));
+    }
+    Ok(x as usize)
+}
+
+/// Row-major strides of a shape.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// The numpy-style broadcast of several shapes.
+pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>> {
+    let r = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1usize; r];
+    for s in shapes {
+        for (i, &d) in s.iter().enumerate() {
+            let o = &mut out[r - s.len() + i];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return err(format!("shapes {:?} cannot be broadcast together", shapes));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// For each element of `out` (row-major), the offset of the element of a tensor of shape
+/// `shape` that broadcasting maps to it.
+pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let n: usize = out.iter().product();
+    let r = out.len();
+    let st = strides(shape);
+    let mut bst = vec![0usize; r];
+    for i in 0..shape.len() {
+        if shape[i] != 1 {
+            bst[r - shape.len() + i] = st[i];
+        }
+    }
+    let mut offs = Vec::with_capacity(n);
+    let mut idx = vec![0usize; r];
+    let mut off = 0usize;
+    for _ in 0..n {
+        offs.push(off);
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            off += bst[d];
+            if idx[d] < out[d] {
+                break;
+            }
+            off -= bst[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    offs
+}
+
+/// A tensor broadcast (materialised) to `out`.
+pub fn expand_to(t: &Tensor, out: &[usize]) -> Tensor {
+    if t.shape() == out {
+        return t.clone();
+    }
+    let offs = broadcast_offsets(t.shape(), out);
+    gather_elems(t, out, &offs)
+}
+
+/// A new tensor of shape `shape` whose element i is `t`'s element `offs[i]`.
+pub fn gather_elems(t: &Tensor, shape: &[usize], offs: &[usize]) -> Tensor {
+    let sz = t.dtype().size();
+    let src = t.bytes();
+    let mut out = Tensor::zeros(t.dtype(), shape);
+    let dst = out.bytes_mut();
+    for (i, &o) in offs.iter().enumerate() {
+        dst[i * sz..(i + 1) * sz].copy_from_slice(&src[o * sz..(o + 1) * sz]);
+    }
+    out
+}
+
+/// An integer input read as i64 values (shapes, axes, indices).
+pub fn ints_of(t: &Tensor) -> Result<Vec<i64>> {
+    if !t.dtype().is_int() {
+        return err(format!("expected an integer tensor, got {}", t.dtype()));
+    }
+    Ok(t.to_i64_vec())
+}
+
+/// Checks that all the given tensors share one dtype.
+pub fn same_dtype(ts: &[&Tensor]) -> Result<DType> {
+    let d = ts[0].dtype();
+    for t in ts {
+        if t.dtype() != d {
+            return err(format!("inputs must share one element type, found {} and {}", d, t.dtype()));
+        }
+    }
+    Ok(d)
+}
+
+/// A row-major transpose of `t` by `perm`.
+pub fn transpose(t: &Tensor, perm: &[usize]) -> Tensor {
+    let shape = t.shape();
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let st = strides(shape);
+    let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let n = t.len();
+    let r = out_shape.len();
+    let mut offs = Vec::with_capacity(n);
+    let mut idx = vec![0usize; r];
+    let mut off = 0usize;
+    for _ in 0..n {
+        offs.push(off);
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            off += pst[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            off -= pst[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    gather_elems(t, &out_shape, &offs)
+}
+
+/// Converts a float tensor to f32 values (the working type of the float kernels that do
+/// not compute in f64).
+pub fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec()
+}
+
+/// Requires a floating-point input.
+pub fn need_float(t: &Tensor, what: &str) -> Result<()> {
+    if !t.dtype().is_float() {
+        return err(format!("{what} must be a floating-point tensor, got {}", t.dtype()));
+    }
+    Ok(())
+}
