@@ -1,0 +1,154 @@
+//! aim: an inference compiler for neural networks.
+//!
+//! ```no_run
+//! let model = aim::Model::load("model.onnx")?;
+//! let x = aim::Tensor::from_slice(&[1, 4], &[1.0f32, 2.0, 3.0, 4.0]);
+//! let outputs = model.run(vec![("x".to_string(), x)])?;
+//! # Ok::<(), aim::Error>(())
+//! ```
+//!
+//! `Model::load` imports the ONNX file, verifies the graph, infers types and refuses a model
+//! whose ops aim cannot run (naming all of them). `run` executes it on the selected backend.
+
+pub mod conformance;
+pub mod npz;
+mod random;
+
+pub use aim_ir::{DType, Dim, Tensor, ValueType};
+pub use random::random_inputs;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The reference kernels, interpreted node by node: the oracle.
+    Reference,
+    /// Code compiled for this CPU with Cranelift (not built yet).
+    Cpu,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Backend, String> {
+        match s {
+            "reference" => Ok(Backend::Reference),
+            "cpu" => Ok(Backend::Cpu),
+            _ => Err(format!("unknown backend '{s}' (expected reference or cpu)")),
+        }
+    }
+}
+
+/// Everything that can go wrong loading or running a model, with its context.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be imported.
+    #[error(transparent)]
+    Import(#[from] aim_compiler::onnx::ImportError),
+    /// The graph is malformed.
+    #[error("{path}: invalid graph: {source}")]
+    Verify { path: String, source: aim_ir::VerifyError },
+    /// Type inference found inputs that cannot go together.
+    #[error("{path}: {source}")]
+    Infer { path: String, source: aim_ir::infer::InferError },
+    /// The model uses ops aim cannot run; every one is listed with its nodes.
+    #[error("{path}: unsupported ops: {}", list_unsupported(.ops))]
+    Unsupported { path: String, ops: BTreeMap<String, Vec<String>> },
+    /// A run failed.
+    #[error(transparent)]
+    Run(#[from] aim_runtime::RunError),
+    /// An input was given that the graph does not have.
+    #[error("the model has no input named '{name}' (its inputs: {known})")]
+    UnknownInput { name: String, known: String },
+    /// The backend asked for is not available.
+    #[error("backend '{0}' is not available yet; use --backend reference")]
+    BackendUnavailable(String),
+}
+
+fn list_unsupported(ops: &BTreeMap<String, Vec<String>>) -> String {
+    ops.iter()
+        .map(|(op, nodes)| {
+            let shown: Vec<&str> = nodes.iter().take(5).map(|s| s.as_str()).collect();
+            let more = if nodes.len() > 5 { format!(" and {} more", nodes.len() - 5) } else { String::new() };
+            format!("{op} (node{} {}{more})", if nodes.len() == 1 { "" } else { "s" }, shown.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A loaded model, ready to run.
+pub struct Model {
+    ir: aim_ir::Model,
+    path: PathBuf,
+    backend: Backend,
+}
+
+impl Model {
+    /// Loads an ONNX file with the default (reference) backend.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, Error> {
+        Model::load_with(path, Backend::Reference)
+    }
+
+    /// Loads an ONNX file for a given backend.
+    pub fn load_with(path: impl AsRef<Path>, backend: Backend) -> Result<Model, Error> {
+        let path = path.as_ref();
+        if backend == Backend::Cpu {
+            return Err(Error::BackendUnavailable("cpu".into()));
+        }
+        let ir = aim_compiler::onnx::import_file(path)?;
+        Model::from_ir(ir, path, backend)
+    }
+
+    /// Wraps an imported model: verifies it, infers types and checks op support.
+    pub fn from_ir(mut ir: aim_ir::Model, path: &Path, backend: Backend) -> Result<Model, Error> {
+        let p = path.display().to_string();
+        aim_ir::verify(&ir.graph).map_err(|source| Error::Verify { path: p.clone(), source })?;
+        let ops = aim_runtime::unsupported_ops(&ir.graph);
+        if !ops.is_empty() {
+            return Err(Error::Unsupported { path: p, ops });
+        }
+        aim_ir::infer::infer_types(&mut ir.graph).map_err(|source| Error::Infer { path: p, source })?;
+        Ok(Model { ir, path: path.to_path_buf(), backend })
+    }
+
+    /// The imported IR.
+    pub fn ir(&self) -> &aim_ir::Model {
+        &self.ir
+    }
+
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Graph inputs: names and declared types.
+    pub fn inputs(&self) -> &[aim_ir::ValueInfo] {
+        &self.ir.graph.inputs
+    }
+
+    /// Graph outputs: names and declared types.
+    pub fn outputs(&self) -> &[aim_ir::ValueInfo] {
+        &self.ir.graph.outputs
+    }
+
+    /// Runs the model. Inputs are keyed by graph input name; outputs come back in graph
+    /// order with their names.
+    pub fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, Error> {
+        let mut map = HashMap::new();
+        for (name, t) in inputs {
+            if !self.ir.graph.inputs.iter().any(|i| i.name == name) {
+                let known: Vec<&str> = self.ir.graph.inputs.iter().map(|i| i.name.as_str()).collect();
+                return Err(Error::UnknownInput { name, known: known.join(", ") });
+            }
+            map.insert(name, t);
+        }
+        let outs = aim_runtime::run_graph(&self.ir.graph, map)?;
+        Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
+    }
+}

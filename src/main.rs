@@ -1,1 +1,167 @@
-fn main(){}
+//! The `aim` command line: run, info and test-onnx (explore, compile and bench follow with
+//! the backends they need).
+
+use aim::{conformance, npz, Backend, Model};
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "aim", version, about = "An inference compiler for neural networks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a model on inputs from an .npz (or seeded random inputs) and print each output.
+    Run {
+        /// The ONNX model.
+        model: PathBuf,
+        /// Inputs keyed by graph input name, as np.savez(path, **{name: array}) writes them.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// Where to write the outputs, keyed by graph output name.
+        #[arg(long)]
+        outputs: Option<PathBuf>,
+        /// Worker threads (the reference backend runs on one).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// reference (interpreted reference kernels) or cpu (compiled; not available yet).
+        #[arg(long, default_value = "reference")]
+        backend: Backend,
+        /// Seed of the random inputs used when --inputs is not given.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Show a model's inputs, outputs, opset, op histogram and unsupported ops.
+    Info {
+        /// The ONNX model.
+        model: PathBuf,
+    },
+    /// Run ONNX backend test cases (directories with model.onnx and test_data_set_N/).
+    TestOnnx {
+        /// Case directories, or directories holding them.
+        dirs: Vec<PathBuf>,
+        /// The backend to test.
+        #[arg(long, default_value = "reference")]
+        backend: Backend,
+        /// Print only failures and the summary.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+}
+
+fn summary(t: &aim::Tensor) -> String {
+    let v = t.to_f64_vec();
+    let shown: Vec<String> = v.iter().take(5).map(|x| format!("{x:.6}")).collect();
+    let more = if v.len() > 5 { ", ..." } else { "" };
+    if v.is_empty() {
+        return format!("{}{:?} (empty)", t.dtype(), t.shape());
+    }
+    let (mn, mx) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    format!("{}{:?} min {mn:.6} max {mx:.6} mean {mean:.6} [{}{more}]", t.dtype(), t.shape(), shown.join(", "))
+}
+
+fn run(model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, backend: Backend, seed: u64) -> Result<()> {
+    let m = Model::load_with(&model, backend)?;
+    let ins = match inputs {
+        Some(p) => npz::read_npz(&p)?,
+        None => aim::random_inputs(m.inputs(), seed).map_err(anyhow::Error::msg)?,
+    };
+    let outs = m.run(ins).with_context(|| format!("running {}", model.display()))?;
+    for (name, t) in &outs {
+        println!("{name}: {}", summary(t));
+    }
+    if let Some(p) = outputs {
+        npz::write_npz(&p, &outs)?;
+    }
+    Ok(())
+}
+
+fn info(path: PathBuf) -> Result<()> {
+    let ir = aim_compiler::onnx::import_file(&path)?;
+    let g = &ir.graph;
+    println!("model: {}", path.display());
+    println!("opset: {}{}", ir.opset, if ir.producer.is_empty() { String::new() } else { format!(" (producer: {})", ir.producer) });
+    println!("inputs:");
+    for i in &g.inputs {
+        println!("  {}: {}", i.name, i.ty);
+    }
+    println!("outputs:");
+    for o in &g.outputs {
+        println!("  {}: {}", o.name, o.ty);
+    }
+    let weights: usize = g.initializers.values().map(|t| t.bytes().len()).sum();
+    println!("initializers: {} ({:.1} MiB)", g.initializers.len(), weights as f64 / (1 << 20) as f64);
+    println!("nodes: {}", g.node_count_deep());
+    println!("ops:");
+    for ((domain, op), nodes) in g.op_uses() {
+        let d = if domain.is_empty() { String::new() } else { format!("{domain}:") };
+        println!("  {:>5}  {d}{op}", nodes.len());
+    }
+    let unsupported = aim_runtime::unsupported_ops(g);
+    if unsupported.is_empty() {
+        println!("unsupported ops: none");
+    } else {
+        println!("unsupported ops:");
+        for (op, nodes) in unsupported {
+            println!("  {op}: {}", nodes.join(", "));
+        }
+    }
+    Ok(())
+}
+
+fn test_onnx(dirs: Vec<PathBuf>, backend: Backend, quiet: bool) -> Result<bool> {
+    if dirs.is_empty() {
+        bail!("give at least one directory of ONNX test cases");
+    }
+    let cases = conformance::find_cases(&dirs).context("listing test cases")?;
+    if cases.is_empty() {
+        bail!("no test cases (directories with model.onnx) under {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    let (mut pass, mut fail, mut skip) = (0, 0, 0);
+    for c in &cases {
+        let name = c.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        match conformance::run_case(c, backend) {
+            conformance::Outcome::Pass => {
+                pass += 1;
+                if !quiet {
+                    println!("{name}: pass");
+                }
+            }
+            conformance::Outcome::Fail(r) => {
+                fail += 1;
+                println!("{name}: fail: {r}");
+            }
+            conformance::Outcome::Skipped(r) => {
+                skip += 1;
+                if !quiet {
+                    println!("{name}: skipped: {r}");
+                }
+            }
+        }
+    }
+    println!("{pass} passed, {fail} failed, {skip} skipped");
+    Ok(fail == 0)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Run { model, inputs, outputs, threads: _, backend, seed } => run(model, inputs, outputs, backend, seed).map(|_| true),
+        Cmd::Info { model } => info(model).map(|_| true),
+        Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(dirs, backend, quiet),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

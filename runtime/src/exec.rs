@@ -1,0 +1,167 @@
+//! The reference executor: a graph, its inputs and an enclosing scope in, outputs out.
+
+use aim_ir::{Attr, Dim, Graph, Node, Tensor};
+use std::collections::HashMap;
+
+/// Why a run failed: a bad input, or a node that failed on its inputs.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    /// A graph input was not given.
+    #[error("input '{name}' is missing (expected {expected})")]
+    MissingInput { name: String, expected: String },
+    /// A given input does not match the graph's declared type.
+    #[error("input '{name}': {reason}")]
+    BadInput { name: String, reason: String },
+    /// A node failed.
+    #[error("node '{node}' ({op}): {msg}")]
+    Node { node: String, op: String, msg: String },
+    /// A value the graph needs was never computed.
+    #[error("value '{name}' is needed but was never computed")]
+    Missing { name: String },
+}
+
+/// Values visible to a graph: its own, then those of the graphs around it.
+pub(crate) struct Scope<'a> {
+    pub values: HashMap<String, Tensor>,
+    pub parent: Option<&'a Scope<'a>>,
+}
+
+impl Scope<'_> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Tensor> {
+        self.values.get(name).or_else(|| self.parent.and_then(|p| p.get(name)))
+    }
+}
+
+/// Checks `t` against the declared type of input `name`, binding symbolic dims in `syms`.
+fn check_input(name: &str, decl: &aim_ir::ValueType, t: &Tensor, syms: &mut HashMap<String, usize>) -> Result<(), RunError> {
+    let bad = |reason: String| RunError::BadInput { name: name.to_string(), reason };
+    if let Some(d) = decl.dtype {
+        if d != t.dtype() {
+            return Err(bad(format!("expected element type {d}, got {}", t.dtype())));
+        }
+    }
+    if let Some(dims) = &decl.shape {
+        if dims.len() != t.rank() {
+            return Err(bad(format!("expected shape {decl}, got rank {} shape {:?}", t.rank(), t.shape())));
+        }
+        for (i, (d, &a)) in dims.iter().zip(t.shape()).enumerate() {
+            match d {
+                Dim::Known(k) if *k != a => {
+                    return Err(bad(format!("dimension {i} must be {k}, got {a} (expected {decl}, got {:?})", t.shape())))
+                }
+                Dim::Sym(s) => {
+                    let bound = *syms.entry(s.clone()).or_insert(a);
+                    if bound != a {
+                        return Err(bad(format!("dimension {i} is '{s}', already bound to {bound} by another input, got {a}")));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Names a subgraph reads from the scopes around it.
+fn captured(g: &Graph, out: &mut Vec<String>) {
+    for n in &g.nodes {
+        out.extend(n.inputs.iter().filter(|s| !s.is_empty()).cloned());
+        for a in n.attrs.values() {
+            if let Attr::Graph(sub) = a {
+                captured(sub, out);
+            }
+        }
+    }
+    out.extend(g.outputs.iter().map(|o| o.name.clone()));
+}
+
+/// Runs `g` on `inputs` (by graph input name) and returns its outputs in order.
+pub fn run_graph(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
+    run_scoped(g, inputs, None)
+}
+
+pub(crate) fn run_scoped(g: &Graph, mut inputs: HashMap<String, Tensor>, parent: Option<&Scope>) -> Result<Vec<Tensor>, RunError> {
+    let mut syms = HashMap::new();
+    let mut scope = Scope { values: HashMap::new(), parent };
+    for i in &g.inputs {
+        let t = inputs
+            .remove(&i.name)
+            .ok_or_else(|| RunError::MissingInput { name: i.name.clone(), expected: i.ty.to_string() })?;
+        check_input(&i.name, &i.ty, &t, &mut syms)?;
+        scope.values.insert(i.name.clone(), t);
+    }
+    for (k, t) in &g.initializers {
+        scope.values.entry(k.clone()).or_insert_with(|| t.clone());
+    }
+    // Last use of each value, so intermediates are freed as soon as possible.
+    let mut last_use: HashMap<&str, usize> = HashMap::new();
+    let mut subgraph_uses = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for inp in n.inputs.iter().filter(|s| !s.is_empty()) {
+            last_use.insert(inp, i);
+        }
+        for a in n.attrs.values() {
+            if let Attr::Graph(sub) = a {
+                let mut names = Vec::new();
+                captured(sub, &mut names);
+                subgraph_uses.push((i, names));
+            }
+        }
+    }
+    for (i, names) in &subgraph_uses {
+        for name in names {
+            let e = last_use.entry(name.as_str()).or_insert(*i);
+            *e = (*e).max(*i);
+        }
+    }
+    let keep: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+    for (i, n) in g.nodes.iter().enumerate() {
+        let ins: Vec<Option<Tensor>> = n
+            .inputs
+            .iter()
+            .map(|name| {
+                if name.is_empty() {
+                    Ok(None)
+                } else {
+                    scope.get(name).cloned().map(Some).ok_or_else(|| RunError::Missing { name: name.clone() })
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let outs = run_node(n, &ins, &scope)?;
+        for name in n.inputs.iter() {
+            if last_use.get(name.as_str()) == Some(&i) && !keep.contains(&name.as_str()) && !g.initializers.contains_key(name) {
+                scope.values.remove(name);
+            }
+        }
+        for (name, t) in n.outputs.iter().zip(outs) {
+            if !name.is_empty() {
+                scope.values.insert(name.clone(), t);
+            }
+        }
+    }
+    g.outputs
+        .iter()
+        .map(|o| scope.get(&o.name).cloned().ok_or_else(|| RunError::Missing { name: o.name.clone() }))
+        .collect()
+}
+
+fn run_node(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
+    let fail = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
+    if !matches!(n.domain.as_str(), "" | "ai.onnx") {
+        return Err(fail(format!("op domain '{}' is not supported", n.domain)));
+    }
+    let outs = match n.op.as_str() {
+        "If" => crate::control::run_if(n, ins, scope)?,
+        "Loop" => crate::control::run_loop(n, ins, scope)?,
+        "Scan" => crate::control::run_scan(n, ins, scope)?,
+        op => {
+            let k = aim_kernels::kernel(op).ok_or_else(|| fail("no kernel for this op".into()))?;
+            k(n, ins).map_err(|e| fail(e.0))?
+        }
+    };
+    let wanted = n.outputs.iter().rposition(|o| !o.is_empty()).map_or(0, |p| p + 1);
+    if outs.len() < wanted {
+        return Err(fail(format!("produced {} outputs, the node names {}", outs.len(), n.outputs.len())));
+    }
+    Ok(outs)
+}
