@@ -15,7 +15,7 @@ pub enum ImportError {
     #[error("{what} holds no graph")]
     NoGraph { what: String },
     /// The model's default-domain opset is outside what aim supports.
-    #[error("opset {opset} is not supported (aim supports ONNX opsets 7 to 23)")]
+    #[error("opset {opset} is not supported (aim supports ONNX opsets 7 to 28)")]
     Opset { opset: i64 },
     /// A tensor (initializer, attribute or value) of an element type aim does not support.
     #[error("{what}: element type {dtype} is not supported")]

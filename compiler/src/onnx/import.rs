@@ -9,8 +9,8 @@ use prost::Message;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
-/// The opsets aim reads.
-pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=23;
+/// The default-domain opsets aim reads: 7 up to the newest that onnx 1.23 defines.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
 /// Reads and imports an ONNX file; external data is looked up next to it.
 pub fn import_file(path: &Path) -> Result<Model, ImportError> {
@@ -33,7 +33,8 @@ fn import(bytes: &[u8], what: &str, mut ext: ExternalFiles) -> Result<Model, Imp
         .iter()
         .find(|o| matches!(o.domain(), "" | "ai.onnx"))
         .map(|o| o.version())
-        .unwrap_or(if m.opset_import.is_empty() { 1 } else { 0 });
+        // A model that imports only other domains uses no default-domain op.
+        .unwrap_or(if m.opset_import.is_empty() { 1 } else { *OPSETS.end() });
     if !OPSETS.contains(&opset) {
         return Err(ImportError::Opset { opset });
     }
