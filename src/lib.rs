@@ -152,3 +152,13 @@ impl Model {
         Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
     }
 }
+
+/// Imports, verifies, type-checks and op-checks a model held in memory, discarding the
+/// result: the entry point of the importer fuzz target and of its corpus replay test.
+/// Returns whether the model was accepted.
+pub fn check_model_bytes(data: &[u8]) -> bool {
+    match aim_compiler::onnx::import_bytes(data, "input") {
+        Ok(ir) => Model::from_ir(ir, Path::new("input"), Backend::Reference).is_ok(),
+        Err(_) => false,
+    }
+}

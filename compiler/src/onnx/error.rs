@@ -6,8 +6,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {}: {cause}", path.display())]
+    Io { path: PathBuf, cause: std::io::Error },
     /// The bytes are not an ONNX protobuf (truncated, or another kind of file).
     #[error("{what} is not a valid ONNX model: {reason}")]
     Decode { what: String, reason: String },

@@ -14,7 +14,7 @@ pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
 /// Reads and imports an ONNX file; external data is looked up next to it.
 pub fn import_file(path: &Path) -> Result<Model, ImportError> {
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }.to_path_buf());
     import(&bytes, &path.display().to_string(), ExternalFiles::new(base))
 }
