@@ -108,6 +108,7 @@ fn bits(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     let op = n.op.as_str();
     let left = n.string("direction", "") == "LEFT";
+    let bits = dt.size() as i128 * 8;
     dispatch!(dt, T => {
         let (v, shape) = zip_broadcast::<T, T>(a, b, |x, y| {
             let (p, q) = (x.to_i128(), y.to_i128());
@@ -115,7 +116,9 @@ fn bits(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 "BitwiseAnd" => p & q,
                 "BitwiseOr" => p | q,
                 "BitwiseXor" => p ^ q,
-                _ if !(0..128).contains(&q) => 0,
+                // Shifts by the type's width or more (or by a negative amount) fill with
+                // zeros, or with the sign for a right shift of a negative value.
+                _ if !(0..bits).contains(&q) => if !left && p < 0 { -1 } else { 0 },
                 _ if left => p << q,
                 _ => p >> q,
             })

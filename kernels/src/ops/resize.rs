@@ -12,7 +12,9 @@ type Taps = Option<Vec<(usize, f64)>>;
 struct Axis<'a> {
     node: &'a Node,
     len_in: usize,
-    len_out: usize,
+    /// The output length as the coordinate transform sees it: `len_in * scale` (not
+    /// rounded) when scales were given, the requested size when sizes were.
+    len_out: f64,
     scale: f64,
     roi: (f64, f64),
 }
@@ -31,25 +33,25 @@ fn cubic_weight(t: f64, a: f64) -> f64 {
 impl Axis<'_> {
     fn source_coord(&self, x: usize) -> f64 {
         let (xo, s) = (x as f64, self.scale);
-        let (li, lo) = (self.len_in as f64, self.len_out as f64);
+        let (li, lo) = (self.len_in as f64, self.len_out);
         match self.node.string("coordinate_transformation_mode", "half_pixel") {
             "asymmetric" => xo / s,
             "align_corners" => {
-                if self.len_out == 1 { 0.0 } else { xo * (li - 1.0) / (lo - 1.0) }
+                if lo == 1.0 { 0.0 } else { xo * (li - 1.0) / (lo - 1.0) }
             }
             "pytorch_half_pixel" => {
-                if self.len_out > 1 { (xo + 0.5) / s - 0.5 } else { 0.0 }
+                if lo > 1.0 { (xo + 0.5) / s - 0.5 } else { 0.0 }
             }
             "tf_crop_and_resize" => {
                 let (a, b) = self.roi;
-                if self.len_out > 1 {
+                if lo > 1.0 {
                     a * (li - 1.0) + xo * (b - a) * (li - 1.0) / (lo - 1.0)
                 } else {
                     0.5 * (a + b) * (li - 1.0)
                 }
             }
             "half_pixel_symmetric" => {
-                let adjustment = lo / (s * li);
+                let adjustment = lo.floor() / lo;
                 let center = li / 2.0;
                 let offset = center * (1.0 - adjustment);
                 offset + (xo + 0.5) / s - 0.5
@@ -58,6 +60,9 @@ impl Axis<'_> {
         }
     }
 
+    /// The taps of output position `x`, following ONNX's reference interpolation: the
+    /// window is placed from floor(coordinate) (one lower when the coordinate is whole),
+    /// out-of-range taps read the edge value unless `exclude_outside` drops them.
     fn taps(&self, x: usize) -> Result<Taps> {
         let c = self.source_coord(x);
         let n = self.len_in as i64;
@@ -65,42 +70,54 @@ impl Axis<'_> {
         if crop && (c < 0.0 || c > (n - 1) as f64) {
             return Ok(None);
         }
-        let clampi = |i: i64| i.clamp(0, n - 1) as usize;
+        let mut base = c.floor() as i64;
+        let mut ratio = c - base as f64;
+        if ratio == 0.0 {
+            ratio = 1.0;
+            base -= 1;
+        }
         let mode = self.node.string("mode", "nearest");
-        if mode == "nearest" {
-            let i = match self.node.string("nearest_mode", "round_prefer_floor") {
-                "floor" => c.floor(),
-                "ceil" => c.ceil(),
-                "round_prefer_ceil" => (c + 0.5).floor(),
-                _ => {
-                    if c.fract() == 0.5 || c.fract() == -0.5 { c.floor() } else { c.round() }
-                }
-            };
-            return Ok(Some(vec![(clampi(i as i64), 1.0)]));
-        }
         let a = self.node.float("cubic_coeff_a", -0.75) as f64;
+        let antialias = self.node.int("antialias", 0) != 0;
+        let s = self.scale.min(1.0);
+        let coeffs: Vec<(i64, f64)> = match mode {
+            "nearest" => {
+                let up = if ratio == 1.0 {
+                    true
+                } else {
+                    match self.node.string("nearest_mode", "round_prefer_floor") {
+                        "floor" => false,
+                        "ceil" => true,
+                        "round_prefer_ceil" => ratio >= 0.5,
+                        _ => ratio > 0.5,
+                    }
+                };
+                vec![(if up { 1 } else { 0 }, 1.0)]
+            }
+            "linear" if antialias => {
+                let start = (-1.0 / s).floor() as i64 + 1;
+                (start..2 - start).map(|i| (i, (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0))).collect()
+            }
+            "linear" => vec![(0, 1.0 - ratio), (1, ratio)],
+            "cubic" if antialias => {
+                let start = (-2.0 / s).floor() as i64 + 1;
+                (start..2 - start).map(|i| (i, cubic_weight(s * (i as f64 - ratio), a))).collect()
+            }
+            "cubic" => (-1..=2).map(|i| (i, cubic_weight(i as f64 - ratio, a))).collect(),
+            m => return err(format!("unknown Resize mode '{m}'")),
+        };
         let exclude = self.node.int("exclude_outside", 0) != 0;
-        let antialias = self.node.int("antialias", 0) != 0 && self.scale < 1.0;
-        let weight = |t: f64| if mode == "linear" { (1.0 - t.abs()).max(0.0) } else { cubic_weight(t, a) };
-        let (support, stretch) = if antialias { (if mode == "linear" { 1.0 } else { 2.0 } / self.scale, self.scale) } else {
-            (if mode == "linear" { 1.0 } else { 2.0 }, 1.0)
-        };
-        let lo = (c - support).floor() as i64 + 1;
-        let hi = (c + support).ceil() as i64 - 1;
-        let (lo, hi) = if mode == "cubic" && !antialias { (c.floor() as i64 - 1, c.floor() as i64 + 2) } else if mode == "linear" && !antialias {
-            (c.floor() as i64, c.floor() as i64 + 1)
-        } else {
-            (lo, hi)
-        };
-        let mut taps: Vec<(i64, f64)> = (lo..=hi).map(|i| (i, weight((c - i as f64) * stretch))).collect();
-        if exclude || antialias {
-            taps.retain(|&(i, _)| (0..n).contains(&i));
+        let mut taps: Vec<(i64, f64)> = coeffs.into_iter().map(|(i, w)| (base + i, w)).collect();
+        if exclude {
+            taps.iter_mut().filter(|(p, _)| !(0..n).contains(p)).for_each(|t| t.1 = 0.0);
         }
-        let total: f64 = taps.iter().map(|t| t.1).sum();
-        if (exclude || antialias) && total != 0.0 {
-            taps.iter_mut().for_each(|t| t.1 /= total);
+        if antialias || exclude {
+            let total: f64 = taps.iter().map(|t| t.1).sum();
+            if total != 0.0 {
+                taps.iter_mut().for_each(|t| t.1 /= total);
+            }
         }
-        Ok(Some(taps.into_iter().map(|(i, w)| (clampi(i), w)).collect()))
+        Ok(Some(taps.into_iter().map(|(p, w)| (p.clamp(0, n - 1) as usize, w)).collect()))
     }
 }
 
@@ -115,6 +132,7 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let sizes_in = opt(ins, 3).filter(|t| !t.is_empty()).map(ints_of).transpose()?;
     let mut scales = vec![1.0f64; r];
     let mut out: Vec<usize> = x.shape().to_vec();
+    let mut out_f: Vec<f64> = x.shape().iter().map(|&d| d as f64).collect();
     match (scales_in, sizes_in) {
         (Some(s), None) => {
             if s.len() != axes.len() {
@@ -125,7 +143,8 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                     return err(format!("scale {} must be positive", s[k]));
                 }
                 scales[a] = s[k];
-                out[a] = (x.shape()[a] as f64 * s[k]).floor() as usize;
+                out_f[a] = x.shape()[a] as f64 * s[k];
+                out[a] = out_f[a].floor() as usize;
             }
         }
         (None, Some(z)) => {
@@ -150,6 +169,10 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                         out[a] = z[k].max(0) as usize;
                     }
                 }
+                out_f[a] = out[a] as f64;
+                match () {
+                    () => {}
+                }
             }
         }
         _ => return err("Resize needs exactly one of scales and sizes"),
@@ -168,7 +191,7 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             Some(k) if roi.len() == 2 * axes.len() => (roi[k], roi[k + axes.len()]),
             _ => (0.0, 1.0),
         };
-        let ax = Axis { node, len_in: shape[d], len_out: out[d], scale: scales[d], roi: roi_d };
+        let ax = Axis { node, len_in: shape[d], len_out: out_f[d], scale: scales[d], roi: roi_d };
         let taps: Vec<Taps> = (0..out[d]).map(|i| ax.taps(i)).collect::<Result<_>>()?;
         let (outer, inner) = (shape[..d].iter().product::<usize>(), shape[d + 1..].iter().product::<usize>());
         let mut nd = vec![0.0; outer * out[d] * inner];

@@ -332,7 +332,8 @@ fn depth_space(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             return err(format!("spatial dims {h}×{w} do not divide by blocksize {b}"));
         }
         let t = x.reshaped(&[nb, c, h / b, b, w / b, b]);
-        Ok(vec![transpose(&t, &[0, 3, 5, 1, 2, 4]).reshaped(&[nb, c * b * b, h / b, w / b])])
+        let perm = if n.string("mode", "DCR") == "CRD" { [0, 1, 3, 5, 2, 4] } else { [0, 3, 5, 1, 2, 4] };
+        Ok(vec![transpose(&t, &perm).reshaped(&[nb, c * b * b, h / b, w / b])])
     }
 }
 
