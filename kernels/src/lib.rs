@@ -26,6 +26,7 @@ pub struct KernelError(pub String);
 pub type Kernel = fn(&Node, &[Option<Tensor>]) -> Result<Vec<Tensor>, KernelError>;
 
 const FAMILIES: &[&[(&str, Kernel)]] = &[
+    ops::attention::OPS,
     ops::binary::OPS,
     ops::conv::OPS,
     ops::einsum::OPS,

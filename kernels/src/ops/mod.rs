@@ -1,5 +1,6 @@
 //! The reference kernels, one module per family of ops.
 
+pub mod attention;
 pub mod binary;
 pub mod conv;
 pub mod einsum;
