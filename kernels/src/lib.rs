@@ -32,6 +32,7 @@ const FAMILIES: &[&[(&str, Kernel)]] = &[
     ops::einsum::OPS,
     ops::elementwise::OPS,
     ops::index::OPS,
+    ops::loss::OPS,
     ops::matmul::OPS,
     ops::norm::OPS,
     ops::pool::OPS,

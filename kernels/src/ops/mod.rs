@@ -6,6 +6,7 @@ pub mod conv;
 pub mod einsum;
 pub mod elementwise;
 pub mod index;
+pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
