@@ -36,6 +36,7 @@ const FAMILIES: &[&[(&str, Kernel)]] = &[
     ops::matmul::OPS,
     ops::norm::OPS,
     ops::pool::OPS,
+    ops::quant::OPS,
     ops::recurrent::OPS,
     ops::reduce::OPS,
     ops::resize::OPS,

@@ -10,6 +10,7 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod quant;
 pub mod recurrent;
 pub mod reduce;
 pub mod resize;
