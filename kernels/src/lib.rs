@@ -40,6 +40,7 @@ const FAMILIES: &[&[(&str, Kernel)]] = &[
     ops::recurrent::OPS,
     ops::reduce::OPS,
     ops::resize::OPS,
+    ops::sample::OPS,
     ops::shape::OPS,
 ];
 

@@ -14,5 +14,6 @@ pub mod quant;
 pub mod recurrent;
 pub mod reduce;
 pub mod resize;
+pub mod sample;
 pub mod shape;
 pub mod window;
