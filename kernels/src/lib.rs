@@ -34,6 +34,7 @@ const FAMILIES: &[&[(&str, Kernel)]] = &[
     ops::index::OPS,
     ops::loss::OPS,
     ops::matmul::OPS,
+    ops::misc::OPS,
     ops::norm::OPS,
     ops::pool::OPS,
     ops::quant::OPS,

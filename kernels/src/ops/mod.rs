@@ -8,6 +8,7 @@ pub mod elementwise;
 pub mod index;
 pub mod loss;
 pub mod matmul;
+pub mod misc;
 pub mod norm;
 pub mod pool;
 pub mod quant;
