@@ -156,7 +156,14 @@ fn run_node(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tenso
         "Scan" => crate::control::run_scan(n, ins, scope)?,
         op => {
             let k = aim_kernels::kernel(op).ok_or_else(|| fail("no kernel for this op".into()))?;
-            k(n, ins).map_err(|e| fail(e.0))?
+            // A kernel that panics has a bug; the user still gets an error naming the node.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, ins))) {
+                Ok(r) => r.map_err(|e| fail(e.0))?,
+                Err(p) => {
+                    let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+                    return Err(fail(format!("internal error in the reference kernel: {}", msg.unwrap_or_default())));
+                }
+            }
         }
     };
     let wanted = n.outputs.iter().rposition(|o| !o.is_empty()).map_or(0, |p| p + 1);

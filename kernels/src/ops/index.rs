@@ -173,6 +173,9 @@ fn gather_nd(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 fn scatter_nd(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (x, idx, upd) = (req(ins, 0)?, req(ins, 1)?, req(ins, 2)?);
     let (offs, chunk, _) = nd_offsets(x, idx, 0)?;
+    if upd.dtype() != x.dtype() {
+        return err(format!("updates are {}, the data {}", upd.dtype(), x.dtype()));
+    }
     if upd.len() != offs.len() * chunk {
         return err("ScatterND updates do not match the indices");
     }

@@ -80,9 +80,18 @@ fn normalize_groups(xd: &[f64], group: usize, eps: f64, rms: bool) -> (Vec<f64>,
     (y, means, inv_stds)
 }
 
+/// Requires rank ≥ `min` (normalisations index the channel dim).
+fn need_rank(x: &Tensor, min: usize, op: &str) -> Result<()> {
+    if x.rank() < min {
+        return err(format!("{op} needs an input of rank ≥ {min}, got {:?}", x.shape()));
+    }
+    Ok(())
+}
+
 fn instance_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(ins, 0)?;
     need_float(x, "X")?;
+    need_rank(x, 2, "InstanceNormalization")?;
     let c = x.shape()[1];
     let scale = per_channel(req(ins, 1)?, c, "scale")?;
     let bias = per_channel(req(ins, 2)?, c, "B")?;
@@ -98,12 +107,16 @@ fn instance_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 fn group_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(ins, 0)?;
     need_float(x, "X")?;
+    need_rank(x, 2, "GroupNormalization")?;
     let c = x.shape()[1];
     let groups = n.int("num_groups", 1).max(1) as usize;
     if c % groups != 0 {
         return err(format!("{c} channels do not split into {groups} groups"));
     }
     let (scale, bias) = (req(ins, 1)?.to_f64_vec(), req(ins, 2)?.to_f64_vec());
+    if (scale.len() != c && scale.len() != groups) || bias.len() != scale.len() {
+        return err(format!("scale and bias must hold {c} (per channel) or {groups} (per group) values"));
+    }
     let inner: usize = x.shape()[2..].iter().product();
     let gsize = c / groups * inner;
     let (mut y, _, _) = normalize_groups(&x.to_f64_vec(), gsize, n.float("epsilon", 1e-5) as f64, false);
@@ -125,6 +138,11 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let norm_shape = &x.shape()[ax..];
     let (mut y, means, invs) = normalize_groups(&x.to_f64_vec(), group, n.float("epsilon", 1e-5) as f64, rms);
     let scale = req(ins, 1)?;
+    for t in [Some(scale), if rms { None } else { opt(ins, 2) }].into_iter().flatten() {
+        if crate::util::broadcast_shapes(&[t.shape(), norm_shape])? != norm_shape {
+            return err(format!("scale/bias of shape {:?} do not broadcast to the normalised shape {norm_shape:?}", t.shape()));
+        }
+    }
     let sc_offs = broadcast_offsets(scale.shape(), norm_shape);
     let sc = scale.to_f64_vec();
     let bias = if rms { None } else { opt(ins, 2) };
@@ -142,6 +160,13 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let mut stat_shape = x.shape()[..ax].to_vec();
     stat_shape.resize(x.rank(), 1);
     let stash = if n.int("stash_type", 1) == 1 { aim_ir::DType::F32 } else { x.dtype() };
+    let (means, invs) = if group == 0 {
+        // Empty groups: the statistics are undefined (0/0), as numpy would say.
+        let outer: usize = x.shape()[..ax].iter().product();
+        (vec![f64::NAN; outer], vec![f64::NAN; outer])
+    } else {
+        (means, invs)
+    };
     let mut outs = vec![Tensor::from_f64(x.dtype(), x.shape(), &y)];
     if !rms {
         outs.push(Tensor::from_f64(stash, &stat_shape, &means));
@@ -202,6 +227,7 @@ fn mvn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 fn lrn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(ins, 0)?;
+    need_rank(x, 2, "LRN")?;
     let size = n.int("size", 1).max(1) as usize;
     let (alpha, beta, bias) = (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
     let (outer, c, inner) = lanes(x.shape(), 1);

@@ -422,6 +422,9 @@ fn constant_of_shape(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 fn range(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (s, l, d) = (req(ins, 0)?, req(ins, 1)?, req(ins, 2)?);
     let dt = crate::util::same_dtype(&[s, l, d])?;
+    if s.len() != 1 || l.len() != 1 || d.len() != 1 {
+        return err("Range's start, limit and delta must be scalars");
+    }
     dispatch!(dt, T => {
         let (start, limit, delta) = (s.data::<T>()[0], l.data::<T>()[0], d.data::<T>()[0]);
         let count = ((limit.to_f64() - start.to_f64()) / delta.to_f64()).ceil();
