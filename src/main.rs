@@ -4,6 +4,7 @@
 use aim::{conformance, npz, Backend, Model};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -66,7 +67,7 @@ fn summary(t: &aim::Tensor) -> String {
     format!("{}{:?} min {mn:.6} max {mx:.6} mean {mean:.6} [{}{more}]", t.dtype(), t.shape(), shown.join(", "))
 }
 
-fn run(model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, backend: Backend, seed: u64) -> Result<()> {
+fn run(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, backend: Backend, seed: u64) -> Result<()> {
     let m = Model::load_with(&model, backend)?;
     let ins = match inputs {
         Some(p) => npz::read_npz(&p)?,
@@ -74,7 +75,7 @@ fn run(model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, backen
     };
     let outs = m.run(ins).with_context(|| format!("running {}", model.display()))?;
     for (name, t) in &outs {
-        println!("{name}: {}", summary(t));
+        writeln!(out, "{name}: {}", summary(t))?;
     }
     if let Some(p) = outputs {
         npz::write_npz(&p, &outs)?;
@@ -82,40 +83,40 @@ fn run(model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, backen
     Ok(())
 }
 
-fn info(path: PathBuf) -> Result<()> {
+fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
     let ir = aim_compiler::onnx::import_file(&path)?;
     let g = &ir.graph;
-    println!("model: {}", path.display());
-    println!("opset: {}{}", ir.opset, if ir.producer.is_empty() { String::new() } else { format!(" (producer: {})", ir.producer) });
-    println!("inputs:");
+    writeln!(out, "model: {}", path.display())?;
+    writeln!(out, "opset: {}{}", ir.opset, if ir.producer.is_empty() { String::new() } else { format!(" (producer: {})", ir.producer) })?;
+    writeln!(out, "inputs:")?;
     for i in &g.inputs {
-        println!("  {}: {}", i.name, i.ty);
+        writeln!(out, "  {}: {}", i.name, i.ty)?;
     }
-    println!("outputs:");
+    writeln!(out, "outputs:")?;
     for o in &g.outputs {
-        println!("  {}: {}", o.name, o.ty);
+        writeln!(out, "  {}: {}", o.name, o.ty)?;
     }
     let weights: usize = g.initializers.values().map(|t| t.bytes().len()).sum();
-    println!("initializers: {} ({:.1} MiB)", g.initializers.len(), weights as f64 / (1 << 20) as f64);
-    println!("nodes: {}", g.node_count_deep());
-    println!("ops:");
+    writeln!(out, "initializers: {} ({:.1} MiB)", g.initializers.len(), weights as f64 / (1 << 20) as f64)?;
+    writeln!(out, "nodes: {}", g.node_count_deep())?;
+    writeln!(out, "ops:")?;
     for ((domain, op), nodes) in g.op_uses() {
         let d = if domain.is_empty() { String::new() } else { format!("{domain}:") };
-        println!("  {:>5}  {d}{op}", nodes.len());
+        writeln!(out, "  {:>5}  {d}{op}", nodes.len())?;
     }
     let unsupported = aim_runtime::unsupported_ops(g);
     if unsupported.is_empty() {
-        println!("unsupported ops: none");
+        writeln!(out, "unsupported ops: none")?;
     } else {
-        println!("unsupported ops:");
+        writeln!(out, "unsupported ops:")?;
         for (op, nodes) in unsupported {
-            println!("  {op}: {}", nodes.join(", "));
+            writeln!(out, "  {op}: {}", nodes.join(", "))?;
         }
     }
     Ok(())
 }
 
-fn test_onnx(dirs: Vec<PathBuf>, backend: Backend, quiet: bool) -> Result<bool> {
+fn test_onnx(out: &mut dyn Write, dirs: Vec<PathBuf>, backend: Backend, quiet: bool) -> Result<bool> {
     if dirs.is_empty() {
         bail!("give at least one directory of ONNX test cases");
     }
@@ -130,35 +131,38 @@ fn test_onnx(dirs: Vec<PathBuf>, backend: Backend, quiet: bool) -> Result<bool> 
             conformance::Outcome::Pass => {
                 pass += 1;
                 if !quiet {
-                    println!("{name}: pass");
+                    writeln!(out, "{name}: pass")?;
                 }
             }
             conformance::Outcome::Fail(r) => {
                 fail += 1;
-                println!("{name}: fail: {r}");
+                writeln!(out, "{name}: fail: {r}")?;
             }
             conformance::Outcome::Skipped(r) => {
                 skip += 1;
                 if !quiet {
-                    println!("{name}: skipped: {r}");
+                    writeln!(out, "{name}: skipped: {r}")?;
                 }
             }
         }
     }
-    println!("{pass} passed, {fail} failed, {skip} skipped");
+    writeln!(out, "{pass} passed, {fail} failed, {skip} skipped")?;
     Ok(fail == 0)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut out = std::io::stdout().lock();
     let result = match cli.cmd {
-        Cmd::Run { model, inputs, outputs, threads: _, backend, seed } => run(model, inputs, outputs, backend, seed).map(|_| true),
-        Cmd::Info { model } => info(model).map(|_| true),
-        Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(dirs, backend, quiet),
+        Cmd::Run { model, inputs, outputs, threads: _, backend, seed } => run(&mut out, model, inputs, outputs, backend, seed).map(|_| true),
+        Cmd::Info { model } => info(&mut out, model).map(|_| true),
+        Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        // The reader went away (`aim info m.onnx | head`): stop quietly, as Unix tools do.
+        Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)

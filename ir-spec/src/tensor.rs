@@ -19,6 +19,10 @@ enum Storage {
     Owned { blocks: Vec<Block>, len: usize },
     /// A range of a read-only memory map (external weights); kept alive by the Arc.
     Mapped { map: Arc<memmap2::Mmap>, offset: usize, len: usize },
+    /// Shared bytes, such as a tensor's `raw_data` sliced out of a memory-mapped model file.
+    /// When they are not aligned for the element type, an aligned copy is made the first
+    /// time the elements are viewed as typed values (never, for a model only inspected).
+    Shared { bytes: bytes::Bytes, aligned: std::sync::OnceLock<Vec<Block>> },
 }
 
 impl Storage {
@@ -26,6 +30,24 @@ impl Storage {
         match self {
             Storage::Owned { blocks, len } => &bytemuck::cast_slice::<Block, u8>(blocks)[..*len],
             Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            Storage::Shared { bytes, .. } => bytes,
+        }
+    }
+
+    /// The bytes at an address aligned to `align` (copying shared bytes once if needed).
+    fn aligned_bytes(&self, align: usize) -> &[u8] {
+        match self {
+            Storage::Shared { bytes, aligned } if bytes.as_ptr() as usize % align != 0 => {
+                let blocks = aligned.get_or_init(|| {
+                    let mut s = Storage::from_bytes(bytes);
+                    match std::mem::replace(&mut s, Storage::zeroed(0)) {
+                        Storage::Owned { blocks, .. } => blocks,
+                        _ => unreachable!("from_bytes makes owned storage"),
+                    }
+                });
+                &bytemuck::cast_slice::<Block, u8>(blocks)[..bytes.len()]
+            }
+            _ => self.bytes(),
         }
     }
 
@@ -44,7 +66,7 @@ impl Storage {
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Storage::Owned { blocks, len } => &mut bytemuck::cast_slice_mut::<Block, u8>(blocks)[..*len],
-            Storage::Mapped { .. } => unreachable!("mapped storage is copied before writing"),
+            Storage::Mapped { .. } | Storage::Shared { .. } => unreachable!("borrowed storage is copied before writing"),
         }
     }
 }
@@ -131,6 +153,17 @@ impl Tensor {
         Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::Mapped { map, offset, len }) })
     }
 
+    /// A tensor over shared bytes (e.g. `raw_data` of a memory-mapped model), without
+    /// copying them (see [`Tensor::data`] for misaligned bytes).
+    pub fn from_shared_bytes(dtype: DType, shape: &[usize], bytes: bytes::Bytes) -> Result<Tensor, SizeMismatch> {
+        let n: usize = shape.iter().product();
+        if n * dtype.size() != bytes.len() {
+            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: bytes.len() });
+        }
+        let storage = Storage::Shared { bytes, aligned: std::sync::OnceLock::new() };
+        Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(storage) })
+    }
+
     /// A tensor holding a copy of `data`.
     pub fn from_slice<T: Elem>(shape: &[usize], data: &[T]) -> Tensor {
         let n: usize = shape.iter().product();
@@ -199,17 +232,19 @@ impl Tensor {
         Arc::get_mut(&mut self.storage).expect("storage was just made unique").bytes_mut()
     }
 
-    /// Whether the bytes are borrowed from a memory-mapped file.
-    pub fn is_mapped(&self) -> bool {
-        matches!(*self.storage, Storage::Mapped { .. })
+    /// Whether the bytes are borrowed (from a memory-mapped file or shared buffer) rather
+    /// than owned.
+    pub fn is_borrowed(&self) -> bool {
+        !matches!(*self.storage, Storage::Owned { .. })
     }
 
-    /// The elements as a slice of `T`; `None` if `T` is not this tensor's dtype.
+    /// The elements as a slice of `T`; `None` if `T` is not this tensor's dtype. Shared
+    /// bytes that are not aligned for `T` are copied to an aligned buffer on first use.
     pub fn try_data<T: Elem>(&self) -> Option<&[T]> {
         if !T::views(self.dtype) {
             return None;
         }
-        bytemuck::try_cast_slice(self.bytes()).ok()
+        bytemuck::try_cast_slice(self.storage.aligned_bytes(std::mem::align_of::<T>())).ok()
     }
 
     /// The elements as a slice of `T`. Panics on a dtype mismatch, which is a bug in the
@@ -315,6 +350,17 @@ mod tests {
         b.data_mut::<f32>()[0] = 9.0;
         assert_eq!(a.data::<f32>()[0], 1.0);
         assert_eq!(b.data::<f32>()[0], 9.0);
+    }
+
+    #[test]
+    fn misaligned_shared_bytes_are_viewed_through_an_aligned_copy() {
+        let mut raw = vec![0u8; 1];
+        raw.extend(bytemuck::cast_slice::<f32, u8>(&[1.0, 2.0, 3.0]));
+        let b = bytes::Bytes::from(raw).slice(1..);
+        let t = Tensor::from_shared_bytes(DType::F32, &[3], b).unwrap();
+        assert!(t.is_borrowed());
+        assert_eq!(t.data::<f32>(), &[1.0, 2.0, 3.0]);
+        assert_eq!(t.bytes().len(), 12);
     }
 
     #[test]

@@ -5,6 +5,7 @@ use super::proto::{self, attribute_proto::AttributeType, type_proto, ModelProto}
 use super::tensor::{convert, ExternalFiles};
 use super::ImportError;
 use aim_ir::{Attr, DType, Dim, Graph, Model, Node, ValueInfo, ValueType};
+use bytes::Bytes;
 use prost::Message;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -13,19 +14,31 @@ use std::path::Path;
 pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
 /// Reads and imports an ONNX file; external data is looked up next to it.
+///
+/// The file is memory-mapped and decoded in place, so `raw_data` initializers borrow the
+/// mapping instead of being copied (those not aligned for their type are copied once).
 pub fn import_file(path: &Path) -> Result<Model, ImportError> {
-    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
+    let io = |cause| ImportError::Io { path: path.to_path_buf(), cause };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let bytes = if len == 0 {
+        Bytes::new()
+    } else {
+        // SAFETY: the map is read-only. As with any mmap, a file truncated by another
+        // process while mapped is outside what the program can guard against.
+        Bytes::from_owner(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+    };
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }.to_path_buf());
-    import(&bytes, &path.display().to_string(), ExternalFiles::new(base))
+    import(bytes, &path.display().to_string(), ExternalFiles::new(base))
 }
 
 /// Imports an ONNX model from bytes (no external data can be resolved). `what` names the
 /// source in errors.
 pub fn import_bytes(bytes: &[u8], what: &str) -> Result<Model, ImportError> {
-    import(bytes, what, ExternalFiles::new(None))
+    import(Bytes::copy_from_slice(bytes), what, ExternalFiles::new(None))
 }
 
-fn import(bytes: &[u8], what: &str, mut ext: ExternalFiles) -> Result<Model, ImportError> {
+fn import(bytes: Bytes, what: &str, mut ext: ExternalFiles) -> Result<Model, ImportError> {
     let m = ModelProto::decode(bytes).map_err(|e| ImportError::Decode { what: what.to_string(), reason: e.to_string() })?;
     let Some(g) = &m.graph else { return Err(ImportError::NoGraph { what: what.to_string() }) };
     let opset = m
@@ -195,7 +208,7 @@ impl Importer<'_> {
         Ok(Some(match ty {
             AttributeType::Float => Attr::Float(a.f()),
             AttributeType::Int => Attr::Int(a.i()),
-            AttributeType::String => Attr::String(s(a.s())),
+            AttributeType::String => Attr::String(s(a.s.as_deref().unwrap_or_default())),
             AttributeType::Floats => Attr::Floats(a.floats.clone()),
             AttributeType::Ints => Attr::Ints(a.ints.clone()),
             AttributeType::Strings => Attr::Strings(a.strings.iter().map(|b| s(b)).collect()),

@@ -40,8 +40,8 @@ pub struct AttributeProto {
     #[prost(int64, optional, tag = "3")]
     pub i: ::core::option::Option<i64>,
     /// UTF-8 string
-    #[prost(bytes = "vec", optional, tag = "4")]
-    pub s: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", optional, tag = "4")]
+    pub s: ::core::option::Option<::prost::bytes::Bytes>,
     /// tensor value
     #[prost(message, optional, tag = "5")]
     pub t: ::core::option::Option<TensorProto>,
@@ -64,8 +64,8 @@ pub struct AttributeProto {
     #[prost(int64, repeated, packed = "false", tag = "8")]
     pub ints: ::prost::alloc::vec::Vec<i64>,
     /// list of UTF-8 strings
-    #[prost(bytes = "vec", repeated, tag = "9")]
-    pub strings: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", repeated, tag = "9")]
+    pub strings: ::prost::alloc::vec::Vec<::prost::bytes::Bytes>,
     /// list of tensors
     #[prost(message, repeated, tag = "10")]
     pub tensors: ::prost::alloc::vec::Vec<TensorProto>,
@@ -655,8 +655,8 @@ pub struct TensorProto {
     /// string. No trailing null, no leading BOM. The protobuf "string"
     /// scalar type is not used to match ML community conventions.
     /// When this field is present, the data_type field MUST be STRING
-    #[prost(bytes = "vec", repeated, tag = "6")]
-    pub string_data: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", repeated, tag = "6")]
+    pub string_data: ::prost::alloc::vec::Vec<::prost::bytes::Bytes>,
     /// For int64.
     /// When this field is present, the data_type field MUST be INT64
     #[prost(int64, repeated, tag = "7")]
@@ -692,8 +692,8 @@ pub struct TensorProto {
     /// that in some cases (e.g. int data), protobuf does a better packing via
     /// variable length storage, and may lead to smaller binary footprint.
     /// When this field is present, the data_type field MUST NOT be STRING or UNDEFINED
-    #[prost(bytes = "vec", optional, tag = "9")]
-    pub raw_data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", optional, tag = "9")]
+    pub raw_data: ::core::option::Option<::prost::bytes::Bytes>,
     /// Data can be stored inside the protobuf file using type-specific fields or raw_data.
     /// Alternatively, raw bytes data can be stored in an external file, using the external_data field.
     /// external_data stores key-value pairs describing data location. Recognized keys are:

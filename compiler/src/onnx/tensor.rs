@@ -68,7 +68,7 @@ fn dims_of(t: &TensorProto, what: &str) -> Result<Vec<usize>, ImportError> {
 
 /// Decodes one serialized `TensorProto` (the `input_N.pb` files of ONNX test cases).
 pub fn decode_tensor_proto(bytes: &[u8], what: &str) -> Result<(String, Tensor), ImportError> {
-    let t = TensorProto::decode(bytes)
+    let t = TensorProto::decode(bytes::Bytes::copy_from_slice(bytes))
         .map_err(|e| ImportError::Decode { what: what.to_string(), reason: format!("not a TensorProto: {e}") })?;
     let tensor = tensor_from_proto(&t, what)?;
     Ok((t.name().to_string(), tensor))
@@ -115,7 +115,7 @@ pub(crate) fn convert(t: &TensorProto, what: &str, ext: &mut ExternalFiles) -> R
         return Tensor::from_mmap(dtype, &shape, map, offset, len).map_err(|e| bad(e.to_string()));
     }
     if let Some(raw) = &t.raw_data {
-        return Tensor::from_bytes(dtype, &shape, raw).map_err(|e| bad(e.to_string()));
+        return Tensor::from_shared_bytes(dtype, &shape, raw.clone()).map_err(|e| bad(e.to_string()));
     }
     let count = |len: usize| {
         if len == n {
