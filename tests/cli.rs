@@ -1,0 +1,184 @@
+//! The `aim` command line, run as a user would: outputs, files written, and errors that are
+//! one clear line with exit code 1 (never a panic).
+
+mod common;
+
+use aim::npz::{read_npz, write_npz};
+use aim::Tensor;
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn aim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aim")).args(args).output().expect("running aim")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A user mistake: exit code 1, one line on stderr, no panic or backtrace.
+fn assert_clean_error(o: &Output, contains: &str) {
+    let e = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "stderr: {e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "expected one line, got: {e}");
+    assert!(!e.contains("panicked") && !e.contains("RUST_BACKTRACE"), "{e}");
+    assert!(e.contains(contains), "expected {contains:?} in: {e}");
+}
+
+#[test]
+fn run_reads_and_writes_npz() {
+    let d = tempdir("run");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let x = Tensor::from_slice(&[3, 2], &[1.0f32, 1.0, 0.0, 0.0, -1.0, 2.0]);
+    write_npz(&d.join("in.npz"), &[("x".into(), x)]).unwrap();
+    let (m, i, o) = (d.join("m.onnx"), d.join("in.npz"), d.join("out.npz"));
+    let out = aim(&["run", m.to_str().unwrap(), "--inputs", i.to_str().unwrap(), "--outputs", o.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("y: f32[3, 2]"), "{stdout}");
+    let got = read_npz(&o).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "y");
+    // [1,1]·W + b = [4.5, -4] → relu; [0,0] → [0.5, 0]; [-1,2] → [5.5, -4] → [5.5, 0].
+    assert_eq!(got[0].1.data::<f32>(), &[4.5, 0.0, 0.5, 0.0, 5.5, 0.0]);
+}
+
+#[test]
+fn random_inputs_need_known_shapes() {
+    let d = tempdir("random");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let out = aim(&["run", d.join("m.onnx").to_str().unwrap()]);
+    assert_clean_error(&out, "'x' has type f32[N,2]");
+    let fixed = model(
+        vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        vec![value("x", 1, &[Ok(2), Ok(3)])],
+        vec![value("y", 1, &[Ok(2), Ok(3)])],
+        vec![],
+        13,
+    );
+    std::fs::write(d.join("f.onnx"), fixed).unwrap();
+    let a = aim(&["run", d.join("f.onnx").to_str().unwrap(), "--seed", "7"]);
+    let b = aim(&["run", d.join("f.onnx").to_str().unwrap(), "--seed", "7"]);
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout, "the same seed gives the same inputs");
+}
+
+#[test]
+fn bad_files_are_one_line_errors() {
+    let d = tempdir("bad");
+    let full = tiny_mlp();
+    std::fs::write(d.join("trunc.onnx"), &full[..full.len() / 2]).unwrap();
+    std::fs::write(d.join("text.onnx"), "this is not a model\n").unwrap();
+    assert_clean_error(&aim(&["run", d.join("trunc.onnx").to_str().unwrap()]), "is not a valid ONNX model");
+    assert_clean_error(&aim(&["run", d.join("text.onnx").to_str().unwrap()]), "is not a valid ONNX model");
+    assert_clean_error(&aim(&["info", d.join("missing.onnx").to_str().unwrap()]), "cannot read");
+    // Command-line usage errors are clap's: exit code 2 with the usage line.
+    let usage = aim(&["run", d.join("trunc.onnx").to_str().unwrap(), "--backend", "gpu"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(stderr(&usage).contains("unknown backend 'gpu' (expected reference or cpu)"));
+}
+
+#[test]
+fn unsupported_ops_are_all_listed() {
+    let d = tempdir("unsupported");
+    let m = model(
+        vec![
+            node("Relu", "r", &["x"], &["a"], vec![]),
+            node("FancyOp", "fancy1", &["a"], &["b"], vec![]),
+            node("OtherOp", "other", &["b"], &["c"], vec![]),
+            node("FancyOp", "fancy2", &["c"], &["y"], vec![]),
+        ],
+        vec![value("x", 1, &[Ok(2)])],
+        vec![value("y", 1, &[Ok(2)])],
+        vec![],
+        17,
+    );
+    std::fs::write(d.join("u.onnx"), m).unwrap();
+    let out = aim(&["run", d.join("u.onnx").to_str().unwrap()]);
+    assert_clean_error(&out, "FancyOp (nodes fancy1, fancy2); OtherOp (node other)");
+}
+
+#[test]
+fn wrong_input_shape_names_the_input() {
+    let d = tempdir("shape");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    write_npz(&d.join("in.npz"), &[("x".into(), Tensor::from_slice(&[2, 3], &[0f32; 6]))]).unwrap();
+    let out = aim(&["run", d.join("m.onnx").to_str().unwrap(), "--inputs", d.join("in.npz").to_str().unwrap()]);
+    assert_clean_error(&out, "input 'x': dimension 1 must be 2, got 3");
+    write_npz(&d.join("in2.npz"), &[("z".into(), Tensor::from_slice(&[1, 2], &[0f32; 2]))]).unwrap();
+    let out = aim(&["run", d.join("m.onnx").to_str().unwrap(), "--inputs", d.join("in2.npz").to_str().unwrap()]);
+    assert_clean_error(&out, "no input named 'z'");
+}
+
+#[test]
+fn info_describes_the_model() {
+    let d = tempdir("info");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let out = aim(&["info", d.join("m.onnx").to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).replace(d.to_str().unwrap(), "DIR");
+    insta::assert_snapshot!(text);
+}
+
+fn write_pb(path: &Path, t: aim_compiler::onnx::proto::TensorProto) {
+    use prost::Message;
+    std::fs::write(path, t.encode_to_vec()).unwrap();
+}
+
+#[test]
+fn test_onnx_runs_case_directories() {
+    let d = tempdir("cases");
+    for (case, want) in [("good", [4.5f32, 0.0]), ("wrong", [1.0f32, 0.0])] {
+        let c = d.join(case);
+        std::fs::create_dir_all(c.join("test_data_set_0")).unwrap();
+        std::fs::write(c.join("model.onnx"), tiny_mlp()).unwrap();
+        write_pb(&c.join("test_data_set_0/input_0.pb"), f32_tensor("x", &[1, 2], &[1.0, 1.0]));
+        write_pb(&c.join("test_data_set_0/output_0.pb"), f32_tensor("y", &[1, 2], &want));
+    }
+    let out = aim(&["test-onnx", d.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "a failing case fails the run: {text}");
+    assert!(text.contains("good: pass"), "{text}");
+    assert!(text.contains("wrong: fail: output 'y': 1 of 2 values differ"), "{text}");
+    assert_eq!(text.lines().last(), Some("1 passed, 1 failed, 0 skipped"));
+}
+
+#[test]
+fn external_data_is_read_relative_to_the_model_and_confined_to_its_directory() {
+    use aim_compiler::onnx::proto::{tensor_proto::DataLocation, StringStringEntryProto};
+    let d = tempdir("external");
+    let weights: Vec<u8> = [0f32, 2.0, 3.0, 4.0, 5.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(d.join("w.bin"), &weights).unwrap();
+    let ext = |location: &str| {
+        let kv = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
+        aim_compiler::onnx::proto::TensorProto {
+            name: Some("W".into()),
+            dims: vec![2, 2],
+            data_type: Some(1),
+            data_location: Some(DataLocation::External as i32),
+            external_data: vec![kv("location", location), kv("offset", "4"), kv("length", "16")],
+            ..Default::default()
+        }
+    };
+    let m = |location: &str| {
+        model(
+            vec![node("MatMul", "mm", &["x", "W"], &["y"], vec![])],
+            vec![value("x", 1, &[Ok(1), Ok(2)])],
+            vec![value("y", 1, &[Ok(1), Ok(2)])],
+            vec![ext(location)],
+            17,
+        )
+    };
+    std::fs::write(d.join("ok.onnx"), m("w.bin")).unwrap();
+    let model = aim::Model::load(d.join("ok.onnx")).unwrap();
+    let y = model.run(vec![("x".into(), Tensor::from_slice(&[1, 2], &[1.0f32, 1.0]))]).unwrap();
+    assert_eq!(y[0].1.data::<f32>(), &[6.0, 8.0]);
+    std::fs::write(d.join("up.onnx"), m("../w.bin")).unwrap();
+    assert_clean_error(&aim(&["info", d.join("up.onnx").to_str().unwrap()]), "may not leave the model's directory");
+    std::fs::write(d.join("abs.onnx"), m(d.join("w.bin").to_str().unwrap())).unwrap();
+    assert_clean_error(&aim(&["info", d.join("abs.onnx").to_str().unwrap()]), "must be a relative path");
+    std::fs::write(d.join("short.onnx"), m("w.bin").iter().copied().collect::<Vec<u8>>()).unwrap();
+    std::fs::write(d.join("w.bin"), &weights[..10]).unwrap();
+    assert_clean_error(&aim(&["info", d.join("short.onnx").to_str().unwrap()]), "past the end");
+}
