@@ -60,10 +60,32 @@ pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>> {
     Ok(out)
 }
 
+/// For each element of a tensor of shape `out` (row-major), the offset `sum(idx[d] *
+/// steps[d])`: the walk that broadcasting and transposition both are.
+pub fn strided_offsets(out: &[usize], steps: &[usize]) -> Vec<usize> {
+    let n: usize = out.iter().product();
+    let r = out.len();
+    let mut offs = Vec::with_capacity(n);
+    let mut idx = vec![0usize; r];
+    let mut off = 0usize;
+    for _ in 0..n {
+        offs.push(off);
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            off += steps[d];
+            if idx[d] < out[d] {
+                break;
+            }
+            off -= steps[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    offs
+}
+
 /// For each element of `out` (row-major), the offset of the element of a tensor of shape
 /// `shape` that broadcasting maps to it.
 pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Vec<usize> {
-    let n: usize = out.iter().product();
     let r = out.len();
     let st = strides(shape);
     let mut bst = vec![0usize; r];
@@ -72,22 +94,7 @@ pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Vec<usize> {
             bst[r - shape.len() + i] = st[i];
         }
     }
-    let mut offs = Vec::with_capacity(n);
-    let mut idx = vec![0usize; r];
-    let mut off = 0usize;
-    for _ in 0..n {
-        offs.push(off);
-        for d in (0..r).rev() {
-            idx[d] += 1;
-            off += bst[d];
-            if idx[d] < out[d] {
-                break;
-            }
-            off -= bst[d] * idx[d];
-            idx[d] = 0;
-        }
-    }
-    offs
+    strided_offsets(out, &bst)
 }
 
 /// A tensor broadcast (materialised) to `out`.
@@ -136,23 +143,7 @@ pub fn transpose(t: &Tensor, perm: &[usize]) -> Tensor {
     let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let st = strides(shape);
     let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
-    let n = t.len();
-    let r = out_shape.len();
-    let mut offs = Vec::with_capacity(n);
-    let mut idx = vec![0usize; r];
-    let mut off = 0usize;
-    for _ in 0..n {
-        offs.push(off);
-        for d in (0..r).rev() {
-            idx[d] += 1;
-            off += pst[d];
-            if idx[d] < out_shape[d] {
-                break;
-            }
-            off -= pst[d] * idx[d];
-            idx[d] = 0;
-        }
-    }
+    let offs = strided_offsets(&out_shape, &pst);
     gather_elems(t, &out_shape, &offs)
 }
 

@@ -32,12 +32,15 @@ fn gather(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     Ok(vec![gather_elems(x, &shape, &offs)])
 }
 
-fn gather_elements(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
-    let (x, idx) = (req(ins, 0)?, req(ins, 1)?);
+/// For GatherElements/ScatterElements: the data offset each index element addresses (its
+/// own coordinates, with the one along `ax` replaced by the index value).
+fn element_offsets(x: &Tensor, idx: &Tensor, ax: usize, op: &str) -> Result<Vec<usize>> {
     if idx.rank() != x.rank() {
-        return err("GatherElements needs indices of the data's rank");
+        return err(format!("{op} needs indices of the data's rank"));
     }
-    let ax = axis(n.int("axis", 0), x.rank())?;
+    if (0..x.rank()).any(|d| d != ax && idx.shape()[d] > x.shape()[d]) {
+        return err(format!("indices {:?} exceed the data {:?} off the axis", idx.shape(), x.shape()));
+    }
     let ids = ints_of(idx)?;
     let xs = strides(x.shape());
     let mut offs = Vec::with_capacity(ids.len());
@@ -47,13 +50,10 @@ fn gather_elements(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         let mut off = 0;
         for d in 0..p.len() {
             let i = if d == ax {
-                match index(ids[k], x.shape()[ax], "GatherElements") {
-                    Ok(i) => i,
-                    Err(e) => {
-                        failed = Some(e);
-                        0
-                    }
-                }
+                index(ids[k], x.shape()[ax], op).unwrap_or_else(|e| {
+                    failed = Some(e);
+                    0
+                })
             } else {
                 p[d]
             };
@@ -62,9 +62,16 @@ fn gather_elements(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         offs.push(off);
         k += 1;
     });
-    if let Some(e) = failed {
-        return Err(e);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(offs),
     }
+}
+
+fn gather_elements(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+    let (x, idx) = (req(ins, 0)?, req(ins, 1)?);
+    let ax = axis(n.int("axis", 0), x.rank())?;
+    let offs = element_offsets(x, idx, ax, "GatherElements")?;
     Ok(vec![gather_elems(x, idx.shape(), &offs)])
 }
 
@@ -74,30 +81,7 @@ fn scatter_elements(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         return err("ScatterElements updates must match the indices' shape and the data's dtype");
     }
     let ax = axis(n.int("axis", 0), x.rank())?;
-    let ids = ints_of(idx)?;
-    let xs = strides(x.shape());
-    let mut targets = Vec::with_capacity(ids.len());
-    let mut k = 0;
-    let mut failed = None;
-    super::window::for_each_index(idx.shape(), |p| {
-        let mut off = 0;
-        for d in 0..p.len() {
-            let i = if d == ax {
-                index(ids[k], x.shape()[ax], "ScatterElements").unwrap_or_else(|e| {
-                    failed = Some(e);
-                    0
-                })
-            } else {
-                p[d]
-            };
-            off += i * xs[d];
-        }
-        targets.push(off);
-        k += 1;
-    });
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    let targets = element_offsets(x, idx, ax, "ScatterElements")?;
     Ok(vec![scatter(x, upd, &targets, 1, n.string("reduction", "none"))?])
 }
 
