@@ -37,10 +37,18 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Show a model's inputs, outputs, opset, op histogram and unsupported ops.
+    /// Show a model's inputs, outputs, opset, op histogram and unsupported ops, and/or
+    /// the target description of this CPU.
     Info {
         /// The ONNX model.
-        model: PathBuf,
+        model: Option<PathBuf>,
+        /// Print the target: CPU features, ISA level, caches and cores.
+        #[arg(long)]
+        target: bool,
+        /// Cap the ISA level: native, x86-64-v4, x86-64-v3, x86-64-v2 or baseline (also the
+        /// AIM_CPU environment variable).
+        #[arg(long, env = "AIM_CPU", default_value = "native")]
+        cpu: String,
     },
     /// Run ONNX backend test cases (directories with model.onnx and test_data_set_N/).
     TestOnnx {
@@ -116,6 +124,20 @@ fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
     Ok(())
 }
 
+fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str) -> Result<()> {
+    if model.is_none() && !target {
+        bail!("give a model, --target, or both");
+    }
+    if target {
+        let t = aim_compiler::target::Target::host().with_cpu(cpu)?;
+        writeln!(out, "{t}")?;
+    }
+    if let Some(m) = model {
+        info(out, m)?;
+    }
+    Ok(())
+}
+
 fn test_onnx(out: &mut dyn Write, dirs: Vec<PathBuf>, backend: Backend, quiet: bool) -> Result<bool> {
     if dirs.is_empty() {
         bail!("give at least one directory of ONNX test cases");
@@ -155,7 +177,7 @@ fn main() -> ExitCode {
     let mut out = std::io::stdout().lock();
     let result = match cli.cmd {
         Cmd::Run { model, inputs, outputs, threads: _, backend, seed } => run(&mut out, model, inputs, outputs, backend, seed).map(|_| true),
-        Cmd::Info { model } => info(&mut out, model).map(|_| true),
+        Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
     };
     match result {

@@ -5,3 +5,4 @@
 //! aim's canonical op forms. The graph passes, scheduling and code generators join it here.
 
 pub mod onnx;
+pub mod target;
