@@ -1,0 +1,99 @@
+//! The microkernels: C[MR×NR] (=|+=) Σ_p A[:, p] ⊗ B[p, :] over packed panels, with the
+//! whole tile of accumulators held in vector registers.
+
+use super::Isa;
+
+/// Runs the microkernel of `isa` over `kc` steps.
+///
+/// # Safety
+/// `a` holds `kc × MR` and `b` `kc × NR` floats; `c` is an MR×NR tile with leading
+/// dimension `ldc`, valid for reads (when `acc`) and writes; the CPU supports `isa`.
+pub(crate) unsafe fn run(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => avx512(kc, a, b, c, ldc, acc),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2(kc, a, b, c, ldc, acc),
+        _ => portable(kc, a, b, c, ldc, acc),
+    }
+}
+
+/// 12×32: 24 zmm accumulators, two B vectors, one broadcast.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    use std::arch::x86_64::*;
+    const MR: usize = 12;
+    let mut c0 = [_mm512_setzero_ps(); MR];
+    let mut c1 = [_mm512_setzero_ps(); MR];
+    for p in 0..kc {
+        let b0 = _mm512_loadu_ps(b.add(p * 32));
+        let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
+        let ap = a.add(p * MR);
+        for r in 0..MR {
+            let av = _mm512_set1_ps(*ap.add(r));
+            c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+        }
+    }
+    for r in 0..MR {
+        let row = c.add(r * ldc);
+        if acc {
+            c0[r] = _mm512_add_ps(c0[r], _mm512_loadu_ps(row));
+            c1[r] = _mm512_add_ps(c1[r], _mm512_loadu_ps(row.add(16)));
+        }
+        _mm512_storeu_ps(row, c0[r]);
+        _mm512_storeu_ps(row.add(16), c1[r]);
+    }
+}
+
+/// 6×16: 12 ymm accumulators, two B vectors, one broadcast.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    use std::arch::x86_64::*;
+    const MR: usize = 6;
+    let mut c0 = [_mm256_setzero_ps(); MR];
+    let mut c1 = [_mm256_setzero_ps(); MR];
+    for p in 0..kc {
+        let b0 = _mm256_loadu_ps(b.add(p * 16));
+        let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
+        let ap = a.add(p * MR);
+        for r in 0..MR {
+            let av = _mm256_broadcast_ss(&*ap.add(r));
+            c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+        }
+    }
+    for r in 0..MR {
+        let row = c.add(r * ldc);
+        if acc {
+            c0[r] = _mm256_add_ps(c0[r], _mm256_loadu_ps(row));
+            c1[r] = _mm256_add_ps(c1[r], _mm256_loadu_ps(row.add(8)));
+        }
+        _mm256_storeu_ps(row, c0[r]);
+        _mm256_storeu_ps(row.add(8), c1[r]);
+    }
+}
+
+/// 4×16 in plain Rust.
+unsafe fn portable(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    const MR: usize = 4;
+    const NR: usize = 16;
+    let mut t = [[0f32; NR]; MR];
+    for p in 0..kc {
+        let bp = std::slice::from_raw_parts(b.add(p * NR), NR);
+        for (r, row) in t.iter_mut().enumerate() {
+            let av = *a.add(p * MR + r);
+            for (x, &bv) in row.iter_mut().zip(bp) {
+                *x += av * bv;
+            }
+        }
+    }
+    for (r, row) in t.iter().enumerate() {
+        let dst = std::slice::from_raw_parts_mut(c.add(r * ldc), NR);
+        for (d, &v) in dst.iter_mut().zip(row) {
+            *d = if acc { *d + v } else { v };
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Single-precision GEMM for the compiled CPU backend: operands packed into panels once
+//! (weights at load time), a register-blocked microkernel per ISA (AVX-512F, AVX2+FMA, and
+//! a portable one), cache blocking whose sizes the caller derives from the target, an
+//! epilogue (bias, activation, residual) applied while each tile is still in cache, and
+//! work split over a [`Parallel`] executor.
+//!
+//! Cranelift lowers only 128-bit vectors on x86-64, so these inner loops are written with
+//! `std::arch`; everything around them is planned by the compiler.
+
+mod micro;
+mod pack;
+
+pub use pack::{PackedA, PackedB};
+
+/// The microkernel family to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F: 12×32 tiles of zmm accumulators.
+    Avx512,
+    /// AVX2 + FMA: 6×16 tiles of ymm accumulators.
+    Avx2,
+    /// Plain Rust (the compiler vectorises what it can): 4×16 tiles.
+    Portable,
+}
+
+impl Isa {
+    /// Rows of a microkernel tile.
+    pub fn mr(self) -> usize {
+        match self {
+            Isa::Avx512 => 12,
+            Isa::Avx2 => 6,
+            Isa::Portable => 4,
+        }
+    }
+
+    /// Columns of a microkernel tile.
+    pub fn nr(self) -> usize {
+        match self {
+            Isa::Avx512 => 32,
+            Isa::Avx2 => 16,
+            Isa::Portable => 16,
+        }
+    }
+
+    /// Whether this CPU can run it (the caller's cap is applied before this).
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+            Isa::Portable => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+}
+
+/// Cache blocking: the depth of a packed panel (`kc`, so a B panel stays in L1) and the rows
+/// of A processed against it (`mc`, so the A block stays in L2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocking {
+    /// Depth of one k block.
+    pub kc: usize,
+    /// Rows of one m block.
+    pub mc: usize,
+}
+
+impl Blocking {
+    /// Blocking for caches of `l1` and `l2` bytes: half of L1 holds a kc×NR panel of B,
+    /// half of L2 an mc×kc block of A.
+    pub fn for_caches(isa: Isa, l1: usize, l2: usize) -> Blocking {
+        let kc = ((l1 / 2) / (isa.nr() * 4)).clamp(64, 512) & !7;
+        let mc = ((l2 / 2) / (kc * 4)).max(isa.mr());
+        Blocking { kc, mc: mc - mc % isa.mr() }
+    }
+}
+
+/// An elementwise activation fused into the GEMM epilogue.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// None.
+    Identity,
+    /// max(x, 0).
+    Relu,
+    /// clamp(x, lo, hi) (Clip, Relu6).
+    Clip(f32, f32),
+}
+
+impl Activation {
+    /// Applies the activation to one value.
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Identity => x,
+            Activation::Relu => x.max(0.0),
+            Activation::Clip(lo, hi) => x.max(lo).min(hi),
+        }
+    }
+}
+
+/// What happens to each output tile once its sum is complete:
+/// `c = act(c + bias + residual)`, with the residual added before the activation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    /// One bias per row of C (a conv's output channel).
+    pub row_bias: Option<&'a [f32]>,
+    /// One bias per column of C (a dense layer's output feature).
+    pub col_bias: Option<&'a [f32]>,
+    /// A tensor of C's shape (and `ldc`) to add.
+    pub residual: Option<&'a [f32]>,
+    /// The activation.
+    pub act: Option<Activation>,
+}
+
+/// Runs `f(0..n)` in parallel (or not): implemented by the runtime's thread pool.
+pub trait Parallel: Sync {
+    /// Calls `f(i)` for every `i` in `0..n`, possibly on several threads, and returns when
+    /// all calls have returned.
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync));
+    /// How many threads `for_each` may use.
+    fn threads(&self) -> usize;
+}
+
+/// Runs everything on the calling thread.
+pub struct Sequential;
+
+impl Parallel for Sequential {
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        (0..n).for_each(f)
+    }
+    fn threads(&self) -> usize {
+        1
+    }
+}
+
+/// A raw pointer to C that tasks writing disjoint tiles may share.
+#[derive(Clone, Copy)]
+struct CPtr(*mut f32);
+// SAFETY: every task writes a disjoint set of C's tiles (see `gemm`).
+unsafe impl Send for CPtr {}
+unsafe impl Sync for CPtr {}
+
+/// C[m×n] (row-major, leading dimension `ldc`) = A·B, then the epilogue. A and B must have
+/// been packed for the same ISA and k blocking. Work is split by column panels of B.
+pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
+    assert_eq!(a.isa, b.isa, "A and B packed for different ISAs");
+    assert_eq!((a.k, a.kc), (b.k, b.kc), "A and B packed with different k or kc");
+    let (m, n, isa) = (a.m, b.n, a.isa);
+    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "C is too small");
+    if let Some(r) = ep.residual {
+        assert!(m == 0 || r.len() >= (m - 1) * ldc + n, "residual is too small");
+    }
+    assert!(ep.row_bias.is_none_or(|bb| bb.len() >= m) && ep.col_bias.is_none_or(|bb| bb.len() >= n), "bias too short");
+    let (mr, nr) = (isa.mr(), isa.nr());
+    let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kblocks = a.k.div_ceil(a.kc).max(1);
+    // Tasks: groups of column panels, enough for every thread to have a few.
+    let tasks = np.min(par.threads() * 4).max(1);
+    let cp = CPtr(c.as_mut_ptr());
+    let mc_panels = (a.mc / mr).max(1);
+    par.for_each(tasks, &|t| {
+        let cp = cp;
+        let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);
+        let mut tile = vec![0f32; mr * nr];
+        for kb in 0..kblocks {
+            let kc_len = if a.k == 0 { 0 } else { a.kc.min(a.k - kb * a.kc) };
+            for i0 in (0..mp).step_by(mc_panels) {
+                for j in j0..j1 {
+                    let bp = b.panel(kb, j);
+                    for i in i0..(i0 + mc_panels).min(mp) {
+                        let ap = a.panel(kb, i);
+                        let (rows, cols) = ((m - i * mr).min(mr), (n - j * nr).min(nr));
+                        let full = rows == mr && cols == nr;
+                        // SAFETY: tile (i, j) lies inside C (checked above) and belongs to
+                        // this task's panels only; the panels hold kc_len×MR / kc_len×NR.
+                        unsafe {
+                            let dst = cp.0.add(i * mr * ldc + j * nr);
+                            if full {
+                                micro::run(isa, kc_len, ap, bp, dst, ldc, kb > 0);
+                            } else {
+                                if kb > 0 {
+                                    for r in 0..rows {
+                                        std::ptr::copy_nonoverlapping(dst.add(r * ldc), tile.as_mut_ptr().add(r * nr), cols);
+                                    }
+                                }
+                                micro::run(isa, kc_len, ap, bp, tile.as_mut_ptr(), nr, kb > 0);
+                                for r in 0..rows {
+                                    std::ptr::copy_nonoverlapping(tile.as_ptr().add(r * nr), dst.add(r * ldc), cols);
+                                }
+                            }
+                            if kb + 1 == kblocks {
+                                epilogue(dst, ldc, i * mr, j * nr, rows, cols, ep);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Applies the epilogue to a rows×cols tile at (r0, c0).
+///
+/// # Safety
+/// `dst` points at element (r0, c0) of C with leading dimension `ldc`, and the tile is in
+/// bounds and not touched by other threads.
+unsafe fn epilogue(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
+    if ep.row_bias.is_none() && ep.col_bias.is_none() && ep.residual.is_none() && ep.act.is_none() {
+        return;
+    }
+    let act = ep.act.unwrap_or(Activation::Identity);
+    for r in 0..rows {
+        let row = std::slice::from_raw_parts_mut(dst.add(r * ldc), cols);
+        let rb = ep.row_bias.map_or(0.0, |b| b[r0 + r]);
+        let res = ep.residual.map(|x| &x[(r0 + r) * ldc + c0..(r0 + r) * ldc + c0 + cols]);
+        for (k, v) in row.iter_mut().enumerate() {
+            let mut x = *v + rb;
+            if let Some(cb) = ep.col_bias {
+                x += cb[c0 + k];
+            }
+            if let Some(res) = res {
+                x += res[k];
+            }
+            *v = act.apply(x);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

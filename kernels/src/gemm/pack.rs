@@ -1,0 +1,138 @@
+//! Packing operands into the panel layouts the microkernels stream through.
+//!
+//! A is cut into k blocks of depth `kc`, each into panels of MR rows stored column by
+//! column (`kc_len × MR`, rows past m zero); B likewise into panels of NR columns stored row
+//! by row (`kc_len × NR`, columns past n zero).
+
+use super::{Blocking, Isa};
+
+/// A (m×k) packed in MR-row panels.
+#[derive(Clone, Debug)]
+pub struct PackedA {
+    pub(crate) isa: Isa,
+    /// Rows.
+    pub m: usize,
+    /// Depth.
+    pub k: usize,
+    pub(crate) kc: usize,
+    pub(crate) mc: usize,
+    data: Vec<f32>,
+}
+
+/// B (k×n) packed in NR-column panels.
+#[derive(Clone, Debug)]
+pub struct PackedB {
+    pub(crate) isa: Isa,
+    /// Depth.
+    pub k: usize,
+    /// Columns.
+    pub n: usize,
+    pub(crate) kc: usize,
+    data: Vec<f32>,
+}
+
+/// Offset of k block `kb` in a packed operand with `panels` panels of `width`.
+/// (Every earlier block has the full depth `kc`.)
+fn block_offset(kb: usize, kc: usize, panels: usize, width: usize) -> usize {
+    kb * kc * panels * width
+}
+
+impl PackedA {
+    /// Packs A, where element (i, p) is `get(i, p)`.
+    pub fn pack(isa: Isa, blocking: Blocking, m: usize, k: usize, get: impl Fn(usize, usize) -> f32) -> PackedA {
+        let mr = isa.mr();
+        let kc = blocking.kc.max(1);
+        let panels = m.div_ceil(mr);
+        let mut data = vec![0f32; panels * mr * k.max(1)];
+        for kb in 0..k.div_ceil(kc) {
+            let kc_len = kc.min(k - kb * kc);
+            let base = block_offset(kb, kc, panels, mr);
+            for pi in 0..panels {
+                let panel = &mut data[base + pi * kc_len * mr..base + (pi + 1) * kc_len * mr];
+                for p in 0..kc_len {
+                    for r in 0..mr {
+                        let i = pi * mr + r;
+                        if i < m {
+                            panel[p * mr + r] = get(i, kb * kc + p);
+                        }
+                    }
+                }
+            }
+        }
+        PackedA { isa, m, k, kc, mc: blocking.mc, data }
+    }
+
+    /// Packs a row-major matrix (`trans`: A is stored transposed, k×m).
+    pub fn from_slice(isa: Isa, blocking: Blocking, a: &[f32], m: usize, k: usize, trans: bool) -> PackedA {
+        assert!(a.len() >= m * k, "A holds {} values, {m}×{k} needed", a.len());
+        if trans {
+            PackedA::pack(isa, blocking, m, k, |i, p| a[p * m + i])
+        } else {
+            PackedA::pack(isa, blocking, m, k, |i, p| a[i * k + p])
+        }
+    }
+
+    pub(crate) fn panel(&self, kb: usize, i: usize) -> *const f32 {
+        let mr = self.isa.mr();
+        let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
+        let base = block_offset(kb, self.kc, self.m.div_ceil(mr), mr);
+        self.data[base + i * kc_len * mr..].as_ptr()
+    }
+}
+
+impl PackedB {
+    /// Packs B, where element (p, j) is `get(p, j)`.
+    pub fn pack(isa: Isa, blocking: Blocking, k: usize, n: usize, get: impl Fn(usize, usize) -> f32) -> PackedB {
+        let nr = isa.nr();
+        let kc = blocking.kc.max(1);
+        let panels = n.div_ceil(nr);
+        let mut data = vec![0f32; panels * nr * k.max(1)];
+        for kb in 0..k.div_ceil(kc) {
+            let kc_len = kc.min(k - kb * kc);
+            let base = block_offset(kb, kc, panels, nr);
+            for pj in 0..panels {
+                let panel = &mut data[base + pj * kc_len * nr..base + (pj + 1) * kc_len * nr];
+                let cols = nr.min(n - pj * nr);
+                for p in 0..kc_len {
+                    for c in 0..cols {
+                        panel[p * nr + c] = get(kb * kc + p, pj * nr + c);
+                    }
+                }
+            }
+        }
+        PackedB { isa, k, n, kc, data }
+    }
+
+    /// Packs a row-major matrix (`trans`: B is stored transposed, n×k), copying rows of
+    /// NR-wide strips directly when not transposed.
+    pub fn from_slice(isa: Isa, blocking: Blocking, b: &[f32], k: usize, n: usize, trans: bool) -> PackedB {
+        assert!(b.len() >= k * n, "B holds {} values, {k}×{n} needed", b.len());
+        if trans {
+            return PackedB::pack(isa, blocking, k, n, |p, j| b[j * k + p]);
+        }
+        let nr = isa.nr();
+        let kc = blocking.kc.max(1);
+        let panels = n.div_ceil(nr);
+        let mut data = vec![0f32; panels * nr * k.max(1)];
+        for kb in 0..k.div_ceil(kc) {
+            let kc_len = kc.min(k - kb * kc);
+            let base = block_offset(kb, kc, panels, nr);
+            for pj in 0..panels {
+                let cols = nr.min(n - pj * nr);
+                for p in 0..kc_len {
+                    let src = &b[(kb * kc + p) * n + pj * nr..(kb * kc + p) * n + pj * nr + cols];
+                    let at = base + pj * kc_len * nr + p * nr;
+                    data[at..at + cols].copy_from_slice(src);
+                }
+            }
+        }
+        PackedB { isa, k, n, kc, data }
+    }
+
+    pub(crate) fn panel(&self, kb: usize, j: usize) -> *const f32 {
+        let nr = self.isa.nr();
+        let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
+        let base = block_offset(kb, self.kc, self.n.div_ceil(nr), nr);
+        self.data[base + j * kc_len * nr..].as_ptr()
+    }
+}
