@@ -61,9 +61,12 @@ pub enum Error {
     /// An input was given that the graph does not have.
     #[error("the model has no input named '{name}' (its inputs: {known})")]
     UnknownInput { name: String, known: String },
-    /// The backend asked for is not available.
-    #[error("backend '{0}' is not available yet; use --backend reference")]
-    BackendUnavailable(String),
+    /// A compile-time pass failed.
+    #[error("{path}: {source}")]
+    Pass { path: String, source: aim_compiler::passes::PassError },
+    /// A `--cpu` value that names no ISA level.
+    #[error(transparent)]
+    Cpu(#[from] aim_compiler::target::UnknownCpu),
 }
 
 fn list_unsupported(ops: &BTreeMap<String, Vec<String>>) -> String {
@@ -77,11 +80,34 @@ fn list_unsupported(ops: &BTreeMap<String, Vec<String>>) -> String {
         .join("; ")
 }
 
+/// How to load a model.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The backend.
+    pub backend: Backend,
+    /// Threads (the cpu backend); `None`: the physical core count.
+    pub threads: Option<usize>,
+    /// ISA cap for the cpu backend (`native`, `x86-64-v3`, ...).
+    pub cpu: String,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { backend: Backend::Reference, threads: None, cpu: "native".into() }
+    }
+}
+
+enum Exec {
+    Reference,
+    Cpu(Box<aim_runtime::cpu::CpuProgram>),
+}
+
 /// A loaded model, ready to run.
 pub struct Model {
     ir: aim_ir::Model,
     path: PathBuf,
     backend: Backend,
+    exec: Exec,
 }
 
 impl Model {
@@ -92,24 +118,53 @@ impl Model {
 
     /// Loads an ONNX file for a given backend.
     pub fn load_with(path: impl AsRef<Path>, backend: Backend) -> Result<Model, Error> {
-        let path = path.as_ref();
-        if backend == Backend::Cpu {
-            return Err(Error::BackendUnavailable("cpu".into()));
-        }
-        let ir = aim_compiler::onnx::import_file(path)?;
-        Model::from_ir(ir, path, backend)
+        Model::load_with_options(path, &Options { backend, ..Options::default() })
     }
 
-    /// Wraps an imported model: verifies it, infers types and checks op support.
-    pub fn from_ir(mut ir: aim_ir::Model, path: &Path, backend: Backend) -> Result<Model, Error> {
+    /// Loads an ONNX file with options.
+    pub fn load_with_options(path: impl AsRef<Path>, opts: &Options) -> Result<Model, Error> {
+        let path = path.as_ref();
+        let ir = aim_compiler::onnx::import_file(path)?;
+        Model::from_ir_with(ir, path, opts)
+    }
+
+    /// Wraps an imported model for the reference backend: verifies it, infers types and
+    /// checks op support.
+    pub fn from_ir(ir: aim_ir::Model, path: &Path, backend: Backend) -> Result<Model, Error> {
+        Model::from_ir_with(ir, path, &Options { backend, ..Options::default() })
+    }
+
+    /// Wraps an imported model: verifies it, infers types, checks op support and, for the
+    /// cpu backend, optimises and compiles it for the target.
+    pub fn from_ir_with(mut ir: aim_ir::Model, path: &Path, opts: &Options) -> Result<Model, Error> {
         let p = path.display().to_string();
         aim_ir::verify(&ir.graph).map_err(|source| Error::Verify { path: p.clone(), source })?;
         let ops = aim_runtime::unsupported_ops(&ir.graph);
         if !ops.is_empty() {
             return Err(Error::Unsupported { path: p, ops });
         }
-        aim_ir::infer::infer_types(&mut ir.graph).map_err(|source| Error::Infer { path: p, source })?;
-        Ok(Model { ir, path: path.to_path_buf(), backend })
+        aim_ir::infer::infer_types(&mut ir.graph).map_err(|source| Error::Infer { path: p.clone(), source })?;
+        let exec = match opts.backend {
+            Backend::Reference => Exec::Reference,
+            Backend::Cpu => {
+                let target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
+                let mut g = ir.graph.clone();
+                aim_compiler::passes::run_pipeline(&mut g, aim_compiler::passes::CPU_PIPELINE, false)
+                    .map_err(|source| Error::Pass { path: p.clone(), source })?;
+                let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
+                let prog = aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads)?;
+                Exec::Cpu(Box::new(prog))
+            }
+        };
+        Ok(Model { ir, path: path.to_path_buf(), backend: opts.backend, exec })
+    }
+
+    /// The optimised graph the cpu backend runs (None on the reference backend).
+    pub fn optimized_graph(&self) -> Option<&aim_ir::Graph> {
+        match &self.exec {
+            Exec::Cpu(p) => Some(p.graph()),
+            Exec::Reference => None,
+        }
     }
 
     /// The imported IR.
@@ -148,7 +203,10 @@ impl Model {
             }
             map.insert(name, t);
         }
-        let outs = aim_runtime::run_graph(&self.ir.graph, map)?;
+        let outs = match &self.exec {
+            Exec::Reference => aim_runtime::run_graph(&self.ir.graph, map)?,
+            Exec::Cpu(p) => p.run(map)?,
+        };
         Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
     }
 }

@@ -27,15 +27,20 @@ enum Cmd {
         /// Where to write the outputs, keyed by graph output name.
         #[arg(long)]
         outputs: Option<PathBuf>,
-        /// Worker threads (the reference backend runs on one).
-        #[arg(long, default_value_t = 1)]
-        threads: usize,
-        /// reference (interpreted reference kernels) or cpu (compiled; not available yet).
+        /// Threads (cpu backend; default: the physical core count). The reference backend
+        /// runs on one.
+        #[arg(long)]
+        threads: Option<usize>,
+        /// reference (interpreted reference kernels) or cpu (optimised for this CPU).
         #[arg(long, default_value = "reference")]
         backend: Backend,
         /// Seed of the random inputs used when --inputs is not given.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Cap the ISA level for the cpu backend (native, x86-64-v4, x86-64-v3, x86-64-v2,
+        /// baseline; also AIM_CPU).
+        #[arg(long, env = "AIM_CPU", default_value = "native")]
+        cpu: String,
     },
     /// Show a model's inputs, outputs, opset, op histogram and unsupported ops, and/or
     /// the target description of this CPU.
@@ -75,8 +80,8 @@ fn summary(t: &aim::Tensor) -> String {
     format!("{}{:?} min {mn:.6} max {mx:.6} mean {mean:.6} [{}{more}]", t.dtype(), t.shape(), shown.join(", "))
 }
 
-fn run(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, backend: Backend, seed: u64) -> Result<()> {
-    let m = Model::load_with(&model, backend)?;
+fn run(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, opts: aim::Options, seed: u64) -> Result<()> {
+    let m = Model::load_with_options(&model, &opts)?;
     let ins = match inputs {
         Some(p) => npz::read_npz(&p)?,
         None => aim::random_inputs(m.inputs(), seed).map_err(anyhow::Error::msg)?,
@@ -176,7 +181,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut out = std::io::stdout().lock();
     let result = match cli.cmd {
-        Cmd::Run { model, inputs, outputs, threads: _, backend, seed } => run(&mut out, model, inputs, outputs, backend, seed).map(|_| true),
+        Cmd::Run { model, inputs, outputs, threads, backend, seed, cpu } => {
+            run(&mut out, model, inputs, outputs, aim::Options { backend, threads, cpu }, seed).map(|_| true)
+        }
         Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
     };

@@ -5,4 +5,5 @@
 //! aim's canonical op forms. The graph passes, scheduling and code generators join it here.
 
 pub mod onnx;
+pub mod passes;
 pub mod target;

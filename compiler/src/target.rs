@@ -267,6 +267,23 @@ impl Target {
     }
 }
 
+impl Target {
+    /// The GEMM microkernel family for this target.
+    pub fn gemm_isa(&self) -> aim_kernels::gemm::Isa {
+        use aim_kernels::gemm::Isa;
+        match self.level {
+            Level::X86V4 if Isa::Avx512.available() => Isa::Avx512,
+            Level::X86V4 | Level::X86V3 if Isa::Avx2.available() => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+
+    /// GEMM cache blocking from this target's L1 and L2 sizes.
+    pub fn gemm_blocking(&self) -> aim_kernels::gemm::Blocking {
+        aim_kernels::gemm::Blocking::for_caches(self.gemm_isa(), self.l1d, self.l2)
+    }
+}
+
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kib = |b: usize| if b >= 1 << 20 { format!("{} MiB", b >> 20) } else { format!("{} KiB", b >> 10) };

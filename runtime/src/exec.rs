@@ -75,12 +75,37 @@ fn captured(g: &Graph, out: &mut Vec<String>) {
     out.extend(g.outputs.iter().map(|o| o.name.clone()));
 }
 
+/// Executes one node: the reference kernels, or a backend's compiled form of the node.
+pub(crate) trait Runner {
+    /// Runs node `index` of the graph being executed.
+    fn run(&self, index: usize, n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError>;
+}
+
+/// The reference kernels.
+pub(crate) struct Reference;
+
+impl Runner for Reference {
+    fn run(&self, _index: usize, n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
+        run_node(n, ins, scope)
+    }
+}
+
 /// Runs `g` on `inputs` (by graph input name) and returns its outputs in order.
 pub fn run_graph(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
     run_scoped(g, inputs, None)
 }
 
-pub(crate) fn run_scoped(g: &Graph, mut inputs: HashMap<String, Tensor>, parent: Option<&Scope>) -> Result<Vec<Tensor>, RunError> {
+pub(crate) fn run_scoped(g: &Graph, inputs: HashMap<String, Tensor>, parent: Option<&Scope>) -> Result<Vec<Tensor>, RunError> {
+    run_with(g, inputs, parent, &Reference)
+}
+
+/// Runs `g` with `runner` executing its nodes (subgraphs always run on the reference).
+pub(crate) fn run_with(
+    g: &Graph,
+    mut inputs: HashMap<String, Tensor>,
+    parent: Option<&Scope>,
+    runner: &dyn Runner,
+) -> Result<Vec<Tensor>, RunError> {
     let mut syms = HashMap::new();
     let mut scope = Scope { values: HashMap::new(), parent };
     for i in &g.inputs {
@@ -127,7 +152,7 @@ pub(crate) fn run_scoped(g: &Graph, mut inputs: HashMap<String, Tensor>, parent:
                 }
             })
             .collect::<Result<_, _>>()?;
-        let outs = run_node(n, &ins, &scope)?;
+        let outs = runner.run(i, n, &ins, &scope)?;
         for name in n.inputs.iter() {
             if last_use.get(name.as_str()) == Some(&i) && !keep.contains(&name.as_str()) && !g.initializers.contains_key(name) {
                 scope.values.remove(name);
@@ -145,7 +170,8 @@ pub(crate) fn run_scoped(g: &Graph, mut inputs: HashMap<String, Tensor>, parent:
         .collect()
 }
 
-fn run_node(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
+/// Runs one node with its reference kernel (or, for control flow, its subgraphs).
+pub(crate) fn run_node(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
     let fail = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
     if !matches!(n.domain.as_str(), "" | "ai.onnx") {
         return Err(fail(format!("op domain '{}' is not supported", n.domain)));

@@ -10,7 +10,9 @@
 //! compiled models run with the runtime alone.
 
 mod control;
+pub mod cpu;
 mod exec;
+pub mod pool;
 mod support;
 
 pub use aim_ir::Tensor;

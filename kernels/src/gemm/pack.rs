@@ -6,6 +6,13 @@
 
 use super::{Blocking, Isa};
 
+/// A pointer to packed data that tasks filling disjoint panels share.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: tasks write disjoint ranges (see `pack_rows`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
 /// A (m×k) packed in MR-row panels.
 #[derive(Clone, Debug)]
 pub struct PackedA {
@@ -82,24 +89,42 @@ impl PackedA {
 
 impl PackedB {
     /// Packs B, where element (p, j) is `get(p, j)`.
-    pub fn pack(isa: Isa, blocking: Blocking, k: usize, n: usize, get: impl Fn(usize, usize) -> f32) -> PackedB {
+    pub fn pack(isa: Isa, blocking: Blocking, k: usize, n: usize, get: impl Fn(usize, usize) -> f32 + Sync) -> PackedB {
+        PackedB::pack_rows(isa, blocking, k, n, &super::Sequential, |p, j0, dst| {
+            for (c, d) in dst.iter_mut().enumerate() {
+                *d = get(p, j0 + c);
+            }
+        })
+    }
+
+    /// Packs B a strip at a time: `fill(p, j0, dst)` writes elements (p, j0..j0 + dst.len())
+    /// (at most NR of them). Panels are filled in parallel on `par`.
+    pub fn pack_rows(
+        isa: Isa,
+        blocking: Blocking,
+        k: usize,
+        n: usize,
+        par: &dyn super::Parallel,
+        fill: impl Fn(usize, usize, &mut [f32]) + Sync,
+    ) -> PackedB {
         let nr = isa.nr();
         let kc = blocking.kc.max(1);
         let panels = n.div_ceil(nr);
         let mut data = vec![0f32; panels * nr * k.max(1)];
-        for kb in 0..k.div_ceil(kc) {
+        let ptr = SendPtr(data.as_mut_ptr());
+        let kblocks = k.div_ceil(kc);
+        par.for_each(panels * kblocks, &|t| {
+            let ptr = ptr;
+            let (kb, pj) = (t / panels, t % panels);
             let kc_len = kc.min(k - kb * kc);
-            let base = block_offset(kb, kc, panels, nr);
-            for pj in 0..panels {
-                let panel = &mut data[base + pj * kc_len * nr..base + (pj + 1) * kc_len * nr];
-                let cols = nr.min(n - pj * nr);
-                for p in 0..kc_len {
-                    for c in 0..cols {
-                        panel[p * nr + c] = get(kb * kc + p, pj * nr + c);
-                    }
-                }
+            let cols = nr.min(n - pj * nr);
+            let start = block_offset(kb, kc, panels, nr) + pj * kc_len * nr;
+            // SAFETY: each task writes its own panel of block kb: kc_len×NR floats from `start`.
+            let panel = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(start), kc_len * nr) };
+            for p in 0..kc_len {
+                fill(kb * kc + p, pj * nr, &mut panel[p * nr..p * nr + cols]);
             }
-        }
+        });
         PackedB { isa, k, n, kc, data }
     }
 

@@ -1,0 +1,81 @@
+//! BatchNormalization folded into the Conv before it: with constant statistics, BN is a
+//! per-channel scale and shift, which the convolution's weights and bias can absorb.
+
+use super::{uses::readers, PassError};
+use aim_ir::{DType, Graph, Tensor};
+
+fn f32s(g: &Graph, name: Option<&str>) -> Option<Vec<f32>> {
+    let t = g.initializers.get(name?)?;
+    (t.dtype() == DType::F32).then(|| t.data::<f32>().to_vec())
+}
+
+/// Folds every `Conv → BatchNormalization` pair whose Conv output has no other reader.
+pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    let mut i = 0;
+    while i < g.nodes.len() {
+        let bn = &g.nodes[i];
+        if bn.op != "BatchNormalization" || !bn.domain.is_empty() || bn.int("training_mode", 0) != 0 || bn.outputs.len() > 1 {
+            i += 1;
+            continue;
+        }
+        let x = bn.inputs[0].clone();
+        let r = readers(g);
+        let Some(ci) = g.nodes.iter().position(|n| n.outputs.first() == Some(&x)) else {
+            i += 1;
+            continue;
+        };
+        let conv = &g.nodes[ci];
+        let single = r.get(&x).is_some_and(|v| v.len() == 1);
+        let (Some(w), Some(scale), Some(beta), Some(mean), Some(var)) = (
+            g.initializers.get(conv.input(1).unwrap_or("")).filter(|t| t.dtype() == DType::F32).cloned(),
+            f32s(g, bn.input(1)),
+            f32s(g, bn.input(2)),
+            f32s(g, bn.input(3)),
+            f32s(g, bn.input(4)),
+        ) else {
+            i += 1;
+            continue;
+        };
+        if conv.op != "Conv" || !conv.domain.is_empty() || !single || w.rank() < 3 {
+            i += 1;
+            continue;
+        }
+        let m = w.shape()[0];
+        if [&scale, &beta, &mean, &var].iter().any(|v| v.len() != m) {
+            i += 1;
+            continue;
+        }
+        let eps = bn.float("epsilon", 1e-5);
+        let per = w.len() / m;
+        let bias = match conv.input(2) {
+            Some(b) => match f32s(g, Some(b)) {
+                Some(v) if v.len() == m => v,
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            },
+            None => vec![0.0; m],
+        };
+        let mut wv = w.data::<f32>().to_vec();
+        let mut bv = vec![0f32; m];
+        for o in 0..m {
+            let k = scale[o] / (var[o] + eps).sqrt();
+            wv[o * per..(o + 1) * per].iter_mut().for_each(|x| *x *= k);
+            bv[o] = (bias[o] - mean[o]) * k + beta[o];
+        }
+        let (conv_name, bn_name, y) = (conv.name.clone(), bn.name.clone(), bn.outputs[0].clone());
+        let wname = format!("{conv_name}::folded_w");
+        let bname = format!("{conv_name}::folded_b");
+        g.initializers.insert(wname.clone(), Tensor::from_vec(w.shape(), wv));
+        g.initializers.insert(bname.clone(), Tensor::from_vec(&[m], bv));
+        let conv = &mut g.nodes[ci];
+        conv.inputs = vec![conv.inputs[0].clone(), wname, bname];
+        conv.outputs = vec![y];
+        let sources = super::fuse::sources_of(conv);
+        conv.attrs.insert(super::SOURCES.into(), aim_ir::Attr::Strings([sources, vec![bn_name]].concat()));
+        // The BN is gone; the node after it now sits at `i`.
+        g.nodes.remove(i);
+    }
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! Who reads each value: node inputs, graph outputs and reads from inside subgraphs.
+
+use aim_ir::{Attr, Graph};
+use std::collections::HashMap;
+
+fn captured(g: &Graph, out: &mut Vec<String>) {
+    for n in &g.nodes {
+        out.extend(n.inputs.iter().filter(|s| !s.is_empty()).cloned());
+        for a in n.attrs.values() {
+            if let Attr::Graph(sub) = a {
+                captured(sub, out);
+            }
+        }
+    }
+    out.extend(g.outputs.iter().map(|o| o.name.clone()));
+}
+
+/// For each value: the indices of the nodes reading it; graph outputs count as a read by
+/// `usize::MAX`.
+pub fn readers(g: &Graph) -> HashMap<String, Vec<usize>> {
+    let mut m: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for inp in n.inputs.iter().filter(|s| !s.is_empty()) {
+            m.entry(inp.clone()).or_default().push(i);
+        }
+        for a in n.attrs.values() {
+            if let Attr::Graph(sub) = a {
+                let mut names = Vec::new();
+                captured(sub, &mut names);
+                for name in names {
+                    m.entry(name).or_default().push(i);
+                }
+            }
+        }
+    }
+    for o in &g.outputs {
+        m.entry(o.name.clone()).or_default().push(usize::MAX);
+    }
+    m
+}

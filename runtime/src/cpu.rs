@@ -1,0 +1,417 @@
+//! The CPU program: an optimised graph whose `aim:Conv` and `aim:Dense` nodes run as packed
+//! GEMMs (weights packed once, here) or direct depthwise loops with fused epilogues, on a
+//! persistent thread pool; every other node runs its reference kernel.
+
+use crate::exec::{run_node, run_with, RunError, Runner, Scope};
+use crate::pool::ThreadPool;
+use aim_ir::{DType, Graph, Node, Tensor};
+use aim_kernels::gemm::{gemm, Activation, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel};
+use std::collections::HashMap;
+
+/// Per-node work prepared at load time.
+enum Prepared {
+    Conv(Box<ConvPrep>),
+    Depthwise(Box<DepthwisePrep>),
+    Dense(Box<DensePrep>),
+}
+
+struct Geometry {
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    pads: Vec<i64>,
+    auto_pad: String,
+}
+
+struct ConvPrep {
+    /// One packed weight matrix (Mg × Cg·k) per group.
+    weights: Vec<PackedA>,
+    bias: Option<Vec<f32>>,
+    act: Option<Activation>,
+    group: usize,
+    m: usize,
+    cin: usize,
+    geo: Geometry,
+}
+
+struct DepthwisePrep {
+    weights: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    act: Option<Activation>,
+    channels: usize,
+    geo: Geometry,
+}
+
+struct DensePrep {
+    weight: PackedB,
+    bias: Option<Vec<f32>>,
+    act: Option<Activation>,
+    k: usize,
+    n: usize,
+}
+
+/// Why a node could not be prepared.
+fn prep_err(n: &Node, msg: impl Into<String>) -> RunError {
+    RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg: msg.into() }
+}
+
+fn activation(n: &Node) -> Option<Activation> {
+    match n.string("activation", "") {
+        "relu" => Some(Activation::Relu),
+        "clip" => Some(Activation::Clip(n.float("clip_min", f32::NEG_INFINITY), n.float("clip_max", f32::INFINITY))),
+        _ => None,
+    }
+}
+
+fn const_f32<'a>(g: &'a Graph, name: Option<&str>) -> Option<&'a Tensor> {
+    g.initializers.get(name?).filter(|t| t.dtype() == DType::F32)
+}
+
+/// A graph compiled for this CPU.
+pub struct CpuProgram {
+    graph: Graph,
+    prepared: HashMap<usize, Prepared>,
+    pool: ThreadPool,
+    isa: Isa,
+    blocking: Blocking,
+}
+
+impl CpuProgram {
+    /// Prepares `graph` (already optimised by the compiler's passes): packs the weights of
+    /// every `aim:Conv` and `aim:Dense` node for `isa` with `blocking`, and starts `threads`
+    /// threads.
+    pub fn new(graph: Graph, isa: Isa, blocking: Blocking, threads: usize) -> Result<CpuProgram, RunError> {
+        let mut prepared = HashMap::new();
+        for (i, n) in graph.nodes.iter().enumerate() {
+            if n.domain != "aim" {
+                continue;
+            }
+            let p = match n.op.as_str() {
+                "Conv" => prepare_conv(&graph, n, isa, blocking)?,
+                "Dense" => prepare_dense(&graph, n, isa, blocking)?,
+                _ => return Err(prep_err(n, "unknown aim op")),
+            };
+            prepared.insert(i, p);
+        }
+        Ok(CpuProgram { graph, prepared, pool: ThreadPool::new(threads), isa, blocking })
+    }
+
+    /// The optimised graph this program runs.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The microkernel family in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The cache blocking in use.
+    pub fn blocking(&self) -> Blocking {
+        self.blocking
+    }
+
+    /// Threads the program runs on.
+    pub fn threads(&self) -> usize {
+        self.pool.size()
+    }
+
+    /// Runs the program.
+    pub fn run(&self, inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
+        run_with(&self.graph, inputs, None, self)
+    }
+}
+
+impl Runner for CpuProgram {
+    fn run(&self, index: usize, n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
+        let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("aim:{}", n.op), msg };
+        match self.prepared.get(&index) {
+            None => run_node(n, ins, scope),
+            Some(p) => {
+                let x = ins.first().and_then(|t| t.as_ref()).ok_or_else(|| fail("input 0 is missing".into()))?;
+                if x.dtype() != DType::F32 {
+                    return Err(fail(format!("expected f32 input, got {}", x.dtype())));
+                }
+                let residual = ins.get(3).and_then(|t| t.as_ref());
+                let y = match p {
+                    Prepared::Conv(c) => run_conv(c, x, residual, self.isa, self.blocking, &self.pool),
+                    Prepared::Depthwise(d) => run_depthwise(d, x, residual, &self.pool),
+                    Prepared::Dense(d) => run_dense(d, x, residual, self.isa, self.blocking, &self.pool),
+                };
+                Ok(vec![y.map_err(fail)?])
+            }
+        }
+    }
+}
+
+fn geometry(n: &Node, kernel: &[usize]) -> Geometry {
+    let sp = kernel.len();
+    let list = |name: &str| n.ints(name).map(|v| v.iter().map(|&x| x.max(1) as usize).collect()).unwrap_or(vec![1; sp]);
+    Geometry {
+        kernel: kernel.to_vec(),
+        strides: list("strides"),
+        dilations: list("dilations"),
+        pads: n.ints("pads").map(|v| v.to_vec()).unwrap_or(vec![0; 2 * sp]),
+        auto_pad: n.string("auto_pad", "NOTSET").to_string(),
+    }
+}
+
+/// Output size and padding-before per spatial dim, as ONNX defines them.
+fn resolve(geo: &Geometry, in_sp: &[usize]) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let mut out = Vec::new();
+    let mut before = Vec::new();
+    let sp = in_sp.len();
+    if geo.kernel.len() != sp || geo.strides.len() != sp || geo.dilations.len() != sp || geo.pads.len() != 2 * sp {
+        return Err(format!("attributes do not match {sp} spatial dims"));
+    }
+    for i in 0..sp {
+        let ek = (geo.kernel[i] - 1) * geo.dilations[i] + 1;
+        let s = geo.strides[i];
+        match geo.auto_pad.as_str() {
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let o = in_sp[i].div_ceil(s);
+                let total = ((o - 1) * s + ek).saturating_sub(in_sp[i]);
+                before.push(if geo.auto_pad == "SAME_UPPER" { total / 2 } else { total - total / 2 });
+                out.push(o);
+            }
+            _ => {
+                let (pb, pe) = if geo.auto_pad == "VALID" { (0, 0) } else { (geo.pads[i].max(0) as usize, geo.pads[sp + i].max(0) as usize) };
+                let total = in_sp[i] + pb + pe;
+                if total < ek {
+                    return Err(format!("kernel extent {ek} exceeds the padded input {total}"));
+                }
+                before.push(pb);
+                out.push((total - ek) / s + 1);
+            }
+        }
+    }
+    Ok((out, before))
+}
+
+fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
+    let w = const_f32(g, n.input(1)).ok_or_else(|| prep_err(n, "weights must be constant f32"))?;
+    if w.rank() < 3 {
+        return Err(prep_err(n, "weights must be at least 3-D"));
+    }
+    let (m, cg) = (w.shape()[0], w.shape()[1]);
+    let group = n.int("group", 1).max(1) as usize;
+    if m % group != 0 {
+        return Err(prep_err(n, format!("{m} output channels do not split into {group} groups")));
+    }
+    let kernel: Vec<usize> = w.shape()[2..].to_vec();
+    let bias = match n.input(2) {
+        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == m).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output channel"))?.data::<f32>().to_vec()),
+        None => None,
+    };
+    let geo = geometry(n, &kernel);
+    let act = activation(n);
+    if group == m && cg == 1 && kernel.len() == 2 {
+        return Ok(Prepared::Depthwise(Box::new(DepthwisePrep { weights: w.data::<f32>().to_vec(), bias, act, channels: m, geo })));
+    }
+    let mg = m / group;
+    let k: usize = cg * kernel.iter().product::<usize>();
+    let wd = w.data::<f32>();
+    let weights = (0..group).map(|gi| PackedA::from_slice(isa, blocking, &wd[gi * mg * k..(gi + 1) * mg * k], mg, k, false)).collect();
+    Ok(Prepared::Conv(Box::new(ConvPrep { weights, bias, act, group, m, cin: cg * group, geo })))
+}
+
+fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
+    let w = const_f32(g, n.input(1)).filter(|t| t.rank() == 2).ok_or_else(|| prep_err(n, "weight must be a constant 2-D f32"))?;
+    let (k, nn) = (w.shape()[0], w.shape()[1]);
+    let bias = match n.input(2) {
+        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == nn).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output"))?.data::<f32>().to_vec()),
+        None => None,
+    };
+    let weight = PackedB::from_slice(isa, blocking, w.data::<f32>(), k, nn, false);
+    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
+}
+
+fn check_residual<'a>(r: Option<&'a Tensor>, shape: &[usize]) -> Result<Option<&'a [f32]>, String> {
+    match r {
+        None => Ok(None),
+        Some(t) if t.dtype() == DType::F32 && t.shape() == shape => Ok(Some(t.data::<f32>())),
+        Some(t) => Err(format!("residual {}{:?} does not match the output {shape:?}", t.dtype(), t.shape())),
+    }
+}
+
+fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {
+    let xs = x.shape();
+    let sp = c.geo.kernel.len();
+    if xs.len() != sp + 2 || xs[1] != c.cin {
+        return Err(format!("input {xs:?} does not fit {} input channels and a {sp}-D kernel", c.cin));
+    }
+    let in_sp = &xs[2..];
+    let (out_sp, before) = resolve(&c.geo, in_sp)?;
+    let (nb, osize, isize) = (xs[0], out_sp.iter().product::<usize>(), in_sp.iter().product::<usize>());
+    let mut shape = vec![nb, c.m];
+    shape.extend(&out_sp);
+    let res = check_residual(residual, &shape)?;
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let (cg, mg) = (c.cin / c.group, c.m / c.group);
+    let ksize: usize = c.geo.kernel.iter().product();
+    let xd = x.data::<f32>();
+    let pointwise = ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
+    let yd = y.data_mut::<f32>();
+    for b in 0..nb {
+        for gi in 0..c.group {
+            let xg = &xd[(b * c.cin + gi * cg) * isize..(b * c.cin + (gi + 1) * cg) * isize];
+            let packed = if pointwise {
+                PackedB::pack_rows(isa, blocking, cg, osize, pool, |p, j0, dst| dst.copy_from_slice(&xg[p * isize + j0..p * isize + j0 + dst.len()]))
+            } else {
+                im2col(isa, blocking, xg, cg, in_sp, &out_sp, &before, &c.geo, pool)
+            };
+            let off = (b * c.m + gi * mg) * osize;
+            let ep = Epilogue {
+                row_bias: c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]),
+                col_bias: None,
+                residual: res.map(|r| &r[off..off + mg * osize]),
+                act: c.act,
+            };
+            gemm(&c.weights[gi], &packed, &mut yd[off..off + mg * osize], osize, &ep, pool);
+        }
+    }
+    Ok(y)
+}
+
+/// Packs the im2col matrix of one group — row (ci, kernel offset), column output position —
+/// straight into GEMM panels, a strip of consecutive output positions at a time.
+#[allow(clippy::too_many_arguments)]
+fn im2col(
+    isa: Isa,
+    blocking: Blocking,
+    xg: &[f32],
+    cg: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    before: &[usize],
+    geo: &Geometry,
+    pool: &ThreadPool,
+) -> PackedB {
+    let ksize: usize = geo.kernel.iter().product();
+    let isize: usize = in_sp.iter().product();
+    let osize: usize = out_sp.iter().product();
+    let sp = in_sp.len();
+    PackedB::pack_rows(isa, blocking, cg * ksize, osize, pool, |p, j0, dst| {
+        let (ci, mut kflat) = (p / ksize, p % ksize);
+        // Kernel offsets of row p, innermost dim last.
+        let mut koff = [0usize; 8];
+        for d in (0..sp).rev() {
+            koff[d] = kflat % geo.kernel[d];
+            kflat /= geo.kernel[d];
+        }
+        let plane = &xg[ci * isize..(ci + 1) * isize];
+        // The output position of column j0, then walk forward.
+        let mut pos = [0usize; 8];
+        let mut jf = j0;
+        for d in (0..sp).rev() {
+            pos[d] = jf % out_sp[d];
+            jf /= out_sp[d];
+        }
+        for v in dst.iter_mut() {
+            let mut off = 0usize;
+            let mut inside = true;
+            for d in 0..sp {
+                let i = (pos[d] * geo.strides[d] + koff[d] * geo.dilations[d]) as isize - before[d] as isize;
+                if i < 0 || i >= in_sp[d] as isize {
+                    inside = false;
+                    break;
+                }
+                off = off * in_sp[d] + i as usize;
+            }
+            *v = if inside { plane[off] } else { 0.0 };
+            for d in (0..sp).rev() {
+                pos[d] += 1;
+                if pos[d] < out_sp[d] {
+                    break;
+                }
+                pos[d] = 0;
+            }
+        }
+    })
+}
+
+/// Shares the output buffer between channel tasks, which write disjoint planes.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task writes only its own channel's plane.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPool) -> Result<Tensor, String> {
+    let xs = x.shape();
+    if xs.len() != 4 || xs[1] != d.channels {
+        return Err(format!("input {xs:?} does not fit a depthwise conv over {} channels", d.channels));
+    }
+    let (nb, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+    let (out, before) = resolve(&d.geo, &xs[2..])?;
+    let (oh, ow) = (out[0], out[1]);
+    let (kh, kw) = (d.geo.kernel[0], d.geo.kernel[1]);
+    let (sh, sw) = (d.geo.strides[0], d.geo.strides[1]);
+    let (dh, dw) = (d.geo.dilations[0], d.geo.dilations[1]);
+    let shape = [nb, c, oh, ow];
+    let res = check_residual(residual, &shape)?;
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let xd = x.data::<f32>();
+    let yp = OutPtr(y.data_mut::<f32>().as_mut_ptr());
+    pool.for_each(nb * c, &|plane| {
+        let yp = yp;
+        let ch = plane % c;
+        let src = &xd[plane * h * w..(plane + 1) * h * w];
+        // SAFETY: plane `plane` of y is written by this task alone.
+        let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(plane * oh * ow), oh * ow) };
+        let wts = &d.weights[ch * kh * kw..(ch + 1) * kh * kw];
+        for oy in 0..oh {
+            let row = &mut dst[oy * ow..(oy + 1) * ow];
+            for ky in 0..kh {
+                let iy = (oy * sh + ky * dh) as isize - before[0] as isize;
+                if iy < 0 || iy >= h as isize {
+                    continue;
+                }
+                let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+                for kx in 0..kw {
+                    let wv = wts[ky * kw + kx];
+                    let shift = (kx * dw) as isize - before[1] as isize;
+                    // Output columns whose input column ox*sw + shift lies inside the row.
+                    let lo = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
+                    let hi = if (w as isize - shift) <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw).min(ow) };
+                    if sw == 1 {
+                        let base = (lo as isize + shift) as usize;
+                        for (o, &v) in row[lo..hi.max(lo)].iter_mut().zip(&srow[base..]) {
+                            *o += wv * v;
+                        }
+                    } else {
+                        for ox in lo..hi {
+                            row[ox] += wv * srow[(ox as isize * sw as isize + shift) as usize];
+                        }
+                    }
+                }
+            }
+            let b = d.bias.as_ref().map_or(0.0, |b| b[ch]);
+            let act = d.act.unwrap_or(Activation::Identity);
+            let r = res.map(|r| &r[plane * oh * ow + oy * ow..plane * oh * ow + (oy + 1) * ow]);
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = act.apply(*v + b + r.map_or(0.0, |r| r[i]));
+            }
+        }
+    });
+    Ok(y)
+}
+
+fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {
+    let xs = x.shape();
+    if xs.is_empty() || xs[xs.len() - 1] != d.k {
+        return Err(format!("input {xs:?} does not end in {} features", d.k));
+    }
+    let m: usize = xs[..xs.len() - 1].iter().product();
+    let mut shape = xs.to_vec();
+    *shape.last_mut().unwrap() = d.n;
+    if xs.len() == 1 {
+        shape = vec![d.n];
+    }
+    let res = check_residual(residual, &shape)?;
+    let a = PackedA::from_slice(isa, blocking, x.data::<f32>(), m, d.k, false);
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, act: d.act };
+    gemm(&a, &d.weight, y.data_mut::<f32>(), d.n, &ep, pool);
+    Ok(y)
+}
