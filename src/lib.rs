@@ -159,6 +159,14 @@ impl Model {
         Ok(Model { ir, path: path.to_path_buf(), backend: opts.backend, exec })
     }
 
+    /// Threads a run uses.
+    pub fn threads(&self) -> usize {
+        match &self.exec {
+            Exec::Cpu(p) => p.threads(),
+            Exec::Reference => 1,
+        }
+    }
+
     /// The optimised graph the cpu backend runs (None on the reference backend).
     pub fn optimized_graph(&self) -> Option<&aim_ir::Graph> {
         match &self.exec {

@@ -42,6 +42,33 @@ enum Cmd {
         #[arg(long, env = "AIM_CPU", default_value = "native")]
         cpu: String,
     },
+    /// Time a model: compile time, then latency over repeated runs.
+    Bench {
+        /// The ONNX model.
+        model: PathBuf,
+        /// Inputs (.npz); default: seeded random inputs.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// Timed runs.
+        #[arg(long, default_value_t = 50)]
+        iters: usize,
+        /// Untimed runs first.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        /// Threads (default: the physical core count).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// The backend.
+        #[arg(long, default_value = "cpu")]
+        backend: Backend,
+        /// Cap the ISA level (also AIM_CPU).
+        #[arg(long, env = "AIM_CPU", default_value = "native")]
+        cpu: String,
+        /// End with one JSON line: compile_ms, latency_ms {min, median, p90, max}, iters,
+        /// threads, peak_rss_mb.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a model's inputs, outputs, opset, op histogram and unsupported ops, and/or
     /// the target description of this CPU.
     Info {
@@ -129,6 +156,52 @@ fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
     Ok(())
 }
 
+/// Peak resident memory of this process in MiB (Linux: VmHWM), or 0 where unknown.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn bench(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, iters: usize, warmup: usize, opts: aim::Options, json: bool) -> Result<()> {
+    if iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let t0 = std::time::Instant::now();
+    let m = Model::load_with_options(&model, &opts)?;
+    let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let ins = match inputs {
+        Some(p) => npz::read_npz(&p)?,
+        None => aim::random_inputs(m.inputs(), 0).map_err(anyhow::Error::msg)?,
+    };
+    for _ in 0..warmup {
+        m.run(ins.clone())?;
+    }
+    let mut times: Vec<f64> = (0..iters)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            m.run(ins.clone()).map(|_| t.elapsed().as_secs_f64() * 1e3)
+        })
+        .collect::<Result<_, _>>()?;
+    times.sort_by(|a, b| a.total_cmp(b));
+    let pick = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    let (min, median, p90, max) = (times[0], pick(0.5), pick(0.9), times[times.len() - 1]);
+    let threads = m.threads();
+    writeln!(out, "{}: {:?} backend, {threads} thread(s)", model.display(), m.backend())?;
+    writeln!(out, "compile: {compile_ms:.1} ms")?;
+    writeln!(out, "latency over {iters} runs: min {min:.3} ms, median {median:.3} ms, p90 {p90:.3} ms, max {max:.3} ms")?;
+    let rss = peak_rss_mb();
+    writeln!(out, "peak RSS: {rss:.1} MiB")?;
+    if json {
+        writeln!(
+            out,
+            "{{\"compile_ms\": {compile_ms:.3}, \"latency_ms\": {{\"min\": {min:.4}, \"median\": {median:.4}, \"p90\": {p90:.4}, \"max\": {max:.4}}}, \"iters\": {iters}, \"threads\": {threads}, \"peak_rss_mb\": {rss:.1}}}"
+        )?;
+    }
+    Ok(())
+}
+
 fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str) -> Result<()> {
     if model.is_none() && !target {
         bail!("give a model, --target, or both");
@@ -183,6 +256,9 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Run { model, inputs, outputs, threads, backend, seed, cpu } => {
             run(&mut out, model, inputs, outputs, aim::Options { backend, threads, cpu }, seed).map(|_| true)
+        }
+        Cmd::Bench { model, inputs, iters, warmup, threads, backend, cpu, json } => {
+            bench(&mut out, model, inputs, iters, warmup, aim::Options { backend, threads, cpu }, json).map(|_| true)
         }
         Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
