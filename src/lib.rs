@@ -159,6 +159,16 @@ impl Model {
         Ok(Model { ir, path: path.to_path_buf(), backend: opts.backend, exec })
     }
 
+    /// Runs the model recording each node's time (the nodes of the graph the backend runs:
+    /// fused nodes name their sources in their `sources` attribute).
+    pub fn run_profiled(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<aim_runtime::NodeTiming>, Error> {
+        let map: HashMap<String, Tensor> = inputs.into_iter().collect();
+        Ok(match &self.exec {
+            Exec::Reference => aim_runtime::run_graph_profiled(&self.ir.graph, map)?.1,
+            Exec::Cpu(p) => p.run_profiled(map)?.1,
+        })
+    }
+
     /// Threads a run uses.
     pub fn threads(&self) -> usize {
         match &self.exec {

@@ -68,6 +68,10 @@ enum Cmd {
         /// threads, peak_rss_mb.
         #[arg(long)]
         json: bool,
+        /// Also profile one run per node: print the top nodes by time and write a Chrome
+        /// trace (opens in Perfetto) to this file.
+        #[arg(long)]
+        profile: Option<PathBuf>,
     },
     /// Show a model's inputs, outputs, opset, op histogram and unsupported ops, and/or
     /// the target description of this CPU.
@@ -164,7 +168,54 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn bench(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, iters: usize, warmup: usize, opts: aim::Options, json: bool) -> Result<()> {
+/// Prints the nodes that took longest and writes a Chrome trace of the median of `runs`
+/// profiled runs per node.
+fn profile(out: &mut dyn Write, m: &Model, ins: &[(String, aim::Tensor)], trace: &std::path::Path) -> Result<()> {
+    let runs: Vec<Vec<aim_runtime::NodeTiming>> = (0..5).map(|_| m.run_profiled(ins.to_vec())).collect::<Result<_, _>>()?;
+    let first = &runs[0];
+    let median_us = |i: usize| {
+        let mut v: Vec<f64> = runs.iter().map(|r| r[i].time.as_secs_f64() * 1e6).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let mut events = Vec::new();
+    let mut clock = 0.0;
+    let mut by_node: Vec<(f64, &aim_runtime::NodeTiming)> = Vec::new();
+    for (i, t) in first.iter().enumerate() {
+        let us = median_us(i);
+        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+        events.push(format!(
+            "{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {clock:.3}, \"dur\": {us:.3}, \"pid\": 1, \"tid\": 1}}",
+            esc(&t.node),
+            esc(&t.op)
+        ));
+        clock += us;
+        by_node.push((us, t));
+    }
+    std::fs::write(trace, format!("{{\"traceEvents\": [\n{}\n]}}\n", events.join(",\n"))).with_context(|| format!("writing {}", trace.display()))?;
+    by_node.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let total: f64 = by_node.iter().map(|x| x.0).sum();
+    writeln!(out, "profile (median of 5 runs per node; {total:.0} us in nodes; trace: {}):", trace.display())?;
+    let mut per_op: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
+    for (us, t) in &by_node {
+        let e = per_op.entry(t.op.as_str()).or_default();
+        e.0 += us;
+        e.1 += 1;
+    }
+    let mut ops: Vec<_> = per_op.into_iter().collect();
+    ops.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+    for (op, (us, n)) in ops.iter().take(12) {
+        writeln!(out, "  {:>6.1}%  {us:>10.1} us  {n:>4} x {op}", 100.0 * us / total)?;
+    }
+    writeln!(out, "top nodes:")?;
+    for (us, t) in by_node.iter().take(15) {
+        writeln!(out, "  {us:>10.1} us  {}  ({})", t.node, t.op)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, iters: usize, warmup: usize, opts: aim::Options, json: bool, trace: Option<PathBuf>) -> Result<()> {
     if iters == 0 {
         bail!("--iters must be at least 1");
     }
@@ -193,6 +244,9 @@ fn bench(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, iters: us
     writeln!(out, "latency over {iters} runs: min {min:.3} ms, median {median:.3} ms, p90 {p90:.3} ms, max {max:.3} ms")?;
     let rss = peak_rss_mb();
     writeln!(out, "peak RSS: {rss:.1} MiB")?;
+    if let Some(trace) = trace {
+        profile(out, &m, &ins, &trace)?;
+    }
     if json {
         writeln!(
             out,
@@ -257,8 +311,8 @@ fn main() -> ExitCode {
         Cmd::Run { model, inputs, outputs, threads, backend, seed, cpu } => {
             run(&mut out, model, inputs, outputs, aim::Options { backend, threads, cpu }, seed).map(|_| true)
         }
-        Cmd::Bench { model, inputs, iters, warmup, threads, backend, cpu, json } => {
-            bench(&mut out, model, inputs, iters, warmup, aim::Options { backend, threads, cpu }, json).map(|_| true)
+        Cmd::Bench { model, inputs, iters, warmup, threads, backend, cpu, json, profile } => {
+            bench(&mut out, model, inputs, iters, warmup, aim::Options { backend, threads, cpu }, json, profile).map(|_| true)
         }
         Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),

@@ -6,6 +6,7 @@
 //! and the `--backend reference` executor. Control-flow ops (If, Loop, Scan) need a
 //! graph executor and live in `aim-runtime`.
 
+pub mod fast;
 pub mod gemm;
 pub mod num;
 pub mod ops;

@@ -118,7 +118,14 @@ impl CpuProgram {
 
     /// Runs the program.
     pub fn run(&self, inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
-        run_with(&self.graph, inputs, None, self)
+        run_with(&self.graph, inputs, None, self, None)
+    }
+
+    /// Runs the program, recording every node's time.
+    pub fn run_profiled(&self, inputs: HashMap<String, Tensor>) -> Result<(Vec<Tensor>, Vec<crate::NodeTiming>), RunError> {
+        let mut p = Vec::new();
+        let outs = run_with(&self.graph, inputs, None, self, Some(&mut p))?;
+        Ok((outs, p))
     }
 }
 
@@ -126,7 +133,17 @@ impl Runner for CpuProgram {
     fn run(&self, index: usize, n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
         let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("aim:{}", n.op), msg };
         match self.prepared.get(&index) {
-            None => run_node(n, ins, scope),
+            None => {
+                if n.domain.is_empty() {
+                    if let Some(k) = aim_kernels::fast::kernel(&n.op) {
+                        let cx = aim_kernels::fast::Ctx { par: &self.pool, isa: self.isa, blocking: self.blocking };
+                        if let Some(r) = k(n, ins, &cx) {
+                            return r.map_err(|e| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg: e.0 });
+                        }
+                    }
+                }
+                run_node(n, ins, scope)
+            }
             Some(p) => {
                 let x = ins.first().and_then(|t| t.as_ref()).ok_or_else(|| fail("input 0 is missing".into()))?;
                 if x.dtype() != DType::F32 {

@@ -96,16 +96,39 @@ pub fn run_graph(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<Vec<Tenso
 }
 
 pub(crate) fn run_scoped(g: &Graph, inputs: HashMap<String, Tensor>, parent: Option<&Scope>) -> Result<Vec<Tensor>, RunError> {
-    run_with(g, inputs, parent, &Reference)
+    run_with(g, inputs, parent, &Reference, None)
 }
 
-/// Runs `g` with `runner` executing its nodes (subgraphs always run on the reference).
+/// Runs `g` on the reference kernels, recording every node's time.
+pub fn run_graph_profiled(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<(Vec<Tensor>, Vec<NodeTiming>), RunError> {
+    let mut p = Vec::new();
+    let outs = run_with(g, inputs, None, &Reference, Some(&mut p))?;
+    Ok((outs, p))
+}
+
+/// One node's execution, as a profile records it.
+#[derive(Debug, Clone)]
+pub struct NodeTiming {
+    /// The node's name.
+    pub node: String,
+    /// Its op (`domain:op` outside the default domain).
+    pub op: String,
+    /// Start, from the beginning of the run.
+    pub start: std::time::Duration,
+    /// How long it took.
+    pub time: std::time::Duration,
+}
+
+/// Runs `g` with `runner` executing its nodes (subgraphs always run on the reference),
+/// recording each node's time into `profile` when given.
 pub(crate) fn run_with(
     g: &Graph,
     mut inputs: HashMap<String, Tensor>,
     parent: Option<&Scope>,
     runner: &dyn Runner,
+    mut profile: Option<&mut Vec<NodeTiming>>,
 ) -> Result<Vec<Tensor>, RunError> {
+    let run_start = std::time::Instant::now();
     let mut syms = HashMap::new();
     let mut scope = Scope { values: HashMap::new(), parent };
     for i in &g.inputs {
@@ -152,7 +175,12 @@ pub(crate) fn run_with(
                 }
             })
             .collect::<Result<_, _>>()?;
+        let t = std::time::Instant::now();
         let outs = runner.run(i, n, &ins, &scope)?;
+        if let Some(p) = profile.as_deref_mut() {
+            let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
+            p.push(NodeTiming { node: n.name.clone(), op, start: t - run_start, time: t.elapsed() });
+        }
         for name in n.inputs.iter() {
             if last_use.get(name.as_str()) == Some(&i) && !keep.contains(&name.as_str()) && !g.initializers.contains_key(name) {
                 scope.values.remove(name);

@@ -1,0 +1,12 @@
+//! Fast f32 kernels for the CPU backend: the common transformer and CNN ops written for
+//! speed (vectorised math approximations, row-wise softmax and layer norm, contiguous
+//! transposes, batched GEMMs on the packed microkernels), run on the thread pool.
+//!
+//! Each kernel returns `None` when it does not handle a case (another dtype, a broadcast
+//! pattern it has no fast path for), and the backend then runs the reference kernel. The
+//! approximations' errors are stated in [`math`] and tested.
+
+pub mod math;
+mod ops;
+
+pub use ops::{kernel, Ctx, FastKernel};

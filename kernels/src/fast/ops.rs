@@ -1,0 +1,373 @@
+//! The fast kernels and their dispatch table.
+
+use super::math;
+use crate::gemm::{gemm, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel, Sequential};
+use crate::util::{axis, broadcast_offsets, broadcast_shapes, strides, Result};
+use aim_ir::{DType, Node, Tensor};
+
+/// What a fast kernel runs with.
+pub struct Ctx<'a> {
+    /// The thread pool.
+    pub par: &'a dyn Parallel,
+    /// The microkernel family.
+    pub isa: Isa,
+    /// GEMM cache blocking.
+    pub blocking: Blocking,
+}
+
+/// A fast kernel: `None` when it does not handle this case.
+pub type FastKernel = fn(&Node, &[Option<Tensor>], &Ctx) -> Option<Result<Vec<Tensor>>>;
+
+/// The fast kernel of an op, if there is one.
+pub fn kernel(op: &str) -> Option<FastKernel> {
+    Some(match op {
+        "Erf" | "Exp" | "Tanh" | "Sigmoid" | "Relu" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" | "Gelu" => unary,
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary,
+        "Softmax" => softmax,
+        "LayerNormalization" => layer_norm,
+        "Transpose" => transpose,
+        "MatMul" => matmul,
+        _ => return None,
+    })
+}
+
+fn f32_in(ins: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
+    ins.get(i)?.as_ref().filter(|t| t.dtype() == DType::F32)
+}
+
+/// Shares an output buffer between tasks writing disjoint chunks.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: every task writes a disjoint range.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+const CHUNK: usize = 16 * 1024;
+
+/// Runs `body(range)` over `0..n` in chunks on the pool, giving each chunk its slice of `dst`.
+fn chunked(par: &dyn Parallel, n: usize, dst: &mut [f32], body: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync)) {
+    let chunks = n.div_ceil(CHUNK).max(1);
+    let out = Out(dst.as_mut_ptr());
+    par.for_each(chunks, &|c| {
+        let out = out;
+        let r = c * CHUNK..((c + 1) * CHUNK).min(n);
+        // SAFETY: chunk c owns dst[r].
+        let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(r.start), r.len()) };
+        body(r, d);
+    });
+}
+
+macro_rules! versions {
+    ($name:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
+        fn $name<F: Fn(f32) -> f32 + Sync>(isa: Isa, $($arg: $ty,)* f: &F) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn v4<F: Fn(f32) -> f32>($($arg: $ty,)* f: &F) { $generic($($arg,)* f) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3<F: Fn(f32) -> f32>($($arg: $ty,)* f: &F) { $generic($($arg,)* f) }
+                // SAFETY: the ISA was checked available when the program was built.
+                match isa {
+                    Isa::Avx512 => return unsafe { v4($($arg,)* f) },
+                    Isa::Avx2 => return unsafe { v3($($arg,)* f) },
+                    Isa::Portable => {}
+                }
+            }
+            let _ = isa;
+            $generic($($arg,)* f)
+        }
+    };
+}
+
+#[inline(always)]
+fn map_generic<F: Fn(f32) -> f32>(s: &[f32], d: &mut [f32], f: &F) {
+    for (o, &x) in d.iter_mut().zip(s) {
+        *o = f(x);
+    }
+}
+versions!(map, map_generic, (s: &[f32], d: &mut [f32]));
+
+fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = f32_in(ins, 0)?;
+    let mut y = Tensor::zeros(DType::F32, x.shape());
+    let xd = x.data::<f32>();
+    let isa = cx.isa;
+    macro_rules! go {
+        ($f:expr) => {{
+            let f = $f;
+            chunked(cx.par, xd.len(), y.data_mut::<f32>(), &|r, d| map(isa, &xd[r], d, &f));
+        }};
+    }
+    match n.op.as_str() {
+        "Erf" => go!(math::erf),
+        "Exp" => go!(math::exp),
+        "Tanh" => go!(math::tanh),
+        "Sigmoid" => go!(math::sigmoid),
+        "Relu" => go!(|v: f32| v.max(0.0)),
+        "Sqrt" => go!(f32::sqrt),
+        "Neg" => go!(|v: f32| -v),
+        "Abs" => go!(f32::abs),
+        "Reciprocal" => go!(|v: f32| 1.0 / v),
+        "Gelu" if n.string("approximate", "none") == "tanh" => {
+            go!(|v: f32| 0.5 * v * (1.0 + math::tanh(0.797_884_6 * (v + 0.044_715 * v * v * v))))
+        }
+        "Gelu" => go!(|v: f32| 0.5 * v * (1.0 + math::erf(v * std::f32::consts::FRAC_1_SQRT_2))),
+        _ => return None,
+    }
+    Some(Ok(vec![y]))
+}
+
+#[inline(always)]
+fn zip_generic<F: Fn(f32) -> f32>(a: &[f32], b: &[f32], d: &mut [f32], op: u8, f: &F) {
+    let _ = f;
+    match op {
+        0 => d.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (x, y))| *o = x + y),
+        1 => d.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (x, y))| *o = x - y),
+        2 => d.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (x, y))| *o = x * y),
+        _ => d.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (x, y))| *o = x / y),
+    }
+}
+versions!(zip, zip_generic, (a: &[f32], b: &[f32], d: &mut [f32], op: u8));
+
+fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let (a, b) = (f32_in(ins, 0)?, f32_in(ins, 1)?);
+    let isa = cx.isa;
+    if n.op == "Pow" {
+        if b.len() != 1 {
+            return None;
+        }
+        let e = b.data::<f32>()[0];
+        let mut y = Tensor::zeros(DType::F32, a.shape());
+        let ad = a.data::<f32>();
+        match e {
+            2.0 => chunked(cx.par, ad.len(), y.data_mut::<f32>(), &|r, d| map(isa, &ad[r], d, &|v: f32| v * v)),
+            0.5 => chunked(cx.par, ad.len(), y.data_mut::<f32>(), &|r, d| map(isa, &ad[r], d, &f32::sqrt)),
+            _ => return None,
+        }
+        return Some(Ok(vec![y]));
+    }
+    let op = match n.op.as_str() {
+        "Add" => 0,
+        "Sub" => 1,
+        "Mul" => 2,
+        _ => 3,
+    };
+    let shape = match broadcast_shapes(&[a.shape(), b.shape()]) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
+    let total: usize = shape.iter().product();
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
+    let ident = |v: f32| v;
+    if a.shape() == b.shape() {
+        chunked(cx.par, total, y.data_mut::<f32>(), &|r, d| zip(isa, &ad[r.clone()], &bd[r], d, op, &ident));
+        return Some(Ok(vec![y]));
+    }
+    // One operand repeats along the leading dims: a row of `inner` values (or a scalar).
+    let row = |small: &Tensor, big: &Tensor| {
+        big.shape() == shape.as_slice() && {
+            let inner = small.len();
+            inner > 0 && total % inner == 0 && shape[shape.len() - small.rank().min(shape.len())..].iter().product::<usize>() == inner
+        }
+    };
+    let yd = y.data_mut::<f32>();
+    if row(b, a) || row(a, b) {
+        let (big, small, swapped) = if row(b, a) { (ad, bd, false) } else { (bd, ad, true) };
+        let inner = small.len();
+        // Tile the small operand to a whole number of rows close to CHUNK, then zip.
+        let reps = (CHUNK / inner).max(1);
+        let tiled: Vec<f32> = small.iter().copied().cycle().take(reps * inner).collect();
+        let step = reps * inner;
+        let parts = total.div_ceil(step);
+        let out = Out(yd.as_mut_ptr());
+        cx.par.for_each(parts, &|p| {
+            let out = out;
+            let r = p * step..((p + 1) * step).min(total);
+            // SAFETY: part p owns y[r].
+            let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(r.start), r.len()) };
+            let t = &tiled[..r.len()];
+            if swapped {
+                zip(isa, t, &big[r], d, op, &ident);
+            } else {
+                zip(isa, &big[r], t, d, op, &ident);
+            }
+        });
+        return Some(Ok(vec![y]));
+    }
+    // General broadcast: index maps, still f32.
+    let (oa, ob) = (broadcast_offsets(a.shape(), &shape), broadcast_offsets(b.shape(), &shape));
+    for (i, o) in yd.iter_mut().enumerate() {
+        let (x, v) = (ad[oa[i]], bd[ob[i]]);
+        *o = match op {
+            0 => x + v,
+            1 => x - v,
+            2 => x * v,
+            _ => x / v,
+        };
+    }
+    Some(Ok(vec![y]))
+}
+
+/// Runs `row(i, src_row, dst_row)` for each row of `len` values, in parallel.
+fn rows(par: &dyn Parallel, src: &[f32], dst: &mut [f32], len: usize, row: &(dyn Fn(usize, &[f32], &mut [f32]) + Sync)) {
+    let nrows = src.len() / len.max(1);
+    let per = (CHUNK / len.max(1)).max(1);
+    let out = Out(dst.as_mut_ptr());
+    par.for_each(nrows.div_ceil(per), &|t| {
+        let out = out;
+        for i in t * per..((t + 1) * per).min(nrows) {
+            // SAFETY: row i is written by this task only.
+            let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * len), len) };
+            row(i, &src[i * len..(i + 1) * len], d);
+        }
+    });
+}
+
+fn softmax(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = f32_in(ins, 0)?;
+    if x.rank() == 0 || axis(n.int("axis", -1), x.rank()).ok()? != x.rank() - 1 {
+        return None;
+    }
+    let len = x.shape()[x.rank() - 1];
+    let mut y = Tensor::zeros(DType::F32, x.shape());
+    let isa = cx.isa;
+    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| {
+        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        map(isa, s, d, &|v: f32| math::exp(v - m));
+        let sum: f32 = d.iter().sum();
+        let k = 1.0 / sum;
+        d.iter_mut().for_each(|v| *v *= k);
+    });
+    Some(Ok(vec![y]))
+}
+
+fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = f32_in(ins, 0)?;
+    if x.rank() == 0 || n.outputs.iter().skip(1).any(|o| !o.is_empty()) || axis(n.int("axis", -1), x.rank()).ok()? != x.rank() - 1 {
+        return None;
+    }
+    let len = x.shape()[x.rank() - 1];
+    let scale = f32_in(ins, 1).filter(|t| t.len() == len)?.data::<f32>();
+    let bias = match ins.get(2).and_then(|t| t.as_ref()) {
+        Some(b) if b.dtype() == DType::F32 && b.len() == len => Some(b.data::<f32>()),
+        Some(_) => return None,
+        None => None,
+    };
+    let eps = n.float("epsilon", 1e-5);
+    let mut y = Tensor::zeros(DType::F32, x.shape());
+    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| {
+        let mean = s.iter().map(|&v| v as f64).sum::<f64>() as f32 / len as f32;
+        let var = s.iter().map(|&v| ((v - mean) * (v - mean)) as f64).sum::<f64>() as f32 / len as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for i in 0..len {
+            d[i] = (s[i] - mean) * inv * scale[i] + bias.map_or(0.0, |b| b[i]);
+        }
+    });
+    Some(Ok(vec![y]))
+}
+
+fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = ins.first()?.as_ref()?;
+    if x.dtype().size() != 4 {
+        return None;
+    }
+    let r = x.rank();
+    let perm: Vec<usize> = match n.ints("perm") {
+        Some(p) => p.iter().map(|&v| axis(v, r)).collect::<Result<_>>().ok()?,
+        None => (0..r).rev().collect(),
+    };
+    let mut sorted = perm.clone();
+    sorted.sort();
+    if sorted != (0..r).collect::<Vec<_>>() || r == 0 {
+        return None;
+    }
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    let st = strides(x.shape());
+    let src: &[f32] = bytemuck_f32(x);
+    let mut y = Tensor::zeros(x.dtype(), &shape);
+    let dst: &mut [f32] = bytemuck_f32_mut(&mut y);
+    // Copy runs of the output's last dim; contiguous in the source when the last axis stays.
+    let inner = shape[r - 1];
+    let inner_step = st[perm[r - 1]];
+    let outer: usize = shape[..r - 1].iter().product();
+    let ost: Vec<usize> = perm[..r - 1].iter().map(|&p| st[p]).collect();
+    let oshape = &shape[..r - 1];
+    let per = (CHUNK / inner.max(1)).max(1);
+    let out = Out(dst.as_mut_ptr());
+    cx.par.for_each(outer.div_ceil(per), &|t| {
+        let out = out;
+        for o in t * per..((t + 1) * per).min(outer) {
+            let mut rem = o;
+            let mut base = 0;
+            for d in (0..r - 1).rev() {
+                base += (rem % oshape[d]) * ost[d];
+                rem /= oshape[d];
+            }
+            // SAFETY: output row o is written by this task only.
+            let row = unsafe { std::slice::from_raw_parts_mut(out.0.add(o * inner), inner) };
+            if inner_step == 1 {
+                row.copy_from_slice(&src[base..base + inner]);
+            } else {
+                for (k, v) in row.iter_mut().enumerate() {
+                    *v = src[base + k * inner_step];
+                }
+            }
+        }
+    });
+    Some(Ok(vec![y]))
+}
+
+/// A 4-byte-element tensor's bits as f32 (transpose moves bits, whatever the type).
+fn bytemuck_f32(t: &Tensor) -> &[f32] {
+    match t.dtype() {
+        DType::F32 => t.data::<f32>(),
+        DType::I32 => bytemuck::cast_slice(t.data::<i32>()),
+        DType::U32 => bytemuck::cast_slice(t.data::<u32>()),
+        _ => unreachable!("transpose checks for 4-byte elements"),
+    }
+}
+
+fn bytemuck_f32_mut(t: &mut Tensor) -> &mut [f32] {
+    match t.dtype() {
+        DType::F32 => t.data_mut::<f32>(),
+        DType::I32 => bytemuck::cast_slice_mut(t.data_mut::<i32>()),
+        _ => bytemuck::cast_slice_mut(t.data_mut::<u32>()),
+    }
+}
+
+fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let (a, b) = (f32_in(ins, 0)?, f32_in(ins, 1)?);
+    if a.rank() < 2 || b.rank() < 2 {
+        return None;
+    }
+    let (m, k) = (a.shape()[a.rank() - 2], a.shape()[a.rank() - 1]);
+    let (k2, nn) = (b.shape()[b.rank() - 2], b.shape()[b.rank() - 1]);
+    if k != k2 {
+        return None;
+    }
+    let (ab, bb) = (&a.shape()[..a.rank() - 2], &b.shape()[..b.rank() - 2]);
+    let batch = broadcast_shapes(&[ab, bb]).ok()?;
+    let (oa, ob) = (broadcast_offsets(ab, &batch), broadcast_offsets(bb, &batch));
+    let mut shape = batch.clone();
+    shape.extend([m, nn]);
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
+    let (isa, blocking) = (cx.isa, cx.blocking);
+    let out = Out(y.data_mut::<f32>().as_mut_ptr());
+    let nbatch = oa.len();
+    let one = |i: usize, par: &dyn Parallel| {
+        let out = out;
+        let pa = PackedA::from_slice(isa, blocking, &ad[oa[i] * m * k..(oa[i] + 1) * m * k], m, k, false);
+        let pb = PackedB::from_slice(isa, blocking, &bd[ob[i] * k * nn..(ob[i] + 1) * k * nn], k, nn, false);
+        // SAFETY: batch item i owns its m×n block of y.
+        let c = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * m * nn), m * nn) };
+        gemm(&pa, &pb, c, nn, &Epilogue::default(), par);
+    };
+    if nbatch >= cx.par.threads() {
+        cx.par.for_each(nbatch, &|i| one(i, &Sequential));
+    } else {
+        (0..nbatch).for_each(|i| one(i, cx.par));
+    }
+    Some(Ok(vec![y]))
+}
