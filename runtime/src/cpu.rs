@@ -308,6 +308,9 @@ fn im2col(
     let isize: usize = in_sp.iter().product();
     let osize: usize = out_sp.iter().product();
     let sp = in_sp.len();
+    if sp == 2 {
+        return im2col_2d(isa, blocking, xg, cg, in_sp, out_sp, before, geo, pool);
+    }
     PackedB::pack_rows(isa, blocking, cg * ksize, osize, pool, |p, j0, dst| {
         let (ci, mut kflat) = (p / ksize, p % ksize);
         // Kernel offsets of row p, innermost dim last.
@@ -347,6 +350,58 @@ fn im2col(
     })
 }
 
+/// [`im2col`] for 2-D convolutions: each strip of output positions is filled row segment
+/// by row segment — zeros where the window hangs over the padding, a straight copy (stride
+/// 1) or a strided gather otherwise — with no per-element index arithmetic.
+#[allow(clippy::too_many_arguments)]
+fn im2col_2d(
+    isa: Isa,
+    blocking: Blocking,
+    xg: &[f32],
+    cg: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    before: &[usize],
+    geo: &Geometry,
+    pool: &ThreadPool,
+) -> PackedB {
+    let (h, w) = (in_sp[0], in_sp[1]);
+    let ow = out_sp[1];
+    let (kh, kw) = (geo.kernel[0], geo.kernel[1]);
+    let (sh, sw) = (geo.strides[0], geo.strides[1]);
+    let (dh, dw) = (geo.dilations[0], geo.dilations[1]);
+    let (pt, pl) = (before[0] as isize, before[1] as isize);
+    let osize = out_sp[0] * ow;
+    PackedB::pack_rows(isa, blocking, cg * kh * kw, osize, pool, |p, j0, dst| {
+        let ci = p / (kh * kw);
+        let (ky, kx) = ((p / kw) % kh, p % kw);
+        let plane = &xg[ci * h * w..(ci + 1) * h * w];
+        let mut j = j0;
+        let mut filled = 0;
+        while filled < dst.len() {
+            let (oy, ox) = (j / ow, j % ow);
+            let run = (ow - ox).min(dst.len() - filled);
+            let seg = &mut dst[filled..filled + run];
+            let iy = (oy * sh + ky * dh) as isize - pt;
+            if iy < 0 || iy >= h as isize {
+                seg.fill(0.0);
+            } else {
+                let row = &plane[iy as usize * w..(iy as usize + 1) * w];
+                let shift = (kx * dw) as isize - pl;
+                // Output columns ox.. whose input column c = col*sw + shift is inside the row.
+                let first = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
+                let last = if w as isize - shift <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw) };
+                for (t, v) in seg.iter_mut().enumerate() {
+                    let col = ox + t;
+                    *v = if col >= first && col < last { row[(col as isize * sw as isize + shift) as usize] } else { 0.0 };
+                }
+            }
+            filled += run;
+            j += run;
+        }
+    })
+}
+
 /// Shares the output buffer between channel tasks, which write disjoint planes.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -370,6 +425,8 @@ fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Tensor>, pool:
     let mut y = Tensor::zeros(DType::F32, &shape);
     let xd = x.data::<f32>();
     let yp = OutPtr(y.data_mut::<f32>().as_mut_ptr());
+    let geo = PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt: before[0], pl: before[1] };
+    let isa = pool_isa(d);
     pool.for_each(nb * c, &|plane| {
         let yp = yp;
         let ch = plane % c;
@@ -377,41 +434,111 @@ fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Tensor>, pool:
         // SAFETY: plane `plane` of y is written by this task alone.
         let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(plane * oh * ow), oh * ow) };
         let wts = &d.weights[ch * kh * kw..(ch + 1) * kh * kw];
-        for oy in 0..oh {
-            let row = &mut dst[oy * ow..(oy + 1) * ow];
-            for ky in 0..kh {
-                let iy = (oy * sh + ky * dh) as isize - before[0] as isize;
-                if iy < 0 || iy >= h as isize {
+        let bias = d.bias.as_ref().map_or(0.0, |b| b[ch]);
+        let act = d.act.unwrap_or(Activation::Identity);
+        let res = res.map(|r| &r[plane * oh * ow..(plane + 1) * oh * ow]);
+        depthwise_plane(isa, src, dst, wts, &geo, bias, act, res);
+    });
+    Ok(y)
+}
+
+/// The sizes of one depthwise plane.
+#[derive(Clone, Copy)]
+struct PlaneGeo {
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    pt: usize,
+    pl: usize,
+}
+
+fn pool_isa(_d: &DepthwisePrep) -> Isa {
+    if Isa::Avx512.available() {
+        Isa::Avx512
+    } else if Isa::Avx2.available() {
+        Isa::Avx2
+    } else {
+        Isa::Portable
+    }
+}
+
+/// One channel of a depthwise convolution, compiled for the ISA at hand.
+#[allow(clippy::too_many_arguments)]
+fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v4(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
+            depthwise_body(src, dst, wts, g, bias, act, res)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
+            depthwise_body(src, dst, wts, g, bias, act, res)
+        }
+        // SAFETY: the ISA was checked available.
+        match isa {
+            Isa::Avx512 => return unsafe { v4(src, dst, wts, g, bias, act, res) },
+            Isa::Avx2 => return unsafe { v3(src, dst, wts, g, bias, act, res) },
+            Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    depthwise_body(src, dst, wts, g, bias, act, res)
+}
+
+#[inline(always)]
+fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
+    let PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl } = *g;
+    let mut tmp = vec![0f32; ow];
+    for oy in 0..oh {
+        let row = &mut dst[oy * ow..(oy + 1) * ow];
+        row.fill(bias);
+        for ky in 0..kh {
+            let iy = (oy * sh + ky * dh) as isize - pt as isize;
+            if iy < 0 || iy >= h as isize {
+                continue;
+            }
+            let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+            for kx in 0..kw {
+                let wv = wts[ky * kw + kx];
+                let shift = (kx * dw) as isize - pl as isize;
+                // Output columns whose input column ox*sw + shift lies inside the row.
+                let lo = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
+                let hi = if (w as isize - shift) <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw).min(ow) };
+                if hi <= lo {
                     continue;
                 }
-                let srow = &src[iy as usize * w..(iy as usize + 1) * w];
-                for kx in 0..kw {
-                    let wv = wts[ky * kw + kx];
-                    let shift = (kx * dw) as isize - before[1] as isize;
-                    // Output columns whose input column ox*sw + shift lies inside the row.
-                    let lo = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
-                    let hi = if (w as isize - shift) <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw).min(ow) };
-                    if sw == 1 {
-                        let base = (lo as isize + shift) as usize;
-                        for (o, &v) in row[lo..hi.max(lo)].iter_mut().zip(&srow[base..]) {
-                            *o += wv * v;
-                        }
-                    } else {
-                        for ox in lo..hi {
-                            row[ox] += wv * srow[(ox as isize * sw as isize + shift) as usize];
-                        }
+                if sw == 1 {
+                    let base = (lo as isize + shift) as usize;
+                    for (o, &v) in row[lo..hi].iter_mut().zip(&srow[base..base + (hi - lo)]) {
+                        *o += wv * v;
+                    }
+                } else {
+                    for (ox, t) in tmp[lo..hi].iter_mut().enumerate() {
+                        *t = srow[((ox + lo) as isize * sw as isize + shift) as usize];
+                    }
+                    for (o, &v) in row[lo..hi].iter_mut().zip(&tmp[lo..hi]) {
+                        *o += wv * v;
                     }
                 }
             }
-            let b = d.bias.as_ref().map_or(0.0, |b| b[ch]);
-            let act = d.act.unwrap_or(Activation::Identity);
-            let r = res.map(|r| &r[plane * oh * ow + oy * ow..plane * oh * ow + (oy + 1) * ow]);
-            for (i, v) in row.iter_mut().enumerate() {
-                *v = act.apply(*v + b + r.map_or(0.0, |r| r[i]));
-            }
         }
-    });
-    Ok(y)
+        match res {
+            Some(r) => {
+                for (v, &x) in row.iter_mut().zip(&r[oy * ow..(oy + 1) * ow]) {
+                    *v = act.apply(*v + x);
+                }
+            }
+            None => row.iter_mut().for_each(|v| *v = act.apply(*v)),
+        }
+    }
 }
 
 fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {

@@ -26,6 +26,8 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Softmax" => softmax,
         "LayerNormalization" => layer_norm,
         "Transpose" => transpose,
+        "MaxPool" | "AveragePool" => pool2d,
+        "GlobalAveragePool" => global_average_pool,
         "MatMul" => matmul,
         _ => return None,
     })
@@ -164,12 +166,14 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         chunked(cx.par, total, y.data_mut::<f32>(), &|r, d| zip(isa, &ad[r.clone()], &bd[r], d, op, &ident));
         return Some(Ok(vec![y]));
     }
-    // One operand repeats along the leading dims: a row of `inner` values (or a scalar).
+    // One operand repeats along the leading dims: with its leading 1s dropped, its shape is
+    // the big operand's trailing dims (a row of `inner` values, or a scalar).
     let row = |small: &Tensor, big: &Tensor| {
-        big.shape() == shape.as_slice() && {
-            let inner = small.len();
-            inner > 0 && total % inner == 0 && shape[shape.len() - small.rank().min(shape.len())..].iter().product::<usize>() == inner
-        }
+        let s: &[usize] = {
+            let lead = small.shape().iter().take_while(|&&d| d == 1).count();
+            &small.shape()[lead..]
+        };
+        big.shape() == shape.as_slice() && small.len() > 0 && s.len() <= shape.len() && shape[shape.len() - s.len()..] == *s
     };
     let yd = y.data_mut::<f32>();
     if row(b, a) || row(a, b) {
@@ -369,5 +373,90 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     } else {
         (0..nbatch).for_each(|i| one(i, cx.par));
     }
+    Some(Ok(vec![y]))
+}
+
+fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = f32_in(ins, 0)?;
+    let k = n.ints("kernel_shape")?;
+    // The common case only: 2-D, no dilation, no ceil mode, explicit pads, one output.
+    if x.rank() != 4 || k.len() != 2 || n.outputs.iter().skip(1).any(|o| !o.is_empty()) || n.int("ceil_mode", 0) != 0 {
+        return None;
+    }
+    if n.ints("dilations").is_some_and(|d| d.iter().any(|&v| v != 1)) || !matches!(n.string("auto_pad", "NOTSET"), "NOTSET" | "VALID") {
+        return None;
+    }
+    let valid = n.string("auto_pad", "NOTSET") == "VALID";
+    let s = n.ints("strides").map(|v| v.to_vec()).unwrap_or(vec![1, 1]);
+    let p = if valid { vec![0; 4] } else { n.ints("pads").map(|v| v.to_vec()).unwrap_or(vec![0; 4]) };
+    if s.len() != 2 || p.len() != 4 || s.iter().any(|&v| v < 1) || p.iter().any(|&v| v < 0) || k.iter().any(|&v| v < 1) {
+        return None;
+    }
+    let (nb, c, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    let (kh, kw, sh, sw) = (k[0] as usize, k[1] as usize, s[0] as usize, s[1] as usize);
+    let (pt, pl) = (p[0] as usize, p[1] as usize);
+    let (th, tw) = (h + pt + p[2] as usize, w + pl + p[3] as usize);
+    if th < kh || tw < kw {
+        return None;
+    }
+    let (oh, ow) = ((th - kh) / sh + 1, (tw - kw) / sw + 1);
+    let is_max = n.op == "MaxPool";
+    let include_pad = n.int("count_include_pad", 0) != 0;
+    let mut y = Tensor::zeros(DType::F32, &[nb, c, oh, ow]);
+    let xd = x.data::<f32>();
+    rows(cx.par, &vec![0f32; nb * c * oh * ow], y.data_mut::<f32>(), oh * ow, &|plane, _, d| {
+        let src = &xd[plane * h * w..(plane + 1) * h * w];
+        for oy in 0..oh {
+            let y0 = (oy * sh) as isize - pt as isize;
+            let (ys, ye) = (y0.max(0) as usize, ((y0 + kh as isize).min(h as isize)).max(0) as usize);
+            for ox in 0..ow {
+                let x0 = (ox * sw) as isize - pl as isize;
+                let (xs, xe) = (x0.max(0) as usize, ((x0 + kw as isize).min(w as isize)).max(0) as usize);
+                let mut acc = if is_max { f32::NEG_INFINITY } else { 0.0 };
+                for yy in ys..ye {
+                    let r = &src[yy * w + xs..yy * w + xe];
+                    if is_max {
+                        acc = r.iter().copied().fold(acc, f32::max);
+                    } else {
+                        acc += r.iter().sum::<f32>();
+                    }
+                }
+                d[oy * ow + ox] = if is_max {
+                    acc
+                } else {
+                    // count_include_pad counts the window clipped to the padded input.
+                    let cnt = if include_pad {
+                        let ye2 = (y0 + kh as isize).min((h + p[2] as usize) as isize);
+                        let xe2 = (x0 + kw as isize).min((w + p[3] as usize) as isize);
+                        ((ye2 - y0) * (xe2 - x0)) as f32
+                    } else {
+                        ((ye - ys) * (xe - xs)) as f32
+                    };
+                    acc / cnt
+                };
+            }
+        }
+    });
+    Some(Ok(vec![y]))
+}
+
+fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = f32_in(ins, 0)?;
+    if x.rank() < 3 {
+        return None;
+    }
+    let planes = x.shape()[0] * x.shape()[1];
+    let size: usize = x.shape()[2..].iter().product();
+    let mut shape = x.shape().to_vec();
+    shape[2..].iter_mut().for_each(|d| *d = 1);
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let xd = x.data::<f32>();
+    let out = Out(y.data_mut::<f32>().as_mut_ptr());
+    cx.par.for_each(planes, &|i| {
+        let out = out;
+        let s: f32 = xd[i * size..(i + 1) * size].iter().sum();
+        // SAFETY: element i is written by task i only.
+        unsafe { *out.0.add(i) = s / size as f32 };
+    });
     Some(Ok(vec![y]))
 }
