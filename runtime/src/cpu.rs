@@ -427,17 +427,23 @@ fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Tensor>, pool:
     let yp = OutPtr(y.data_mut::<f32>().as_mut_ptr());
     let geo = PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt: before[0], pl: before[1] };
     let isa = pool_isa(d);
-    pool.for_each(nb * c, &|plane| {
+    let planes = nb * c;
+    let tasks = planes.min(pool.size() * 8).max(1);
+    pool.for_each(tasks, &|t| {
         let yp = yp;
-        let ch = plane % c;
-        let src = &xd[plane * h * w..(plane + 1) * h * w];
-        // SAFETY: plane `plane` of y is written by this task alone.
-        let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(plane * oh * ow), oh * ow) };
-        let wts = &d.weights[ch * kh * kw..(ch + 1) * kh * kw];
-        let bias = d.bias.as_ref().map_or(0.0, |b| b[ch]);
-        let act = d.act.unwrap_or(Activation::Identity);
-        let res = res.map(|r| &r[plane * oh * ow..(plane + 1) * oh * ow]);
-        depthwise_plane(isa, src, dst, wts, &geo, bias, act, res);
+        // Scratch rows, allocated once per task: a gather buffer and a row of zeros.
+        let mut scratch = vec![0f32; ow + w];
+        for plane in t * planes / tasks..(t + 1) * planes / tasks {
+            let ch = plane % c;
+            let src = &xd[plane * h * w..(plane + 1) * h * w];
+            // SAFETY: plane `plane` of y is written by this task alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(plane * oh * ow), oh * ow) };
+            let wts = &d.weights[ch * kh * kw..(ch + 1) * kh * kw];
+            let bias = d.bias.as_ref().map_or(0.0, |b| b[ch]);
+            let act = d.act.unwrap_or(Activation::Identity);
+            let res = res.map(|r| &r[plane * oh * ow..(plane + 1) * oh * ow]);
+            depthwise_plane(isa, src, dst, wts, &geo, bias, act, res, &mut scratch);
+        }
     });
     Ok(y)
 }
@@ -471,35 +477,77 @@ fn pool_isa(_d: &DepthwisePrep) -> Isa {
 
 /// One channel of a depthwise convolution, compiled for the ISA at hand.
 #[allow(clippy::too_many_arguments)]
-fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
+#[allow(clippy::too_many_arguments)]
+fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
-            depthwise_body(src, dst, wts, g, bias, act, res)
+        unsafe fn v4(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+            depthwise_body(src, dst, wts, g, bias, act, res, scratch)
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
-            depthwise_body(src, dst, wts, g, bias, act, res)
+        unsafe fn v3(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+            depthwise_body(src, dst, wts, g, bias, act, res, scratch)
         }
         // SAFETY: the ISA was checked available.
         match isa {
-            Isa::Avx512 => return unsafe { v4(src, dst, wts, g, bias, act, res) },
-            Isa::Avx2 => return unsafe { v3(src, dst, wts, g, bias, act, res) },
+            Isa::Avx512 => return unsafe { v4(src, dst, wts, g, bias, act, res, scratch) },
+            Isa::Avx2 => return unsafe { v3(src, dst, wts, g, bias, act, res, scratch) },
             Isa::Portable => {}
         }
     }
     let _ = isa;
-    depthwise_body(src, dst, wts, g, bias, act, res)
+    depthwise_body(src, dst, wts, g, bias, act, res, scratch)
 }
 
 #[inline(always)]
-fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>) {
+#[allow(clippy::too_many_arguments)]
+fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
     let PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl } = *g;
-    let mut tmp = vec![0f32; ow];
+    let (tmp, zeros) = scratch.split_at_mut(ow);
+    zeros.fill(0.0);
+    let zeros: &[f32] = zeros;
+    // 3×3 undilated kernels (most depthwise layers): the interior columns, where all three
+    // taps of every row are inside the input, accumulate in registers in one pass.
+    let fast3 = kh == 3 && kw == 3 && dh == 1 && dw == 1;
+    let (a, b) = if fast3 {
+        let a = pl.div_ceil(sw).min(ow);
+        let b = if w + pl >= 3 { ((w + pl - 3) / sw + 1).min(ow) } else { 0 };
+        (a, b.max(a))
+    } else {
+        (0, 0)
+    };
+    let k3: [f32; 9] = if fast3 { std::array::from_fn(|i| wts[i]) } else { [0.0; 9] };
     for oy in 0..oh {
         let row = &mut dst[oy * ow..(oy + 1) * ow];
         row.fill(bias);
+        if fast3 && b > a {
+            let pick = |ky: usize| {
+                let iy = (oy * sh + ky) as isize - pt as isize;
+                if iy < 0 || iy >= h as isize { zeros } else { &src[iy as usize * w..(iy as usize + 1) * w] }
+            };
+            let (r0, r1, r2) = (pick(0), pick(1), pick(2));
+            let n = b - a;
+            let c0 = a * sw - pl;
+            // Exact-length slices let the compiler drop the bounds checks and vectorise.
+            let len = (n - 1) * sw + 3;
+            let (s0, s1, s2) = (&r0[c0..c0 + len], &r1[c0..c0 + len], &r2[c0..c0 + len]);
+            let o = &mut row[a..b];
+            if sw == 1 {
+                for i in 0..n {
+                    o[i] += k3[0] * s0[i] + k3[1] * s0[i + 1] + k3[2] * s0[i + 2]
+                        + k3[3] * s1[i] + k3[4] * s1[i + 1] + k3[5] * s1[i + 2]
+                        + k3[6] * s2[i] + k3[7] * s2[i + 1] + k3[8] * s2[i + 2];
+                }
+            } else {
+                for i in 0..n {
+                    let c = i * sw;
+                    o[i] += k3[0] * s0[c] + k3[1] * s0[c + 1] + k3[2] * s0[c + 2]
+                        + k3[3] * s1[c] + k3[4] * s1[c + 1] + k3[5] * s1[c + 2]
+                        + k3[6] * s2[c] + k3[7] * s2[c + 1] + k3[8] * s2[c + 2];
+                }
+            }
+        }
         for ky in 0..kh {
             let iy = (oy * sh + ky * dh) as isize - pt as isize;
             if iy < 0 || iy >= h as isize {
@@ -512,6 +560,9 @@ fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias:
                 // Output columns whose input column ox*sw + shift lies inside the row.
                 let lo = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
                 let hi = if (w as isize - shift) <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw).min(ow) };
+                // The interior [a, b) is done already on the fast 3×3 path; do the edges.
+                let spans: [(usize, usize); 2] = if fast3 && b > a { [(lo, a.max(lo).min(hi)), (b.max(lo).min(hi), hi)] } else { [(lo, hi), (0, 0)] };
+                for (lo, hi) in spans {
                 if hi <= lo {
                     continue;
                 }
@@ -527,6 +578,7 @@ fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias:
                     for (o, &v) in row[lo..hi].iter_mut().zip(&tmp[lo..hi]) {
                         *o += wv * v;
                     }
+                }
                 }
             }
         }
