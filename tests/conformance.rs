@@ -1,5 +1,5 @@
 //! ONNX backend conformance: every case in `tests/conformance/expected_pass.txt` must pass on
-//! the reference backend. The cases are generated from the pinned onnx package by
+//! the reference backend and on the cpu backend. The cases are generated from the pinned onnx package by
 //! `tests/conformance/gen_onnx_cases.py` (the README's test command does it) into
 //! `target/onnx-cases`, or the directory named by `AIM_ONNX_CASES`.
 //!
@@ -20,6 +20,15 @@ fn cases_dir() -> PathBuf {
 
 #[test]
 fn onnx_node_conformance_reference_backend() {
+    conformance(Backend::Reference);
+}
+
+#[test]
+fn onnx_node_conformance_cpu_backend() {
+    conformance(Backend::Cpu);
+}
+
+fn conformance(backend: Backend) {
     let dir = cases_dir();
     let required = std::env::var("AIM_REQUIRE_CONFORMANCE").is_ok_and(|v| v == "1");
     if !dir.is_dir() {
@@ -36,7 +45,7 @@ fn onnx_node_conformance_reference_backend() {
     let mut seen = BTreeSet::new();
     for c in &cases {
         let name = c.file_name().unwrap().to_string_lossy().into_owned();
-        let outcome = run_case(c, Backend::Reference);
+        let outcome = run_case(c, backend);
         match &outcome {
             Outcome::Pass => pass += 1,
             Outcome::Fail(_) => fail += 1,
@@ -52,7 +61,7 @@ fn onnx_node_conformance_reference_backend() {
         }
     }
     let absent: Vec<&&str> = expected.iter().filter(|e| !seen.contains(**e)).collect();
-    println!("ONNX node conformance (reference): {} cases: {pass} passed, {fail} failed, {skip} skipped", cases.len());
+    println!("ONNX node conformance ({backend:?}): {} cases: {pass} passed, {fail} failed, {skip} skipped", cases.len());
     if !newly.is_empty() {
         println!("passing but not listed in expected_pass.txt (add them): {}", newly.join(", "));
     }

@@ -15,8 +15,9 @@ python3 tests/models/make_models.py target/models
 
 cargo build --release --locked
 
-echo "== benchmark models: aim (reference backend) against ONNX Runtime"
-python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50
+echo "== benchmark models: aim against ONNX Runtime (reference and cpu backends)"
+python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50 --backend reference
+python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50 --backend cpu
 
 echo "== unit, snapshot, fuzz-corpus and conformance tests"
 AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_REQUIRE_CONFORMANCE=1 cargo test --workspace --release --locked
