@@ -64,6 +64,9 @@ pub enum Error {
     /// A compile-time pass failed.
     #[error("{path}: {source}")]
     Pass { path: String, source: aim_compiler::passes::PassError },
+    /// Code generation failed.
+    #[error("{path}: {source}")]
+    Codegen { path: String, source: aim_compiler::codegen::CodegenError },
     /// A `--cpu` value that names no ISA level.
     #[error(transparent)]
     Cpu(#[from] aim_compiler::target::UnknownCpu),
@@ -152,7 +155,8 @@ impl Model {
                 aim_compiler::passes::run_pipeline(&mut g, aim_compiler::passes::CPU_PIPELINE, false)
                     .map_err(|source| Error::Pass { path: p.clone(), source })?;
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
-                let prog = aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads)?;
+                let code = aim_compiler::codegen::generate(&g, &target).map_err(|source| Error::Codegen { path: p.clone(), source })?;
+                let prog = aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code)?;
                 Exec::Cpu(Box::new(prog))
             }
         };

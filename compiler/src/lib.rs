@@ -4,6 +4,8 @@
 //! code checked in so no protoc is needed), external data, and opset normalisation into
 //! aim's canonical op forms. The graph passes, scheduling and code generators join it here.
 
+pub mod codegen;
+pub mod ewprog;
 pub mod onnx;
 pub mod passes;
 pub mod target;

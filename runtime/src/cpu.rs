@@ -8,11 +8,24 @@ use aim_ir::{DType, Graph, Node, Tensor};
 use aim_kernels::gemm::{gemm, Activation, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel};
 use std::collections::HashMap;
 
+/// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
+pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize);
+
+/// Machine code generated for a program's nodes, by node index, and what keeps it alive.
+#[derive(Default)]
+pub struct Generated {
+    /// The loops of `aim:Elementwise` nodes.
+    pub elementwise: HashMap<usize, ElementwiseFn>,
+    /// The owner of the code (a JIT module): held as long as the program lives.
+    pub owner: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+}
+
 /// Per-node work prepared at load time.
 enum Prepared {
     Conv(Box<ConvPrep>),
     Depthwise(Box<DepthwisePrep>),
     Dense(Box<DensePrep>),
+    Elementwise(ElementwiseFn),
 }
 
 struct Geometry {
@@ -74,13 +87,15 @@ pub struct CpuProgram {
     pool: ThreadPool,
     isa: Isa,
     blocking: Blocking,
+    /// Keeps generated code mapped.
+    _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl CpuProgram {
     /// Prepares `graph` (already optimised by the compiler's passes): packs the weights of
-    /// every `aim:Conv` and `aim:Dense` node for `isa` with `blocking`, and starts `threads`
-    /// threads.
-    pub fn new(graph: Graph, isa: Isa, blocking: Blocking, threads: usize) -> Result<CpuProgram, RunError> {
+    /// every `aim:Conv` and `aim:Dense` node for `isa` with `blocking`, takes the generated
+    /// loops of `aim:Elementwise` nodes from `code`, and starts `threads` threads.
+    pub fn new(graph: Graph, isa: Isa, blocking: Blocking, threads: usize, code: Generated) -> Result<CpuProgram, RunError> {
         let mut prepared = HashMap::new();
         for (i, n) in graph.nodes.iter().enumerate() {
             if n.domain != "aim" {
@@ -89,11 +104,12 @@ impl CpuProgram {
             let p = match n.op.as_str() {
                 "Conv" => prepare_conv(&graph, n, isa, blocking)?,
                 "Dense" => prepare_dense(&graph, n, isa, blocking)?,
+                "Elementwise" => Prepared::Elementwise(*code.elementwise.get(&i).ok_or_else(|| prep_err(n, "no code was generated for this node"))?),
                 _ => return Err(prep_err(n, "unknown aim op")),
             };
             prepared.insert(i, p);
         }
-        Ok(CpuProgram { graph, prepared, pool: ThreadPool::new(threads), isa, blocking })
+        Ok(CpuProgram { graph, prepared, pool: ThreadPool::new(threads), isa, blocking, _code: code.owner })
     }
 
     /// The optimised graph this program runs.
@@ -144,6 +160,7 @@ impl Runner for CpuProgram {
                 }
                 run_node(n, ins, scope)
             }
+            Some(Prepared::Elementwise(f)) => Ok(vec![run_elementwise(*f, ins, &self.pool).map_err(fail)?]),
             Some(p) => {
                 let x = ins.first().and_then(|t| t.as_ref()).ok_or_else(|| fail("input 0 is missing".into()))?;
                 if x.dtype() != DType::F32 {
@@ -154,6 +171,7 @@ impl Runner for CpuProgram {
                     Prepared::Conv(c) => run_conv(c, x, residual, self.isa, self.blocking, &self.pool),
                     Prepared::Depthwise(d) => run_depthwise(d, x, residual, &self.pool),
                     Prepared::Dense(d) => run_dense(d, x, residual, self.isa, self.blocking, &self.pool),
+                    Prepared::Elementwise(_) => unreachable!("handled above"),
                 };
                 Ok(vec![y.map_err(fail)?])
             }
@@ -591,6 +609,38 @@ fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias:
             None => row.iter_mut().for_each(|v| *v = act.apply(*v)),
         }
     }
+}
+
+/// Input pointers of a generated loop, shared by the tasks that call it.
+#[derive(Clone, Copy)]
+struct Ptrs<'a>(&'a [*const f32]);
+// SAFETY: the tensors behind the pointers are only read, and outlive the call.
+unsafe impl Send for Ptrs<'_> {}
+unsafe impl Sync for Ptrs<'_> {}
+
+/// Runs a generated elementwise loop over its inputs, in chunks on the pool. The inputs must
+/// all be f32 of one shape: the loop reads and writes exactly `len` elements of each.
+fn run_elementwise(f: ElementwiseFn, ins: &[Option<Tensor>], pool: &ThreadPool) -> Result<Tensor, String> {
+    let ts: Vec<&Tensor> = ins.iter().map(|t| t.as_ref().ok_or("an input is missing")).collect::<Result<_, _>>()?;
+    let first = ts.first().ok_or("no inputs")?;
+    for t in &ts {
+        if t.dtype() != DType::F32 || t.shape() != first.shape() {
+            return Err(format!("inputs must all be f32{:?}, got {}{:?}", first.shape(), t.dtype(), t.shape()));
+        }
+    }
+    let n = first.len();
+    let mut y = Tensor::zeros(DType::F32, first.shape());
+    let ptrs: Vec<*const f32> = ts.iter().map(|t| t.data::<f32>().as_ptr()).collect();
+    let (ptrs, out) = (Ptrs(&ptrs), OutPtr(y.data_mut::<f32>().as_mut_ptr()));
+    const CHUNK: usize = 16 * 1024;
+    pool.for_each(n.div_ceil(CHUNK), &|c| {
+        let (ptrs, out) = (ptrs, out);
+        let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(n));
+        // SAFETY: every input and the output hold n elements and start <= end <= n; the
+        // loop touches [start, end) of each; chunks write disjoint ranges of the output.
+        unsafe { f(ptrs.0.as_ptr(), out.0, start, end) };
+    });
+    Ok(y)
 }
 
 fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {

@@ -5,6 +5,7 @@ mod const_fold;
 mod dce;
 mod fold_batchnorm;
 mod fuse;
+mod fuse_elementwise;
 mod uses;
 
 pub use fuse::{ACTIVATION, CLIP_MAX, CLIP_MIN, SOURCES};
@@ -37,6 +38,8 @@ pub const CPU_PIPELINE: &[Pass] = &[
     Pass { name: "dead-code-elimination", run: dce::run },
     Pass { name: "fold-batchnorm", run: fold_batchnorm::run },
     Pass { name: "fuse-epilogues", run: fuse::run },
+    Pass { name: "infer-types", run: infer },
+    Pass { name: "fuse-elementwise", run: fuse_elementwise::run },
     Pass { name: "dead-code-elimination", run: dce::run },
     Pass { name: "infer-types", run: infer },
 ];

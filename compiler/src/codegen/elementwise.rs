@@ -1,0 +1,308 @@
+//! Fused elementwise loops: an `aim:Elementwise` program becomes
+//! `fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize)`, computing
+//! `out[i] = program(inputs[0][i], ...)` for `start <= i < end`: four lanes at a time in
+//! f32x4 vectors (Cranelift's SIMD width on x86-64), then one at a time for the tail. exp,
+//! erf, tanh and sigmoid use the same approximations as `aim_kernels::fast::math`, whose
+//! errors are stated and tested there; the generated code is tested against them.
+
+use super::{CodegenError, Jit};
+use crate::ewprog::{Binary, Inst, Operand, Unary};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::isa::TargetFrontendConfig;
+use cranelift_codegen::ir::{types, AbiParam, Function, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{FuncId, Linkage, Module};
+
+/// Emits the program for one element type (F32 for the tail, F32X4 for the body).
+struct Emit<'a, 'b> {
+    b: &'a mut FunctionBuilder<'b>,
+    ty: Type,
+    /// Flags of the bitcasts (native endianness).
+    cast: MemFlagsData,
+}
+
+impl Emit<'_, '_> {
+    fn ity(&self) -> Type {
+        if self.ty == types::F32X4 { types::I32X4 } else { types::I32 }
+    }
+
+    fn f(&mut self, c: f32) -> Value {
+        let s = self.b.ins().f32const(c);
+        if self.ty == types::F32X4 { self.b.ins().splat(types::F32X4, s) } else { s }
+    }
+
+    fn i(&mut self, c: i32) -> Value {
+        let s = self.b.ins().iconst(types::I32, c as i64);
+        if self.ty == types::F32X4 { self.b.ins().splat(types::I32X4, s) } else { s }
+    }
+
+    fn bits(&mut self, v: Value) -> Value {
+        let ity = self.ity();
+        let c = self.cast;
+        self.b.ins().bitcast(ity, c, v)
+    }
+
+    fn float(&mut self, v: Value) -> Value {
+        let ty = self.ty;
+        let c = self.cast;
+        self.b.ins().bitcast(ty, c, v)
+    }
+
+    /// `cond ? a : b` for a float comparison result.
+    fn select(&mut self, cond: Value, a: Value, b: Value) -> Value {
+        if self.ty == types::F32X4 {
+            let mask = self.float(cond);
+            self.b.ins().bitselect(mask, a, b)
+        } else {
+            self.b.ins().select(cond, a, b)
+        }
+    }
+
+    fn lt(&mut self, x: Value, c: f32) -> Value {
+        let k = self.f(c);
+        self.b.ins().fcmp(FloatCC::LessThan, x, k)
+    }
+
+    /// Horner evaluation of `coeffs[0] + x·(coeffs[1] + x·(...))`.
+    fn poly(&mut self, x: Value, coeffs: &[f32]) -> Value {
+        let mut acc = self.f(coeffs[coeffs.len() - 1]);
+        for &c in coeffs[..coeffs.len() - 1].iter().rev() {
+            let m = self.b.ins().fmul(acc, x);
+            let k = self.f(c);
+            acc = self.b.ins().fadd(m, k);
+        }
+        acc
+    }
+
+    /// `magnitude` with the sign of `sign`.
+    fn copysign(&mut self, magnitude: Value, sign: Value) -> Value {
+        let (m, s) = (self.bits(magnitude), self.bits(sign));
+        let (keep, sbit) = (self.i(0x7fff_ffff), self.i(i32::MIN));
+        let m = self.b.ins().band(m, keep);
+        let s = self.b.ins().band(s, sbit);
+        let r = self.b.ins().bor(m, s);
+        self.float(r)
+    }
+
+    /// `x < c ? c : x` (cheaper than `fmax`, whose NaN and ±0 rules cost extra code; a NaN
+    /// input stays NaN).
+    fn at_least(&mut self, x: Value, c: f32) -> Value {
+        let k = self.f(c);
+        let below = self.b.ins().fcmp(FloatCC::LessThan, x, k);
+        self.select(below, k, x)
+    }
+
+    /// `x > c ? c : x`.
+    fn at_most(&mut self, x: Value, c: f32) -> Value {
+        let k = self.f(c);
+        let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, k);
+        self.select(above, k, x)
+    }
+
+    fn exp(&mut self, x: Value) -> Value {
+        let under = self.lt(x, -87.3);
+        let x = self.at_least(x, -87.3);
+        let x = self.at_most(x, 88.7);
+        let l2e = self.f(std::f32::consts::LOG2_E);
+        let t = self.b.ins().fmul(x, l2e);
+        let n = self.b.ins().nearest(t);
+        let (c1, c2) = (self.f(0.693_145_75), self.f(1.428_606_8e-6));
+        let a = self.b.ins().fmul(n, c1);
+        let r = self.b.ins().fsub(x, a);
+        let a2 = self.b.ins().fmul(n, c2);
+        let r = self.b.ins().fsub(r, a2);
+        let p = self.poly(r, &[1.0, 1.0, 0.5, 0.166_666_67, 0.041_666_42, 0.008_333_45, 0.001_388_89]);
+        // 2^n without a float-to-int conversion: n + (1.5·2^23 + 127) holds n + 127 in its
+        // low mantissa bits; shifting them into the exponent field drops everything else.
+        let magic = self.f(12_583_039.0);
+        let biased = self.b.ins().fadd(n, magic);
+        let e = self.bits(biased);
+        let e = self.b.ins().ishl_imm_u(e, 23);
+        let scale = self.float(e);
+        let v = self.b.ins().fmul(scale, p);
+        let zero = self.f(0.0);
+        self.select(under, zero, v)
+    }
+
+    fn erf(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let x2 = self.b.ins().fmul(x, x);
+        let sp = self.poly(x2, &[1.128_379_2, -0.376_126_4, 0.112_837_92, -0.026_866_17, 0.005_223_977, -0.000_854_832, 0.000_120_549_3, -1.492_4e-5]);
+        let small = self.b.ins().fmul(x, sp);
+        let (one, p) = (self.f(1.0), self.f(0.327_591_1));
+        let pa = self.b.ins().fmul(p, a);
+        let den = self.b.ins().fadd(one, pa);
+        let t = self.b.ins().fdiv(one, den);
+        let q = self.poly(t, &[0.254_829_6, -0.284_496_74, 1.421_413_7, -1.453_152_1, 1.061_405_4]);
+        let poly = self.b.ins().fmul(t, q);
+        let aa = self.b.ins().fmul(a, a);
+        let naa = self.b.ins().fneg(aa);
+        let e = self.exp(naa);
+        let pe = self.b.ins().fmul(poly, e);
+        let big = self.b.ins().fsub(one, pe);
+        let big = self.copysign(big, x);
+        let c = self.lt(a, 0.84);
+        self.select(c, small, big)
+    }
+
+    fn tanh(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let x2 = self.b.ins().fmul(x, x);
+        let sp = self.poly(x2, &[1.0, -0.333_333_34, 0.133_333_33, -0.053_968_25, 0.021_869_49]);
+        let small = self.b.ins().fmul(x, sp);
+        let a2 = self.b.ins().fadd(a, a);
+        let e = self.exp(a2);
+        let (one, two) = (self.f(1.0), self.f(2.0));
+        let d = self.b.ins().fadd(e, one);
+        let q = self.b.ins().fdiv(two, d);
+        let big = self.b.ins().fsub(one, q);
+        let big = self.copysign(big, x);
+        let c = self.lt(a, 0.3);
+        self.select(c, small, big)
+    }
+
+    fn sigmoid(&mut self, x: Value) -> Value {
+        let nx = self.b.ins().fneg(x);
+        let e = self.exp(nx);
+        let one = self.f(1.0);
+        let d = self.b.ins().fadd(one, e);
+        self.b.ins().fdiv(one, d)
+    }
+
+    /// Emits the whole program over `inputs` (one loaded value per node input).
+    fn program(&mut self, prog: &[Inst], inputs: &[Value]) -> Value {
+        let mut vals: Vec<Value> = Vec::with_capacity(prog.len());
+        for inst in prog {
+            let v = match *inst {
+                Inst::Input(k) => inputs[k],
+                Inst::Unary(u, a) => {
+                    let a = self.operand(&vals, a);
+                    match u {
+                        Unary::Neg => self.b.ins().fneg(a),
+                        Unary::Abs => self.b.ins().fabs(a),
+                        Unary::Sqrt => self.b.ins().sqrt(a),
+                        Unary::Relu => {
+                            let z = self.f(0.0);
+                            self.b.ins().fmax(a, z)
+                        }
+                        Unary::Exp => self.exp(a),
+                        Unary::Erf => self.erf(a),
+                        Unary::Tanh => self.tanh(a),
+                        Unary::Sigmoid => self.sigmoid(a),
+                        Unary::Reciprocal => {
+                            let one = self.f(1.0);
+                            self.b.ins().fdiv(one, a)
+                        }
+                    }
+                }
+                Inst::Binary(op, x, y) => {
+                    let (x, y) = (self.operand(&vals, x), self.operand(&vals, y));
+                    match op {
+                        Binary::Add => self.b.ins().fadd(x, y),
+                        Binary::Sub => self.b.ins().fsub(x, y),
+                        Binary::Mul => self.b.ins().fmul(x, y),
+                        Binary::Div => self.b.ins().fdiv(x, y),
+                        Binary::Max => self.b.ins().fmax(x, y),
+                        Binary::Min => self.b.ins().fmin(x, y),
+                    }
+                }
+                Inst::Clip(a, lo, hi) => {
+                    let a = self.operand(&vals, a);
+                    let m = self.at_least(a, lo);
+                    self.at_most(m, hi)
+                }
+                Inst::LeakyRelu(a, alpha) => {
+                    let a = self.operand(&vals, a);
+                    let k = self.f(alpha);
+                    let scaled = self.b.ins().fmul(a, k);
+                    let neg = self.lt(a, 0.0);
+                    self.select(neg, scaled, a)
+                }
+            };
+            vals.push(v);
+        }
+        *vals.last().expect("programs are not empty")
+    }
+
+    fn operand(&mut self, vals: &[Value], o: Operand) -> Value {
+        match o {
+            Operand::Ref(i) => vals[i],
+            Operand::Const(c) => self.f(c),
+        }
+    }
+}
+
+/// Builds the CLIF function of a program with `n_inputs` inputs.
+pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cfg: TargetFrontendConfig) {
+    let ptr = types::I64;
+    for _ in 0..4 {
+        func.signature.params.push(AbiParam::new(ptr));
+    }
+    let mut fbc = FunctionBuilderContext::new();
+    let mut b = FunctionBuilder::new(func, &mut fbc);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    let (vec_head, vec_body, tail_head, tail_body, exit) = (b.create_block(), b.create_block(), b.create_block(), b.create_block(), b.create_block());
+    for blk in [vec_head, vec_body, tail_head, tail_body] {
+        b.append_block_param(blk, ptr);
+    }
+    b.switch_to_block(entry);
+    let params = b.block_params(entry).to_vec();
+    let (ins, out, start, end) = (params[0], params[1], params[2], params[3]);
+    // The data is only ever read and written inside [start, end) of each buffer (checked by
+    // the caller), so accesses cannot trap; they need not be aligned.
+    let flags = MemFlagsData::new().with_notrap();
+    let cast = MemFlagsData::new();
+    let bases: Vec<Value> = (0..n_inputs).map(|k| b.ins().load(ptr, flags, ins, (k * 8) as i32)).collect();
+    b.ins().jump(vec_head, &[start.into()]);
+
+    b.switch_to_block(vec_head);
+    let i = b.block_params(vec_head)[0];
+    let i4 = b.ins().iadd_imm_s(i, 4);
+    let fits = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, i4, end);
+    b.ins().brif(fits, vec_body, &[i.into()], tail_head, &[i.into()]);
+
+    for (blk, ty, step) in [(vec_body, types::F32X4, 4), (tail_body, types::F32, 1)] {
+        b.switch_to_block(blk);
+        let i = b.block_params(blk)[0];
+        let off = b.ins().ishl_imm_u(i, 2);
+        let loaded: Vec<Value> = bases
+            .iter()
+            .map(|&base| {
+                let addr = b.ins().iadd(base, off);
+                b.ins().load(ty, flags, addr, 0)
+            })
+            .collect();
+        let v = Emit { b: &mut b, ty, cast }.program(prog, &loaded);
+        let addr = b.ins().iadd(out, off);
+        b.ins().store(flags, v, addr, 0);
+        let next = b.ins().iadd_imm_s(i, step);
+        let back = if step == 4 { vec_head } else { tail_head };
+        b.ins().jump(back, &[next.into()]);
+    }
+
+    b.switch_to_block(tail_head);
+    let i = b.block_params(tail_head)[0];
+    let more = b.ins().icmp(IntCC::UnsignedLessThan, i, end);
+    b.ins().brif(more, tail_body, &[i.into()], exit, &[]);
+
+    b.switch_to_block(exit);
+    b.ins().return_(&[]);
+    b.seal_all_blocks();
+    b.finalize(cfg);
+}
+
+/// Compiles one `aim:Elementwise` node's program into `jit` (call
+/// `JITModule::finalize_definitions` afterwards, through [`Jit`]).
+pub fn compile_elementwise(jit: &mut Jit, node: &str, prog: &[Inst], n_inputs: usize) -> Result<FuncId, CodegenError> {
+    let err = |msg: String| CodegenError { node: node.to_string(), msg };
+    let module = jit.module();
+    let mut ctx = module.make_context();
+    let cfg = module.isa().frontend_config();
+    lower_elementwise(prog, n_inputs, &mut ctx.func, cfg);
+    let name = format!("aim_ew_{}", module.declarations().get_functions().count());
+    let id = module.declare_function(&name, Linkage::Local, &ctx.func.signature).map_err(|e| err(e.to_string()))?;
+    module.define_function(id, &mut ctx).map_err(|e| err(format!("{e:?}")))?;
+    module.clear_context(&mut ctx);
+    Ok(id)
+}

@@ -1,0 +1,115 @@
+//! Code generation with Cranelift: functions compiled for the target into memory (JIT), the
+//! module kept alive as long as any program uses its code.
+//!
+//! Today this generates the fused elementwise loops (`elementwise.rs`); the loop nests of
+//! other fused groups and the AOT object emission will join it.
+
+mod elementwise;
+
+pub use elementwise::{compile_elementwise, lower_elementwise};
+
+use crate::target::Target;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_jit::{JITBuilder, JITModule};
+
+/// Why code could not be generated.
+#[derive(Debug, thiserror::Error)]
+#[error("code generation for node '{node}': {msg}")]
+pub struct CodegenError {
+    /// The node being compiled (empty for module-level failures).
+    pub node: String,
+    /// What went wrong.
+    pub msg: String,
+}
+
+/// The Cranelift ISA for a target: the host's, with `opt_level=speed` and the features the
+/// target (capped by `--cpu`) does not have turned off.
+pub fn isa_for(target: &Target) -> Result<OwnedTargetIsa, CodegenError> {
+    let err = |msg: String| CodegenError { node: String::new(), msg };
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").map_err(|e| err(e.to_string()))?;
+    let mut isa = cranelift_native::builder().map_err(|e| err(e.to_string()))?;
+    if target.arch == "x86_64" {
+        let f = &target.features;
+        let caps = [
+            ("has_sse41", f.sse41),
+            ("has_sse42", f.sse42),
+            ("has_avx", f.avx),
+            ("has_avx2", f.avx2),
+            ("has_fma", f.fma),
+            ("has_avx512f", f.avx512f),
+            ("has_avx512vl", f.avx512vl),
+            ("has_avx512dq", f.avx512dq),
+        ];
+        for (name, on) in caps {
+            if !on {
+                isa.set(name, "false").map_err(|e| err(format!("{name}: {e}")))?;
+            }
+        }
+    }
+    isa.finish(settings::Flags::new(flags)).map_err(|e| err(e.to_string()))
+}
+
+/// Generates machine code for every `aim:Elementwise` node of an optimised graph.
+pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::Generated, CodegenError> {
+    let mut ids = Vec::new();
+    let mut jit: Option<Jit> = None;
+    for (i, n) in g.nodes.iter().enumerate() {
+        if n.domain != "aim" || n.op != "Elementwise" {
+            continue;
+        }
+        let err = |msg: String| CodegenError { node: n.name.clone(), msg };
+        let prog = crate::ewprog::parse(n.strings("program").ok_or_else(|| err("no program".into()))?).map_err(err)?;
+        let j = match &mut jit {
+            Some(j) => j,
+            None => jit.insert(Jit::new(target)?),
+        };
+        ids.push((i, compile_elementwise(j, &n.name, &prog, n.inputs.len())?));
+    }
+    let Some(mut jit) = jit else { return Ok(aim_runtime::cpu::Generated::default()) };
+    jit.module().finalize_definitions().map_err(|e| CodegenError { node: String::new(), msg: e.to_string() })?;
+    let mut out = aim_runtime::cpu::Generated::default();
+    for (i, id) in ids {
+        let p = jit.module().get_finalized_function(id);
+        // SAFETY: the function was generated with exactly this signature (four
+        // pointer-sized integer parameters, no return value, the platform C convention).
+        let f: aim_runtime::cpu::ElementwiseFn = unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::ElementwiseFn>(p) };
+        out.elementwise.insert(i, f);
+    }
+    out.owner = Some(std::sync::Arc::new(jit));
+    Ok(out)
+}
+
+/// A JIT module owning generated code. The code stays mapped until this is dropped, so
+/// programs hold it in an `Arc` next to the function pointers they call.
+pub struct Jit {
+    module: Option<JITModule>,
+}
+
+// SAFETY: after `finalize`, the module's code is immutable and only read (executed); the
+// module itself is not touched again until it is dropped.
+unsafe impl Send for Jit {}
+unsafe impl Sync for Jit {}
+
+impl Jit {
+    /// A JIT module for `target`.
+    pub fn new(target: &Target) -> Result<Jit, CodegenError> {
+        let builder = JITBuilder::with_isa(isa_for(target)?, cranelift_module::default_libcall_names());
+        Ok(Jit { module: Some(JITModule::new(builder)) })
+    }
+
+    pub(crate) fn module(&mut self) -> &mut JITModule {
+        self.module.as_mut().expect("the module lives until drop")
+    }
+}
+
+impl Drop for Jit {
+    fn drop(&mut self) {
+        if let Some(m) = self.module.take() {
+            // SAFETY: the programs that call into this code hold the Jit in an Arc, so it is
+            // dropped only once no function pointer into it can be called any more.
+            unsafe { m.free_memory() };
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Elementwise fusion: a chain of f32 elementwise ops over tensors of one shape (scalar
+//! constants allowed) becomes one `aim:Elementwise` node whose `program` the code generator
+//! turns into a single loop — one pass over memory instead of one per op (GELU's five ops,
+//! for example).
+
+use super::{fuse::sources_of, uses::readers, PassError, SOURCES};
+use crate::ewprog::{Binary, Inst, Operand, Unary};
+use aim_ir::{Attr, DType, Graph, Node};
+
+fn unary(op: &str) -> Option<Unary> {
+    Some(match op {
+        "Neg" => Unary::Neg,
+        "Abs" => Unary::Abs,
+        "Sqrt" => Unary::Sqrt,
+        "Relu" => Unary::Relu,
+        "Exp" => Unary::Exp,
+        "Erf" => Unary::Erf,
+        "Tanh" => Unary::Tanh,
+        "Sigmoid" => Unary::Sigmoid,
+        "Reciprocal" => Unary::Reciprocal,
+        _ => return None,
+    })
+}
+
+fn binary(op: &str) -> Option<Binary> {
+    Some(match op {
+        "Add" => Binary::Add,
+        "Sub" => Binary::Sub,
+        "Mul" => Binary::Mul,
+        "Div" => Binary::Div,
+        "Max" => Binary::Max,
+        "Min" => Binary::Min,
+        _ => return None,
+    })
+}
+
+/// Builds a fused program from a chain of nodes.
+struct Builder<'g> {
+    g: &'g Graph,
+    shape: Vec<usize>,
+    insts: Vec<Inst>,
+    inputs: Vec<String>,
+    /// Value name → instruction computing it.
+    defined: Vec<(String, usize)>,
+}
+
+impl Builder<'_> {
+    /// The operand for value `v`: a constant scalar, a group value, or a new input.
+    fn operand(&mut self, v: &str) -> Option<Operand> {
+        if let Some((_, i)) = self.defined.iter().find(|(n, _)| n == v) {
+            return Some(Operand::Ref(*i));
+        }
+        if let Some(t) = self.g.initializers.get(v) {
+            return (t.dtype() == DType::F32 && t.len() == 1 && t.rank() <= self.shape.len()).then(|| Operand::Const(t.data::<f32>()[0]));
+        }
+        let ty = self.g.value_type(v)?;
+        if ty.dtype != Some(DType::F32) || ty.concrete_shape()? != self.shape {
+            return None;
+        }
+        let k = self.inputs.len();
+        self.inputs.push(v.to_string());
+        self.insts.push(Inst::Input(k));
+        let i = self.insts.len() - 1;
+        self.defined.push((v.to_string(), i));
+        Some(Operand::Ref(i))
+    }
+
+    /// Appends node `n`'s instruction, or returns false (and leaves the program as it was).
+    fn push(&mut self, n: &Node) -> bool {
+        let saved = (self.insts.len(), self.inputs.len(), self.defined.len());
+        let ok = self.try_push(n);
+        if !ok {
+            self.insts.truncate(saved.0);
+            self.inputs.truncate(saved.1);
+            self.defined.truncate(saved.2);
+        }
+        ok
+    }
+
+    fn try_push(&mut self, n: &Node) -> bool {
+        if !n.domain.is_empty() || n.outputs.len() != 1 {
+            return false;
+        }
+        let out_ok = self.g.value_type(&n.outputs[0]).is_some_and(|t| t.dtype == Some(DType::F32) && t.concrete_shape().as_deref() == Some(&self.shape[..]));
+        if !out_ok {
+            return false;
+        }
+        let inst = if let Some(u) = unary(&n.op) {
+            match n.input(0).and_then(|v| self.operand(v)) {
+                Some(a) if n.inputs.len() == 1 => Inst::Unary(u, a),
+                _ => return false,
+            }
+        } else if let Some(b) = binary(&n.op) {
+            if n.inputs.len() != 2 {
+                return false;
+            }
+            match (self.operand(&n.inputs[0]), self.operand(&n.inputs[1])) {
+                (Some(x), Some(y)) => Inst::Binary(b, x, y),
+                _ => return false,
+            }
+        } else if n.op == "LeakyRelu" {
+            match n.input(0).and_then(|v| self.operand(v)) {
+                Some(a) => Inst::LeakyRelu(a, n.float("alpha", 0.01)),
+                None => return false,
+            }
+        } else if n.op == "Clip" {
+            let bound = |i: usize, d: f32| -> Option<f32> {
+                match n.input(i) {
+                    None => Some(d),
+                    Some(v) => self.g.initializers.get(v).filter(|t| t.dtype() == DType::F32 && t.len() == 1).map(|t| t.data::<f32>()[0]),
+                }
+            };
+            match (bound(1, f32::NEG_INFINITY), bound(2, f32::INFINITY), n.input(0).and_then(|v| self.operand(v))) {
+                (Some(lo), Some(hi), Some(a)) => Inst::Clip(a, lo, hi),
+                _ => return false,
+            }
+        } else {
+            return false;
+        };
+        self.insts.push(inst);
+        self.defined.push((n.outputs[0].clone(), self.insts.len() - 1));
+        true
+    }
+}
+
+/// Fuses chains of two or more elementwise nodes.
+pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    let mut i = 0;
+    while i < g.nodes.len() {
+        let r = readers(g);
+        let start = &g.nodes[i];
+        let Some(shape) = start.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.concrete_shape()) else {
+            i += 1;
+            continue;
+        };
+        let mut b = Builder { g, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
+        if !b.push(start) {
+            i += 1;
+            continue;
+        }
+        let mut members = vec![i];
+        let mut out = start.outputs[0].clone();
+        // Extend while the current value has exactly one reader, later in the graph, that fits.
+        while let Some(&[next]) = r.get(&out).map(|v| v.as_slice()) {
+            let saved = (b.insts.len(), b.inputs.len(), b.defined.len());
+            if next == usize::MAX || next <= *members.last().unwrap() || !b.push(&g.nodes[next]) {
+                break;
+            }
+            // Every value the group computed so far must be read only inside the group.
+            let inside = b.defined.iter().filter(|(n, _)| !b.inputs.contains(n)).all(|(n, _)| {
+                r.get(n).is_some_and(|rs| rs.iter().all(|x| members.contains(x) || *x == next))
+                    || *n == g.nodes[next].outputs[0]
+            });
+            if !inside {
+                b.insts.truncate(saved.0);
+                b.inputs.truncate(saved.1);
+                b.defined.truncate(saved.2);
+                break;
+            }
+            members.push(next);
+            out = g.nodes[next].outputs[0].clone();
+        }
+        if members.len() < 2 {
+            i += 1;
+            continue;
+        }
+        let (insts, inputs) = (b.insts.clone(), b.inputs.clone());
+        let mut sources = Vec::new();
+        for &m in &members {
+            sources.extend(sources_of(&g.nodes[m]));
+        }
+        let last = *members.last().unwrap();
+        let fused = Node {
+            name: g.nodes[members[0]].name.clone(),
+            op: "Elementwise".into(),
+            domain: "aim".into(),
+            inputs,
+            outputs: vec![out],
+            attrs: [
+                ("program".to_string(), Attr::Strings(insts.iter().map(|x| x.to_text()).collect())),
+                (SOURCES.to_string(), Attr::Strings(sources)),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        g.nodes[last] = fused;
+        let mut gone: Vec<usize> = members[..members.len() - 1].to_vec();
+        gone.sort_unstable_by(|a, b| b.cmp(a));
+        for k in gone {
+            g.nodes.remove(k);
+        }
+        // The node at i is now the next one (or the fused node if i was the last member).
+    }
+    Ok(())
+}
