@@ -152,7 +152,7 @@ impl Model {
             Backend::Cpu => {
                 let target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
                 let mut g = ir.graph.clone();
-                aim_compiler::passes::run_pipeline(&mut g, aim_compiler::passes::CPU_PIPELINE, false)
+                aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), false)
                     .map_err(|source| Error::Pass { path: p.clone(), source })?;
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
                 let code = aim_compiler::codegen::generate(&g, &target).map_err(|source| Error::Codegen { path: p.clone(), source })?;

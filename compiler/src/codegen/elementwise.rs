@@ -306,3 +306,85 @@ pub fn compile_elementwise(jit: &mut Jit, node: &str, prog: &[Inst], n_inputs: u
     module.clear_context(&mut ctx);
     Ok(id)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::generate;
+    use crate::target::Target;
+    use aim_ir::{Attr, Graph, Node};
+
+    /// Compiles `program` as the only node of a graph, for the host and for the SSE4.2
+    /// baseline, and runs it over `xs`.
+    fn run(program: &[&str], xs: &[f32]) -> Vec<Vec<f32>> {
+        let mut g = Graph::default();
+        g.nodes.push(Node {
+            name: "n".into(),
+            op: "Elementwise".into(),
+            domain: "aim".into(),
+            inputs: vec!["x".into()],
+            outputs: vec!["y".into()],
+            attrs: [("program".to_string(), Attr::Strings(program.iter().map(|s| s.to_string()).collect()))].into_iter().collect(),
+        });
+        ["native", "x86-64-v2"]
+            .iter()
+            .map(|cpu| {
+                let target = Target::host().with_cpu(cpu).unwrap();
+                let code = generate(&g, &target).unwrap();
+                let f = code.elementwise[&0];
+                let mut out = vec![f32::NAN; xs.len()];
+                let ins = [xs.as_ptr()];
+                // SAFETY: one input of xs.len() elements, an output as long.
+                unsafe { f(ins.as_ptr(), out.as_mut_ptr(), 0, xs.len()) };
+                out
+            })
+            .collect()
+    }
+
+    fn grid(lo: f32, hi: f32, n: usize) -> Vec<f32> {
+        (0..=n).map(|i| lo + (hi - lo) * i as f32 / n as f32).collect()
+    }
+
+    #[test]
+    fn generated_math_meets_the_stated_error_bounds() {
+        let xs = grid(-20.0, 20.0, 400_003);
+        let check = |op: &str, bound: f64, relative: bool, want: fn(f64) -> f64| {
+            for got in run(&["in 0", &format!("{op} 0")], &xs) {
+                let worst = xs
+                    .iter()
+                    .zip(&got)
+                    .map(|(&x, &g)| {
+                        let w = want(x as f64);
+                        let e = (g as f64 - w).abs();
+                        if relative { e / w.abs().max(1e-30) } else { e }
+                    })
+                    .fold(0.0, f64::max);
+                assert!(worst <= bound, "{op}: error {worst:e} > {bound:e}");
+            }
+        };
+        check("exp", 3e-7, true, f64::exp);
+        check("erf", 2.5e-7, false, aim_kernels::erf);
+        check("tanh", 3e-7, false, f64::tanh);
+        check("sigmoid", 3e-7, false, |x| 1.0 / (1.0 + (-x).exp()));
+    }
+
+    #[test]
+    fn tails_specials_and_arithmetic() {
+        // 7 elements: one f32x4 iteration and three scalar ones.
+        let xs = [-2.0f32, -0.5, 0.0, 0.5, 3.0, f32::NAN, 1e30];
+        let prog = ["in 0", "mul 0 c2.0", "add 1 c1.0", "clip 2 -1.0 5.0", "max 3 0", "leakyrelu 4 0.1"];
+        for got in run(&prog, &xs) {
+            for (i, &x) in xs.iter().enumerate() {
+                let v = (x * 2.0 + 1.0).clamp(-1.0, 5.0).max(x);
+                let want = if v >= 0.0 { v } else { 0.1 * v };
+                assert!(got[i] == want || (got[i].is_nan() && x.is_nan()), "at {x}: {} vs {want}", got[i]);
+            }
+        }
+        let big = run(&["in 0", "exp 0"], &[-1000.0, 1000.0, f32::NAN]);
+        for got in big {
+            assert_eq!(got[0], 0.0);
+            assert!(got[1] > 3e38);
+            assert!(got[2].is_nan());
+        }
+    }
+}

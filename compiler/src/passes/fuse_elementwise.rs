@@ -7,6 +7,11 @@ use super::{fuse::sources_of, uses::readers, PassError, SOURCES};
 use crate::ewprog::{Binary, Inst, Operand, Unary};
 use aim_ir::{Attr, DType, Graph, Node};
 
+/// Whether an op is a transcendental function (left out of fusion on wide-vector targets).
+fn transcendental(op: &str) -> bool {
+    matches!(op, "Exp" | "Erf" | "Tanh" | "Sigmoid")
+}
+
 fn unary(op: &str) -> Option<Unary> {
     Some(match op {
         "Neg" => Unary::Neg,
@@ -37,6 +42,8 @@ fn binary(op: &str) -> Option<Binary> {
 /// Builds a fused program from a chain of nodes.
 struct Builder<'g> {
     g: &'g Graph,
+    /// Whether exp/erf/tanh/sigmoid may join a fused loop.
+    transcendental: bool,
     shape: Vec<usize>,
     insts: Vec<Inst>,
     inputs: Vec<String>,
@@ -78,7 +85,7 @@ impl Builder<'_> {
     }
 
     fn try_push(&mut self, n: &Node) -> bool {
-        if !n.domain.is_empty() || n.outputs.len() != 1 {
+        if !n.domain.is_empty() || n.outputs.len() != 1 || (!self.transcendental && transcendental(&n.op)) {
             return false;
         }
         let out_ok = self.g.value_type(&n.outputs[0]).is_some_and(|t| t.dtype == Some(DType::F32) && t.concrete_shape().as_deref() == Some(&self.shape[..]));
@@ -123,8 +130,9 @@ impl Builder<'_> {
     }
 }
 
-/// Fuses chains of two or more elementwise nodes.
-pub fn run(g: &mut Graph) -> Result<(), PassError> {
+/// Fuses chains of two or more elementwise nodes (with transcendental functions only when
+/// `transcendental`).
+pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
     let mut i = 0;
     while i < g.nodes.len() {
         let r = readers(g);
@@ -133,7 +141,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             i += 1;
             continue;
         };
-        let mut b = Builder { g, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
+        let mut b = Builder { g, transcendental, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
         if !b.push(start) {
             i += 1;
             continue;
