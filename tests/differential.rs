@@ -59,7 +59,7 @@ fn check(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) {
 #[test]
 fn random_convolutions_with_fused_epilogues() {
     let mut r = Rng(42);
-    for case in 0..60 {
+    for case in 0..200 {
         let c = r.pick(&[1, 3, 8, 16]);
         let depthwise = r.pick(&[false, false, true]);
         let group = if depthwise { c } else { r.pick(&[1, 1, 1, if c % 2 == 0 { 2 } else { 1 }]) };

@@ -5,7 +5,7 @@
 use crate::exec::{run_node, run_with, RunError, Runner, Scope};
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node, Tensor};
-use aim_kernels::gemm::{gemm, Activation, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel};
+use aim_kernels::gemm::{gemm, gemm_lazy_b, Activation, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel};
 use std::collections::HashMap;
 
 /// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
@@ -153,22 +153,46 @@ impl Runner for CpuProgram {
                 if n.domain.is_empty() {
                     if let Some(k) = aim_kernels::fast::kernel(&n.op) {
                         let cx = aim_kernels::fast::Ctx { par: &self.pool, isa: self.isa, blocking: self.blocking };
-                        if let Some(r) = k(n, ins, &cx) {
-                            return r.map_err(|e| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg: e.0 });
+                        let node_err = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, ins, &cx))) {
+                            Ok(Some(r)) => return r.map_err(|e| node_err(e.0)),
+                            Ok(None) => {}
+                            Err(e) => {
+                                let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+                                return Err(node_err(format!("internal error: {}", msg.unwrap_or_default())));
+                            }
                         }
                     }
                 }
                 run_node(n, ins, scope)
             }
-            Some(Prepared::Elementwise(f)) => Ok(vec![run_elementwise(*f, ins, &self.pool).map_err(fail)?]),
             Some(p) => {
+                // A bug in a fast path must surface as an error naming the node, not a crash.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_prepared(p, n, ins))) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+                        Err(fail(format!("internal error: {}", msg.unwrap_or_default())))
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl CpuProgram {
+    fn run_prepared(&self, p: &Prepared, n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>, RunError> {
+        let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("aim:{}", n.op), msg };
+        match p {
+            Prepared::Elementwise(f) => Ok(vec![run_elementwise(*f, ins, &self.pool).map_err(fail)?]),
+            p => {
                 let x = ins.first().and_then(|t| t.as_ref()).ok_or_else(|| fail("input 0 is missing".into()))?;
                 if x.dtype() != DType::F32 {
                     return Err(fail(format!("expected f32 input, got {}", x.dtype())));
                 }
                 let residual = ins.get(3).and_then(|t| t.as_ref());
                 let y = match p {
-                    Prepared::Conv(c) => run_conv(c, x, residual, self.isa, self.blocking, &self.pool),
+                    Prepared::Conv(c) => run_conv(c, x, residual, &self.pool),
                     Prepared::Depthwise(d) => run_depthwise(d, x, residual, &self.pool),
                     Prepared::Dense(d) => run_dense(d, x, residual, self.isa, self.blocking, &self.pool),
                     Prepared::Elementwise(_) => unreachable!("handled above"),
@@ -269,7 +293,7 @@ fn check_residual<'a>(r: Option<&'a Tensor>, shape: &[usize]) -> Result<Option<&
     }
 }
 
-fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {
+fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPool) -> Result<Tensor, String> {
     let xs = x.shape();
     let sp = c.geo.kernel.len();
     if xs.len() != sp + 2 || xs[1] != c.cin {
@@ -290,10 +314,10 @@ fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, block
     for b in 0..nb {
         for gi in 0..c.group {
             let xg = &xd[(b * c.cin + gi * cg) * isize..(b * c.cin + (gi + 1) * cg) * isize];
-            let packed = if pointwise {
-                PackedB::pack_rows(isa, blocking, cg, osize, pool, |p, j0, dst| dst.copy_from_slice(&xg[p * isize + j0..p * isize + j0 + dst.len()]))
+            let fill: Box<dyn Fn(usize, usize, &mut [f32]) + Sync> = if pointwise {
+                Box::new(move |p: usize, j0: usize, dst: &mut [f32]| dst.copy_from_slice(&xg[p * isize + j0..p * isize + j0 + dst.len()]))
             } else {
-                im2col(isa, blocking, xg, cg, in_sp, &out_sp, &before, &c.geo, pool)
+                im2col(xg, in_sp, &out_sp, &before, &c.geo)
             };
             let off = (b * c.m + gi * mg) * osize;
             let ep = Epilogue {
@@ -302,34 +326,22 @@ fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, block
                 residual: res.map(|r| &r[off..off + mg * osize]),
                 act: c.act,
             };
-            gemm(&c.weights[gi], &packed, &mut yd[off..off + mg * osize], osize, &ep, pool);
+            gemm_lazy_b(&c.weights[gi], osize, &*fill, &mut yd[off..off + mg * osize], osize, &ep, pool);
         }
     }
     Ok(y)
 }
 
-/// Packs the im2col matrix of one group — row (ci, kernel offset), column output position —
-/// straight into GEMM panels, a strip of consecutive output positions at a time.
-#[allow(clippy::too_many_arguments)]
-fn im2col(
-    isa: Isa,
-    blocking: Blocking,
-    xg: &[f32],
-    cg: usize,
-    in_sp: &[usize],
-    out_sp: &[usize],
-    before: &[usize],
-    geo: &Geometry,
-    pool: &ThreadPool,
-) -> PackedB {
+/// The im2col matrix of one group — row (ci, kernel offset), column output position — as a
+/// function filling a strip of consecutive columns of one row, for [`gemm_lazy_b`].
+fn im2col<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a> {
+    if in_sp.len() == 2 {
+        return im2col_2d(xg, in_sp, out_sp, before, geo);
+    }
     let ksize: usize = geo.kernel.iter().product();
     let isize: usize = in_sp.iter().product();
-    let osize: usize = out_sp.iter().product();
     let sp = in_sp.len();
-    if sp == 2 {
-        return im2col_2d(isa, blocking, xg, cg, in_sp, out_sp, before, geo, pool);
-    }
-    PackedB::pack_rows(isa, blocking, cg * ksize, osize, pool, |p, j0, dst| {
+    Box::new(move |p, j0, dst| {
         let (ci, mut kflat) = (p / ksize, p % ksize);
         // Kernel offsets of row p, innermost dim last.
         let mut koff = [0usize; 8];
@@ -369,28 +381,16 @@ fn im2col(
 }
 
 /// [`im2col`] for 2-D convolutions: each strip of output positions is filled row segment
-/// by row segment — zeros where the window hangs over the padding, a straight copy (stride
-/// 1) or a strided gather otherwise — with no per-element index arithmetic.
-#[allow(clippy::too_many_arguments)]
-fn im2col_2d(
-    isa: Isa,
-    blocking: Blocking,
-    xg: &[f32],
-    cg: usize,
-    in_sp: &[usize],
-    out_sp: &[usize],
-    before: &[usize],
-    geo: &Geometry,
-    pool: &ThreadPool,
-) -> PackedB {
+/// by row segment — zeros where the window hangs over the padding, a copy otherwise — with
+/// no per-element index arithmetic.
+fn im2col_2d<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a> {
     let (h, w) = (in_sp[0], in_sp[1]);
     let ow = out_sp[1];
     let (kh, kw) = (geo.kernel[0], geo.kernel[1]);
     let (sh, sw) = (geo.strides[0], geo.strides[1]);
     let (dh, dw) = (geo.dilations[0], geo.dilations[1]);
     let (pt, pl) = (before[0] as isize, before[1] as isize);
-    let osize = out_sp[0] * ow;
-    PackedB::pack_rows(isa, blocking, cg * kh * kw, osize, pool, |p, j0, dst| {
+    Box::new(move |p, j0, dst| {
         let ci = p / (kh * kw);
         let (ky, kx) = ((p / kw) % kh, p % kw);
         let plane = &xg[ci * h * w..(ci + 1) * h * w];
@@ -406,12 +406,21 @@ fn im2col_2d(
             } else {
                 let row = &plane[iy as usize * w..(iy as usize + 1) * w];
                 let shift = (kx * dw) as isize - pl;
-                // Output columns ox.. whose input column c = col*sw + shift is inside the row.
+                // Output columns whose input column c = col*sw + shift is inside the row.
                 let first = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
                 let last = if w as isize - shift <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw) };
-                for (t, v) in seg.iter_mut().enumerate() {
-                    let col = ox + t;
-                    *v = if col >= first && col < last { row[(col as isize * sw as isize + shift) as usize] } else { 0.0 };
+                let (a, b) = (first.clamp(ox, ox + run), last.clamp(ox, ox + run).max(first.clamp(ox, ox + run)));
+                seg[..a - ox].fill(0.0);
+                seg[b - ox..].fill(0.0);
+                if b == a {
+                    // The whole segment lies over the padding.
+                } else if sw == 1 {
+                    let base = (a as isize + shift) as usize;
+                    seg[a - ox..b - ox].copy_from_slice(&row[base..base + (b - a)]);
+                } else {
+                    for (t, v) in seg[a - ox..b - ox].iter_mut().enumerate() {
+                        *v = row[((a + t) as isize * sw as isize + shift) as usize];
+                    }
                 }
             }
             filled += run;

@@ -17,6 +17,8 @@ struct Job {
     n: usize,
     next: AtomicUsize,
     inside: AtomicUsize,
+    /// The message of the first call that panicked, re-raised on the calling thread.
+    panic: Mutex<Option<String>>,
 }
 
 // SAFETY: `f` is Sync and `for_each` keeps it alive until `inside` drops to zero.
@@ -46,8 +48,15 @@ fn run_job(job: &Job) {
         if i >= job.n {
             break;
         }
+        // A panicking call must not kill a worker (the caller would wait for it forever):
+        // it is caught, the remaining indices are skipped, and the caller re-raises it.
         // SAFETY: see `Job`.
-        unsafe { (*job.f)(i) };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job.f)(i) }));
+        if let Err(p) = r {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            job.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(msg.unwrap_or_default());
+            job.next.store(usize::MAX / 2, Ordering::Release);
+        }
     }
 }
 
@@ -124,7 +133,7 @@ impl Parallel for ThreadPool {
         // SAFETY: the lifetime is erased only for the duration of this call: we wait below
         // until no worker is inside the job and no index is left before returning.
         let f_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
-        let job = Arc::new(Job { f: f_static, n, next: AtomicUsize::new(0), inside: AtomicUsize::new(0) });
+        let job = Arc::new(Job { f: f_static, n, next: AtomicUsize::new(0), inside: AtomicUsize::new(0), panic: Mutex::new(None) });
         {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(job.clone());
@@ -142,6 +151,10 @@ impl Parallel for ThreadPool {
         job.next.store(usize::MAX / 2, Ordering::Release);
         while job.inside.load(Ordering::Acquire) != 0 {
             std::hint::spin_loop();
+        }
+        let panicked = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(msg) = panicked {
+            panic!("{msg}");
         }
     }
 
@@ -175,6 +188,25 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n = {n}");
         }
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller_and_the_pool_survives() {
+        let pool = ThreadPool::new(2);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.for_each(64, &|i| {
+                if i == 40 {
+                    panic!("task 40 failed");
+                }
+            })
+        }));
+        let msg = r.unwrap_err().downcast::<String>().map(|s| *s).unwrap_or_default();
+        assert!(msg.contains("task 40 failed"), "{msg}");
+        let count = AtomicUsize::new(0);
+        pool.for_each(10, &|_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 10);
     }
 
     #[test]

@@ -165,7 +165,7 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
     par.for_each(tasks, &|t| {
         let cp = cp;
         let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);
-        let mut tile = vec![0f32; mr * nr];
+        let mut buf = vec![0f32; mr * nr];
         for kb in 0..kblocks {
             let kc_len = if a.k == 0 { 0 } else { a.kc.min(a.k - kb * a.kc) };
             for i0 in (0..mp).step_by(mc_panels) {
@@ -174,27 +174,93 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
                     for i in i0..(i0 + mc_panels).min(mp) {
                         let ap = a.panel(kb, i);
                         let (rows, cols) = ((m - i * mr).min(mr), (n - j * nr).min(nr));
-                        let full = rows == mr && cols == nr;
                         // SAFETY: tile (i, j) lies inside C (checked above) and belongs to
                         // this task's panels only; the panels hold kc_len×MR / kc_len×NR.
                         unsafe {
                             let dst = cp.0.add(i * mr * ldc + j * nr);
-                            if full {
-                                micro::run(isa, kc_len, ap, bp, dst, ldc, kb > 0);
-                            } else {
-                                if kb > 0 {
-                                    for r in 0..rows {
-                                        std::ptr::copy_nonoverlapping(dst.add(r * ldc), tile.as_mut_ptr().add(r * nr), cols);
-                                    }
-                                }
-                                micro::run(isa, kc_len, ap, bp, tile.as_mut_ptr(), nr, kb > 0);
-                                for r in 0..rows {
-                                    std::ptr::copy_nonoverlapping(tile.as_ptr().add(r * nr), dst.add(r * ldc), cols);
-                                }
-                            }
+                            tile(isa, kc_len, ap, bp, dst, ldc, rows, cols, kb > 0, &mut buf);
                             if kb + 1 == kblocks {
                                 epilogue(dst, ldc, i * mr, j * nr, rows, cols, ep);
                             }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// One microkernel tile: full tiles straight into C, edge tiles through `buf`.
+///
+/// # Safety
+/// As for [`micro::run`], with `dst` pointing at a rows×cols region of C.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(isa: Isa, kc_len: usize, ap: *const f32, bp: *const f32, dst: *mut f32, ldc: usize, rows: usize, cols: usize, acc: bool, buf: &mut [f32]) {
+    let (mr, nr) = (isa.mr(), isa.nr());
+    if rows == mr && cols == nr {
+        micro::run(isa, kc_len, ap, bp, dst, ldc, acc);
+        return;
+    }
+    if acc {
+        for r in 0..rows {
+            std::ptr::copy_nonoverlapping(dst.add(r * ldc), buf.as_mut_ptr().add(r * nr), cols);
+        }
+    }
+    micro::run(isa, kc_len, ap, bp, buf.as_mut_ptr(), nr, acc);
+    for r in 0..rows {
+        std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * nr), dst.add(r * ldc), cols);
+    }
+}
+
+/// Like [`gemm`], but B (k×n) is never materialised: each task packs one kc×NR panel at a
+/// time with `fill(p, j0, dst)` (elements (p, j0..j0 + dst.len())) into a buffer that stays
+/// in L1, and runs every row panel of A against it. For convolutions this is im2col without
+/// the im2col matrix.
+pub fn gemm_lazy_b(
+    a: &PackedA,
+    n: usize,
+    fill: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    c: &mut [f32],
+    ldc: usize,
+    ep: &Epilogue,
+    par: &dyn Parallel,
+) {
+    let (m, k, kc, isa) = (a.m, a.k, a.kc, a.isa);
+    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "C is too small");
+    if let Some(r) = ep.residual {
+        assert!(m == 0 || r.len() >= (m - 1) * ldc + n, "residual is too small");
+    }
+    assert!(ep.row_bias.is_none_or(|bb| bb.len() >= m) && ep.col_bias.is_none_or(|bb| bb.len() >= n), "bias too short");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (mr, nr) = (isa.mr(), isa.nr());
+    let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
+    let kblocks = k.div_ceil(kc).max(1);
+    let tasks = np.min(par.threads() * 4).max(1);
+    let cp = CPtr(c.as_mut_ptr());
+    par.for_each(tasks, &|t| {
+        let cp = cp;
+        let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);
+        let mut buf = vec![0f32; mr * nr];
+        let mut panel = vec![0f32; kc.max(1) * nr];
+        for j in j0..j1 {
+            let cols = nr.min(n - j * nr);
+            for kb in 0..kblocks {
+                let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
+                for p in 0..kc_len {
+                    let row = &mut panel[p * nr..(p + 1) * nr];
+                    fill(kb * kc + p, j * nr, &mut row[..cols]);
+                    row[cols..].fill(0.0);
+                }
+                for i in 0..mp {
+                    let rows = mr.min(m - i * mr);
+                    // SAFETY: as in `gemm`; the panel holds kc_len×NR floats.
+                    unsafe {
+                        let dst = cp.0.add(i * mr * ldc + j * nr);
+                        tile(isa, kc_len, a.panel(kb, i), panel.as_ptr(), dst, ldc, rows, cols, kb > 0, &mut buf);
+                        if kb + 1 == kblocks {
+                            epilogue(dst, ldc, i * mr, j * nr, rows, cols, ep);
                         }
                     }
                 }

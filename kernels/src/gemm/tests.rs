@@ -62,3 +62,25 @@ fn transposed_packing_and_epilogue() {
         }
     }
 }
+
+#[test]
+fn lazy_b_matches_packed_b() {
+    for isa in isas() {
+        for &(m, k, n) in &[(13, 7, 33), (25, 300, 70), (64, 9, 5), (1, 1, 1)] {
+            let (a, b) = (values(m * k, 8), values(k * n, 9));
+            let blocking = Blocking { kc: 64, mc: 2 * isa.mr() };
+            let pa = PackedA::from_slice(isa, blocking, &a, m, k, false);
+            let rb = values(m, 10);
+            let ep = Epilogue { row_bias: Some(&rb), act: Some(Activation::Relu), ..Epilogue::default() };
+            let mut lazy = vec![f32::NAN; m * n];
+            gemm_lazy_b(&pa, n, &|p, j0, dst: &mut [f32]| dst.copy_from_slice(&b[p * n + j0..p * n + j0 + dst.len()]), &mut lazy, n, &ep, &Sequential);
+            let want = reference(&a, &b, m, k, n);
+            for i in 0..m {
+                for j in 0..n {
+                    let w = (want[i * n + j] + rb[i]).max(0.0);
+                    assert!((lazy[i * n + j] - w).abs() < 1e-4 * (k as f32).sqrt(), "{isa:?} {m}x{k}x{n} ({i},{j})");
+                }
+            }
+        }
+    }
+}
