@@ -158,6 +158,10 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
         return;
     }
     let kblocks = a.k.div_ceil(a.kc).max(1);
+    if m <= SMALL_M {
+        small_m(a, b, cp_of(c), ldc, ep, par);
+        return;
+    }
     // Tasks: groups of column panels, enough for every thread to have a few.
     let tasks = np.min(par.threads() * 4).max(1);
     let cp = CPtr(c.as_mut_ptr());
@@ -188,6 +192,80 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
             }
         }
     });
+}
+
+/// Up to this many rows, a product runs as a matrix-vector product per row instead of on
+/// MR-row tiles (a batch-1 dense layer would otherwise compute MR rows to keep one).
+const SMALL_M: usize = 4;
+
+fn cp_of(c: &mut [f32]) -> CPtr {
+    CPtr(c.as_mut_ptr())
+}
+
+/// C rows (m ≤ [`SMALL_M`]) as vector-matrix products over the packed B panels, reading A's
+/// rows straight from its packed panel.
+fn small_m(a: &PackedA, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
+    let (m, n, isa) = (a.m, b.n, a.isa);
+    let (mr, nr) = (isa.mr(), isa.nr());
+    let np = n.div_ceil(nr);
+    let kblocks = a.k.div_ceil(a.kc).max(1);
+    let tasks = np.min(par.threads() * 4).max(1);
+    par.for_each(tasks, &|t| {
+        let cp = cp;
+        let mut acc = vec![0f32; nr];
+        for j in t * np / tasks..(t + 1) * np / tasks {
+            let cols = nr.min(n - j * nr);
+            for i in 0..m {
+                acc.fill(0.0);
+                for kb in 0..kblocks {
+                    let kc_len = if a.k == 0 { 0 } else { a.kc.min(a.k - kb * a.kc) };
+                    // SAFETY: the panels hold kc_len×MR (A) and kc_len×NR (B) floats.
+                    let (ap, bp) = unsafe {
+                        (std::slice::from_raw_parts(a.panel(kb, 0), kc_len * mr), std::slice::from_raw_parts(b.panel(kb, j), kc_len * nr))
+                    };
+                    axpy_rows(isa, ap, i, mr, bp, &mut acc);
+                }
+                // SAFETY: row i, columns j*NR.. of C belong to this task.
+                unsafe {
+                    let dst = cp.0.add(i * ldc + j * nr);
+                    std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, cols);
+                    epilogue(dst, ldc, i, j * nr, 1, cols, ep);
+                }
+            }
+        }
+    });
+}
+
+/// acc += Σ_p a[p·mr + i] · b[p·NR ..], compiled for the ISA at hand.
+fn axpy_rows(isa: Isa, a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
+    #[inline(always)]
+    fn body(a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
+        let nr = acc.len();
+        for (p, brow) in b.chunks_exact(nr).enumerate() {
+            let av = a[p * mr + i];
+            for (x, &y) in acc.iter_mut().zip(brow) {
+                *x += av * y;
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v4(a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
+            body(a, i, mr, b, acc)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
+            body(a, i, mr, b, acc)
+        }
+        // SAFETY: the ISA was checked available when the operands were packed for it.
+        match isa {
+            Isa::Avx512 => return unsafe { v4(a, i, mr, b, acc) },
+            Isa::Avx2 => return unsafe { v3(a, i, mr, b, acc) },
+            Isa::Portable => {}
+        }
+    }
+    body(a, i, mr, b, acc)
 }
 
 /// One microkernel tile: full tiles straight into C, edge tiles through `buf`.
