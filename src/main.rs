@@ -265,8 +265,52 @@ fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str
         writeln!(out, "{t}")?;
     }
     if let Some(m) = model {
-        info(out, m)?;
+        info(out, m.clone())?;
+        cpu_info(out, &m, cpu)?;
     }
+    Ok(())
+}
+
+/// What the cpu backend makes of a model: fused and compiled nodes, the nodes left to
+/// fast or reference kernels, and the memory plan.
+fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()> {
+    let m = match Model::load_with_options(path, &aim::Options { backend: Backend::Cpu, threads: Some(1), cpu: cpu.into() }) {
+        Ok(m) => m,
+        Err(e) => {
+            writeln!(out, "cpu backend: not available: {e}")?;
+            return Ok(());
+        }
+    };
+    let g = m.optimized_graph().expect("the cpu backend has an optimised graph");
+    let mut by_kind: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for n in &g.nodes {
+        let kind = if n.domain == "aim" {
+            match n.op.as_str() {
+                "Elementwise" => "generated code (Cranelift)",
+                _ => "packed GEMM / direct kernels",
+            }
+        } else if aim_kernels::fast::kernel(&n.op).is_some() {
+            "fast f32 kernels (reference when not f32)"
+        } else {
+            "reference kernels (fallback)"
+        };
+        by_kind.entry(kind).or_default().push(&n.name);
+    }
+    writeln!(out, "cpu backend: {} nodes after optimisation (from {})", g.nodes.len(), m.ir().graph.node_count_deep())?;
+    for (kind, nodes) in &by_kind {
+        let shown: Vec<&str> = nodes.iter().take(8).copied().collect();
+        let more = if nodes.len() > 8 { format!(", ... {} more", nodes.len() - 8) } else { String::new() };
+        writeln!(out, "  {:>4}  {kind}: {}{more}", nodes.len(), shown.join(", "))?;
+    }
+    let plan = aim_compiler::memory_plan::plan(g);
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    writeln!(
+        out,
+        "memory: intermediates {:.1} MiB in all; one arena planned by lifetime: {:.1} MiB{} (the executor does not use the arena yet)",
+        mib(plan.total_bytes),
+        mib(plan.arena_bytes),
+        if plan.dynamic.is_empty() { String::new() } else { format!(", {} tensors of dynamic size not planned", plan.dynamic.len()) }
+    )?;
     Ok(())
 }
 

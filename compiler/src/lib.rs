@@ -6,6 +6,7 @@
 
 pub mod codegen;
 pub mod ewprog;
+pub mod memory_plan;
 pub mod onnx;
 pub mod passes;
 pub mod target;
