@@ -173,3 +173,28 @@ fn fast_kernels_match_reference() {
         check(tag, m, vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n).iter().map(|v| v * 3.0).collect()))]);
     }
 }
+
+#[test]
+fn symbolic_batch_fusions() {
+    // MatMul + bias + Relu, then an elementwise chain, over a symbolic batch.
+    let mut r = Rng(11);
+    let m = model(
+        vec![
+            node("MatMul", "mm", &["x", "W"], &["h"], vec![]),
+            node("Add", "bias", &["h", "b"], &["hb"], vec![]),
+            node("Relu", "act", &["hb"], &["a"], vec![]),
+            node("Mul", "m1", &["a", "x2"], &["p"], vec![]),
+            node("Add", "a1", &["p", "one"], &["q"], vec![]),
+            node("Sqrt", "s", &["q"], &["y"], vec![]),
+        ],
+        vec![value("x", 1, &[Err("N"), Ok(6)]), value("x2", 1, &[Err("N"), Ok(5)])],
+        vec![value("y", 1, &[Err("N"), Ok(5)])],
+        vec![f32_tensor("W", &[6, 5], &r.values(30)), f32_tensor("b", &[5], &r.values(5)), f32_tensor("one", &[], &[1.0])],
+        17,
+    );
+    for batch in [1usize, 7, 33] {
+        let x = Tensor::from_vec(&[batch, 6], r.values(batch * 6));
+        let x2 = Tensor::from_vec(&[batch, 5], r.values(batch * 5).iter().map(|v| v.abs()).collect());
+        check(&format!("symbolic-{batch}"), m.clone(), vec![("x".into(), x), ("x2".into(), x2)]);
+    }
+}

@@ -96,7 +96,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             i += 1;
             continue;
         };
-        let out_ty = g.value_types.get(&n.outputs[0]).and_then(|t| t.concrete_shape());
+        // The output's dims (symbolic ones included: equal names are equal sizes), and the
+        // number of channels / features, which the weight tells even when the batch is symbolic.
+        let out_ty: Option<Vec<aim_ir::Dim>> =
+            g.value_types.get(&n.outputs[0]).and_then(|t| t.shape.clone()).filter(|s| !s.contains(&aim_ir::Dim::Unknown));
+        let channels = g.initializers.get(&f.inputs[1]).map(|w| if f.op == "Conv" { w.shape()[0] } else { w.shape()[w.rank() - 1] });
         let mut out = n.outputs[0].clone();
         let mut has_residual = false;
         let mut has_act = false;
@@ -122,8 +126,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                         Some(t) if bias_slot_free && t.dtype() == DType::F32 && !has_residual => {
                             // A constant: a bias if it is one value per output channel/feature.
                             let ch = match (f.op.as_str(), &out_ty) {
-                                ("Conv", Some(s)) if s.len() >= 2 => Some(s[1]),
-                                ("Dense", Some(s)) if !s.is_empty() => Some(s[s.len() - 1]),
+                                ("Conv", Some(s)) if s.len() >= 2 => channels,
+                                ("Dense", Some(s)) if !s.is_empty() => channels,
                                 _ => None,
                             };
                             // Right-aligned against the output, every dim but the channel's is 1.
@@ -146,7 +150,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                                 false
                             }
                         }
-                        None if !has_residual && out_ty.is_some() && g.value_types.get(other).and_then(|t| t.concrete_shape()) == out_ty => {
+                        None if !has_residual && out_ty.is_some() && g.value_types.get(other).and_then(|t| t.shape.clone()) == out_ty => {
                             f.inputs.resize(4, String::new());
                             f.inputs[3] = other.clone();
                             has_residual = true;

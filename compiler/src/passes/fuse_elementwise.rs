@@ -5,7 +5,7 @@
 
 use super::{fuse::sources_of, uses::readers, PassError, SOURCES};
 use crate::ewprog::{Binary, Inst, Operand, Unary};
-use aim_ir::{Attr, DType, Graph, Node};
+use aim_ir::{Attr, DType, Dim, Graph, Node};
 
 /// Whether an op is a transcendental function (left out of fusion on wide-vector targets).
 fn transcendental(op: &str) -> bool {
@@ -44,7 +44,8 @@ struct Builder<'g> {
     g: &'g Graph,
     /// Whether exp/erf/tanh/sigmoid may join a fused loop.
     transcendental: bool,
-    shape: Vec<usize>,
+    /// The common shape (symbolic dims allowed: equal names are equal sizes).
+    shape: Vec<Dim>,
     insts: Vec<Inst>,
     inputs: Vec<String>,
     /// Value name → instruction computing it.
@@ -61,7 +62,7 @@ impl Builder<'_> {
             return (t.dtype() == DType::F32 && t.len() == 1 && t.rank() <= self.shape.len()).then(|| Operand::Const(t.data::<f32>()[0]));
         }
         let ty = self.g.value_type(v)?;
-        if ty.dtype != Some(DType::F32) || ty.concrete_shape()? != self.shape {
+        if ty.dtype != Some(DType::F32) || ty.shape? != self.shape {
             return None;
         }
         let k = self.inputs.len();
@@ -88,7 +89,7 @@ impl Builder<'_> {
         if !n.domain.is_empty() || n.outputs.len() != 1 || (!self.transcendental && transcendental(&n.op)) {
             return false;
         }
-        let out_ok = self.g.value_type(&n.outputs[0]).is_some_and(|t| t.dtype == Some(DType::F32) && t.concrete_shape().as_deref() == Some(&self.shape[..]));
+        let out_ok = self.g.value_type(&n.outputs[0]).is_some_and(|t| t.dtype == Some(DType::F32) && t.shape.as_deref() == Some(&self.shape[..]));
         if !out_ok {
             return false;
         }
@@ -137,7 +138,7 @@ pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
     while i < g.nodes.len() {
         let r = readers(g);
         let start = &g.nodes[i];
-        let Some(shape) = start.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.concrete_shape()) else {
+        let Some(shape) = start.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.shape).filter(|s| !s.contains(&Dim::Unknown)) else {
             i += 1;
             continue;
         };
