@@ -157,6 +157,9 @@ impl Model {
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
                 let code = aim_compiler::codegen::generate(&g, &target).map_err(|source| Error::Codegen { path: p.clone(), source })?;
                 let prog = aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code)?;
+                // The program holds what it needs; the imported weights (memory-mapped or
+                // copied) would only double the footprint.
+                ir.graph.initializers.clear();
                 Exec::Cpu(Box::new(prog))
             }
         };
@@ -189,7 +192,8 @@ impl Model {
         }
     }
 
-    /// The imported IR.
+    /// The imported IR (on the cpu backend, without its initializers: the compiled program
+    /// holds the weights it needs, packed).
     pub fn ir(&self) -> &aim_ir::Model {
         &self.ir
     }
