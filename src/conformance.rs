@@ -129,10 +129,7 @@ pub fn run_case(dir: &Path, backend: Backend) -> Outcome {
         let outs = match run {
             Ok(Ok(o)) => o,
             Ok(Err(e)) => return Outcome::Fail(e.to_string()),
-            Err(p) => {
-                let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-                return Outcome::Fail(format!("panic: {}", msg.unwrap_or_default()));
-            }
+            Err(p) => return Outcome::Fail(format!("panic: {}", aim_runtime::panic_message(&*p))),
         };
         if outs.len() != expected.len() {
             return Outcome::Fail(format!("{} outputs, expected {}", outs.len(), expected.len()));

@@ -182,6 +182,20 @@ impl Graph {
         self.value_types.get(name).cloned()
     }
 
+    /// Every value name this graph reads — node inputs and graph outputs — including inside
+    /// subgraphs (whose reads of enclosing values are what liveness must account for).
+    pub fn names_read(&self, out: &mut Vec<String>) {
+        for n in &self.nodes {
+            out.extend(n.inputs.iter().filter(|s| !s.is_empty()).cloned());
+            for a in n.attrs.values() {
+                if let Attr::Graph(g) = a {
+                    g.names_read(out);
+                }
+            }
+        }
+        out.extend(self.outputs.iter().map(|o| o.name.clone()));
+    }
+
     /// The number of nodes, counting those inside subgraphs.
     pub fn node_count_deep(&self) -> usize {
         self.nodes

@@ -119,9 +119,10 @@ impl CpuProgram {
                 }
             }
         }
-        let mut still_read = std::collections::HashSet::new();
-        reads(&graph, &mut still_read);
-        graph.initializers.retain(|k, _| still_read.contains(k));
+        let mut read = Vec::new();
+        graph.names_read(&mut read);
+        let read: std::collections::HashSet<String> = read.into_iter().collect();
+        graph.initializers.retain(|k, _| read.contains(k));
         Ok(CpuProgram { graph, prepared, pool: ThreadPool::new(threads), isa, blocking, _code: code.owner })
     }
 
@@ -170,10 +171,7 @@ impl Runner for CpuProgram {
                         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, ins, &cx))) {
                             Ok(Some(r)) => return r.map_err(|e| node_err(e.0)),
                             Ok(None) => {}
-                            Err(e) => {
-                                let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
-                                return Err(node_err(format!("internal error: {}", msg.unwrap_or_default())));
-                            }
+                            Err(e) => return Err(node_err(format!("internal error: {}", crate::exec::panic_message(&*e)))),
                         }
                     }
                 }
@@ -183,10 +181,7 @@ impl Runner for CpuProgram {
                 // A bug in a fast path must surface as an error naming the node, not a crash.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_prepared(p, n, ins))) {
                     Ok(r) => r,
-                    Err(e) => {
-                        let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
-                        Err(fail(format!("internal error: {}", msg.unwrap_or_default())))
-                    }
+                    Err(e) => Err(fail(format!("internal error: {}", crate::exec::panic_message(&*e)))),
                 }
             }
         }
@@ -214,19 +209,6 @@ impl CpuProgram {
             }
         }
     }
-}
-
-/// Every value name a graph reads: node inputs, outputs, and the same inside subgraphs.
-fn reads(g: &Graph, out: &mut std::collections::HashSet<String>) {
-    for n in &g.nodes {
-        out.extend(n.inputs.iter().cloned());
-        for a in n.attrs.values() {
-            if let aim_ir::Attr::Graph(sub) = a {
-                reads(sub, out);
-            }
-        }
-    }
-    out.extend(g.outputs.iter().map(|o| o.name.clone()));
 }
 
 fn geometry(n: &Node, kernel: &[usize]) -> Geometry {

@@ -62,17 +62,9 @@ fn check_input(name: &str, decl: &aim_ir::ValueType, t: &Tensor, syms: &mut Hash
     Ok(())
 }
 
-/// Names a subgraph reads from the scopes around it.
-fn captured(g: &Graph, out: &mut Vec<String>) {
-    for n in &g.nodes {
-        out.extend(n.inputs.iter().filter(|s| !s.is_empty()).cloned());
-        for a in n.attrs.values() {
-            if let Attr::Graph(sub) = a {
-                captured(sub, out);
-            }
-        }
-    }
-    out.extend(g.outputs.iter().map(|o| o.name.clone()));
+/// The message of a caught panic, for the error that reports it.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
 }
 
 /// Executes one node: the reference kernels, or a backend's compiled form of the node.
@@ -151,7 +143,7 @@ pub(crate) fn run_with(
         for a in n.attrs.values() {
             if let Attr::Graph(sub) = a {
                 let mut names = Vec::new();
-                captured(sub, &mut names);
+                sub.names_read(&mut names);
                 subgraph_uses.push((i, names));
             }
         }
@@ -213,10 +205,7 @@ pub(crate) fn run_node(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
             // A kernel that panics has a bug; the user still gets an error naming the node.
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, ins))) {
                 Ok(r) => r.map_err(|e| fail(e.0))?,
-                Err(p) => {
-                    let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-                    return Err(fail(format!("internal error in the reference kernel: {}", msg.unwrap_or_default())));
-                }
+                Err(p) => return Err(fail(format!("internal error in the reference kernel: {}", panic_message(&*p)))),
             }
         }
     };

@@ -53,8 +53,7 @@ fn run_job(job: &Job) {
         // SAFETY: see `Job`.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job.f)(i) }));
         if let Err(p) = r {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            job.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(msg.unwrap_or_default());
+            job.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(crate::exec::panic_message(&*p));
             job.next.store(usize::MAX / 2, Ordering::Release);
         }
     }

@@ -127,7 +127,7 @@ impl Emit<'_, '_> {
     fn erf(&mut self, x: Value) -> Value {
         let a = self.b.ins().fabs(x);
         let x2 = self.b.ins().fmul(x, x);
-        let sp = self.poly(x2, &[1.128_379_2, -0.376_126_4, 0.112_837_92, -0.026_866_17, 0.005_223_977, -0.000_854_832, 0.000_120_549_3, -1.492_4e-5]);
+        let sp = self.poly(x2, &[std::f32::consts::FRAC_2_SQRT_PI, -0.376_126_4, 0.112_837_92, -0.026_866_17, 0.005_223_977, -0.000_854_832, 0.000_120_549_3, -1.492_4e-5]);
         let small = self.b.ins().fmul(x, sp);
         let (one, p) = (self.f(1.0), self.f(0.327_591_1));
         let pa = self.b.ins().fmul(p, a);
@@ -309,7 +309,6 @@ pub fn compile_elementwise(jit: &mut Jit, node: &str, prog: &[Inst], n_inputs: u
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::codegen::generate;
     use crate::target::Target;
     use aim_ir::{Attr, Graph, Node};

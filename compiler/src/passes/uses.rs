@@ -3,18 +3,6 @@
 use aim_ir::{Attr, Graph};
 use std::collections::HashMap;
 
-fn captured(g: &Graph, out: &mut Vec<String>) {
-    for n in &g.nodes {
-        out.extend(n.inputs.iter().filter(|s| !s.is_empty()).cloned());
-        for a in n.attrs.values() {
-            if let Attr::Graph(sub) = a {
-                captured(sub, out);
-            }
-        }
-    }
-    out.extend(g.outputs.iter().map(|o| o.name.clone()));
-}
-
 /// For each value: the indices of the nodes reading it; graph outputs count as a read by
 /// `usize::MAX`.
 pub fn readers(g: &Graph) -> HashMap<String, Vec<usize>> {
@@ -26,7 +14,7 @@ pub fn readers(g: &Graph) -> HashMap<String, Vec<usize>> {
         for a in n.attrs.values() {
             if let Attr::Graph(sub) = a {
                 let mut names = Vec::new();
-                captured(sub, &mut names);
+                sub.names_read(&mut names);
                 for name in names {
                     m.entry(name).or_default().push(i);
                 }
