@@ -2,10 +2,13 @@
 //! timing each and (on request) keeping the graph after each for printing.
 
 mod const_fold;
+mod cse;
 mod dce;
 mod fold_batchnorm;
 mod fuse;
 mod fuse_elementwise;
+mod rename;
+mod simplify;
 mod uses;
 
 pub use fuse::{ACTIVATION, CLIP_MAX, CLIP_MIN, SOURCES};
@@ -48,6 +51,8 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     vec![
         Pass::new("infer-types", infer),
         Pass::new("constant-folding", const_fold::run),
+        Pass::new("simplify", simplify::run),
+        Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-epilogues", fuse::run),
