@@ -212,23 +212,32 @@ fn small_m(a: &PackedA, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &
     let tasks = np.min(par.threads() * 4).max(1);
     par.for_each(tasks, &|t| {
         let cp = cp;
-        let mut acc = vec![0f32; nr];
-        for j in t * np / tasks..(t + 1) * np / tasks {
+        let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);
+        // Accumulators for this task's columns of every row; B is then read block by block
+        // in memory order, one sequential stream.
+        let width = (j1 - j0) * nr;
+        let mut acc = vec![0f32; m * width];
+        for kb in 0..kblocks {
+            let kc_len = if a.k == 0 { 0 } else { a.kc.min(a.k - kb * a.kc) };
+            // SAFETY: the panels hold kc_len×MR (A) floats.
+            let ap = unsafe { std::slice::from_raw_parts(a.panel(kb, 0), kc_len * mr) };
+            for j in j0..j1 {
+                // SAFETY: the panels hold kc_len×NR (B) floats.
+                let bp = unsafe { std::slice::from_raw_parts(b.panel(kb, j), kc_len * nr) };
+                for i in 0..m {
+                    let at = i * width + (j - j0) * nr;
+                    axpy_rows(isa, ap, i, mr, bp, &mut acc[at..at + nr]);
+                }
+            }
+        }
+        for j in j0..j1 {
             let cols = nr.min(n - j * nr);
             for i in 0..m {
-                acc.fill(0.0);
-                for kb in 0..kblocks {
-                    let kc_len = if a.k == 0 { 0 } else { a.kc.min(a.k - kb * a.kc) };
-                    // SAFETY: the panels hold kc_len×MR (A) and kc_len×NR (B) floats.
-                    let (ap, bp) = unsafe {
-                        (std::slice::from_raw_parts(a.panel(kb, 0), kc_len * mr), std::slice::from_raw_parts(b.panel(kb, j), kc_len * nr))
-                    };
-                    axpy_rows(isa, ap, i, mr, bp, &mut acc);
-                }
+                let at = i * width + (j - j0) * nr;
                 // SAFETY: row i, columns j*NR.. of C belong to this task.
                 unsafe {
                     let dst = cp.0.add(i * ldc + j * nr);
-                    std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, cols);
+                    std::ptr::copy_nonoverlapping(acc[at..].as_ptr(), dst, cols);
                     epilogue(dst, ldc, i, j * nr, 1, cols, ep);
                 }
             }
@@ -236,36 +245,51 @@ fn small_m(a: &PackedA, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &
     });
 }
 
-/// acc += Σ_p a[p·mr + i] · b[p·NR ..], compiled for the ISA at hand.
+/// acc[0..NR] += Σ_p a[p·mr + i] · b[p·NR ..]: the accumulators stay in vector registers
+/// for the whole panel.
 fn axpy_rows(isa: Isa, a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
-    #[inline(always)]
-    fn body(a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
-        let nr = acc.len();
-        for (p, brow) in b.chunks_exact(nr).enumerate() {
-            let av = a[p * mr + i];
-            for (x, &y) in acc.iter_mut().zip(brow) {
-                *x += av * y;
-            }
-        }
-    }
+    let nr = acc.len();
+    let kc = b.len() / nr;
+    assert!(a.len() >= kc * mr && i < mr && nr == isa.nr(), "axpy_rows: operands do not fit");
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
-            body(a, i, mr, b, acc)
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f")]
+        unsafe fn v4(kc: usize, a: *const f32, mr: usize, b: *const f32, acc: *mut f32) {
+            let (mut c0, mut c1) = (_mm512_loadu_ps(acc), _mm512_loadu_ps(acc.add(16)));
+            for p in 0..kc {
+                let av = _mm512_set1_ps(*a.add(p * mr));
+                c0 = _mm512_fmadd_ps(av, _mm512_loadu_ps(b.add(p * 32)), c0);
+                c1 = _mm512_fmadd_ps(av, _mm512_loadu_ps(b.add(p * 32 + 16)), c1);
+            }
+            _mm512_storeu_ps(acc, c0);
+            _mm512_storeu_ps(acc.add(16), c1);
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32]) {
-            body(a, i, mr, b, acc)
+        unsafe fn v3(kc: usize, a: *const f32, mr: usize, b: *const f32, acc: *mut f32) {
+            let (mut c0, mut c1) = (_mm256_loadu_ps(acc), _mm256_loadu_ps(acc.add(8)));
+            for p in 0..kc {
+                let av = _mm256_set1_ps(*a.add(p * mr));
+                c0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b.add(p * 16)), c0);
+                c1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b.add(p * 16 + 8)), c1);
+            }
+            _mm256_storeu_ps(acc, c0);
+            _mm256_storeu_ps(acc.add(8), c1);
         }
-        // SAFETY: the ISA was checked available when the operands were packed for it.
+        // SAFETY: lengths checked above (NR = 32 for AVX-512, 16 for AVX2); the ISA was
+        // checked available when the operands were packed for it.
         match isa {
-            Isa::Avx512 => return unsafe { v4(a, i, mr, b, acc) },
-            Isa::Avx2 => return unsafe { v3(a, i, mr, b, acc) },
+            Isa::Avx512 => return unsafe { v4(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
+            Isa::Avx2 => return unsafe { v3(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
             Isa::Portable => {}
         }
     }
-    body(a, i, mr, b, acc)
+    for (p, brow) in b.chunks_exact(nr).enumerate() {
+        let av = a[p * mr + i];
+        for (x, &y) in acc.iter_mut().zip(brow) {
+            *x += av * y;
+        }
+    }
 }
 
 /// One microkernel tile: full tiles straight into C, edge tiles through `buf`.
