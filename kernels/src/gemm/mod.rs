@@ -184,7 +184,7 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
                             let dst = cp.0.add(i * mr * ldc + j * nr);
                             tile(isa, kc_len, ap, bp, dst, ldc, rows, cols, kb > 0, &mut buf);
                             if kb + 1 == kblocks {
-                                epilogue(dst, ldc, i * mr, j * nr, rows, cols, ep);
+                                epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
                             }
                         }
                     }
@@ -238,7 +238,7 @@ fn small_m(a: &PackedA, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &
                 unsafe {
                     let dst = cp.0.add(i * ldc + j * nr);
                     std::ptr::copy_nonoverlapping(acc[at..].as_ptr(), dst, cols);
-                    epilogue(dst, ldc, i, j * nr, 1, cols, ep);
+                    epilogue(isa, dst, ldc, i, j * nr, 1, cols, ep);
                 }
             }
         }
@@ -362,7 +362,7 @@ pub fn gemm_lazy_b(
                         let dst = cp.0.add(i * mr * ldc + j * nr);
                         tile(isa, kc_len, a.panel(kb, i), panel.as_ptr(), dst, ldc, rows, cols, kb > 0, &mut buf);
                         if kb + 1 == kblocks {
-                            epilogue(dst, ldc, i * mr, j * nr, rows, cols, ep);
+                            epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
                         }
                     }
                 }
@@ -376,24 +376,52 @@ pub fn gemm_lazy_b(
 /// # Safety
 /// `dst` points at element (r0, c0) of C with leading dimension `ldc`, and the tile is in
 /// bounds and not touched by other threads.
-unsafe fn epilogue(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
+unsafe fn epilogue(isa: Isa, dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
     if ep.row_bias.is_none() && ep.col_bias.is_none() && ep.residual.is_none() && ep.act.is_none() {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v4(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
+            epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
+            epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
+        }
+        match isa {
+            Isa::Avx512 => return v4(dst, ldc, r0, c0, rows, cols, ep),
+            Isa::Avx2 => return v3(dst, ldc, r0, c0, rows, cols, ep),
+            Isa::Portable => {}
+        }
+    }
+    epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
+}
+
+/// The epilogue's loops, one branch-free loop per combination so that each vectorises.
+#[inline(always)]
+unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
     let act = ep.act.unwrap_or(Activation::Identity);
     for r in 0..rows {
         let row = std::slice::from_raw_parts_mut(dst.add(r * ldc), cols);
         let rb = ep.row_bias.map_or(0.0, |b| b[r0 + r]);
         let res = ep.residual.map(|x| &x[(r0 + r) * ldc + c0..(r0 + r) * ldc + c0 + cols]);
-        for (k, v) in row.iter_mut().enumerate() {
-            let mut x = *v + rb;
-            if let Some(cb) = ep.col_bias {
-                x += cb[c0 + k];
-            }
-            if let Some(res) = res {
-                x += res[k];
-            }
-            *v = act.apply(x);
+        let cb = ep.col_bias.map(|b| &b[c0..c0 + cols]);
+        macro_rules! apply {
+            ($f:expr) => {
+                match (cb, res) {
+                    (None, None) => row.iter_mut().for_each(|v| *v = $f(*v + rb)),
+                    (Some(cb), None) => row.iter_mut().zip(cb).for_each(|(v, &b)| *v = $f(*v + rb + b)),
+                    (None, Some(res)) => row.iter_mut().zip(res).for_each(|(v, &x)| *v = $f(*v + rb + x)),
+                    (Some(cb), Some(res)) => row.iter_mut().zip(cb).zip(res).for_each(|((v, &b), &x)| *v = $f(*v + rb + b + x)),
+                }
+            };
+        }
+        match act {
+            Activation::Identity => apply!(|x: f32| x),
+            Activation::Relu => apply!(|x: f32| x.max(0.0)),
+            Activation::Clip(lo, hi) => apply!(|x: f32| x.max(lo).min(hi)),
         }
     }
 }
