@@ -319,15 +319,24 @@ fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPo
     let xd = x.data::<f32>();
     let pointwise = ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
     let yd = y.data_mut::<f32>();
+    // 2-D stride-1 kernels larger than 1×1 go through a padded copy of the input instead
+    // (see `conv_padded_rows`).
+    let padded_rows = sp == 2 && ksize > 1 && c.geo.strides.iter().all(|&s| s == 1);
     for b in 0..nb {
         for gi in 0..c.group {
             let xg = &xd[(b * c.cin + gi * cg) * isize..(b * c.cin + (gi + 1) * cg) * isize];
+            let off = (b * c.m + gi * mg) * osize;
+            if padded_rows {
+                let dstg = &mut yd[off..off + mg * osize];
+                let resg = res.map(|r| &r[off..off + mg * osize]);
+                conv_padded_rows(c, gi, xg, cg, in_sp, &out_sp, &before, dstg, resg, pool);
+                continue;
+            }
             let fill: Box<dyn Fn(usize, usize, &mut [f32]) + Sync> = if pointwise {
                 Box::new(move |p: usize, j0: usize, dst: &mut [f32]| dst.copy_from_slice(&xg[p * isize + j0..p * isize + j0 + dst.len()]))
             } else {
                 im2col(xg, in_sp, &out_sp, &before, &c.geo)
             };
-            let off = (b * c.m + gi * mg) * osize;
             let ep = Epilogue {
                 row_bias: c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]),
                 col_bias: None,
@@ -338,6 +347,79 @@ fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPo
         }
     }
     Ok(y)
+}
+
+/// A stride-1 2-D convolution of one group without im2col: the input is copied once into a
+/// zero-padded buffer whose rows are `ow + (kw-1)·dw` wide, so that for every kernel offset
+/// (ky, kx) the values under the window, over all output positions at once, are one
+/// contiguous run of that buffer (output rows then carry `kw-1` extra columns, computed and
+/// dropped). B panels are plain copies, and the GEMM writes rows of that wider layout,
+/// which are compacted into the output with the residual and activation applied.
+#[allow(clippy::too_many_arguments)]
+fn conv_padded_rows(
+    c: &ConvPrep,
+    gi: usize,
+    xg: &[f32],
+    cg: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    before: &[usize],
+    dst: &mut [f32],
+    res: Option<&[f32]>,
+    pool: &ThreadPool,
+) {
+    let (h, w) = (in_sp[0], in_sp[1]);
+    let (oh, ow) = (out_sp[0], out_sp[1]);
+    let (kh, kw) = (c.geo.kernel[0], c.geo.kernel[1]);
+    let (dh, dw) = (c.geo.dilations[0], c.geo.dilations[1]);
+    let wp = ow + (kw - 1) * dw;
+    let hp = oh + (kh - 1) * dh + 1;
+    let plane = hp * wp;
+    let mut padded = vec![0f32; cg * plane];
+    let (pt, pl) = (before[0], before[1]);
+    for ci in 0..cg {
+        for y in 0..hp {
+            let iy = y as isize - pt as isize;
+            if iy < 0 || iy >= h as isize {
+                continue;
+            }
+            let srow = &xg[ci * h * w + iy as usize * w..ci * h * w + (iy as usize + 1) * w];
+            let (x0, x1) = (pl.min(wp), (w + pl).min(wp));
+            if x1 > x0 {
+                padded[ci * plane + y * wp + x0..ci * plane + y * wp + x1].copy_from_slice(&srow[..x1 - x0]);
+            }
+        }
+    }
+    let n_wide = oh * wp;
+    let ks = kh * kw;
+    let fill = |p: usize, j0: usize, out: &mut [f32]| {
+        let (ci, k) = (p / ks, p % ks);
+        let start = ci * plane + (k / kw) * dh * wp + (k % kw) * dw + j0;
+        out.copy_from_slice(&padded[start..start + out.len()]);
+    };
+    let mg = c.m / c.group;
+    let mut wide = vec![0f32; mg * n_wide];
+    let bias = c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]);
+    // Without a residual the activation can run in the GEMM's epilogue; with one it must
+    // wait until the residual is added, in the compaction.
+    let ep = Epilogue { row_bias: bias, col_bias: None, residual: None, act: if res.is_none() { c.act } else { None } };
+    gemm_lazy_b(&c.weights[gi], n_wide, &fill, &mut wide, n_wide, &ep, pool);
+    let act = c.act.unwrap_or(Activation::Identity);
+    for m in 0..mg {
+        for oy in 0..oh {
+            let src = &wide[m * n_wide + oy * wp..m * n_wide + oy * wp + ow];
+            let row = &mut dst[(m * oh + oy) * ow..(m * oh + oy + 1) * ow];
+            match res {
+                Some(r) => {
+                    let r = &r[(m * oh + oy) * ow..(m * oh + oy + 1) * ow];
+                    for ((o, &v), &x) in row.iter_mut().zip(src).zip(r) {
+                        *o = act.apply(v + x);
+                    }
+                }
+                None => row.copy_from_slice(src),
+            }
+        }
+    }
 }
 
 /// The im2col matrix of one group — row (ci, kernel offset), column output position — as a
