@@ -319,9 +319,9 @@ fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPo
     let xd = x.data::<f32>();
     let pointwise = ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
     let yd = y.data_mut::<f32>();
-    // 2-D stride-1 kernels larger than 1×1 go through a padded copy of the input instead
-    // (see `conv_padded_rows`).
-    let padded_rows = sp == 2 && ksize > 1 && c.geo.strides.iter().all(|&s| s == 1);
+    // Every other 2-D convolution goes through padded stride phases of the input (see
+    // `conv_padded_rows`); im2col remains for the other ranks.
+    let padded_rows = sp == 2 && !pointwise;
     for b in 0..nb {
         for gi in 0..c.group {
             let xg = &xd[(b * c.cin + gi * cg) * isize..(b * c.cin + (gi + 1) * cg) * isize];
@@ -349,12 +349,13 @@ fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPo
     Ok(y)
 }
 
-/// A stride-1 2-D convolution of one group without im2col: the input is copied once into a
-/// zero-padded buffer whose rows are `ow + (kw-1)·dw` wide, so that for every kernel offset
-/// (ky, kx) the values under the window, over all output positions at once, are one
-/// contiguous run of that buffer (output rows then carry `kw-1` extra columns, computed and
-/// dropped). B panels are plain copies, and the GEMM writes rows of that wider layout,
-/// which are compacted into the output with the residual and activation applied.
+/// A 2-D convolution of one group without im2col. The zero-padded input is split into its
+/// `sh × sw` stride phases (phase (a, b) holds padded rows a, a+sh, ... and columns b, b+sw,
+/// ...), each with rows `wp = ow + ((kw-1)·dw)/sw` wide. For every kernel offset the values
+/// under the window, over all output positions, are then one contiguous run of one phase
+/// (output rows carry a few extra columns, computed and dropped): B panels are plain copies.
+/// The GEMM writes rows of that wider layout, which are compacted into the output with the
+/// residual and activation applied.
 #[allow(clippy::too_many_arguments)]
 fn conv_padded_rows(
     c: &ConvPrep,
@@ -371,22 +372,45 @@ fn conv_padded_rows(
     let (h, w) = (in_sp[0], in_sp[1]);
     let (oh, ow) = (out_sp[0], out_sp[1]);
     let (kh, kw) = (c.geo.kernel[0], c.geo.kernel[1]);
+    let (sh, sw) = (c.geo.strides[0], c.geo.strides[1]);
     let (dh, dw) = (c.geo.dilations[0], c.geo.dilations[1]);
-    let wp = ow + (kw - 1) * dw;
-    let hp = oh + (kh - 1) * dh + 1;
+    let wp = ow + (kw - 1) * dw / sw;
+    let hp = oh + (kh - 1) * dh / sh + 1;
     let plane = hp * wp;
-    let mut padded = vec![0f32; cg * plane];
-    let (pt, pl) = (before[0], before[1]);
-    for ci in 0..cg {
-        for y in 0..hp {
-            let iy = y as isize - pt as isize;
-            if iy < 0 || iy >= h as isize {
+    let phases = sh * sw;
+    let mut padded = vec![0f32; phases * cg * plane];
+    let (pt, pl) = (before[0] as isize, before[1] as isize);
+    for a in 0..sh {
+        for bph in 0..sw {
+            // Only phases some kernel offset reads (a 1×1 stride-2 kernel reads one of four).
+            if !(0..kh).any(|ky| (ky * dh) % sh == a) || !(0..kw).any(|kx| (kx * dw) % sw == bph) {
                 continue;
             }
-            let srow = &xg[ci * h * w + iy as usize * w..ci * h * w + (iy as usize + 1) * w];
-            let (x0, x1) = (pl.min(wp), (w + pl).min(wp));
-            if x1 > x0 {
-                padded[ci * plane + y * wp + x0..ci * plane + y * wp + x1].copy_from_slice(&srow[..x1 - x0]);
+            for ci in 0..cg {
+                let base = ((a * sw + bph) * cg + ci) * plane;
+                let src = &xg[ci * h * w..(ci + 1) * h * w];
+                for y in 0..hp {
+                    let iy = (y * sh + a) as isize - pt;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+                    let drow = &mut padded[base + y * wp..base + (y + 1) * wp];
+                    // Phase column x reads input column x·sw + bph − pl.
+                    let first = if bph as isize - pl >= 0 { 0 } else { ((pl - bph as isize) as usize).div_ceil(sw) };
+                    let last = if w as isize + pl - (bph as isize) <= 0 { 0 } else { ((w as isize + pl - bph as isize) as usize).div_ceil(sw).min(wp) };
+                    if last <= first {
+                        continue;
+                    }
+                    if sw == 1 {
+                        let s0 = (first as isize + bph as isize - pl) as usize;
+                        drow[first..last].copy_from_slice(&srow[s0..s0 + (last - first)]);
+                    } else {
+                        for (x, d) in drow.iter_mut().enumerate().take(last).skip(first) {
+                            *d = srow[(x as isize * sw as isize + bph as isize - pl) as usize];
+                        }
+                    }
+                }
             }
         }
     }
@@ -394,7 +418,9 @@ fn conv_padded_rows(
     let ks = kh * kw;
     let fill = |p: usize, j0: usize, out: &mut [f32]| {
         let (ci, k) = (p / ks, p % ks);
-        let start = ci * plane + (k / kw) * dh * wp + (k % kw) * dw + j0;
+        let (ry, rx) = ((k / kw) * dh, (k % kw) * dw);
+        let phase = (ry % sh) * sw + rx % sw;
+        let start = (phase * cg + ci) * plane + (ry / sh) * wp + rx / sw + j0;
         out.copy_from_slice(&padded[start..start + out.len()]);
     };
     let mg = c.m / c.group;
