@@ -835,7 +835,7 @@ fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blo
         shape = vec![d.n];
     }
     let res = check_residual(residual, &shape)?;
-    let a = PackedA::from_slice(isa, blocking, x.data::<f32>(), m, d.k, false);
+    let a = PackedA::from_rows(isa, blocking, x.data::<f32>(), m, d.k, pool);
     let mut y = Tensor::zeros(DType::F32, &shape);
     let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, act: d.act };
     gemm(&a, &d.weight, y.data_mut::<f32>(), d.n, &ep, pool);

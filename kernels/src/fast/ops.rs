@@ -362,7 +362,7 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     let nbatch = oa.len();
     let one = |i: usize, par: &dyn Parallel| {
         let out = out;
-        let pa = PackedA::from_slice(isa, blocking, &ad[oa[i] * m * k..(oa[i] + 1) * m * k], m, k, false);
+        let pa = PackedA::from_rows(isa, blocking, &ad[oa[i] * m * k..(oa[i] + 1) * m * k], m, k, par);
         let pb = PackedB::from_slice(isa, blocking, &bd[ob[i] * k * nn..(ob[i] + 1) * k * nn], k, nn, false);
         // SAFETY: batch item i owns its m×n block of y.
         let c = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * m * nn), m * nn) };

@@ -79,6 +79,35 @@ impl PackedA {
         }
     }
 
+    /// Packs a row-major m×k matrix (activations, every call), a panel per task on `par`,
+    /// reading each row sequentially.
+    pub fn from_rows(isa: Isa, blocking: Blocking, a: &[f32], m: usize, k: usize, par: &dyn super::Parallel) -> PackedA {
+        assert!(a.len() >= m * k, "A holds {} values, {m}×{k} needed", a.len());
+        let mr = isa.mr();
+        let kc = blocking.kc.max(1);
+        let panels = m.div_ceil(mr);
+        let mut data = vec![0f32; panels * mr * k.max(1)];
+        let ptr = SendPtr(data.as_mut_ptr());
+        let kblocks = k.div_ceil(kc);
+        par.for_each(panels, &|pi| {
+            let ptr = ptr;
+            for kb in 0..kblocks {
+                let kc_len = kc.min(k - kb * kc);
+                let start = block_offset(kb, kc, panels, mr) + pi * kc_len * mr;
+                // SAFETY: each task writes its own panel (kc_len×MR floats from `start`) of
+                // every k block.
+                let panel = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(start), kc_len * mr) };
+                for r in 0..mr.min(m - pi * mr) {
+                    let row = &a[(pi * mr + r) * k + kb * kc..(pi * mr + r) * k + kb * kc + kc_len];
+                    for (p, &v) in row.iter().enumerate() {
+                        panel[p * mr + r] = v;
+                    }
+                }
+            }
+        });
+        PackedA { isa, m, k, kc, mc: blocking.mc, data }
+    }
+
     pub(crate) fn panel(&self, kb: usize, i: usize) -> *const f32 {
         let mr = self.isa.mr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));

@@ -27,6 +27,8 @@ fn matches_reference_on_awkward_sizes() {
             let (a, b) = (values(m * k, 1), values(k * n, 2));
             let blocking = Blocking { kc: 64, mc: 2 * isa.mr() };
             let pa = PackedA::from_slice(isa, blocking, &a, m, k, false);
+            let pr = PackedA::from_rows(isa, blocking, &a, m, k, &Sequential);
+            assert_eq!(format!("{pa:?}"), format!("{pr:?}"), "from_rows packs as from_slice does");
             let pb = PackedB::from_slice(isa, blocking, &b, k, n, false);
             let mut c = vec![f32::NAN; m * n];
             gemm(&pa, &pb, &mut c, n, &Epilogue::default(), &Sequential);
