@@ -163,7 +163,7 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
         return;
     }
     // Tasks: groups of column panels, enough for every thread to have a few.
-    let tasks = np.min(par.threads() * 4).max(1);
+    let tasks = np.min(par.threads()).max(1);
     let cp = CPtr(c.as_mut_ptr());
     let mc_panels = (a.mc / mr).max(1);
     par.for_each(tasks, &|t| {
@@ -341,7 +341,7 @@ pub fn gemm_lazy_b(
     let (mr, nr) = (isa.mr(), isa.nr());
     let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
     let kblocks = k.div_ceil(kc).max(1);
-    let tasks = np.min(par.threads() * 4).max(1);
+    let tasks = np.min(par.threads()).max(1);
     let cp = CPtr(c.as_mut_ptr());
     par.for_each(tasks, &|t| {
         let cp = cp;
