@@ -575,10 +575,9 @@ fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Tensor>, pool:
     pool.for_each(tasks, &|t| {
         let yp = yp;
         // Scratch rows, allocated once per task: a gather buffer and a row of zeros.
-        // Scratch: a gather row and a row of zeros, or for 3×3 stride-1 kernels a padded
-        // copy of the plane and the filtered rows.
-        let w2 = ow + 2;
-        let mut scratch = vec![0f32; (ow + w).max((oh + 2) * w2 + oh * w2 + 16)];
+        // Scratch: a gather row and a row of zeros, or for 3×3 kernels the padded stride
+        // phases of the plane and the filtered rows.
+        let mut scratch = vec![0f32; (ow + w).max(dw3_scratch(&geo))];
         for plane in t * planes / tasks..(t + 1) * planes / tasks {
             let ch = plane % c;
             let src = &xd[plane * h * w..(plane + 1) * h * w];
@@ -650,8 +649,8 @@ fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &Plan
 #[allow(clippy::too_many_arguments)]
 fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
     let PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl } = *g;
-    if kh == 3 && kw == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 {
-        return depthwise_3x3_s1(src, dst, wts, g, bias, act, res, scratch);
+    if kh == 3 && kw == 3 && dh == 1 && dw == 1 {
+        return depthwise_3x3(src, dst, wts, g, bias, act, res, scratch);
     }
     let (tmp, zeros) = scratch.split_at_mut(ow);
     zeros.fill(0.0);
@@ -774,40 +773,63 @@ fn run_elementwise(f: ElementwiseFn, ins: &[Option<Tensor>], pool: &ThreadPool) 
     Ok(y)
 }
 
-/// A 3×3 stride-1 depthwise plane as one long 9-tap filter: the plane is copied into a
-/// zero-padded buffer whose rows are `ow + 2` wide, the filter runs over all rows at once
-/// (the two extra columns per row are computed and dropped), with no per-row edge cases or
-/// short vector tails — what makes the small 14×14 and 7×7 planes fast.
+/// Scratch floats [`depthwise_3x3`] needs for a plane of this geometry.
+fn dw3_scratch(g: &PlaneGeo) -> usize {
+    let (wp, hp) = (g.ow + 2 / g.sw, g.oh + 2 / g.sh + 1);
+    g.sh * g.sw * (hp * wp + 16) + g.oh * wp
+}
+
+/// A 3×3 depthwise plane (any stride) as one long 9-tap filter: the zero-padded plane is
+/// split into its stride phases (phase (a, b) holds padded rows a, a+sh, ... and columns b,
+/// b+sw, ...), each with rows `wp = ow + 2/sw` wide, so that every tap reads one contiguous
+/// run of one phase for all output positions at once. The filter runs over all rows in one
+/// loop (the extra columns per row are computed and dropped): no per-row edge cases, no
+/// short vector tails, no gathers for stride 2.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn depthwise_3x3_s1(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
-    let PlaneGeo { h, w, oh, ow, pt, pl, .. } = *g;
-    let w2 = ow + 2;
-    let (padded, rest) = scratch.split_at_mut((oh + 2) * w2 + 16);
-    let q = &mut rest[..oh * w2];
-    padded.fill(0.0);
-    for y in 0..oh + 2 {
-        let iy = y as isize - pt as isize;
-        if iy < 0 || iy >= h as isize {
-            continue;
-        }
-        let srow = &src[iy as usize * w..(iy as usize + 1) * w];
-        // Padded column x holds input column x - pl.
-        let (x0, x1) = (pl.min(w2), (w + pl).min(w2));
-        if x1 > x0 {
-            padded[y * w2 + x0..y * w2 + x1].copy_from_slice(&srow[..x1 - x0]);
+fn depthwise_3x3(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+    let PlaneGeo { h, w, oh, ow, sh, sw, pt, pl, .. } = *g;
+    let (wp, hp) = (ow + 2 / sw, oh + 2 / sh + 1);
+    let stride = hp * wp + 16;
+    let (phases, rest) = scratch.split_at_mut(sh * sw * stride);
+    let q = &mut rest[..oh * wp];
+    phases.fill(0.0);
+    for a in 0..sh {
+        for b in 0..sw {
+            let ph = &mut phases[(a * sw + b) * stride..(a * sw + b + 1) * stride];
+            for y in 0..hp {
+                let iy = (y * sh + a) as isize - pt as isize;
+                if iy < 0 || iy >= h as isize {
+                    continue;
+                }
+                let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+                // Phase column x reads input column x·sw + b − pl.
+                let first = if b >= pl { 0 } else { (pl - b).div_ceil(sw) };
+                let last = if w + pl <= b { 0 } else { (w + pl - b).div_ceil(sw).min(wp) };
+                let drow = &mut ph[y * wp..(y + 1) * wp];
+                if sw == 1 && last > first {
+                    drow[first..last].copy_from_slice(&srow[first + b - pl..last + b - pl]);
+                } else {
+                    for (x, d) in drow.iter_mut().enumerate().take(last).skip(first) {
+                        *d = srow[x * sw + b - pl];
+                    }
+                }
+            }
         }
     }
+    let n = oh * wp;
+    let tap = |t: usize| -> &[f32] {
+        let (ky, kx) = (t / 3, t % 3);
+        let base = ((ky % sh) * sw + kx % sw) * stride + (ky / sh) * wp + kx / sw;
+        &phases[base..base + n]
+    };
+    let (s0, s1, s2, s3, s4, s5, s6, s7, s8) = (tap(0), tap(1), tap(2), tap(3), tap(4), tap(5), tap(6), tap(7), tap(8));
     let k: [f32; 9] = std::array::from_fn(|i| wts[i]);
-    let n = oh * w2;
-    let (r0, r1, r2) = (&padded[..n + 2], &padded[w2..w2 + n + 2], &padded[2 * w2..2 * w2 + n + 2]);
     for i in 0..n {
-        q[i] = k[0] * r0[i] + k[1] * r0[i + 1] + k[2] * r0[i + 2]
-            + k[3] * r1[i] + k[4] * r1[i + 1] + k[5] * r1[i + 2]
-            + k[6] * r2[i] + k[7] * r2[i + 1] + k[8] * r2[i + 2];
+        q[i] = k[0] * s0[i] + k[1] * s1[i] + k[2] * s2[i] + k[3] * s3[i] + k[4] * s4[i] + k[5] * s5[i] + k[6] * s6[i] + k[7] * s7[i] + k[8] * s8[i];
     }
     for oy in 0..oh {
-        let (row, qrow) = (&mut dst[oy * ow..(oy + 1) * ow], &q[oy * w2..oy * w2 + ow]);
+        let (row, qrow) = (&mut dst[oy * ow..(oy + 1) * ow], &q[oy * wp..oy * wp + ow]);
         match res {
             Some(r) => {
                 for ((o, &v), &x) in row.iter_mut().zip(qrow).zip(&r[oy * ow..(oy + 1) * ow]) {
