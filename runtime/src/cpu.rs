@@ -451,9 +451,6 @@ fn conv_padded_rows(
 /// The im2col matrix of one group — row (ci, kernel offset), column output position — as a
 /// function filling a strip of consecutive columns of one row, for [`gemm_lazy_b`].
 fn im2col<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a> {
-    if in_sp.len() == 2 {
-        return im2col_2d(xg, in_sp, out_sp, before, geo);
-    }
     let ksize: usize = geo.kernel.iter().product();
     let isize: usize = in_sp.iter().product();
     let sp = in_sp.len();
@@ -496,55 +493,6 @@ fn im2col<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'
     })
 }
 
-/// [`im2col`] for 2-D convolutions: each strip of output positions is filled row segment
-/// by row segment — zeros where the window hangs over the padding, a copy otherwise — with
-/// no per-element index arithmetic.
-fn im2col_2d<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a> {
-    let (h, w) = (in_sp[0], in_sp[1]);
-    let ow = out_sp[1];
-    let (kh, kw) = (geo.kernel[0], geo.kernel[1]);
-    let (sh, sw) = (geo.strides[0], geo.strides[1]);
-    let (dh, dw) = (geo.dilations[0], geo.dilations[1]);
-    let (pt, pl) = (before[0] as isize, before[1] as isize);
-    Box::new(move |p, j0, dst| {
-        let ci = p / (kh * kw);
-        let (ky, kx) = ((p / kw) % kh, p % kw);
-        let plane = &xg[ci * h * w..(ci + 1) * h * w];
-        let mut j = j0;
-        let mut filled = 0;
-        while filled < dst.len() {
-            let (oy, ox) = (j / ow, j % ow);
-            let run = (ow - ox).min(dst.len() - filled);
-            let seg = &mut dst[filled..filled + run];
-            let iy = (oy * sh + ky * dh) as isize - pt;
-            if iy < 0 || iy >= h as isize {
-                seg.fill(0.0);
-            } else {
-                let row = &plane[iy as usize * w..(iy as usize + 1) * w];
-                let shift = (kx * dw) as isize - pl;
-                // Output columns whose input column c = col*sw + shift is inside the row.
-                let first = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
-                let last = if w as isize - shift <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw) };
-                let (a, b) = (first.clamp(ox, ox + run), last.clamp(ox, ox + run).max(first.clamp(ox, ox + run)));
-                seg[..a - ox].fill(0.0);
-                seg[b - ox..].fill(0.0);
-                if b == a {
-                    // The whole segment lies over the padding.
-                } else if sw == 1 {
-                    let base = (a as isize + shift) as usize;
-                    seg[a - ox..b - ox].copy_from_slice(&row[base..base + (b - a)]);
-                } else {
-                    for (t, v) in seg[a - ox..b - ox].iter_mut().enumerate() {
-                        *v = row[((a + t) as isize * sw as isize + shift) as usize];
-                    }
-                }
-            }
-            filled += run;
-            j += run;
-        }
-    })
-}
-
 /// Shares the output buffer between channel tasks, which write disjoint planes.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -575,9 +523,9 @@ fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Tensor>, pool:
     pool.for_each(tasks, &|t| {
         let yp = yp;
         // Scratch rows, allocated once per task: a gather buffer and a row of zeros.
-        // Scratch: a gather row and a row of zeros, or for 3×3 kernels the padded stride
-        // phases of the plane and the filtered rows.
-        let mut scratch = vec![0f32; (ow + w).max(dw3_scratch(&geo))];
+        // Scratch: a gather row, or for 3×3 kernels the padded stride phases of the plane
+        // and the filtered rows.
+        let mut scratch = vec![0f32; ow.max(dw3_scratch(&geo))];
         for plane in t * planes / tasks..(t + 1) * planes / tasks {
             let ch = plane % c;
             let src = &xd[plane * h * w..(plane + 1) * h * w];
@@ -652,50 +600,10 @@ fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias:
     if kh == 3 && kw == 3 && dh == 1 && dw == 1 {
         return depthwise_3x3(src, dst, wts, g, bias, act, res, scratch);
     }
-    let (tmp, zeros) = scratch.split_at_mut(ow);
-    zeros.fill(0.0);
-    let zeros: &[f32] = zeros;
-    // 3×3 undilated kernels (most depthwise layers): the interior columns, where all three
-    // taps of every row are inside the input, accumulate in registers in one pass.
-    let fast3 = kh == 3 && kw == 3 && dh == 1 && dw == 1;
-    let (a, b) = if fast3 {
-        let a = pl.div_ceil(sw).min(ow);
-        let b = if w + pl >= 3 { ((w + pl - 3) / sw + 1).min(ow) } else { 0 };
-        (a, b.max(a))
-    } else {
-        (0, 0)
-    };
-    let k3: [f32; 9] = if fast3 { std::array::from_fn(|i| wts[i]) } else { [0.0; 9] };
+    let tmp = &mut scratch[..ow];
     for oy in 0..oh {
         let row = &mut dst[oy * ow..(oy + 1) * ow];
         row.fill(bias);
-        if fast3 && b > a {
-            let pick = |ky: usize| {
-                let iy = (oy * sh + ky) as isize - pt as isize;
-                if iy < 0 || iy >= h as isize { zeros } else { &src[iy as usize * w..(iy as usize + 1) * w] }
-            };
-            let (r0, r1, r2) = (pick(0), pick(1), pick(2));
-            let n = b - a;
-            let c0 = a * sw - pl;
-            // Exact-length slices let the compiler drop the bounds checks and vectorise.
-            let len = (n - 1) * sw + 3;
-            let (s0, s1, s2) = (&r0[c0..c0 + len], &r1[c0..c0 + len], &r2[c0..c0 + len]);
-            let o = &mut row[a..b];
-            if sw == 1 {
-                for i in 0..n {
-                    o[i] += k3[0] * s0[i] + k3[1] * s0[i + 1] + k3[2] * s0[i + 2]
-                        + k3[3] * s1[i] + k3[4] * s1[i + 1] + k3[5] * s1[i + 2]
-                        + k3[6] * s2[i] + k3[7] * s2[i + 1] + k3[8] * s2[i + 2];
-                }
-            } else {
-                for i in 0..n {
-                    let c = i * sw;
-                    o[i] += k3[0] * s0[c] + k3[1] * s0[c + 1] + k3[2] * s0[c + 2]
-                        + k3[3] * s1[c] + k3[4] * s1[c + 1] + k3[5] * s1[c + 2]
-                        + k3[6] * s2[c] + k3[7] * s2[c + 1] + k3[8] * s2[c + 2];
-                }
-            }
-        }
         for ky in 0..kh {
             let iy = (oy * sh + ky * dh) as isize - pt as isize;
             if iy < 0 || iy >= h as isize {
@@ -708,9 +616,6 @@ fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias:
                 // Output columns whose input column ox*sw + shift lies inside the row.
                 let lo = if shift >= 0 { 0 } else { ((-shift) as usize).div_ceil(sw) };
                 let hi = if (w as isize - shift) <= 0 { 0 } else { ((w as isize - shift) as usize).div_ceil(sw).min(ow) };
-                // The interior [a, b) is done already on the fast 3×3 path; do the edges.
-                let spans: [(usize, usize); 2] = if fast3 && b > a { [(lo, a.max(lo).min(hi)), (b.max(lo).min(hi), hi)] } else { [(lo, hi), (0, 0)] };
-                for (lo, hi) in spans {
                 if hi <= lo {
                     continue;
                 }
@@ -726,7 +631,6 @@ fn depthwise_body(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias:
                     for (o, &v) in row[lo..hi].iter_mut().zip(&tmp[lo..hi]) {
                         *o += wv * v;
                     }
-                }
                 }
             }
         }
