@@ -96,7 +96,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options { backend: Backend::Reference, threads: None, cpu: "native".into() }
+        Options { backend: Backend::Cpu, threads: None, cpu: "native".into() }
     }
 }
 
@@ -114,9 +114,10 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads an ONNX file with the default (reference) backend.
+    /// Loads an ONNX file with the default options: the cpu backend, one thread per
+    /// physical core, the host's full ISA.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, Error> {
-        Model::load_with(path, Backend::Reference)
+        Model::load_with_options(path, &Options::default())
     }
 
     /// Loads an ONNX file for a given backend.

@@ -31,8 +31,9 @@ enum Cmd {
         /// runs on one.
         #[arg(long)]
         threads: Option<usize>,
-        /// reference (interpreted reference kernels) or cpu (optimised for this CPU).
-        #[arg(long, default_value = "reference")]
+        /// cpu (compiled and optimised for this CPU, the default) or reference (the reference
+        /// kernels, interpreted: the oracle).
+        #[arg(long, default_value = "cpu")]
         backend: Backend,
         /// Seed of the random inputs used when --inputs is not given.
         #[arg(long, default_value_t = 0)]
