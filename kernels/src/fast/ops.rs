@@ -404,25 +404,33 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     let include_pad = n.int("count_include_pad", 0) != 0;
     let mut y = Tensor::zeros(DType::F32, &[nb, c, oh, ow]);
     let xd = x.data::<f32>();
-    rows(cx.par, &vec![0f32; nb * c * oh * ow], y.data_mut::<f32>(), oh * ow, &|plane, _, d| {
+    let out = Out(y.data_mut::<f32>().as_mut_ptr());
+    // Separable: for each output row, reduce the window's input rows into one row (a
+    // vectorisable pass over whole rows), then reduce each window's columns of that row.
+    cx.par.for_each(nb * c, &|plane| {
+        let out = out;
         let src = &xd[plane * h * w..(plane + 1) * h * w];
+        // SAFETY: plane `plane` of y is written by this task only.
+        let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(plane * oh * ow), oh * ow) };
+        let mut acc_row = vec![0f32; w];
         for oy in 0..oh {
             let y0 = (oy * sh) as isize - pt as isize;
             let (ys, ye) = (y0.max(0) as usize, ((y0 + kh as isize).min(h as isize)).max(0) as usize);
+            acc_row.fill(if is_max { f32::NEG_INFINITY } else { 0.0 });
+            for yy in ys..ye {
+                let r = &src[yy * w..(yy + 1) * w];
+                if is_max {
+                    acc_row.iter_mut().zip(r).for_each(|(a, &v)| *a = if v > *a || v.is_nan() { v } else { *a });
+                } else {
+                    acc_row.iter_mut().zip(r).for_each(|(a, &v)| *a += v);
+                }
+            }
             for ox in 0..ow {
                 let x0 = (ox * sw) as isize - pl as isize;
                 let (xs, xe) = (x0.max(0) as usize, ((x0 + kw as isize).min(w as isize)).max(0) as usize);
-                let mut acc = if is_max { f32::NEG_INFINITY } else { 0.0 };
-                for yy in ys..ye {
-                    let r = &src[yy * w + xs..yy * w + xe];
-                    if is_max {
-                        acc = r.iter().copied().fold(acc, f32::max);
-                    } else {
-                        acc += r.iter().sum::<f32>();
-                    }
-                }
+                let win = &acc_row[xs..xe.max(xs)];
                 d[oy * ow + ox] = if is_max {
-                    acc
+                    win.iter().copied().fold(f32::NEG_INFINITY, |m, v| if v > m || v.is_nan() { v } else { m })
                 } else {
                     // count_include_pad counts the window clipped to the padded input.
                     let cnt = if include_pad {
@@ -432,7 +440,7 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
                     } else {
                         ((ye - ys) * (xe - xs)) as f32
                     };
-                    acc / cnt
+                    win.iter().sum::<f32>() / cnt
                 };
             }
         }
