@@ -380,40 +380,44 @@ fn conv_padded_rows(
     let phases = sh * sw;
     let mut padded = vec![0f32; phases * cg * plane];
     let (pt, pl) = (before[0] as isize, before[1] as isize);
-    for a in 0..sh {
-        for bph in 0..sw {
-            // Only phases some kernel offset reads (a 1×1 stride-2 kernel reads one of four).
-            if !(0..kh).any(|ky| (ky * dh) % sh == a) || !(0..kw).any(|kx| (kx * dw) % sw == bph) {
-                continue;
-            }
-            for ci in 0..cg {
-                let base = ((a * sw + bph) * cg + ci) * plane;
-                let src = &xg[ci * h * w..(ci + 1) * h * w];
-                for y in 0..hp {
-                    let iy = (y * sh + a) as isize - pt;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
-                    }
-                    let srow = &src[iy as usize * w..(iy as usize + 1) * w];
-                    let drow = &mut padded[base + y * wp..base + (y + 1) * wp];
-                    // Phase column x reads input column x·sw + bph − pl.
-                    let first = if bph as isize - pl >= 0 { 0 } else { ((pl - bph as isize) as usize).div_ceil(sw) };
-                    let last = if w as isize + pl - (bph as isize) <= 0 { 0 } else { ((w as isize + pl - bph as isize) as usize).div_ceil(sw).min(wp) };
-                    if last <= first {
-                        continue;
-                    }
-                    if sw == 1 {
-                        let s0 = (first as isize + bph as isize - pl) as usize;
-                        drow[first..last].copy_from_slice(&srow[s0..s0 + (last - first)]);
-                    } else {
-                        for (x, d) in drow.iter_mut().enumerate().take(last).skip(first) {
-                            *d = srow[(x as isize * sw as isize + bph as isize - pl) as usize];
-                        }
+    // Phases some kernel offset reads (a 1×1 stride-2 kernel reads one of four), built
+    // channel by channel in parallel.
+    let used: Vec<(usize, usize)> = (0..sh)
+        .flat_map(|a| (0..sw).map(move |b| (a, b)))
+        .filter(|&(a, b)| (0..kh).any(|ky| (ky * dh) % sh == a) && (0..kw).any(|kx| (kx * dw) % sw == b))
+        .collect();
+    let pp = OutPtr(padded.as_mut_ptr());
+    pool.for_each(cg, &|ci| {
+        let pp = pp;
+        let src = &xg[ci * h * w..(ci + 1) * h * w];
+        for &(a, bph) in &used {
+            let base = ((a * sw + bph) * cg + ci) * plane;
+            // SAFETY: channel ci's plane of each phase is written by this task only.
+            let dplane = unsafe { std::slice::from_raw_parts_mut(pp.0.add(base), plane) };
+            for y in 0..hp {
+                let iy = (y * sh + a) as isize - pt;
+                if iy < 0 || iy >= h as isize {
+                    continue;
+                }
+                let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+                let drow = &mut dplane[y * wp..(y + 1) * wp];
+                // Phase column x reads input column x·sw + bph − pl.
+                let first = if bph as isize - pl >= 0 { 0 } else { ((pl - bph as isize) as usize).div_ceil(sw) };
+                let last = if w as isize + pl - (bph as isize) <= 0 { 0 } else { ((w as isize + pl - bph as isize) as usize).div_ceil(sw).min(wp) };
+                if last <= first {
+                    continue;
+                }
+                if sw == 1 {
+                    let s0 = (first as isize + bph as isize - pl) as usize;
+                    drow[first..last].copy_from_slice(&srow[s0..s0 + (last - first)]);
+                } else {
+                    for (x, d) in drow.iter_mut().enumerate().take(last).skip(first) {
+                        *d = srow[(x as isize * sw as isize + bph as isize - pl) as usize];
                     }
                 }
             }
         }
-    }
+    });
     let n_wide = oh * wp;
     let ks = kh * kw;
     let fill = |p: usize, j0: usize, out: &mut [f32]| {
@@ -431,10 +435,15 @@ fn conv_padded_rows(
     let ep = Epilogue { row_bias: bias, col_bias: None, residual: None, act: if res.is_none() { c.act } else { None } };
     gemm_lazy_b(&c.weights[gi], n_wide, &fill, &mut wide, n_wide, &ep, pool);
     let act = c.act.unwrap_or(Activation::Identity);
-    for m in 0..mg {
+    let dp = OutPtr(dst.as_mut_ptr());
+    let wide = &wide;
+    pool.for_each(mg, &|m| {
+        let dp = dp;
+        // SAFETY: output channel m is written by this task only.
+        let plane_out = unsafe { std::slice::from_raw_parts_mut(dp.0.add(m * oh * ow), oh * ow) };
         for oy in 0..oh {
             let src = &wide[m * n_wide + oy * wp..m * n_wide + oy * wp + ow];
-            let row = &mut dst[(m * oh + oy) * ow..(m * oh + oy + 1) * ow];
+            let row = &mut plane_out[oy * ow..(oy + 1) * ow];
             match res {
                 Some(r) => {
                     let r = &r[(m * oh + oy) * ow..(m * oh + oy + 1) * ow];
@@ -445,7 +454,7 @@ fn conv_padded_rows(
                 None => row.copy_from_slice(src),
             }
         }
-    }
+    });
 }
 
 /// The im2col matrix of one group — row (ci, kernel offset), column output position — as a
