@@ -348,25 +348,39 @@ pub fn gemm_lazy_b(
         let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);
         let mut buf = vec![0f32; mr * nr];
         let mut panel = vec![0f32; kc.max(1) * nr];
-        for j in j0..j1 {
+        let mut step = |kb: usize, j: usize| {
             let cols = nr.min(n - j * nr);
-            for kb in 0..kblocks {
-                let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
-                for p in 0..kc_len {
-                    let row = &mut panel[p * nr..(p + 1) * nr];
-                    fill(kb * kc + p, j * nr, &mut row[..cols]);
-                    row[cols..].fill(0.0);
-                }
-                for i in 0..mp {
-                    let rows = mr.min(m - i * mr);
-                    // SAFETY: as in `gemm`; the panel holds kc_len×NR floats.
-                    unsafe {
-                        let dst = cp.0.add(i * mr * ldc + j * nr);
-                        tile(isa, kc_len, a.panel(kb, i), panel.as_ptr(), dst, ldc, rows, cols, kb > 0, &mut buf);
-                        if kb + 1 == kblocks {
-                            epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
-                        }
+            let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
+            for p in 0..kc_len {
+                let row = &mut panel[p * nr..(p + 1) * nr];
+                fill(kb * kc + p, j * nr, &mut row[..cols]);
+                row[cols..].fill(0.0);
+            }
+            for i in 0..mp {
+                let rows = mr.min(m - i * mr);
+                // SAFETY: as in `gemm`; the panel holds kc_len×NR floats.
+                unsafe {
+                    let dst = cp.0.add(i * mr * ldc + j * nr);
+                    tile(isa, kc_len, a.panel(kb, i), panel.as_ptr(), dst, ldc, rows, cols, kb > 0, &mut buf);
+                    if kb + 1 == kblocks {
+                        epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
                     }
+                }
+            }
+        };
+        // Few column panels (a 7×7 feature map): A, often megabytes of weights, is the big
+        // operand; walking k blocks outermost reads each block of it once, from L2, for all
+        // panels. Many panels: keep each C column strip in cache across the k blocks instead.
+        if j1 - j0 <= 4 {
+            for kb in 0..kblocks {
+                for j in j0..j1 {
+                    step(kb, j);
+                }
+            }
+        } else {
+            for j in j0..j1 {
+                for kb in 0..kblocks {
+                    step(kb, j);
                 }
             }
         }
