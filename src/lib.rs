@@ -247,3 +247,13 @@ pub fn check_model_bytes(data: &[u8]) -> bool {
         Err(_) => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A loaded model can be shared by serving threads.
+    #[test]
+    fn model_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<super::Model>();
+    }
+}

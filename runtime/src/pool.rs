@@ -3,6 +3,9 @@
 //!
 //! Workers spin briefly on an atomic before sleeping, so the back-to-back small loops of a
 //! model (a batch-1 dense layer takes microseconds) do not pay a wake-up each time.
+//!
+//! Loops from several threads (one model served by several threads) take turns; a task must
+//! not start a loop on the pool that runs it (kernels pass `Sequential` to inner loops).
 
 use aim_kernels::gemm::Parallel;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
