@@ -147,12 +147,6 @@ pub fn transpose(t: &Tensor, perm: &[usize]) -> Tensor {
     gather_elems(t, &out_shape, &offs)
 }
 
-/// Converts a float tensor to f32 values (the working type of the float kernels that do
-/// not compute in f64).
-pub fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec()
-}
-
 /// Requires a floating-point input.
 pub fn need_float(t: &Tensor, what: &str) -> Result<()> {
     if !t.dtype().is_float() {
