@@ -8,6 +8,7 @@
 
 pub mod fast;
 pub mod gemm;
+pub mod nchwc;
 pub mod num;
 pub mod ops;
 pub mod util;

@@ -6,7 +6,10 @@
 //! pattern it has no fast path for), and the backend then runs the reference kernel. The
 //! approximations' errors are stated in [`math`] and tested.
 
+mod copy;
 pub mod math;
 mod ops;
+
+pub use copy::copy_short;
 
 pub use ops::{kernel, Ctx, FastKernel};

@@ -105,7 +105,7 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
         "Exp" => go!(math::exp),
         "Tanh" => go!(math::tanh),
         "Sigmoid" => go!(math::sigmoid),
-        "Relu" => go!(|v: f32| v.max(0.0)),
+        "Relu" => go!(crate::gemm::relu),
         "Sqrt" => go!(f32::sqrt),
         "Neg" => go!(|v: f32| -v),
         "Abs" => go!(f32::abs),

@@ -93,9 +93,31 @@ impl Activation {
     pub fn apply(self, x: f32) -> f32 {
         match self {
             Activation::Identity => x,
-            Activation::Relu => x.max(0.0),
-            Activation::Clip(lo, hi) => x.max(lo).min(hi),
+            Activation::Relu => relu(x),
+            Activation::Clip(lo, hi) => clamp(x, lo, hi),
         }
+    }
+}
+
+/// `max(x, 0)` as ONNX Relu defines it: NaN stays NaN (`f32::max` would return 0). Written
+/// as a comparison, it compiles to one `maxps`.
+#[inline(always)]
+pub fn relu(x: f32) -> f32 {
+    if x < 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// `clamp(x, lo, hi)` as ONNX Clip defines it: NaN stays NaN; two compare-selects.
+#[inline(always)]
+pub fn clamp(x: f32, lo: f32, hi: f32) -> f32 {
+    let x = if x < lo { lo } else { x };
+    if x > hi {
+        hi
+    } else {
+        x
     }
 }
 
@@ -436,8 +458,8 @@ unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: u
         }
         match act {
             Activation::Identity => apply!(|x: f32| x),
-            Activation::Relu => apply!(|x: f32| x.max(0.0)),
-            Activation::Clip(lo, hi) => apply!(|x: f32| x.max(lo).min(hi)),
+            Activation::Relu => apply!(relu),
+            Activation::Clip(lo, hi) => apply!(|x: f32| clamp(x, lo, hi)),
         }
     }
 }

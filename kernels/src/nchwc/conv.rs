@@ -1,0 +1,312 @@
+//! Direct convolution whose output is in the blocked layout: each microkernel tile holds
+//! `R` output pixels of one row × two channel blocks in vector registers and sums over
+//! `k = (ky, kx, ci)`, broadcasting one input value per pixel and loading two weight
+//! vectors per step. The input is read where it lies — blocked, or plain NCHW for a first
+//! layer with few channels — through a table of per-`k` offsets, so 1×1, k×k, strided and
+//! dilated convolutions share one kernel. Padding is a zero-padded copy of the input.
+
+use super::simd::Vf32;
+use super::{Geometry, Layout};
+use crate::gemm::{Activation, Isa, Parallel};
+
+/// A convolution (one group) with its weights packed for the blocked kernel.
+pub struct Conv {
+    isa: Isa,
+    lanes: usize,
+    cin: usize,
+    cout: usize,
+    input: Layout,
+    geo: Geometry,
+    /// Input channels as the kernel sees them: `cin`, rounded up to a block when blocked.
+    cin_eff: usize,
+    /// `[pair of output blocks][k][2 · lanes]`, zero where a channel is padding.
+    weights: Vec<f32>,
+    /// `[pair][2 · lanes]`.
+    bias: Vec<f32>,
+    act: Activation,
+}
+
+/// One call's tensors and sizes.
+pub struct ConvIo<'a> {
+    /// The input: `[n][cin][h][w]` (NCHW) or `[n][ceil(cin/L)][h][w][L]` (blocked).
+    pub x: &'a [f32],
+    /// Batch size.
+    pub batch: usize,
+    /// Input height and width.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Zero padding: top, left, bottom, right.
+    pub pads: [usize; 4],
+    /// Output height.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+    /// A tensor of the output's blocked shape added before the activation.
+    pub residual: Option<&'a [f32]>,
+    /// The output, `[n][ceil(cout/L)][oh][ow][L]`.
+    pub y: &'a mut [f32],
+}
+
+impl Conv {
+    /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block.
+    pub fn new(isa: Isa, weights: &[f32], bias: Option<&[f32]>, cout: usize, cin: usize, geo: Geometry, input: Layout, act: Activation) -> Conv {
+        let lanes = super::lanes(isa);
+        let [kh, kw] = geo.kernel;
+        assert_eq!(weights.len(), cout * cin * kh * kw, "weights do not match the shape");
+        let cin_eff = match input {
+            Layout::Nchw => cin,
+            Layout::Blocked => cin.div_ceil(lanes) * lanes,
+        };
+        let k = kh * kw * cin_eff;
+        let pairs = cout.div_ceil(2 * lanes);
+        let mut packed = vec![0f32; pairs * k * 2 * lanes];
+        for co in 0..cout {
+            let (pair, col) = (co / (2 * lanes), co % (2 * lanes));
+            for ci in 0..cin {
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let kk = (ky * kw + kx) * cin_eff + ci;
+                        packed[(pair * k + kk) * 2 * lanes + col] = weights[((co * cin + ci) * kh + ky) * kw + kx];
+                    }
+                }
+            }
+        }
+        let mut b = vec![0f32; pairs * 2 * lanes];
+        if let Some(bias) = bias {
+            b[..cout].copy_from_slice(&bias[..cout]);
+        }
+        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights: packed, bias: b, act }
+    }
+
+    /// The channel block (floats per pixel of a block).
+    pub fn lanes(&self) -> usize {
+        self.lanes
+    }
+
+    /// Runs the convolution. Errors name what does not fit.
+    pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {
+        let l = self.lanes;
+        let [kh, kw] = self.geo.kernel;
+        let [sh, sw] = self.geo.strides;
+        let [dh, dw] = self.geo.dilations;
+        let [pt, pl, pb, pr] = io.pads;
+        let (hp, wp) = (io.h + pt + pb, io.w + pl + pr);
+        if io.oh == 0 || io.ow == 0 || (io.oh - 1) * sh + (kh - 1) * dh >= hp || (io.ow - 1) * sw + (kw - 1) * dw >= wp {
+            return Err(format!("output {}×{} does not fit the padded input {hp}×{wp}", io.oh, io.ow));
+        }
+        let (planes, pix) = match self.input {
+            Layout::Nchw => (self.cin, 1),
+            Layout::Blocked => (self.cin_eff / l, l),
+        };
+        let in_len = io.batch * planes * io.h * io.w * pix;
+        let cb_out = self.cout.div_ceil(l);
+        let out_len = io.batch * cb_out * io.oh * io.ow * l;
+        if io.x.len() != in_len || io.y.len() != out_len || io.residual.is_some_and(|r| r.len() != out_len) {
+            return Err(format!("buffer sizes {} / {} do not match {in_len} / {out_len}", io.x.len(), io.y.len()));
+        }
+        let padded;
+        let xp: &[f32] = if io.pads == [0; 4] {
+            io.x
+        } else {
+            padded = pad_planes(io.x, io.batch * planes, io.h, io.w, pix, io.pads, par);
+            &padded
+        };
+        let plane = hp * wp * pix;
+        let koff: Vec<usize> = (0..kh * kw)
+            .flat_map(|t| (0..self.cin_eff).map(move |ci| (t, ci)))
+            .map(|(t, ci)| {
+                let at = ((t / kw) * dh * wp + (t % kw) * dw) * pix;
+                match self.input {
+                    Layout::Nchw => ci * plane + at,
+                    Layout::Blocked => (ci / l) * plane + at + ci % l,
+                }
+            })
+            .collect();
+        let pairs = self.cout.div_ceil(2 * l);
+        let rows = io.batch * io.oh;
+        let k = koff.len();
+        // Re-stream the smaller of the weights and the input: output rows innermost when
+        // the weights are the larger (they stay in cache for one pair at a time).
+        let weights_bytes = self.weights.len() * 4;
+        let pair_outer = weights_bytes > planes * plane * 4;
+        let ptrs = Ptrs { x: xp.as_ptr(), y: io.y.as_mut_ptr(), res: io.residual.map_or(std::ptr::null(), |r| r.as_ptr()) };
+        let (lo, hi) = match self.act {
+            Activation::Identity => (f32::NEG_INFINITY, f32::INFINITY),
+            Activation::Relu => (0.0, f32::INFINITY),
+            Activation::Clip(lo, hi) => (lo, hi),
+        };
+        let job = Job { conv: self, koff: &koff, k, ow: io.ow, oh: io.oh, cb_out, xps: sw * pix, xrow: sh * wp * pix, image: planes * plane, lo, hi };
+        par.for_each(pairs * rows, &|t| {
+            let ptrs = ptrs;
+            let (pair, row) = if pair_outer { (t / rows, t % rows) } else { (t % pairs, t / pairs) };
+            // SAFETY: the sizes were checked above; task (pair, row) writes only its row of
+            // its two output blocks.
+            unsafe { job.row(pair, row, ptrs) }
+        });
+        Ok(())
+    }
+}
+
+/// Raw buffer pointers shared by the row tasks.
+#[derive(Clone, Copy)]
+struct Ptrs {
+    x: *const f32,
+    y: *mut f32,
+    res: *const f32,
+}
+// SAFETY: x and res are only read; each task writes a disjoint part of y.
+unsafe impl Send for Ptrs {}
+unsafe impl Sync for Ptrs {}
+
+/// What every row task of one call shares.
+struct Job<'a> {
+    conv: &'a Conv,
+    koff: &'a [usize],
+    k: usize,
+    ow: usize,
+    oh: usize,
+    cb_out: usize,
+    /// Input floats between horizontally adjacent output pixels.
+    xps: usize,
+    /// Input floats between vertically adjacent output rows.
+    xrow: usize,
+    /// Input floats per image.
+    image: usize,
+    lo: f32,
+    hi: f32,
+}
+
+impl Job<'_> {
+    /// Output row `row` (image-major) of output blocks `2·pair` and `2·pair + 1`.
+    unsafe fn row(&self, pair: usize, row: usize, p: Ptrs) {
+        match self.conv.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => self.row_avx512(pair, row, p),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => self.row_avx2(pair, row, p),
+            _ => self.row_generic::<super::simd::Portable8, 4>(pair, row, p),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_avx512(&self, pair: usize, row: usize, p: Ptrs) {
+        self.row_generic::<super::simd::F32x16, 12>(pair, row, p)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_avx2(&self, pair: usize, row: usize, p: Ptrs) {
+        self.row_generic::<super::simd::F32x8, 6>(pair, row, p)
+    }
+
+    #[inline(always)]
+    unsafe fn row_generic<V: Vf32, const RMAX: usize>(&self, pair: usize, row: usize, p: Ptrs) {
+        let l = V::LANES;
+        let (n, oy) = (row / self.oh, row % self.oh);
+        let nb = (self.cb_out - 2 * pair).min(2);
+        let yblk = self.oh * self.ow * l;
+        let yoff = (n * self.cb_out + 2 * pair) * yblk + oy * self.ow * l;
+        let x = p.x.add(n * self.image + oy * self.xrow);
+        let w = self.conv.weights.as_ptr().add(pair * self.k * 2 * l);
+        let t = Tile {
+            k: self.k,
+            koff: self.koff.as_ptr(),
+            xps: self.xps,
+            w,
+            yblk,
+            bias: self.conv.bias.as_ptr().add(pair * 2 * l),
+            lo: self.lo,
+            hi: self.hi,
+        };
+        let mut ox = 0;
+        while ox < self.ow {
+            let r = (self.ow - ox).min(RMAX);
+            let y = p.y.add(yoff + ox * l);
+            let res = if p.res.is_null() { p.res } else { p.res.add(yoff + ox * l) };
+            let x = x.add(ox * self.xps);
+            macro_rules! go {
+                ($($r:literal)*) => {
+                    match (r, nb) {
+                        $(($r, 2) => t.run::<V, $r, 2>(x, y, res),
+                          ($r, _) => t.run::<V, $r, 1>(x, y, res),)*
+                        _ => unreachable!("tile rows are 1..=12"),
+                    }
+                };
+            }
+            go!(1 2 3 4 5 6 7 8 9 10 11 12);
+            ox += r;
+        }
+    }
+}
+
+/// One microkernel call's constant operands.
+struct Tile {
+    k: usize,
+    koff: *const usize,
+    xps: usize,
+    w: *const f32,
+    yblk: usize,
+    bias: *const f32,
+    lo: f32,
+    hi: f32,
+}
+
+impl Tile {
+    /// `R` pixels × `NB` blocks: `y = act(bias + Σ_k x[koff[k] + r·xps] · w[k] (+ res))`.
+    #[inline(always)]
+    unsafe fn run<V: Vf32, const R: usize, const NB: usize>(&self, x: *const f32, y: *mut f32, res: *const f32) {
+        let l = V::LANES;
+        let mut acc = [[V::zero(); NB]; R];
+        for kk in 0..self.k {
+            let off = *self.koff.add(kk);
+            let wk = self.w.add(kk * 2 * l);
+            let wv: [V; NB] = std::array::from_fn(|j| V::load(wk.add(j * l)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = V::splat(*x.add(r * self.xps + off));
+                for j in 0..NB {
+                    a[j] = xv.fma(wv[j], a[j]);
+                }
+            }
+        }
+        let (lo, hi) = (V::splat(self.lo), V::splat(self.hi));
+        for j in 0..NB {
+            let b = V::load(self.bias.add(j * l));
+            for (r, a) in acc.iter().enumerate() {
+                let at = j * self.yblk + r * l;
+                let mut v = a[j].add(b);
+                if !res.is_null() {
+                    v = v.add(V::load(res.add(at)));
+                }
+                v.clamp(lo, hi).store(y.add(at));
+            }
+        }
+    }
+}
+
+/// Zero-padded copies of `planes` planes of `h × w` pixels of `pix` floats.
+fn pad_planes(x: &[f32], planes: usize, h: usize, w: usize, pix: usize, pads: [usize; 4], par: &dyn Parallel) -> Vec<f32> {
+    let [pt, pl, pb, pr] = pads;
+    let (hp, wp) = (h + pt + pb, w + pl + pr);
+    let mut out = vec![0f32; planes * hp * wp * pix];
+    let op = OutPtr(out.as_mut_ptr());
+    par.for_each(planes, &|i| {
+        let op = op;
+        // SAFETY: task i writes plane i only.
+        let dst = unsafe { std::slice::from_raw_parts_mut(op.0.add(i * hp * wp * pix), hp * wp * pix) };
+        let src = &x[i * h * w * pix..(i + 1) * h * w * pix];
+        for y in 0..h {
+            let d = ((y + pt) * wp + pl) * pix;
+            crate::fast::copy_short(&mut dst[d..d + w * pix], &src[y * w * pix..(y + 1) * w * pix]);
+        }
+    });
+    out
+}
+
+/// An output pointer shared by tasks that write disjoint parts.
+#[derive(Clone, Copy)]
+pub(super) struct OutPtr(pub(super) *mut f32);
+// SAFETY: users hand each task a disjoint part.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}

@@ -1,0 +1,200 @@
+//! Depthwise convolution in the blocked layout: one vector holds the same pixel of `L`
+//! channels, so every tap is one vector load and one FMA against that tap's weights for
+//! those channels. Interior pixels run four at a time (each tap's weights loaded once);
+//! pixels whose window crosses the left or right edge skip the taps outside, and rows near
+//! the top or bottom skip whole kernel rows: no padded copy.
+
+use super::conv::OutPtr;
+use super::simd::Vf32;
+use super::Geometry;
+use crate::gemm::{Activation, Isa, Parallel};
+
+/// A depthwise convolution (`group == channels`, one filter per channel), packed by block.
+pub struct Depthwise {
+    isa: Isa,
+    lanes: usize,
+    channels: usize,
+    geo: Geometry,
+    /// `[block][kh·kw][L]`.
+    weights: Vec<f32>,
+    /// `[block][L]`.
+    bias: Vec<f32>,
+    act: Activation,
+}
+
+/// One call's tensors and sizes; input and output are blocked.
+pub struct DepthwiseIo<'a> {
+    /// `[n][ceil(c/L)][h][w][L]`.
+    pub x: &'a [f32],
+    /// Batch size.
+    pub batch: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Padding before: top, left (padding after is implied by the output size).
+    pub pads: [usize; 2],
+    /// Output height.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+    /// Added before the activation, in the output's shape.
+    pub residual: Option<&'a [f32]>,
+    /// `[n][ceil(c/L)][oh][ow][L]`.
+    pub y: &'a mut [f32],
+}
+
+impl Depthwise {
+    /// Packs `weights` (`[c][1][kh][kw]`) and `bias` by channel block.
+    pub fn new(isa: Isa, weights: &[f32], bias: Option<&[f32]>, channels: usize, geo: Geometry, act: Activation) -> Depthwise {
+        let lanes = super::lanes(isa);
+        let taps = geo.kernel[0] * geo.kernel[1];
+        assert_eq!(weights.len(), channels * taps, "weights do not match the shape");
+        let blocks = channels.div_ceil(lanes);
+        let mut w = vec![0f32; blocks * taps * lanes];
+        let mut b = vec![0f32; blocks * lanes];
+        for c in 0..channels {
+            for t in 0..taps {
+                w[((c / lanes) * taps + t) * lanes + c % lanes] = weights[c * taps + t];
+            }
+            b[c] = bias.map_or(0.0, |b| b[c]);
+        }
+        Depthwise { isa, lanes, channels, geo, weights: w, bias: b, act }
+    }
+
+    /// Runs the convolution. Errors name what does not fit.
+    pub fn run(&self, io: DepthwiseIo, par: &dyn Parallel) -> Result<(), String> {
+        let l = self.lanes;
+        let blocks = self.channels.div_ceil(l);
+        let (in_len, out_len) = (io.batch * blocks * io.h * io.w * l, io.batch * blocks * io.oh * io.ow * l);
+        if io.x.len() != in_len || io.y.len() != out_len || io.residual.is_some_and(|r| r.len() != out_len) {
+            return Err(format!("buffer sizes {} / {} do not match {in_len} / {out_len}", io.x.len(), io.y.len()));
+        }
+        let (lo, hi) = match self.act {
+            Activation::Identity => (f32::NEG_INFINITY, f32::INFINITY),
+            Activation::Relu => (0.0, f32::INFINITY),
+            Activation::Clip(lo, hi) => (lo, hi),
+        };
+        let job = Job { d: self, h: io.h, w: io.w, oh: io.oh, ow: io.ow, pt: io.pads[0], pl: io.pads[1], lo, hi };
+        let (x, y, res) = (In(io.x.as_ptr()), OutPtr(io.y.as_mut_ptr()), In(io.residual.map_or(std::ptr::null(), |r| r.as_ptr())));
+        let rows = io.batch * blocks * io.oh;
+        par.for_each(rows, &|t| {
+            let (x, y, res) = (x, y, res);
+            // SAFETY: sizes checked above; task t writes output row t (of all blocks' rows).
+            unsafe { job.row(t, x.0, y.0, res.0) }
+        });
+        Ok(())
+    }
+}
+
+/// A read-only pointer shared by tasks.
+#[derive(Clone, Copy)]
+struct In(*const f32);
+// SAFETY: only read.
+unsafe impl Send for In {}
+unsafe impl Sync for In {}
+
+struct Job<'a> {
+    d: &'a Depthwise,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    pt: usize,
+    pl: usize,
+    lo: f32,
+    hi: f32,
+}
+
+impl Job<'_> {
+    unsafe fn row(&self, t: usize, x: *const f32, y: *mut f32, res: *const f32) {
+        match self.d.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => self.row_avx512(t, x, y, res),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => self.row_avx2(t, x, y, res),
+            _ => self.row_generic::<super::simd::Portable8>(t, x, y, res),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_avx512(&self, t: usize, x: *const f32, y: *mut f32, res: *const f32) {
+        self.row_generic::<super::simd::F32x16>(t, x, y, res)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_avx2(&self, t: usize, x: *const f32, y: *mut f32, res: *const f32) {
+        self.row_generic::<super::simd::F32x8>(t, x, y, res)
+    }
+
+    /// Output row `t` = (image·blocks + block)·oh + oy.
+    #[inline(always)]
+    unsafe fn row_generic<V: Vf32>(&self, t: usize, x: *const f32, y: *mut f32, res: *const f32) {
+        let l = V::LANES;
+        let [kh, kw] = self.d.geo.kernel;
+        let [sh, sw] = self.d.geo.strides;
+        let [dh, dw] = self.d.geo.dilations;
+        let (plane, oy) = (t / self.oh, t % self.oh);
+        let blk = plane % self.d.channels.div_ceil(l);
+        let xp = x.add(plane * self.h * self.w * l);
+        let yrow = y.add(t * self.ow * l);
+        let rrow = if res.is_null() { res } else { res.add(t * self.ow * l) };
+        let wts = self.d.weights.as_ptr().add(blk * kh * kw * l);
+        let bias = V::load(self.d.bias.as_ptr().add(blk * l));
+        let (lo, hi) = (V::splat(self.lo), V::splat(self.hi));
+        // Kernel rows inside the input for this output row.
+        let iy0 = (oy * sh) as isize - self.pt as isize;
+        let ky_lo = if iy0 >= 0 { 0 } else { ((-iy0) as usize).div_ceil(dh) };
+        let ky_hi = if iy0 >= self.h as isize { 0 } else { ((self.h as isize - iy0) as usize).div_ceil(dh).min(kh) };
+        // Output columns whose whole window lies inside the row: [ox_lo, ox_hi).
+        let ox_lo = self.pl.div_ceil(sw).min(self.ow);
+        let span = (kw - 1) * dw;
+        let ox_hi = if self.w + self.pl >= span + 1 { ((self.w + self.pl - span - 1) / sw + 1).min(self.ow).max(ox_lo) } else { ox_lo };
+        let finish = |v: V, ox: usize| {
+            let v = if rrow.is_null() { v } else { v.add(V::load(rrow.add(ox * l))) };
+            v.clamp(lo, hi).store(yrow.add(ox * l));
+        };
+        // One pixel, any window: taps outside the row are skipped.
+        let edge = |ox: usize| {
+            let ix0 = (ox * sw) as isize - self.pl as isize;
+            let mut acc = bias;
+            for ky in ky_lo..ky_hi {
+                let iy = (iy0 + (ky * dh) as isize) as usize;
+                for kx in 0..kw {
+                    let ix = ix0 + (kx * dw) as isize;
+                    if ix >= 0 && (ix as usize) < self.w {
+                        let xv = V::load(xp.add((iy * self.w + ix as usize) * l));
+                        acc = xv.fma(V::load(wts.add((ky * kw + kx) * l)), acc);
+                    }
+                }
+            }
+            finish(acc, ox);
+        };
+        for ox in 0..ox_lo {
+            edge(ox);
+        }
+        let mut ox = ox_lo;
+        while ox + 4 <= ox_hi {
+            let ix0 = ox * sw - self.pl;
+            let mut acc = [bias; 4];
+            for ky in ky_lo..ky_hi {
+                let rowp = xp.add(((iy0 + (ky * dh) as isize) as usize * self.w + ix0) * l);
+                for kx in 0..kw {
+                    let wv = V::load(wts.add((ky * kw + kx) * l));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        *a = V::load(rowp.add((r * sw + kx * dw) * l)).fma(wv, *a);
+                    }
+                }
+            }
+            for (r, a) in acc.into_iter().enumerate() {
+                finish(a, ox + r);
+            }
+            ox += 4;
+        }
+        for ox in ox..self.ow {
+            edge(ox);
+        }
+    }
+}

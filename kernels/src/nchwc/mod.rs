@@ -1,0 +1,48 @@
+//! Kernels for the blocked channel layout (NCHWc): a tensor `[n][c][h][w]` is stored as
+//! `[n][ceil(c/L)][h][w][L]`, `L` channels per block — the vector width of the ISA (16 for
+//! AVX-512, 8 otherwise) — with the channels past `c` in the last block zero (kernels keep
+//! them finite). A vector then holds one pixel of `L` channels, which turns depthwise
+//! convolutions and convolutions over small images into dense vector work; the compiler's
+//! layout pass puts whole chains of convolutions into this layout and reorders at the edges.
+
+mod conv;
+mod depthwise;
+mod reorder;
+mod simd;
+
+pub use conv::{Conv, ConvIo};
+pub use depthwise::{Depthwise, DepthwiseIo};
+pub use reorder::{from_blocked, to_blocked};
+
+use crate::gemm::Isa;
+
+/// The channel block for an ISA: one vector of floats.
+pub fn lanes(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 16,
+        Isa::Avx2 | Isa::Portable => 8,
+    }
+}
+
+/// How a convolution's input is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `[n][c][h][w]`: read directly by a first layer with few input channels.
+    Nchw,
+    /// `[n][ceil(c/L)][h][w][L]`.
+    Blocked,
+}
+
+/// A 2-D window: kernel size, strides and dilations (height, width).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Strides.
+    pub strides: [usize; 2],
+    /// Dilations.
+    pub dilations: [usize; 2],
+}
+
+#[cfg(test)]
+mod tests;

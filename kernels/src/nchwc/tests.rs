@@ -1,0 +1,183 @@
+//! The blocked kernels against a direct definition of convolution, for every ISA this CPU
+//! runs, over strides, dilations, paddings, channel counts that do and do not fill a block,
+//! both input layouts, residuals and activations.
+
+use super::*;
+use crate::gemm::{Activation, Isa, Sequential};
+
+/// A small deterministic generator (xorshift), values in [-1, 1).
+fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            (*seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// NCHW convolution by definition (group 1 or depthwise), with bias, residual, activation.
+#[allow(clippy::too_many_arguments)]
+fn naive(x: &[f32], w: &[f32], b: &[f32], n: usize, cin: usize, cout: usize, h: usize, wd: usize, g: Geometry, pads: [usize; 2], oh: usize, ow: usize, depthwise: bool, res: Option<&[f32]>, act: Activation) -> Vec<f32> {
+    let [kh, kw] = g.kernel;
+    let cg = if depthwise { 1 } else { cin };
+    let mut y = vec![0f32; n * cout * oh * ow];
+    for img in 0..n {
+        for co in 0..cout {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut s = b[co] as f64;
+                    for cj in 0..cg {
+                        let ci = if depthwise { co } else { cj };
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * g.strides[0] + ky * g.dilations[0]) as isize - pads[0] as isize;
+                                let ix = (ox * g.strides[1] + kx * g.dilations[1]) as isize - pads[1] as isize;
+                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wd {
+                                    let xv = x[((img * cin + ci) * h + iy as usize) * wd + ix as usize];
+                                    s += xv as f64 * w[((co * cg + cj) * kh + ky) * kw + kx] as f64;
+                                }
+                            }
+                        }
+                    }
+                    let at = ((img * cout + co) * oh + oy) * ow + ox;
+                    let v = s as f32 + res.map_or(0.0, |r| r[at]);
+                    y[at] = act.apply(v);
+                }
+            }
+        }
+    }
+    y
+}
+
+fn isas() -> Vec<Isa> {
+    [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.available()).collect()
+}
+
+fn blocked(x: &[f32], n: usize, c: usize, hw: usize, l: usize) -> Vec<f32> {
+    let mut y = vec![0f32; n * c.div_ceil(l) * hw * l];
+    to_blocked(x, n, c, hw, l, &mut y, &Sequential);
+    y
+}
+
+fn close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{what}: element {i}: got {a}, want {b}");
+    }
+}
+
+#[test]
+fn reorders_round_trip() {
+    let mut seed = 7;
+    for &(n, c, hw) in &[(1, 3, 5), (2, 16, 7), (1, 24, 1), (2, 33, 9)] {
+        let x = rand(n * c * hw, &mut seed);
+        for l in [8, 16] {
+            let b = blocked(&x, n, c, hw, l);
+            // Padding channels are zero.
+            for blk in 0..c.div_ceil(l) {
+                for lane in 0..l {
+                    if blk * l + lane >= c {
+                        assert!((0..hw).all(|p| b[((n - 1) * c.div_ceil(l) + blk) * hw * l + p * l + lane] == 0.0));
+                    }
+                }
+            }
+            let mut back = vec![0f32; x.len()];
+            from_blocked(&b, n, c, hw, l, &mut back, &Sequential);
+            assert_eq!(back, x);
+        }
+    }
+}
+
+#[test]
+fn conv_matches_the_definition() {
+    let mut seed = 1;
+    // (cin, cout, h, w, kernel, stride, dilation, pads [t, l, b, r], input layout)
+    let cases = [
+        (16, 32, 5, 6, 1, 1, 1, [0, 0, 0, 0], Layout::Blocked),
+        (24, 40, 7, 7, 1, 1, 1, [0, 0, 0, 0], Layout::Blocked),
+        (8, 16, 9, 13, 3, 1, 1, [1, 1, 1, 1], Layout::Blocked),
+        (20, 24, 9, 8, 3, 2, 1, [1, 1, 1, 1], Layout::Blocked),
+        (16, 16, 8, 8, 1, 2, 1, [0, 0, 0, 0], Layout::Blocked),
+        (5, 48, 11, 10, 3, 1, 2, [2, 2, 2, 2], Layout::Blocked),
+        (3, 32, 15, 15, 3, 2, 1, [1, 1, 1, 1], Layout::Nchw),
+        (3, 20, 16, 17, 7, 2, 1, [3, 3, 3, 3], Layout::Nchw),
+        (4, 8, 6, 6, 2, 1, 1, [0, 1, 1, 0], Layout::Nchw),
+    ];
+    for isa in isas() {
+        let l = lanes(isa);
+        for &(cin, cout, h, w, k, s, d, pads, layout) in &cases {
+            for (act, with_res) in [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)] {
+                let n = 2;
+                let g = Geometry { kernel: [k, k], strides: [s, s], dilations: [d, d] };
+                let oh = (h + pads[0] + pads[2] - (k - 1) * d - 1) / s + 1;
+                let ow = (w + pads[1] + pads[3] - (k - 1) * d - 1) / s + 1;
+                let x = rand(n * cin * h * w, &mut seed);
+                let wt = rand(cout * cin * k * k, &mut seed);
+                let b = rand(cout, &mut seed);
+                let res = with_res.then(|| rand(n * cout * oh * ow, &mut seed));
+                let want = naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
+                let conv = Conv::new(isa, &wt, Some(&b), cout, cin, g, layout, act);
+                let xin = if layout == Layout::Blocked { blocked(&x, n, cin, h * w, l) } else { x.clone() };
+                let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
+                let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
+                conv.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
+                let mut got = vec![0f32; want.len()];
+                from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
+                close(&got, &want, &format!("{isa:?} conv {cin}->{cout} {h}x{w} k{k} s{s} d{d} {pads:?} {layout:?} {act:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn depthwise_matches_the_definition() {
+    let mut seed = 3;
+    // (channels, h, w, kernel, stride, dilation, pads [t, l, b, r])
+    let cases = [
+        (16, 7, 7, 3, 1, 1, [1, 1, 1, 1]),
+        (24, 14, 13, 3, 2, 1, [1, 1, 1, 1]),
+        (32, 12, 12, 3, 2, 1, [0, 0, 1, 1]),
+        (8, 9, 11, 5, 1, 1, [2, 2, 2, 2]),
+        (40, 10, 9, 3, 1, 2, [2, 2, 2, 2]),
+        (16, 2, 3, 3, 1, 1, [1, 1, 1, 1]),
+        (12, 6, 20, 3, 3, 1, [1, 0, 1, 0]),
+    ];
+    for isa in isas() {
+        let l = lanes(isa);
+        for &(c, h, w, k, s, d, pads) in &cases {
+            for (act, with_res) in [(Activation::Identity, true), (Activation::Clip(0.0, 0.6), false)] {
+                let n = 2;
+                let g = Geometry { kernel: [k, k], strides: [s, s], dilations: [d, d] };
+                let oh = (h + pads[0] + pads[2] - (k - 1) * d - 1) / s + 1;
+                let ow = (w + pads[1] + pads[3] - (k - 1) * d - 1) / s + 1;
+                let x = rand(n * c * h * w, &mut seed);
+                let wt = rand(c * k * k, &mut seed);
+                let b = rand(c, &mut seed);
+                let res = with_res.then(|| rand(n * c * oh * ow, &mut seed));
+                let want = naive(&x, &wt, &b, n, c, c, h, w, g, [pads[0], pads[1]], oh, ow, true, res.as_deref(), act);
+                let dw = Depthwise::new(isa, &wt, Some(&b), c, g, act);
+                let xin = blocked(&x, n, c, h * w, l);
+                let res_b = res.as_ref().map(|r| blocked(r, n, c, oh * ow, l));
+                let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
+                dw.run(DepthwiseIo { x: &xin, batch: n, h, w, pads: [pads[0], pads[1]], oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
+                let mut got = vec![0f32; want.len()];
+                from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
+                close(&got, &want, &format!("{isa:?} depthwise {c} {h}x{w} k{k} s{s} d{d} {pads:?} {act:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_conv_refuses_buffers_that_do_not_fit() {
+    let g = Geometry { kernel: [3, 3], strides: [1, 1], dilations: [1, 1] };
+    let conv = Conv::new(Isa::Portable, &[0.0; 16 * 8 * 9], None, 16, 8, g, Layout::Blocked, Activation::Identity);
+    let x = vec![0f32; 8 * 5 * 5];
+    let mut y = vec![0f32; 16 * 5 * 5];
+    // Too small an output for the given input.
+    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [1; 4], oh: 5, ow: 5, residual: None, y: &mut y[..100] }, &Sequential).is_err());
+    // An output larger than the window allows.
+    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [0; 4], oh: 5, ow: 5, residual: None, y: &mut y }, &Sequential).is_err());
+}

@@ -1,0 +1,288 @@
+//! Convolutions as packed GEMMs: 2-D ones over padded stride phases of the input, pointwise
+//! ones straight from the input, the other ranks over im2col strips.
+
+use super::phases::phase_row;
+use super::{activation, check_residual, const_f32, prep_err, OutPtr, Prepared};
+use super::depthwise::DepthwisePrep;
+use crate::exec::RunError;
+use crate::pool::ThreadPool;
+use aim_ir::{DType, Graph, Node, Tensor};
+use aim_kernels::fast::copy_short;
+use aim_kernels::gemm::{gemm_lazy_b, Activation, Blocking, Epilogue, Isa, PackedA, Parallel};
+
+pub(super) struct Geometry {
+    pub(super) kernel: Vec<usize>,
+    pub(super) strides: Vec<usize>,
+    pub(super) dilations: Vec<usize>,
+    pub(super) pads: Vec<i64>,
+    pub(super) auto_pad: String,
+}
+
+pub(super) struct ConvPrep {
+    /// One packed weight matrix (Mg × Cg·k) per group.
+    weights: Vec<PackedA>,
+    bias: Option<Vec<f32>>,
+    act: Option<Activation>,
+    group: usize,
+    m: usize,
+    cin: usize,
+    geo: Geometry,
+}
+
+pub(super) fn geometry(n: &Node, kernel: &[usize]) -> Geometry {
+    let sp = kernel.len();
+    let list = |name: &str| n.ints(name).map(|v| v.iter().map(|&x| x.max(1) as usize).collect()).unwrap_or(vec![1; sp]);
+    Geometry {
+        kernel: kernel.to_vec(),
+        strides: list("strides"),
+        dilations: list("dilations"),
+        pads: n.ints("pads").map(|v| v.to_vec()).unwrap_or(vec![0; 2 * sp]),
+        auto_pad: n.string("auto_pad", "NOTSET").to_string(),
+    }
+}
+
+/// Output size and padding-before per spatial dim, as ONNX defines them.
+pub(super) fn resolve(geo: &Geometry, in_sp: &[usize]) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let mut out = Vec::new();
+    let mut before = Vec::new();
+    let sp = in_sp.len();
+    if geo.kernel.len() != sp || geo.strides.len() != sp || geo.dilations.len() != sp || geo.pads.len() != 2 * sp {
+        return Err(format!("attributes do not match {sp} spatial dims"));
+    }
+    for i in 0..sp {
+        let ek = (geo.kernel[i] - 1) * geo.dilations[i] + 1;
+        let s = geo.strides[i];
+        match geo.auto_pad.as_str() {
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let o = in_sp[i].div_ceil(s);
+                let total = ((o - 1) * s + ek).saturating_sub(in_sp[i]);
+                before.push(if geo.auto_pad == "SAME_UPPER" { total / 2 } else { total - total / 2 });
+                out.push(o);
+            }
+            _ => {
+                let (pb, pe) = if geo.auto_pad == "VALID" { (0, 0) } else { (geo.pads[i].max(0) as usize, geo.pads[sp + i].max(0) as usize) };
+                let total = in_sp[i] + pb + pe;
+                if total < ek {
+                    return Err(format!("kernel extent {ek} exceeds the padded input {total}"));
+                }
+                before.push(pb);
+                out.push((total - ek) / s + 1);
+            }
+        }
+    }
+    Ok((out, before))
+}
+
+pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
+    let w = const_f32(g, n.input(1)).ok_or_else(|| prep_err(n, "weights must be constant f32"))?;
+    if w.rank() < 3 {
+        return Err(prep_err(n, "weights must be at least 3-D"));
+    }
+    let (m, cg) = (w.shape()[0], w.shape()[1]);
+    let group = n.int("group", 1).max(1) as usize;
+    if m % group != 0 {
+        return Err(prep_err(n, format!("{m} output channels do not split into {group} groups")));
+    }
+    let kernel: Vec<usize> = w.shape()[2..].to_vec();
+    let bias = match n.input(2) {
+        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == m).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output channel"))?.data::<f32>().to_vec()),
+        None => None,
+    };
+    let geo = geometry(n, &kernel);
+    let act = activation(n);
+    if group == m && cg == 1 && kernel.len() == 2 {
+        return Ok(Prepared::Depthwise(Box::new(DepthwisePrep { weights: w.data::<f32>().to_vec(), bias, act, channels: m, geo })));
+    }
+    let mg = m / group;
+    let k: usize = cg * kernel.iter().product::<usize>();
+    let wd = w.data::<f32>();
+    let weights = (0..group).map(|gi| PackedA::from_slice(isa, blocking, &wd[gi * mg * k..(gi + 1) * mg * k], mg, k, false)).collect();
+    Ok(Prepared::Conv(Box::new(ConvPrep { weights, bias, act, group, m, cin: cg * group, geo })))
+}
+
+pub(super) fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPool) -> Result<Tensor, String> {
+    let xs = x.shape();
+    let sp = c.geo.kernel.len();
+    if xs.len() != sp + 2 || xs[1] != c.cin {
+        return Err(format!("input {xs:?} does not fit {} input channels and a {sp}-D kernel", c.cin));
+    }
+    let in_sp = &xs[2..];
+    let (out_sp, before) = resolve(&c.geo, in_sp)?;
+    let (nb, osize, isize) = (xs[0], out_sp.iter().product::<usize>(), in_sp.iter().product::<usize>());
+    let mut shape = vec![nb, c.m];
+    shape.extend(&out_sp);
+    let res = check_residual(residual, &shape)?;
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let (cg, mg) = (c.cin / c.group, c.m / c.group);
+    let ksize: usize = c.geo.kernel.iter().product();
+    let xd = x.data::<f32>();
+    let pointwise = ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
+    let yd = y.data_mut::<f32>();
+    // Every other 2-D convolution goes through padded stride phases of the input (see
+    // `conv_padded_rows`); im2col remains for the other ranks.
+    let padded_rows = sp == 2 && !pointwise;
+    for b in 0..nb {
+        for gi in 0..c.group {
+            let xg = &xd[(b * c.cin + gi * cg) * isize..(b * c.cin + (gi + 1) * cg) * isize];
+            let off = (b * c.m + gi * mg) * osize;
+            if padded_rows {
+                let dstg = &mut yd[off..off + mg * osize];
+                let resg = res.map(|r| &r[off..off + mg * osize]);
+                conv_padded_rows(c, gi, xg, cg, in_sp, &out_sp, &before, dstg, resg, pool);
+                continue;
+            }
+            let fill: Box<dyn Fn(usize, usize, &mut [f32]) + Sync> = if pointwise {
+                Box::new(move |p: usize, j0: usize, dst: &mut [f32]| copy_short(dst, &xg[p * isize + j0..p * isize + j0 + dst.len()]))
+            } else {
+                im2col(xg, in_sp, &out_sp, &before, &c.geo)
+            };
+            let ep = Epilogue {
+                row_bias: c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]),
+                col_bias: None,
+                residual: res.map(|r| &r[off..off + mg * osize]),
+                act: c.act,
+            };
+            gemm_lazy_b(&c.weights[gi], osize, &*fill, &mut yd[off..off + mg * osize], osize, &ep, pool);
+        }
+    }
+    Ok(y)
+}
+
+/// A 2-D convolution of one group without im2col. The zero-padded input is split into its
+/// `sh × sw` stride phases (phase (a, b) holds padded rows a, a+sh, ... and columns b, b+sw,
+/// ...), each with rows `wp = ow + ((kw-1)·dw)/sw` wide. For every kernel offset the values
+/// under the window, over all output positions, are then one contiguous run of one phase
+/// (output rows carry a few extra columns, computed and dropped): B panels are plain copies.
+/// The GEMM writes rows of that wider layout, which are compacted into the output with the
+/// residual and activation applied.
+#[allow(clippy::too_many_arguments)]
+fn conv_padded_rows(
+    c: &ConvPrep,
+    gi: usize,
+    xg: &[f32],
+    cg: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    before: &[usize],
+    dst: &mut [f32],
+    res: Option<&[f32]>,
+    pool: &ThreadPool,
+) {
+    let (h, w) = (in_sp[0], in_sp[1]);
+    let (oh, ow) = (out_sp[0], out_sp[1]);
+    let (kh, kw) = (c.geo.kernel[0], c.geo.kernel[1]);
+    let (sh, sw) = (c.geo.strides[0], c.geo.strides[1]);
+    let (dh, dw) = (c.geo.dilations[0], c.geo.dilations[1]);
+    let wp = ow + (kw - 1) * dw / sw;
+    let hp = oh + (kh - 1) * dh / sh + 1;
+    let plane = hp * wp;
+    let phases = sh * sw;
+    let mut padded = vec![0f32; phases * cg * plane];
+    let (pt, pl) = (before[0] as isize, before[1]);
+    // Phases some kernel offset reads (a 1×1 stride-2 kernel reads one of four), built
+    // channel by channel in parallel.
+    let used: Vec<(usize, usize)> = (0..sh)
+        .flat_map(|a| (0..sw).map(move |b| (a, b)))
+        .filter(|&(a, b)| (0..kh).any(|ky| (ky * dh) % sh == a) && (0..kw).any(|kx| (kx * dw) % sw == b))
+        .collect();
+    let pp = OutPtr(padded.as_mut_ptr());
+    pool.for_each(cg, &|ci| {
+        let pp = pp;
+        let src = &xg[ci * h * w..(ci + 1) * h * w];
+        for &(a, bph) in &used {
+            let base = ((a * sw + bph) * cg + ci) * plane;
+            // SAFETY: channel ci's plane of each phase is written by this task only.
+            let dplane = unsafe { std::slice::from_raw_parts_mut(pp.0.add(base), plane) };
+            for y in 0..hp {
+                let iy = (y * sh + a) as isize - pt;
+                if iy < 0 || iy >= h as isize {
+                    continue;
+                }
+                let srow = &src[iy as usize * w..(iy as usize + 1) * w];
+                phase_row(srow, sw, bph, pl, &mut dplane[y * wp..(y + 1) * wp]);
+            }
+        }
+    });
+    let n_wide = oh * wp;
+    let ks = kh * kw;
+    let fill = |p: usize, j0: usize, out: &mut [f32]| {
+        let (ci, k) = (p / ks, p % ks);
+        let (ry, rx) = ((k / kw) * dh, (k % kw) * dw);
+        let phase = (ry % sh) * sw + rx % sw;
+        let start = (phase * cg + ci) * plane + (ry / sh) * wp + rx / sw + j0;
+        copy_short(out, &padded[start..start + out.len()]);
+    };
+    let mg = c.m / c.group;
+    let mut wide = vec![0f32; mg * n_wide];
+    let bias = c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]);
+    // Without a residual the activation can run in the GEMM's epilogue; with one it must
+    // wait until the residual is added, in the compaction.
+    let ep = Epilogue { row_bias: bias, col_bias: None, residual: None, act: if res.is_none() { c.act } else { None } };
+    gemm_lazy_b(&c.weights[gi], n_wide, &fill, &mut wide, n_wide, &ep, pool);
+    let act = c.act.unwrap_or(Activation::Identity);
+    let dp = OutPtr(dst.as_mut_ptr());
+    let wide = &wide;
+    pool.for_each(mg, &|m| {
+        let dp = dp;
+        // SAFETY: output channel m is written by this task only.
+        let plane_out = unsafe { std::slice::from_raw_parts_mut(dp.0.add(m * oh * ow), oh * ow) };
+        for oy in 0..oh {
+            let src = &wide[m * n_wide + oy * wp..m * n_wide + oy * wp + ow];
+            let row = &mut plane_out[oy * ow..(oy + 1) * ow];
+            match res {
+                Some(r) => {
+                    let r = &r[(m * oh + oy) * ow..(m * oh + oy + 1) * ow];
+                    for ((o, &v), &x) in row.iter_mut().zip(src).zip(r) {
+                        *o = act.apply(v + x);
+                    }
+                }
+                None => copy_short(row, src),
+            }
+        }
+    });
+}
+
+/// The im2col matrix of one group — row (ci, kernel offset), column output position — as a
+/// function filling a strip of consecutive columns of one row, for [`gemm_lazy_b`].
+fn im2col<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a> {
+    let ksize: usize = geo.kernel.iter().product();
+    let isize: usize = in_sp.iter().product();
+    let sp = in_sp.len();
+    Box::new(move |p, j0, dst| {
+        let (ci, mut kflat) = (p / ksize, p % ksize);
+        // Kernel offsets of row p, innermost dim last.
+        let mut koff = [0usize; 8];
+        for d in (0..sp).rev() {
+            koff[d] = kflat % geo.kernel[d];
+            kflat /= geo.kernel[d];
+        }
+        let plane = &xg[ci * isize..(ci + 1) * isize];
+        // The output position of column j0, then walk forward.
+        let mut pos = [0usize; 8];
+        let mut jf = j0;
+        for d in (0..sp).rev() {
+            pos[d] = jf % out_sp[d];
+            jf /= out_sp[d];
+        }
+        for v in dst.iter_mut() {
+            let mut off = 0usize;
+            let mut inside = true;
+            for d in 0..sp {
+                let i = (pos[d] * geo.strides[d] + koff[d] * geo.dilations[d]) as isize - before[d] as isize;
+                if i < 0 || i >= in_sp[d] as isize {
+                    inside = false;
+                    break;
+                }
+                off = off * in_sp[d] + i as usize;
+            }
+            *v = if inside { plane[off] } else { 0.0 };
+            for d in (0..sp).rev() {
+                pos[d] += 1;
+                if pos[d] < out_sp[d] {
+                    break;
+                }
+                pos[d] = 0;
+            }
+        }
+    })
+}

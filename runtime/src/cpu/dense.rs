@@ -1,0 +1,45 @@
+//! `aim:Dense` (MatMul/Gemm with a constant weight) as a packed GEMM.
+
+use super::{activation, check_residual, const_f32, prep_err, Prepared};
+use crate::exec::RunError;
+use crate::pool::ThreadPool;
+use aim_ir::{DType, Graph, Node, Tensor};
+use aim_kernels::gemm::{gemm, Activation, Blocking, Epilogue, Isa, PackedA, PackedB};
+
+pub(super) struct DensePrep {
+    weight: PackedB,
+    bias: Option<Vec<f32>>,
+    act: Option<Activation>,
+    k: usize,
+    n: usize,
+}
+
+pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
+    let w = const_f32(g, n.input(1)).filter(|t| t.rank() == 2).ok_or_else(|| prep_err(n, "weight must be a constant 2-D f32"))?;
+    let (k, nn) = (w.shape()[0], w.shape()[1]);
+    let bias = match n.input(2) {
+        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == nn).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output"))?.data::<f32>().to_vec()),
+        None => None,
+    };
+    let weight = PackedB::from_slice(isa, blocking, w.data::<f32>(), k, nn, false);
+    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
+}
+
+pub(super) fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {
+    let xs = x.shape();
+    if xs.is_empty() || xs[xs.len() - 1] != d.k {
+        return Err(format!("input {xs:?} does not end in {} features", d.k));
+    }
+    let m: usize = xs[..xs.len() - 1].iter().product();
+    let mut shape = xs.to_vec();
+    *shape.last_mut().unwrap() = d.n;
+    if xs.len() == 1 {
+        shape = vec![d.n];
+    }
+    let res = check_residual(residual, &shape)?;
+    let a = PackedA::from_rows(isa, blocking, x.data::<f32>(), m, d.k, pool);
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, act: d.act };
+    gemm(&a, &d.weight, y.data_mut::<f32>(), d.n, &ep, pool);
+    Ok(y)
+}
