@@ -198,3 +198,56 @@ fn symbolic_batch_fusions() {
         check(&format!("symbolic-{batch}"), m.clone(), vec![("x".into(), x), ("x2".into(), x2)]);
     }
 }
+
+/// Chains the layout pass moves to the blocked layout: a first convolution (read as NCHW
+/// when it has few input channels), a depthwise one, a pointwise one with a residual from
+/// earlier in the chain, and an intermediate value that a non-convolution also reads (so it
+/// needs its NCHW copy back) — over channel counts that do and do not fill a block.
+#[test]
+fn random_blocked_chains() {
+    let mut r = Rng(99);
+    for case in 0..24 {
+        let c0 = r.pick(&[3, 8, 16, 20]);
+        let c = r.pick(&[8, 16, 24, 40]);
+        let (h, w) = (r.pick(&[7, 12, 15]), r.pick(&[6, 11, 14]));
+        let k0 = r.pick(&[1, 3]);
+        let s = r.pick(&[1, 2]);
+        let p0 = k0 / 2;
+        let kv = |k: usize| ints("kernel_shape", &[k as i64, k as i64]);
+        let pads = |p: usize| ints("pads", &[p as i64; 4]);
+        let strides = |s: usize| ints("strides", &[s as i64, s as i64]);
+        let (oh, ow) = ((h - 1) / s + 1, (w - 1) / s + 1);
+        let inits = vec![
+            f32_tensor("W0", &[c as i64, c0 as i64, k0 as i64, k0 as i64], &r.values(c * c0 * k0 * k0)),
+            f32_tensor("B0", &[c as i64], &r.values(c)),
+            f32_tensor("W1", &[c as i64, 1, 3, 3], &r.values(c * 9)),
+            f32_tensor("B1", &[c as i64], &r.values(c)),
+            f32_tensor("W2", &[c as i64, c as i64, 1, 1], &r.values(c * c)),
+            f32_tensor("lo", &[], &[0.0]),
+            f32_tensor("hi", &[], &[6.0]),
+        ];
+        let nodes = vec![
+            node("Conv", "stem", &["x", "W0", "B0"], &["a0"], vec![kv(k0), pads(p0)]),
+            node("Relu", "stem_relu", &["a0"], &["a"], vec![]),
+            node("Conv", "dw", &["a", "W1", "B1"], &["b0"], vec![kv(3), pads(1), strides(s), int_attr("group", c as i64)]),
+            node("Clip", "dw_clip", &["b0", "lo", "hi"], &["b"], vec![]),
+            node("Conv", "pw", &["b", "W2"], &["c0"], vec![kv(1)]),
+            node("Add", "res", &["c0", "b"], &["y"], vec![]),
+            node("Sigmoid", "side", &["b"], &["z"], vec![]),
+        ];
+        let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, c0, h, w], r.values(2 * c0 * h * w)))];
+        let dims = |c: usize| [Ok(2), Ok(c as i64), Ok(oh as i64), Ok(ow as i64)];
+        let outputs = vec![value("y", 1, &dims(c)), value("z", 1, &dims(c))];
+        let model = model(nodes, vec![value("x", 1, &[Ok(2), Ok(c0 as i64), Ok(h as i64), Ok(w as i64)])], outputs, inits, 17);
+        let tag = format!("chain{case}-c{c0}-{c}-{h}x{w}-k{k0}-s{s}");
+        // The chain did go blocked: three blocked convolutions, and NCHW copies of the two
+        // values read outside it (the output y, and b, which the Sigmoid reads).
+        let d = tempdir(&format!("layout-{tag}"));
+        std::fs::write(d.join("m.onnx"), &model).unwrap();
+        let m = Model::load_with_options(&d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into() }).unwrap();
+        let g = m.optimized_graph().unwrap();
+        assert_eq!(g.nodes.iter().filter(|n| n.attrs.contains_key("layout")).count(), 3, "{tag}");
+        assert_eq!(g.nodes.iter().filter(|n| n.op == "FromBlocked").count(), 2, "{tag}: y and b leave the blocked layout");
+        check(&tag, model, inputs);
+    }
+}

@@ -7,6 +7,7 @@ mod dce;
 mod fold_batchnorm;
 mod fuse;
 mod fuse_elementwise;
+pub mod layout;
 mod rename;
 mod simplify;
 mod uses;
@@ -47,6 +48,7 @@ impl Pass {
 /// 16-lane kernels than inside a 4-lane fused loop (measured on bert_l6: 3.7 ms vs 2 ms for
 /// its GELUs), so there only the arithmetic around them is fused.
 pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
+    let lanes = aim_kernels::nchwc::lanes(target.gemm_isa());
     let wide = target.level >= crate::target::Level::X86V3 && target.level != crate::target::Level::Neon;
     vec![
         Pass::new("infer-types", infer),
@@ -58,6 +60,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("fuse-epilogues", fuse::run),
         Pass::new("infer-types", infer),
         Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide)),
+        Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("infer-types", infer),
     ]

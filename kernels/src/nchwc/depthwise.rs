@@ -152,28 +152,9 @@ impl Job<'_> {
         let ox_lo = self.pl.div_ceil(sw).min(self.ow);
         let span = (kw - 1) * dw;
         let ox_hi = if self.w + self.pl >= span + 1 { ((self.w + self.pl - span - 1) / sw + 1).min(self.ow).max(ox_lo) } else { ox_lo };
-        let finish = |v: V, ox: usize| {
-            let v = if rrow.is_null() { v } else { v.add(V::load(rrow.add(ox * l))) };
-            v.clamp(lo, hi).store(yrow.add(ox * l));
-        };
-        // One pixel, any window: taps outside the row are skipped.
-        let edge = |ox: usize| {
-            let ix0 = (ox * sw) as isize - self.pl as isize;
-            let mut acc = bias;
-            for ky in ky_lo..ky_hi {
-                let iy = (iy0 + (ky * dh) as isize) as usize;
-                for kx in 0..kw {
-                    let ix = ix0 + (kx * dw) as isize;
-                    if ix >= 0 && (ix as usize) < self.w {
-                        let xv = V::load(xp.add((iy * self.w + ix as usize) * l));
-                        acc = xv.fma(V::load(wts.add((ky * kw + kx) * l)), acc);
-                    }
-                }
-            }
-            finish(acc, ox);
-        };
+        let r = Row { xp, yrow, rrow, wts, bias, lo, hi, iy0, ky_lo, ky_hi };
         for ox in 0..ox_lo {
-            edge(ox);
+            self.edge(&r, ox);
         }
         let mut ox = ox_lo;
         while ox + 4 <= ox_hi {
@@ -188,13 +169,59 @@ impl Job<'_> {
                     }
                 }
             }
-            for (r, a) in acc.into_iter().enumerate() {
-                finish(a, ox + r);
+            for (i, a) in acc.into_iter().enumerate() {
+                r.finish(a, ox + i, l);
             }
             ox += 4;
         }
         for ox in ox..self.ow {
-            edge(ox);
+            self.edge(&r, ox);
         }
+    }
+}
+
+/// One output row's operands.
+struct Row<V> {
+    xp: *const f32,
+    yrow: *mut f32,
+    rrow: *const f32,
+    wts: *const f32,
+    bias: V,
+    lo: V,
+    hi: V,
+    iy0: isize,
+    ky_lo: usize,
+    ky_hi: usize,
+}
+
+impl<V: Vf32> Row<V> {
+    /// Adds the residual, clamps and stores pixel `ox`.
+    #[inline(always)]
+    unsafe fn finish(&self, v: V, ox: usize, l: usize) {
+        let v = if self.rrow.is_null() { v } else { v.add(V::load(self.rrow.add(ox * l))) };
+        v.clamp(self.lo, self.hi).store(self.yrow.add(ox * l));
+    }
+}
+
+impl Job<'_> {
+    /// One pixel whose window may cross the left or right edge: taps outside are skipped.
+    #[inline(always)]
+    unsafe fn edge<V: Vf32>(&self, r: &Row<V>, ox: usize) {
+        let l = V::LANES;
+        let kw = self.d.geo.kernel[1];
+        let (dh, dw) = (self.d.geo.dilations[0], self.d.geo.dilations[1]);
+        let ix0 = (ox * self.d.geo.strides[1]) as isize - self.pl as isize;
+        let mut acc = r.bias;
+        for ky in r.ky_lo..r.ky_hi {
+            let iy = (r.iy0 + (ky * dh) as isize) as usize;
+            for kx in 0..kw {
+                let ix = ix0 + (kx * dw) as isize;
+                if ix >= 0 && (ix as usize) < self.w {
+                    let xv = V::load(r.xp.add((iy * self.w + ix as usize) * l));
+                    acc = xv.fma(V::load(r.wts.add((ky * kw + kx) * l)), acc);
+                }
+            }
+        }
+        r.finish(acc, ox, l);
     }
 }

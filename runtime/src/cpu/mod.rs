@@ -8,6 +8,7 @@ use aim_ir::{DType, Graph, Node, Tensor};
 use aim_kernels::gemm::{Activation, Blocking, Isa};
 use std::collections::HashMap;
 
+mod blocked;
 mod conv;
 mod dense;
 mod depthwise;
@@ -37,6 +38,8 @@ enum Prepared {
     Depthwise(Box<DepthwisePrep>),
     Dense(Box<DensePrep>),
     Elementwise(ElementwiseFn),
+    Blocked(Box<blocked::BlockedConv>),
+    Reorder(blocked::Reorder),
 }
 
 /// Why a node could not be prepared.
@@ -78,7 +81,9 @@ impl CpuProgram {
                 continue;
             }
             let p = match n.op.as_str() {
+                "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa)?,
                 "Conv" => prepare_conv(&graph, n, isa, blocking)?,
+                "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa)?,
                 "Dense" => prepare_dense(&graph, n, isa, blocking)?,
                 "Elementwise" => Prepared::Elementwise(*code.elementwise.get(&i).ok_or_else(|| prep_err(n, "no code was generated for this node"))?),
                 _ => return Err(prep_err(n, "unknown aim op")),
@@ -179,6 +184,8 @@ impl CpuProgram {
                     Prepared::Conv(c) => run_conv(c, x, residual, &self.pool),
                     Prepared::Depthwise(d) => run_depthwise(d, x, residual, &self.pool),
                     Prepared::Dense(d) => run_dense(d, x, residual, self.isa, self.blocking, &self.pool),
+                    Prepared::Blocked(c) => blocked::run(c, x, residual, &self.pool),
+                    Prepared::Reorder(r) => blocked::run_reorder(r, x, &self.pool),
                     Prepared::Elementwise(_) => unreachable!("handled above"),
                 };
                 Ok(vec![y.map_err(fail)?])

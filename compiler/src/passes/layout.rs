@@ -1,0 +1,183 @@
+//! Layout assignment: chains of 2-D convolutions move to the blocked channel layout NCHWc
+//! (`[n][ceil(c/L)][h][w][L]`, `L` = the target's vector width in floats), where a vector
+//! holds one pixel of `L` channels: depthwise convolutions and convolutions over small
+//! images become dense vector work (see `aim_kernels::nchwc`).
+//!
+//! Every `aim:Conv` with a 2-D kernel that is a plain (group 1) or a depthwise convolution
+//! gets `layout = "NCHWc"` and `block = L`; its output value is renamed `<name>.nchwc` and
+//! carries the blocked shape. Its input is read blocked when another blocked convolution
+//! made it, read as NCHW directly when it has fewer channels than a block (a network's
+//! first layer: `in_layout = "NCHW"`), and otherwise goes through an `aim:ToBlocked` node;
+//! a residual input is always blocked. Readers that are not blocked convolutions (and graph
+//! outputs) get the NCHW value back from an `aim:FromBlocked` node placed right after the
+//! producer, under the original name.
+//!
+//! The pass pays off where depthwise convolutions are (MobileNet-style networks) and the
+//! convolutions around them come along, so it runs only on graphs that have a depthwise
+//! convolution; elsewhere the GEMM convolutions over NCHW stay (measured in the side-by-side
+//! benchmark, see the README).
+
+use super::fuse::{sources_of, SOURCES};
+use super::uses::readers;
+use super::PassError;
+use aim_ir::{Attr, DType, Dim, Graph, Node, ValueType};
+use std::collections::{HashMap, HashSet};
+
+/// Attribute of a blocked `aim:Conv`: `"NCHWc"`.
+pub const LAYOUT: &str = "layout";
+/// Attribute: the channel block `L`, on blocked convolutions and reorders.
+pub const BLOCK: &str = "block";
+/// Attribute of a blocked `aim:Conv`: how its input is laid out, `"NCHW"` or `"NCHWc"`.
+pub const IN_LAYOUT: &str = "in_layout";
+/// Attribute of `aim:FromBlocked`: the true channel count.
+pub const CHANNELS: &str = "channels";
+
+/// What kind of convolution a node is, if the blocked kernels take it.
+fn blockable(g: &Graph, n: &Node) -> Option<Kind> {
+    if n.domain != "aim" || n.op != "Conv" {
+        return None;
+    }
+    let w = g.initializers.get(n.input(1)?)?;
+    if w.dtype() != DType::F32 || w.rank() != 4 {
+        return None;
+    }
+    let (cout, cg) = (w.shape()[0], w.shape()[1]);
+    let group = n.int("group", 1).max(1) as usize;
+    if group == 1 {
+        Some(Kind::Dense { cin: cg })
+    } else if group == cout && cg == 1 {
+        Some(Kind::Depthwise)
+    } else {
+        None
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Dense { cin: usize },
+    Depthwise,
+}
+
+/// The blocked type of an NCHW value's type.
+fn blocked_type(t: Option<&ValueType>, lanes: usize) -> Option<ValueType> {
+    let t = t?;
+    let s = t.shape.as_ref()?;
+    if s.len() != 4 {
+        return None;
+    }
+    let Dim::Known(c) = s[1] else { return None };
+    Some(ValueType { dtype: t.dtype, shape: Some(vec![s[0].clone(), Dim::Known(c.div_ceil(lanes)), s[2].clone(), s[3].clone(), Dim::Known(lanes)]) })
+}
+
+/// The pass's bookkeeping.
+struct State {
+    /// Every value name in use.
+    taken: HashSet<String>,
+    /// NCHW name -> blocked name, for the outputs of blocked convolutions.
+    blocked: HashMap<String, String>,
+    /// NCHW value -> its `aim:ToBlocked` copy.
+    reordered: HashMap<String, String>,
+    lanes: usize,
+}
+
+impl State {
+    /// A fresh value name derived from `base`, now taken.
+    fn fresh(&mut self, g: &Graph, base: &str) -> String {
+        let mut name = base.to_string();
+        let mut i = 1;
+        while self.taken.contains(&name) || g.value_types.contains_key(&name) || g.initializers.contains_key(&name) {
+            name = format!("{base}.{i}");
+            i += 1;
+        }
+        self.taken.insert(name.clone());
+        name
+    }
+
+    /// `name` in the blocked layout for `reader`: a blocked convolution's output, or a copy
+    /// made by an `aim:ToBlocked` node (one per value) appended to `out`.
+    fn to_blocked(&mut self, g: &mut Graph, reader: &Node, name: &str, out: &mut Vec<Node>) -> String {
+        if let Some(b) = self.blocked.get(name).or_else(|| self.reordered.get(name)) {
+            return b.clone();
+        }
+        let b = self.fresh(g, &format!("{name}.nchwc"));
+        if let Some(t) = blocked_type(g.value_types.get(name), self.lanes) {
+            g.value_types.insert(b.clone(), t);
+        }
+        let mut attrs = std::collections::BTreeMap::new();
+        attrs.insert(BLOCK.to_string(), Attr::Int(self.lanes as i64));
+        attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(reader)));
+        out.push(Node { name: format!("{}/to_nchwc", reader.name), op: "ToBlocked".into(), domain: "aim".into(), inputs: vec![name.to_string()], outputs: vec![b.clone()], attrs });
+        self.reordered.insert(name.to_string(), b.clone());
+        b
+    }
+}
+
+/// Runs the pass for a block of `lanes` floats.
+pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
+    let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| blockable(g, n)).collect();
+    if !kinds.iter().any(|k| matches!(k, Some(Kind::Depthwise))) {
+        return Ok(());
+    }
+    let mut st = State { taken: g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()).collect(), blocked: HashMap::new(), reordered: HashMap::new(), lanes };
+    st.taken.extend(g.inputs.iter().map(|v| v.name.clone()));
+    let mut out: Vec<Node> = Vec::with_capacity(g.nodes.len());
+    let nodes = std::mem::take(&mut g.nodes);
+    for (mut n, kind) in nodes.into_iter().zip(kinds) {
+        let Some(kind) = kind else {
+            out.push(n);
+            continue;
+        };
+        let x = n.inputs[0].clone();
+        let direct = matches!(kind, Kind::Dense { cin } if cin < lanes) && !st.blocked.contains_key(&x);
+        if direct {
+            n.attrs.insert(IN_LAYOUT.into(), Attr::String("NCHW".into()));
+        } else {
+            n.inputs[0] = st.to_blocked(g, &n, &x, &mut out);
+            n.attrs.insert(IN_LAYOUT.into(), Attr::String("NCHWc".into()));
+        }
+        if let Some(r) = n.inputs.get(3).filter(|r| !r.is_empty()).cloned() {
+            n.inputs[3] = st.to_blocked(g, &n, &r, &mut out);
+        }
+        n.attrs.insert(LAYOUT.into(), Attr::String("NCHWc".into()));
+        n.attrs.insert(BLOCK.into(), Attr::Int(lanes as i64));
+        let y = n.outputs[0].clone();
+        let yb = st.fresh(g, &format!("{y}.nchwc"));
+        if let Some(t) = blocked_type(g.value_types.get(&y), lanes) {
+            g.value_types.insert(yb.clone(), t);
+        }
+        n.outputs[0] = yb.clone();
+        st.blocked.insert(y, yb);
+        out.push(n);
+    }
+    let unblocked: HashMap<String, String> = st.blocked.into_iter().map(|(y, b)| (b, y)).collect();
+    g.nodes = out;
+    // NCHW copies for every other reader of a blocked value, right after its producer.
+    let r = readers(g);
+    let mut i = 0;
+    while i < g.nodes.len() {
+        let n = &g.nodes[i];
+        if n.attrs.get(LAYOUT).is_none() {
+            i += 1;
+            continue;
+        }
+        let yb = n.outputs[0].clone();
+        let Some(y) = unblocked.get(&yb).cloned() else {
+            i += 1;
+            continue;
+        };
+        // Readers of the NCHW name still: anything that is not a rewritten blocked input.
+        let needs_nchw = r.get(&y).is_some_and(|v| !v.is_empty());
+        if needs_nchw {
+            let channels = g.initializers.get(&n.inputs[1]).map_or(0, |w| w.shape()[0]);
+            let mut attrs = std::collections::BTreeMap::new();
+            attrs.insert(CHANNELS.to_string(), Attr::Int(channels as i64));
+            attrs.insert(BLOCK.to_string(), Attr::Int(lanes as i64));
+            attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(n)));
+            let from = Node { name: format!("{}/from_nchwc", n.name), op: "FromBlocked".into(), domain: "aim".into(), inputs: vec![yb], outputs: vec![y], attrs };
+            g.nodes.insert(i + 1, from);
+            i += 1;
+        }
+        i += 1;
+    }
+    Ok(())
+}

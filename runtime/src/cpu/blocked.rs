@@ -1,0 +1,139 @@
+//! Nodes in the blocked channel layout (NCHWc), placed by the compiler's layout pass:
+//! `aim:Conv` with `layout = "NCHWc"` (plain or depthwise) and the `aim:ToBlocked` /
+//! `aim:FromBlocked` reorders at the edges of a blocked region.
+
+use super::conv::{geometry, resolve, Geometry};
+use super::{activation, const_f32, prep_err, Prepared};
+use crate::exec::RunError;
+use crate::pool::ThreadPool;
+use aim_ir::{DType, Graph, Node, Tensor};
+use aim_kernels::gemm::{Activation, Isa};
+use aim_kernels::nchwc::{self, ConvIo, DepthwiseIo, Layout};
+
+/// A blocked convolution, packed at load time.
+pub(super) struct BlockedConv {
+    kernel: Kernel,
+    geo: Geometry,
+    cin: usize,
+    cout: usize,
+    input: Layout,
+    lanes: usize,
+}
+
+enum Kernel {
+    Conv(nchwc::Conv),
+    Depthwise(nchwc::Depthwise),
+}
+
+/// Checks that the graph's block is this CPU program's.
+fn block_of(n: &Node, isa: Isa) -> Result<usize, RunError> {
+    let lanes = nchwc::lanes(isa);
+    let b = n.int("block", 0);
+    if b != lanes as i64 {
+        return Err(prep_err(n, format!("compiled for channel blocks of {b}, but this program's ISA uses {lanes}")));
+    }
+    Ok(lanes)
+}
+
+/// Packs a blocked `aim:Conv`.
+pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa) -> Result<Prepared, RunError> {
+    let lanes = block_of(n, isa)?;
+    let w = const_f32(g, n.input(1)).filter(|w| w.rank() == 4).ok_or_else(|| prep_err(n, "weights must be constant 4-D f32"))?;
+    let (cout, cg, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
+    let group = n.int("group", 1).max(1) as usize;
+    let bias = match n.input(2) {
+        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == cout).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output channel"))?.data::<f32>()),
+        None => None,
+    };
+    let geo = geometry(n, &[kh, kw]);
+    let kgeo = nchwc::Geometry { kernel: [kh, kw], strides: [geo.strides[0], geo.strides[1]], dilations: [geo.dilations[0], geo.dilations[1]] };
+    let act = activation(n).unwrap_or(Activation::Identity);
+    let input = match n.string("in_layout", "NCHWc") {
+        "NCHW" => Layout::Nchw,
+        "NCHWc" => Layout::Blocked,
+        other => return Err(prep_err(n, format!("unknown input layout '{other}'"))),
+    };
+    let (kernel, cin) = if group == 1 {
+        (Kernel::Conv(nchwc::Conv::new(isa, w.data::<f32>(), bias, cout, cg, kgeo, input, act)), cg)
+    } else if group == cout && cg == 1 && input == Layout::Blocked {
+        (Kernel::Depthwise(nchwc::Depthwise::new(isa, w.data::<f32>(), bias, cout, kgeo, act)), cout)
+    } else {
+        return Err(prep_err(n, "blocked convolutions are plain (group 1) or depthwise"));
+    };
+    Ok(Prepared::Blocked(Box::new(BlockedConv { kernel, geo, cin, cout, input, lanes })))
+}
+
+/// Runs a blocked convolution on `x` (blocked, or NCHW for `in_layout = "NCHW"`).
+pub(super) fn run(c: &BlockedConv, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPool) -> Result<Tensor, String> {
+    let l = c.lanes;
+    let xs = x.shape();
+    let ok = match c.input {
+        Layout::Nchw => xs.len() == 4 && xs[1] == c.cin,
+        Layout::Blocked => xs.len() == 5 && xs[1] == c.cin.div_ceil(l) && xs[4] == l,
+    };
+    if !ok {
+        return Err(format!("input {xs:?} does not fit {} input channels in the {:?} layout", c.cin, c.input));
+    }
+    let (n, h, w) = (xs[0], xs[2], xs[3]);
+    let (out, before) = resolve(&c.geo, &[h, w])?;
+    let (oh, ow) = (out[0], out[1]);
+    let shape = [n, c.cout.div_ceil(l), oh, ow, l];
+    let res = match residual {
+        None => None,
+        Some(t) if t.dtype() == DType::F32 && t.shape() == shape => Some(t.data::<f32>()),
+        Some(t) => return Err(format!("residual {}{:?} does not match the output {shape:?}", t.dtype(), t.shape())),
+    };
+    let mut y = Tensor::zeros(DType::F32, &shape);
+    match &c.kernel {
+        Kernel::Conv(k) => {
+            // Padding after: what the last window needs beyond the input, if anything.
+            let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
+            let pads = [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
+            let io = ConvIo { x: x.data::<f32>(), batch: n, h, w, pads, oh, ow, residual: res, y: y.data_mut::<f32>() };
+            k.run(io, pool)?;
+        }
+        Kernel::Depthwise(k) => {
+            let io = DepthwiseIo { x: x.data::<f32>(), batch: n, h, w, pads: [before[0], before[1]], oh, ow, residual: res, y: y.data_mut::<f32>() };
+            k.run(io, pool)?;
+        }
+    }
+    Ok(y)
+}
+
+/// A reorder between NCHW and the blocked layout.
+pub(super) struct Reorder {
+    to_blocked: bool,
+    lanes: usize,
+    channels: usize,
+}
+
+/// Prepares `aim:ToBlocked` / `aim:FromBlocked`.
+pub(super) fn prepare_reorder(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
+    let lanes = block_of(n, isa)?;
+    let to_blocked = n.op == "ToBlocked";
+    let channels = n.int("channels", 0).max(0) as usize;
+    if !to_blocked && channels == 0 {
+        return Err(prep_err(n, "FromBlocked needs its channel count"));
+    }
+    Ok(Prepared::Reorder(Reorder { to_blocked, lanes, channels }))
+}
+
+/// Runs a reorder.
+pub(super) fn run_reorder(r: &Reorder, x: &Tensor, pool: &ThreadPool) -> Result<Tensor, String> {
+    let (xs, l) = (x.shape(), r.lanes);
+    if r.to_blocked {
+        if xs.len() != 4 {
+            return Err(format!("expected an NCHW input, got {xs:?}"));
+        }
+        let mut y = Tensor::zeros(DType::F32, &[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l]);
+        nchwc::to_blocked(x.data::<f32>(), xs[0], xs[1], xs[2] * xs[3], l, y.data_mut::<f32>(), pool);
+        Ok(y)
+    } else {
+        if xs.len() != 5 || xs[4] != l || xs[1] != r.channels.div_ceil(l) {
+            return Err(format!("expected a blocked input of {} channels, got {xs:?}", r.channels));
+        }
+        let mut y = Tensor::zeros(DType::F32, &[xs[0], r.channels, xs[2], xs[3]]);
+        nchwc::from_blocked(x.data::<f32>(), xs[0], r.channels, xs[2] * xs[3], l, y.data_mut::<f32>(), pool);
+        Ok(y)
+    }
+}
