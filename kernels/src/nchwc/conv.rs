@@ -24,7 +24,13 @@ pub struct Conv {
     /// `[pair][2 · lanes]`.
     bias: Vec<f32>,
     act: Activation,
+    /// Depth of one k block: a block of weights (`kc × 2L` floats) stays in L1 while the
+    /// tiles of a task run over it.
+    kc: usize,
 }
+
+/// Output pixels one task computes (a segment of an output row), in tiles of the ISA.
+const SEGMENT_TILES: usize = 8;
 
 /// One call's tensors and sizes.
 pub struct ConvIo<'a> {
@@ -49,8 +55,10 @@ pub struct ConvIo<'a> {
 }
 
 impl Conv {
-    /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block.
-    pub fn new(isa: Isa, weights: &[f32], bias: Option<&[f32]>, cout: usize, cin: usize, geo: Geometry, input: Layout, act: Activation) -> Conv {
+    /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block; `kc`
+    /// is the k block (see [`crate::gemm::Blocking`]: its `kc` is sized for the same tile).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(isa: Isa, weights: &[f32], bias: Option<&[f32]>, cout: usize, cin: usize, geo: Geometry, input: Layout, act: Activation, kc: usize) -> Conv {
         let lanes = super::lanes(isa);
         let [kh, kw] = geo.kernel;
         assert_eq!(weights.len(), cout * cin * kh * kw, "weights do not match the shape");
@@ -76,7 +84,7 @@ impl Conv {
         if let Some(bias) = bias {
             b[..cout].copy_from_slice(&bias[..cout]);
         }
-        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights: packed, bias: b, act }
+        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights: packed, bias: b, act, kc: kc.max(1) }
     }
 
     /// The channel block (floats per pixel of a block).
@@ -87,6 +95,10 @@ impl Conv {
     /// Runs the convolution. Errors name what does not fit.
     pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {
         let l = self.lanes;
+        // A 1×1 stride-1 unpadded convolution maps pixel p to pixel p: one image is one long
+        // row, so tiles run across row ends (no short tiles at the end of each row).
+        let pointwise = self.geo.kernel == [1, 1] && self.geo.strides == [1, 1] && io.pads == [0; 4] && io.oh == io.h && io.ow == io.w;
+        let io = if pointwise { ConvIo { h: 1, w: io.h * io.w, oh: 1, ow: io.oh * io.ow, ..io } } else { io };
         let [kh, kw] = self.geo.kernel;
         let [sh, sw] = self.geo.strides;
         let [dh, dw] = self.geo.dilations;
@@ -137,12 +149,17 @@ impl Conv {
             Activation::Clip(lo, hi) => (lo, hi),
         };
         let job = Job { conv: self, koff: &koff, k, ow: io.ow, oh: io.oh, cb_out, xps: sw * pix, xrow: sh * wp * pix, image: planes * plane, lo, hi };
-        par.for_each(pairs * rows, &|t| {
+        let segment = SEGMENT_TILES * super::tile_rows(self.isa);
+        let segs = io.ow.div_ceil(segment);
+        let units = rows * segs;
+        par.for_each(pairs * units, &|t| {
             let ptrs = ptrs;
-            let (pair, row) = if pair_outer { (t / rows, t % rows) } else { (t % pairs, t / pairs) };
-            // SAFETY: the sizes were checked above; task (pair, row) writes only its row of
-            // its two output blocks.
-            unsafe { job.row(pair, row, ptrs) }
+            let (pair, unit) = if pair_outer { (t / units, t % units) } else { (t % pairs, t / pairs) };
+            let (row, seg) = (unit / segs, unit % segs);
+            let cols = seg * segment..((seg + 1) * segment).min(io.ow);
+            // SAFETY: the sizes were checked above; task t writes only its segment of its
+            // row of its two output blocks.
+            unsafe { job.segment(pair, row, cols, ptrs) }
         });
         Ok(())
     }
@@ -178,108 +195,154 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Output row `row` (image-major) of output blocks `2·pair` and `2·pair + 1`.
-    unsafe fn row(&self, pair: usize, row: usize, p: Ptrs) {
+    /// Output pixels `cols` of row `row` (image-major) of blocks `2·pair` and `2·pair + 1`.
+    unsafe fn segment(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
         match self.conv.isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => self.row_avx512(pair, row, p),
+            Isa::Avx512 => self.segment_avx512(pair, row, cols, p),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => self.row_avx2(pair, row, p),
-            _ => self.row_generic::<super::simd::Portable8, 4>(pair, row, p),
+            Isa::Avx2 => self.segment_avx2(pair, row, cols, p),
+            _ => self.segment_generic::<super::simd::Portable8, 4>(pair, row, cols, p),
         }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    unsafe fn row_avx512(&self, pair: usize, row: usize, p: Ptrs) {
-        self.row_generic::<super::simd::F32x16, 12>(pair, row, p)
+    unsafe fn segment_avx512(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
+        self.segment_generic::<super::simd::F32x16, 12>(pair, row, cols, p)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_avx2(&self, pair: usize, row: usize, p: Ptrs) {
-        self.row_generic::<super::simd::F32x8, 6>(pair, row, p)
+    unsafe fn segment_avx2(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
+        self.segment_generic::<super::simd::F32x8, 6>(pair, row, cols, p)
     }
 
+    /// The segment's tiles, k block by k block: a block of weights is loaded into L1 once
+    /// and used by every tile; partial sums wait in the output.
     #[inline(always)]
-    unsafe fn row_generic<V: Vf32, const RMAX: usize>(&self, pair: usize, row: usize, p: Ptrs) {
+    unsafe fn segment_generic<V: Vf32, const RMAX: usize>(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
         let l = V::LANES;
         let (n, oy) = (row / self.oh, row % self.oh);
         let nb = (self.cb_out - 2 * pair).min(2);
         let yblk = self.oh * self.ow * l;
         let yoff = (n * self.cb_out + 2 * pair) * yblk + oy * self.ow * l;
         let x = p.x.add(n * self.image + oy * self.xrow);
-        let w = self.conv.weights.as_ptr().add(pair * self.k * 2 * l);
-        let t = Tile {
-            k: self.k,
-            koff: self.koff.as_ptr(),
-            xps: self.xps,
-            w,
-            yblk,
-            bias: self.conv.bias.as_ptr().add(pair * 2 * l),
-            lo: self.lo,
-            hi: self.hi,
-        };
-        let mut ox = 0;
-        while ox < self.ow {
-            let r = (self.ow - ox).min(RMAX);
-            let y = p.y.add(yoff + ox * l);
-            let res = if p.res.is_null() { p.res } else { p.res.add(yoff + ox * l) };
-            let x = x.add(ox * self.xps);
-            macro_rules! go {
-                ($($r:literal)*) => {
-                    match (r, nb) {
-                        $(($r, 2) => t.run::<V, $r, 2>(x, y, res),
-                          ($r, _) => t.run::<V, $r, 1>(x, y, res),)*
-                        _ => unreachable!("tile rows are 1..=12"),
-                    }
-                };
+        let kc = self.conv.kc;
+        let mut dummy = [0f32; 12 * 16];
+        let mut k0 = 0;
+        while k0 < self.k {
+            let k1 = (k0 + kc).min(self.k);
+            let t = Tile {
+                k0,
+                k1,
+                first: k0 == 0,
+                last: k1 == self.k,
+                koff: self.koff.as_ptr(),
+                xps: self.xps,
+                w: self.conv.weights.as_ptr().add(pair * self.k * 2 * l),
+                bias: self.conv.bias.as_ptr().add(pair * 2 * l),
+                lo: self.lo,
+                hi: self.hi,
+            };
+            let mut ox = cols.start;
+            while ox < cols.end {
+                let r = (cols.end - ox).min(RMAX);
+                let y0 = p.y.add(yoff + ox * l);
+                // With one real block left, the second block's sums go to a dummy tile.
+                let y1 = if nb == 2 { y0.add(yblk) } else { dummy.as_mut_ptr() };
+                let r0 = if p.res.is_null() { p.res } else { p.res.add(yoff + ox * l) };
+                let r1 = if nb == 2 && !r0.is_null() { r0.add(yblk) } else { std::ptr::null() };
+                let (y, res) = ([y0, y1], [r0, r1]);
+                let x = x.add(ox * self.xps);
+                // The input stride between pixels as a constant where it is one or two
+                // vectors (blocked input, stride 1 or 2) or one or two floats (NCHW input):
+                // addresses then fold into displacements. Codes: see `Tile::run`.
+                macro_rules! go {
+                    ($xs:literal; $($r:literal)*) => {
+                        match r {
+                            $($r => t.run::<V, $r, $xs>(x, y, res),)*
+                            _ => unreachable!("tile rows are 1..=12"),
+                        }
+                    };
+                }
+                match self.xps {
+                    s if s == l => go!(1; 1 2 3 4 5 6 7 8 9 10 11 12),
+                    s if s == 2 * l => go!(2; 1 2 3 4 5 6 7 8 9 10 11 12),
+                    1 => go!(3; 1 2 3 4 5 6 7 8 9 10 11 12),
+                    2 => go!(4; 1 2 3 4 5 6 7 8 9 10 11 12),
+                    _ => go!(0; 1 2 3 4 5 6 7 8 9 10 11 12),
+                }
+                ox += r;
             }
-            go!(1 2 3 4 5 6 7 8 9 10 11 12);
-            ox += r;
+            k0 = k1;
         }
     }
 }
 
 /// One microkernel call's constant operands.
 struct Tile {
-    k: usize,
+    /// The k block: `k0..k1`.
+    k0: usize,
+    k1: usize,
+    /// Whether this is the first k block (start from zero, not from the output) and the
+    /// last (apply bias, residual and activation).
+    first: bool,
+    last: bool,
     koff: *const usize,
     xps: usize,
     w: *const f32,
-    yblk: usize,
     bias: *const f32,
     lo: f32,
     hi: f32,
 }
 
 impl Tile {
-    /// `R` pixels × `NB` blocks: `y = act(bias + Σ_k x[koff[k] + r·xps] · w[k] (+ res))`.
+    /// `R` pixels × two blocks: `y = act(bias + Σ_k x[koff[k] + r·xps] · w[k] (+ res))`,
+    /// with the input stride between pixels `xps` given by `XS`: 1 and 2 are one and two
+    /// vectors, 3 and 4 one and two floats, 0 the runtime `self.xps`.
     #[inline(always)]
-    unsafe fn run<V: Vf32, const R: usize, const NB: usize>(&self, x: *const f32, y: *mut f32, res: *const f32) {
+    unsafe fn run<V: Vf32, const R: usize, const XS: usize>(&self, x: *const f32, y: [*mut f32; 2], res: [*const f32; 2]) {
         let l = V::LANES;
-        let mut acc = [[V::zero(); NB]; R];
-        for kk in 0..self.k {
-            let off = *self.koff.add(kk);
-            let wk = self.w.add(kk * 2 * l);
-            let wv: [V; NB] = std::array::from_fn(|j| V::load(wk.add(j * l)));
+        let xps = match XS {
+            1 => l,
+            2 => 2 * l,
+            3 => 1,
+            4 => 2,
+            _ => self.xps,
+        };
+        let mut acc = [[V::zero(); 2]; R];
+        if !self.first {
             for (r, a) in acc.iter_mut().enumerate() {
-                let xv = V::splat(*x.add(r * self.xps + off));
-                for j in 0..NB {
-                    a[j] = xv.fma(wv[j], a[j]);
-                }
+                *a = [V::load(y[0].add(r * l)), V::load(y[1].add(r * l))];
             }
         }
+        for kk in self.k0..self.k1 {
+            let xk = x.add(*self.koff.add(kk));
+            let wk = self.w.add(kk * 2 * l);
+            let (w0, w1) = (V::load(wk), V::load(wk.add(l)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = V::splat(*xk.add(r * xps));
+                a[0] = xv.fma(w0, a[0]);
+                a[1] = xv.fma(w1, a[1]);
+            }
+        }
+        if !self.last {
+            for (r, a) in acc.iter().enumerate() {
+                a[0].store(y[0].add(r * l));
+                a[1].store(y[1].add(r * l));
+            }
+            return;
+        }
         let (lo, hi) = (V::splat(self.lo), V::splat(self.hi));
-        for j in 0..NB {
+        for j in 0..2 {
             let b = V::load(self.bias.add(j * l));
             for (r, a) in acc.iter().enumerate() {
-                let at = j * self.yblk + r * l;
                 let mut v = a[j].add(b);
-                if !res.is_null() {
-                    v = v.add(V::load(res.add(at)));
+                if !res[j].is_null() {
+                    v = v.add(V::load(res[j].add(r * l)));
                 }
-                v.clamp(lo, hi).store(y.add(at));
+                v.clamp(lo, hi).store(y[j].add(r * l));
             }
         }
     }

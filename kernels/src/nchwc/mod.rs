@@ -24,6 +24,15 @@ pub fn lanes(isa: Isa) -> usize {
     }
 }
 
+/// Output pixels in one microkernel tile of the blocked convolution.
+pub(crate) fn tile_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 12,
+        Isa::Avx2 => 6,
+        Isa::Portable => 4,
+    }
+}
+
 /// How a convolution's input is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {

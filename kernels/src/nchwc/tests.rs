@@ -107,7 +107,9 @@ fn conv_matches_the_definition() {
     ];
     for isa in isas() {
         let l = lanes(isa);
-        for &(cin, cout, h, w, k, s, d, pads, layout) in &cases {
+        for (i, &(cin, cout, h, w, k, s, d, pads, layout)) in cases.iter().enumerate() {
+            // Small k blocks too, so that partial sums wait in the output.
+            let kc = [7, 64, 1000][i % 3];
             for (act, with_res) in [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)] {
                 let n = 2;
                 let g = Geometry { kernel: [k, k], strides: [s, s], dilations: [d, d] };
@@ -118,7 +120,7 @@ fn conv_matches_the_definition() {
                 let b = rand(cout, &mut seed);
                 let res = with_res.then(|| rand(n * cout * oh * ow, &mut seed));
                 let want = naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
-                let conv = Conv::new(isa, &wt, Some(&b), cout, cin, g, layout, act);
+                let conv = Conv::new(isa, &wt, Some(&b), cout, cin, g, layout, act, kc);
                 let xin = if layout == Layout::Blocked { blocked(&x, n, cin, h * w, l) } else { x.clone() };
                 let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
                 let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
@@ -173,7 +175,7 @@ fn depthwise_matches_the_definition() {
 #[test]
 fn a_conv_refuses_buffers_that_do_not_fit() {
     let g = Geometry { kernel: [3, 3], strides: [1, 1], dilations: [1, 1] };
-    let conv = Conv::new(Isa::Portable, &[0.0; 16 * 8 * 9], None, 16, 8, g, Layout::Blocked, Activation::Identity);
+    let conv = Conv::new(Isa::Portable, &[0.0; 16 * 8 * 9], None, 16, 8, g, Layout::Blocked, Activation::Identity, 64);
     let x = vec![0f32; 8 * 5 * 5];
     let mut y = vec![0f32; 16 * 5 * 5];
     // Too small an output for the given input.

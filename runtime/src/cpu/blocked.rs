@@ -7,7 +7,7 @@ use super::{activation, const_f32, prep_err, Prepared};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node, Tensor};
-use aim_kernels::gemm::{Activation, Isa};
+use aim_kernels::gemm::{Activation, Blocking, Isa};
 use aim_kernels::nchwc::{self, ConvIo, DepthwiseIo, Layout};
 
 /// A blocked convolution, packed at load time.
@@ -36,7 +36,7 @@ fn block_of(n: &Node, isa: Isa) -> Result<usize, RunError> {
 }
 
 /// Packs a blocked `aim:Conv`.
-pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa) -> Result<Prepared, RunError> {
+pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
     let lanes = block_of(n, isa)?;
     let w = const_f32(g, n.input(1)).filter(|w| w.rank() == 4).ok_or_else(|| prep_err(n, "weights must be constant 4-D f32"))?;
     let (cout, cg, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
@@ -54,7 +54,7 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa) -> Result<Prepared, RunErro
         other => return Err(prep_err(n, format!("unknown input layout '{other}'"))),
     };
     let (kernel, cin) = if group == 1 {
-        (Kernel::Conv(nchwc::Conv::new(isa, w.data::<f32>(), bias, cout, cg, kgeo, input, act)), cg)
+        (Kernel::Conv(nchwc::Conv::new(isa, w.data::<f32>(), bias, cout, cg, kgeo, input, act, blocking.kc)), cg)
     } else if group == cout && cg == 1 && input == Layout::Blocked {
         (Kernel::Depthwise(nchwc::Depthwise::new(isa, w.data::<f32>(), bias, cout, kgeo, act)), cout)
     } else {

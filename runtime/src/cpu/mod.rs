@@ -81,7 +81,7 @@ impl CpuProgram {
                 continue;
             }
             let p = match n.op.as_str() {
-                "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa)?,
+                "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking)?,
                 "Conv" => prepare_conv(&graph, n, isa, blocking)?,
                 "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa)?,
                 "Dense" => prepare_dense(&graph, n, isa, blocking)?,
