@@ -156,7 +156,8 @@ impl Conv {
             let ptrs = ptrs;
             let (pair, unit) = if pair_outer { (t / units, t % units) } else { (t % pairs, t / pairs) };
             let (row, seg) = (unit / segs, unit % segs);
-            let cols = seg * segment..((seg + 1) * segment).min(io.ow);
+            // Segments (and the tiles in them) of near-equal length, not a short one at the end.
+            let cols = seg * io.ow / segs..(seg + 1) * io.ow / segs;
             // SAFETY: the sizes were checked above; task t writes only its segment of its
             // row of its two output blocks.
             unsafe { job.segment(pair, row, cols, ptrs) }
@@ -245,9 +246,10 @@ impl Job<'_> {
                 lo: self.lo,
                 hi: self.hi,
             };
+            let tiles = cols.len().div_ceil(RMAX);
             let mut ox = cols.start;
-            while ox < cols.end {
-                let r = (cols.end - ox).min(RMAX);
+            for i in 0..tiles {
+                let r = cols.start + (i + 1) * cols.len() / tiles - ox;
                 let y0 = p.y.add(yoff + ox * l);
                 // With one real block left, the second block's sums go to a dummy tile.
                 let y1 = if nb == 2 { y0.add(yblk) } else { dummy.as_mut_ptr() };
