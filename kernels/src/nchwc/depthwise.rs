@@ -4,7 +4,7 @@
 //! pixels whose window crosses the left or right edge skip the taps outside, and rows near
 //! the top or bottom skip whole kernel rows: no padded copy.
 
-use super::conv::OutPtr;
+use super::conv::{ConvIo, OutPtr};
 use super::simd::Vf32;
 use super::Geometry;
 use crate::gemm::{Activation, Isa, Parallel};
@@ -20,28 +20,6 @@ pub struct Depthwise {
     /// `[block][L]`.
     bias: Vec<f32>,
     act: Activation,
-}
-
-/// One call's tensors and sizes; input and output are blocked.
-pub struct DepthwiseIo<'a> {
-    /// `[n][ceil(c/L)][h][w][L]`.
-    pub x: &'a [f32],
-    /// Batch size.
-    pub batch: usize,
-    /// Input height.
-    pub h: usize,
-    /// Input width.
-    pub w: usize,
-    /// Padding before: top, left (padding after is implied by the output size).
-    pub pads: [usize; 2],
-    /// Output height.
-    pub oh: usize,
-    /// Output width.
-    pub ow: usize,
-    /// Added before the activation, in the output's shape.
-    pub residual: Option<&'a [f32]>,
-    /// `[n][ceil(c/L)][oh][ow][L]`.
-    pub y: &'a mut [f32],
 }
 
 impl Depthwise {
@@ -62,8 +40,9 @@ impl Depthwise {
         Depthwise { isa, lanes, channels, geo, weights: w, bias: b, act }
     }
 
-    /// Runs the convolution. Errors name what does not fit.
-    pub fn run(&self, io: DepthwiseIo, par: &dyn Parallel) -> Result<(), String> {
+    /// Runs the convolution on blocked input (`io.x`), into blocked output; the padding
+    /// after is implied by the output size. Errors name what does not fit.
+    pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {
         let l = self.lanes;
         let blocks = self.channels.div_ceil(l);
         let (in_len, out_len) = (io.batch * blocks * io.h * io.w * l, io.batch * blocks * io.oh * io.ow * l);

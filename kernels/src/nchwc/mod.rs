@@ -11,7 +11,7 @@ mod reorder;
 mod simd;
 
 pub use conv::{Conv, ConvIo};
-pub use depthwise::{Depthwise, DepthwiseIo};
+pub use depthwise::Depthwise;
 pub use reorder::{from_blocked, to_blocked};
 
 use crate::gemm::Isa;

@@ -163,7 +163,7 @@ fn depthwise_matches_the_definition() {
                 let xin = blocked(&x, n, c, h * w, l);
                 let res_b = res.as_ref().map(|r| blocked(r, n, c, oh * ow, l));
                 let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
-                dw.run(DepthwiseIo { x: &xin, batch: n, h, w, pads: [pads[0], pads[1]], oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
+                dw.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
                 close(&got, &want, &format!("{isa:?} depthwise {c} {h}x{w} k{k} s{s} d{d} {pads:?} {act:?}"));

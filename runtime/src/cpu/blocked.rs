@@ -8,7 +8,7 @@ use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node, Tensor};
 use aim_kernels::gemm::{Activation, Blocking, Isa};
-use aim_kernels::nchwc::{self, ConvIo, DepthwiseIo, Layout};
+use aim_kernels::nchwc::{self, ConvIo, Layout};
 
 /// A blocked convolution, packed at load time.
 pub(super) struct BlockedConv {
@@ -84,18 +84,13 @@ pub(super) fn run(c: &BlockedConv, x: &Tensor, residual: Option<&Tensor>, pool: 
         Some(t) => return Err(format!("residual {}{:?} does not match the output {shape:?}", t.dtype(), t.shape())),
     };
     let mut y = Tensor::zeros(DType::F32, &shape);
+    // Padding after: what the last window needs beyond the input, if anything.
+    let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
+    let pads = [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
+    let io = ConvIo { x: x.data::<f32>(), batch: n, h, w, pads, oh, ow, residual: res, y: y.data_mut::<f32>() };
     match &c.kernel {
-        Kernel::Conv(k) => {
-            // Padding after: what the last window needs beyond the input, if anything.
-            let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
-            let pads = [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
-            let io = ConvIo { x: x.data::<f32>(), batch: n, h, w, pads, oh, ow, residual: res, y: y.data_mut::<f32>() };
-            k.run(io, pool)?;
-        }
-        Kernel::Depthwise(k) => {
-            let io = DepthwiseIo { x: x.data::<f32>(), batch: n, h, w, pads: [before[0], before[1]], oh, ow, residual: res, y: y.data_mut::<f32>() };
-            k.run(io, pool)?;
-        }
+        Kernel::Conv(k) => k.run(io, pool)?,
+        Kernel::Depthwise(k) => k.run(io, pool)?,
     }
     Ok(y)
 }
