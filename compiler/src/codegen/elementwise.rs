@@ -5,7 +5,7 @@
 //! erf, tanh and sigmoid use the same approximations as `aim_kernels::fast::math`, whose
 //! errors are stated and tested there; the generated code is tested against them.
 
-use super::{CodegenError, Jit};
+use super::CodegenError;
 use crate::ewprog::{Binary, Inst, Operand, Unary};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::isa::TargetFrontendConfig;
@@ -292,16 +292,16 @@ pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cf
     b.finalize(cfg);
 }
 
-/// Compiles one `aim:Elementwise` node's program into `jit` (call
-/// `JITModule::finalize_definitions` afterwards, through [`Jit`]).
-pub fn compile_elementwise(jit: &mut Jit, node: &str, prog: &[Inst], n_inputs: usize) -> Result<FuncId, CodegenError> {
+/// Compiles one `aim:Elementwise` node's program into `module`, under `name`: a JIT module
+/// (call `JITModule::finalize_definitions` afterwards, through [`Jit`]) or an object module
+/// for ahead-of-time compilation. Exported (`Linkage::Export`) when `export`.
+pub fn compile_elementwise<M: Module>(module: &mut M, node: &str, name: &str, export: bool, prog: &[Inst], n_inputs: usize) -> Result<FuncId, CodegenError> {
     let err = |msg: String| CodegenError { node: node.to_string(), msg };
-    let module = jit.module();
     let mut ctx = module.make_context();
     let cfg = module.isa().frontend_config();
     lower_elementwise(prog, n_inputs, &mut ctx.func, cfg);
-    let name = format!("aim_ew_{}", module.declarations().get_functions().count());
-    let id = module.declare_function(&name, Linkage::Local, &ctx.func.signature).map_err(|e| err(e.to_string()))?;
+    let linkage = if export { Linkage::Export } else { Linkage::Local };
+    let id = module.declare_function(name, linkage, &ctx.func.signature).map_err(|e| err(e.to_string()))?;
     module.define_function(id, &mut ctx).map_err(|e| err(format!("{e:?}")))?;
     module.clear_context(&mut ctx);
     Ok(id)
@@ -338,6 +338,23 @@ mod tests {
                 out
             })
             .collect()
+    }
+
+    /// The same lowering emits into an object file (the ahead-of-time path): an exported
+    /// symbol in a relocatable ELF/Mach-O/COFF object for the host.
+    #[test]
+    fn emits_into_an_object_module() {
+        use cranelift_module::Module;
+        let target = Target::host();
+        let isa = crate::codegen::isa_for(&target).unwrap();
+        let builder = cranelift_object::ObjectBuilder::new(isa, "aim_test", cranelift_module::default_libcall_names()).unwrap();
+        let mut module = cranelift_object::ObjectModule::new(builder);
+        let prog = crate::ewprog::parse(&["in 0".to_string(), "relu 0".to_string()]).unwrap();
+        let id = super::compile_elementwise(&mut module, "n", "aim_relu", true, &prog, 1).unwrap();
+        assert_eq!(module.declarations().get_function_decl(id).name.as_deref(), Some("aim_relu"));
+        let bytes = module.finish().emit().unwrap();
+        assert!(bytes.len() > 64);
+        assert!(bytes.windows(8).any(|w| w == b"aim_relu"), "the symbol is in the object's string table");
     }
 
     fn grid(lo: f32, hi: f32, n: usize) -> Vec<f32> {

@@ -1,8 +1,9 @@
 //! Code generation with Cranelift: functions compiled for the target into memory (JIT), the
 //! module kept alive as long as any program uses its code.
 //!
-//! Today this generates the fused elementwise loops (`elementwise.rs`); the loop nests of
-//! other fused groups and the AOT object emission will join it.
+//! Today this generates the fused elementwise loops (`elementwise.rs`), written against the
+//! `cranelift_module::Module` trait: the JIT module here, an object module for ahead-of-time
+//! compilation (tested; `aim compile` is not built yet).
 
 mod elementwise;
 
@@ -65,7 +66,8 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
             Some(j) => j,
             None => jit.insert(Jit::new(target)?),
         };
-        ids.push((i, compile_elementwise(j, &n.name, &prog, n.inputs.len())?));
+        let name = format!("aim_ew_{}", ids.len());
+        ids.push((i, compile_elementwise(j.module(), &n.name, &name, false, &prog, n.inputs.len())?));
     }
     let Some(mut jit) = jit else { return Ok(aim_runtime::cpu::Generated::default()) };
     jit.module().finalize_definitions().map_err(|e| CodegenError { node: String::new(), msg: e.to_string() })?;
