@@ -11,6 +11,7 @@
 //! whose ops aim cannot run (naming all of them). `run` executes it on the selected backend.
 
 pub mod conformance;
+pub mod explore;
 pub mod npz;
 mod random;
 

@@ -87,6 +87,36 @@ enum Cmd {
         #[arg(long, env = "AIM_CPU", default_value = "native")]
         cpu: String,
     },
+    /// Show what aim does to a model, stage by stage: the ONNX graph, the imported IR, the
+    /// optimised IR, the schedule, the Cranelift IR and the machine code, each line naming
+    /// the ONNX nodes it came from.
+    Explore {
+        /// The ONNX model.
+        model: PathBuf,
+        /// Stages to print: onnx, graph, optimized, scheduled, clif, asm or all (repeatable,
+        /// or comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "all")]
+        stage: Vec<String>,
+        /// Only the lines of this ONNX node (its journey through every stage).
+        #[arg(long)]
+        node: Option<String>,
+        /// Also print the graph after each pass, marking what each pass changed, and its time.
+        #[arg(long)]
+        passes: bool,
+        /// Write a self-contained HTML page with the stages side by side instead.
+        #[arg(long)]
+        html: Option<PathBuf>,
+        /// A Chrome trace from `aim bench --profile`: measured node times for the page.
+        #[arg(long)]
+        profile: Option<PathBuf>,
+        /// Cap the ISA level, as for `aim run` (also AIM_CPU).
+        #[arg(long, env = "AIM_CPU", default_value = "native")]
+        cpu: String,
+        /// Schedule for these cache sizes instead of this CPU's: L1D,L2,L3 in bytes with an
+        /// optional K or M suffix (48K,1M,32M), so the output reads the same on any machine.
+        #[arg(long)]
+        caches: Option<String>,
+    },
     /// Run ONNX backend test cases (directories with model.onnx and test_data_set_N/).
     TestOnnx {
         /// Case directories, or directories holding them.
@@ -349,6 +379,46 @@ fn test_onnx(out: &mut dyn Write, dirs: Vec<PathBuf>, backend: Backend, quiet: b
     Ok(fail == 0)
 }
 
+/// `1048576`, `1024K` or `1M` in bytes.
+fn parse_size(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 1 << 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|_| anyhow::anyhow!("'{s}' is not a size (bytes, or with a K or M suffix)"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn explore(out: &mut dyn Write, model: &std::path::Path, stages: &[String], node: Option<&str>, passes: bool, html: Option<PathBuf>, profile: Option<PathBuf>, cpu: String, caches: Option<String>) -> Result<()> {
+    let caches = match caches {
+        None => None,
+        Some(c) => {
+            let v: Vec<usize> = c.split(',').map(parse_size).collect::<Result<_>>()?;
+            let [l1, l2, l3] = v[..] else { bail!("--caches takes three sizes: L1D,L2,L3 (got '{c}')") };
+            Some([l1, l2, l3])
+        }
+    };
+    // Refuse an unknown stage before the (slower) work.
+    for s in stages {
+        if s != "all" && !aim::explore::STAGES.contains(&s.as_str()) {
+            bail!("unknown stage '{s}' (expected one of {}, all)", aim::explore::STAGES.join(", "));
+        }
+    }
+    let e = aim::explore::explore(model, &aim::explore::Options { cpu, caches, passes, profile })?;
+    aim::explore::check_request(&e, stages, node)?;
+    match html {
+        Some(path) => {
+            let page = aim::explore::html::render(&e);
+            std::fs::write(&path, &page).with_context(|| format!("writing {}", path.display()))?;
+            writeln!(out, "wrote {} ({} bytes)", path.display(), page.len())?;
+        }
+        None => out.write_all(aim::explore::render_text(&e, stages, node, passes).as_bytes())?,
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut out = std::io::stdout().lock();
@@ -361,6 +431,7 @@ fn main() -> ExitCode {
         }
         Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
+        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches } => explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches).map(|_| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -278,6 +278,15 @@ impl Target {
         }
     }
 
+    /// This target with other cache sizes (bytes): to plan for another machine, or to make
+    /// schedules that read the same on every machine (`aim explore --caches`).
+    pub fn with_caches(mut self, l1d: usize, l2: usize, l3: usize) -> Target {
+        self.l1d = l1d;
+        self.l2 = l2;
+        self.l3 = l3;
+        self
+    }
+
     /// GEMM cache blocking from this target's L1 and L2 sizes.
     pub fn gemm_blocking(&self) -> aim_kernels::gemm::Blocking {
         aim_kernels::gemm::Blocking::for_caches(self.gemm_isa(), self.l1d, self.l2)

@@ -83,6 +83,23 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
     Ok(out)
 }
 
+/// The Cranelift IR of the loop generated for an `aim:Elementwise` program, and the
+/// machine code Cranelift compiles it to for `target` (its own disassembly: instructions
+/// after register allocation, no addresses), for `aim explore`. `name` names the function.
+pub fn elementwise_text(name: &str, prog: &[crate::ewprog::Inst], n_inputs: usize, target: &Target) -> Result<(String, String), CodegenError> {
+    let err = |msg: String| CodegenError { node: name.to_string(), msg };
+    let isa = isa_for(target)?;
+    let mut func = cranelift_codegen::ir::Function::new();
+    func.signature.call_conv = isa.default_call_conv();
+    lower_elementwise(prog, n_inputs, &mut func, isa.frontend_config());
+    func.name = cranelift_codegen::ir::UserFuncName::testcase(name);
+    let clif = func.display().to_string();
+    let mut ctx = cranelift_codegen::Context::for_function(func);
+    ctx.set_disasm(true);
+    let code = ctx.compile(&*isa, &mut cranelift_codegen::control::ControlPlane::default()).map_err(|e| err(format!("{:?}", e.inner)))?;
+    Ok((clif, code.vcode.clone().unwrap_or_default()))
+}
+
 /// A JIT module owning generated code. The code stays mapped until this is dropped, so
 /// programs hold it in an `Arc` next to the function pointers they call.
 pub struct Jit {

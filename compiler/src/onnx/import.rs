@@ -56,6 +56,20 @@ fn import(bytes: Bytes, what: &str, mut ext: ExternalFiles) -> Result<Model, Imp
     Ok(Model { graph, opset, producer: m.producer_name().to_string() })
 }
 
+/// The name a node gets in the IR: its own, or `<op>_<index in its graph>` when it has none,
+/// made unique across the model (subgraphs included) with a `_<k>` suffix. Callers allocate
+/// names in import order: a node, then the nodes of its subgraphs.
+pub(crate) fn unique_node_name(used: &mut HashSet<String>, n: &proto::NodeProto, index: usize) -> String {
+    let base = if n.name().is_empty() { format!("{}_{index}", n.op_type()) } else { n.name().to_string() };
+    let mut name = base.clone();
+    let mut k = 1;
+    while !used.insert(name.clone()) {
+        name = format!("{base}_{k}");
+        k += 1;
+    }
+    name
+}
+
 struct Importer<'a> {
     opset: i64,
     ext: &'a mut ExternalFiles,
@@ -148,14 +162,7 @@ impl Importer<'_> {
     }
 
     fn unique_name(&mut self, n: &proto::NodeProto, index: usize) -> String {
-        let base = if n.name().is_empty() { format!("{}_{index}", n.op_type()) } else { n.name().to_string() };
-        let mut name = base.clone();
-        let mut k = 1;
-        while !self.used_names.insert(name.clone()) {
-            name = format!("{base}_{k}");
-            k += 1;
-        }
-        name
+        unique_node_name(&mut self.used_names, n, index)
     }
 
     fn node(&mut self, n: &proto::NodeProto, index: usize) -> Result<Node, ImportError> {

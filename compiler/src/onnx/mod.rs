@@ -3,10 +3,12 @@
 mod canon;
 mod error;
 mod import;
+mod print;
 #[allow(clippy::all, missing_docs, rustdoc::all)]
 pub mod proto;
 mod tensor;
 
 pub use error::ImportError;
 pub use import::{import_bytes, import_file};
+pub use print::{print_onnx, OnnxLine};
 pub use tensor::{decode_tensor_proto, tensor_from_proto};

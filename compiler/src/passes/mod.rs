@@ -12,7 +12,7 @@ mod rename;
 mod simplify;
 mod uses;
 
-pub use fuse::{ACTIVATION, CLIP_MAX, CLIP_MIN, SOURCES};
+pub use fuse::{sources_of, ACTIVATION, CLIP_MAX, CLIP_MIN, SOURCES};
 
 use aim_ir::Graph;
 use std::time::{Duration, Instant};

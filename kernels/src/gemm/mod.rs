@@ -216,6 +216,28 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
     });
 }
 
+/// The loop nest [`gemm`] / [`gemm_lazy_b`] run for C[m×n] = A[m×k]·B[k×n], as lines of
+/// text (for `aim explore`): tiles, cache blocks, parallel tasks for `threads` threads.
+pub fn schedule(isa: Isa, blocking: Blocking, m: usize, n: usize, k: usize, lazy_b: bool, threads: usize) -> Vec<String> {
+    let (mr, nr) = (isa.mr(), isa.nr());
+    let np = n.div_ceil(nr);
+    let kblocks = k.div_ceil(blocking.kc).max(1);
+    if m <= SMALL_M && !lazy_b {
+        return vec![
+            format!("for row in 0..{m}: vector × matrix over {np} packed column panels of {nr}"),
+            format!("  for k-block in 0..{kblocks} (≤{}): row += a[k] · B[k, panel]", blocking.kc),
+        ];
+    }
+    let tasks = np.min(threads).max(1);
+    let b = if lazy_b { format!("B panel packed on the fly (kc×{nr}, stays in L1)") } else { "B panels packed at load time".to_string() };
+    vec![
+        format!("parallel for column-panel group in 0..{tasks} ({np} panels of {nr} columns)"),
+        format!("  for k-block in 0..{kblocks} (kc ≤ {}), m-block of ≤{} rows, panel j: {b}", blocking.kc, blocking.mc),
+        format!("    for row panel in m-block ({} panels of {mr}): microkernel {isa:?} {mr}×{nr}: C[{mr}×{nr}] += A[{mr}×kc] · B[kc×{nr}]", m.div_ceil(mr)),
+        "    last k-block: epilogue on the tile while it is in cache".to_string(),
+    ]
+}
+
 /// Up to this many rows, a product runs as a matrix-vector product per row instead of on
 /// MR-row tiles (a batch-1 dense layer would otherwise compute MR rows to keep one).
 const SMALL_M: usize = 4;

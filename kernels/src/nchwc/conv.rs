@@ -92,6 +92,41 @@ impl Conv {
         self.lanes
     }
 
+    /// The loop nest [`Conv::run`] runs for this output size, as lines of text (for `aim
+    /// explore`), from the same constants the loops use.
+    pub fn schedule(&self, batch: usize, oh: usize, ow: usize, padded: bool, residual: bool) -> Vec<String> {
+        let l = self.lanes;
+        let [kh, kw] = self.geo.kernel;
+        let pointwise = self.geo.kernel == [1, 1] && self.geo.strides == [1, 1] && !padded;
+        let (rows, row_len) = if pointwise { (batch, oh * ow) } else { (batch * oh, ow) };
+        let segment = SEGMENT_TILES * super::tile_rows(self.isa);
+        let segs = row_len.div_ceil(segment);
+        let pairs = self.cout.div_ceil(2 * l);
+        let k = kh * kw * self.cin_eff;
+        let mut v = Vec::new();
+        if padded {
+            v.push("zero-padded copy of the input (parallel over channel planes)".to_string());
+        }
+        let input = match self.input {
+            Layout::Nchw => "NCHW input read directly",
+            Layout::Blocked => "blocked input",
+        };
+        v.push(format!(
+            "parallel for (output-block pair in 0..{pairs}, row in 0..{rows}{}, segment in 0..{segs} of ≤{segment} px): {} tasks",
+            if pointwise { " (1×1: each image one row)" } else { "" },
+            pairs * rows * segs
+        ));
+        v.push(format!("  for k-block in 0..{} (≤{} of k = {kh}·{kw}·{} = {k}; weights {}×{} floats stay in L1)", k.div_ceil(self.kc), self.kc, self.cin_eff, self.kc.min(k), 2 * l));
+        v.push(format!(
+            "    for tile in segment (≤{} px): acc[px][2 blocks of {l} ch] += broadcast x[px·{}+koff[k]] · w[k] ({input}, {:?})",
+            super::tile_rows(self.isa),
+            self.geo.strides[1],
+            self.isa
+        ));
+        v.push(format!("    last k-block: + bias{}, {}", if residual { ", + residual" } else { "" }, act_text(self.act)));
+        v
+    }
+
     /// Runs the convolution. Errors name what does not fit.
     pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {
         let l = self.lanes;
@@ -163,6 +198,15 @@ impl Conv {
             unsafe { job.segment(pair, row, cols, ptrs) }
         });
         Ok(())
+    }
+}
+
+/// An activation as explore prints it.
+pub(super) fn act_text(a: Activation) -> String {
+    match a {
+        Activation::Identity => "no activation".to_string(),
+        Activation::Relu => "relu".to_string(),
+        Activation::Clip(lo, hi) => format!("clamp({lo}, {hi})"),
     }
 }
 

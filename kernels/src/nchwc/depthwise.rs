@@ -40,6 +40,19 @@ impl Depthwise {
         Depthwise { isa, lanes, channels, geo, weights: w, bias: b, act }
     }
 
+    /// The loop nest [`Depthwise::run`] runs for this output size, as lines of text.
+    pub fn schedule(&self, batch: usize, oh: usize, ow: usize, residual: bool) -> Vec<String> {
+        let l = self.lanes;
+        let blocks = self.channels.div_ceil(l);
+        let [kh, kw] = self.geo.kernel;
+        vec![
+            format!("parallel for (image, block, output row) in 0..{}: {} tasks", batch * blocks * oh, batch * blocks * oh),
+            format!("  for interior pixels, 4 at a time ({ow} per row): acc[4 px][{l} ch] += x[tap] · w[tap] over {kh}×{kw} taps ({:?})", self.isa),
+            "  edge pixels one at a time, taps outside the input skipped (no padded copy)".to_string(),
+            format!("  + bias{}, {}", if residual { ", + residual" } else { "" }, super::conv::act_text(self.act)),
+        ]
+    }
+
     /// Runs the convolution on blocked input (`io.x`), into blocked output; the padding
     /// after is implied by the output size. Errors name what does not fit.
     pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {

@@ -13,7 +13,7 @@ use aim_kernels::nchwc::{self, ConvIo, Layout};
 /// A blocked convolution, packed at load time.
 pub(super) struct BlockedConv {
     kernel: Kernel,
-    geo: Geometry,
+    pub(super) geo: Geometry,
     cin: usize,
     cout: usize,
     input: Layout,
@@ -130,5 +130,27 @@ pub(super) fn run_reorder(r: &Reorder, x: &Tensor, pool: &ThreadPool) -> Result<
         let mut y = Tensor::zeros(DType::F32, &[xs[0], r.channels, xs[2], xs[3]]);
         nchwc::from_blocked(x.data::<f32>(), xs[0], r.channels, xs[2] * xs[3], l, y.data_mut::<f32>(), pool);
         Ok(y)
+    }
+}
+
+/// The loop nest of a blocked convolution whose output has `shape` (blocked), for explore.
+pub(super) fn schedule(c: &BlockedConv, shape: &[usize], residual: bool) -> Vec<String> {
+    let (batch, oh, ow) = (shape[0], shape[2], shape[3]);
+    match &c.kernel {
+        Kernel::Conv(k) => {
+            let padded = c.geo.pads.iter().any(|&p| p > 0) || !matches!(c.geo.auto_pad.as_str(), "NOTSET" | "VALID" | "");
+            k.schedule(batch, oh, ow, padded, residual)
+        }
+        Kernel::Depthwise(k) => k.schedule(batch, oh, ow, residual),
+    }
+}
+
+/// The loops of a reorder whose input has `shape`, for explore.
+pub(super) fn reorder_schedule(r: &Reorder, shape: &[usize]) -> Vec<String> {
+    let hw: usize = shape[2..4].iter().product();
+    if r.to_blocked {
+        vec![format!("parallel for (image, block) in 0..{}: transpose {} channels × {hw} px into {hw} px × {}", shape[0] * shape[1].div_ceil(r.lanes), r.lanes, r.lanes)]
+    } else {
+        vec![format!("parallel for (image, channel) in 0..{}: gather {hw} px from lane c mod {} of the blocked input", shape[0] * r.channels, r.lanes)]
     }
 }

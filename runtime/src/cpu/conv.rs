@@ -20,13 +20,13 @@ pub(super) struct Geometry {
 
 pub(super) struct ConvPrep {
     /// One packed weight matrix (Mg × Cg·k) per group.
-    weights: Vec<PackedA>,
-    bias: Option<Vec<f32>>,
-    act: Option<Activation>,
-    group: usize,
-    m: usize,
-    cin: usize,
-    geo: Geometry,
+    pub(super) weights: Vec<PackedA>,
+    pub(super) bias: Option<Vec<f32>>,
+    pub(super) act: Option<Activation>,
+    pub(super) group: usize,
+    pub(super) m: usize,
+    pub(super) cin: usize,
+    pub(super) geo: Geometry,
 }
 
 pub(super) fn geometry(n: &Node, kernel: &[usize]) -> Geometry {

@@ -7,11 +7,11 @@ use aim_ir::{DType, Graph, Node, Tensor};
 use aim_kernels::gemm::{gemm, Activation, Blocking, Epilogue, Isa, PackedA, PackedB};
 
 pub(super) struct DensePrep {
-    weight: PackedB,
-    bias: Option<Vec<f32>>,
-    act: Option<Activation>,
-    k: usize,
-    n: usize,
+    pub(super) weight: PackedB,
+    pub(super) bias: Option<Vec<f32>>,
+    pub(super) act: Option<Activation>,
+    pub(super) k: usize,
+    pub(super) n: usize,
 }
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {

@@ -14,6 +14,9 @@ unsafe impl Sync for Ptrs<'_> {}
 
 /// Runs a generated elementwise loop over its inputs, in chunks on the pool. The inputs must
 /// all be f32 of one shape: the loop reads and writes exactly `len` elements of each.
+/// Elements per parallel task of a generated loop.
+pub(super) const CHUNK: usize = 16 * 1024;
+
 pub(super) fn run_elementwise(f: ElementwiseFn, ins: &[Option<Tensor>], pool: &ThreadPool) -> Result<Tensor, String> {
     let ts: Vec<&Tensor> = ins.iter().map(|t| t.as_ref().ok_or("an input is missing")).collect::<Result<_, _>>()?;
     let first = ts.first().ok_or("no inputs")?;
@@ -26,7 +29,6 @@ pub(super) fn run_elementwise(f: ElementwiseFn, ins: &[Option<Tensor>], pool: &T
     let mut y = Tensor::zeros(DType::F32, first.shape());
     let ptrs: Vec<*const f32> = ts.iter().map(|t| t.data::<f32>().as_ptr()).collect();
     let (ptrs, out) = (Ptrs(&ptrs), OutPtr(y.data_mut::<f32>().as_mut_ptr()));
-    const CHUNK: usize = 16 * 1024;
     pool.for_each(n.div_ceil(CHUNK), &|c| {
         let (ptrs, out) = (ptrs, out);
         let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(n));

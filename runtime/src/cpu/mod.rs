@@ -14,6 +14,7 @@ mod dense;
 mod depthwise;
 mod elementwise;
 mod phases;
+mod schedule;
 
 use conv::{prepare_conv, run_conv, ConvPrep};
 use dense::{prepare_dense, run_dense, DensePrep};

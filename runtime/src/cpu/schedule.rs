@@ -1,0 +1,75 @@
+//! What the program does for each node, as text (`aim explore --stage scheduled`): the
+//! kernel, its loop nest with tile and block sizes, and the parallel tasks — computed from
+//! the prepared nodes and the constants their loops use, for the shapes the graph's types
+//! give (nodes whose shapes are only known at run time say so).
+
+use super::{blocked, elementwise, CpuProgram, Prepared};
+use aim_ir::Graph;
+
+fn shape_of(g: &Graph, name: &str) -> Option<Vec<usize>> {
+    g.value_type(name)?.concrete_shape()
+}
+
+impl CpuProgram {
+    /// One entry per node of [`CpuProgram::graph`]: the lines describing how it runs.
+    pub fn schedule(&self) -> Vec<Vec<String>> {
+        let g = &self.graph;
+        g.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let out = n.outputs.first().and_then(|o| shape_of(g, o));
+                let input = n.inputs.first().and_then(|x| shape_of(g, x));
+                let dynamic = || vec!["shapes known only at run time: loop bounds are bound then".to_string()];
+                match self.prepared.get(&i) {
+                    Some(Prepared::Blocked(c)) => match out {
+                        Some(s) if s.len() == 5 => blocked::schedule(c, &s, n.input(3).is_some()),
+                        _ => dynamic(),
+                    },
+                    Some(Prepared::Reorder(r)) => match input {
+                        Some(s) if s.len() >= 4 => blocked::reorder_schedule(r, &s),
+                        _ => dynamic(),
+                    },
+                    Some(Prepared::Conv(c)) => match out {
+                        Some(s) if s.len() >= 3 => {
+                            let (mg, k) = (c.m / c.group, c.weights[0].k);
+                            let n_out: usize = s[2..].iter().product();
+                            let mut v = vec![format!(
+                                "for image in 0..{}, group in 0..{}: C[{mg} ch × {n_out} px] = W[{mg}×{k}] · im2col (padded stride phases, never materialised)",
+                                s[0], c.group
+                            )];
+                            v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, mg, n_out, k, true, self.pool.size()).into_iter().map(|l| format!("  {l}")));
+                            v
+                        }
+                        _ => dynamic(),
+                    },
+                    Some(Prepared::Depthwise(_)) => vec!["direct depthwise convolution over NCHW planes: parallel for plane; 3×3 as one 9-tap filter over padded stride phases".to_string()],
+                    Some(Prepared::Dense(d)) => match input {
+                        Some(s) if !s.is_empty() => {
+                            let m: usize = s[..s.len() - 1].iter().product();
+                            let mut v = vec![format!("C[{m}×{}] = A[{m}×{}] · W (packed at load time)", d.n, d.k)];
+                            v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, m, d.n, d.k, false, self.pool.size()).into_iter().map(|l| format!("  {l}")));
+                            v
+                        }
+                        _ => dynamic(),
+                    },
+                    Some(Prepared::Elementwise(_)) => match out {
+                        Some(s) => {
+                            let len: usize = s.iter().product();
+                            vec![format!(
+                                "parallel for chunk in 0..{} of ≤{} elements: generated loop (Cranelift), f32x4 body + scalar tail, over {len} elements",
+                                len.div_ceil(elementwise::CHUNK).max(1),
+                                elementwise::CHUNK
+                            )]
+                        }
+                        None => dynamic(),
+                    },
+                    None if n.domain.is_empty() && aim_kernels::fast::kernel(&n.op).is_some() => {
+                        vec![format!("fast f32 kernel for {} (vectorised, parallel over rows; the reference kernel for other dtypes)", n.op)]
+                    }
+                    None => vec![format!("reference kernel for {} (interpreted)", n.op)],
+                }
+            })
+            .collect()
+    }
+}

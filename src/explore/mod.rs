@@ -1,0 +1,392 @@
+//! `aim explore`: what aim does to a model, stage by stage, the way Compiler Explorer shows
+//! source beside assembly. Every stage is a list of lines, and every line that stands for
+//! part of the model carries the ONNX nodes it came from (a fused node: all of them), so a
+//! node can be followed from the file to the machine code (`--node`), and the HTML page can
+//! highlight one node across every pane.
+//!
+//! Output is deterministic: no addresses, no timings (except the pass times of `--passes`,
+//! which are printed on their own header lines), no hash-map order.
+
+pub mod html;
+
+use anyhow::{bail, Context, Result};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The stages, in pipeline order.
+pub const STAGES: [&str; 6] = ["onnx", "graph", "optimized", "scheduled", "clif", "asm"];
+
+/// One printed line and the ONNX nodes it came from (empty for structure: headers, braces).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line {
+    /// The text, without the `; from:` suffix.
+    pub text: String,
+    /// Source ONNX node names (as the importer names them).
+    pub sources: Vec<String>,
+}
+
+/// One stage's lines.
+#[derive(Clone, Debug)]
+pub struct Stage {
+    /// Its key (`onnx`, `graph`, ...).
+    pub key: &'static str,
+    /// A one-line description.
+    pub title: &'static str,
+    /// The lines.
+    pub lines: Vec<Line>,
+}
+
+/// The graph after one pass of the pipeline.
+#[derive(Clone, Debug)]
+pub struct PassView {
+    /// The pass.
+    pub name: &'static str,
+    /// How long it took.
+    pub time: std::time::Duration,
+    /// The node lines after it; `true` marks a line the pass added or changed.
+    pub lines: Vec<(bool, Line)>,
+    /// Node lines the pass removed (or changed: their old text).
+    pub removed: Vec<Line>,
+}
+
+/// Per-node figures of the optimised graph.
+#[derive(Clone, Debug)]
+pub struct Figures {
+    /// The node of the optimised graph.
+    pub node: String,
+    /// Its op.
+    pub op: String,
+    /// The ONNX nodes it came from.
+    pub sources: Vec<String>,
+    /// Floating-point operations (multiply-add = 2) for the shapes the graph's types give.
+    pub flops: u64,
+    /// Bytes read and written (inputs, weights and outputs once each).
+    pub bytes: u64,
+    /// Measured time from a profile, in microseconds.
+    pub time_us: Option<f64>,
+}
+
+/// Everything `aim explore` shows for a model.
+#[derive(Clone, Debug)]
+pub struct Exploration {
+    /// The model file.
+    pub model: String,
+    /// The target, as `aim info --target` prints it (one line).
+    pub target: String,
+    /// The stages, in order.
+    pub stages: Vec<Stage>,
+    /// The graph after each pass (when asked for).
+    pub passes: Vec<PassView>,
+    /// Figures per node of the optimised graph.
+    pub figures: Vec<Figures>,
+}
+
+/// What to explore for.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// ISA cap (`--cpu`), as for `aim run`.
+    pub cpu: String,
+    /// Cache sizes (L1d, L2, L3 bytes) to schedule for instead of this CPU's, so that the
+    /// scheduled stage reads the same on every machine.
+    pub caches: Option<[usize; 3]>,
+    /// Keep the graph after every pass.
+    pub passes: bool,
+    /// A Chrome trace from `aim bench --profile`, for measured times.
+    pub profile: Option<PathBuf>,
+}
+
+/// The node line of the IR printer without its `# name` comment and `sources` attribute
+/// (both said by the `; from:` column instead).
+fn ir_lines(g: &aim_ir::Graph, n: &aim_ir::Node) -> Vec<String> {
+    let mut n = n.clone();
+    n.attrs.remove(aim_compiler::passes::SOURCES);
+    let text = aim_ir::text::print_node(g, &n);
+    let text = text.trim_end();
+    let text = text.strip_suffix(&format!("# {}", n.name)).unwrap_or(text).trim_end();
+    text.lines().map(str::to_string).collect()
+}
+
+fn sources(n: &aim_ir::Node) -> Vec<String> {
+    aim_compiler::passes::sources_of(n)
+}
+
+/// The lines of a graph: inputs, an initializer summary, one item per node, outputs.
+fn graph_lines(g: &aim_ir::Graph) -> Vec<Line> {
+    let mut out = vec![Line { text: format!("graph {:?} {{", g.name), sources: vec![] }];
+    for v in &g.inputs {
+        out.push(Line { text: format!("  input %{}: {}", v.name, v.ty), sources: vec![] });
+    }
+    if !g.initializers.is_empty() {
+        let bytes: usize = g.initializers.values().map(|t| t.len() * t.dtype().size()).sum();
+        out.push(Line { text: format!("  initializers: {} tensors, {bytes} bytes", g.initializers.len()), sources: vec![] });
+    }
+    for n in &g.nodes {
+        let src = sources(n);
+        for l in ir_lines(g, n) {
+            out.push(Line { text: format!("  {l}"), sources: src.clone() });
+        }
+    }
+    for v in &g.outputs {
+        out.push(Line { text: format!("  output %{}: {}", v.name, v.ty), sources: vec![] });
+    }
+    out.push(Line { text: "}".into(), sources: vec![] });
+    out
+}
+
+/// Floating-point operations of one node of the optimised graph (multiply-add = 2).
+fn flops(g: &aim_ir::Graph, n: &aim_ir::Node) -> u64 {
+    let shape = |name: &str| g.value_type(name).and_then(|t| t.concrete_shape());
+    let elems = |name: &str| shape(name).map_or(0, |s| s.iter().product::<usize>() as u64);
+    let out = n.outputs.first().map_or(0, |o| elems(o));
+    let w = n.input(1).and_then(|w| g.initializers.get(w));
+    match (n.domain.as_str(), n.op.as_str()) {
+        ("aim", "Conv") => {
+            let Some(w) = w else { return 0 };
+            // Blocked outputs count their padding channels out: true channels from W.
+            let cout = w.shape()[0] as u64;
+            let per_out: u64 = w.shape()[1..].iter().product::<usize>() as u64;
+            let spatial = n.outputs.first().and_then(|o| shape(o)).map_or(0, |s| {
+                if n.attrs.contains_key("layout") {
+                    (s[0] * s[2] * s[3]) as u64
+                } else {
+                    (s[0] * s[2..].iter().product::<usize>()) as u64
+                }
+            });
+            2 * cout * spatial * per_out
+        }
+        ("aim", "Dense") => w.map_or(0, |w| 2 * out * w.shape()[0] as u64),
+        ("", "MatMul") | ("", "Gemm") => n.input(0).and_then(|a| shape(a)).and_then(|s| s.last().copied()).map_or(0, |k| 2 * out * k as u64),
+        ("aim", "Elementwise") => out * n.strings("program").map_or(1, |p| p.len() as u64),
+        ("aim", _) => 0,
+        _ => out,
+    }
+}
+
+/// Bytes a node reads and writes.
+fn bytes(g: &aim_ir::Graph, n: &aim_ir::Node) -> u64 {
+    n.inputs
+        .iter()
+        .chain(&n.outputs)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            g.value_type(s)
+                .and_then(|t| Some(t.concrete_shape()?.iter().product::<usize>() * t.dtype?.size()))
+                .unwrap_or(0) as u64
+        })
+        .sum()
+}
+
+/// Median node times from a Chrome trace written by `aim bench --profile`.
+fn read_profile(path: &Path) -> Result<BTreeMap<String, f64>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading profile {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not a Chrome trace (JSON)", path.display()))?;
+    let events = v.get("traceEvents").and_then(|e| e.as_array()).with_context(|| format!("{}: no traceEvents list", path.display()))?;
+    let mut out = BTreeMap::new();
+    for e in events {
+        if let (Some(name), Some(dur)) = (e.get("name").and_then(|n| n.as_str()), e.get("dur").and_then(|d| d.as_f64())) {
+            *out.entry(name.to_string()).or_insert(0.0) += dur;
+        }
+    }
+    Ok(out)
+}
+
+/// Runs every stage of the cpu backend on the model at `path`.
+pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
+    let p = path.display().to_string();
+    let bytes_in = std::fs::read(path).with_context(|| format!("reading {p}"))?;
+    let onnx: Vec<Line> = aim_compiler::onnx::print_onnx(&bytes_in, &p)?
+        .into_iter()
+        .map(|(text, src)| Line { text, sources: src.into_iter().collect() })
+        .collect();
+    let mut ir = aim_compiler::onnx::import_file(path)?;
+    aim_ir::verify(&ir.graph).with_context(|| format!("{p}: invalid graph"))?;
+    let ops = aim_runtime::unsupported_ops(&ir.graph);
+    if !ops.is_empty() {
+        return Err(crate::Error::Unsupported { path: p, ops }.into());
+    }
+    aim_ir::infer::infer_types(&mut ir.graph).with_context(|| format!("{p}: type inference"))?;
+    let graph = graph_lines(&ir.graph);
+
+    let mut target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
+    if let Some([l1, l2, l3]) = opts.caches {
+        target = target.with_caches(l1, l2, l3);
+    }
+    let mut g = ir.graph.clone();
+    let records = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), opts.passes).with_context(|| format!("{p}: optimising"))?;
+    let optimized = graph_lines(&g);
+    let passes = if opts.passes { pass_views(&ir.graph, &records) } else { Vec::new() };
+
+    let profile = match &opts.profile {
+        Some(f) => Some(read_profile(f)?),
+        None => None,
+    };
+    let figures = g
+        .nodes
+        .iter()
+        .map(|n| Figures {
+            node: n.name.clone(),
+            op: if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) },
+            sources: sources(n),
+            flops: flops(&g, n),
+            bytes: bytes(&g, n),
+            time_us: profile.as_ref().and_then(|p| p.get(&n.name).copied()),
+        })
+        .collect();
+
+    // Generated code: the Cranelift IR and machine code of every fused elementwise loop.
+    let mut clif = Vec::new();
+    let mut asm = Vec::new();
+    let mut k = 0;
+    for n in &g.nodes {
+        let src = sources(n);
+        if n.domain == "aim" && n.op == "Elementwise" {
+            let prog = aim_compiler::ewprog::parse(n.strings("program").unwrap_or_default()).map_err(|e| anyhow::anyhow!("node {}: {e}", n.name))?;
+            let name = format!("aim_ew_{k}");
+            k += 1;
+            let (c, a) = aim_compiler::codegen::elementwise_text(&name, &prog, n.inputs.len(), &target)?;
+            for (lines, text) in [(&mut clif, c), (&mut asm, a)] {
+                lines.push(Line { text: format!("; {name}: node {}", n.name), sources: src.clone() });
+                lines.extend(text.lines().map(|l| Line { text: l.to_string(), sources: if l.trim().is_empty() { vec![] } else { src.clone() } }));
+                lines.push(Line { text: String::new(), sources: vec![] });
+            }
+        }
+    }
+    if clif.is_empty() {
+        let none = Line { text: "; no generated functions: every node runs a precompiled kernel (see the scheduled stage)".into(), sources: vec![] };
+        clif.push(none.clone());
+        asm.push(none);
+    }
+
+    // The schedule: the program the cpu backend builds, node by node.
+    let memory = aim_compiler::memory_plan::plan(&g);
+    let slots: BTreeMap<&str, &aim_compiler::memory_plan::Slot> = memory.slots.iter().map(|s| (s.name.as_str(), s)).collect();
+    let code = aim_compiler::codegen::generate(&g, &target)?;
+    let prog = aim_runtime::cpu::CpuProgram::new(g.clone(), target.gemm_isa(), target.gemm_blocking(), 1, code)?;
+    let mut scheduled = vec![Line {
+        text: format!(
+            "; arena: {} bytes for {} bytes of intermediates (first fit by lifetime); microkernels: {:?}, kc {}, mc {}",
+            memory.arena_bytes,
+            memory.total_bytes,
+            target.gemm_isa(),
+            target.gemm_blocking().kc,
+            target.gemm_blocking().mc
+        ),
+        sources: vec![],
+    }];
+    for (n, plan) in g.nodes.iter().zip(prog.schedule()) {
+        let src = sources(n);
+        let outs: Vec<String> = n
+            .outputs
+            .iter()
+            .filter(|o| !o.is_empty())
+            .map(|o| match slots.get(o.as_str()) {
+                Some(s) => format!("%{o} @ arena[{}..{}]", s.offset, s.offset + s.bytes),
+                None => format!("%{o} (size known at run time)"),
+            })
+            .collect();
+        let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
+        scheduled.push(Line { text: format!("{} {op} -> {}", n.name, outs.join(", ")), sources: src.clone() });
+        for l in plan {
+            scheduled.push(Line { text: format!("    {l}"), sources: src.clone() });
+        }
+    }
+
+    let stages = vec![
+        Stage { key: "onnx", title: "the ONNX graph as the file holds it", lines: onnx },
+        Stage { key: "graph", title: "the IR after import (canonical op forms, inferred types)", lines: graph },
+        Stage { key: "optimized", title: "the IR after the cpu pipeline's passes", lines: optimized },
+        Stage { key: "scheduled", title: "how each node runs: kernel, loop nest, tiles, parallel tasks, arena offsets", lines: scheduled },
+        Stage { key: "clif", title: "Cranelift IR of each generated function", lines: clif },
+        Stage { key: "asm", title: "machine code of each generated function (Cranelift's disassembly)", lines: asm },
+    ];
+    Ok(Exploration { model: p, target: target.to_string().lines().take(3).collect::<Vec<_>>().join("; "), stages, passes, figures })
+}
+
+/// The graph after each pass, with the node lines each pass added, changed or removed.
+fn pass_views(start: &aim_ir::Graph, records: &[aim_compiler::passes::PassRecord]) -> Vec<PassView> {
+    let node_lines = |g: &aim_ir::Graph| -> Vec<Line> {
+        g.nodes.iter().flat_map(|n| {
+            let src = sources(n);
+            ir_lines(g, n).into_iter().map(move |t| Line { text: t, sources: src.clone() })
+        }).collect()
+    };
+    let mut before = node_lines(start);
+    let mut out = Vec::new();
+    for r in records {
+        let Some(g) = &r.after else { continue };
+        let after = node_lines(g);
+        let old: BTreeSet<&str> = before.iter().map(|l| l.text.as_str()).collect();
+        let new: BTreeSet<&str> = after.iter().map(|l| l.text.as_str()).collect();
+        let removed = before.iter().filter(|l| !new.contains(l.text.as_str())).cloned().collect();
+        let lines = after.iter().map(|l| (!old.contains(l.text.as_str()), l.clone())).collect();
+        out.push(PassView { name: r.name, time: r.time, lines, removed });
+        before = after;
+    }
+    out
+}
+
+/// Whether a line belongs to `node` (an ONNX node name, or a node of the optimised graph).
+fn matches(l: &Line, node: &str) -> bool {
+    l.sources.iter().any(|s| s == node)
+}
+
+/// Checks `--node` and `--stage` before printing: one clear error for either.
+pub fn check_request(e: &Exploration, stages: &[String], node: Option<&str>) -> Result<()> {
+    for s in stages {
+        if s != "all" && !STAGES.contains(&s.as_str()) {
+            bail!("unknown stage '{s}' (expected one of {}, all)", STAGES.join(", "));
+        }
+    }
+    if let Some(node) = node {
+        if !e.stages.iter().any(|s| s.lines.iter().any(|l| matches(l, node))) {
+            let names: BTreeSet<&str> = e.stages[0].lines.iter().flat_map(|l| l.sources.iter().map(String::as_str)).collect();
+            let some: Vec<&str> = names.iter().take(5).copied().collect();
+            bail!("{}: no node named '{node}' (nodes include {})", e.model, some.join(", "));
+        }
+    }
+    Ok(())
+}
+
+fn push_line(out: &mut String, mark: &str, l: &Line) {
+    out.push_str(mark);
+    out.push_str(&l.text);
+    if !l.sources.is_empty() {
+        out.push_str("  ; from: ");
+        out.push_str(&l.sources.join(", "));
+    }
+    out.push('\n');
+}
+
+/// The terminal view: the chosen stages (and the pass pipeline), optionally only the lines
+/// of one node.
+pub fn render_text(e: &Exploration, stages: &[String], node: Option<&str>, passes: bool) -> String {
+    let all = stages.is_empty() || stages.iter().any(|s| s == "all");
+    let mut out = String::new();
+    for s in &e.stages {
+        if !all && !stages.iter().any(|k| k == s.key) {
+            continue;
+        }
+        out.push_str(&format!("== {}: {} ==\n", s.key, s.title));
+        for l in s.lines.iter().filter(|l| node.is_none_or(|n| matches(l, n))) {
+            push_line(&mut out, "", l);
+        }
+        out.push('\n');
+    }
+    if passes {
+        out.push_str("== passes: the graph after each pass; + marks lines it added or changed, - lines it removed ==\n");
+        for (i, p) in e.passes.iter().enumerate() {
+            let changed = p.lines.iter().any(|(c, _)| *c) || !p.removed.is_empty();
+            out.push_str(&format!("-- pass {}: {} ({:.3} ms){}\n", i + 1, p.name, p.time.as_secs_f64() * 1e3, if changed { "" } else { ": no change" }));
+            if !changed {
+                continue;
+            }
+            for l in p.removed.iter().filter(|l| node.is_none_or(|n| matches(l, n))) {
+                push_line(&mut out, "- ", l);
+            }
+            for (c, l) in p.lines.iter().filter(|(_, l)| node.is_none_or(|n| matches(l, n))) {
+                push_line(&mut out, if *c { "+ " } else { "  " }, l);
+            }
+        }
+    }
+    out
+}
