@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite: unit and snapshot tests, the fuzz corpus replay, ONNX node
 # conformance (cases regenerated from the pinned onnx package), and the benchmark models
-# compared against ONNX Runtime. Needs Rust, Python 3 with pip; installs the Python
-# packages it uses (tests/requirements.txt).
+# compared against ONNX Runtime, and the `aim explore` page in headless Chromium. Needs
+# Rust, Python 3 with pip; installs the Python packages it uses (tests/requirements.txt)
+# and, where it is missing and apt-get can, Debian's chromium package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+if ! command -v chromium >/dev/null; then
+    echo "== installing chromium (for the explore page test)"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
 
 echo "== generating ONNX node test cases (onnx $(python3 -c 'import onnx; print(onnx.__version__)'))"
 python3 tests/conformance/gen_onnx_cases.py target/onnx-cases
@@ -19,5 +25,8 @@ echo "== benchmark models: aim against ONNX Runtime (reference and cpu backends)
 python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50 --backend reference
 python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50 --backend cpu
 
-echo "== unit, snapshot, fuzz-corpus and conformance tests"
-AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_REQUIRE_CONFORMANCE=1 cargo test --workspace --release --locked
+echo "== aim explore: the HTML page in headless Chromium (hover, highlight, search, screenshot)"
+python3 tests/explore_html.py target/release/aim target/models/mobilenetv2.onnx target/explore
+
+echo "== unit, snapshot, fuzz-corpus, explore and conformance tests"
+AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQUIRE_CONFORMANCE=1 cargo test --workspace --release --locked

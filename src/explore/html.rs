@@ -156,12 +156,13 @@ pub fn render(e: &Exploration) -> String {
     for s in &e.stages {
         let hidden = if SHOWN.contains(&s.key) { "" } else { " hidden" };
         let _ = write!(h, "<section class=\"pane{hidden}\" data-stage=\"{}\"><h2>{}: {}</h2><pre>", s.key, s.key, escape(s.title));
+        // No text between the line elements: inside <pre> it would render as blank lines.
         for l in &s.lines {
             if l.sources.is_empty() {
-                let _ = writeln!(h, "<div class=\"l\">{}</div>", escape(&l.text));
+                let _ = write!(h, "<div class=\"l\">{}</div>", escape(&l.text));
             } else {
                 let ids: Vec<String> = l.sources.iter().map(|s| index[s.as_str()].to_string()).collect();
-                let _ = writeln!(h, "<div class=\"l src s{}\" data-s=\"{}\" title=\"from: {}\">{}</div>", ids[0], ids.join(" "), escape(&l.sources.join(", ")), escape(&l.text));
+                let _ = write!(h, "<div class=\"l src s{}\" data-s=\"{}\" title=\"from: {}\">{}</div>", ids[0], ids.join(" "), escape(&l.sources.join(", ")), escape(&l.text));
             }
         }
         h.push_str("</pre></section>\n");
