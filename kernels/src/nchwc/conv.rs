@@ -69,15 +69,15 @@ impl Conv {
         let k = kh * kw * cin_eff;
         let pairs = cout.div_ceil(2 * lanes);
         let mut packed = vec![0f32; pairs * k * 2 * lanes];
-        for co in 0..cout {
+        // Where each weight of one output channel goes, relative to that channel's column:
+        // source (ci, ky, kx) → row (ky, kx, ci) of the pair's k × 2L panel.
+        let taps = kh * kw;
+        let dst: Vec<usize> = (0..cin * taps).map(|i| ((i % taps) * cin_eff + i / taps) * 2 * lanes).collect();
+        for (co, src) in weights.chunks_exact(cin * taps).enumerate() {
             let (pair, col) = (co / (2 * lanes), co % (2 * lanes));
-            for ci in 0..cin {
-                for ky in 0..kh {
-                    for kx in 0..kw {
-                        let kk = (ky * kw + kx) * cin_eff + ci;
-                        packed[(pair * k + kk) * 2 * lanes + col] = weights[((co * cin + ci) * kh + ky) * kw + kx];
-                    }
-                }
+            let panel = &mut packed[pair * k * 2 * lanes + col..];
+            for (&v, &d) in src.iter().zip(&dst) {
+                panel[d] = v;
             }
         }
         let mut b = vec![0f32; pairs * 2 * lanes];
@@ -129,6 +129,15 @@ impl Conv {
 
     /// Runs the convolution. Errors name what does not fit.
     pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {
+        let job = self.plan(io, par)?;
+        par.for_each(job.tasks(), &|t| job.task(t));
+        Ok(())
+    }
+
+    /// Checks `io` and prepares its tasks (padding the input, on `par`, where needed):
+    /// [`Conv::run`] in two halves, so that callers can run the tasks of several
+    /// convolutions in one parallel loop.
+    pub(super) fn plan<'a>(&'a self, io: ConvIo<'a>, par: &dyn Parallel) -> Result<Job<'a>, String> {
         let l = self.lanes;
         // A 1×1 stride-1 unpadded convolution maps pixel p to pixel p: one image is one long
         // row, so tiles run across row ends (no short tiles at the end of each row).
@@ -152,13 +161,7 @@ impl Conv {
         if io.x.len() != in_len || io.y.len() != out_len || io.residual.is_some_and(|r| r.len() != out_len) {
             return Err(format!("buffer sizes {} / {} do not match {in_len} / {out_len}", io.x.len(), io.y.len()));
         }
-        let padded;
-        let xp: &[f32] = if io.pads == [0; 4] {
-            io.x
-        } else {
-            padded = pad_planes(io.x, io.batch * planes, io.h, io.w, pix, io.pads, par);
-            &padded
-        };
+        let padded = (io.pads != [0; 4]).then(|| pad_planes(io.x, io.batch * planes, io.h, io.w, pix, io.pads, par));
         let plane = hp * wp * pix;
         let koff: Vec<usize> = (0..kh * kw)
             .flat_map(|t| (0..self.cin_eff).map(move |ci| (t, ci)))
@@ -177,27 +180,35 @@ impl Conv {
         // the weights are the larger (they stay in cache for one pair at a time).
         let weights_bytes = self.weights.len() * 4;
         let pair_outer = weights_bytes > planes * plane * 4;
-        let ptrs = Ptrs { x: xp.as_ptr(), y: io.y.as_mut_ptr(), res: io.residual.map_or(std::ptr::null(), |r| r.as_ptr()) };
+        let x = padded.as_ref().map_or(io.x.as_ptr(), |p| p.as_ptr());
+        let ptrs = Ptrs { x, y: io.y.as_mut_ptr(), res: io.residual.map_or(std::ptr::null(), |r| r.as_ptr()) };
         let (lo, hi) = match self.act {
             Activation::Identity => (f32::NEG_INFINITY, f32::INFINITY),
             Activation::Relu => (0.0, f32::INFINITY),
             Activation::Clip(lo, hi) => (lo, hi),
         };
-        let job = Job { conv: self, koff: &koff, k, ow: io.ow, oh: io.oh, cb_out, xps: sw * pix, xrow: sh * wp * pix, image: planes * plane, lo, hi };
         let segment = SEGMENT_TILES * super::tile_rows(self.isa);
         let segs = io.ow.div_ceil(segment);
-        let units = rows * segs;
-        par.for_each(pairs * units, &|t| {
-            let ptrs = ptrs;
-            let (pair, unit) = if pair_outer { (t / units, t % units) } else { (t % pairs, t / pairs) };
-            let (row, seg) = (unit / segs, unit % segs);
-            // Segments (and the tiles in them) of near-equal length, not a short one at the end.
-            let cols = seg * io.ow / segs..(seg + 1) * io.ow / segs;
-            // SAFETY: the sizes were checked above; task t writes only its segment of its
-            // row of its two output blocks.
-            unsafe { job.segment(pair, row, cols, ptrs) }
-        });
-        Ok(())
+        Ok(Job {
+            conv: self,
+            koff,
+            k,
+            ow: io.ow,
+            oh: io.oh,
+            cb_out,
+            xps: sw * pix,
+            xrow: sh * wp * pix,
+            image: planes * plane,
+            lo,
+            hi,
+            ptrs,
+            pairs,
+            units: rows * segs,
+            segs,
+            pair_outer,
+            _padded: padded,
+            _buffers: std::marker::PhantomData,
+        })
     }
 }
 
@@ -221,10 +232,10 @@ struct Ptrs {
 unsafe impl Send for Ptrs {}
 unsafe impl Sync for Ptrs {}
 
-/// What every row task of one call shares.
-struct Job<'a> {
+/// One call's tasks: what every task shares, and the buffers they read and write.
+pub(super) struct Job<'a> {
     conv: &'a Conv,
-    koff: &'a [usize],
+    koff: Vec<usize>,
     k: usize,
     ow: usize,
     oh: usize,
@@ -237,9 +248,36 @@ struct Job<'a> {
     image: usize,
     lo: f32,
     hi: f32,
+    ptrs: Ptrs,
+    pairs: usize,
+    /// Row segments: rows × segments per row.
+    units: usize,
+    segs: usize,
+    pair_outer: bool,
+    /// The zero-padded input the pointers may point into.
+    _padded: Option<Vec<f32>>,
+    /// The caller's input, residual and output, borrowed for as long as the job lives.
+    _buffers: std::marker::PhantomData<&'a mut [f32]>,
 }
 
 impl Job<'_> {
+    /// How many tasks [`Job::task`] takes.
+    pub(super) fn tasks(&self) -> usize {
+        self.pairs * self.units
+    }
+
+    /// Runs task `t` (`t < tasks()`): one segment of one output row of two output blocks.
+    pub(super) fn task(&self, t: usize) {
+        let (pair, unit) = if self.pair_outer { (t / self.units, t % self.units) } else { (t % self.pairs, t / self.pairs) };
+        let (row, seg) = (unit / self.segs, unit % self.segs);
+        // Segments (and the tiles in them) of near-equal length, not a short one at the end.
+        let cols = seg * self.ow / self.segs..(seg + 1) * self.ow / self.segs;
+        assert!(t < self.tasks(), "task {t} of {}", self.tasks());
+        // SAFETY: `plan` checked the buffer sizes against the geometry; task t writes only
+        // its segment of its row of its two output blocks.
+        unsafe { self.segment(pair, row, cols, self.ptrs) }
+    }
+
     /// Output pixels `cols` of row `row` (image-major) of blocks `2·pair` and `2·pair + 1`.
     unsafe fn segment(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
         match self.conv.isa {

@@ -9,10 +9,12 @@ mod conv;
 mod depthwise;
 mod reorder;
 mod simd;
+mod winograd;
 
 pub use conv::{Conv, ConvIo};
 pub use depthwise::Depthwise;
 pub use reorder::{from_blocked, to_blocked};
+pub use winograd::Winograd;
 
 use crate::gemm::Isa;
 

@@ -19,6 +19,10 @@ pub(crate) trait Vf32: Copy {
     unsafe fn fma(self, b: Self, c: Self) -> Self;
     /// `self + b`.
     unsafe fn add(self, b: Self) -> Self;
+    /// `self - b`.
+    unsafe fn sub(self, b: Self) -> Self;
+    /// `self · b`.
+    unsafe fn mul(self, b: Self) -> Self;
     /// Clamps to `[lo, hi]`; a NaN lane stays NaN (ONNX Relu/Clip semantics).
     unsafe fn clamp(self, lo: Self, hi: Self) -> Self;
 }
@@ -62,6 +66,14 @@ mod x86 {
             F32x16(_mm512_add_ps(self.0, b.0))
         }
         #[inline(always)]
+        unsafe fn sub(self, b: Self) -> Self {
+            F32x16(_mm512_sub_ps(self.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn mul(self, b: Self) -> Self {
+            F32x16(_mm512_mul_ps(self.0, b.0))
+        }
+        #[inline(always)]
         unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
             // max/min return their second operand when either is NaN: x stays NaN.
             F32x16(_mm512_min_ps(hi.0, _mm512_max_ps(lo.0, self.0)))
@@ -99,6 +111,14 @@ mod x86 {
             F32x8(_mm256_add_ps(self.0, b.0))
         }
         #[inline(always)]
+        unsafe fn sub(self, b: Self) -> Self {
+            F32x8(_mm256_sub_ps(self.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn mul(self, b: Self) -> Self {
+            F32x8(_mm256_mul_ps(self.0, b.0))
+        }
+        #[inline(always)]
         unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
             F32x8(_mm256_min_ps(hi.0, _mm256_max_ps(lo.0, self.0)))
         }
@@ -134,6 +154,14 @@ impl Vf32 for Portable8 {
     #[inline(always)]
     unsafe fn add(self, b: Self) -> Self {
         Portable8(std::array::from_fn(|i| self.0[i] + b.0[i]))
+    }
+    #[inline(always)]
+    unsafe fn sub(self, b: Self) -> Self {
+        Portable8(std::array::from_fn(|i| self.0[i] - b.0[i]))
+    }
+    #[inline(always)]
+    unsafe fn mul(self, b: Self) -> Self {
+        Portable8(std::array::from_fn(|i| self.0[i] * b.0[i]))
     }
     #[inline(always)]
     unsafe fn clamp(self, lo: Self, hi: Self) -> Self {

@@ -173,6 +173,42 @@ fn depthwise_matches_the_definition() {
 }
 
 #[test]
+fn winograd_matches_the_definition() {
+    let mut seed = 5;
+    // (cin, cout, h, w, pads [t, l, b, r]): outputs that do and do not fill 4×4 tiles.
+    let cases = [(16, 32, 8, 8, [1, 1, 1, 1]), (24, 40, 7, 9, [1, 1, 1, 1]), (8, 16, 6, 5, [0, 0, 0, 0]), (32, 16, 13, 11, [1, 0, 1, 2]), (3, 8, 3, 3, [1, 1, 1, 1])];
+    for isa in isas() {
+        let l = lanes(isa);
+        for &(cin, cout, h, w, pads) in &cases {
+            for (act, with_res) in [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)] {
+                let n = 2;
+                let g = Geometry { kernel: [3, 3], strides: [1, 1], dilations: [1, 1] };
+                let (oh, ow) = (h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2);
+                let x = rand(n * cin * h * w, &mut seed);
+                let wt = rand(cout * cin * 9, &mut seed);
+                let b = rand(cout, &mut seed);
+                let res = with_res.then(|| rand(n * cout * oh * ow, &mut seed));
+                let want = naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
+                let wino = Winograd::new(isa, &wt, Some(&b), cout, cin, act, 64);
+                let xin = blocked(&x, n, cin, h * w, l);
+                let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
+                let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
+                wino.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
+                let mut got = vec![0f32; want.len()];
+                from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
+                // Winograd rounds differently from the direct sum: compare against the scale of
+                // the sums before the activation (of up to 288 products of values in ±1).
+                let raw = naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), Activation::Identity);
+                let scale = raw.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+                for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+                    assert!((a - e).abs() <= 1e-5 * scale, "{isa:?} winograd {cin}->{cout} {h}x{w} {pads:?} {act:?}: element {i}: got {a}, want {e} (scale {scale})");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn a_conv_refuses_buffers_that_do_not_fit() {
     let g = Geometry { kernel: [3, 3], strides: [1, 1], dilations: [1, 1] };
     let conv = Conv::new(Isa::Portable, &[0.0; 16 * 8 * 9], None, 16, 8, g, Layout::Blocked, Activation::Identity, 64);

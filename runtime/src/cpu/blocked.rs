@@ -23,6 +23,26 @@ pub(super) struct BlockedConv {
 enum Kernel {
     Conv(nchwc::Conv),
     Depthwise(nchwc::Depthwise),
+    Winograd(nchwc::Winograd),
+}
+
+/// The largest transformed filter (36/9 of the 3×3 one) that Winograd may use, in bytes:
+/// larger layers (ResNet-50's 512-channel ones, 7×7 images) gain little and would hold
+/// 38 MB each.
+const WINOGRAD_MAX_BYTES: usize = 16 << 20;
+
+/// Whether a convolution runs as Winograd F(4×4, 3×3): 3×3, stride 1, no dilation, one
+/// group, blocked input, a filter whose transform fits [`WINOGRAD_MAX_BYTES`], and enough
+/// input channels for the 36 products to be real matrix products.
+fn use_winograd(kh: usize, kw: usize, geo: &Geometry, group: usize, input: Layout, cin: usize, cout: usize, lanes: usize) -> bool {
+    let off = std::env::var_os("AIM_NO_WINOGRAD").is_some();
+    !off && (kh, kw) == (3, 3)
+        && geo.strides.iter().all(|&s| s == 1)
+        && geo.dilations.iter().all(|&d| d == 1)
+        && group == 1
+        && input == Layout::Blocked
+        && cin >= 2 * lanes
+        && 36 * cin * cout * 4 <= WINOGRAD_MAX_BYTES
 }
 
 /// Checks that the graph's block is this CPU program's.
@@ -53,7 +73,9 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         "NCHWc" => Layout::Blocked,
         other => return Err(prep_err(n, format!("unknown input layout '{other}'"))),
     };
-    let (kernel, cin) = if group == 1 {
+    let (kernel, cin) = if use_winograd(kh, kw, &geo, group, input, cg, cout, lanes) {
+        (Kernel::Winograd(nchwc::Winograd::new(isa, w.data::<f32>(), bias, cout, cg, act, blocking.kc)), cg)
+    } else if group == 1 {
         (Kernel::Conv(nchwc::Conv::new(isa, w.data::<f32>(), bias, cout, cg, kgeo, input, act, blocking.kc)), cg)
     } else if group == cout && cg == 1 && input == Layout::Blocked {
         (Kernel::Depthwise(nchwc::Depthwise::new(isa, w.data::<f32>(), bias, cout, kgeo, act)), cout)
@@ -91,6 +113,7 @@ pub(super) fn run(c: &BlockedConv, x: &Tensor, residual: Option<&Tensor>, pool: 
     match &c.kernel {
         Kernel::Conv(k) => k.run(io, pool)?,
         Kernel::Depthwise(k) => k.run(io, pool)?,
+        Kernel::Winograd(k) => k.run(io, pool)?,
     }
     Ok(y)
 }
@@ -142,6 +165,7 @@ pub(super) fn schedule(c: &BlockedConv, shape: &[usize], residual: bool) -> Vec<
             k.schedule(batch, oh, ow, padded, residual)
         }
         Kernel::Depthwise(k) => k.schedule(batch, oh, ow, residual),
+        Kernel::Winograd(k) => k.schedule(batch, oh, ow, residual),
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::exec::{run_node, run_with, RunError, Runner, Scope};
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node, Tensor};
-use aim_kernels::gemm::{Activation, Blocking, Isa};
+use aim_kernels::gemm::{Activation, Blocking, Isa, Parallel};
 use std::collections::HashMap;
 
 mod blocked;
@@ -76,20 +76,33 @@ impl CpuProgram {
     /// every `aim:Conv` and `aim:Dense` node for `isa` with `blocking`, takes the generated
     /// loops of `aim:Elementwise` nodes from `code`, and starts `threads` threads.
     pub fn new(graph: Graph, isa: Isa, blocking: Blocking, threads: usize, code: Generated) -> Result<CpuProgram, RunError> {
-        let mut prepared = HashMap::new();
-        for (i, n) in graph.nodes.iter().enumerate() {
+        // Packing is independent per node: it runs on the program's threads (for ResNet-50
+        // the Winograd filter transforms and panel packing are most of the load time).
+        let pool = ThreadPool::new(threads);
+        let slots: Vec<std::sync::Mutex<Option<Result<Prepared, RunError>>>> = graph.nodes.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        let prepare = |i: usize| -> Option<Result<Prepared, RunError>> {
+            let n = &graph.nodes[i];
             if n.domain != "aim" {
-                continue;
+                return None;
             }
-            let p = match n.op.as_str() {
-                "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking)?,
-                "Conv" => prepare_conv(&graph, n, isa, blocking)?,
-                "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa)?,
-                "Dense" => prepare_dense(&graph, n, isa, blocking)?,
-                "Elementwise" => Prepared::Elementwise(*code.elementwise.get(&i).ok_or_else(|| prep_err(n, "no code was generated for this node"))?),
-                _ => return Err(prep_err(n, "unknown aim op")),
-            };
-            prepared.insert(i, p);
+            Some(match n.op.as_str() {
+                "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking),
+                "Conv" => prepare_conv(&graph, n, isa, blocking),
+                "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa),
+                "Dense" => prepare_dense(&graph, n, isa, blocking),
+                "Elementwise" => code.elementwise.get(&i).map(|f| Prepared::Elementwise(*f)).ok_or_else(|| prep_err(n, "no code was generated for this node")),
+                _ => Err(prep_err(n, "unknown aim op")),
+            })
+        };
+        pool.for_each(graph.nodes.len(), &|i| {
+            let r = prepare(i);
+            *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
+        });
+        let mut prepared = HashMap::new();
+        for (i, slot) in slots.into_iter().enumerate() {
+            if let Some(r) = slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                prepared.insert(i, r?);
+            }
         }
         // Weights now live packed in the prepared nodes: their inputs are baked in, and the
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
@@ -105,7 +118,7 @@ impl CpuProgram {
         graph.names_read(&mut read);
         let read: std::collections::HashSet<String> = read.into_iter().collect();
         graph.initializers.retain(|k, _| read.contains(k));
-        Ok(CpuProgram { graph, prepared, pool: ThreadPool::new(threads), isa, blocking, _code: code.owner })
+        Ok(CpuProgram { graph, prepared, pool, isa, blocking, _code: code.owner })
     }
 
     /// The optimised graph this program runs.
