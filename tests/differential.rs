@@ -220,6 +220,11 @@ fn random_blocked_chains() {
         let pads = |p: usize| ints("pads", &[p as i64; 4]);
         let strides = |s: usize| ints("strides", &[s as i64, s as i64]);
         let (oh, ow) = ((h - 1) / s + 1, (w - 1) / s + 1);
+        // Pooling after the chain (it stays blocked), then global pooling (it leaves it).
+        let pool_op = r.pick(&["MaxPool", "AveragePool"]);
+        let (pk, ps, pp) = (r.pick(&[2, 3]), r.pick(&[1, 2]), r.pick(&[0, 1]));
+        let pp = if pk == 2 { 0 } else { pp };
+        let pool_attrs = vec![kv(pk), strides(ps), pads(pp), int_attr("count_include_pad", r.pick(&[0, 1]))];
         let inits = vec![
             f32_tensor("W0", &[c as i64, c0 as i64, k0 as i64, k0 as i64], &r.values(c * c0 * k0 * k0)),
             f32_tensor("B0", &[c as i64], &r.values(c)),
@@ -237,10 +242,12 @@ fn random_blocked_chains() {
             node("Conv", "pw", &["b", "W2"], &["c0"], vec![kv(1)]),
             node("Add", "res", &["c0", "b"], &["y"], vec![]),
             node("Sigmoid", "side", &["b"], &["z"], vec![]),
+            node(pool_op, "pool", &["y"], &["q"], pool_attrs),
+            node("GlobalAveragePool", "gap", &["q"], &["v"], vec![]),
         ];
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, c0, h, w], r.values(2 * c0 * h * w)))];
         let dims = |c: usize| [Ok(2), Ok(c as i64), Ok(oh as i64), Ok(ow as i64)];
-        let outputs = vec![value("y", 1, &dims(c)), value("z", 1, &dims(c))];
+        let outputs = vec![value("y", 1, &dims(c)), value("z", 1, &dims(c)), value("v", 1, &[Ok(2), Ok(c as i64), Ok(1), Ok(1)])];
         let model = model(nodes, vec![value("x", 1, &[Ok(2), Ok(c0 as i64), Ok(h as i64), Ok(w as i64)])], outputs, inits, 17);
         let tag = format!("chain{case}-c{c0}-{c}-{h}x{w}-k{k0}-s{s}");
         // The chain did go blocked: three blocked convolutions, and NCHW copies of the two
@@ -249,7 +256,8 @@ fn random_blocked_chains() {
         std::fs::write(d.join("m.onnx"), &model).unwrap();
         let m = Model::load_with_options(&d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into() }).unwrap();
         let g = m.optimized_graph().unwrap();
-        assert_eq!(g.nodes.iter().filter(|n| n.attrs.contains_key("layout")).count(), 3, "{tag}");
+        // Three convolutions, the pooling and the global pooling.
+        assert_eq!(g.nodes.iter().filter(|n| n.attrs.contains_key("layout")).count(), 5, "{tag}");
         assert_eq!(g.nodes.iter().filter(|n| n.op == "FromBlocked").count(), 2, "{tag}: y and b leave the blocked layout");
         check(&tag, model, inputs);
     }

@@ -8,7 +8,9 @@
 //! carries the blocked shape. Its input is read blocked when another blocked convolution
 //! made it, read as NCHW directly when it has fewer channels than a block (a network's
 //! first layer: `in_layout = "NCHW"`), and otherwise goes through an `aim:ToBlocked` node;
-//! a residual input is always blocked. Readers that are not blocked convolutions (and graph
+//! a residual input is always blocked. MaxPool and AveragePool of a blocked value stay
+//! blocked (`aim:MaxPool` / `aim:AveragePool` with `layout`), and GlobalAveragePool of one
+//! reads it blocked and writes NCHW (`aim:GlobalAveragePool`, `channels`). Readers that are not blocked convolutions (and graph
 //! outputs) get the NCHW value back from an `aim:FromBlocked` node placed right after the
 //! producer, under the original name.
 //!
@@ -57,6 +59,20 @@ enum Kind {
     Depthwise,
 }
 
+/// Whether a pooling node has a form the blocked kernel takes: MaxPool or AveragePool, 2-D,
+/// no dilation, no ceil mode, explicit (or no) padding, one output.
+fn poolable(n: &Node) -> bool {
+    n.domain.is_empty()
+        && matches!(n.op.as_str(), "MaxPool" | "AveragePool")
+        && n.ints("kernel_shape").is_some_and(|k| k.len() == 2 && k.iter().all(|&v| v >= 1))
+        && n.ints("strides").is_none_or(|s| s.len() == 2 && s.iter().all(|&v| v >= 1))
+        && n.ints("pads").is_none_or(|p| p.len() == 4 && p.iter().all(|&v| v >= 0))
+        && n.ints("dilations").is_none_or(|d| d.iter().all(|&v| v == 1))
+        && n.int("ceil_mode", 0) == 0
+        && matches!(n.string("auto_pad", "NOTSET"), "NOTSET" | "VALID")
+        && n.outputs.iter().skip(1).all(|o| o.is_empty())
+}
+
 /// The blocked type of an NCHW value's type.
 fn blocked_type(t: Option<&ValueType>, lanes: usize) -> Option<ValueType> {
     let t = t?;
@@ -76,6 +92,8 @@ struct State {
     blocked: HashMap<String, String>,
     /// NCHW value -> its `aim:ToBlocked` copy.
     reordered: HashMap<String, String>,
+    /// Blocked value -> its true channel count.
+    channels: HashMap<String, usize>,
     lanes: usize,
 }
 
@@ -109,6 +127,21 @@ impl State {
         self.reordered.insert(name.to_string(), b.clone());
         b
     }
+
+    /// Renames `n`'s output to a blocked value of `channels` channels, typed from the NCHW
+    /// one, and records it.
+    fn block_output(&mut self, g: &mut Graph, n: &mut Node, channels: usize) {
+        let y = n.outputs[0].clone();
+        let yb = self.fresh(g, &format!("{y}.nchwc"));
+        if let Some(t) = blocked_type(g.value_types.get(&y), self.lanes) {
+            g.value_types.insert(yb.clone(), t);
+        }
+        n.outputs[0] = yb.clone();
+        n.attrs.insert(LAYOUT.into(), Attr::String("NCHWc".into()));
+        n.attrs.insert(BLOCK.into(), Attr::Int(self.lanes as i64));
+        self.channels.insert(yb.clone(), channels);
+        self.blocked.insert(y, yb);
+    }
 }
 
 /// Runs the pass for a block of `lanes` floats.
@@ -117,12 +150,28 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
     if kinds.iter().all(Option::is_none) {
         return Ok(());
     }
-    let mut st = State { taken: g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()).collect(), blocked: HashMap::new(), reordered: HashMap::new(), lanes };
+    let mut st = State { taken: g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()).collect(), blocked: HashMap::new(), reordered: HashMap::new(), channels: HashMap::new(), lanes };
     st.taken.extend(g.inputs.iter().map(|v| v.name.clone()));
     let mut out: Vec<Node> = Vec::with_capacity(g.nodes.len());
     let nodes = std::mem::take(&mut g.nodes);
     for (mut n, kind) in nodes.into_iter().zip(kinds) {
         let Some(kind) = kind else {
+            // Pooling of a blocked value stays blocked.
+            let xb = n.inputs.first().and_then(|x| st.blocked.get(x)).cloned();
+            if let Some(xb) = xb {
+                let c = st.channels[&xb];
+                if poolable(&n) {
+                    n.domain = "aim".into();
+                    n.inputs[0] = xb;
+                    st.block_output(g, &mut n, c);
+                } else if n.op == "GlobalAveragePool" && n.domain.is_empty() {
+                    n.domain = "aim".into();
+                    n.inputs[0] = xb;
+                    n.attrs.insert(LAYOUT.into(), Attr::String("NCHWc".into()));
+                    n.attrs.insert(BLOCK.into(), Attr::Int(lanes as i64));
+                    n.attrs.insert(CHANNELS.into(), Attr::Int(c as i64));
+                }
+            }
             out.push(n);
             continue;
         };
@@ -137,18 +186,12 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
         if let Some(r) = n.inputs.get(3).filter(|r| !r.is_empty()).cloned() {
             n.inputs[3] = st.to_blocked(g, &n, &r, &mut out);
         }
-        n.attrs.insert(LAYOUT.into(), Attr::String("NCHWc".into()));
-        n.attrs.insert(BLOCK.into(), Attr::Int(lanes as i64));
-        let y = n.outputs[0].clone();
-        let yb = st.fresh(g, &format!("{y}.nchwc"));
-        if let Some(t) = blocked_type(g.value_types.get(&y), lanes) {
-            g.value_types.insert(yb.clone(), t);
-        }
-        n.outputs[0] = yb.clone();
-        st.blocked.insert(y, yb);
+        let cout = n.input(1).and_then(|w| g.initializers.get(w)).map_or(0, |w| w.shape()[0]);
+        st.block_output(g, &mut n, cout);
         out.push(n);
     }
     let unblocked: HashMap<String, String> = st.blocked.into_iter().map(|(y, b)| (b, y)).collect();
+    let channels = st.channels;
     g.nodes = out;
     // NCHW copies for every other reader of a blocked value, right after its producer.
     let r = readers(g);
@@ -167,9 +210,8 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
         // Readers of the NCHW name still: anything that is not a rewritten blocked input.
         let needs_nchw = r.get(&y).is_some_and(|v| !v.is_empty());
         if needs_nchw {
-            let channels = g.initializers.get(&n.inputs[1]).map_or(0, |w| w.shape()[0]);
             let mut attrs = std::collections::BTreeMap::new();
-            attrs.insert(CHANNELS.to_string(), Attr::Int(channels as i64));
+            attrs.insert(CHANNELS.to_string(), Attr::Int(channels[&yb] as i64));
             attrs.insert(BLOCK.to_string(), Attr::Int(lanes as i64));
             attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(n)));
             let from = Node { name: format!("{}/from_nchwc", n.name), op: "FromBlocked".into(), domain: "aim".into(), inputs: vec![yb], outputs: vec![y], attrs };

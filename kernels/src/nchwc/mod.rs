@@ -7,12 +7,14 @@
 
 mod conv;
 mod depthwise;
+mod pool;
 mod reorder;
 mod simd;
 mod winograd;
 
 pub use conv::{Conv, ConvIo};
 pub use depthwise::Depthwise;
+pub use pool::{global_average, Pool};
 pub use reorder::{from_blocked, to_blocked};
 pub use winograd::Winograd;
 

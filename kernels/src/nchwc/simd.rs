@@ -25,6 +25,8 @@ pub(crate) trait Vf32: Copy {
     unsafe fn mul(self, b: Self) -> Self;
     /// Clamps to `[lo, hi]`; a NaN lane stays NaN (ONNX Relu/Clip semantics).
     unsafe fn clamp(self, lo: Self, hi: Self) -> Self;
+    /// The larger of `self` and `v`, NaN if either is (max pooling).
+    unsafe fn max_nan(self, v: Self) -> Self;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -78,6 +80,12 @@ mod x86 {
             // max/min return their second operand when either is NaN: x stays NaN.
             F32x16(_mm512_min_ps(hi.0, _mm512_max_ps(lo.0, self.0)))
         }
+        #[inline(always)]
+        unsafe fn max_nan(self, v: Self) -> Self {
+            // max(v, acc) returns acc when either is NaN; then take v where v is NaN.
+            let m = _mm512_max_ps(v.0, self.0);
+            F32x16(_mm512_mask_mov_ps(m, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v.0, v.0), v.0))
+        }
     }
 
     /// A ymm register. Its methods must only run inside functions compiled with avx2 and fma.
@@ -121,6 +129,11 @@ mod x86 {
         #[inline(always)]
         unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
             F32x8(_mm256_min_ps(hi.0, _mm256_max_ps(lo.0, self.0)))
+        }
+        #[inline(always)]
+        unsafe fn max_nan(self, v: Self) -> Self {
+            let m = _mm256_max_ps(v.0, self.0);
+            F32x8(_mm256_blendv_ps(m, v.0, _mm256_cmp_ps::<_CMP_UNORD_Q>(v.0, v.0)))
         }
     }
 }
@@ -166,5 +179,9 @@ impl Vf32 for Portable8 {
     #[inline(always)]
     unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
         Portable8(std::array::from_fn(|i| crate::gemm::clamp(self.0[i], lo.0[i], hi.0[i])))
+    }
+    #[inline(always)]
+    unsafe fn max_nan(self, v: Self) -> Self {
+        Portable8(std::array::from_fn(|i| if v.0[i] > self.0[i] || v.0[i].is_nan() { v.0[i] } else { self.0[i] }))
     }
 }

@@ -209,6 +209,63 @@ fn winograd_matches_the_definition() {
 }
 
 #[test]
+fn pooling_matches_the_definition() {
+    let mut seed = 9;
+    // (channels, h, w, kernel, stride, pads [t, l, b, r])
+    let cases = [(16, 8, 8, 3, 2, [1, 1, 1, 1]), (20, 7, 9, 2, 2, [0, 0, 0, 0]), (8, 5, 6, 3, 1, [1, 0, 1, 2]), (24, 112, 112, 3, 2, [1, 1, 1, 1])];
+    for isa in isas() {
+        let l = lanes(isa);
+        for &(c, h, w, k, s, pads) in &cases {
+            for (max, include_pad) in [(true, false), (false, false), (false, true)] {
+                let n = 2;
+                let p = Pool { max, kernel: [k, k], strides: [s, s], pads, include_pad };
+                let (oh, ow) = p.output(h, w).unwrap();
+                let mut x = rand(n * c * h * w, &mut seed);
+                x[5] = f32::NAN;
+                let mut want = vec![0f32; n * c * oh * ow];
+                for plane in 0..n * c {
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            let (y0, x0) = ((oy * s) as isize - pads[0] as isize, (ox * s) as isize - pads[1] as isize);
+                            let (mut m, mut sum, mut cnt) = (f32::NEG_INFINITY, 0f32, 0);
+                            for iy in y0..y0 + k as isize {
+                                for ix in x0..x0 + k as isize {
+                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                        let v = x[(plane * h + iy as usize) * w + ix as usize];
+                                        m = if v > m || v.is_nan() || m.is_nan() { if m.is_nan() { m } else { v } } else { m };
+                                        sum += v;
+                                        cnt += 1;
+                                    }
+                                }
+                            }
+                            let padded = ((y0 + k as isize).min((h + pads[2]) as isize) - y0) * ((x0 + k as isize).min((w + pads[3]) as isize) - x0);
+                            want[(plane * oh + oy) * ow + ox] = if max { m } else { sum / if include_pad { padded as f32 } else { cnt as f32 } };
+                        }
+                    }
+                }
+                let xin = blocked(&x, n, c, h * w, l);
+                let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
+                p.run(isa, &xin, n, c.div_ceil(l), h, w, &mut y, &Sequential).unwrap();
+                let mut got = vec![0f32; want.len()];
+                from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!((a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{isa:?} pool {p:?} {c}x{h}x{w}: element {i}: got {a}, want {b}");
+                }
+            }
+        }
+        // Global average pooling ends the blocked region: NCHW out.
+        let (n, c, hw) = (2, 20, 49);
+        let x = rand(n * c * hw, &mut seed);
+        let mut y = vec![0f32; n * c];
+        global_average(isa, &blocked(&x, n, c, hw, l), n, c, hw, &mut y, &Sequential).unwrap();
+        for (i, v) in y.iter().enumerate() {
+            let want = x[i * hw..(i + 1) * hw].iter().map(|&v| v as f64).sum::<f64>() / hw as f64;
+            assert!((*v as f64 - want).abs() < 1e-6, "{isa:?} global average {i}: {v} vs {want}");
+        }
+    }
+}
+
+#[test]
 fn a_conv_refuses_buffers_that_do_not_fit() {
     let g = Geometry { kernel: [3, 3], strides: [1, 1], dilations: [1, 1] };
     let conv = Conv::new(Isa::Portable, &[0.0; 16 * 8 * 9], None, 16, 8, g, Layout::Blocked, Activation::Identity, 64);

@@ -178,3 +178,85 @@ pub(super) fn reorder_schedule(r: &Reorder, shape: &[usize]) -> Vec<String> {
         vec![format!("parallel for (image, channel) in 0..{}: gather {hw} px from lane c mod {} of the blocked input", shape[0] * r.channels, r.lanes)]
     }
 }
+
+/// Blocked pooling, prepared.
+pub(super) enum BlockedPool {
+    Window(nchwc::Pool, usize),
+    GlobalAverage { channels: usize, lanes: usize },
+}
+
+/// Prepares `aim:MaxPool`, `aim:AveragePool` (blocked in and out) and
+/// `aim:GlobalAveragePool` (blocked in, NCHW out).
+pub(super) fn prepare_pool(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
+    let lanes = block_of(n, isa)?;
+    if n.op == "GlobalAveragePool" {
+        let channels = n.int("channels", 0).max(0) as usize;
+        if channels == 0 {
+            return Err(prep_err(n, "GlobalAveragePool needs its channel count"));
+        }
+        return Ok(Prepared::Pool(BlockedPool::GlobalAverage { channels, lanes }));
+    }
+    let two = |name: &str, default: usize| -> Result<[usize; 2], RunError> {
+        match n.ints(name) {
+            None => Ok([default; 2]),
+            Some(&[a, b]) if a >= 1 && b >= 1 => Ok([a as usize, b as usize]),
+            Some(v) => Err(prep_err(n, format!("{name} {v:?} is not two positive sizes"))),
+        }
+    };
+    let kernel = two("kernel_shape", 0)?;
+    if kernel.contains(&0) {
+        return Err(prep_err(n, "kernel_shape is missing"));
+    }
+    let pads = match (n.string("auto_pad", "NOTSET"), n.ints("pads")) {
+        ("VALID", _) | (_, None) => [0; 4],
+        (_, Some(&[a, b, c, d])) if [a, b, c, d].iter().all(|&v| v >= 0) => [a as usize, b as usize, c as usize, d as usize],
+        (_, Some(p)) => return Err(prep_err(n, format!("pads {p:?} are not four sizes"))),
+    };
+    let pool = nchwc::Pool { max: n.op == "MaxPool", kernel, strides: two("strides", 1)?, pads, include_pad: n.int("count_include_pad", 0) != 0 };
+    Ok(Prepared::Pool(BlockedPool::Window(pool, lanes)))
+}
+
+/// Runs blocked pooling on `x`.
+pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: &Tensor, pool: &ThreadPool) -> Result<Tensor, String> {
+    let xs = x.shape();
+    let (l, expect) = match p {
+        BlockedPool::Window(_, l) => (*l, None),
+        BlockedPool::GlobalAverage { channels, lanes } => (*lanes, Some(channels.div_ceil(*lanes))),
+    };
+    if xs.len() != 5 || xs[4] != l || expect.is_some_and(|b| xs[1] != b) {
+        return Err(format!("expected a blocked input, got {xs:?}"));
+    }
+    let (n, blocks, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+    match p {
+        BlockedPool::Window(win, _) => {
+            let (oh, ow) = win.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", win.kernel))?;
+            let mut y = Tensor::zeros(DType::F32, &[n, blocks, oh, ow, l]);
+            win.run(isa, x.data::<f32>(), n, blocks, h, w, y.data_mut::<f32>(), pool)?;
+            Ok(y)
+        }
+        BlockedPool::GlobalAverage { channels, .. } => {
+            let mut y = Tensor::zeros(DType::F32, &[n, *channels, 1, 1]);
+            nchwc::global_average(isa, x.data::<f32>(), n, *channels, h * w, y.data_mut::<f32>(), pool)?;
+            Ok(y)
+        }
+    }
+}
+
+/// The loops of blocked pooling over an input of `shape`, for explore.
+pub(super) fn pool_schedule(p: &BlockedPool, shape: &[usize]) -> Vec<String> {
+    match p {
+        BlockedPool::Window(win, l) => {
+            let (oh, _) = win.output(shape[2], shape[3]).unwrap_or((0, 0));
+            vec![format!(
+                "parallel for (image, block, output row) in 0..{}: {} over {}×{} windows, {l} channels per vector",
+                shape[0] * shape[1] * oh,
+                if win.max { "max" } else { "average" },
+                win.kernel[0],
+                win.kernel[1]
+            )]
+        }
+        BlockedPool::GlobalAverage { channels, lanes } => {
+            vec![format!("parallel for (image, block) in 0..{}: sum {} pixels of {lanes} channels, write the {channels} true channels as NCHW", shape[0] * shape[1], shape[2] * shape[3])]
+        }
+    }
+}

@@ -41,6 +41,7 @@ enum Prepared {
     Elementwise(ElementwiseFn),
     Blocked(Box<blocked::BlockedConv>),
     Reorder(blocked::Reorder),
+    Pool(blocked::BlockedPool),
 }
 
 /// Why a node could not be prepared.
@@ -89,6 +90,7 @@ impl CpuProgram {
                 "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking),
                 "Conv" => prepare_conv(&graph, n, isa, blocking),
                 "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa),
+                "MaxPool" | "AveragePool" | "GlobalAveragePool" if n.attrs.contains_key("layout") => blocked::prepare_pool(n, isa),
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
                 "Elementwise" => code.elementwise.get(&i).map(|f| Prepared::Elementwise(*f)).ok_or_else(|| prep_err(n, "no code was generated for this node")),
                 _ => Err(prep_err(n, "unknown aim op")),
@@ -200,6 +202,7 @@ impl CpuProgram {
                     Prepared::Dense(d) => run_dense(d, x, residual, self.isa, self.blocking, &self.pool),
                     Prepared::Blocked(c) => blocked::run(c, x, residual, &self.pool),
                     Prepared::Reorder(r) => blocked::run_reorder(r, x, &self.pool),
+                    Prepared::Pool(p) => blocked::run_pool(p, self.isa, x, &self.pool),
                     Prepared::Elementwise(_) => unreachable!("handled above"),
                 };
                 Ok(vec![y.map_err(fail)?])

@@ -30,6 +30,10 @@ impl CpuProgram {
                         Some(s) if s.len() >= 4 => blocked::reorder_schedule(r, &s),
                         _ => dynamic(),
                     },
+                    Some(Prepared::Pool(p)) => match input {
+                        Some(s) if s.len() == 5 => blocked::pool_schedule(p, &s),
+                        _ => dynamic(),
+                    },
                     Some(Prepared::Conv(c)) => match out {
                         Some(s) if s.len() >= 3 => {
                             let (mg, k) = (c.m / c.group, c.weights[0].k);
