@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 struct Job {
     f: *const (dyn Fn(usize) + Sync),
     n: usize,
+    /// Indices a thread claims at once: the shared counter is touched once per chunk, not
+    /// per index (where the cores are far apart, as on some cloud machines, each touch
+    /// moves a cache line between them).
+    chunk: usize,
     next: AtomicUsize,
     inside: AtomicUsize,
     /// The message of the first call that panicked, re-raised on the calling thread.
@@ -47,14 +51,18 @@ const SPIN: Duration = Duration::from_micros(200);
 
 fn run_job(job: &Job) {
     loop {
-        let i = job.next.fetch_add(1, Ordering::Relaxed);
-        if i >= job.n {
+        let start = job.next.fetch_add(job.chunk, Ordering::Relaxed);
+        if start >= job.n {
             break;
         }
         // A panicking call must not kill a worker (the caller would wait for it forever):
         // it is caught, the remaining indices are skipped, and the caller re-raises it.
         // SAFETY: see `Job`.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job.f)(i) }));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for i in start..(start + job.chunk).min(job.n) {
+                unsafe { (*job.f)(i) }
+            }
+        }));
         if let Err(p) = r {
             job.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(crate::exec::panic_message(&*p));
             job.next.store(usize::MAX / 2, Ordering::Release);
@@ -135,7 +143,9 @@ impl Parallel for ThreadPool {
         // SAFETY: the lifetime is erased only for the duration of this call: we wait below
         // until no worker is inside the job and no index is left before returning.
         let f_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
-        let job = Arc::new(Job { f: f_static, n, next: AtomicUsize::new(0), inside: AtomicUsize::new(0), panic: Mutex::new(None) });
+        // About four chunks per thread: few claims, and still room to even out.
+        let chunk = (n / (4 * self.size())).max(1);
+        let job = Arc::new(Job { f: f_static, n, chunk, next: AtomicUsize::new(0), inside: AtomicUsize::new(0), panic: Mutex::new(None) });
         {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(job.clone());

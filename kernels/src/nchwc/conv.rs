@@ -188,7 +188,13 @@ impl Conv {
             Activation::Clip(lo, hi) => (lo, hi),
         };
         let segment = SEGMENT_TILES * super::tile_rows(self.isa);
-        let segs = io.ow.div_ceil(segment);
+        let mut segs = io.ow.div_ceil(segment);
+        // Small layers (a 7×7 image, a few output blocks) have few tasks: split rows into
+        // shorter segments (down to one tile) until every thread has several.
+        let want = 4 * par.threads();
+        if pairs * rows * segs < want {
+            segs = want.div_ceil(pairs * rows).min(io.ow.div_ceil(super::tile_rows(self.isa))).max(segs);
+        }
         Ok(Job {
             conv: self,
             koff,
