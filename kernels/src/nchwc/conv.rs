@@ -5,6 +5,7 @@
 //! layer with few channels — through a table of per-`k` offsets, so 1×1, k×k, strided and
 //! dilated convolutions share one kernel. Padding is a zero-padded copy of the input.
 
+use super::shared::OutPtr;
 use super::simd::Vf32;
 use super::{Geometry, Layout};
 use crate::gemm::{Activation, Isa, Parallel};
@@ -182,11 +183,7 @@ impl Conv {
         let pair_outer = weights_bytes > planes * plane * 4;
         let x = padded.as_ref().map_or(io.x.as_ptr(), |p| p.as_ptr());
         let ptrs = Ptrs { x, y: io.y.as_mut_ptr(), res: io.residual.map_or(std::ptr::null(), |r| r.as_ptr()) };
-        let (lo, hi) = match self.act {
-            Activation::Identity => (f32::NEG_INFINITY, f32::INFINITY),
-            Activation::Relu => (0.0, f32::INFINITY),
-            Activation::Clip(lo, hi) => (lo, hi),
-        };
+        let (lo, hi) = super::shared::bounds(self.act);
         let segment = SEGMENT_TILES * super::tile_rows(self.isa);
         let mut segs = io.ow.div_ceil(segment);
         // Small layers (a 7×7 image, a few output blocks) have few tasks: split rows into
@@ -457,9 +454,3 @@ fn pad_planes(x: &[f32], planes: usize, h: usize, w: usize, pix: usize, pads: [u
     out
 }
 
-/// An output pointer shared by tasks that write disjoint parts.
-#[derive(Clone, Copy)]
-pub(super) struct OutPtr(pub(super) *mut f32);
-// SAFETY: users hand each task a disjoint part.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}

@@ -4,7 +4,8 @@
 //! pixels whose window crosses the left or right edge skip the taps outside, and rows near
 //! the top or bottom skip whole kernel rows: no padded copy.
 
-use super::conv::{ConvIo, OutPtr};
+use super::conv::ConvIo;
+use super::shared::{In, OutPtr};
 use super::simd::Vf32;
 use super::Geometry;
 use crate::gemm::{Activation, Isa, Parallel};
@@ -62,11 +63,7 @@ impl Depthwise {
         if io.x.len() != in_len || io.y.len() != out_len || io.residual.is_some_and(|r| r.len() != out_len) {
             return Err(format!("buffer sizes {} / {} do not match {in_len} / {out_len}", io.x.len(), io.y.len()));
         }
-        let (lo, hi) = match self.act {
-            Activation::Identity => (f32::NEG_INFINITY, f32::INFINITY),
-            Activation::Relu => (0.0, f32::INFINITY),
-            Activation::Clip(lo, hi) => (lo, hi),
-        };
+        let (lo, hi) = super::shared::bounds(self.act);
         let job = Job { d: self, h: io.h, w: io.w, oh: io.oh, ow: io.ow, pt: io.pads[0], pl: io.pads[1], lo, hi };
         let (x, y, res) = (In(io.x.as_ptr()), OutPtr(io.y.as_mut_ptr()), In(io.residual.map_or(std::ptr::null(), |r| r.as_ptr())));
         let rows = io.batch * blocks * io.oh;
@@ -78,13 +75,6 @@ impl Depthwise {
         Ok(())
     }
 }
-
-/// A read-only pointer shared by tasks.
-#[derive(Clone, Copy)]
-struct In(*const f32);
-// SAFETY: only read.
-unsafe impl Send for In {}
-unsafe impl Sync for In {}
 
 struct Job<'a> {
     d: &'a Depthwise,

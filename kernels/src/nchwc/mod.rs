@@ -9,6 +9,7 @@ mod conv;
 mod depthwise;
 mod pool;
 mod reorder;
+mod shared;
 mod simd;
 mod winograd;
 

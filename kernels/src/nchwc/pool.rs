@@ -2,7 +2,7 @@
 //! blocked region (no reorder before and after): every window step is one vector operation
 //! over a block of channels.
 
-use super::conv::OutPtr;
+use super::shared::{In, OutPtr};
 use super::simd::Vf32;
 use crate::gemm::{Isa, Parallel};
 
@@ -137,9 +137,3 @@ pub fn global_average(isa: Isa, x: &[f32], n: usize, c: usize, hw: usize, y: &mu
     Ok(())
 }
 
-/// A read-only pointer shared by tasks.
-#[derive(Clone, Copy)]
-struct In(*const f32);
-// SAFETY: only read.
-unsafe impl Send for In {}
-unsafe impl Sync for In {}

@@ -1,6 +1,6 @@
 //! Conversions between NCHW and the blocked layout, at the edges of a blocked region.
 
-use super::conv::OutPtr;
+use super::shared::OutPtr;
 use crate::gemm::Parallel;
 
 /// `x` (`[n][c][hw]`) into `y` (`[n][ceil(c/L)][hw][L]`), padding channels zero.

@@ -11,7 +11,8 @@
 //! 24² in the filter, so results differ from a direct convolution by a few units in the
 //! 5th–6th significant digit (tested: within 1e-5 of the output's scale on random data).
 
-use super::conv::{Conv, ConvIo, OutPtr};
+use super::conv::{Conv, ConvIo};
+use super::shared::{In, OutPtr};
 use super::simd::Vf32;
 use super::{Geometry, Layout};
 use crate::gemm::{Activation, Isa, Parallel};
@@ -200,11 +201,7 @@ impl Winograd {
             }
             Step::Output { res } => {
                 let bias = V::load(self.bias.as_ptr().add(blk * l));
-                let (lo, hi) = match self.act {
-                    Activation::Identity => (f32::NEG_INFINITY, f32::INFINITY),
-                    Activation::Relu => (0.0, f32::INFINITY),
-                    Activation::Clip(lo, hi) => (lo, hi),
-                };
+                let (lo, hi) = super::shared::bounds(self.act);
                 let (lo, hi) = (V::splat(lo), V::splat(hi));
                 let yp = dst.add(plane * g.oh * g.ow * l);
                 let rp = if res.is_null() { res } else { res.add(plane * g.oh * g.ow * l) };
@@ -268,13 +265,6 @@ struct Grid {
     /// Tiles in all: batch · th · tw.
     p: usize,
 }
-
-/// A read-only pointer shared by tasks.
-#[derive(Clone, Copy)]
-struct In(*const f32);
-// SAFETY: only read.
-unsafe impl Send for In {}
-unsafe impl Sync for In {}
 
 /// `Bᵀ · d` for one column of six vectors.
 #[inline(always)]
