@@ -81,6 +81,98 @@ macro_rules! versions {
     };
 }
 
+/// Like `versions!`, for functions without a closure argument.
+macro_rules! plain_versions {
+    ($name:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
+        fn $name(isa: Isa, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn v4($($arg: $ty),*) { $generic($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3($($arg: $ty),*) { $generic($($arg),*) }
+                // SAFETY: the ISA was checked available when the program was built.
+                match isa {
+                    Isa::Avx512 => return unsafe { v4($($arg),*) },
+                    Isa::Avx2 => return unsafe { v3($($arg),*) },
+                    Isa::Portable => {}
+                }
+            }
+            let _ = isa;
+            $generic($($arg),*)
+        }
+    };
+}
+
+/// Sixteen independent accumulators, so that reductions vectorise (a single running
+/// value is a chain of dependent scalar operations).
+const ACC: usize = 16;
+
+/// The largest value of `s` (NaNs are passed over; the caller's arithmetic propagates them).
+#[inline(always)]
+fn lanes_max(s: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; ACC];
+    let chunks = s.chunks_exact(ACC);
+    let mut m = chunks.remainder().iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    for c in chunks {
+        for i in 0..ACC {
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    }
+    for a in acc {
+        m = if a > m { a } else { m };
+    }
+    m
+}
+
+/// Σ f(s[i]), in sixteen partial sums.
+#[inline(always)]
+fn lanes_sum(s: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0f32; ACC];
+    let chunks = s.chunks_exact(ACC);
+    let rest: f32 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for c in chunks {
+        for i in 0..ACC {
+            acc[i] += f(c[i]);
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// One softmax row: exp(x − max) / Σ.
+#[inline(always)]
+fn softmax_row_generic(s: &[f32], d: &mut [f32]) {
+    let m = lanes_max(s);
+    for (o, &v) in d.iter_mut().zip(s) {
+        *o = math::exp(v - m);
+    }
+    let k = 1.0 / lanes_sum(d, |v| v);
+    d.iter_mut().for_each(|v| *v *= k);
+}
+plain_versions!(softmax_row, softmax_row_generic, (s: &[f32], d: &mut [f32]));
+
+/// One layer-norm row: (x − mean) / √(var + eps) · scale + bias.
+#[inline(always)]
+fn layer_norm_row_generic(s: &[f32], d: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f32) {
+    let n = s.len() as f32;
+    let mean = lanes_sum(s, |v| v) / n;
+    let var = lanes_sum(s, |v| (v - mean) * (v - mean)) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    match bias {
+        Some(b) => {
+            for (((o, &v), &g), &b) in d.iter_mut().zip(s).zip(scale).zip(b) {
+                *o = (v - mean) * inv * g + b;
+            }
+        }
+        None => {
+            for ((o, &v), &g) in d.iter_mut().zip(s).zip(scale) {
+                *o = (v - mean) * inv * g;
+            }
+        }
+    }
+}
+plain_versions!(layer_norm_row, layer_norm_row_generic, (s: &[f32], d: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f32));
+
 #[inline(always)]
 fn map_generic<F: Fn(f32) -> f32>(s: &[f32], d: &mut [f32], f: &F) {
     for (o, &x) in d.iter_mut().zip(s) {
@@ -236,13 +328,7 @@ fn softmax(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     let len = x.shape()[x.rank() - 1];
     let mut y = Tensor::zeros(DType::F32, x.shape());
     let isa = cx.isa;
-    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| {
-        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        map(isa, s, d, &|v: f32| math::exp(v - m));
-        let sum: f32 = d.iter().sum();
-        let k = 1.0 / sum;
-        d.iter_mut().for_each(|v| *v *= k);
-    });
+    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| softmax_row(isa, s, d));
     Some(Ok(vec![y]))
 }
 
@@ -260,14 +346,8 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<T
     };
     let eps = n.float("epsilon", 1e-5);
     let mut y = Tensor::zeros(DType::F32, x.shape());
-    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| {
-        let mean = s.iter().map(|&v| v as f64).sum::<f64>() as f32 / len as f32;
-        let var = s.iter().map(|&v| ((v - mean) * (v - mean)) as f64).sum::<f64>() as f32 / len as f32;
-        let inv = 1.0 / (var + eps).sqrt();
-        for i in 0..len {
-            d[i] = (s[i] - mean) * inv * scale[i] + bias.map_or(0.0, |b| b[i]);
-        }
-    });
+    let isa = cx.isa;
+    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| layer_norm_row(isa, s, d, scale, bias, eps));
     Some(Ok(vec![y]))
 }
 
