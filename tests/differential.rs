@@ -172,6 +172,26 @@ fn fast_kernels_match_reference() {
         let m = model(nodes, xin(), vec![unknown("y")], inits, 17);
         check(tag, m, vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n).iter().map(|v| v * 3.0).collect()))]);
     }
+    // Reductions over trailing axes compile to generated loops (axes as a constant input at
+    // opset 18, as an attribute at 13); other axes keep the reference kernel.
+    let i64s = |name: &str, v: &[i64]| aim_compiler::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(7),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    for op in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"] {
+        for (axes, keep) in [(vec![-1i64], 1i64), (vec![2, 3], 0), (vec![1, 2, 3], 1), (vec![1], 1), (vec![], 0)] {
+            let tag = format!("{op}-{axes:?}-keep{keep}");
+            let m18 = model(vec![node(op, "r", &["x", "axes"], &["y"], vec![int_attr("keepdims", keep)])], xin(), vec![unknown("y")], vec![i64s("axes", &axes)], 18);
+            check(&tag, m18, vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n)))]);
+            if op != "ReduceSum" && !axes.is_empty() {
+                let m13 = model(vec![node(op, "r", &["x"], &["y"], vec![ints("axes", &axes), int_attr("keepdims", keep)])], xin(), vec![unknown("y")], vec![], 13);
+                check(&format!("{tag}-opset13"), m13, vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n)))]);
+            }
+        }
+    }
 }
 
 #[test]

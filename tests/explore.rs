@@ -65,7 +65,8 @@ fn tiny_cnn() -> Vec<u8> {
     model(nodes, vec![value("x", 1, &[Ok(1), Ok(3), Ok(8), Ok(8)])], vec![value("y", 1, &[Ok(1), Ok(4)])], inits, 17)
 }
 
-/// A transformer-like block: a dense layer, GELU written out with Erf, layer norm, softmax.
+/// A transformer-like block: a dense layer, GELU written out with Erf, layer norm, softmax,
+/// and a row maximum (a generated reduction).
 fn tiny_block() -> Vec<u8> {
     let nodes = vec![
         node("MatMul", "proj", &["x", "W"], &["h0"], vec![]),
@@ -77,6 +78,7 @@ fn tiny_block() -> Vec<u8> {
         node("Mul", "gelu_half", &["g3", "half"], &["g"], vec![]),
         node("LayerNormalization", "norm", &["g", "gamma", "beta"], &["n"], vec![int_attr("axis", -1), float_attr("epsilon", 1e-5)]),
         node("Softmax", "attn", &["n"], &["y"], vec![int_attr("axis", -1)]),
+        node("ReduceMax", "peak", &["y"], &["m"], vec![ints("axes", &[-1]), int_attr("keepdims", 0)]),
     ];
     let inits = vec![
         f32_tensor("W", &[8, 8], &ramp(64, 0.1)),
@@ -87,7 +89,7 @@ fn tiny_block() -> Vec<u8> {
         f32_tensor("gamma", &[8], &vec![1.0; 8]),
         f32_tensor("beta", &[8], &vec![0.0; 8]),
     ];
-    model(nodes, vec![value("x", 1, &[Ok(2), Ok(4), Ok(8)])], vec![value("y", 1, &[Ok(2), Ok(4), Ok(8)])], inits, 17)
+    model(nodes, vec![value("x", 1, &[Ok(2), Ok(4), Ok(8)])], vec![value("y", 1, &[Ok(2), Ok(4), Ok(8)]), value("m", 1, &[Ok(2), Ok(4)])], inits, 17)
 }
 
 const FIXED: [&str; 4] = ["--cpu", "x86-64-v3", "--caches", "32K,1M,8M"];

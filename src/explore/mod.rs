@@ -233,17 +233,28 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         })
         .collect();
 
-    // Generated code: the Cranelift IR and machine code of every fused elementwise loop.
+    // Generated code: the Cranelift IR and machine code of every fused elementwise loop and
+    // row reduction, named as the code generator names them.
     let mut clif = Vec::new();
     let mut asm = Vec::new();
     let mut k = 0;
     for n in &g.nodes {
         let src = sources(n);
-        if n.domain == "aim" && n.op == "Elementwise" {
-            let prog = aim_compiler::ewprog::parse(n.strings("program").unwrap_or_default()).map_err(|e| anyhow::anyhow!("node {}: {e}", n.name))?;
-            let name = format!("aim_ew_{k}");
+        let texts = match (n.domain.as_str(), n.op.as_str()) {
+            ("aim", "Elementwise") => {
+                let prog = aim_compiler::ewprog::parse(n.strings("program").unwrap_or_default()).map_err(|e| anyhow::anyhow!("node {}: {e}", n.name))?;
+                let name = format!("aim_ew_{k}");
+                Some((aim_compiler::codegen::elementwise_text(&name, &prog, n.inputs.len(), &target)?, name))
+            }
+            ("aim", "Reduce") => {
+                let mode = aim_compiler::codegen::ReduceMode::parse(n.string("mode", "")).with_context(|| format!("node {}: unknown reduction", n.name))?;
+                let name = format!("aim_reduce_{k}");
+                Some((aim_compiler::codegen::reduce_text(&name, mode, &target)?, name))
+            }
+            _ => None,
+        };
+        if let Some(((c, a), name)) = texts {
             k += 1;
-            let (c, a) = aim_compiler::codegen::elementwise_text(&name, &prog, n.inputs.len(), &target)?;
             for (lines, text) in [(&mut clif, c), (&mut asm, a)] {
                 lines.push(Line { text: format!("; {name}: node {}", n.name), sources: src.clone() });
                 lines.extend(text.lines().map(|l| Line { text: l.to_string(), sources: if l.trim().is_empty() { vec![] } else { src.clone() } }));

@@ -6,8 +6,10 @@
 //! compilation (tested; `aim compile` is not built yet).
 
 mod elementwise;
+mod reduce;
 
 pub use elementwise::{compile_elementwise, lower_elementwise};
+pub use reduce::{compile_reduce, lower_reduce, ReduceMode};
 
 use crate::target::Target;
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -52,35 +54,71 @@ pub fn isa_for(target: &Target) -> Result<OwnedTargetIsa, CodegenError> {
     isa.finish(settings::Flags::new(flags)).map_err(|e| err(e.to_string()))
 }
 
-/// Generates machine code for every `aim:Elementwise` node of an optimised graph.
+/// What one generated function is for.
+enum Kind {
+    Elementwise,
+    Reduce,
+}
+
+/// Generates machine code for every `aim:Elementwise` and `aim:Reduce` node of an optimised
+/// graph.
 pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::Generated, CodegenError> {
     let mut ids = Vec::new();
     let mut jit: Option<Jit> = None;
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim" || n.op != "Elementwise" {
+        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce") {
             continue;
         }
         let err = |msg: String| CodegenError { node: n.name.clone(), msg };
-        let prog = crate::ewprog::parse(n.strings("program").ok_or_else(|| err("no program".into()))?).map_err(err)?;
         let j = match &mut jit {
             Some(j) => j,
             None => jit.insert(Jit::new(target)?),
         };
-        let name = format!("aim_ew_{}", ids.len());
-        ids.push((i, compile_elementwise(j.module(), &n.name, &name, false, &prog, n.inputs.len())?));
+        if n.op == "Reduce" {
+            let mode = ReduceMode::parse(n.string("mode", "")).ok_or_else(|| err(format!("unknown reduction '{}'", n.string("mode", ""))))?;
+            let name = format!("aim_reduce_{}", ids.len());
+            ids.push((i, Kind::Reduce, compile_reduce(j.module(), &n.name, &name, false, mode)?));
+        } else {
+            let prog = crate::ewprog::parse(n.strings("program").ok_or_else(|| err("no program".into()))?).map_err(err)?;
+            let name = format!("aim_ew_{}", ids.len());
+            ids.push((i, Kind::Elementwise, compile_elementwise(j.module(), &n.name, &name, false, &prog, n.inputs.len())?));
+        }
     }
     let Some(mut jit) = jit else { return Ok(aim_runtime::cpu::Generated::default()) };
     jit.module().finalize_definitions().map_err(|e| CodegenError { node: String::new(), msg: e.to_string() })?;
     let mut out = aim_runtime::cpu::Generated::default();
-    for (i, id) in ids {
+    for (i, kind, id) in ids {
         let p = jit.module().get_finalized_function(id);
-        // SAFETY: the function was generated with exactly this signature (four
-        // pointer-sized integer parameters, no return value, the platform C convention).
-        let f: aim_runtime::cpu::ElementwiseFn = unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::ElementwiseFn>(p) };
-        out.elementwise.insert(i, f);
+        match kind {
+            // SAFETY: the function was generated with exactly this signature (four
+            // pointer-sized integer parameters, no return value, the platform C convention).
+            Kind::Elementwise => {
+                out.elementwise.insert(i, unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::ElementwiseFn>(p) });
+            }
+            // SAFETY: as above, with five pointer-sized parameters.
+            Kind::Reduce => {
+                out.reduce.insert(i, unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::ReduceFn>(p) });
+            }
+        }
     }
     out.owner = Some(std::sync::Arc::new(jit));
     Ok(out)
+}
+
+/// The Cranelift IR and machine code of an `aim:Reduce` node's loop, as for
+/// [`elementwise_text`].
+pub fn reduce_text(name: &str, mode: ReduceMode, target: &Target) -> Result<(String, String), CodegenError> {
+    let err = |msg: String| CodegenError { node: name.to_string(), msg };
+    let isa = isa_for(target)?;
+    let mut func = cranelift_codegen::ir::Function::new();
+    func.signature.call_conv = isa.default_call_conv();
+    lower_reduce(mode, &mut func, isa.frontend_config());
+    func.name = cranelift_codegen::ir::UserFuncName::testcase(name);
+    let clif = func.display().to_string();
+    let mut ctx = cranelift_codegen::Context::for_function(func);
+    ctx.set_disasm(true);
+    let code = ctx.compile(&*isa, &mut cranelift_codegen::control::ControlPlane::default()).map_err(|e| err(format!("{:?}", e.inner)))?;
+    Ok((clif, code.vcode.clone().unwrap_or_default()))
 }
 
 /// The Cranelift IR of the loop generated for an `aim:Elementwise` program, and the

@@ -8,6 +8,7 @@ mod fold_batchnorm;
 mod fuse;
 mod fuse_elementwise;
 pub mod layout;
+mod reduce;
 mod rename;
 mod simplify;
 mod uses;
@@ -59,6 +60,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-epilogues", fuse::run),
         Pass::new("infer-types", infer),
+        Pass::new("lower-reductions", reduce::run),
         Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide)),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),

@@ -24,11 +24,17 @@ use elementwise::run_elementwise;
 /// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
 pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize);
 
+/// A generated row reduction: `out[r] = reduce(x[r·len .. (r+1)·len])` for
+/// `row0 <= r < row1`.
+pub type ReduceFn = unsafe extern "C" fn(x: *const f32, out: *mut f32, len: usize, row0: usize, row1: usize);
+
 /// Machine code generated for a program's nodes, by node index, and what keeps it alive.
 #[derive(Default)]
 pub struct Generated {
     /// The loops of `aim:Elementwise` nodes.
     pub elementwise: HashMap<usize, ElementwiseFn>,
+    /// The loops of `aim:Reduce` nodes.
+    pub reduce: HashMap<usize, ReduceFn>,
     /// The owner of the code (a JIT module): held as long as the program lives.
     pub owner: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -42,6 +48,7 @@ enum Prepared {
     Blocked(Box<blocked::BlockedConv>),
     Reorder(blocked::Reorder),
     Pool(blocked::BlockedPool),
+    Reduce(elementwise::Reduce),
 }
 
 /// Why a node could not be prepared.
@@ -92,6 +99,7 @@ impl CpuProgram {
                 "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa),
                 "MaxPool" | "AveragePool" | "GlobalAveragePool" if n.attrs.contains_key("layout") => blocked::prepare_pool(n, isa),
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
+                "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Elementwise" => code.elementwise.get(&i).map(|f| Prepared::Elementwise(*f)).ok_or_else(|| prep_err(n, "no code was generated for this node")),
                 _ => Err(prep_err(n, "unknown aim op")),
             })
@@ -110,7 +118,7 @@ impl CpuProgram {
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
         for (i, n) in graph.nodes.iter_mut().enumerate() {
-            if prepared.contains_key(&i) && n.op != "Elementwise" {
+            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce") {
                 for k in 1..3.min(n.inputs.len()) {
                     n.inputs[k].clear();
                 }
@@ -203,6 +211,7 @@ impl CpuProgram {
                     Prepared::Blocked(c) => blocked::run(c, x, residual, &self.pool),
                     Prepared::Reorder(r) => blocked::run_reorder(r, x, &self.pool),
                     Prepared::Pool(p) => blocked::run_pool(p, self.isa, x, &self.pool),
+                    Prepared::Reduce(r) => elementwise::run_reduce(r, x, &self.pool),
                     Prepared::Elementwise(_) => unreachable!("handled above"),
                 };
                 Ok(vec![y.map_err(fail)?])

@@ -57,6 +57,17 @@ impl CpuProgram {
                         }
                         _ => dynamic(),
                     },
+                    Some(Prepared::Reduce(r)) => match input {
+                        Some(s) if s.len() > r.axis => {
+                            let (rows, len): (usize, usize) = (s[..r.axis].iter().product(), s[r.axis..].iter().product());
+                            vec![format!(
+                                "parallel for row chunk in 0..{} of ≤{} rows: generated loop (Cranelift), {rows} rows of {len}: 4 f32x4 accumulators, horizontal combine, scalar tail",
+                                rows.div_ceil((elementwise::CHUNK / len.max(1)).max(1)),
+                                (elementwise::CHUNK / len.max(1)).max(1)
+                            )]
+                        }
+                        _ => dynamic(),
+                    },
                     Some(Prepared::Elementwise(_)) => match out {
                         Some(s) => {
                             let len: usize = s.iter().product();
