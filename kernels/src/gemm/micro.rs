@@ -18,18 +18,44 @@ pub(crate) unsafe fn run(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *
     }
 }
 
+/// Like [`run`] for the first `rows` (1..=12) rows of an AVX-512 tile only: a partial row
+/// panel (a 64-row product is five full panels and one of four rows) computes and writes
+/// just its rows instead of twelve.
+///
+/// # Safety
+/// As for [`run`], with `c` valid for `rows` rows; the CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn avx512_rows(rows: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    macro_rules! go {
+        ($($r:literal)*) => {
+            match rows {
+                $($r => avx512_mr::<$r>(kc, a, b, c, ldc, acc),)*
+                _ => unreachable!("1..=12 rows"),
+            }
+        };
+    }
+    go!(1 2 3 4 5 6 7 8 9 10 11 12)
+}
+
 /// 12×32: 24 zmm accumulators, two B vectors, one broadcast.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    avx512_mr::<12>(kc, a, b, c, ldc, acc)
+}
+
+/// The first `MR` rows of the 12×32 tile (A panels hold 12 rows per k step).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_mr<const MR: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
     use std::arch::x86_64::*;
-    const MR: usize = 12;
+    const PANEL: usize = 12;
     let mut c0 = [_mm512_setzero_ps(); MR];
     let mut c1 = [_mm512_setzero_ps(); MR];
     for p in 0..kc {
         let b0 = _mm512_loadu_ps(b.add(p * 32));
         let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
-        let ap = a.add(p * MR);
+        let ap = a.add(p * PANEL);
         for r in 0..MR {
             let av = _mm512_set1_ps(*ap.add(r));
             c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);

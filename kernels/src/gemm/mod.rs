@@ -349,6 +349,11 @@ unsafe fn tile(isa: Isa, kc_len: usize, ap: *const f32, bp: *const f32, dst: *mu
         micro::run(isa, kc_len, ap, bp, dst, ldc, acc);
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && rows < mr && cols == nr {
+        micro::avx512_rows(rows, kc_len, ap, bp, dst, ldc, acc);
+        return;
+    }
     if acc {
         for r in 0..rows {
             std::ptr::copy_nonoverlapping(dst.add(r * ldc), buf.as_mut_ptr().add(r * nr), cols);

@@ -23,7 +23,7 @@ fn isas() -> Vec<Isa> {
 #[test]
 fn matches_reference_on_awkward_sizes() {
     for isa in isas() {
-        for &(m, k, n) in &[(1, 1, 1), (13, 7, 33), (12, 64, 32), (25, 300, 70), (5, 0, 3), (40, 129, 17), (3, 1000, 2)] {
+        for &(m, k, n) in &[(1, 1, 1), (13, 7, 33), (12, 64, 32), (25, 300, 70), (5, 0, 3), (40, 129, 17), (3, 1000, 2), (64, 300, 64), (20, 50, 96)] {
             let (a, b) = (values(m * k, 1), values(k * n, 2));
             let blocking = Blocking { kc: 64, mc: 2 * isa.mr() };
             let pa = PackedA::from_slice(isa, blocking, &a, m, k, false);
