@@ -166,6 +166,29 @@ fn fast_kernels_match_reference() {
         ("maxpool", vec![node("MaxPool", "p", &["x"], &["y"], vec![ints("kernel_shape", &[3, 3]), ints("strides", &[2, 2]), ints("pads", &[1, 1, 1, 1])])], vec![]),
         ("avgpool", vec![node("AveragePool", "p", &["x"], &["y"], vec![ints("kernel_shape", &[2, 3]), ints("pads", &[1, 0, 1, 2]), int_attr("count_include_pad", 1)])], vec![]),
         ("gap", vec![node("GlobalAveragePool", "p", &["x"], &["y"], vec![])], vec![]),
+        // GELU written out with Erf, in both multiplication orders: fused into one Gelu.
+        (
+            "gelu-erf",
+            vec![
+                node("Div", "d", &["x", "sqrt2"], &["a"], vec![]),
+                node("Erf", "e", &["a"], &["b"], vec![]),
+                node("Add", "p", &["one", "b"], &["c"], vec![]),
+                node("Mul", "m", &["x", "c"], &["h"], vec![]),
+                node("Mul", "half", &["h", "h5"], &["y"], vec![]),
+            ],
+            vec![f32_tensor("sqrt2", &[], &[std::f32::consts::SQRT_2]), f32_tensor("one", &[], &[1.0]), f32_tensor("h5", &[], &[0.5])],
+        ),
+        (
+            "gelu-erf-half-first",
+            vec![
+                node("Mul", "d", &["x", "isq"], &["a"], vec![]),
+                node("Erf", "e", &["a"], &["b"], vec![]),
+                node("Add", "p", &["b", "one"], &["c"], vec![]),
+                node("Mul", "half", &["h5", "x"], &["h"], vec![]),
+                node("Mul", "m", &["h", "c"], &["y"], vec![]),
+            ],
+            vec![f32_tensor("isq", &[], &[std::f32::consts::FRAC_1_SQRT_2]), f32_tensor("one", &[], &[1.0]), f32_tensor("h5", &[], &[0.5])],
+        ),
         ("matmul-activations", vec![node("Transpose", "t", &["x"], &["xt"], vec![ints("perm", &[0, 1, 3, 2])]), node("MatMul", "mm", &["x", "xt"], &["y"], vec![])], vec![]),
     ];
     for (tag, nodes, inits) in cases {

@@ -65,8 +65,9 @@ fn tiny_cnn() -> Vec<u8> {
     model(nodes, vec![value("x", 1, &[Ok(1), Ok(3), Ok(8), Ok(8)])], vec![value("y", 1, &[Ok(1), Ok(4)])], inits, 17)
 }
 
-/// A transformer-like block: a dense layer, GELU written out with Erf, layer norm, softmax,
-/// and a row maximum (a generated reduction).
+/// A transformer-like block: a dense layer, GELU written out with Erf (fused into one Gelu),
+/// layer norm, an arithmetic chain (a generated elementwise loop), softmax, and a row maximum
+/// (a generated reduction).
 fn tiny_block() -> Vec<u8> {
     let nodes = vec![
         node("MatMul", "proj", &["x", "W"], &["h0"], vec![]),
@@ -77,7 +78,10 @@ fn tiny_block() -> Vec<u8> {
         node("Mul", "gelu_mul", &["h", "g2"], &["g3"], vec![]),
         node("Mul", "gelu_half", &["g3", "half"], &["g"], vec![]),
         node("LayerNormalization", "norm", &["g", "gamma", "beta"], &["n"], vec![int_attr("axis", -1), float_attr("epsilon", 1e-5)]),
-        node("Softmax", "attn", &["n"], &["y"], vec![int_attr("axis", -1)]),
+        node("Mul", "gain", &["n", "g15"], &["n1"], vec![]),
+        node("Add", "shift", &["n1", "b25"], &["n2"], vec![]),
+        node("Relu", "clamp", &["n2"], &["n3"], vec![]),
+        node("Softmax", "attn", &["n3"], &["y"], vec![int_attr("axis", -1)]),
         node("ReduceMax", "peak", &["y"], &["m"], vec![ints("axes", &[-1]), int_attr("keepdims", 0)]),
     ];
     let inits = vec![
@@ -88,6 +92,8 @@ fn tiny_block() -> Vec<u8> {
         f32_tensor("half", &[], &[0.5]),
         f32_tensor("gamma", &[8], &vec![1.0; 8]),
         f32_tensor("beta", &[8], &vec![0.0; 8]),
+        f32_tensor("g15", &[], &[1.5]),
+        f32_tensor("b25", &[], &[0.25]),
     ];
     model(nodes, vec![value("x", 1, &[Ok(2), Ok(4), Ok(8)])], vec![value("y", 1, &[Ok(2), Ok(4), Ok(8)]), value("m", 1, &[Ok(2), Ok(4)])], inits, 17)
 }

@@ -7,6 +7,7 @@ mod dce;
 mod fold_batchnorm;
 mod fuse;
 mod fuse_elementwise;
+mod gelu;
 pub mod layout;
 mod reduce;
 mod rename;
@@ -58,6 +59,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
+        Pass::new("fuse-gelu", gelu::run),
         Pass::new("fuse-epilogues", fuse::run),
         Pass::new("infer-types", infer),
         Pass::new("lower-reductions", reduce::run),

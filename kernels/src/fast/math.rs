@@ -16,7 +16,10 @@ pub fn exp(x: f32) -> f32 {
     // ln2 split in two so that n·ln2 is exact enough.
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_42 + r * (0.008_333_45 + r * 0.001_388_89)))));
-    let v = f32::from_bits(((n as i32 + 127) << 23) as u32) * p;
+    // 2^n without a float-to-int conversion (Rust's saturating `as i32` does not
+    // vectorise): n + (1.5·2^23 + 127) holds n + 127 in its low mantissa bits, which the
+    // shift moves into the exponent field, dropping everything else.
+    let v = f32::from_bits((n + 12_583_039.0).to_bits() << 23) * p;
     if under {
         0.0
     } else {
