@@ -29,12 +29,21 @@ fn ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Ints as i32), ints: v.to_vec(), ..Default::default() }
 }
 
+/// The ISA caps to test under: every level this machine has (on AArch64, NEON and the
+/// portable kernels).
 fn caps() -> Vec<&'static str> {
-    let mut v = vec!["native", "x86-64-v3", "baseline"];
-    if !std::arch::is_x86_feature_detected!("avx512f") {
-        v.retain(|c| *c != "native");
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut v = vec!["native", "x86-64-v3", "baseline"];
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            v.retain(|c| *c != "native");
+        }
+        v
     }
-    v
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        vec!["native", "baseline"]
+    }
 }
 
 /// Runs `model` on both backends (cpu under each cap) and compares.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: unit and snapshot tests, the fuzz corpus replay, ONNX node
 # conformance (cases regenerated from the pinned onnx package), and the benchmark models
-# compared against ONNX Runtime, and the `aim explore` page in headless Chromium. Needs
-# Rust, Python 3 with pip; installs the Python packages it uses (tests/requirements.txt)
-# and, where it is missing and apt-get can, Debian's chromium package.
+# compared against ONNX Runtime, the `aim explore` page in headless Chromium, and the
+# AArch64 build under QEMU. Needs Rust (rustup), Python 3 with pip and apt-get; installs the
+# Python packages it uses (tests/requirements.txt), Debian's chromium, and the AArch64
+# toolchain and qemu-user (tests/cross_aarch64.sh) where they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,3 +31,7 @@ python3 tests/explore_html.py target/release/aim target/models/mobilenetv2.onnx 
 
 echo "== unit, snapshot, fuzz-corpus, explore and conformance tests"
 AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQUIRE_CONFORMANCE=1 cargo test --workspace --release --locked
+
+echo "== the AArch64 build (NEON) under QEMU: unit, conformance, differential and fuzz-corpus tests"
+bash tests/cross_aarch64.sh "$PWD/target/onnx-cases"
+

@@ -274,6 +274,7 @@ impl Target {
         match self.level {
             Level::X86V4 if Isa::Avx512.available() => Isa::Avx512,
             Level::X86V4 | Level::X86V3 if Isa::Avx2.available() => Isa::Avx2,
+            Level::Neon if Isa::Neon.available() => Isa::Neon,
             _ => Isa::Portable,
         }
     }

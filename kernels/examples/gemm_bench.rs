@@ -61,7 +61,7 @@ fn main() {
     let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.1).collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 13) as f32 * 0.1).collect();
     let mut c = vec![0f32; m * n];
-    for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+    for isa in [Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Portable] {
         if !isa.available() {
             continue;
         }
@@ -79,7 +79,7 @@ fn main() {
         let secs = median(runs);
         let gflops = 2.0 * (m * k * n) as f64 / secs / 1e9;
         #[cfg(target_arch = "x86_64")]
-        let pk = if isa == Isa::Portable { f64::NAN } else { peak(isa) / 1e9 };
+        let pk = if matches!(isa, Isa::Portable | Isa::Neon) { f64::NAN } else { peak(isa) / 1e9 };
         #[cfg(not(target_arch = "x86_64"))]
         let pk = f64::NAN;
         println!(

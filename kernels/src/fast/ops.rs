@@ -72,7 +72,7 @@ macro_rules! versions {
                 match isa {
                     Isa::Avx512 => return unsafe { v4($($arg,)* f) },
                     Isa::Avx2 => return unsafe { v3($($arg,)* f) },
-                    Isa::Portable => {}
+                    Isa::Portable | Isa::Neon => {}
                 }
             }
             let _ = isa;
@@ -95,7 +95,7 @@ macro_rules! plain_versions {
                 match isa {
                     Isa::Avx512 => return unsafe { v4($($arg),*) },
                     Isa::Avx2 => return unsafe { v3($($arg),*) },
-                    Isa::Portable => {}
+                    Isa::Portable | Isa::Neon => {}
                 }
             }
             let _ = isa;

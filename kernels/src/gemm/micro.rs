@@ -14,6 +14,8 @@ pub(crate) unsafe fn run(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *
         Isa::Avx512 => avx512(kc, a, b, c, ldc, acc),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2(kc, a, b, c, ldc, acc),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon(kc, a, b, c, ldc, acc),
         _ => portable(kc, a, b, c, ldc, acc),
     }
 }
@@ -99,6 +101,44 @@ unsafe fn avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize,
         }
         _mm256_storeu_ps(row, c0[r]);
         _mm256_storeu_ps(row.add(8), c1[r]);
+    }
+}
+
+/// 8×12: 24 q-register accumulators; per k step three B vectors, two A vectors (eight
+/// rows), and 24 fused multiply-adds by lane.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn neon(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    use std::arch::aarch64::*;
+    const MR: usize = 8;
+    const NR: usize = 12;
+    let mut t = [[vdupq_n_f32(0.0); 3]; MR];
+    for p in 0..kc {
+        let bp = b.add(p * NR);
+        let (b0, b1, b2) = (vld1q_f32(bp), vld1q_f32(bp.add(4)), vld1q_f32(bp.add(8)));
+        let (a0, a1) = (vld1q_f32(a.add(p * MR)), vld1q_f32(a.add(p * MR + 4)));
+        macro_rules! row {
+            ($r:expr, $a:ident, $lane:literal) => {
+                t[$r][0] = vfmaq_laneq_f32::<$lane>(t[$r][0], b0, $a);
+                t[$r][1] = vfmaq_laneq_f32::<$lane>(t[$r][1], b1, $a);
+                t[$r][2] = vfmaq_laneq_f32::<$lane>(t[$r][2], b2, $a);
+            };
+        }
+        row!(0, a0, 0);
+        row!(1, a0, 1);
+        row!(2, a0, 2);
+        row!(3, a0, 3);
+        row!(4, a1, 0);
+        row!(5, a1, 1);
+        row!(6, a1, 2);
+        row!(7, a1, 3);
+    }
+    for (r, row) in t.iter().enumerate() {
+        let dst = c.add(r * ldc);
+        for (j, &v) in row.iter().enumerate() {
+            let v = if acc { vaddq_f32(v, vld1q_f32(dst.add(4 * j))) } else { v };
+            vst1q_f32(dst.add(4 * j), v);
+        }
     }
 }
 

@@ -21,6 +21,9 @@ pub enum Isa {
     Avx2,
     /// Plain Rust (the compiler vectorises what it can): 4×16 tiles.
     Portable,
+    /// AArch64 NEON (Advanced SIMD, in every AArch64 CPU): 8×12 tiles of q-register
+    /// accumulators, fused multiply-adds by vector lane.
+    Neon,
 }
 
 impl Isa {
@@ -30,6 +33,7 @@ impl Isa {
             Isa::Avx512 => 12,
             Isa::Avx2 => 6,
             Isa::Portable => 4,
+            Isa::Neon => 8,
         }
     }
 
@@ -39,6 +43,7 @@ impl Isa {
             Isa::Avx512 => 32,
             Isa::Avx2 => 16,
             Isa::Portable => 16,
+            Isa::Neon => 12,
         }
     }
 
@@ -50,6 +55,8 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
             Isa::Portable => true,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => true,
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -327,7 +334,7 @@ fn axpy_rows(isa: Isa, a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32
         match isa {
             Isa::Avx512 => return unsafe { v4(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
             Isa::Avx2 => return unsafe { v3(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
-            Isa::Portable => {}
+            Isa::Portable | Isa::Neon => {}
         }
     }
     for (p, brow) in b.chunks_exact(nr).enumerate() {
@@ -458,9 +465,10 @@ unsafe fn epilogue(isa: Isa, dst: *mut f32, ldc: usize, r0: usize, c0: usize, ro
         match isa {
             Isa::Avx512 => return v4(dst, ldc, r0, c0, rows, cols, ep),
             Isa::Avx2 => return v3(dst, ldc, r0, c0, rows, cols, ep),
-            Isa::Portable => {}
+            Isa::Portable | Isa::Neon => {}
         }
     }
+    let _ = isa;
     epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
 }
 

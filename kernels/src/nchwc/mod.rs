@@ -25,7 +25,7 @@ use crate::gemm::Isa;
 pub fn lanes(isa: Isa) -> usize {
     match isa {
         Isa::Avx512 => 16,
-        Isa::Avx2 | Isa::Portable => 8,
+        Isa::Avx2 | Isa::Portable | Isa::Neon => 8,
     }
 }
 
@@ -34,7 +34,7 @@ pub(crate) fn tile_rows(isa: Isa) -> usize {
     match isa {
         Isa::Avx512 => 12,
         Isa::Avx2 => 6,
-        Isa::Portable => 4,
+        Isa::Portable | Isa::Neon => 4,
     }
 }
 

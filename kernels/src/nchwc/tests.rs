@@ -52,7 +52,7 @@ fn naive(x: &[f32], w: &[f32], b: &[f32], n: usize, cin: usize, cout: usize, h: 
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.available()).collect()
+    [Isa::Avx512, Isa::Avx2, Isa::Portable, Isa::Neon].into_iter().filter(|i| i.available()).collect()
 }
 
 fn blocked(x: &[f32], n: usize, c: usize, hw: usize, l: usize) -> Vec<f32> {

@@ -102,7 +102,7 @@ fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &Plan
         match isa {
             Isa::Avx512 => return unsafe { v4(src, dst, wts, g, bias, act, res, scratch) },
             Isa::Avx2 => return unsafe { v3(src, dst, wts, g, bias, act, res, scratch) },
-            Isa::Portable => {}
+            Isa::Portable | Isa::Neon => {}
         }
     }
     let _ = isa;

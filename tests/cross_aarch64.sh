@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The AArch64 build (NEON microkernels, portable kernels, Cranelift's AArch64 backend) under
+# user-mode QEMU: the kernel, runtime and compiler unit tests, ONNX conformance on both
+# backends, the differential tests (under the NEON and baseline caps) and the fuzz corpus.
+# Installs the AArch64 Rust standard library (rustup), Debian's cross linker and qemu-user
+# where they are missing. Usage: bash tests/cross_aarch64.sh [ONNX_CASES_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cases="${1:-$PWD/target/onnx-cases}"
+
+rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
+fi
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+target=(--release --locked --target aarch64-unknown-linux-gnu)
+cargo test "${target[@]}" -p aim-ir -p aim-kernels -p aim-runtime -p aim-compiler
+AIM_ONNX_CASES="$cases" AIM_REQUIRE_CONFORMANCE=1 cargo test "${target[@]}" --test conformance --test differential --test fuzz_corpus
