@@ -36,6 +36,9 @@ struct Shared {
     generation: AtomicU64,
     job: Mutex<Option<Arc<Job>>>,
     wake: Condvar,
+    /// Workers waiting on `wake` (or about to): a loop notifies only when there are some,
+    /// since a notification is a system call even with nobody waiting.
+    sleepers: AtomicUsize,
     shutdown: AtomicBool,
 }
 
@@ -77,6 +80,7 @@ impl ThreadPool {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
             wake: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
         });
         let workers = (1..threads.max(1))
@@ -113,9 +117,16 @@ fn worker(s: &Shared) {
                 continue;
             }
             let guard = s.job.lock().unwrap_or_else(|e| e.into_inner());
-            if s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {
+            // Counted as a sleeper before the last check, under the lock that `for_each`
+            // takes to publish a job: either this check sees the new job, or `for_each`
+            // (reading the count after publishing) sees this sleeper and notifies.
+            s.sleepers.fetch_add(1, Ordering::SeqCst);
+            if s.generation.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::Acquire) {
                 drop(s.wake.wait_timeout(guard, Duration::from_millis(50)));
+            } else {
+                drop(guard);
             }
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
         seen = s.generation.load(Ordering::Acquire);
         let job = s.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -149,9 +160,11 @@ impl Parallel for ThreadPool {
         {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(job.clone());
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            self.shared.generation.fetch_add(1, Ordering::SeqCst);
         }
-        self.shared.wake.notify_all();
+        if self.shared.sleepers.load(Ordering::SeqCst) > 0 {
+            self.shared.wake.notify_all();
+        }
         run_job(&job);
         // Every index is handed out; wait for workers still running one.
         while job.inside.load(Ordering::Acquire) != 0 {

@@ -5,7 +5,9 @@ Usage: side_by_side.py AIM_BINARY MODELS_DIR [NAME...] [--threads 1,2] [--iters 
 
 For each model and thread count, alternates R rounds of ORT and aim (each round: a fresh
 process that loads the model, warms up and times N runs) so that both see the same machine
-state, then prints a table of median latencies and the aim/ORT ratio, load (session
+state. N is at least --iters, and more for fast models: enough runs for about 0.3 s of
+timing (from an untimed ORT probe run), with a tenth as many warm-up runs, so that
+microsecond-scale models are not measured on a cold core; then prints a table of median latencies and the aim/ORT ratio, load (session
 creation / compile) times, and peak memory (each process's peak RSS). Models and inputs are
 what tests/models/make_models.py writes. Needs: pip install onnxruntime numpy.
 """
@@ -73,10 +75,13 @@ def main():
         model = os.path.join(models, name + ".onnx")
         inputs = os.path.join(models, name + ".inputs.npz")
         for t in threads:
+            probe = ort_round(model, inputs, t, iters, 5)
+            n = min(20000, max(iters, int(300.0 / max(probe["median"], 1e-3))))
+            warm = max(5, n // 10)
             o, a = [], []
             for _ in range(rounds):
-                o.append(ort_round(model, inputs, t, iters, 5))
-                a.append(aim_round(aim, model, inputs, t, iters, 5))
+                o.append(ort_round(model, inputs, t, n, warm))
+                a.append(aim_round(aim, model, inputs, t, n, warm))
             med = lambda rs, k: statistics.median(r[k] for r in rs)
             om, am = med(o, "median"), med(a, "median")
             print(f"{name:<12} {t:>3} {om:>9.3f} {am:>9.3f} {am / om:>8.2f}   {med(o, 'load_ms'):>9.1f} {med(a, 'load_ms'):>9.1f}   "
