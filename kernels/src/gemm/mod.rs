@@ -188,7 +188,7 @@ pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, 
     }
     let kblocks = a.k.div_ceil(a.kc).max(1);
     if m <= SMALL_M {
-        small_m(a, b, cp_of(c), ldc, ep, par);
+        small_m(ARows::Packed(a), b, cp_of(c), ldc, ep, par);
         return;
     }
     // Tasks: groups of column panels, enough for every thread to have a few.
@@ -245,6 +245,38 @@ pub fn schedule(isa: Isa, blocking: Blocking, m: usize, n: usize, k: usize, lazy
     ]
 }
 
+/// Where the rows of A come from in a small-M product.
+#[derive(Clone, Copy)]
+enum ARows<'a> {
+    /// Packed panels.
+    Packed(&'a PackedA),
+    /// Row-major `m × k` values, read in place.
+    Plain(&'a [f32], usize, usize),
+}
+
+/// C[m×n] = A·B for A given as plain rows, then the epilogue. Up to a few rows (a batch-1 or
+/// batch-4 dense layer) A is read in place, as vector-matrix products; more rows are packed
+/// for the tiled product.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_rows(a: &[f32], m: usize, k: usize, blocking: Blocking, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
+    assert!(a.len() >= m * k && k == b.k, "A is {m}×{k} (holds {}), B is {}×{}", a.len(), b.k, b.n);
+    let n = b.n;
+    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "C is too small");
+    if let Some(r) = ep.residual {
+        assert!(m == 0 || r.len() >= (m - 1) * ldc + n, "residual is too small");
+    }
+    assert!(ep.row_bias.is_none_or(|bb| bb.len() >= m) && ep.col_bias.is_none_or(|bb| bb.len() >= n), "bias too short");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if m <= SMALL_M {
+        small_m(ARows::Plain(a, m, k), b, cp_of(c), ldc, ep, par);
+    } else {
+        let pa = PackedA::from_rows(b.isa, blocking, a, m, k, par);
+        gemm(&pa, b, c, ldc, ep, par);
+    }
+}
+
 /// Up to this many rows, a product runs as a matrix-vector product per row instead of on
 /// MR-row tiles (a batch-1 dense layer would otherwise compute MR rows to keep one).
 const SMALL_M: usize = 4;
@@ -255,11 +287,14 @@ fn cp_of(c: &mut [f32]) -> CPtr {
 
 /// C rows (m ≤ [`SMALL_M`]) as vector-matrix products over the packed B panels, reading A's
 /// rows straight from its packed panel.
-fn small_m(a: &PackedA, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
-    let (m, n, isa) = (a.m, b.n, a.isa);
+fn small_m(a: ARows, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
+    let (m, n, isa, k, kc) = match a {
+        ARows::Packed(p) => (p.m, b.n, p.isa, p.k, p.kc),
+        ARows::Plain(_, m, k) => (m, b.n, b.isa, k, b.kc),
+    };
     let (mr, nr) = (isa.mr(), isa.nr());
     let np = n.div_ceil(nr);
-    let kblocks = a.k.div_ceil(a.kc).max(1);
+    let kblocks = k.div_ceil(kc).max(1);
     // One task per thread: each reads its own slice of B, which then stays in that core's
     // cache from one call to the next more often than with finer tasks.
     let tasks = np.min(par.threads()).max(1);
@@ -271,15 +306,21 @@ fn small_m(a: &PackedA, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &
         let width = (j1 - j0) * nr;
         let mut acc = vec![0f32; m * width];
         for kb in 0..kblocks {
-            let kc_len = if a.k == 0 { 0 } else { a.kc.min(a.k - kb * a.kc) };
-            // SAFETY: the panels hold kc_len×MR (A) floats.
-            let ap = unsafe { std::slice::from_raw_parts(a.panel(kb, 0), kc_len * mr) };
+            let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
             for j in j0..j1 {
                 // SAFETY: the panels hold kc_len×NR (B) floats.
                 let bp = unsafe { std::slice::from_raw_parts(b.panel(kb, j), kc_len * nr) };
                 for i in 0..m {
                     let at = i * width + (j - j0) * nr;
-                    axpy_rows(isa, ap, i, mr, bp, &mut acc[at..at + nr]);
+                    match a {
+                        ARows::Packed(p) => {
+                            // SAFETY: the panels hold kc_len×MR (A) floats.
+                            let ap = unsafe { std::slice::from_raw_parts(p.panel(kb, 0), kc_len * mr) };
+                            axpy_rows(isa, ap, i, mr, bp, &mut acc[at..at + nr]);
+                        }
+                        // Row i's k block read in place: element p at stride 1.
+                        ARows::Plain(rows, _, _) => axpy_rows(isa, &rows[i * k + kb * kc..i * k + kb * kc + kc_len], 0, 1, bp, &mut acc[at..at + nr]),
+                    }
                 }
             }
         }

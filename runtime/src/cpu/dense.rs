@@ -4,7 +4,7 @@ use super::{activation, check_residual, const_f32, prep_err, Prepared};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node, Tensor};
-use aim_kernels::gemm::{gemm, Activation, Blocking, Epilogue, Isa, PackedA, PackedB};
+use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Epilogue, Isa, PackedB};
 
 pub(super) struct DensePrep {
     pub(super) weight: PackedB,
@@ -25,7 +25,7 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
 
-pub(super) fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, isa: Isa, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {
+pub(super) fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {
     let xs = x.shape();
     if xs.is_empty() || xs[xs.len() - 1] != d.k {
         return Err(format!("input {xs:?} does not end in {} features", d.k));
@@ -37,9 +37,8 @@ pub(super) fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, is
         shape = vec![d.n];
     }
     let res = check_residual(residual, &shape)?;
-    let a = PackedA::from_rows(isa, blocking, x.data::<f32>(), m, d.k, pool);
     let mut y = Tensor::zeros(DType::F32, &shape);
     let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, act: d.act };
-    gemm(&a, &d.weight, y.data_mut::<f32>(), d.n, &ep, pool);
+    gemm_rows(x.data::<f32>(), m, d.k, blocking, &d.weight, y.data_mut::<f32>(), d.n, &ep, pool);
     Ok(y)
 }

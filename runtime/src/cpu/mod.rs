@@ -207,7 +207,7 @@ impl CpuProgram {
                 let y = match p {
                     Prepared::Conv(c) => run_conv(c, x, residual, &self.pool),
                     Prepared::Depthwise(d) => run_depthwise(d, x, residual, &self.pool),
-                    Prepared::Dense(d) => run_dense(d, x, residual, self.isa, self.blocking, &self.pool),
+                    Prepared::Dense(d) => run_dense(d, x, residual, self.blocking, &self.pool),
                     Prepared::Blocked(c) => blocked::run(c, x, residual, &self.pool),
                     Prepared::Reorder(r) => blocked::run_reorder(r, x, &self.pool),
                     Prepared::Pool(p) => blocked::run_pool(p, self.isa, x, &self.pool),
