@@ -337,8 +337,9 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     writeln!(
         out,
-        "memory: intermediates {:.1} MiB in all; one arena planned by lifetime: {:.1} MiB{} (the executor does not use the arena yet)",
+        "memory: intermediates {:.1} MiB in all; one arena planned by lifetime, {} outputs in place: {:.1} MiB{} (the executor does not use the arena yet)",
         mib(plan.total_bytes),
+        plan.slots.iter().filter(|s| s.in_place_of.is_some()).count(),
         mib(plan.arena_bytes),
         if plan.dynamic.is_empty() { String::new() } else { format!(", {} tensors of dynamic size not planned", plan.dynamic.len()) }
     )?;
