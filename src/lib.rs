@@ -14,6 +14,7 @@ pub mod conformance;
 pub mod explore;
 pub mod npz;
 mod random;
+mod specialize;
 
 pub use aim_ir::{DType, Dim, Tensor, ValueType};
 pub use random::random_inputs;
@@ -104,7 +105,16 @@ impl Default for Options {
 
 enum Exec {
     Reference,
-    Cpu(Box<aim_runtime::cpu::CpuProgram>),
+    /// The program compiled with the input dims as declared, and, for models that compute
+    /// shapes at run time, programs specialised per input-shape signature.
+    Cpu(Box<aim_runtime::cpu::CpuProgram>, Option<specialize::Specializer>),
+}
+
+/// Optimises and compiles a type-inferred graph for the cpu backend.
+pub(crate) fn compile_cpu(mut g: aim_ir::Graph, target: &aim_compiler::target::Target, threads: usize, path: &str) -> Result<aim_runtime::cpu::CpuProgram, Error> {
+    aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false).map_err(|source| Error::Pass { path: path.to_string(), source })?;
+    let code = aim_compiler::codegen::generate(&g, target).map_err(|source| Error::Codegen { path: path.to_string(), source })?;
+    Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code)?)
 }
 
 /// A loaded model, ready to run.
@@ -154,16 +164,18 @@ impl Model {
             Backend::Reference => Exec::Reference,
             Backend::Cpu => {
                 let target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
-                let mut g = ir.graph.clone();
-                aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), false)
-                    .map_err(|source| Error::Pass { path: p.clone(), source })?;
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
-                let code = aim_compiler::codegen::generate(&g, &target).map_err(|source| Error::Codegen { path: p.clone(), source })?;
-                let prog = aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code)?;
-                // The program holds what it needs; the imported weights (memory-mapped or
-                // copied) would only double the footprint.
+                let prog = compile_cpu(ir.graph.clone(), &target, threads, &p)?;
+                // Models that compute shapes at run time keep their weights to specialise per
+                // input shape; the others do not need the imported weights (memory-mapped or
+                // copied) any more: the program holds them packed.
+                let spec = if specialize::worthwhile(&ir.graph, prog.graph()) {
+                    Some(specialize::Specializer::new(ir.graph.clone(), target, threads, path))
+                } else {
+                    None
+                };
                 ir.graph.initializers.clear();
-                Exec::Cpu(Box::new(prog))
+                Exec::Cpu(Box::new(prog), spec)
             }
         };
         Ok(Model { ir, path: path.to_path_buf(), backend: opts.backend, exec })
@@ -175,14 +187,17 @@ impl Model {
         let map: HashMap<String, Tensor> = inputs.into_iter().collect();
         Ok(match &self.exec {
             Exec::Reference => aim_runtime::run_graph_profiled(&self.ir.graph, map)?.1,
-            Exec::Cpu(p) => p.run_profiled(map)?.1,
+            Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                Some(special) => special.run_profiled(map)?.1,
+                None => p.run_profiled(map)?.1,
+            },
         })
     }
 
     /// Threads a run uses.
     pub fn threads(&self) -> usize {
         match &self.exec {
-            Exec::Cpu(p) => p.threads(),
+            Exec::Cpu(p, _) => p.threads(),
             Exec::Reference => 1,
         }
     }
@@ -190,8 +205,19 @@ impl Model {
     /// The optimised graph the cpu backend runs (None on the reference backend).
     pub fn optimized_graph(&self) -> Option<&aim_ir::Graph> {
         match &self.exec {
-            Exec::Cpu(p) => Some(p.graph()),
+            Exec::Cpu(p, _) => Some(p.graph()),
             Exec::Reference => None,
+        }
+    }
+
+    /// The input-shape signatures this model has been specialised for so far (most recent
+    /// first), each with its specialised graph (`None` where specialising failed and the
+    /// generic program runs). Empty unless the model has symbolic input dims and computes
+    /// shapes at run time.
+    pub fn specializations(&self) -> Vec<(specialize::Signature, Option<aim_ir::Graph>)> {
+        match &self.exec {
+            Exec::Cpu(_, Some(s)) => s.compiled(),
+            _ => Vec::new(),
         }
     }
 
@@ -234,7 +260,10 @@ impl Model {
         }
         let outs = match &self.exec {
             Exec::Reference => aim_runtime::run_graph(&self.ir.graph, map)?,
-            Exec::Cpu(p) => p.run(map)?,
+            Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                Some(special) => special.run(map)?,
+                None => p.run(map)?,
+            },
         };
         Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
     }

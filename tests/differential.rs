@@ -314,3 +314,46 @@ fn random_blocked_chains() {
         check(&tag, model, inputs);
     }
 }
+
+/// A model with a symbolic batch that computes a Reshape target from its input's shape (as
+/// exported transformers do): each new batch size compiles one specialised program, in
+/// which the shape arithmetic has been folded away; results match the reference; a batch
+/// seen before reuses its program.
+#[test]
+fn shape_specialisation_per_input_signature() {
+    let i64s = |name: &str, dims: &[i64], v: &[i64]| aim_compiler::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(7),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let nodes = vec![
+        node("Shape", "shape", &["x"], &["s"], vec![]),
+        node("Gather", "batch", &["s", "zero"], &["b"], vec![int_attr("axis", 0)]),
+        node("Unsqueeze", "b1", &["b", "axis0"], &["b1"], vec![]),
+        node("Concat", "target", &["b1", "rest"], &["t"], vec![int_attr("axis", 0)]),
+        node("Reshape", "reshape", &["x", "t"], &["r"], vec![]),
+        node("Relu", "relu", &["r"], &["y"], vec![]),
+    ];
+    let inits = vec![i64s("zero", &[], &[0]), i64s("axis0", &[1], &[0]), i64s("rest", &[2], &[3, 2])];
+    let m = model(nodes, vec![value("x", 1, &[Err("N"), Ok(6)])], vec![value("y", 1, &[Err("N"), Ok(3), Ok(2)])], inits, 17);
+    let d = tempdir("specialise");
+    let path = d.join("m.onnx");
+    std::fs::write(&path, m).unwrap();
+    let cpu = Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+    let reference = Model::load_with(&path, Backend::Reference).unwrap();
+    assert!(cpu.specializations().is_empty());
+    let mut r = Rng(5);
+    for (round, n) in [2usize, 5, 2].into_iter().enumerate() {
+        let x = vec![("x".to_string(), Tensor::from_vec(&[n, 6], r.values(n * 6)))];
+        let (got, want) = (cpu.run(x.clone()).unwrap(), reference.run(x).unwrap());
+        assert_eq!(got[0].1.shape(), &[n, 3, 2]);
+        assert_eq!(got[0].1.to_f64_vec(), want[0].1.to_f64_vec(), "batch {n}");
+        let specs = cpu.specializations();
+        assert_eq!(specs.len(), if round == 0 { 1 } else { 2 }, "one program per new batch size");
+        assert_eq!(specs[0].0, vec![vec![n, 6]], "the most recent signature first");
+        let g = specs[0].1.as_ref().expect("specialised");
+        assert!(!g.nodes.iter().any(|n| n.op == "Shape"), "the shape arithmetic was folded: {:?}", g.nodes.iter().map(|n| &n.op).collect::<Vec<_>>());
+    }
+}
