@@ -107,7 +107,7 @@ enum Exec {
     Reference,
     /// The program compiled with the input dims as declared, and, for models that compute
     /// shapes at run time, programs specialised per input-shape signature.
-    Cpu(Box<aim_runtime::cpu::CpuProgram>, Option<specialize::Specializer>),
+    Cpu(Box<aim_runtime::cpu::CpuProgram>, Option<Box<specialize::Specializer>>),
 }
 
 /// Optimises and compiles a type-inferred graph for the cpu backend.
@@ -170,7 +170,7 @@ impl Model {
                 // input shape; the others do not need the imported weights (memory-mapped or
                 // copied) any more: the program holds them packed.
                 let spec = if specialize::worthwhile(&ir.graph, prog.graph()) {
-                    Some(specialize::Specializer::new(ir.graph.clone(), target, threads, path))
+                    Some(Box::new(specialize::Specializer::new(ir.graph.clone(), target, threads, path)))
                 } else {
                     None
                 };

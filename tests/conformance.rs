@@ -38,7 +38,7 @@ fn conformance(backend: Backend) {
     }
     let list = include_str!("conformance/expected_pass.txt");
     let expected: BTreeSet<&str> = list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
-    let cases = find_cases(&[dir.clone()]).expect("listing cases");
+    let cases = find_cases(std::slice::from_ref(&dir)).expect("listing cases");
     let (mut pass, mut fail, mut skip) = (0, 0, 0);
     let mut regressions = Vec::new();
     let mut newly = Vec::new();

@@ -306,7 +306,7 @@ fn random_blocked_chains() {
         // values read outside it (the output y, and b, which the Sigmoid reads).
         let d = tempdir(&format!("layout-{tag}"));
         std::fs::write(d.join("m.onnx"), &model).unwrap();
-        let m = Model::load_with_options(&d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into() }).unwrap();
+        let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into() }).unwrap();
         let g = m.optimized_graph().unwrap();
         // Three convolutions, the pooling and the global pooling.
         assert_eq!(g.nodes.iter().filter(|n| n.attrs.contains_key("layout")).count(), 5, "{tag}");

@@ -21,6 +21,8 @@ echo "== generating the benchmark models"
 python3 tests/models/make_models.py target/models
 
 cargo build --release --locked
+echo "== clippy (warnings are errors)"
+cargo clippy --workspace --release --all-targets --locked -- -D warnings
 
 echo "== benchmark models: aim against ONNX Runtime (reference and cpu backends)"
 python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50 --backend reference

@@ -37,7 +37,7 @@ impl Storage {
     /// The bytes at an address aligned to `align` (copying shared bytes once if needed).
     fn aligned_bytes(&self, align: usize) -> &[u8] {
         match self {
-            Storage::Shared { bytes, aligned } if bytes.as_ptr() as usize % align != 0 => {
+            Storage::Shared { bytes, aligned } if !(bytes.as_ptr() as usize).is_multiple_of(align) => {
                 let blocks = aligned.get_or_init(|| {
                     let mut s = Storage::from_bytes(bytes);
                     match std::mem::replace(&mut s, Storage::zeroed(0)) {
@@ -147,7 +147,7 @@ impl Tensor {
             return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: len });
         }
         let ptr = map.as_ptr() as usize + offset;
-        if ptr % dtype.size() != 0 {
+        if !ptr.is_multiple_of(dtype.size()) {
             return Tensor::from_bytes(dtype, shape, &map[offset..offset + len]);
         }
         Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::Mapped { map, offset, len }) })

@@ -6,6 +6,10 @@
 //! and the `--backend reference` executor. Control-flow ops (If, Loop, Scan) need a
 //! graph executor and live in `aim-runtime`.
 
+// Parallel loops rebind their Send/Sync pointer wrappers (`let out = out;`) inside the
+// closure so that it captures the whole wrapper, not its raw-pointer field.
+#![allow(clippy::redundant_locals)]
+
 pub mod fast;
 pub mod gemm;
 pub mod nchwc;

@@ -9,6 +9,10 @@
 //! Architecture invariant: this crate never depends on Cranelift, so ahead-of-time
 //! compiled models run with the runtime alone.
 
+// Parallel loops rebind their Send/Sync pointer wrappers (`let out = out;`) inside the
+// closure so that it captures the whole wrapper, not its raw-pointer field.
+#![allow(clippy::redundant_locals)]
+
 mod control;
 pub mod cpu;
 mod exec;

@@ -112,7 +112,7 @@ impl State {
 
     /// `name` in the blocked layout for `reader`: a blocked convolution's output, or a copy
     /// made by an `aim:ToBlocked` node (one per value) appended to `out`.
-    fn to_blocked(&mut self, g: &mut Graph, reader: &Node, name: &str, out: &mut Vec<Node>) -> String {
+    fn blocked_name(&mut self, g: &mut Graph, reader: &Node, name: &str, out: &mut Vec<Node>) -> String {
         if let Some(b) = self.blocked.get(name).or_else(|| self.reordered.get(name)) {
             return b.clone();
         }
@@ -180,11 +180,11 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
         if direct {
             n.attrs.insert(IN_LAYOUT.into(), Attr::String("NCHW".into()));
         } else {
-            n.inputs[0] = st.to_blocked(g, &n, &x, &mut out);
+            n.inputs[0] = st.blocked_name(g, &n, &x, &mut out);
             n.attrs.insert(IN_LAYOUT.into(), Attr::String("NCHWc".into()));
         }
         if let Some(r) = n.inputs.get(3).filter(|r| !r.is_empty()).cloned() {
-            n.inputs[3] = st.to_blocked(g, &n, &r, &mut out);
+            n.inputs[3] = st.blocked_name(g, &n, &r, &mut out);
         }
         let cout = n.input(1).and_then(|w| g.initializers.get(w)).map_or(0, |w| w.shape()[0]);
         st.block_output(g, &mut n, cout);
@@ -198,7 +198,7 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
     let mut i = 0;
     while i < g.nodes.len() {
         let n = &g.nodes[i];
-        if n.attrs.get(LAYOUT).is_none() {
+        if !n.attrs.contains_key(LAYOUT) {
             i += 1;
             continue;
         }

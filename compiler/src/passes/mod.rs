@@ -29,12 +29,15 @@ pub struct PassError {
     pub msg: String,
 }
 
+/// A pass's rewrite of the graph.
+pub type PassFn = Box<dyn Fn(&mut Graph) -> Result<(), PassError>>;
+
 /// A pass: a name and a function that rewrites the graph in place.
 pub struct Pass {
     /// Its name, as `aim explore --passes` prints it.
     pub name: &'static str,
     /// The rewrite.
-    pub run: Box<dyn Fn(&mut Graph) -> Result<(), PassError>>,
+    pub run: PassFn,
 }
 
 impl Pass {

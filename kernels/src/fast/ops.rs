@@ -265,7 +265,7 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
             let lead = small.shape().iter().take_while(|&&d| d == 1).count();
             &small.shape()[lead..]
         };
-        big.shape() == shape.as_slice() && small.len() > 0 && s.len() <= shape.len() && shape[shape.len() - s.len()..] == *s
+        big.shape() == shape.as_slice() && !small.is_empty() && s.len() <= shape.len() && shape[shape.len() - s.len()..] == *s
     };
     let yd = y.data_mut::<f32>();
     if row(b, a) || row(a, b) {
@@ -305,8 +305,11 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     Some(Ok(vec![y]))
 }
 
+/// A row function: `(row index, source row, destination row)`.
+type RowFn<'a> = &'a (dyn Fn(usize, &[f32], &mut [f32]) + Sync);
+
 /// Runs `row(i, src_row, dst_row)` for each row of `len` values, in parallel.
-fn rows(par: &dyn Parallel, src: &[f32], dst: &mut [f32], len: usize, row: &(dyn Fn(usize, &[f32], &mut [f32]) + Sync)) {
+fn rows(par: &dyn Parallel, src: &[f32], dst: &mut [f32], len: usize, row: RowFn) {
     let nrows = src.len() / len.max(1);
     let per = (CHUNK / len.max(1)).max(1);
     let out = Out(dst.as_mut_ptr());

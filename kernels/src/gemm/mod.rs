@@ -489,6 +489,7 @@ pub fn gemm_lazy_b(
 /// # Safety
 /// `dst` points at element (r0, c0) of C with leading dimension `ldc`, and the tile is in
 /// bounds and not touched by other threads.
+#[allow(clippy::too_many_arguments)]
 unsafe fn epilogue(isa: Isa, dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
     if ep.row_bias.is_none() && ep.col_bias.is_none() && ep.residual.is_none() && ep.act.is_none() {
         return;

@@ -133,7 +133,7 @@ impl Job<'_> {
         // Output columns whose whole window lies inside the row: [ox_lo, ox_hi).
         let ox_lo = self.pl.div_ceil(sw).min(self.ow);
         let span = (kw - 1) * dw;
-        let ox_hi = if self.w + self.pl >= span + 1 { ((self.w + self.pl - span - 1) / sw + 1).min(self.ow).max(ox_lo) } else { ox_lo };
+        let ox_hi = if self.w + self.pl > span { ((self.w + self.pl - span - 1) / sw + 1).min(self.ow).max(ox_lo) } else { ox_lo };
         let r = Row { xp, yrow, rrow, wts, bias, lo, hi, iy0, ky_lo, ky_hi };
         for ox in 0..ox_lo {
             self.edge(&r, ox);

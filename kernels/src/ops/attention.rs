@@ -183,10 +183,7 @@ fn attention(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                     };
                 }
                 for d in 0..dv {
-                    let mut acc = 0.0;
-                    for j in 0..skv {
-                        acc += p[j] * v.at(bi, kh, j, d);
-                    }
+                    let acc: f64 = p.iter().enumerate().take(skv).map(|(j, &pj)| pj * v.at(bi, kh, j, d)).sum();
                     y[((bi * hq + h) * sq + i) * dv + d] = acc;
                 }
             }

@@ -90,7 +90,7 @@ fn conv_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Re
     Ok(Tensor::from_vec(&shape, y))
 }
 
-fn float_inputs<'a>(ins: &'a [Option<Tensor>], op: &str) -> Result<(DType, Tensor, Tensor, Option<Tensor>)> {
+fn float_inputs(ins: &[Option<Tensor>], op: &str) -> Result<(DType, Tensor, Tensor, Option<Tensor>)> {
     let (x, w) = (req(ins, 0)?, req(ins, 1)?);
     if !x.dtype().is_float() || w.dtype() != x.dtype() {
         return err(format!("{op} needs float X and W of one type, got {} and {}", x.dtype(), w.dtype()));

@@ -92,8 +92,8 @@ fn unary_fn(n: &Node) -> Option<Box<dyn Fn(f64) -> f64>> {
             Box::new(move |x| x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0))
         }
         "Selu" => {
-            let a = alpha(1.673_263_192_176_818_8);
-            let g = n.float("gamma", 1.050_701_022_148_132_3) as f64;
+            let a = alpha(1.673_263_2);
+            let g = n.float("gamma", 1.050_701) as f64;
             Box::new(move |x| if x > 0.0 { g * x } else { g * a * (x.exp() - 1.0) })
         }
         "HardSigmoid" => {
@@ -154,7 +154,7 @@ fn unary(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             Ok(vec![Tensor::from_vec(x.shape(), v)])
         });
     }
-    let v: Vec<f64> = x.to_f64_vec().into_iter().map(|a| f(a)).collect();
+    let v: Vec<f64> = x.to_f64_vec().into_iter().map(f).collect();
     Ok(vec![Tensor::from_f64(x.dtype(), x.shape(), &v)])
 }
 

@@ -141,8 +141,8 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 let g = |gate: usize, j: usize| xw[gate * hidden + j] + hr[gate * hidden + j] + wb[gate * hidden + j] + rb[gate * hidden + j];
                 match kind {
                     "RNN" => {
-                        for j in 0..hidden {
-                            h[j] = acts[0](clamp(g(0, j)));
+                        for (j, hj) in h.iter_mut().enumerate().take(hidden) {
+                            *hj = acts[0](clamp(g(0, j)));
                         }
                     }
                     "GRU" => {

@@ -170,9 +170,7 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                     }
                 }
                 out_f[a] = out[a] as f64;
-                match () {
-                    () => {}
-                }
+                {}
             }
         }
         _ => return err("Resize needs exactly one of scales and sizes"),

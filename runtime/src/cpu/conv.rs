@@ -49,6 +49,7 @@ pub(super) fn resolve(geo: &Geometry, in_sp: &[usize]) -> Result<(Vec<usize>, Ve
     if geo.kernel.len() != sp || geo.strides.len() != sp || geo.dilations.len() != sp || geo.pads.len() != 2 * sp {
         return Err(format!("attributes do not match {sp} spatial dims"));
     }
+    #[allow(clippy::needless_range_loop)] // i indexes six parallel lists
     for i in 0..sp {
         let ek = (geo.kernel[i] - 1) * geo.dilations[i] + 1;
         let s = geo.strides[i];
@@ -131,7 +132,7 @@ pub(super) fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool
                 conv_padded_rows(c, gi, xg, cg, in_sp, &out_sp, &before, dstg, resg, pool);
                 continue;
             }
-            let fill: Box<dyn Fn(usize, usize, &mut [f32]) + Sync> = if pointwise {
+            let fill: Fill = if pointwise {
                 Box::new(move |p: usize, j0: usize, dst: &mut [f32]| copy_short(dst, &xg[p * isize + j0..p * isize + j0 + dst.len()]))
             } else {
                 im2col(xg, in_sp, &out_sp, &before, &c.geo)
@@ -242,9 +243,12 @@ fn conv_padded_rows(
     });
 }
 
+/// Fills a strip of B for [`gemm_lazy_b`]: `(row, first column, destination)`.
+type Fill<'a> = Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a>;
+
 /// The im2col matrix of one group — row (ci, kernel offset), column output position — as a
 /// function filling a strip of consecutive columns of one row, for [`gemm_lazy_b`].
-fn im2col<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a> {
+fn im2col<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Fill<'a> {
     let ksize: usize = geo.kernel.iter().product();
     let isize: usize = in_sp.iter().product();
     let sp = in_sp.len();

@@ -86,7 +86,6 @@ fn pool_isa(_d: &DepthwisePrep) -> Isa {
 
 /// One channel of a depthwise convolution, compiled for the ISA at hand.
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
