@@ -22,6 +22,7 @@ python3 tests/models/make_models.py target/models
 
 cargo build --release --locked
 echo "== clippy (warnings are errors)"
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
 
 echo "== benchmark models: aim against ONNX Runtime (reference and cpu backends)"
