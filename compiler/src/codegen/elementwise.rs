@@ -11,7 +11,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_codegen::ir::{types, AbiParam, Function, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{FuncId, Linkage, Module};
+use cranelift_module::{FuncId, Module};
 
 /// Emits the program for one element type (F32 for the tail, F32X4 for the body).
 struct Emit<'a, 'b> {
@@ -286,15 +286,7 @@ pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cf
 /// (call `JITModule::finalize_definitions` afterwards, through [`Jit`]) or an object module
 /// for ahead-of-time compilation. Exported (`Linkage::Export`) when `export`.
 pub fn compile_elementwise<M: Module>(module: &mut M, node: &str, name: &str, export: bool, prog: &[Inst], n_inputs: usize) -> Result<FuncId, CodegenError> {
-    let err = |msg: String| CodegenError { node: node.to_string(), msg };
-    let mut ctx = module.make_context();
-    let cfg = module.isa().frontend_config();
-    lower_elementwise(prog, n_inputs, &mut ctx.func, cfg);
-    let linkage = if export { Linkage::Export } else { Linkage::Local };
-    let id = module.declare_function(name, linkage, &ctx.func.signature).map_err(|e| err(e.to_string()))?;
-    module.define_function(id, &mut ctx).map_err(|e| err(format!("{e:?}")))?;
-    module.clear_context(&mut ctx);
-    Ok(id)
+    super::define(module, node, name, export, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg))
 }
 
 #[cfg(test)]

@@ -105,14 +105,15 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
     Ok(out)
 }
 
-/// The Cranelift IR and machine code of an `aim:Reduce` node's loop, as for
-/// [`elementwise_text`].
-pub fn reduce_text(name: &str, mode: ReduceMode, target: &Target) -> Result<(String, String), CodegenError> {
+/// The Cranelift IR of a function built by `lower`, and the machine code Cranelift compiles
+/// it to for `target` (its own disassembly: instructions after register allocation, no
+/// addresses), for `aim explore`. `name` names the function.
+fn function_text(name: &str, target: &Target, lower: impl FnOnce(&mut cranelift_codegen::ir::Function, cranelift_codegen::isa::TargetFrontendConfig)) -> Result<(String, String), CodegenError> {
     let err = |msg: String| CodegenError { node: name.to_string(), msg };
     let isa = isa_for(target)?;
     let mut func = cranelift_codegen::ir::Function::new();
     func.signature.call_conv = isa.default_call_conv();
-    lower_reduce(mode, &mut func, isa.frontend_config());
+    lower(&mut func, isa.frontend_config());
     func.name = cranelift_codegen::ir::UserFuncName::testcase(name);
     let clif = func.display().to_string();
     let mut ctx = cranelift_codegen::Context::for_function(func);
@@ -121,21 +122,34 @@ pub fn reduce_text(name: &str, mode: ReduceMode, target: &Target) -> Result<(Str
     Ok((clif, code.vcode.clone().unwrap_or_default()))
 }
 
-/// The Cranelift IR of the loop generated for an `aim:Elementwise` program, and the
-/// machine code Cranelift compiles it to for `target` (its own disassembly: instructions
-/// after register allocation, no addresses), for `aim explore`. `name` names the function.
+/// The Cranelift IR and machine code of an `aim:Elementwise` program's loop.
 pub fn elementwise_text(name: &str, prog: &[crate::ewprog::Inst], n_inputs: usize, target: &Target) -> Result<(String, String), CodegenError> {
-    let err = |msg: String| CodegenError { node: name.to_string(), msg };
-    let isa = isa_for(target)?;
-    let mut func = cranelift_codegen::ir::Function::new();
-    func.signature.call_conv = isa.default_call_conv();
-    lower_elementwise(prog, n_inputs, &mut func, isa.frontend_config());
-    func.name = cranelift_codegen::ir::UserFuncName::testcase(name);
-    let clif = func.display().to_string();
-    let mut ctx = cranelift_codegen::Context::for_function(func);
-    ctx.set_disasm(true);
-    let code = ctx.compile(&*isa, &mut cranelift_codegen::control::ControlPlane::default()).map_err(|e| err(format!("{:?}", e.inner)))?;
-    Ok((clif, code.vcode.clone().unwrap_or_default()))
+    function_text(name, target, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg))
+}
+
+/// The Cranelift IR and machine code of an `aim:Reduce` node's loop.
+pub fn reduce_text(name: &str, mode: ReduceMode, target: &Target) -> Result<(String, String), CodegenError> {
+    function_text(name, target, |f, cfg| lower_reduce(mode, f, cfg))
+}
+
+/// Declares and defines in `module` the function `lower` builds, under `name`; exported
+/// (`Linkage::Export`) when `export`. Errors name `node`.
+fn define<M: cranelift_module::Module>(
+    module: &mut M,
+    node: &str,
+    name: &str,
+    export: bool,
+    lower: impl FnOnce(&mut cranelift_codegen::ir::Function, cranelift_codegen::isa::TargetFrontendConfig),
+) -> Result<cranelift_module::FuncId, CodegenError> {
+    let err = |msg: String| CodegenError { node: node.to_string(), msg };
+    let mut ctx = module.make_context();
+    let cfg = module.isa().frontend_config();
+    lower(&mut ctx.func, cfg);
+    let linkage = if export { cranelift_module::Linkage::Export } else { cranelift_module::Linkage::Local };
+    let id = module.declare_function(name, linkage, &ctx.func.signature).map_err(|e| err(e.to_string()))?;
+    module.define_function(id, &mut ctx).map_err(|e| err(format!("{e:?}")))?;
+    module.clear_context(&mut ctx);
+    Ok(id)
 }
 
 /// A JIT module owning generated code. The code stays mapped until this is dropped, so

@@ -10,7 +10,7 @@ use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, AbiParam, BlockArg, Function, InstBuilder, MemFlagsData, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{FuncId, Linkage, Module};
+use cranelift_module::{FuncId, Module};
 
 /// What a reduction computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,15 +196,7 @@ pub fn lower_reduce(mode: ReduceMode, func: &mut Function, cfg: TargetFrontendCo
 
 /// Compiles one reduction into `module` under `name` (see [`super::compile_elementwise`]).
 pub fn compile_reduce<M: Module>(module: &mut M, node: &str, name: &str, export: bool, mode: ReduceMode) -> Result<FuncId, CodegenError> {
-    let err = |msg: String| CodegenError { node: node.to_string(), msg };
-    let mut ctx = module.make_context();
-    let cfg = module.isa().frontend_config();
-    lower_reduce(mode, &mut ctx.func, cfg);
-    let linkage = if export { Linkage::Export } else { Linkage::Local };
-    let id = module.declare_function(name, linkage, &ctx.func.signature).map_err(|e| err(e.to_string()))?;
-    module.define_function(id, &mut ctx).map_err(|e| err(format!("{e:?}")))?;
-    module.clear_context(&mut ctx);
-    Ok(id)
+    super::define(module, node, name, export, |f, cfg| lower_reduce(mode, f, cfg))
 }
 
 #[cfg(test)]

@@ -170,17 +170,23 @@ struct CPtr(*mut f32);
 unsafe impl Send for CPtr {}
 unsafe impl Sync for CPtr {}
 
+/// Panics unless C (m×n, leading dimension `ldc`) and the epilogue's operands are large
+/// enough: the microkernels write through raw pointers.
+fn check_c(m: usize, n: usize, c: &[f32], ldc: usize, ep: &Epilogue) {
+    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "C is too small");
+    if let Some(r) = ep.residual {
+        assert!(m == 0 || r.len() >= (m - 1) * ldc + n, "residual is too small");
+    }
+    assert!(ep.row_bias.is_none_or(|bb| bb.len() >= m) && ep.col_bias.is_none_or(|bb| bb.len() >= n), "bias too short");
+}
+
 /// C[m×n] (row-major, leading dimension `ldc`) = A·B, then the epilogue. A and B must have
 /// been packed for the same ISA and k blocking. Work is split by column panels of B.
 pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
     assert_eq!(a.isa, b.isa, "A and B packed for different ISAs");
     assert_eq!((a.k, a.kc), (b.k, b.kc), "A and B packed with different k or kc");
     let (m, n, isa) = (a.m, b.n, a.isa);
-    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "C is too small");
-    if let Some(r) = ep.residual {
-        assert!(m == 0 || r.len() >= (m - 1) * ldc + n, "residual is too small");
-    }
-    assert!(ep.row_bias.is_none_or(|bb| bb.len() >= m) && ep.col_bias.is_none_or(|bb| bb.len() >= n), "bias too short");
+    check_c(m, n, c, ldc, ep);
     let (mr, nr) = (isa.mr(), isa.nr());
     let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
     if m == 0 || n == 0 {
@@ -261,11 +267,7 @@ enum ARows<'a> {
 pub fn gemm_rows(a: &[f32], m: usize, k: usize, blocking: Blocking, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
     assert!(a.len() >= m * k && k == b.k, "A is {m}×{k} (holds {}), B is {}×{}", a.len(), b.k, b.n);
     let n = b.n;
-    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "C is too small");
-    if let Some(r) = ep.residual {
-        assert!(m == 0 || r.len() >= (m - 1) * ldc + n, "residual is too small");
-    }
-    assert!(ep.row_bias.is_none_or(|bb| bb.len() >= m) && ep.col_bias.is_none_or(|bb| bb.len() >= n), "bias too short");
+    check_c(m, n, c, ldc, ep);
     if m == 0 || n == 0 {
         return;
     }
@@ -427,11 +429,7 @@ pub fn gemm_lazy_b(
     par: &dyn Parallel,
 ) {
     let (m, k, kc, isa) = (a.m, a.k, a.kc, a.isa);
-    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "C is too small");
-    if let Some(r) = ep.residual {
-        assert!(m == 0 || r.len() >= (m - 1) * ldc + n, "residual is too small");
-    }
-    assert!(ep.row_bias.is_none_or(|bb| bb.len() >= m) && ep.col_bias.is_none_or(|bb| bb.len() >= n), "bias too short");
+    check_c(m, n, c, ldc, ep);
     if m == 0 || n == 0 {
         return;
     }
