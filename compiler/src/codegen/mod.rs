@@ -6,6 +6,7 @@
 //! compilation (tested; `aim compile` is not built yet).
 
 mod elementwise;
+mod micro;
 mod reduce;
 
 pub use elementwise::{compile_elementwise, lower_elementwise};
@@ -150,6 +151,26 @@ fn define<M: cranelift_module::Module>(
     module.define_function(id, &mut ctx).map_err(|e| err(format!("{e:?}")))?;
     module.clear_context(&mut ctx);
     Ok(id)
+}
+
+/// Compiles the portable GEMM microkernel with Cranelift for `target` and installs it for
+/// this process (`aim_kernels::gemm::install_portable`); the code stays mapped for the rest
+/// of the process. Returns whether a generated kernel is now in use.
+pub fn install_portable_microkernel(target: &Target) -> Result<bool, CodegenError> {
+    static DONE: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    let r = DONE.get_or_init(|| {
+        let mut jit = Jit::new(target).map_err(|e| e.msg)?;
+        let fma = target.features.fma;
+        let id = define(jit.module(), "", "aim_portable_micro", false, |f, cfg| micro::lower_micro(f, cfg, fma)).map_err(|e| e.msg)?;
+        jit.module().finalize_definitions().map_err(|e| e.to_string())?;
+        let p = jit.module().get_finalized_function(id);
+        // The code must outlive every program: the module is never freed.
+        std::mem::forget(jit);
+        // SAFETY: the function has exactly this signature (six pointer-sized integers, the
+        // platform C convention) and computes the portable kernel's tile (tested).
+        Ok(unsafe { aim_kernels::gemm::install_portable(std::mem::transmute::<*const u8, aim_kernels::gemm::MicroFn>(p)) })
+    });
+    r.clone().map_err(|msg| CodegenError { node: String::new(), msg })
 }
 
 /// A JIT module owning generated code. The code stays mapped until this is dropped, so

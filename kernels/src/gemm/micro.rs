@@ -2,6 +2,29 @@
 //! whole tile of accumulators held in vector registers.
 
 use super::Isa;
+use std::sync::OnceLock;
+
+/// The portable microkernel's contract as a C function (`acc` 0 or 1), for a kernel generated
+/// at run time (by the compiler's Cranelift back end) to stand in for the Rust one.
+pub type MicroFn = unsafe extern "C" fn(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: usize);
+
+/// The generated portable microkernel, when one has been installed for this process.
+static GENERATED: OnceLock<MicroFn> = OnceLock::new();
+
+/// Installs `f` as this process's portable microkernel (`Isa::Portable`: 4×16 tiles over the
+/// same packed panels). The first installation stays; returns whether this one did.
+///
+/// # Safety
+/// `f` must compute exactly what the portable kernel computes, for every `kc`, and stay
+/// callable for the rest of the process.
+pub unsafe fn install_portable(f: MicroFn) -> bool {
+    GENERATED.set(f).is_ok()
+}
+
+/// Whether a generated portable microkernel is in use.
+pub fn portable_is_generated() -> bool {
+    GENERATED.get().is_some()
+}
 
 /// Runs the microkernel of `isa` over `kc` steps.
 ///
@@ -16,7 +39,10 @@ pub(crate) unsafe fn run(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *
         Isa::Avx2 => avx2(kc, a, b, c, ldc, acc),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon(kc, a, b, c, ldc, acc),
-        _ => portable(kc, a, b, c, ldc, acc),
+        _ => match GENERATED.get() {
+            Some(f) => f(kc, a, b, c, ldc, acc as usize),
+            None => portable(kc, a, b, c, ldc, acc),
+        },
     }
 }
 

@@ -10,6 +10,7 @@
 mod micro;
 mod pack;
 
+pub use micro::{install_portable, portable_is_generated, MicroFn};
 pub use pack::{PackedA, PackedB};
 
 /// The microkernel family to use.
