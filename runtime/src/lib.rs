@@ -1,10 +1,11 @@
 //! `aim-runtime`: running graphs.
 //!
-//! Today this is the reference executor: it binds a graph's inputs (checking them against
-//! the declared types, symbolic dims included), runs the nodes in order with the reference
-//! kernels of `aim-kernels`, frees each value after its last use, and runs the control-flow
-//! ops (If, Loop, Scan) by executing their subgraphs. Tensors are `aim_ir::Tensor`:
-//! 64-byte aligned, owned, shared or memory-mapped.
+//! The executor binds a graph's inputs (checking them against the declared types, symbolic
+//! dims included), runs the nodes in order, frees each value after its last use, and runs
+//! the control-flow ops (If, Loop, Scan) by executing their subgraphs: with the reference
+//! kernels of `aim-kernels` (the reference backend), or as a [`cpu::CpuProgram`] whose
+//! nodes run prepared, packed and generated kernels (the cpu backend). Tensors are
+//! `aim_ir::Tensor`: 64-byte aligned, owned, shared or memory-mapped.
 //!
 //! Architecture invariant: this crate never depends on Cranelift, so ahead-of-time
 //! compiled models run with the runtime alone.

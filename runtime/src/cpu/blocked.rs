@@ -33,7 +33,8 @@ const WINOGRAD_MAX_BYTES: usize = 16 << 20;
 
 /// Whether a convolution runs as Winograd F(4×4, 3×3): 3×3, stride 1, no dilation, one
 /// group, blocked input, a filter whose transform fits [`WINOGRAD_MAX_BYTES`], and enough
-/// input channels for the 36 products to be real matrix products.
+/// input channels for the 36 products to be real matrix products. `AIM_NO_WINOGRAD` (set
+/// to anything) turns it off, for comparisons.
 #[allow(clippy::too_many_arguments)]
 fn use_winograd(kh: usize, kw: usize, geo: &Geometry, group: usize, input: Layout, cin: usize, cout: usize, lanes: usize) -> bool {
     let off = std::env::var_os("AIM_NO_WINOGRAD").is_some();

@@ -1,6 +1,8 @@
-//! The CPU program: an optimised graph whose `aim:Conv` and `aim:Dense` nodes run as packed
-//! GEMMs (weights packed once, here) or direct depthwise loops with fused epilogues, on a
-//! persistent thread pool; every other node runs its reference kernel.
+//! The CPU program: an optimised graph whose `aim` nodes run prepared kernels (weights
+//! packed once, here) — blocked NCHWc convolutions, Winograd, depthwise and pooling, packed
+//! GEMMs for dense layers and other convolutions, the elementwise loops and reductions the
+//! compiler generated — on a persistent thread pool; other nodes run the fast f32 kernels
+//! where they apply, else their reference kernels.
 
 use crate::exec::{run_node, run_with, RunError, Runner, Scope};
 use crate::pool::ThreadPool;
