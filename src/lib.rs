@@ -120,7 +120,13 @@ pub(crate) fn compile_cpu(mut g: aim_ir::Graph, target: &aim_compiler::target::T
     }
     aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false).map_err(|source| Error::Pass { path: path.to_string(), source })?;
     let code = aim_compiler::codegen::generate(&g, target).map_err(|source| Error::Codegen { path: path.to_string(), source })?;
-    Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code)?)
+    let placement = placement(&aim_compiler::memory_plan::plan(&g));
+    Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code, &placement)?)
+}
+
+/// The runtime's view of a memory plan: each placed value's offset and size.
+pub(crate) fn placement(plan: &aim_compiler::memory_plan::MemoryPlan) -> aim_runtime::cpu::Placement {
+    aim_runtime::cpu::Placement { arena_bytes: plan.arena_bytes, slots: plan.slots.iter().map(|s| (s.name.clone(), (s.offset, s.bytes))).collect() }
 }
 
 /// A loaded model, ready to run.

@@ -335,13 +335,18 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()
     }
     let plan = aim_compiler::memory_plan::plan(g);
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let allocated: usize = plan.allocated.iter().map(|a| a.1).sum();
     writeln!(
         out,
-        "memory: intermediates {:.1} MiB in all; one arena planned by lifetime, {} outputs in place: {:.1} MiB{} (the executor does not use the arena yet)",
-        mib(plan.total_bytes),
-        plan.slots.iter().filter(|s| s.in_place_of.is_some()).count(),
+        "memory: arena {:.1} MiB holds {:.1} MiB of kernel outputs ({} values, {} in place, {} views); {} values ({:.1} MiB) allocated by library kernels or returned{}",
         mib(plan.arena_bytes),
-        if plan.dynamic.is_empty() { String::new() } else { format!(", {} tensors of dynamic size not planned", plan.dynamic.len()) }
+        mib(plan.placed_bytes),
+        plan.slots.iter().filter(|s| s.view_of.is_none()).count(),
+        plan.slots.iter().filter(|s| s.in_place_of.is_some()).count(),
+        plan.slots.iter().filter(|s| s.view_of.is_some()).count(),
+        plan.allocated.len(),
+        mib(allocated),
+        if plan.dynamic.is_empty() { String::new() } else { format!(", {} of dynamic size", plan.dynamic.len()) }
     )?;
     Ok(())
 }

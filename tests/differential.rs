@@ -357,3 +357,58 @@ fn shape_specialisation_per_input_signature() {
         assert!(!g.nodes.iter().any(|n| n.op == "Shape"), "the shape arithmetic was folded: {:?}", g.nodes.iter().map(|n| &n.op).collect::<Vec<_>>());
     }
 }
+
+/// The arena: an elementwise loop overwrites the dense output it reads (in place), Flatten
+/// views share their source's bytes, a library kernel (Softmax) reads such a view in place,
+/// and a view that is a graph output is copied out. Two runs with different inputs (the
+/// second finds the first's values in the arena, the first finds NaN) both match the
+/// reference.
+#[test]
+fn arena_in_place_views_and_reuse() {
+    let mut r = Rng(5);
+    let (m, k, n) = (5, 24, 40);
+    let f32s = |name: &str, dims: &[i64], r: &mut Rng| f32_tensor(name, dims, &r.values(dims.iter().product::<i64>() as usize));
+    let inits = vec![
+        f32s("W1", &[k, n], &mut r),
+        f32s("b1", &[n], &mut r),
+        f32_tensor("s", &[], &[0.75]),
+        f32s("W2", &[n, 16], &mut r),
+        f32s("b2", &[16], &mut r),
+    ];
+    let nodes = vec![
+        node("MatMul", "fc1", &["x", "W1"], &["h0"], vec![]),
+        node("Add", "fc1_bias", &["h0", "b1"], &["h"], vec![]),
+        node("Abs", "act", &["h"], &["t"], vec![]),
+        node("Mul", "scale", &["t", "s"], &["u"], vec![]),
+        node("Flatten", "rows", &["u"], &["v"], vec![int_attr("axis", 2)]),
+        node("MatMul", "fc2", &["v", "W2"], &["y0"], vec![]),
+        node("Add", "fc2_bias", &["y0", "b2"], &["y"], vec![]),
+        node("Flatten", "flat", &["u"], &["f"], vec![int_attr("axis", 1)]),
+        node("Softmax", "sm", &["v"], &["z"], vec![int_attr("axis", -1)]),
+    ];
+    let outputs = vec![
+        value("y", 1, &[Ok(2 * m), Ok(16)]),
+        value("z", 1, &[Ok(2 * m), Ok(n)]),
+        value("f", 1, &[Ok(2), Ok(m * n)]),
+    ];
+    let model = model(nodes, vec![value("x", 1, &[Ok(2), Ok(m), Ok(k)])], outputs, inits, 17);
+    let d = tempdir("arena");
+    let path = d.join("m.onnx");
+    std::fs::write(&path, &model).unwrap();
+    let cpu = Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+    let plan = aim_compiler::memory_plan::plan(cpu.optimized_graph().unwrap());
+    assert!(plan.slots.iter().any(|s| s.in_place_of.is_some()), "the |h|·scale loop runs in place: {plan:?}");
+    assert_eq!(plan.slots.iter().filter(|s| s.view_of.is_some()).count(), 1, "the Flatten read by fc2 is a view: {plan:?}");
+    assert!(plan.allocated.iter().any(|(v, _)| v == "f"), "the Flatten that is an output is allocated: {plan:?}");
+    let reference = Model::load_with(&path, Backend::Reference).unwrap();
+    for round in 0..2 {
+        let x = Tensor::from_vec(&[2, m as usize, k as usize], r.values(2 * (m * k) as usize));
+        let want = reference.run(vec![("x".into(), x.clone())]).unwrap();
+        let got = cpu.run(vec![("x".into(), x)]).unwrap();
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w.shape(), "round {round}, output {name}");
+            let worst = g.to_f64_vec().iter().zip(w.to_f64_vec()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst <= 1e-5, "round {round}, output {name}: max error {worst:e}");
+        }
+    }
+}

@@ -23,7 +23,16 @@ enum Storage {
     /// When they are not aligned for the element type, an aligned copy is made the first
     /// time the elements are viewed as typed values (never, for a model only inspected).
     Shared { bytes: bytes::Bytes, aligned: std::sync::OnceLock<Vec<Block>> },
+    /// Memory owned by someone else (an executor's arena), valid and unchanged for as long
+    /// as the tensor lives: see [`Tensor::borrowed`].
+    Borrowed { ptr: *const u8, len: usize },
 }
+
+// SAFETY: every variant is read-only shared data; `Borrowed` memory is, by the contract of
+// `Tensor::borrowed`, valid and unwritten while any tensor over it lives, whatever thread
+// reads it.
+unsafe impl Send for Storage {}
+unsafe impl Sync for Storage {}
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
@@ -31,6 +40,8 @@ impl Storage {
             Storage::Owned { blocks, len } => &bytemuck::cast_slice::<Block, u8>(blocks)[..*len],
             Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
             Storage::Shared { bytes, .. } => bytes,
+            // SAFETY: the contract of `Tensor::borrowed`.
+            Storage::Borrowed { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
         }
     }
 
@@ -66,7 +77,7 @@ impl Storage {
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Storage::Owned { blocks, len } => &mut bytemuck::cast_slice_mut::<Block, u8>(blocks)[..*len],
-            Storage::Mapped { .. } | Storage::Shared { .. } => unreachable!("borrowed storage is copied before writing"),
+            Storage::Mapped { .. } | Storage::Shared { .. } | Storage::Borrowed { .. } => unreachable!("borrowed storage is copied before writing"),
         }
     }
 }
@@ -121,6 +132,21 @@ impl Tensor {
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();
         Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::zeroed(n * dtype.size())) }
+    }
+
+    /// A tensor over `len` bytes at `ptr` that it neither owns nor copies: how an executor
+    /// hands values in its arena to kernels that take tensors. Writing through the tensor
+    /// copies the bytes first, as for any shared tensor.
+    ///
+    /// # Safety
+    /// `ptr` must be aligned for `dtype` and valid for reads of `len` bytes, and those bytes
+    /// must not change, for as long as this tensor or any clone of it lives.
+    pub unsafe fn borrowed(dtype: DType, shape: &[usize], ptr: *const u8, len: usize) -> Result<Tensor, SizeMismatch> {
+        let n: usize = shape.iter().product();
+        if n * dtype.size() != len {
+            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: len });
+        }
+        Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::Borrowed { ptr, len }) })
     }
 
     /// A tensor copied from little-endian bytes.

@@ -33,7 +33,7 @@ impl Scope<'_> {
 }
 
 /// Checks `t` against the declared type of input `name`, binding symbolic dims in `syms`.
-fn check_input(name: &str, decl: &aim_ir::ValueType, t: &Tensor, syms: &mut HashMap<String, usize>) -> Result<(), RunError> {
+pub(crate) fn check_input(name: &str, decl: &aim_ir::ValueType, t: &Tensor, syms: &mut HashMap<String, usize>) -> Result<(), RunError> {
     let bad = |reason: String| RunError::BadInput { name: name.to_string(), reason };
     if let Some(d) = decl.dtype {
         if d != t.dtype() {

@@ -272,12 +272,13 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
     let memory = aim_compiler::memory_plan::plan(&g);
     let slots: BTreeMap<&str, &aim_compiler::memory_plan::Slot> = memory.slots.iter().map(|s| (s.name.as_str(), s)).collect();
     let code = aim_compiler::codegen::generate(&g, &target)?;
-    let prog = aim_runtime::cpu::CpuProgram::new(g.clone(), target.gemm_isa(), target.gemm_blocking(), 1, code)?;
+    let prog = aim_runtime::cpu::CpuProgram::new(g.clone(), target.gemm_isa(), target.gemm_blocking(), 1, code, &crate::placement(&memory))?;
     let mut scheduled = vec![Line {
         text: format!(
-            "; arena: {} bytes for {} bytes of intermediates (first fit by lifetime); microkernels: {:?}, kc {}, mc {}",
+            "; arena: {} bytes for {} bytes of kernel outputs (first fit by lifetime); {} values allocated by library kernels or returned; microkernels: {:?}, kc {}, mc {}",
             memory.arena_bytes,
-            memory.total_bytes,
+            memory.placed_bytes,
+            memory.allocated.len(),
             target.gemm_isa(),
             target.gemm_blocking().kc,
             target.gemm_blocking().mc
@@ -291,8 +292,16 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
             .iter()
             .filter(|o| !o.is_empty())
             .map(|o| match slots.get(o.as_str()) {
-                Some(s) => format!("%{o} @ arena[{}..{}]", s.offset, s.offset + s.bytes),
-                None => format!("%{o} (size known at run time)"),
+                Some(s) => {
+                    let how = match (&s.view_of, &s.in_place_of) {
+                        (Some(v), _) => format!(" (view of %{v})"),
+                        (_, Some(v)) => format!(" (in place of %{v})"),
+                        _ => String::new(),
+                    };
+                    format!("%{o} @ arena[{}..{}]{how}", s.offset, s.offset + s.bytes)
+                }
+                None if memory.dynamic.contains(o) => format!("%{o} (size known at run time)"),
+                None => format!("%{o} (allocated)"),
             })
             .collect();
         let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };

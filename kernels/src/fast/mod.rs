@@ -9,7 +9,9 @@
 mod copy;
 pub mod math;
 mod ops;
+mod output;
 
 pub use copy::copy_short;
 
 pub use ops::{kernel, Ctx, FastKernel};
+pub use output::OutSlot;

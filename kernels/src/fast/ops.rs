@@ -3,6 +3,7 @@
 use super::math;
 use crate::gemm::{gemm, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel, Sequential};
 use crate::util::{axis, broadcast_offsets, broadcast_shapes, strides, Result};
+use super::output::{OutSlot, Output};
 use aim_ir::{DType, Node, Tensor};
 
 /// What a fast kernel runs with.
@@ -13,6 +14,8 @@ pub struct Ctx<'a> {
     pub isa: Isa,
     /// GEMM cache blocking.
     pub blocking: Blocking,
+    /// Where to write the first output, if the executor offers a place.
+    pub out: Option<OutSlot>,
 }
 
 /// A fast kernel: `None` when it does not handle this case.
@@ -183,13 +186,13 @@ versions!(map, map_generic, (s: &[f32], d: &mut [f32]));
 
 fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = f32_in(ins, 0)?;
-    let mut y = Tensor::zeros(DType::F32, x.shape());
+    let mut y = Output::new(cx.out, DType::F32, x.shape());
     let xd = x.data::<f32>();
     let isa = cx.isa;
     macro_rules! go {
         ($f:expr) => {{
             let f = $f;
-            chunked(cx.par, xd.len(), y.data_mut::<f32>(), &|r, d| map(isa, &xd[r], d, &f));
+            chunked(cx.par, xd.len(), y.bits_mut(), &|r, d| map(isa, &xd[r], d, &f));
         }};
     }
     match n.op.as_str() {
@@ -208,7 +211,7 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
         "Gelu" => go!(|v: f32| 0.5 * v * (1.0 + math::erf(v * std::f32::consts::FRAC_1_SQRT_2))),
         _ => return None,
     }
-    Some(Ok(vec![y]))
+    Some(Ok(vec![y.finish()]))
 }
 
 #[inline(always)]
@@ -231,14 +234,14 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
             return None;
         }
         let e = b.data::<f32>()[0];
-        let mut y = Tensor::zeros(DType::F32, a.shape());
+        let mut y = Output::new(cx.out, DType::F32, a.shape());
         let ad = a.data::<f32>();
         match e {
-            2.0 => chunked(cx.par, ad.len(), y.data_mut::<f32>(), &|r, d| map(isa, &ad[r], d, &|v: f32| v * v)),
-            0.5 => chunked(cx.par, ad.len(), y.data_mut::<f32>(), &|r, d| map(isa, &ad[r], d, &f32::sqrt)),
+            2.0 => chunked(cx.par, ad.len(), y.bits_mut(), &|r, d| map(isa, &ad[r], d, &|v: f32| v * v)),
+            0.5 => chunked(cx.par, ad.len(), y.bits_mut(), &|r, d| map(isa, &ad[r], d, &f32::sqrt)),
             _ => return None,
         }
-        return Some(Ok(vec![y]));
+        return Some(Ok(vec![y.finish()]));
     }
     let op = match n.op.as_str() {
         "Add" => 0,
@@ -251,12 +254,12 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         Err(e) => return Some(Err(e)),
     };
     let total: usize = shape.iter().product();
-    let mut y = Tensor::zeros(DType::F32, &shape);
+    let mut y = Output::new(cx.out, DType::F32, &shape);
     let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
     let ident = |v: f32| v;
     if a.shape() == b.shape() {
-        chunked(cx.par, total, y.data_mut::<f32>(), &|r, d| zip(isa, &ad[r.clone()], &bd[r], d, op, &ident));
-        return Some(Ok(vec![y]));
+        chunked(cx.par, total, y.bits_mut(), &|r, d| zip(isa, &ad[r.clone()], &bd[r], d, op, &ident));
+        return Some(Ok(vec![y.finish()]));
     }
     // One operand repeats along the leading dims: with its leading 1s dropped, its shape is
     // the big operand's trailing dims (a row of `inner` values, or a scalar).
@@ -267,7 +270,7 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         };
         big.shape() == shape.as_slice() && !small.is_empty() && s.len() <= shape.len() && shape[shape.len() - s.len()..] == *s
     };
-    let yd = y.data_mut::<f32>();
+    let yd = y.bits_mut();
     if row(b, a) || row(a, b) {
         let (big, small, swapped) = if row(b, a) { (ad, bd, false) } else { (bd, ad, true) };
         let inner = small.len();
@@ -289,7 +292,7 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
                 zip(isa, &big[r], t, d, op, &ident);
             }
         });
-        return Some(Ok(vec![y]));
+        return Some(Ok(vec![y.finish()]));
     }
     // General broadcast: index maps, still f32.
     let (oa, ob) = (broadcast_offsets(a.shape(), &shape), broadcast_offsets(b.shape(), &shape));
@@ -302,7 +305,7 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
             _ => x / v,
         };
     }
-    Some(Ok(vec![y]))
+    Some(Ok(vec![y.finish()]))
 }
 
 /// A row function: `(row index, source row, destination row)`.
@@ -329,10 +332,10 @@ fn softmax(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
         return None;
     }
     let len = x.shape()[x.rank() - 1];
-    let mut y = Tensor::zeros(DType::F32, x.shape());
+    let mut y = Output::new(cx.out, DType::F32, x.shape());
     let isa = cx.isa;
-    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| softmax_row(isa, s, d));
-    Some(Ok(vec![y]))
+    rows(cx.par, x.data::<f32>(), y.bits_mut(), len, &|_, s, d| softmax_row(isa, s, d));
+    Some(Ok(vec![y.finish()]))
 }
 
 fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
@@ -348,10 +351,10 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<T
         None => None,
     };
     let eps = n.float("epsilon", 1e-5);
-    let mut y = Tensor::zeros(DType::F32, x.shape());
+    let mut y = Output::new(cx.out, DType::F32, x.shape());
     let isa = cx.isa;
-    rows(cx.par, x.data::<f32>(), y.data_mut::<f32>(), len, &|_, s, d| layer_norm_row(isa, s, d, scale, bias, eps));
-    Some(Ok(vec![y]))
+    rows(cx.par, x.data::<f32>(), y.bits_mut(), len, &|_, s, d| layer_norm_row(isa, s, d, scale, bias, eps));
+    Some(Ok(vec![y.finish()]))
 }
 
 fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
@@ -372,8 +375,8 @@ fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Te
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
     let st = strides(x.shape());
     let src: &[f32] = bytemuck_f32(x);
-    let mut y = Tensor::zeros(x.dtype(), &shape);
-    let dst: &mut [f32] = bytemuck_f32_mut(&mut y);
+    let mut y = Output::new(cx.out, x.dtype(), &shape);
+    let dst: &mut [f32] = y.bits_mut();
     // Copy runs of the output's last dim; contiguous in the source when the last axis stays.
     let inner = shape[r - 1];
     let inner_step = st[perm[r - 1]];
@@ -402,7 +405,7 @@ fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Te
             }
         }
     });
-    Some(Ok(vec![y]))
+    Some(Ok(vec![y.finish()]))
 }
 
 /// A 4-byte-element tensor's bits as f32 (transpose moves bits, whatever the type).
@@ -412,14 +415,6 @@ fn bytemuck_f32(t: &Tensor) -> &[f32] {
         DType::I32 => bytemuck::cast_slice(t.data::<i32>()),
         DType::U32 => bytemuck::cast_slice(t.data::<u32>()),
         _ => unreachable!("transpose checks for 4-byte elements"),
-    }
-}
-
-fn bytemuck_f32_mut(t: &mut Tensor) -> &mut [f32] {
-    match t.dtype() {
-        DType::F32 => t.data_mut::<f32>(),
-        DType::I32 => bytemuck::cast_slice_mut(t.data_mut::<i32>()),
-        _ => bytemuck::cast_slice_mut(t.data_mut::<u32>()),
     }
 }
 
@@ -438,10 +433,10 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     let (oa, ob) = (broadcast_offsets(ab, &batch), broadcast_offsets(bb, &batch));
     let mut shape = batch.clone();
     shape.extend([m, nn]);
-    let mut y = Tensor::zeros(DType::F32, &shape);
+    let mut y = Output::new(cx.out, DType::F32, &shape);
     let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
     let (isa, blocking) = (cx.isa, cx.blocking);
-    let out = Out(y.data_mut::<f32>().as_mut_ptr());
+    let out = Out(y.bits_mut().as_mut_ptr());
     let nbatch = oa.len();
     let one = |i: usize, par: &dyn Parallel| {
         let out = out;
@@ -456,7 +451,7 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     } else {
         (0..nbatch).for_each(|i| one(i, cx.par));
     }
-    Some(Ok(vec![y]))
+    Some(Ok(vec![y.finish()]))
 }
 
 fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
@@ -485,9 +480,9 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     let (oh, ow) = ((th - kh) / sh + 1, (tw - kw) / sw + 1);
     let is_max = n.op == "MaxPool";
     let include_pad = n.int("count_include_pad", 0) != 0;
-    let mut y = Tensor::zeros(DType::F32, &[nb, c, oh, ow]);
+    let mut y = Output::new(cx.out, DType::F32, &[nb, c, oh, ow]);
     let xd = x.data::<f32>();
-    let out = Out(y.data_mut::<f32>().as_mut_ptr());
+    let out = Out(y.bits_mut().as_mut_ptr());
     // Separable: for each output row, reduce the window's input rows into one row (a
     // vectorisable pass over whole rows), then reduce each window's columns of that row.
     cx.par.for_each(nb * c, &|plane| {
@@ -528,7 +523,7 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
             }
         }
     });
-    Some(Ok(vec![y]))
+    Some(Ok(vec![y.finish()]))
 }
 
 fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
@@ -540,14 +535,14 @@ fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Re
     let size: usize = x.shape()[2..].iter().product();
     let mut shape = x.shape().to_vec();
     shape[2..].iter_mut().for_each(|d| *d = 1);
-    let mut y = Tensor::zeros(DType::F32, &shape);
+    let mut y = Output::new(cx.out, DType::F32, &shape);
     let xd = x.data::<f32>();
-    let out = Out(y.data_mut::<f32>().as_mut_ptr());
+    let out = Out(y.bits_mut().as_mut_ptr());
     cx.par.for_each(planes, &|i| {
         let out = out;
         let s: f32 = xd[i * size..(i + 1) * size].iter().sum();
         // SAFETY: element i is written by task i only.
         unsafe { *out.0.add(i) = s / size as f32 };
     });
-    Some(Ok(vec![y]))
+    Some(Ok(vec![y.finish()]))
 }

@@ -3,10 +3,10 @@
 //! `aim:FromBlocked` reorders at the edges of a blocked region.
 
 use super::conv::{geometry, resolve, Geometry};
-use super::{activation, const_f32, prep_err, Prepared};
+use super::{activation, check_residual, const_f32, prep_err, In, Out, Prepared};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
-use aim_ir::{DType, Graph, Node, Tensor};
+use aim_ir::{Graph, Node};
 use aim_kernels::gemm::{Activation, Blocking, Isa};
 use aim_kernels::nchwc::{self, ConvIo, Layout};
 
@@ -88,9 +88,9 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
 }
 
 /// Runs a blocked convolution on `x` (blocked, or NCHW for `in_layout = "NCHW"`).
-pub(super) fn run(c: &BlockedConv, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPool) -> Result<Tensor, String> {
+pub(super) fn run(c: &BlockedConv, x: In, residual: Option<In>, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
     let l = c.lanes;
-    let xs = x.shape();
+    let xs = x.shape;
     let ok = match c.input {
         Layout::Nchw => xs.len() == 4 && xs[1] == c.cin,
         Layout::Blocked => xs.len() == 5 && xs[1] == c.cin.div_ceil(l) && xs[4] == l,
@@ -102,22 +102,17 @@ pub(super) fn run(c: &BlockedConv, x: &Tensor, residual: Option<&Tensor>, pool: 
     let (out, before) = resolve(&c.geo, &[h, w])?;
     let (oh, ow) = (out[0], out[1]);
     let shape = [n, c.cout.div_ceil(l), oh, ow, l];
-    let res = match residual {
-        None => None,
-        Some(t) if t.dtype() == DType::F32 && t.shape() == shape => Some(t.data::<f32>()),
-        Some(t) => return Err(format!("residual {}{:?} does not match the output {shape:?}", t.dtype(), t.shape())),
-    };
-    let mut y = Tensor::zeros(DType::F32, &shape);
+    let res = check_residual(residual, &shape)?;
     // Padding after: what the last window needs beyond the input, if anything.
     let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
     let pads = [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
-    let io = ConvIo { x: x.data::<f32>(), batch: n, h, w, pads, oh, ow, residual: res, y: y.data_mut::<f32>() };
+    let io = ConvIo { x: x.data, batch: n, h, w, pads, oh, ow, residual: res, y: y.take(&shape) };
     match &c.kernel {
         Kernel::Conv(k) => k.run(io, pool)?,
         Kernel::Depthwise(k) => k.run(io, pool)?,
         Kernel::Winograd(k) => k.run(io, pool)?,
     }
-    Ok(y)
+    Ok(())
 }
 
 /// A reorder between NCHW and the blocked layout.
@@ -139,22 +134,22 @@ pub(super) fn prepare_reorder(n: &Node, isa: Isa) -> Result<Prepared, RunError> 
 }
 
 /// Runs a reorder.
-pub(super) fn run_reorder(r: &Reorder, x: &Tensor, pool: &ThreadPool) -> Result<Tensor, String> {
-    let (xs, l) = (x.shape(), r.lanes);
+pub(super) fn run_reorder(r: &Reorder, x: In, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+    let (xs, l) = (x.shape, r.lanes);
     if r.to_blocked {
         if xs.len() != 4 {
             return Err(format!("expected an NCHW input, got {xs:?}"));
         }
-        let mut y = Tensor::zeros(DType::F32, &[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l]);
-        nchwc::to_blocked(x.data::<f32>(), xs[0], xs[1], xs[2] * xs[3], l, y.data_mut::<f32>(), pool);
-        Ok(y)
+        let y = y.take(&[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l]);
+        nchwc::to_blocked(x.data, xs[0], xs[1], xs[2] * xs[3], l, y, pool);
+        Ok(())
     } else {
         if xs.len() != 5 || xs[4] != l || xs[1] != r.channels.div_ceil(l) {
             return Err(format!("expected a blocked input of {} channels, got {xs:?}", r.channels));
         }
-        let mut y = Tensor::zeros(DType::F32, &[xs[0], r.channels, xs[2], xs[3]]);
-        nchwc::from_blocked(x.data::<f32>(), xs[0], r.channels, xs[2] * xs[3], l, y.data_mut::<f32>(), pool);
-        Ok(y)
+        let y = y.take(&[xs[0], r.channels, xs[2], xs[3]]);
+        nchwc::from_blocked(x.data, xs[0], r.channels, xs[2] * xs[3], l, y, pool);
+        Ok(())
     }
 }
 
@@ -219,8 +214,8 @@ pub(super) fn prepare_pool(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
 }
 
 /// Runs blocked pooling on `x`.
-pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: &Tensor, pool: &ThreadPool) -> Result<Tensor, String> {
-    let xs = x.shape();
+pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+    let xs = x.shape;
     let (l, expect) = match p {
         BlockedPool::Window(_, l) => (*l, None),
         BlockedPool::GlobalAverage { channels, lanes } => (*lanes, Some(channels.div_ceil(*lanes))),
@@ -232,14 +227,14 @@ pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: &Tensor, pool: &ThreadPool)
     match p {
         BlockedPool::Window(win, _) => {
             let (oh, ow) = win.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", win.kernel))?;
-            let mut y = Tensor::zeros(DType::F32, &[n, blocks, oh, ow, l]);
-            win.run(isa, x.data::<f32>(), n, blocks, h, w, y.data_mut::<f32>(), pool)?;
-            Ok(y)
+            let y = y.take(&[n, blocks, oh, ow, l]);
+            win.run(isa, x.data, n, blocks, h, w, y, pool)?;
+            Ok(())
         }
         BlockedPool::GlobalAverage { channels, .. } => {
-            let mut y = Tensor::zeros(DType::F32, &[n, *channels, 1, 1]);
-            nchwc::global_average(isa, x.data::<f32>(), n, *channels, h * w, y.data_mut::<f32>(), pool)?;
-            Ok(y)
+            let y = y.take(&[n, *channels, 1, 1]);
+            nchwc::global_average(isa, x.data, n, *channels, h * w, y, pool)?;
+            Ok(())
         }
     }
 }

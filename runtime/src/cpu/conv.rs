@@ -2,11 +2,11 @@
 //! ones straight from the input, the other ranks over im2col strips.
 
 use super::phases::phase_row;
-use super::{activation, check_residual, const_f32, prep_err, OutPtr, Prepared};
+use super::{activation, check_residual, const_f32, prep_err, In, Out, OutPtr, Prepared};
 use super::depthwise::DepthwisePrep;
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
-use aim_ir::{DType, Graph, Node, Tensor};
+use aim_ir::{Graph, Node};
 use aim_kernels::fast::copy_short;
 use aim_kernels::gemm::{gemm_lazy_b, Activation, Blocking, Epilogue, Isa, PackedA, Parallel};
 
@@ -101,8 +101,8 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     Ok(Prepared::Conv(Box::new(ConvPrep { weights, bias, act, group, m, cin: cg * group, geo })))
 }
 
-pub(super) fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPool) -> Result<Tensor, String> {
-    let xs = x.shape();
+pub(super) fn run_conv(c: &ConvPrep, x: In, residual: Option<In>, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+    let xs = x.shape;
     let sp = c.geo.kernel.len();
     if xs.len() != sp + 2 || xs[1] != c.cin {
         return Err(format!("input {xs:?} does not fit {} input channels and a {sp}-D kernel", c.cin));
@@ -113,12 +113,11 @@ pub(super) fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool
     let mut shape = vec![nb, c.m];
     shape.extend(&out_sp);
     let res = check_residual(residual, &shape)?;
-    let mut y = Tensor::zeros(DType::F32, &shape);
     let (cg, mg) = (c.cin / c.group, c.m / c.group);
     let ksize: usize = c.geo.kernel.iter().product();
-    let xd = x.data::<f32>();
+    let xd = x.data;
     let pointwise = ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
-    let yd = y.data_mut::<f32>();
+    let yd = y.take(&shape);
     // Every other 2-D convolution goes through padded stride phases of the input (see
     // `conv_padded_rows`); im2col remains for the other ranks.
     let padded_rows = sp == 2 && !pointwise;
@@ -146,7 +145,7 @@ pub(super) fn run_conv(c: &ConvPrep, x: &Tensor, residual: Option<&Tensor>, pool
             gemm_lazy_b(&c.weights[gi], osize, &*fill, &mut yd[off..off + mg * osize], osize, &ep, pool);
         }
     }
-    Ok(y)
+    Ok(())
 }
 
 /// A 2-D convolution of one group without im2col. The zero-padded input is split into its

@@ -1,9 +1,9 @@
 //! `aim:Dense` (MatMul/Gemm with a constant weight) as a packed GEMM.
 
-use super::{activation, check_residual, const_f32, prep_err, Prepared};
+use super::{activation, check_residual, const_f32, prep_err, In, Out, Prepared};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
-use aim_ir::{DType, Graph, Node, Tensor};
+use aim_ir::{Graph, Node};
 use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Epilogue, Isa, PackedB};
 
 pub(super) struct DensePrep {
@@ -25,8 +25,8 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
 
-pub(super) fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, blocking: Blocking, pool: &ThreadPool) -> Result<Tensor, String> {
-    let xs = x.shape();
+pub(super) fn run_dense(d: &DensePrep, x: In, residual: Option<In>, y: &mut Out, blocking: Blocking, pool: &ThreadPool) -> Result<(), String> {
+    let xs = x.shape;
     if xs.is_empty() || xs[xs.len() - 1] != d.k {
         return Err(format!("input {xs:?} does not end in {} features", d.k));
     }
@@ -37,8 +37,8 @@ pub(super) fn run_dense(d: &DensePrep, x: &Tensor, residual: Option<&Tensor>, bl
         shape = vec![d.n];
     }
     let res = check_residual(residual, &shape)?;
-    let mut y = Tensor::zeros(DType::F32, &shape);
+    let y = y.take(&shape);
     let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, act: d.act };
-    gemm_rows(x.data::<f32>(), m, d.k, blocking, &d.weight, y.data_mut::<f32>(), d.n, &ep, pool);
-    Ok(y)
+    gemm_rows(x.data, m, d.k, blocking, &d.weight, y, d.n, &ep, pool);
+    Ok(())
 }

@@ -2,10 +2,9 @@
 
 use super::conv::{resolve, Geometry};
 use super::phases::phase_row;
-use super::{check_residual, OutPtr};
+use super::{check_residual, In, Out, OutPtr};
 use aim_kernels::fast::copy_short;
 use crate::pool::ThreadPool;
-use aim_ir::{DType, Tensor};
 use aim_kernels::gemm::{clamp, relu, Activation, Isa, Parallel};
 
 pub(super) struct DepthwisePrep {
@@ -16,8 +15,8 @@ pub(super) struct DepthwisePrep {
     pub(super) geo: Geometry,
 }
 
-pub(super) fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Tensor>, pool: &ThreadPool) -> Result<Tensor, String> {
-    let xs = x.shape();
+pub(super) fn run_depthwise(d: &DepthwisePrep, x: In, residual: Option<In>, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+    let xs = x.shape;
     if xs.len() != 4 || xs[1] != d.channels {
         return Err(format!("input {xs:?} does not fit a depthwise conv over {} channels", d.channels));
     }
@@ -29,9 +28,8 @@ pub(super) fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Ten
     let (dh, dw) = (d.geo.dilations[0], d.geo.dilations[1]);
     let shape = [nb, c, oh, ow];
     let res = check_residual(residual, &shape)?;
-    let mut y = Tensor::zeros(DType::F32, &shape);
-    let xd = x.data::<f32>();
-    let yp = OutPtr(y.data_mut::<f32>().as_mut_ptr());
+    let xd = x.data;
+    let yp = OutPtr(y.take(&shape).as_mut_ptr());
     let geo = PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt: before[0], pl: before[1] };
     let isa = pool_isa(d);
     let planes = nb * c;
@@ -54,7 +52,7 @@ pub(super) fn run_depthwise(d: &DepthwisePrep, x: &Tensor, residual: Option<&Ten
             depthwise_plane(isa, src, dst, wts, &geo, bias, act, res, &mut scratch);
         }
     });
-    Ok(y)
+    Ok(())
 }
 
 /// The sizes of one depthwise plane.

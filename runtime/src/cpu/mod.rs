@@ -2,9 +2,10 @@
 //! packed once, here) — blocked NCHWc convolutions, Winograd, depthwise and pooling, packed
 //! GEMMs for dense layers and other convolutions, the elementwise loops and reductions the
 //! compiler generated — on a persistent thread pool; other nodes run the fast f32 kernels
-//! where they apply, else their reference kernels.
+//! where they apply, else their reference kernels. Intermediates of the prepared kernels
+//! live in one arena laid out by the compiler's memory plan (see `run`).
 
-use crate::exec::{run_node, run_with, RunError, Runner, Scope};
+use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node, Tensor};
 use aim_kernels::gemm::{Activation, Blocking, Isa, Parallel};
@@ -16,12 +17,12 @@ mod dense;
 mod depthwise;
 mod elementwise;
 mod phases;
+mod run;
 mod schedule;
 
-use conv::{prepare_conv, run_conv, ConvPrep};
-use dense::{prepare_dense, run_dense, DensePrep};
-use depthwise::{run_depthwise, DepthwisePrep};
-use elementwise::run_elementwise;
+use conv::{prepare_conv, ConvPrep};
+use dense::{prepare_dense, DensePrep};
+use depthwise::DepthwisePrep;
 
 /// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
 pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize);
@@ -70,6 +71,17 @@ fn const_f32<'a>(g: &'a Graph, name: Option<&str>) -> Option<&'a Tensor> {
     g.initializers.get(name?).filter(|t| t.dtype() == DType::F32)
 }
 
+/// Where a program keeps intermediate values during a run: the arena size and each
+/// placed value's byte offset and size in it (the compiler's memory plan). Values not
+/// named here are allocated by the kernels that make them.
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    /// Bytes of the arena.
+    pub arena_bytes: usize,
+    /// Offset and size in bytes, by value name.
+    pub slots: HashMap<String, (usize, usize)>,
+}
+
 /// A graph compiled for this CPU.
 pub struct CpuProgram {
     graph: Graph,
@@ -77,6 +89,10 @@ pub struct CpuProgram {
     pool: ThreadPool,
     isa: Isa,
     blocking: Blocking,
+    /// Values by index, each node's operands, and where values live.
+    values: run::Values,
+    /// Arenas of finished runs, reused by the next ones (one per concurrent run).
+    arenas: std::sync::Mutex<Vec<run::Arena>>,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -84,8 +100,9 @@ pub struct CpuProgram {
 impl CpuProgram {
     /// Prepares `graph` (already optimised by the compiler's passes): packs the weights of
     /// every `aim:Conv` and `aim:Dense` node for `isa` with `blocking`, takes the generated
-    /// loops of `aim:Elementwise` nodes from `code`, and starts `threads` threads.
-    pub fn new(graph: Graph, isa: Isa, blocking: Blocking, threads: usize, code: Generated) -> Result<CpuProgram, RunError> {
+    /// loops of `aim:Elementwise` nodes from `code`, starts `threads` threads, and keeps the
+    /// intermediates named in `placement` in its arena.
+    pub fn new(graph: Graph, isa: Isa, blocking: Blocking, threads: usize, code: Generated, placement: &Placement) -> Result<CpuProgram, RunError> {
         // Packing is independent per node: it runs on the program's threads (for ResNet-50
         // the Winograd filter transforms and panel packing are most of the load time).
         let pool = ThreadPool::new(threads);
@@ -130,7 +147,8 @@ impl CpuProgram {
         graph.names_read(&mut read);
         let read: std::collections::HashSet<String> = read.into_iter().collect();
         graph.initializers.retain(|k, _| read.contains(k));
-        Ok(CpuProgram { graph, prepared, pool, isa, blocking, _code: code.owner })
+        let values = run::Values::new(&graph, placement);
+        Ok(CpuProgram { graph, prepared, pool, isa, blocking, values, arenas: Default::default(), _code: code.owner })
     }
 
     /// The optimised graph this program runs.
@@ -152,81 +170,41 @@ impl CpuProgram {
     pub fn threads(&self) -> usize {
         self.pool.size()
     }
-
-    /// Runs the program.
-    pub fn run(&self, inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
-        run_with(&self.graph, inputs, None, self, None)
-    }
-
-    /// Runs the program, recording every node's time.
-    pub fn run_profiled(&self, inputs: HashMap<String, Tensor>) -> Result<(Vec<Tensor>, Vec<crate::NodeTiming>), RunError> {
-        let mut p = Vec::new();
-        let outs = run_with(&self.graph, inputs, None, self, Some(&mut p))?;
-        Ok((outs, p))
-    }
 }
 
-impl Runner for CpuProgram {
-    fn run(&self, index: usize, n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
-        let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("aim:{}", n.op), msg };
-        match self.prepared.get(&index) {
-            None => {
-                if n.domain.is_empty() {
-                    if let Some(k) = aim_kernels::fast::kernel(&n.op) {
-                        let cx = aim_kernels::fast::Ctx { par: &self.pool, isa: self.isa, blocking: self.blocking };
-                        let node_err = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
-                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, ins, &cx))) {
-                            Ok(Some(r)) => return r.map_err(|e| node_err(e.0)),
-                            Ok(None) => {}
-                            Err(e) => return Err(node_err(format!("internal error: {}", crate::exec::panic_message(&*e)))),
-                        }
-                    }
-                }
-                run_node(n, ins, scope)
-            }
-            Some(p) => {
-                // A bug in a fast path must surface as an error naming the node, not a crash.
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_prepared(p, n, ins))) {
-                    Ok(r) => r,
-                    Err(e) => Err(fail(format!("internal error: {}", crate::exec::panic_message(&*e)))),
-                }
-            }
+/// A prepared kernel's f32 input: its elements and shape.
+#[derive(Clone, Copy)]
+struct In<'a> {
+    data: &'a [f32],
+    shape: &'a [usize],
+}
+
+/// Where a prepared kernel writes its output: the value's arena slot when the output fits
+/// it, else a new tensor. Slots are not cleared between runs: kernels write every element.
+struct Out<'a> {
+    slot: Option<&'a mut [f32]>,
+    shape: Vec<usize>,
+    made: Option<Tensor>,
+}
+
+impl<'a> Out<'a> {
+    /// Room for an output of `shape`.
+    fn take(&mut self, shape: &[usize]) -> &mut [f32] {
+        let n: usize = shape.iter().product();
+        self.shape = shape.to_vec();
+        if self.slot.as_ref().is_some_and(|s| s.len() >= n) {
+            return &mut self.slot.as_mut().expect("checked above")[..n];
         }
+        self.slot = None;
+        self.made.insert(Tensor::zeros(DType::F32, shape)).data_mut::<f32>()
     }
 }
 
-impl CpuProgram {
-    fn run_prepared(&self, p: &Prepared, n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>, RunError> {
-        let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("aim:{}", n.op), msg };
-        match p {
-            Prepared::Elementwise(f) => Ok(vec![run_elementwise(*f, ins, &self.pool).map_err(fail)?]),
-            p => {
-                let x = ins.first().and_then(|t| t.as_ref()).ok_or_else(|| fail("input 0 is missing".into()))?;
-                if x.dtype() != DType::F32 {
-                    return Err(fail(format!("expected f32 input, got {}", x.dtype())));
-                }
-                let residual = ins.get(3).and_then(|t| t.as_ref());
-                let y = match p {
-                    Prepared::Conv(c) => run_conv(c, x, residual, &self.pool),
-                    Prepared::Depthwise(d) => run_depthwise(d, x, residual, &self.pool),
-                    Prepared::Dense(d) => run_dense(d, x, residual, self.blocking, &self.pool),
-                    Prepared::Blocked(c) => blocked::run(c, x, residual, &self.pool),
-                    Prepared::Reorder(r) => blocked::run_reorder(r, x, &self.pool),
-                    Prepared::Pool(p) => blocked::run_pool(p, self.isa, x, &self.pool),
-                    Prepared::Reduce(r) => elementwise::run_reduce(r, x, &self.pool),
-                    Prepared::Elementwise(_) => unreachable!("handled above"),
-                };
-                Ok(vec![y.map_err(fail)?])
-            }
-        }
-    }
-}
-
-fn check_residual<'a>(r: Option<&'a Tensor>, shape: &[usize]) -> Result<Option<&'a [f32]>, String> {
+fn check_residual<'a>(r: Option<In<'a>>, shape: &[usize]) -> Result<Option<&'a [f32]>, String> {
     match r {
         None => Ok(None),
-        Some(t) if t.dtype() == DType::F32 && t.shape() == shape => Ok(Some(t.data::<f32>())),
-        Some(t) => Err(format!("residual {}{:?} does not match the output {shape:?}", t.dtype(), t.shape())),
+        Some(t) if t.shape == shape => Ok(Some(t.data)),
+        Some(t) => Err(format!("residual {:?} does not match the output {shape:?}", t.shape)),
     }
 }
 
