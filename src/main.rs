@@ -317,7 +317,7 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()
     for n in &g.nodes {
         let kind = if n.domain == "aim" {
             match n.op.as_str() {
-                "Elementwise" | "Reduce" => "generated code (Cranelift)",
+                "Elementwise" | "Reduce" | "Transpose" => "generated code (Cranelift)",
                 _ => "packed GEMM / direct kernels",
             }
         } else if aim_kernels::fast::kernel(&n.op).is_some() {

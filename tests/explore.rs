@@ -66,8 +66,8 @@ fn tiny_cnn() -> Vec<u8> {
 }
 
 /// A transformer-like block: a dense layer, GELU written out with Erf (fused into one Gelu),
-/// layer norm, an arithmetic chain (a generated elementwise loop), softmax, and a row maximum
-/// (a generated reduction).
+/// layer norm, an arithmetic chain (a generated elementwise loop), a transpose of the
+/// leading dims (a generated copy), softmax, and a row maximum (a generated reduction).
 fn tiny_block() -> Vec<u8> {
     let nodes = vec![
         node("MatMul", "proj", &["x", "W"], &["h0"], vec![]),
@@ -81,7 +81,8 @@ fn tiny_block() -> Vec<u8> {
         node("Mul", "gain", &["n", "g15"], &["n1"], vec![]),
         node("Add", "shift", &["n1", "b25"], &["n2"], vec![]),
         node("Relu", "clamp", &["n2"], &["n3"], vec![]),
-        node("Softmax", "attn", &["n3"], &["y"], vec![int_attr("axis", -1)]),
+        node("Transpose", "swap", &["n3"], &["t"], vec![ints("perm", &[1, 0, 2])]),
+        node("Softmax", "attn", &["t"], &["y"], vec![int_attr("axis", -1)]),
         node("ReduceMax", "peak", &["y"], &["m"], vec![ints("axes", &[-1]), int_attr("keepdims", 0)]),
     ];
     let inits = vec![
@@ -95,7 +96,7 @@ fn tiny_block() -> Vec<u8> {
         f32_tensor("g15", &[], &[1.5]),
         f32_tensor("b25", &[], &[0.25]),
     ];
-    model(nodes, vec![value("x", 1, &[Ok(2), Ok(4), Ok(8)])], vec![value("y", 1, &[Ok(2), Ok(4), Ok(8)]), value("m", 1, &[Ok(2), Ok(4)])], inits, 17)
+    model(nodes, vec![value("x", 1, &[Ok(2), Ok(4), Ok(8)])], vec![value("y", 1, &[Ok(4), Ok(2), Ok(8)]), value("m", 1, &[Ok(4), Ok(2)])], inits, 17)
 }
 
 const FIXED: [&str; 4] = ["--cpu", "x86-64-v3", "--caches", "32K,1M,8M"];

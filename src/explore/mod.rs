@@ -233,8 +233,8 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         })
         .collect();
 
-    // Generated code: the Cranelift IR and machine code of every fused elementwise loop and
-    // row reduction, named as the code generator names them.
+    // Generated code: the Cranelift IR and machine code of every fused elementwise loop, row
+    // reduction and transpose, named as the code generator names them.
     let mut clif = Vec::new();
     let mut asm = Vec::new();
     let mut k = 0;
@@ -245,6 +245,10 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
                 let prog = aim_compiler::ewprog::parse(n.strings("program").unwrap_or_default()).map_err(|e| anyhow::anyhow!("node {}: {e}", n.name))?;
                 let name = format!("aim_ew_{k}");
                 Some((aim_compiler::codegen::elementwise_text(&name, &prog, n.inputs.len(), &target)?, name))
+            }
+            ("aim", "Transpose") => {
+                let name = format!("aim_transpose_{k}");
+                Some((aim_compiler::codegen::transpose_text(&name, n, &target)?, name))
             }
             ("aim", "Reduce") => {
                 let mode = aim_compiler::codegen::ReduceMode::parse(n.string("mode", "")).with_context(|| format!("node {}: unknown reduction", n.name))?;

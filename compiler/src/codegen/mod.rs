@@ -1,16 +1,19 @@
 //! Code generation with Cranelift: functions compiled for the target into memory (JIT), the
 //! module kept alive as long as any program uses its code.
 //!
-//! Today this generates the fused elementwise loops (`elementwise.rs`), written against the
-//! `cranelift_module::Module` trait: the JIT module here, an object module for ahead-of-time
-//! compilation (tested; `aim compile` is not built yet).
+//! It generates the fused elementwise loops (`elementwise.rs`), row reductions
+//! (`reduce.rs`), transposes (`transpose.rs`) and the portable GEMM microkernel
+//! (`micro.rs`), written against the `cranelift_module::Module` trait: the JIT module here,
+//! an object module for ahead-of-time compilation (tested; `aim compile` is not built yet).
 
 mod elementwise;
 mod micro;
 mod reduce;
+mod transpose;
 
 pub use elementwise::{compile_elementwise, lower_elementwise};
 pub use reduce::{compile_reduce, lower_reduce, ReduceMode};
+pub use transpose::{compile_transpose, lower_transpose};
 
 use crate::target::Target;
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -59,15 +62,25 @@ pub fn isa_for(target: &Target) -> Result<OwnedTargetIsa, CodegenError> {
 enum Kind {
     Elementwise,
     Reduce,
+    Transpose,
 }
 
-/// Generates machine code for every `aim:Elementwise` and `aim:Reduce` node of an optimised
-/// graph.
+/// The rank of an `aim:Transpose` node and whether its last axis stays last.
+fn transpose_form(n: &aim_ir::Node) -> Result<(usize, bool), CodegenError> {
+    let perm = n.ints("perm").ok_or_else(|| CodegenError { node: n.name.clone(), msg: "aim:Transpose needs its perm".into() })?;
+    if perm.len() < 2 {
+        return Err(CodegenError { node: n.name.clone(), msg: format!("perm {perm:?}: a transpose kernel has at least two dims") });
+    }
+    Ok((perm.len(), perm[perm.len() - 1] == perm.len() as i64 - 1))
+}
+
+/// Generates machine code for every `aim:Elementwise`, `aim:Reduce` and `aim:Transpose`
+/// node of an optimised graph.
 pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::Generated, CodegenError> {
     let mut ids = Vec::new();
     let mut jit: Option<Jit> = None;
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce") {
+        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose") {
             continue;
         }
         let err = |msg: String| CodegenError { node: n.name.clone(), msg };
@@ -75,7 +88,11 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
             Some(j) => j,
             None => jit.insert(Jit::new(target)?),
         };
-        if n.op == "Reduce" {
+        if n.op == "Transpose" {
+            let (rank, contiguous) = transpose_form(n)?;
+            let name = format!("aim_transpose_{}", ids.len());
+            ids.push((i, Kind::Transpose, compile_transpose(j.module(), &n.name, &name, false, rank, contiguous)?));
+        } else if n.op == "Reduce" {
             let mode = ReduceMode::parse(n.string("mode", "")).ok_or_else(|| err(format!("unknown reduction '{}'", n.string("mode", ""))))?;
             let name = format!("aim_reduce_{}", ids.len());
             ids.push((i, Kind::Reduce, compile_reduce(j.module(), &n.name, &name, false, mode)?));
@@ -99,6 +116,10 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
             // SAFETY: as above, with five pointer-sized parameters.
             Kind::Reduce => {
                 out.reduce.insert(i, unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::ReduceFn>(p) });
+            }
+            // SAFETY: as above, with five pointer-sized parameters.
+            Kind::Transpose => {
+                out.transpose.insert(i, unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::TransposeFn>(p) });
             }
         }
     }
@@ -131,6 +152,12 @@ pub fn elementwise_text(name: &str, prog: &[crate::ewprog::Inst], n_inputs: usiz
 /// The Cranelift IR and machine code of an `aim:Reduce` node's loop.
 pub fn reduce_text(name: &str, mode: ReduceMode, target: &Target) -> Result<(String, String), CodegenError> {
     function_text(name, target, |f, cfg| lower_reduce(mode, f, cfg))
+}
+
+/// The Cranelift IR and machine code of an `aim:Transpose` node's copy.
+pub fn transpose_text(name: &str, n: &aim_ir::Node, target: &Target) -> Result<(String, String), CodegenError> {
+    let (rank, contiguous) = transpose_form(n)?;
+    function_text(name, target, |f, cfg| lower_transpose(rank, contiguous, f, cfg))
 }
 
 /// Declares and defines in `module` the function `lower` builds, under `name`; exported

@@ -12,6 +12,7 @@ pub mod layout;
 mod reduce;
 mod rename;
 mod simplify;
+mod transpose;
 mod uses;
 
 pub use fuse::{sources_of, ACTIVATION, CLIP_MAX, CLIP_MIN, SOURCES};
@@ -66,6 +67,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("fuse-epilogues", fuse::run),
         Pass::new("infer-types", infer),
         Pass::new("lower-reductions", reduce::run),
+        Pass::new("lower-transposes", transpose::run),
         Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide)),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),

@@ -19,6 +19,7 @@ mod elementwise;
 mod phases;
 mod run;
 mod schedule;
+mod transpose;
 
 use conv::{prepare_conv, ConvPrep};
 use dense::{prepare_dense, DensePrep};
@@ -31,6 +32,11 @@ pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *m
 /// `row0 <= r < row1`.
 pub type ReduceFn = unsafe extern "C" fn(x: *const f32, out: *mut f32, len: usize, row0: usize, row1: usize);
 
+/// A generated transpose: output rows `row0 <= o < row1` of `y` from `x`, as `desc`
+/// describes them (the outer output dims, their source strides, the row length and its
+/// source stride; see the compiler's `codegen::lower_transpose`).
+pub type TransposeFn = unsafe extern "C" fn(x: *const f32, y: *mut f32, desc: *const usize, row0: usize, row1: usize);
+
 /// Machine code generated for a program's nodes, by node index, and what keeps it alive.
 #[derive(Default)]
 pub struct Generated {
@@ -38,6 +44,8 @@ pub struct Generated {
     pub elementwise: HashMap<usize, ElementwiseFn>,
     /// The loops of `aim:Reduce` nodes.
     pub reduce: HashMap<usize, ReduceFn>,
+    /// The copies of `aim:Transpose` nodes.
+    pub transpose: HashMap<usize, TransposeFn>,
     /// The owner of the code (a JIT module): held as long as the program lives.
     pub owner: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -52,6 +60,7 @@ enum Prepared {
     Reorder(blocked::Reorder),
     Pool(blocked::BlockedPool),
     Reduce(elementwise::Reduce),
+    Transpose(transpose::Transpose),
 }
 
 /// Why a node could not be prepared.
@@ -119,6 +128,7 @@ impl CpuProgram {
                 "MaxPool" | "AveragePool" | "GlobalAveragePool" if n.attrs.contains_key("layout") => blocked::prepare_pool(n, isa),
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
+                "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Elementwise" => code.elementwise.get(&i).map(|f| Prepared::Elementwise(*f)).ok_or_else(|| prep_err(n, "no code was generated for this node")),
                 _ => Err(prep_err(n, "unknown aim op")),
             })
@@ -137,7 +147,7 @@ impl CpuProgram {
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
         for (i, n) in graph.nodes.iter_mut().enumerate() {
-            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce") {
+            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose") {
                 for k in 1..3.min(n.inputs.len()) {
                     n.inputs[k].clear();
                 }

@@ -7,7 +7,7 @@
 //! the same bytes. Other results are allocated by their kernels.
 //! Graph outputs are allocated for the caller.
 
-use super::{blocked, conv, dense, depthwise, elementwise, CpuProgram, In, Out, Placement, Prepared};
+use super::{blocked, conv, dense, depthwise, elementwise, transpose, CpuProgram, In, Out, Placement, Prepared};
 use crate::exec::{check_input, panic_message, run_node, NodeTiming, RunError, Scope};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use std::collections::HashMap;
@@ -291,6 +291,7 @@ impl CpuProgram {
                 Prepared::Reorder(r) => blocked::run_reorder(r, x, &mut y, pool),
                 Prepared::Pool(q) => blocked::run_pool(q, self.isa, x, &mut y, pool),
                 Prepared::Reduce(r) => elementwise::run_reduce(r, x, &mut y, pool),
+                Prepared::Transpose(t) => transpose::run(t, x, &mut y, pool),
                 Prepared::Elementwise(_) => unreachable!("handled above"),
             }));
             run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?.map_err(fail)?;

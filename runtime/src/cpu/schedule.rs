@@ -3,7 +3,7 @@
 //! the prepared nodes and the constants their loops use, for the shapes the graph's types
 //! give (nodes whose shapes are only known at run time say so).
 
-use super::{blocked, elementwise, CpuProgram, Prepared};
+use super::{blocked, elementwise, transpose, CpuProgram, Prepared};
 use aim_ir::Graph;
 
 fn shape_of(g: &Graph, name: &str) -> Option<Vec<usize>> {
@@ -65,6 +65,16 @@ impl CpuProgram {
                                 rows.div_ceil((elementwise::CHUNK / len.max(1)).max(1)),
                                 (elementwise::CHUNK / len.max(1)).max(1)
                             )]
+                        }
+                        _ => dynamic(),
+                    },
+                    Some(Prepared::Transpose(t)) => match out {
+                        Some(s) if s.len() == t.perm.len() => {
+                            let inner = s[s.len() - 1];
+                            let rows: usize = s[..s.len() - 1].iter().product();
+                            let per = transpose::rows_per_task(inner);
+                            let how = if t.perm.last() == Some(&(t.perm.len() - 1)) { "f32x4 copies of contiguous runs" } else { "gathers at the source stride, 4 per step" };
+                            vec![format!("parallel for row chunk in 0..{} of ≤{per} rows: generated loop (Cranelift), perm {:?}, {rows} rows of {inner}: {how}, scalar tail", rows.div_ceil(per), t.perm)]
                         }
                         _ => dynamic(),
                     },
