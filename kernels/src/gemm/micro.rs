@@ -57,7 +57,7 @@ pub(crate) unsafe fn avx512_rows(rows: usize, kc: usize, a: *const f32, b: *cons
     macro_rules! go {
         ($($r:literal)*) => {
             match rows {
-                $($r => avx512_mr::<$r>(kc, a, b, c, ldc, acc),)*
+                $($r => avx512_mr::<$r, false>(kc, a, 0, b, c, ldc, acc),)*
                 _ => unreachable!("1..=12 rows"),
             }
         };
@@ -69,13 +69,39 @@ pub(crate) unsafe fn avx512_rows(rows: usize, kc: usize, a: *const f32, b: *cons
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
-    avx512_mr::<12>(kc, a, b, c, ldc, acc)
+    avx512_mr::<12, false>(kc, a, 0, b, c, ldc, acc)
 }
 
-/// The first `MR` rows of the 12×32 tile (A panels hold 12 rows per k step).
+/// Like [`run`] for `rows` rows (1..=MR) of A read in place, row-major with leading
+/// dimension `lda` (a dense layer's activations, which then need no packing), on the
+/// AVX-512 and AVX2 kernels.
+///
+/// # Safety
+/// As for [`run`], with `a` holding `rows` rows of `kc` floats at stride `lda`, `c` valid
+/// for `rows` rows, and `isa` AVX-512 or AVX2.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn run_plain(isa: Isa, rows: usize, kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    macro_rules! go {
+        ($f:ident, $($r:literal)*) => {
+            match rows {
+                $($r => $f::<$r, true>(kc, a, lda, b, c, ldc, acc),)*
+                _ => unreachable!("1..=MR rows"),
+            }
+        };
+    }
+    match isa {
+        Isa::Avx512 => go!(avx512_mr, 1 2 3 4 5 6 7 8 9 10 11 12),
+        Isa::Avx2 => go!(avx2_mr, 1 2 3 4 5 6),
+        _ => unreachable!("A is read in place only by the AVX-512 and AVX2 kernels"),
+    }
+}
+
+/// The first `MR` rows of the 12×32 tile. Element (r, p) of A is at `a[p·12 + r]` in a
+/// packed panel, or at `a[r·lda + p]` when `PLAIN` (rows read in place).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_mr<const MR: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn avx512_mr<const MR: usize, const PLAIN: bool>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
     use std::arch::x86_64::*;
     const PANEL: usize = 12;
     let mut c0 = [_mm512_setzero_ps(); MR];
@@ -83,9 +109,8 @@ unsafe fn avx512_mr<const MR: usize>(kc: usize, a: *const f32, b: *const f32, c:
     for p in 0..kc {
         let b0 = _mm512_loadu_ps(b.add(p * 32));
         let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
-        let ap = a.add(p * PANEL);
         for r in 0..MR {
-            let av = _mm512_set1_ps(*ap.add(r));
+            let av = _mm512_set1_ps(if PLAIN { *a.add(r * lda + p) } else { *a.add(p * PANEL + r) });
             c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
             c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
         }
@@ -105,16 +130,22 @@ unsafe fn avx512_mr<const MR: usize>(kc: usize, a: *const f32, b: *const f32, c:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    avx2_mr::<6, false>(kc, a, 0, b, c, ldc, acc)
+}
+
+/// The first `MR` rows of the 6×16 tile, A packed or in place as for [`avx512_mr`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
     use std::arch::x86_64::*;
-    const MR: usize = 6;
+    const PANEL: usize = 6;
     let mut c0 = [_mm256_setzero_ps(); MR];
     let mut c1 = [_mm256_setzero_ps(); MR];
     for p in 0..kc {
         let b0 = _mm256_loadu_ps(b.add(p * 16));
         let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
-        let ap = a.add(p * MR);
         for r in 0..MR {
-            let av = _mm256_broadcast_ss(&*ap.add(r));
+            let av = _mm256_broadcast_ss(&*(if PLAIN { a.add(r * lda + p) } else { a.add(p * PANEL + r) }));
             c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
             c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
         }

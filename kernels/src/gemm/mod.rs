@@ -186,39 +186,60 @@ fn check_c(m: usize, n: usize, c: &[f32], ldc: usize, ep: &Epilogue) {
 pub fn gemm(a: &PackedA, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
     assert_eq!(a.isa, b.isa, "A and B packed for different ISAs");
     assert_eq!((a.k, a.kc), (b.k, b.kc), "A and B packed with different k or kc");
-    let (m, n, isa) = (a.m, b.n, a.isa);
+    let (m, n) = (a.m, b.n);
     check_c(m, n, c, ldc, ep);
-    let (mr, nr) = (isa.mr(), isa.nr());
-    let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
     if m == 0 || n == 0 {
         return;
     }
-    let kblocks = a.k.div_ceil(a.kc).max(1);
     if m <= SMALL_M {
         small_m(ARows::Packed(a), b, cp_of(c), ldc, ep, par);
         return;
     }
+    tiled(ASrc::Packed(a), m, a.mc, b, c, ldc, ep, par);
+}
+
+/// Where a tiled product reads A.
+#[derive(Clone, Copy)]
+enum ASrc<'a> {
+    /// Packed panels.
+    Packed(&'a PackedA),
+    /// Row-major rows of `k` values read in place (AVX-512 and AVX2 kernels only).
+    Plain(&'a [f32]),
+}
+
+/// The tiled product C = A·B (m rows, B's k and n), then the epilogue: column panels split
+/// over the threads; per k block and m block of `mc` rows, each B panel against every row
+/// panel of A.
+#[allow(clippy::too_many_arguments)]
+fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
+    let (n, k, kc, isa) = (b.n, b.k, b.kc, b.isa);
+    let (mr, nr) = (isa.mr(), isa.nr());
+    let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
+    let kblocks = k.div_ceil(kc).max(1);
     // Tasks: groups of column panels, enough for every thread to have a few.
     let tasks = np.min(par.threads()).max(1);
     let cp = CPtr(c.as_mut_ptr());
-    let mc_panels = (a.mc / mr).max(1);
+    let mc_panels = (mc / mr).max(1);
     par.for_each(tasks, &|t| {
         let cp = cp;
         let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);
         let mut buf = vec![0f32; mr * nr];
         for kb in 0..kblocks {
-            let kc_len = if a.k == 0 { 0 } else { a.kc.min(a.k - kb * a.kc) };
+            let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
             for i0 in (0..mp).step_by(mc_panels) {
                 for j in j0..j1 {
                     let bp = b.panel(kb, j);
                     for i in i0..(i0 + mc_panels).min(mp) {
-                        let ap = a.panel(kb, i);
                         let (rows, cols) = ((m - i * mr).min(mr), (n - j * nr).min(nr));
-                        // SAFETY: tile (i, j) lies inside C (checked above) and belongs to
-                        // this task's panels only; the panels hold kc_len×MR / kc_len×NR.
+                        // SAFETY: tile (i, j) lies inside C (checked by the callers) and
+                        // belongs to this task's panels only; the panels hold kc_len×MR /
+                        // kc_len×NR, plain A rows i·MR.. hold k values each.
                         unsafe {
                             let dst = cp.0.add(i * mr * ldc + j * nr);
-                            tile(isa, kc_len, ap, bp, dst, ldc, rows, cols, kb > 0, &mut buf);
+                            match a {
+                                ASrc::Packed(pa) => tile(isa, kc_len, pa.panel(kb, i), bp, dst, ldc, rows, cols, kb > 0, &mut buf),
+                                ASrc::Plain(x) => tile_plain(isa, kc_len, x.as_ptr().add(i * mr * k + kb * kc), k, bp, dst, ldc, rows, cols, kb > 0, &mut buf),
+                            }
                             if kb + 1 == kblocks {
                                 epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
                             }
@@ -274,6 +295,10 @@ pub fn gemm_rows(a: &[f32], m: usize, k: usize, blocking: Blocking, b: &PackedB,
     }
     if m <= SMALL_M {
         small_m(ARows::Plain(a, m, k), b, cp_of(c), ldc, ep, par);
+    } else if cfg!(target_arch = "x86_64") && matches!(b.isa, Isa::Avx512 | Isa::Avx2) {
+        // Read in place: packing A (one pass over it, element by element) cost as much as
+        // 7% of a 64-row dense layer, and the kernels read 12 (6) row streams as fast.
+        tiled(ASrc::Plain(a), m, blocking.mc, b, c, ldc, ep, par);
     } else {
         let pa = PackedA::from_rows(b.isa, blocking, a, m, k, par);
         gemm(&pa, b, c, ldc, ep, par);
@@ -413,6 +438,36 @@ unsafe fn tile(isa: Isa, kc_len: usize, ap: *const f32, bp: *const f32, dst: *mu
     micro::run(isa, kc_len, ap, bp, buf.as_mut_ptr(), nr, acc);
     for r in 0..rows {
         std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * nr), dst.add(r * ldc), cols);
+    }
+}
+
+/// [`tile`] for A rows read in place (row-major, leading dimension `lda`).
+///
+/// # Safety
+/// As for [`micro::run_plain`], with `dst` pointing at a rows×cols region of C.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_plain(isa: Isa, kc_len: usize, ap: *const f32, lda: usize, bp: *const f32, dst: *mut f32, ldc: usize, rows: usize, cols: usize, acc: bool, buf: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nr = isa.nr();
+        if cols == nr {
+            micro::run_plain(isa, rows, kc_len, ap, lda, bp, dst, ldc, acc);
+            return;
+        }
+        if acc {
+            for r in 0..rows {
+                std::ptr::copy_nonoverlapping(dst.add(r * ldc), buf.as_mut_ptr().add(r * nr), cols);
+            }
+        }
+        micro::run_plain(isa, rows, kc_len, ap, lda, bp, buf.as_mut_ptr(), nr, acc);
+        for r in 0..rows {
+            std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * nr), dst.add(r * ldc), cols);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, kc_len, ap, lda, bp, dst, ldc, rows, cols, acc, buf);
+        unreachable!("A is read in place only on x86-64");
     }
 }
 

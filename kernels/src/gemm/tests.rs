@@ -36,7 +36,8 @@ fn matches_reference_on_awkward_sizes() {
             for (i, (g, w)) in c.iter().zip(&want).enumerate() {
                 assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()) * (k as f32).sqrt(), "{isa:?} {m}x{k}x{n} at {i}: {g} vs {w}");
             }
-            // The same product with A as plain rows (read in place up to four rows).
+            // The same product with A as plain rows (read in place: up to four rows as
+            // vector-matrix products, more by the AVX-512 / AVX2 tile kernels).
             let mut c2 = vec![f32::NAN; m * n];
             gemm_rows(&a, m, k, blocking, &pb, &mut c2, n, &Epilogue::default(), &Sequential);
             for (i, (g, w)) in c2.iter().zip(&want).enumerate() {
