@@ -30,6 +30,9 @@ pub(super) struct Values {
     consts: Vec<(usize, Tensor)>,
     /// Per node with subgraphs: the outer values they read.
     subgraph_reads: HashMap<usize, Vec<usize>>,
+    /// Per Reshape-like node whose output the plan made a view of its input: the output's
+    /// static shape (the node then runs no kernel: its output is the input's slot).
+    views: HashMap<usize, Vec<usize>>,
     arena_bytes: usize,
 }
 
@@ -91,20 +94,39 @@ impl Values {
             slot[o] = None;
         }
         for (i, n) in g.nodes.iter().enumerate() {
-            let in_place = n.domain == "aim" && n.op == "Elementwise";
+            // Generated elementwise loops may overwrite an input whole; views (which write
+            // nothing) are their input's bytes.
+            let same_ok = (n.domain == "aim" && n.op == "Elementwise") || is_view_op(n);
             for o in outs[i].iter().flatten() {
                 let Some((a, la)) = slot[*o] else { continue };
                 let clash = ins[i].iter().flatten().filter_map(|x| slot[*x]).any(|(b, lb)| {
                     let overlap = a < b + lb && b < a + la;
-                    overlap && !(in_place && a == b && la == lb)
+                    overlap && !(same_ok && a == b && la == lb)
                 });
                 if clash {
                     slot[*o] = None;
                 }
             }
         }
-        Values { names, ins, outs, free, slot, inputs, outputs, consts, subgraph_reads, arena_bytes: placement.arena_bytes }
+        let mut views = HashMap::new();
+        for (i, n) in g.nodes.iter().enumerate() {
+            let view_op = is_view_op(n);
+            let (Some(Some(x)), Some(Some(o))) = (ins[i].first(), outs[i].first()) else { continue };
+            let shape = n.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.concrete_shape());
+            if let (true, Some(s), Some(shape)) = (view_op, slot[*o], shape) {
+                if slot[*x] == Some(s) && 4 * shape.iter().product::<usize>() == s.1 {
+                    views.insert(i, shape);
+                }
+            }
+        }
+        Values { names, ins, outs, free, slot, inputs, outputs, consts, subgraph_reads, views, arena_bytes: placement.arena_bytes }
     }
+}
+
+/// Whether `n` is a Reshape-like op, whose output the memory plan may make a view of its
+/// input (the same bytes).
+fn is_view_op(n: &Node) -> bool {
+    n.domain.is_empty() && matches!(n.op.as_str(), "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity")
 }
 
 /// One cache line of the arena.
@@ -227,6 +249,13 @@ impl CpuProgram {
         let v = &self.values;
         let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
         let missing = |x: usize| RunError::Missing { name: v.names[x].clone() };
+        if let Some(shape) = v.views.get(&i) {
+            let (x, o) = (v.ins[i][0].expect("views have an input"), v.outs[i][0].expect("views have an output"));
+            if let Val::Arena { off, .. } = vals[x] {
+                vals[o] = Val::Arena { off, shape: shape.clone() };
+                return Ok(());
+            }
+        }
         let Some(p) = self.prepared.get(&i) else { return self.library_node(i, n, vals, base) };
         let out = v.outs[i].first().copied().flatten().ok_or_else(|| fail("the node has no output".into()))?;
         let slot = v.slot[out];
@@ -333,7 +362,7 @@ impl CpuProgram {
         }
         // The first output's slot, offered to the fast kernels (it overlaps no input: checked
         // at load).
-        let slot = v.outs[i].first().copied().flatten().and_then(|o| v.slot[o]).map(|(off, bytes)| {
+        let slot = v.outs[i].first().copied().flatten().and_then(|o| v.slot[o]).filter(|_| !is_view_op(n)).map(|(off, bytes)| {
             // SAFETY: in the arena, aligned, disjoint from the inputs and from every other
             // value alive now; the returned tensor over it is adopted below (and dropped)
             // before anything else writes to the arena.
