@@ -1,7 +1,7 @@
 //! The fast kernels and their dispatch table.
 
 use super::math;
-use crate::gemm::{gemm, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel, Sequential};
+use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel, Sequential};
 use crate::util::{axis, broadcast_offsets, broadcast_shapes, strides, Result};
 use super::output::{OutSlot, Output};
 use aim_ir::{DType, Node, Tensor};
@@ -440,11 +440,11 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     let nbatch = oa.len();
     let one = |i: usize, par: &dyn Parallel| {
         let out = out;
-        let pa = PackedA::from_rows(isa, blocking, &ad[oa[i] * m * k..(oa[i] + 1) * m * k], m, k, par);
         let pb = PackedB::from_slice(isa, blocking, &bd[ob[i] * k * nn..(ob[i] + 1) * k * nn], k, nn, false);
         // SAFETY: batch item i owns its m×n block of y.
         let c = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * m * nn), m * nn) };
-        gemm(&pa, &pb, c, nn, &Epilogue::default(), par);
+        // A's rows are read in place where the kernels can (see `gemm_rows`).
+        gemm_rows(&ad[oa[i] * m * k..(oa[i] + 1) * m * k], m, k, blocking, &pb, c, nn, &Epilogue::default(), par);
     };
     if nbatch >= cx.par.threads() {
         cx.par.for_each(nbatch, &|i| one(i, &Sequential));
