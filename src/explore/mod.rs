@@ -234,7 +234,7 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         .collect();
 
     // Generated code: the Cranelift IR and machine code of every fused elementwise loop, row
-    // reduction and transpose, named as the code generator names them.
+    // reduction, transpose and layout reorder, named as the code generator names them.
     let mut clif = Vec::new();
     let mut asm = Vec::new();
     let mut k = 0;
@@ -246,9 +246,10 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
                 let name = format!("aim_ew_{k}");
                 Some((aim_compiler::codegen::elementwise_text(&name, &prog, n.inputs.len(), &target)?, name))
             }
-            ("aim", "Transpose") => {
+            ("aim", "Transpose" | "ToBlocked" | "FromBlocked") => {
+                let (rank, contiguous) = aim_compiler::codegen::transpose_form(n).context("a data-movement node")??;
                 let name = format!("aim_transpose_{k}");
-                Some((aim_compiler::codegen::transpose_text(&name, n, &target)?, name))
+                Some((aim_compiler::codegen::transpose_text(&name, rank, contiguous, &target)?, name))
             }
             ("aim", "Reduce") => {
                 let mode = aim_compiler::codegen::ReduceMode::parse(n.string("mode", "")).with_context(|| format!("node {}: unknown reduction", n.name))?;

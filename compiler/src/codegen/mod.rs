@@ -65,22 +65,32 @@ enum Kind {
     Transpose,
 }
 
-/// The rank of an `aim:Transpose` node and whether its last axis stays last.
-fn transpose_form(n: &aim_ir::Node) -> Result<(usize, bool), CodegenError> {
-    let perm = n.ints("perm").ok_or_else(|| CodegenError { node: n.name.clone(), msg: "aim:Transpose needs its perm".into() })?;
-    if perm.len() < 2 {
-        return Err(CodegenError { node: n.name.clone(), msg: format!("perm {perm:?}: a transpose kernel has at least two dims") });
+/// The transpose kernel a data-movement node runs: its rank and whether the last axis stays
+/// last. `aim:Transpose` by its perm; the blocked-layout reorders as the rank-4 transpose
+/// (perm [0, 1, 3, 2]) of `[n][c/L][L][hw]` (to blocked) or `[n][c/L][hw][L]` (from).
+/// `None` for other nodes.
+pub fn transpose_form(n: &aim_ir::Node) -> Option<Result<(usize, bool), CodegenError>> {
+    if n.domain != "aim" {
+        return None;
     }
-    Ok((perm.len(), perm[perm.len() - 1] == perm.len() as i64 - 1))
+    match n.op.as_str() {
+        "ToBlocked" | "FromBlocked" => Some(Ok((4, false))),
+        "Transpose" => Some(match n.ints("perm") {
+            None => Err(CodegenError { node: n.name.clone(), msg: "aim:Transpose needs its perm".into() }),
+            Some(p) if p.len() < 2 => Err(CodegenError { node: n.name.clone(), msg: format!("perm {p:?}: a transpose kernel has at least two dims") }),
+            Some(p) => Ok((p.len(), p[p.len() - 1] == p.len() as i64 - 1)),
+        }),
+        _ => None,
+    }
 }
 
-/// Generates machine code for every `aim:Elementwise`, `aim:Reduce` and `aim:Transpose`
-/// node of an optimised graph.
+/// Generates machine code for every `aim:Elementwise`, `aim:Reduce`, `aim:Transpose` and
+/// blocked-layout reorder node of an optimised graph.
 pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::Generated, CodegenError> {
     let mut ids = Vec::new();
     let mut jit: Option<Jit> = None;
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose") {
+        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked") {
             continue;
         }
         let err = |msg: String| CodegenError { node: n.name.clone(), msg };
@@ -88,8 +98,8 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
             Some(j) => j,
             None => jit.insert(Jit::new(target)?),
         };
-        if n.op == "Transpose" {
-            let (rank, contiguous) = transpose_form(n)?;
+        if let Some(form) = transpose_form(n) {
+            let (rank, contiguous) = form?;
             let name = format!("aim_transpose_{}", ids.len());
             ids.push((i, Kind::Transpose, compile_transpose(j.module(), &n.name, &name, false, rank, contiguous)?));
         } else if n.op == "Reduce" {
@@ -154,9 +164,8 @@ pub fn reduce_text(name: &str, mode: ReduceMode, target: &Target) -> Result<(Str
     function_text(name, target, |f, cfg| lower_reduce(mode, f, cfg))
 }
 
-/// The Cranelift IR and machine code of an `aim:Transpose` node's copy.
-pub fn transpose_text(name: &str, n: &aim_ir::Node, target: &Target) -> Result<(String, String), CodegenError> {
-    let (rank, contiguous) = transpose_form(n)?;
+/// The Cranelift IR and machine code of a transpose kernel (see [`transpose_form`]).
+pub fn transpose_text(name: &str, rank: usize, contiguous: bool, target: &Target) -> Result<(String, String), CodegenError> {
     function_text(name, target, |f, cfg| lower_transpose(rank, contiguous, f, cfg))
 }
 

@@ -3,7 +3,7 @@
 //! `aim:FromBlocked` reorders at the edges of a blocked region.
 
 use super::conv::{geometry, resolve, Geometry};
-use super::{activation, check_residual, const_f32, prep_err, In, Out, Prepared};
+use super::{activation, check_residual, const_f32, prep_err, transpose, In, Out, Prepared, TransposeFn};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
@@ -120,17 +120,19 @@ pub(super) struct Reorder {
     to_blocked: bool,
     lanes: usize,
     channels: usize,
+    /// The generated rank-4 transpose, used when the channels fill whole blocks.
+    generated: Option<TransposeFn>,
 }
 
 /// Prepares `aim:ToBlocked` / `aim:FromBlocked`.
-pub(super) fn prepare_reorder(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
+pub(super) fn prepare_reorder(n: &Node, isa: Isa, generated: Option<TransposeFn>) -> Result<Prepared, RunError> {
     let lanes = block_of(n, isa)?;
     let to_blocked = n.op == "ToBlocked";
     let channels = n.int("channels", 0).max(0) as usize;
     if !to_blocked && channels == 0 {
         return Err(prep_err(n, "FromBlocked needs its channel count"));
     }
-    Ok(Prepared::Reorder(Reorder { to_blocked, lanes, channels }))
+    Ok(Prepared::Reorder(Reorder { to_blocked, lanes, channels, generated }))
 }
 
 /// Runs a reorder.
@@ -141,14 +143,22 @@ pub(super) fn run_reorder(r: &Reorder, x: In, y: &mut Out, pool: &ThreadPool) ->
             return Err(format!("expected an NCHW input, got {xs:?}"));
         }
         let y = y.take(&[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l]);
-        nchwc::to_blocked(x.data, xs[0], xs[1], xs[2] * xs[3], l, y, pool);
+        match r.generated {
+            // [n][c/L][L][hw] → [n][c/L][hw][L].
+            Some(f) if xs[1].is_multiple_of(l) => transpose::copy(f, x.data, &[xs[0], xs[1] / l, l, xs[2] * xs[3]], &[0, 1, 3, 2], y, pool),
+            _ => nchwc::to_blocked(x.data, xs[0], xs[1], xs[2] * xs[3], l, y, pool),
+        }
         Ok(())
     } else {
         if xs.len() != 5 || xs[4] != l || xs[1] != r.channels.div_ceil(l) {
             return Err(format!("expected a blocked input of {} channels, got {xs:?}", r.channels));
         }
         let y = y.take(&[xs[0], r.channels, xs[2], xs[3]]);
-        nchwc::from_blocked(x.data, xs[0], r.channels, xs[2] * xs[3], l, y, pool);
+        match r.generated {
+            // [n][c/L][hw][L] → [n][c/L][L][hw].
+            Some(f) if r.channels.is_multiple_of(l) => transpose::copy(f, x.data, &[xs[0], xs[1], xs[2] * xs[3], l], &[0, 1, 3, 2], y, pool),
+            _ => nchwc::from_blocked(x.data, xs[0], r.channels, xs[2] * xs[3], l, y, pool),
+        }
         Ok(())
     }
 }
@@ -169,6 +179,15 @@ pub(super) fn schedule(c: &BlockedConv, shape: &[usize], residual: bool) -> Vec<
 /// The loops of a reorder whose input has `shape`, for explore.
 pub(super) fn reorder_schedule(r: &Reorder, shape: &[usize]) -> Vec<String> {
     let hw: usize = shape[2..4].iter().product();
+    let channels = if r.to_blocked { shape[1] } else { r.channels };
+    if r.generated.is_some() && channels.is_multiple_of(r.lanes) {
+        let (rows, per) = (shape[0] * channels.div_ceil(r.lanes) * if r.to_blocked { hw } else { r.lanes }, transpose::rows_per_task(if r.to_blocked { r.lanes } else { hw }));
+        return vec![format!(
+            "parallel for row chunk in 0..{} of ≤{per} rows: generated loop (Cranelift), the rank-4 transpose [0, 1, 3, 2] {}: gathers at the source stride, 4 per step",
+            rows.div_ceil(per),
+            if r.to_blocked { "of [n][c/L][L][hw]" } else { "of [n][c/L][hw][L]" }
+        )];
+    }
     if r.to_blocked {
         vec![format!("parallel for (image, block) in 0..{}: transpose {} channels × {hw} px into {hw} px × {}", shape[0] * shape[1].div_ceil(r.lanes), r.lanes, r.lanes)]
     } else {

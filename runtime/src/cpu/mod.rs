@@ -44,7 +44,7 @@ pub struct Generated {
     pub elementwise: HashMap<usize, ElementwiseFn>,
     /// The loops of `aim:Reduce` nodes.
     pub reduce: HashMap<usize, ReduceFn>,
-    /// The copies of `aim:Transpose` nodes.
+    /// The copies of `aim:Transpose` nodes and of the blocked-layout reorders.
     pub transpose: HashMap<usize, TransposeFn>,
     /// The owner of the code (a JIT module): held as long as the program lives.
     pub owner: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
@@ -124,7 +124,7 @@ impl CpuProgram {
             Some(match n.op.as_str() {
                 "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking),
                 "Conv" => prepare_conv(&graph, n, isa, blocking),
-                "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa),
+                "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa, code.transpose.get(&i).copied()),
                 "MaxPool" | "AveragePool" | "GlobalAveragePool" if n.attrs.contains_key("layout") => blocked::prepare_pool(n, isa),
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),

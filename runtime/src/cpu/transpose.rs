@@ -1,5 +1,5 @@
 //! `aim:Transpose`: the copy loop the compiler generated for the node's rank, run over
-//! chunks of output rows on the pool.
+//! chunks of output rows on the pool (the blocked-layout reorders run it too).
 
 use super::elementwise::CHUNK;
 use super::{prep_err, In, Out, OutPtr, Prepared, TransposeFn};
@@ -40,6 +40,16 @@ pub(super) fn run(t: &Transpose, x: In, y: &mut Out, pool: &ThreadPool) -> Resul
         return Err(format!("input {xs:?} does not have the {r} dims of perm {:?}", t.perm));
     }
     let shape: Vec<usize> = t.perm.iter().map(|&p| xs[p]).collect();
+    copy(t.f, x.data, xs, &t.perm, y.take(&shape), pool);
+    Ok(())
+}
+
+/// Writes into `dst` the transpose by `perm` of `x` (shape `xs`) with the generated loop `f`
+/// (compiled for `perm`'s rank and for whether its last axis stays last).
+pub(super) fn copy(f: TransposeFn, x: &[f32], xs: &[usize], perm: &[usize], dst: &mut [f32], pool: &ThreadPool) {
+    let r = perm.len();
+    let shape: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+    assert!(xs.len() == r && x.len() == xs.iter().product::<usize>() && dst.len() == x.len(), "transpose operands do not fit");
     let mut strides = vec![1usize; r];
     for d in (0..r - 1).rev() {
         strides[d] = strides[d + 1] * xs[d + 1];
@@ -47,17 +57,16 @@ pub(super) fn run(t: &Transpose, x: In, y: &mut Out, pool: &ThreadPool) -> Resul
     // The descriptor the generated loop reads: outer output dims, their source strides, the
     // row length and its source stride.
     let mut desc: Vec<usize> = shape[..r - 1].to_vec();
-    desc.extend(t.perm[..r - 1].iter().map(|&p| strides[p]));
+    desc.extend(perm[..r - 1].iter().map(|&p| strides[p]));
     desc.push(shape[r - 1]);
-    desc.push(strides[t.perm[r - 1]]);
+    desc.push(strides[perm[r - 1]]);
     let rows: usize = shape[..r - 1].iter().product();
     let inner = shape[r - 1];
-    let dst = y.take(&shape);
     if dst.is_empty() {
-        return Ok(());
+        return;
     }
     let per = rows_per_task(inner);
-    let (xp, yp, dp, f) = (x.data.as_ptr() as usize, OutPtr(dst.as_mut_ptr()), desc.as_ptr() as usize, t.f);
+    let (xp, yp, dp) = (x.as_ptr() as usize, OutPtr(dst.as_mut_ptr()), desc.as_ptr() as usize);
     pool.for_each(rows.div_ceil(per), &|k| {
         let yp = yp;
         let (r0, r1) = (k * per, ((k + 1) * per).min(rows));
@@ -66,5 +75,4 @@ pub(super) fn run(t: &Transpose, x: In, y: &mut Out, pool: &ThreadPool) -> Resul
         // elements of x.
         unsafe { f(xp as *const f32, yp.0, dp as *const usize, r0, r1) };
     });
-    Ok(())
 }
