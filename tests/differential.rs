@@ -412,3 +412,41 @@ fn arena_in_place_views_and_reuse() {
         }
     }
 }
+
+/// Fused convolutions overwrite their residual in place when it dies there: the direct
+/// blocked kernel starts its sums from it, the depthwise and Winograd kernels (and plain
+/// NCHW convolutions) get a copy of it first. Each variant against the reference, under
+/// every ISA cap.
+#[test]
+fn residuals_overwritten_in_place() {
+    let mut r = Rng(77);
+    let c = 32;
+    let kv = |k: i64| ints("kernel_shape", &[k, k]);
+    for (tag, k, group) in [("direct", 1, 1), ("depthwise", 3, c), ("winograd", 3, 1), ("grouped", 3, 4)] {
+        let inits = vec![
+            f32_tensor("Wa", &[c, c, 1, 1], &r.values((c * c) as usize)),
+            f32_tensor("W", &[c, c / group, k, k], &r.values((c * c / group * k * k) as usize)),
+            f32_tensor("B", &[c], &r.values(c as usize)),
+        ];
+        let nodes = vec![
+            // A residual no convolution can absorb (so the Add fuses into "conv").
+            node("Sigmoid", "res", &["x"], &["r"], vec![]),
+            node("Conv", "pre", &["x", "Wa"], &["a"], vec![kv(1)]),
+            node("Conv", "conv", &["a", "W", "B"], &["y0"], vec![kv(k), ints("pads", &[k / 2; 4]), int_attr("group", group)]),
+            node("Add", "add", &["y0", "r"], &["y1"], vec![]),
+            node("Relu", "act", &["y1"], &["y"], vec![]),
+            // So that y is an intermediate (graph outputs are allocated for the caller).
+            node("Sigmoid", "post", &["y"], &["z"], vec![]),
+        ];
+        let (h, w) = (9, 10);
+        let dims = [Ok(1), Ok(c), Ok(h), Ok(w)];
+        let model = model(nodes, vec![value("x", 1, &dims)], vec![value("z", 1, &dims)], inits, 17);
+        let d = tempdir(&format!("in-place-{tag}"));
+        std::fs::write(d.join("m.onnx"), &model).unwrap();
+        let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+        let plan = aim_compiler::memory_plan::plan(m.optimized_graph().unwrap());
+        assert!(plan.slots.iter().any(|s| s.in_place_of.is_some()), "{tag}: the conv takes its residual's slot: {plan:?}");
+        let x = Tensor::from_vec(&[1, c as usize, h as usize, w as usize], r.values((c * h * w) as usize));
+        check(&format!("in-place-{tag}"), model, vec![("x".into(), x)]);
+    }
+}

@@ -6,7 +6,9 @@
 //! first fit, largest first, 64-byte aligned. Reshape-like views of such a value (Reshape,
 //! Flatten, Squeeze, Unsqueeze, Identity) share its bytes and extend its life. In place
 //! where legal: the output of an `aim:Elementwise` loop (each output element reads only the
-//! same element of each input) takes the slot of a same-sized input that dies there.
+//! same element of each input) takes the slot of a same-sized input that dies there, and
+//! a fused convolution or dense layer the slot of its residual (input 3) when that dies
+//! there (the kernels start their sums from it, or the executor copies it out first).
 //!
 //! Left out of the arena: graph outputs (handed to the caller), values of dynamic size,
 //! and the outputs of nodes that run reference kernels (which allocate their results).
@@ -99,9 +101,11 @@ pub fn plan(g: &Graph) -> MemoryPlan {
                 let x = source.expect("a view has a placed source");
                 slot.view_of = Some(p.slots[x].name.clone());
                 g_k = group[x];
-            } else if n.domain == "aim" && n.op == "Elementwise" && n.outputs.len() == 1 {
-                // In place over an input whose whole group dies here and that is read once.
-                let candidate = n.inputs.iter().filter_map(|x| index.get(x).copied()).find(|&x| {
+            } else if n.domain == "aim" && n.outputs.len() == 1 && matches!(n.op.as_str(), "Elementwise" | "Conv" | "Dense") {
+                // In place over an input whose whole group dies here and that is read once:
+                // any input of an elementwise loop, the residual of a fused layer.
+                let replaceable: &[String] = if n.op == "Elementwise" { &n.inputs } else { n.inputs.get(3..4).unwrap_or(&[]) };
+                let candidate = replaceable.iter().filter_map(|x| index.get(x).copied()).find(|&x| {
                     !taken[x] && span[&group[x]].1 == i && p.slots[x].bytes == bytes && p.slots[x].view_of.is_none() && n.inputs.iter().filter(|y| **y == p.slots[x].name).count() == 1
                 });
                 if let Some(x) = candidate {
@@ -158,15 +162,16 @@ mod tests {
     use aim_ir::text::parse_graph;
 
     /// Parses `text`, infers types, then turns every Relu/Add into an `aim:Elementwise`
-    /// loop and every Sigmoid into an `aim:Dense`-like kernel node (placement only looks at
-    /// the domain and op).
+    /// loop and every Sigmoid or Sum into an `aim:Dense`-like kernel node (placement only
+    /// looks at the domain, op and operand positions: a Sum's fourth input stands for a
+    /// residual).
     fn lowered(text: &str) -> aim_ir::Graph {
         let mut g = parse_graph(text).unwrap();
         aim_ir::infer::infer_types(&mut g).unwrap();
         for n in &mut g.nodes {
             match n.op.as_str() {
                 "Relu" | "Add" => (n.domain, n.op) = ("aim".into(), "Elementwise".into()),
-                "Sigmoid" => (n.domain, n.op) = ("aim".into(), "Dense".into()),
+                "Sigmoid" | "Sum" => (n.domain, n.op) = ("aim".into(), "Dense".into()),
                 _ => {}
             }
         }
@@ -210,6 +215,20 @@ mod tests {
         assert_eq!(p.allocated, vec![("e".to_string(), 4096)]);
         assert_eq!(p.placed_bytes, 4 * 4096);
         assert_eq!(p.arena_bytes, 2 * 4096, "{p:?}");
+        check_disjoint(&p);
+    }
+
+    #[test]
+    fn a_fused_layer_overwrites_its_residual_when_it_dies_there() {
+        let g = lowered(
+            "graph \"g\" {\n input %x: f32[64]\n %r = Sigmoid(%x)  # r\n %k = Sigmoid(%x)  # k\n %a = Sum(%x, %x, %x, %r)  # a\n %b = Sum(%x, %x, %x, %k)  # b\n %c = Add(%a, %b)  # c\n %y = Exp(%c)  # y\n %z = Exp(%k)  # z\n output %y: f32[64]\n output %z: f32[64]\n}\n",
+        );
+        let p = plan(&g);
+        let by = |n: &str| p.slots.iter().find(|s| s.name == n).unwrap();
+        // r dies at a: a takes its slot. k is read again later (by z): b may not.
+        assert_eq!(by("a").in_place_of.as_deref(), Some("r"));
+        assert_eq!(by("a").offset, by("r").offset);
+        assert_eq!(by("b").in_place_of, None);
         check_disjoint(&p);
     }
 

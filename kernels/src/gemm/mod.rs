@@ -139,6 +139,9 @@ pub struct Epilogue<'a> {
     pub col_bias: Option<&'a [f32]>,
     /// A tensor of C's shape (and `ldc`) to add.
     pub residual: Option<&'a [f32]>,
+    /// C already holds the residual (the result overwrites it in place): the product is
+    /// added to it.
+    pub residual_in_c: bool,
     /// The activation.
     pub act: Option<Activation>,
 }
@@ -237,8 +240,8 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
                         unsafe {
                             let dst = cp.0.add(i * mr * ldc + j * nr);
                             match a {
-                                ASrc::Packed(pa) => tile(isa, kc_len, pa.panel(kb, i), bp, dst, ldc, rows, cols, kb > 0, &mut buf),
-                                ASrc::Plain(x) => tile_plain(isa, kc_len, x.as_ptr().add(i * mr * k + kb * kc), k, bp, dst, ldc, rows, cols, kb > 0, &mut buf),
+                                ASrc::Packed(pa) => tile(isa, kc_len, pa.panel(kb, i), bp, dst, ldc, rows, cols, kb > 0 || ep.residual_in_c, &mut buf),
+                                ASrc::Plain(x) => tile_plain(isa, kc_len, x.as_ptr().add(i * mr * k + kb * kc), k, bp, dst, ldc, rows, cols, kb > 0 || ep.residual_in_c, &mut buf),
                             }
                             if kb + 1 == kblocks {
                                 epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
@@ -359,7 +362,13 @@ fn small_m(a: ARows, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn
                 // SAFETY: row i, columns j*NR.. of C belong to this task.
                 unsafe {
                     let dst = cp.0.add(i * ldc + j * nr);
-                    std::ptr::copy_nonoverlapping(acc[at..].as_ptr(), dst, cols);
+                    if ep.residual_in_c {
+                        for c in 0..cols {
+                            *dst.add(c) += acc[at + c];
+                        }
+                    } else {
+                        std::ptr::copy_nonoverlapping(acc[at..].as_ptr(), dst, cols);
+                    }
                     epilogue(isa, dst, ldc, i, j * nr, 1, cols, ep);
                 }
             }
@@ -512,7 +521,7 @@ pub fn gemm_lazy_b(
                 // SAFETY: as in `gemm`; the panel holds kc_len×NR floats.
                 unsafe {
                     let dst = cp.0.add(i * mr * ldc + j * nr);
-                    tile(isa, kc_len, a.panel(kb, i), panel.as_ptr(), dst, ldc, rows, cols, kb > 0, &mut buf);
+                    tile(isa, kc_len, a.panel(kb, i), panel.as_ptr(), dst, ldc, rows, cols, kb > 0 || ep.residual_in_c, &mut buf);
                     if kb + 1 == kblocks {
                         epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
                     }

@@ -59,7 +59,7 @@ fn transposed_packing_and_epilogue() {
         let pa = PackedA::from_slice(isa, blocking, &at, m, k, true);
         let pb = PackedB::from_slice(isa, blocking, &bt, k, n, true);
         let (rb, cb, res) = (values(m, 5), values(n, 6), values(m * n, 7));
-        let ep = Epilogue { row_bias: Some(&rb), col_bias: Some(&cb), residual: Some(&res), act: Some(Activation::Clip(-0.5, 0.5)) };
+        let ep = Epilogue { row_bias: Some(&rb), col_bias: Some(&cb), residual: Some(&res), act: Some(Activation::Clip(-0.5, 0.5)), ..Epilogue::default() };
         let mut c = vec![0f32; m * n];
         gemm(&pa, &pb, &mut c, n, &ep, &Sequential);
         let want = reference(&a, &b, m, k, n);
@@ -67,6 +67,31 @@ fn transposed_packing_and_epilogue() {
             for j in 0..n {
                 let w = (want[i * n + j] + rb[i] + cb[j] + res[i * n + j]).clamp(-0.5, 0.5);
                 assert!((c[i * n + j] - w).abs() < 1e-4, "{isa:?} ({i},{j}): {} vs {w}", c[i * n + j]);
+            }
+        }
+    }
+}
+
+/// C holding the residual (overwritten in place) gives what a separate residual gives: for
+/// packed and plain A, small and tiled products, several k blocks, edge tiles.
+#[test]
+fn residual_in_c_matches_a_separate_residual() {
+    for isa in isas() {
+        for &(m, k, n) in &[(3, 70, 40), (13, 130, 33), (64, 9, 70)] {
+            let (a, b, res, cb) = (values(m * k, 11), values(k * n, 12), values(m * n, 13), values(n, 14));
+            let blocking = Blocking { kc: 64, mc: 2 * isa.mr() };
+            let pa = PackedA::from_slice(isa, blocking, &a, m, k, false);
+            let pb = PackedB::from_slice(isa, blocking, &b, k, n, false);
+            let separate = Epilogue { col_bias: Some(&cb), residual: Some(&res), act: Some(Activation::Relu), ..Epilogue::default() };
+            let mut want = vec![f32::NAN; m * n];
+            gemm(&pa, &pb, &mut want, n, &separate, &Sequential);
+            let in_c = Epilogue { col_bias: Some(&cb), residual_in_c: true, act: Some(Activation::Relu), ..Epilogue::default() };
+            let mut packed = res.clone();
+            gemm(&pa, &pb, &mut packed, n, &in_c, &Sequential);
+            let mut plain = res.clone();
+            gemm_rows(&a, m, k, blocking, &pb, &mut plain, n, &in_c, &Sequential);
+            for (i, w) in want.iter().enumerate() {
+                assert!((packed[i] - w).abs() < 1e-4 && (plain[i] - w).abs() < 1e-4, "{isa:?} {m}x{k}x{n} at {i}: {} / {} vs {w}", packed[i], plain[i]);
             }
         }
     }

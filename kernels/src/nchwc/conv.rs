@@ -51,6 +51,9 @@ pub struct ConvIo<'a> {
     pub ow: usize,
     /// A tensor of the output's blocked shape added before the activation.
     pub residual: Option<&'a [f32]>,
+    /// The output already holds the residual (the result overwrites it in place): the sums
+    /// start from it. Only the direct convolution ([`Conv`]) supports this.
+    pub residual_in_y: bool,
     /// The output, `[n][ceil(cout/L)][oh][ow][L]`.
     pub y: &'a mut [f32],
 }
@@ -209,6 +212,7 @@ impl Conv {
             units: rows * segs,
             segs,
             pair_outer,
+            acc_first: io.residual_in_y,
             _padded: padded,
             _buffers: std::marker::PhantomData,
         })
@@ -257,6 +261,8 @@ pub(super) struct Job<'a> {
     units: usize,
     segs: usize,
     pair_outer: bool,
+    /// Whether the first k block starts from the output (which holds the residual).
+    acc_first: bool,
     /// The zero-padded input the pointers may point into.
     _padded: Option<Vec<f32>>,
     /// The caller's input, residual and output, borrowed for as long as the job lives.
@@ -322,7 +328,7 @@ impl Job<'_> {
             let t = Tile {
                 k0,
                 k1,
-                first: k0 == 0,
+                first: k0 == 0 && !self.acc_first,
                 last: k1 == self.k,
                 koff: self.koff.as_ptr(),
                 xps: self.xps,

@@ -57,6 +57,9 @@ impl Depthwise {
     /// Runs the convolution on blocked input (`io.x`), into blocked output; the padding
     /// after is implied by the output size. Errors name what does not fit.
     pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {
+        if io.residual_in_y {
+            return Err("this kernel takes its residual as a separate tensor".into());
+        }
         let l = self.lanes;
         let blocks = self.channels.div_ceil(l);
         let (in_len, out_len) = (io.batch * blocks * io.h * io.w * l, io.batch * blocks * io.oh * io.ow * l);

@@ -124,10 +124,17 @@ fn conv_matches_the_definition() {
                 let xin = if layout == Layout::Blocked { blocked(&x, n, cin, h * w, l) } else { x.clone() };
                 let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
                 let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
-                conv.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
+                conv.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), residual_in_y: false, y: &mut y }, &Sequential).unwrap();
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
                 close(&got, &want, &format!("{isa:?} conv {cin}->{cout} {h}x{w} k{k} s{s} d{d} {pads:?} {layout:?} {act:?}"));
+                // The same with the residual already in the output (overwritten in place).
+                if let Some(r) = &res_b {
+                    let mut y = r.clone();
+                    conv.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: None, residual_in_y: true, y: &mut y }, &Sequential).unwrap();
+                    from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
+                    close(&got, &want, &format!("{isa:?} conv in place {cin}->{cout} {h}x{w} k{k} s{s} d{d} {pads:?} {layout:?} {act:?}"));
+                }
             }
         }
     }
@@ -163,7 +170,7 @@ fn depthwise_matches_the_definition() {
                 let xin = blocked(&x, n, c, h * w, l);
                 let res_b = res.as_ref().map(|r| blocked(r, n, c, oh * ow, l));
                 let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
-                dw.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
+                dw.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), residual_in_y: false, y: &mut y }, &Sequential).unwrap();
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
                 close(&got, &want, &format!("{isa:?} depthwise {c} {h}x{w} k{k} s{s} d{d} {pads:?} {act:?}"));
@@ -193,7 +200,7 @@ fn winograd_matches_the_definition() {
                 let xin = blocked(&x, n, cin, h * w, l);
                 let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
                 let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
-                wino.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), y: &mut y }, &Sequential).unwrap();
+                wino.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), residual_in_y: false, y: &mut y }, &Sequential).unwrap();
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
                 // Winograd rounds differently from the direct sum: compare against the scale of
@@ -272,7 +279,7 @@ fn a_conv_refuses_buffers_that_do_not_fit() {
     let x = vec![0f32; 8 * 5 * 5];
     let mut y = vec![0f32; 16 * 5 * 5];
     // Too small an output for the given input.
-    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [1; 4], oh: 5, ow: 5, residual: None, y: &mut y[..100] }, &Sequential).is_err());
+    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [1; 4], oh: 5, ow: 5, residual: None, residual_in_y: false, y: &mut y[..100] }, &Sequential).is_err());
     // An output larger than the window allows.
-    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [0; 4], oh: 5, ow: 5, residual: None, y: &mut y }, &Sequential).is_err());
+    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [0; 4], oh: 5, ow: 5, residual: None, residual_in_y: false, y: &mut y }, &Sequential).is_err());
 }

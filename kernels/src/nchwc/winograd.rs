@@ -90,6 +90,9 @@ impl Winograd {
 
     /// Runs the convolution: `io` as for [`Conv::run`], blocked input, stride 1.
     pub fn run(&self, io: ConvIo, par: &dyn Parallel) -> Result<(), String> {
+        if io.residual_in_y {
+            return Err("this kernel takes its residual as a separate tensor".into());
+        }
         let l = self.lanes;
         let (cbi, cbo) = (self.cin.div_ceil(l), self.cout.div_ceil(l));
         let [pt, pl, pb, pr] = io.pads;
@@ -117,7 +120,7 @@ impl Winograd {
             .chunks_mut(cbo * p * l)
             .zip(v.chunks(cbi * p * l))
             .zip(&self.products)
-            .map(|((mm, vv), c)| c.plan(ConvIo { x: vv, batch: 1, h: 1, w: p, pads: [0; 4], oh: 1, ow: p, residual: None, y: mm }, par))
+            .map(|((mm, vv), c)| c.plan(ConvIo { x: vv, batch: 1, h: 1, w: p, pads: [0; 4], oh: 1, ow: p, residual: None, residual_in_y: false, y: mm }, par))
             .collect::<Result<_, _>>()?;
         let per = jobs[0].tasks();
         par.for_each(T * T * per, &|t| jobs[t / per].task(t % per));

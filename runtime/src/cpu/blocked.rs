@@ -3,7 +3,7 @@
 //! `aim:FromBlocked` reorders at the edges of a blocked region.
 
 use super::conv::{geometry, resolve, Geometry};
-use super::{activation, check_residual, const_f32, prep_err, transpose, In, Out, Prepared, TransposeFn};
+use super::{activation, const_f32, prep_err, transpose, In, Out, Prepared, Residual, TransposeFn};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
@@ -87,8 +87,14 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
     Ok(Prepared::Blocked(Box::new(BlockedConv { kernel, geo, cin, cout, input, lanes })))
 }
 
+/// Whether the convolution can overwrite its residual in place (the direct kernel starts
+/// its sums from the output; the depthwise and Winograd ones take the residual apart).
+pub(super) fn takes_residual_in_place(c: &BlockedConv) -> bool {
+    matches!(c.kernel, Kernel::Conv(_))
+}
+
 /// Runs a blocked convolution on `x` (blocked, or NCHW for `in_layout = "NCHW"`).
-pub(super) fn run(c: &BlockedConv, x: In, residual: Option<In>, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+pub(super) fn run(c: &BlockedConv, x: In, residual: Residual, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
     let l = c.lanes;
     let xs = x.shape;
     let ok = match c.input {
@@ -102,11 +108,11 @@ pub(super) fn run(c: &BlockedConv, x: In, residual: Option<In>, y: &mut Out, poo
     let (out, before) = resolve(&c.geo, &[h, w])?;
     let (oh, ow) = (out[0], out[1]);
     let shape = [n, c.cout.div_ceil(l), oh, ow, l];
-    let res = check_residual(residual, &shape)?;
+    let (res, residual_in_y) = residual.check(&shape, y)?;
     // Padding after: what the last window needs beyond the input, if anything.
     let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
     let pads = [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
-    let io = ConvIo { x: x.data, batch: n, h, w, pads, oh, ow, residual: res, y: y.take(&shape) };
+    let io = ConvIo { x: x.data, batch: n, h, w, pads, oh, ow, residual: res, residual_in_y, y: y.take(&shape) };
     match &c.kernel {
         Kernel::Conv(k) => k.run(io, pool)?,
         Kernel::Depthwise(k) => k.run(io, pool)?,

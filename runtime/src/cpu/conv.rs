@@ -141,6 +141,7 @@ pub(super) fn run_conv(c: &ConvPrep, x: In, residual: Option<In>, y: &mut Out, p
                 col_bias: None,
                 residual: res.map(|r| &r[off..off + mg * osize]),
                 act: c.act,
+                ..Epilogue::default()
             };
             gemm_lazy_b(&c.weights[gi], osize, &*fill, &mut yd[off..off + mg * osize], osize, &ep, pool);
         }
@@ -217,7 +218,7 @@ fn conv_padded_rows(
     let bias = c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]);
     // Without a residual the activation can run in the GEMM's epilogue; with one it must
     // wait until the residual is added, in the compaction.
-    let ep = Epilogue { row_bias: bias, col_bias: None, residual: None, act: if res.is_none() { c.act } else { None } };
+    let ep = Epilogue { row_bias: bias, col_bias: None, residual: None, act: if res.is_none() { c.act } else { None }, ..Epilogue::default() };
     gemm_lazy_b(&c.weights[gi], n_wide, &fill, &mut wide, n_wide, &ep, pool);
     let act = c.act.unwrap_or(Activation::Identity);
     let dp = OutPtr(dst.as_mut_ptr());

@@ -1,6 +1,6 @@
 //! `aim:Dense` (MatMul/Gemm with a constant weight) as a packed GEMM.
 
-use super::{activation, check_residual, const_f32, prep_err, In, Out, Prepared};
+use super::{activation, const_f32, prep_err, In, Out, Prepared, Residual};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
@@ -25,7 +25,7 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
 
-pub(super) fn run_dense(d: &DensePrep, x: In, residual: Option<In>, y: &mut Out, blocking: Blocking, pool: &ThreadPool) -> Result<(), String> {
+pub(super) fn run_dense(d: &DensePrep, x: In, residual: Residual, y: &mut Out, blocking: Blocking, pool: &ThreadPool) -> Result<(), String> {
     let xs = x.shape;
     if xs.is_empty() || xs[xs.len() - 1] != d.k {
         return Err(format!("input {xs:?} does not end in {} features", d.k));
@@ -36,9 +36,9 @@ pub(super) fn run_dense(d: &DensePrep, x: In, residual: Option<In>, y: &mut Out,
     if xs.len() == 1 {
         shape = vec![d.n];
     }
-    let res = check_residual(residual, &shape)?;
+    let (res, residual_in_c) = residual.check(&shape, y)?;
     let y = y.take(&shape);
-    let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, act: d.act };
+    let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, residual_in_c, act: d.act };
     gemm_rows(x.data, m, d.k, blocking, &d.weight, y, d.n, &ep, pool);
     Ok(())
 }

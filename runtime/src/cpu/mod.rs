@@ -189,6 +189,38 @@ struct In<'a> {
     shape: &'a [usize],
 }
 
+/// The residual of a fused convolution or dense layer.
+#[derive(Clone, Copy)]
+enum Residual<'a> {
+    None,
+    /// A tensor of the output's shape.
+    Separate(In<'a>),
+    /// The output's arena slot already holds it (the output overwrites it in place).
+    InOutput,
+}
+
+impl<'a> Residual<'a> {
+    /// The residual for kernels that take it apart only.
+    fn separate(self) -> Result<Option<In<'a>>, String> {
+        match self {
+            Residual::Separate(r) => Ok(Some(r)),
+            Residual::None => Ok(None),
+            Residual::InOutput => Err("this kernel takes its residual as a separate tensor".into()),
+        }
+    }
+
+    /// The separate residual, checked against the output `shape`, or whether the output
+    /// (which must then be its slot) holds it.
+    fn check(self, shape: &[usize], y: &Out) -> Result<(Option<&'a [f32]>, bool), String> {
+        match self {
+            Residual::None => Ok((None, false)),
+            Residual::Separate(r) => Ok((check_residual(Some(r), shape)?, false)),
+            Residual::InOutput if y.fits(shape) => Ok((None, true)),
+            Residual::InOutput => Err(format!("the residual's slot does not hold the output {shape:?}")),
+        }
+    }
+}
+
 /// Where a prepared kernel writes its output: the value's arena slot when the output fits
 /// it, else a new tensor. Slots are not cleared between runs: kernels write every element.
 struct Out<'a> {
@@ -198,6 +230,11 @@ struct Out<'a> {
 }
 
 impl<'a> Out<'a> {
+    /// Whether an output of `shape` goes into the slot (exactly its size).
+    fn fits(&self, shape: &[usize]) -> bool {
+        self.slot.as_ref().is_some_and(|s| s.len() == shape.iter().product::<usize>())
+    }
+
     /// Room for an output of `shape`.
     fn take(&mut self, shape: &[usize]) -> &mut [f32] {
         let n: usize = shape.iter().product();

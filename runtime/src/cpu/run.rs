@@ -7,7 +7,7 @@
 //! the same bytes. Other results are allocated by their kernels.
 //! Graph outputs are allocated for the caller.
 
-use super::{blocked, conv, dense, depthwise, elementwise, transpose, CpuProgram, In, Out, Placement, Prepared};
+use super::{blocked, conv, dense, depthwise, elementwise, transpose, CpuProgram, In, Out, Placement, Prepared, Residual};
 use crate::exec::{check_input, panic_message, run_node, NodeTiming, RunError, Scope};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use std::collections::HashMap;
@@ -94,14 +94,19 @@ impl Values {
             slot[o] = None;
         }
         for (i, n) in g.nodes.iter().enumerate() {
-            // Generated elementwise loops may overwrite an input whole; views (which write
-            // nothing) are their input's bytes.
-            let same_ok = (n.domain == "aim" && n.op == "Elementwise") || is_view_op(n);
+            // Generated elementwise loops may overwrite any input whole, fused convolutions and
+            // dense layers their residual (input 3); views (which write nothing) are their
+            // input's bytes.
+            let may_take = |k: usize| {
+                (n.domain == "aim" && n.op == "Elementwise")
+                    || (n.domain == "aim" && matches!(n.op.as_str(), "Conv" | "Dense") && k == 3)
+                    || (is_view_op(n) && k == 0)
+            };
             for o in outs[i].iter().flatten() {
                 let Some((a, la)) = slot[*o] else { continue };
-                let clash = ins[i].iter().flatten().filter_map(|x| slot[*x]).any(|(b, lb)| {
+                let clash = ins[i].iter().enumerate().filter_map(|(k, x)| Some((k, slot[(*x)?]?))).any(|(k, (b, lb))| {
                     let overlap = a < b + lb && b < a + la;
-                    overlap && !(same_ok && a == b && la == lb)
+                    overlap && !(may_take(k) && a == b && la == lb)
                 });
                 if clash {
                     slot[*o] = None;
@@ -305,16 +310,34 @@ impl CpuProgram {
                 }
             };
             let x = get(0)?.ok_or_else(|| fail("input 0 is missing".into()))?;
-            let residual = get(3)?;
+            // A residual whose slot the output takes (in place): the kernels that can start
+            // from it do; for the others it is copied out first.
+            let res_value = v.ins[i].get(3).copied().flatten();
+            let in_place = res_value.is_some_and(|r| v.slot[r] == slot && matches!(&vals[r], Val::Arena { off, .. } if slot.map(|s| s.0) == Some(*off)));
+            let direct = match p {
+                Prepared::Dense(_) => true,
+                Prepared::Blocked(c) => blocked::takes_residual_in_place(c),
+                _ => false,
+            };
+            let saved: Option<(Vec<f32>, Vec<usize>)> = match (in_place, direct, res_value.map(|r| &vals[r])) {
+                (true, false, Some(Val::Arena { off, shape })) => Some((base.floats(*off, shape).to_vec(), shape.clone())),
+                _ => None,
+            };
+            let residual = match (&saved, in_place) {
+                (Some((data, shape)), _) => Residual::Separate(In { data, shape }),
+                (None, true) => Residual::InOutput,
+                (None, false) => get(3)?.map_or(Residual::None, Residual::Separate),
+            };
             // SAFETY: the slot is in the arena and overlaps none of this node's inputs
-            // (checked at load), and no other value alive now (the memory plan).
+            // (checked at load) except a residual it takes in place, which is then read
+            // through the slot only; and no other value alive now (the memory plan).
             let floats = slot.map(|(off, bytes)| unsafe { std::slice::from_raw_parts_mut(base.ptr.add(off) as *mut f32, bytes / 4) });
             let mut y = Out { slot: floats, shape: Vec::new(), made: None };
             let pool = &self.pool;
             // A bug in a kernel must surface as an error naming the node, not a crash.
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match p {
-                Prepared::Conv(c) => conv::run_conv(c, x, residual, &mut y, pool),
-                Prepared::Depthwise(d) => depthwise::run_depthwise(d, x, residual, &mut y, pool),
+                Prepared::Conv(c) => residual.separate().and_then(|r| conv::run_conv(c, x, r, &mut y, pool)),
+                Prepared::Depthwise(d) => residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, &mut y, pool)),
                 Prepared::Dense(d) => dense::run_dense(d, x, residual, &mut y, self.blocking, pool),
                 Prepared::Blocked(c) => blocked::run(c, x, residual, &mut y, pool),
                 Prepared::Reorder(r) => blocked::run_reorder(r, x, &mut y, pool),
