@@ -450,3 +450,36 @@ fn residuals_overwritten_in_place() {
         check(&format!("in-place-{tag}"), model, vec![("x".into(), x)]);
     }
 }
+
+/// One model run from several threads at once: each run takes its own arena (the program
+/// keeps one per concurrent run), so results equal those of runs one at a time.
+#[test]
+fn concurrent_runs_use_separate_arenas() {
+    let mut r = Rng(31);
+    let (k, n) = (48, 64);
+    let inits = vec![f32_tensor("W1", &[k, n], &r.values((k * n) as usize)), f32_tensor("W2", &[n, k], &r.values((k * n) as usize))];
+    let nodes = vec![
+        node("MatMul", "fc1", &["x", "W1"], &["h"], vec![]),
+        node("Tanh", "act", &["h"], &["t"], vec![]),
+        node("MatMul", "fc2", &["t", "W2"], &["y0"], vec![]),
+        node("Add", "res", &["y0", "x"], &["y"], vec![]),
+    ];
+    let model = model(nodes, vec![value("x", 1, &[Ok(16), Ok(k)])], vec![value("y", 1, &[Ok(16), Ok(k)])], inits, 17);
+    let d = tempdir("concurrent");
+    std::fs::write(d.join("m.onnx"), &model).unwrap();
+    let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+    let inputs: Vec<Tensor> = (0..8).map(|_| Tensor::from_vec(&[16, k as usize], r.values(16 * k as usize))).collect();
+    let want: Vec<Vec<f64>> = inputs.iter().map(|x| m.run(vec![("x".into(), x.clone())]).unwrap()[0].1.to_f64_vec()).collect();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (m, inputs, want) = (&m, &inputs, &want);
+            s.spawn(move || {
+                for round in 0..50 {
+                    let i = (t + round) % inputs.len();
+                    let got = m.run(vec![("x".into(), inputs[i].clone())]).unwrap()[0].1.to_f64_vec();
+                    assert_eq!(got, want[i], "thread {t}, round {round}");
+                }
+            });
+        }
+    });
+}
