@@ -9,7 +9,7 @@ use super::CodegenError;
 use crate::ewprog::{Binary, Inst, Operand, Unary};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::isa::TargetFrontendConfig;
-use cranelift_codegen::ir::{types, AbiParam, Function, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, Function, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Module};
 
@@ -225,19 +225,12 @@ impl Emit<'_, '_> {
 /// Builds the CLIF function of a program with `n_inputs` inputs.
 pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cfg: TargetFrontendConfig) {
     let ptr = types::I64;
-    for _ in 0..4 {
-        func.signature.params.push(AbiParam::new(ptr));
-    }
     let mut fbc = FunctionBuilderContext::new();
-    let mut b = FunctionBuilder::new(func, &mut fbc);
-    let entry = b.create_block();
-    b.append_block_params_for_function_params(entry);
+    let (mut b, _, params) = super::begin(func, &mut fbc, 4);
     let (vec_head, vec_body, tail_head, tail_body, exit) = (b.create_block(), b.create_block(), b.create_block(), b.create_block(), b.create_block());
     for blk in [vec_head, vec_body, tail_head, tail_body] {
         b.append_block_param(blk, ptr);
     }
-    b.switch_to_block(entry);
-    let params = b.block_params(entry).to_vec();
     let (ins, out, start, end) = (params[0], params[1], params[2], params[3]);
     // The data is only ever read and written inside [start, end) of each buffer (checked by
     // the caller), so accesses cannot trap; they need not be aligned.

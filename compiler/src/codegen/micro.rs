@@ -6,9 +6,9 @@
 //! `fn(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: usize)`.
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, AbiParam, BlockArg, Function, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{types, BlockArg, Function, InstBuilder, MemFlagsData, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;
-use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_frontend::FunctionBuilderContext;
 
 /// Rows and columns of the tile (those of the portable kernel's packing).
 pub const MR: usize = 4;
@@ -19,15 +19,8 @@ pub const NR: usize = 16;
 /// the target has them: elsewhere Cranelift would call a library routine).
 pub fn lower_micro(func: &mut Function, cfg: TargetFrontendConfig, fma: bool) {
     let ptr = types::I64;
-    for _ in 0..6 {
-        func.signature.params.push(AbiParam::new(ptr));
-    }
     let mut fbc = FunctionBuilderContext::new();
-    let mut b = FunctionBuilder::new(func, &mut fbc);
-    let entry = b.create_block();
-    b.append_block_params_for_function_params(entry);
-    b.switch_to_block(entry);
-    let p = b.block_params(entry).to_vec();
+    let (mut b, entry, p) = super::begin(func, &mut fbc, 6);
     let (kc, a, bp, c, ldc, acc) = (p[0], p[1], p[2], p[3], p[4], p[5]);
     // Packed panels and the C tile are in bounds (the caller's contract): no trap.
     let flags = MemFlagsData::new().with_notrap();

@@ -169,6 +169,26 @@ pub fn transpose_text(name: &str, rank: usize, contiguous: bool, target: &Target
     function_text(name, target, |f, cfg| lower_transpose(rank, contiguous, f, cfg))
 }
 
+/// Starts building `func` as a function of `params` pointer-sized integer parameters (the
+/// C convention every generated function uses): returns the builder, positioned in the
+/// entry block, the entry block, and the parameters.
+fn begin<'a>(
+    func: &'a mut cranelift_codegen::ir::Function,
+    fbc: &'a mut cranelift_frontend::FunctionBuilderContext,
+    params: usize,
+) -> (cranelift_frontend::FunctionBuilder<'a>, cranelift_codegen::ir::Block, Vec<cranelift_codegen::ir::Value>) {
+    use cranelift_codegen::ir::{types, AbiParam};
+    for _ in 0..params {
+        func.signature.params.push(AbiParam::new(types::I64));
+    }
+    let mut b = cranelift_frontend::FunctionBuilder::new(func, fbc);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    let p = b.block_params(entry).to_vec();
+    (b, entry, p)
+}
+
 /// Declares and defines in `module` the function `lower` builds, under `name`; exported
 /// (`Linkage::Export`) when `export`. Errors name `node`.
 fn define<M: cranelift_module::Module>(

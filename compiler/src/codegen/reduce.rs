@@ -7,7 +7,7 @@
 
 use super::CodegenError;
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, AbiParam, BlockArg, Function, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{types, BlockArg, Function, InstBuilder, MemFlagsData, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Module};
@@ -59,16 +59,9 @@ const ACCS: usize = 4;
 /// Builds the CLIF function of a reduction.
 pub fn lower_reduce(mode: ReduceMode, func: &mut Function, cfg: TargetFrontendConfig) {
     let ptr = types::I64;
-    for _ in 0..5 {
-        func.signature.params.push(AbiParam::new(ptr));
-    }
     let mut fbc = FunctionBuilderContext::new();
-    let mut b = FunctionBuilder::new(func, &mut fbc);
-    let entry = b.create_block();
-    b.append_block_params_for_function_params(entry);
+    let (mut b, _, p) = super::begin(func, &mut fbc, 5);
     let [row_head, row_body, vec_head, vec_body, tail_head, tail_body, row_end, exit] = std::array::from_fn(|_| b.create_block());
-    b.switch_to_block(entry);
-    let p = b.block_params(entry).to_vec();
     let (x, out, len, row0, row1) = (p[0], p[1], p[2], p[3], p[4]);
     // Reads stay inside rows [row0, row1) of x and writes inside out[row0..row1] (checked by
     // the caller): no access traps; none needs alignment.

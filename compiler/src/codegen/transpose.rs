@@ -11,7 +11,7 @@
 
 use super::CodegenError;
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, AbiParam, Function, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{types, Function, InstBuilder, MemFlagsData, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_module::{FuncId, Module};
@@ -40,15 +40,8 @@ fn counted_loop(b: &mut FunctionBuilder, var: Variable, end: Value, step: i64, b
 pub fn lower_transpose(rank: usize, contiguous: bool, func: &mut Function, cfg: TargetFrontendConfig) {
     assert!(rank >= 2, "a transpose kernel has at least two dims");
     let ptr = types::I64;
-    for _ in 0..5 {
-        func.signature.params.push(AbiParam::new(ptr));
-    }
     let mut fbc = FunctionBuilderContext::new();
-    let mut b = FunctionBuilder::new(func, &mut fbc);
-    let entry = b.create_block();
-    b.append_block_params_for_function_params(entry);
-    b.switch_to_block(entry);
-    let p = b.block_params(entry).to_vec();
+    let (mut b, _, p) = super::begin(func, &mut fbc, 5);
     let (x, y, desc, row0, row1) = (p[0], p[1], p[2], p[3], p[4]);
     // The descriptor and the rows [row0, row1) of y, and the source elements those rows
     // read, are in bounds (checked by the caller): no access traps; none needs alignment.
