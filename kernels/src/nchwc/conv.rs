@@ -321,7 +321,6 @@ impl Job<'_> {
         let yoff = (n * self.cb_out + 2 * pair) * yblk + oy * self.ow * l;
         let x = p.x.add(n * self.image + oy * self.xrow);
         let kc = self.conv.kc;
-        let mut dummy = [0f32; 12 * 16];
         let mut k0 = 0;
         while k0 < self.k {
             let k1 = (k0 + kc).min(self.k);
@@ -342,19 +341,21 @@ impl Job<'_> {
             for i in 0..tiles {
                 let r = cols.start + (i + 1) * cols.len() / tiles - ox;
                 let y0 = p.y.add(yoff + ox * l);
-                // With one real block left, the second block's sums go to a dummy tile.
-                let y1 = if nb == 2 { y0.add(yblk) } else { dummy.as_mut_ptr() };
+                // With one real block left there is no second output (never touched).
+                let y1 = if nb == 2 { y0.add(yblk) } else { std::ptr::null_mut() };
                 let r0 = if p.res.is_null() { p.res } else { p.res.add(yoff + ox * l) };
                 let r1 = if nb == 2 && !r0.is_null() { r0.add(yblk) } else { std::ptr::null() };
                 let (y, res) = ([y0, y1], [r0, r1]);
                 let x = x.add(ox * self.xps);
                 // The input stride between pixels as a constant where it is one or two
                 // vectors (blocked input, stride 1 or 2) or one or two floats (NCHW input):
-                // addresses then fold into displacements. Codes: see `Tile::run`.
+                // addresses then fold into displacements. Codes: see `Tile::run`. A pair
+                // with one real block computes that block only.
                 macro_rules! go {
                     ($xs:literal; $($r:literal)*) => {
-                        match r {
-                            $($r => t.run::<V, $r, $xs>(x, y, res),)*
+                        match (r, nb) {
+                            $(($r, 2) => t.run::<V, $r, $xs, 2>(x, y, res),)*
+                            $(($r, _) => t.run::<V, $r, $xs, 1>(x, y, res),)*
                             _ => unreachable!("tile rows are 1..=12"),
                         }
                     };
@@ -391,11 +392,13 @@ struct Tile {
 }
 
 impl Tile {
-    /// `R` pixels × two blocks: `y = act(bias + Σ_k x[koff[k] + r·xps] · w[k] (+ res))`,
-    /// with the input stride between pixels `xps` given by `XS`: 1 and 2 are one and two
-    /// vectors, 3 and 4 one and two floats, 0 the runtime `self.xps`.
+    /// `R` pixels × `NB` (one or two) blocks: `y = act(bias + Σ_k x[koff[k] + r·xps] · w[k]
+    /// (+ res))`, with the input stride between pixels `xps` given by `XS`: 1 and 2 are one
+    /// and two vectors, 3 and 4 one and two floats, 0 the runtime `self.xps`. The weights
+    /// hold two blocks per k step either way (the pair's second block is zero padding when
+    /// the layer has an odd number of blocks).
     #[inline(always)]
-    unsafe fn run<V: Vf32, const R: usize, const XS: usize>(&self, x: *const f32, y: [*mut f32; 2], res: [*const f32; 2]) {
+    unsafe fn run<V: Vf32, const R: usize, const XS: usize, const NB: usize>(&self, x: *const f32, y: [*mut f32; 2], res: [*const f32; 2]) {
         let l = V::LANES;
         let xps = match XS {
             1 => l,
@@ -404,31 +407,35 @@ impl Tile {
             4 => 2,
             _ => self.xps,
         };
-        let mut acc = [[V::zero(); 2]; R];
+        let mut acc = [[V::zero(); NB]; R];
         if !self.first {
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = [V::load(y[0].add(r * l)), V::load(y[1].add(r * l))];
+                for (j, v) in a.iter_mut().enumerate() {
+                    *v = V::load(y[j].add(r * l));
+                }
             }
         }
         for kk in self.k0..self.k1 {
             let xk = x.add(*self.koff.add(kk));
             let wk = self.w.add(kk * 2 * l);
-            let (w0, w1) = (V::load(wk), V::load(wk.add(l)));
+            let w: [V; NB] = std::array::from_fn(|j| V::load(wk.add(j * l)));
             for (r, a) in acc.iter_mut().enumerate() {
                 let xv = V::splat(*xk.add(r * xps));
-                a[0] = xv.fma(w0, a[0]);
-                a[1] = xv.fma(w1, a[1]);
+                for j in 0..NB {
+                    a[j] = xv.fma(w[j], a[j]);
+                }
             }
         }
         if !self.last {
             for (r, a) in acc.iter().enumerate() {
-                a[0].store(y[0].add(r * l));
-                a[1].store(y[1].add(r * l));
+                for (j, v) in a.iter().enumerate() {
+                    v.store(y[j].add(r * l));
+                }
             }
             return;
         }
         let (lo, hi) = (V::splat(self.lo), V::splat(self.hi));
-        for j in 0..2 {
+        for j in 0..NB {
             let b = V::load(self.bias.add(j * l));
             for (r, a) in acc.iter().enumerate() {
                 let mut v = a[j].add(b);
