@@ -122,8 +122,13 @@ impl Conv {
         ));
         v.push(format!("  for k-block in 0..{} (≤{} of k = {kh}·{kw}·{} = {k}; weights {}×{} floats stay in L1)", k.div_ceil(self.kc), self.kc, self.cin_eff, self.kc.min(k), 2 * l));
         v.push(format!(
-            "    for tile in segment (≤{} px): acc[px][2 blocks of {l} ch] += broadcast x[px·{}+koff[k]] · w[k] ({input}, {:?})",
+            "    for tile in segment (≤{} px): acc[px][{} of {l} ch] += broadcast x[px·{}+koff[k]] · w[k] ({input}, {:?})",
             super::tile_rows(self.isa),
+            match self.cout.div_ceil(l) {
+                1 => "1 block",
+                b if b % 2 == 1 => "2 blocks (1 in the last pair)",
+                _ => "2 blocks",
+            },
             self.geo.strides[1],
             self.isa
         ));
