@@ -57,7 +57,7 @@ pub(crate) unsafe fn avx512_rows(rows: usize, kc: usize, a: *const f32, b: *cons
     macro_rules! go {
         ($($r:literal)*) => {
             match rows {
-                $($r => avx512_mr::<$r, false>(kc, a, 0, b, c, ldc, acc),)*
+                $($r => avx512_mr::<$r, false, 2>(kc, a, 0, b, c, ldc, acc),)*
                 _ => unreachable!("1..=12 rows"),
             }
         };
@@ -69,19 +69,20 @@ pub(crate) unsafe fn avx512_rows(rows: usize, kc: usize, a: *const f32, b: *cons
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
-    avx512_mr::<12, false>(kc, a, 0, b, c, ldc, acc)
+    avx512_mr::<12, false, 2>(kc, a, 0, b, c, ldc, acc)
 }
 
 /// Like [`run`] for `rows` rows (1..=MR) of A read in place, row-major with leading
 /// dimension `lda` (a dense layer's activations, which then need no packing), on the
-/// AVX-512 and AVX2 kernels.
+/// AVX-512 and AVX2 kernels. With `narrow` (AVX-512 only) just the first 16 columns of the
+/// tile are computed and written (a layer of ten outputs then does half the work).
 ///
 /// # Safety
 /// As for [`run`], with `a` holding `rows` rows of `kc` floats at stride `lda`, `c` valid
 /// for `rows` rows, and `isa` AVX-512 or AVX2.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn run_plain(isa: Isa, rows: usize, kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+pub(crate) unsafe fn run_plain(isa: Isa, rows: usize, narrow: bool, kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
     macro_rules! go {
         ($f:ident, $($r:literal)*) => {
             match rows {
@@ -89,40 +90,47 @@ pub(crate) unsafe fn run_plain(isa: Isa, rows: usize, kc: usize, a: *const f32, 
                 _ => unreachable!("1..=MR rows"),
             }
         };
+        ($f:ident; $nv:literal, $($r:literal)*) => {
+            match rows {
+                $($r => $f::<$r, true, $nv>(kc, a, lda, b, c, ldc, acc),)*
+                _ => unreachable!("1..=MR rows"),
+            }
+        };
     }
     match isa {
-        Isa::Avx512 => go!(avx512_mr, 1 2 3 4 5 6 7 8 9 10 11 12),
+        Isa::Avx512 if narrow => go!(avx512_mr; 1, 1 2 3 4 5 6 7 8 9 10 11 12),
+        Isa::Avx512 => go!(avx512_mr; 2, 1 2 3 4 5 6 7 8 9 10 11 12),
         Isa::Avx2 => go!(avx2_mr, 1 2 3 4 5 6),
         _ => unreachable!("A is read in place only by the AVX-512 and AVX2 kernels"),
     }
 }
 
-/// The first `MR` rows of the 12×32 tile. Element (r, p) of A is at `a[p·12 + r]` in a
-/// packed panel, or at `a[r·lda + p]` when `PLAIN` (rows read in place).
+/// The first `MR` rows and `NV` (one or two) vectors of columns of the 12×32 tile. Element
+/// (r, p) of A is at `a[p·12 + r]` in a packed panel, or at `a[r·lda + p]` when `PLAIN`
+/// (rows read in place).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_mr<const MR: usize, const PLAIN: bool>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn avx512_mr<const MR: usize, const PLAIN: bool, const NV: usize>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
     use std::arch::x86_64::*;
     const PANEL: usize = 12;
-    let mut c0 = [_mm512_setzero_ps(); MR];
-    let mut c1 = [_mm512_setzero_ps(); MR];
+    let mut cv = [[_mm512_setzero_ps(); NV]; MR];
     for p in 0..kc {
-        let b0 = _mm512_loadu_ps(b.add(p * 32));
-        let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
-        for r in 0..MR {
+        let bv: [__m512; NV] = std::array::from_fn(|j| _mm512_loadu_ps(b.add(p * 32 + 16 * j)));
+        for (r, cr) in cv.iter_mut().enumerate() {
             let av = _mm512_set1_ps(if PLAIN { *a.add(r * lda + p) } else { *a.add(p * PANEL + r) });
-            c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
-            c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+            for j in 0..NV {
+                cr[j] = _mm512_fmadd_ps(av, bv[j], cr[j]);
+            }
         }
     }
-    for r in 0..MR {
+    for (r, cr) in cv.iter_mut().enumerate() {
         let row = c.add(r * ldc);
-        if acc {
-            c0[r] = _mm512_add_ps(c0[r], _mm512_loadu_ps(row));
-            c1[r] = _mm512_add_ps(c1[r], _mm512_loadu_ps(row.add(16)));
+        for (j, v) in cr.iter_mut().enumerate() {
+            if acc {
+                *v = _mm512_add_ps(*v, _mm512_loadu_ps(row.add(16 * j)));
+            }
+            _mm512_storeu_ps(row.add(16 * j), *v);
         }
-        _mm512_storeu_ps(row, c0[r]);
-        _mm512_storeu_ps(row.add(16), c1[r]);
     }
 }
 

@@ -460,7 +460,7 @@ unsafe fn tile_plain(isa: Isa, kc_len: usize, ap: *const f32, lda: usize, bp: *c
     {
         let nr = isa.nr();
         if cols == nr {
-            micro::run_plain(isa, rows, kc_len, ap, lda, bp, dst, ldc, acc);
+            micro::run_plain(isa, rows, false, kc_len, ap, lda, bp, dst, ldc, acc);
             return;
         }
         if acc {
@@ -468,7 +468,9 @@ unsafe fn tile_plain(isa: Isa, kc_len: usize, ap: *const f32, lda: usize, bp: *c
                 std::ptr::copy_nonoverlapping(dst.add(r * ldc), buf.as_mut_ptr().add(r * nr), cols);
             }
         }
-        micro::run_plain(isa, rows, kc_len, ap, lda, bp, buf.as_mut_ptr(), nr, acc);
+        // An edge panel of at most half a tile computes only that half.
+        let narrow = isa == Isa::Avx512 && cols <= nr / 2;
+        micro::run_plain(isa, rows, narrow, kc_len, ap, lda, bp, buf.as_mut_ptr(), nr, acc);
         for r in 0..rows {
             std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * nr), dst.add(r * ldc), cols);
         }
