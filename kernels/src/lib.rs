@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod nchwc;
 pub mod num;
 pub mod ops;
+pub mod scratch;
 pub mod util;
 
 use aim_ir::{Node, Tensor};

@@ -9,6 +9,7 @@ use super::shared::OutPtr;
 use super::simd::Vf32;
 use super::{Geometry, Layout};
 use crate::gemm::{Activation, Isa, Parallel};
+use crate::scratch::{self, Scratch};
 
 /// A convolution (one group) with its weights packed for the blocked kernel.
 pub struct Conv {
@@ -269,7 +270,7 @@ pub(super) struct Job<'a> {
     /// Whether the first k block starts from the output (which holds the residual).
     acc_first: bool,
     /// The zero-padded input the pointers may point into.
-    _padded: Option<Vec<f32>>,
+    _padded: Option<Scratch>,
     /// The caller's input, residual and output, borrowed for as long as the job lives.
     _buffers: std::marker::PhantomData<&'a mut [f32]>,
 }
@@ -453,22 +454,27 @@ impl Tile {
     }
 }
 
-/// Zero-padded copies of `planes` planes of `h × w` pixels of `pix` floats.
-fn pad_planes(x: &[f32], planes: usize, h: usize, w: usize, pix: usize, pads: [usize; 4], par: &dyn Parallel) -> Vec<f32> {
+/// Zero-padded copies of `planes` planes of `h × w` pixels of `pix` floats, in a scratch
+/// buffer (every element written: the borders zeroed, the interior copied).
+fn pad_planes(x: &[f32], planes: usize, h: usize, w: usize, pix: usize, pads: [usize; 4], par: &dyn Parallel) -> Scratch {
     let [pt, pl, pb, pr] = pads;
     let (hp, wp) = (h + pt + pb, w + pl + pr);
-    let mut out = vec![0f32; planes * hp * wp * pix];
+    let mut out = scratch::take(planes * hp * wp * pix);
     let op = OutPtr(out.as_mut_ptr());
     par.for_each(planes, &|i| {
         let op = op;
         // SAFETY: task i writes plane i only.
         let dst = unsafe { std::slice::from_raw_parts_mut(op.0.add(i * hp * wp * pix), hp * wp * pix) };
         let src = &x[i * h * w * pix..(i + 1) * h * w * pix];
+        dst[..pt * wp * pix].fill(0.0);
+        dst[(pt + h) * wp * pix..].fill(0.0);
         for y in 0..h {
-            let d = ((y + pt) * wp + pl) * pix;
-            crate::fast::copy_short(&mut dst[d..d + w * pix], &src[y * w * pix..(y + 1) * w * pix]);
+            let row = &mut dst[(y + pt) * wp * pix..(y + pt + 1) * wp * pix];
+            row[..pl * pix].fill(0.0);
+            row[(pl + w) * pix..].fill(0.0);
+            crate::fast::copy_short(&mut row[pl * pix..(pl + w) * pix], &src[y * w * pix..(y + 1) * w * pix]);
         }
-    });
+            });
     out
 }
 

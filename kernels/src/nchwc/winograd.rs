@@ -107,7 +107,8 @@ impl Winograd {
         let p = io.batch * th * tw;
         let g = Grid { h: io.h, w: io.w, oh: io.oh, ow: io.ow, pt, pl, th, tw, p };
         // V: [36][cbi][p][L]; M: [36][cbo][p][L].
-        let mut v = vec![0f32; T * T * cbi * p * l];
+        // Scratch (every element written below), reused from call to call.
+        let mut v = crate::scratch::take(T * T * cbi * p * l);
         let vp = OutPtr(v.as_mut_ptr());
         let x = In(io.x.as_ptr());
         par.for_each(io.batch * cbi * th, &|t| {
@@ -115,7 +116,7 @@ impl Winograd {
             // SAFETY: sizes checked above; task t writes the V entries of its tile row only.
             unsafe { self.dispatch(Step::Input, t, &g, cbi, x.0, vp.0) }
         });
-        let mut m = vec![0f32; T * T * cbo * p * l];
+        let mut m = crate::scratch::take(T * T * cbo * p * l);
         let jobs: Vec<super::conv::Job> = m
             .chunks_mut(cbo * p * l)
             .zip(v.chunks(cbi * p * l))

@@ -178,7 +178,9 @@ fn conv_padded_rows(
     let hp = oh + (kh - 1) * dh / sh + 1;
     let plane = hp * wp;
     let phases = sh * sw;
-    let mut padded = vec![0f32; phases * cg * plane];
+    // Zeroed scratch reused from call to call (rows outside the input stay zero).
+    let mut padded = aim_kernels::scratch::take(phases * cg * plane);
+    padded.fill(0.0);
     let (pt, pl) = (before[0] as isize, before[1]);
     // Phases some kernel offset reads (a 1×1 stride-2 kernel reads one of four), built
     // channel by channel in parallel.
@@ -214,7 +216,8 @@ fn conv_padded_rows(
         copy_short(out, &padded[start..start + out.len()]);
     };
     let mg = c.m / c.group;
-    let mut wide = vec![0f32; mg * n_wide];
+    // Every element is written by the GEMM.
+    let mut wide = aim_kernels::scratch::take(mg * n_wide);
     let bias = c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]);
     // Without a residual the activation can run in the GEMM's epilogue; with one it must
     // wait until the residual is added, in the compaction.
