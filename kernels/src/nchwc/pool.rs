@@ -6,6 +6,10 @@ use super::shared::{In, OutPtr};
 use super::simd::Vf32;
 use crate::gemm::{Isa, Parallel};
 
+/// The widest input (in pixels) max pooling runs separably for: the column maxima of one
+/// output row live on the stack (up to 16 lanes each).
+const SEPARABLE_MAX_W: usize = 256;
+
 /// A 2-D max or average pooling window (no dilation; output size floor((in + pads − k)/s) + 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool {
@@ -83,6 +87,29 @@ impl Pool {
         let [kh, kw] = self.kernel;
         let y0 = (oy * self.strides[0]) as isize - self.pads[0] as isize;
         let (ys, ye) = (y0.max(0) as usize, (y0 + kh as isize).clamp(0, h as isize) as usize);
+        if self.max && w <= SEPARABLE_MAX_W && ye > ys {
+            // Separable: the maximum down each input column of the window's rows (short,
+            // independent chains), then across each window's columns of those maxima.
+            let mut col = [0f32; SEPARABLE_MAX_W * 16];
+            let cp = col.as_mut_ptr();
+            for ix in 0..w {
+                let mut m = V::load(xp.add((ys * w + ix) * l));
+                for iy in ys + 1..ye {
+                    m = m.max_nan(V::load(xp.add((iy * w + ix) * l)));
+                }
+                m.store(cp.add(ix * l));
+            }
+            for ox in 0..ow {
+                let x0 = (ox * self.strides[1]) as isize - self.pads[1] as isize;
+                let (xs, xe) = (x0.max(0) as usize, (x0 + kw as isize).clamp(0, w as isize) as usize);
+                let mut acc = V::splat(f32::NEG_INFINITY);
+                for ix in xs..xe {
+                    acc = acc.max_nan(V::load(cp.add(ix * l)));
+                }
+                acc.store(yrow.add(ox * l));
+            }
+            return;
+        }
         for ox in 0..ow {
             let x0 = (ox * self.strides[1]) as isize - self.pads[1] as isize;
             let (xs, xe) = (x0.max(0) as usize, (x0 + kw as isize).clamp(0, w as isize) as usize);
