@@ -313,13 +313,17 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()
         }
     };
     let g = m.optimized_graph().expect("the cpu backend has an optimised graph");
+    let plan = aim_compiler::memory_plan::plan(g);
+    let views: std::collections::HashSet<&str> = plan.slots.iter().filter(|s| s.view_of.is_some()).map(|s| s.name.as_str()).collect();
     let mut by_kind: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
     for n in &g.nodes {
         let kind = if n.domain == "aim" {
             match n.op.as_str() {
-                "Elementwise" | "Reduce" | "Transpose" => "generated code (Cranelift)",
+                "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked" => "generated code (Cranelift)",
                 _ => "packed GEMM / direct kernels",
             }
+        } else if n.outputs.first().is_some_and(|o| views.contains(o.as_str())) {
+            "views of their input in the arena (no kernel runs)"
         } else if aim_kernels::fast::kernel(&n.op).is_some() {
             "fast f32 kernels (reference when not f32)"
         } else {
@@ -333,7 +337,6 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()
         let more = if nodes.len() > 8 { format!(", ... {} more", nodes.len() - 8) } else { String::new() };
         writeln!(out, "  {:>4}  {kind}: {}{more}", nodes.len(), shown.join(", "))?;
     }
-    let plan = aim_compiler::memory_plan::plan(g);
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let allocated: usize = plan.allocated.iter().map(|a| a.1).sum();
     writeln!(

@@ -128,6 +128,13 @@ impl Values {
     }
 }
 
+impl Values {
+    /// Whether node `i` runs as a view of its input (no kernel).
+    pub(super) fn is_view(&self, i: usize) -> bool {
+        self.views.contains_key(&i)
+    }
+}
+
 /// Whether `n` is a Reshape-like op, whose output the memory plan may make a view of its
 /// input (the same bytes).
 fn is_view_op(n: &Node) -> bool {

@@ -90,6 +90,7 @@ impl CpuProgram {
                         }
                         None => dynamic(),
                     },
+                    None if self.values.is_view(i) => vec!["a view of its input: no kernel runs (the input's arena slot, read with the output's shape)".to_string()],
                     None if n.domain.is_empty() && aim_kernels::fast::kernel(&n.op).is_some() => {
                         vec![format!("fast f32 kernel for {} (vectorised, parallel over rows; the reference kernel for other dtypes)", n.op)]
                     }
