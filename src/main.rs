@@ -320,6 +320,7 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()
         let kind = if n.domain == "aim" {
             match n.op.as_str() {
                 "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked" => "generated code (Cranelift)",
+                "Softmax" => "fused row kernels (scaled, masked softmax)",
                 _ => "packed GEMM / direct kernels",
             }
         } else if n.outputs.first().is_some_and(|o| views.contains(o.as_str())) {

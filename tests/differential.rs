@@ -483,3 +483,38 @@ fn concurrent_runs_use_separate_arenas() {
         }
     });
 }
+
+/// Attention's scaled, masked softmax fuses into one `aim:Softmax` (Div or Mul by a
+/// constant, a mask along the last axis in either operand order, or only one of the two),
+/// and a mask that does not run along the last axis keeps the separate nodes; all against
+/// the reference under every ISA cap.
+#[test]
+fn scaled_masked_softmax_fusion() {
+    let mut r = Rng(123);
+    let (h, s) = (3i64, 20i64);
+    let scores = [Ok(1), Ok(h), Ok(s), Ok(s)];
+    // (tag, nodes, mask shape, fused)
+    let cases: Vec<(&str, Vec<_>, Vec<i64>, bool)> = vec![
+        ("div-mask", vec![node("Div", "scale", &["x", "c"], &["a"], vec![]), node("Add", "mask", &["a", "m"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![int_attr("axis", -1)])], vec![1, 1, 1, s], true),
+        ("mul-mask-swapped", vec![node("Mul", "scale", &["c", "x"], &["a"], vec![]), node("Add", "mask", &["m", "a"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![])], vec![s], true),
+        ("full-mask", vec![node("Add", "mask", &["x", "m"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![int_attr("axis", 3)])], vec![1, h, s, s], true),
+        ("scale-only", vec![node("Div", "scale", &["x", "c"], &["a"], vec![]), node("Softmax", "sm", &["a"], &["y"], vec![])], vec![1], true),
+        ("row-mask", vec![node("Add", "mask", &["x", "m"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![])], vec![1, 1, s, 1], false),
+    ];
+    for (tag, nodes, mshape, fused) in cases {
+        let mvals: Vec<f32> = r.values(mshape.iter().product::<i64>() as usize).iter().map(|v| if *v < -0.5 { -10000.0 } else { *v }).collect();
+        let inits = vec![f32_tensor("c", &[], &[5.656854]), f32_tensor("m", &mshape, &mvals)];
+        let model = model(nodes, vec![value("x", 1, &scores)], vec![value("y", 1, &scores)], inits, 17);
+        let d = tempdir(&format!("softmax-{tag}"));
+        std::fs::write(d.join("m.onnx"), &model).unwrap();
+        let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+        let g = m.optimized_graph().unwrap();
+        let has = g.nodes.iter().any(|n| n.domain == "aim" && n.op == "Softmax");
+        assert_eq!(has, fused, "{tag}: {}", aim_ir::text::print_graph(g, aim_ir::text::TensorDetail::Summary(4)));
+        if fused {
+            assert_eq!(g.nodes.len(), 1, "{tag}: one node is left");
+        }
+        let x = Tensor::from_vec(&[1, h as usize, s as usize, s as usize], r.values((h * s * s) as usize).iter().map(|v| v * 8.0).collect());
+        check(&format!("softmax-{tag}"), model, vec![("x".into(), x)]);
+    }
+}

@@ -12,6 +12,7 @@ pub mod layout;
 mod reduce;
 mod rename;
 mod simplify;
+mod softmax;
 mod transpose;
 mod uses;
 
@@ -68,6 +69,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("infer-types", infer),
         Pass::new("lower-reductions", reduce::run),
         Pass::new("lower-transposes", transpose::run),
+        Pass::new("fuse-softmax", softmax::run),
         Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide)),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),

@@ -13,5 +13,5 @@ mod output;
 
 pub use copy::copy_short;
 
-pub use ops::{kernel, Ctx, FastKernel};
+pub use ops::{kernel, scaled_masked_softmax, Ctx, FastKernel};
 pub use output::OutSlot;

@@ -154,6 +154,18 @@ fn softmax_row_generic(s: &[f32], d: &mut [f32]) {
 }
 plain_versions!(softmax_row, softmax_row_generic, (s: &[f32], d: &mut [f32]));
 
+/// `d = softmax(s · scale + m)` (`m` empty: no mask), through `tmp`.
+#[inline(always)]
+fn scaled_softmax_row_generic(s: &[f32], m: &[f32], scale: f32, tmp: &mut [f32], d: &mut [f32]) {
+    if m.is_empty() {
+        tmp.iter_mut().zip(s).for_each(|(t, &v)| *t = v * scale);
+    } else {
+        tmp.iter_mut().zip(s).zip(m).for_each(|((t, &v), &k)| *t = v * scale + k);
+    }
+    softmax_row_generic(tmp, d);
+}
+plain_versions!(scaled_softmax_row, scaled_softmax_row_generic, (s: &[f32], m: &[f32], scale: f32, tmp: &mut [f32], d: &mut [f32]));
+
 /// One layer-norm row: (x − mean) / √(var + eps) · scale + bias.
 #[inline(always)]
 fn layer_norm_row_generic(s: &[f32], d: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f32) {
@@ -545,4 +557,47 @@ fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Re
         unsafe { *out.0.add(i) = s / size as f32 };
     });
     Some(Ok(vec![y.finish()]))
+}
+
+/// `softmax(x · scale + mask)` over the last axis of `x` (shape `xs`), into `y`: the scaled,
+/// masked softmax of attention in one pass per row instead of three. `mask` (with its
+/// shape) broadcasts to `xs` and runs along the whole last axis (its last dim is that
+/// axis's length; its other dims are 1 or `xs`'s).
+#[allow(clippy::too_many_arguments)]
+pub fn scaled_masked_softmax(isa: Isa, par: &dyn Parallel, x: &[f32], xs: &[usize], scale: f32, mask: Option<(&[f32], &[usize])>, y: &mut [f32]) -> std::result::Result<(), String> {
+    let r = xs.len();
+    let len = *xs.last().ok_or("softmax of a scalar")?;
+    if x.len() != xs.iter().product::<usize>() || y.len() != x.len() {
+        return Err(format!("buffer sizes {} / {} do not match {xs:?}", x.len(), y.len()));
+    }
+    // Per row of x, the offset of its mask row.
+    let mask_rows: Option<(&[f32], Vec<usize>)> = match mask {
+        None => None,
+        Some((m, ms)) => {
+            let fits = !ms.is_empty() && ms.len() <= r && ms[ms.len() - 1] == len && ms[..ms.len() - 1].iter().zip(&xs[r - ms.len()..r - 1]).all(|(&a, &b)| a == 1 || a == b);
+            if !fits || m.len() != ms.iter().product::<usize>() {
+                return Err(format!("mask {ms:?} does not run along the last axis of {xs:?}"));
+            }
+            let offs = broadcast_offsets(&ms[..ms.len() - 1], &xs[..r - 1]);
+            Some((m, offs.into_iter().map(|o| o * len).collect()))
+        }
+    };
+    let nrows = x.len() / len.max(1);
+    let per = (CHUNK / len.max(1)).max(1);
+    let out = Out(y.as_mut_ptr());
+    par.for_each(nrows.div_ceil(per), &|t| {
+        let out = out;
+        let mut row = vec![0f32; len];
+        for i in t * per..((t + 1) * per).min(nrows) {
+            let s = &x[i * len..(i + 1) * len];
+            let m: &[f32] = match &mask_rows {
+                Some((m, offs)) => &m[offs[i]..offs[i] + len],
+                None => &[],
+            };
+            // SAFETY: row i is written by this task only.
+            let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * len), len) };
+            scaled_softmax_row(isa, s, m, scale, &mut row, d);
+        }
+    });
+    Ok(())
 }

@@ -19,6 +19,7 @@ mod elementwise;
 mod phases;
 mod run;
 mod schedule;
+mod softmax;
 mod transpose;
 
 use conv::{prepare_conv, ConvPrep};
@@ -61,6 +62,8 @@ enum Prepared {
     Pool(blocked::BlockedPool),
     Reduce(elementwise::Reduce),
     Transpose(transpose::Transpose),
+    /// `aim:Softmax` with its scale.
+    Softmax(f32),
 }
 
 /// Why a node could not be prepared.
@@ -129,6 +132,7 @@ impl CpuProgram {
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
+                "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),
                 "Elementwise" => code.elementwise.get(&i).map(|f| Prepared::Elementwise(*f)).ok_or_else(|| prep_err(n, "no code was generated for this node")),
                 _ => Err(prep_err(n, "unknown aim op")),
             })
@@ -147,7 +151,7 @@ impl CpuProgram {
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
         for (i, n) in graph.nodes.iter_mut().enumerate() {
-            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose") {
+            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "Softmax") {
                 for k in 1..3.min(n.inputs.len()) {
                     n.inputs[k].clear();
                 }

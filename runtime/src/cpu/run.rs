@@ -7,7 +7,7 @@
 //! the same bytes. Other results are allocated by their kernels.
 //! Graph outputs are allocated for the caller.
 
-use super::{blocked, conv, dense, depthwise, elementwise, transpose, CpuProgram, In, Out, Placement, Prepared, Residual};
+use super::{blocked, conv, dense, depthwise, elementwise, softmax, transpose, CpuProgram, In, Out, Placement, Prepared, Residual};
 use crate::exec::{check_input, panic_message, run_node, NodeTiming, RunError, Scope};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use std::collections::HashMap;
@@ -317,6 +317,7 @@ impl CpuProgram {
                 }
             };
             let x = get(0)?.ok_or_else(|| fail("input 0 is missing".into()))?;
+            let mask = if matches!(p, Prepared::Softmax(_)) { get(1)? } else { None };
             // A residual whose slot the output takes (in place): the kernels that can start
             // from it do; for the others it is copied out first.
             let res_value = v.ins[i].get(3).copied().flatten();
@@ -351,6 +352,7 @@ impl CpuProgram {
                 Prepared::Pool(q) => blocked::run_pool(q, self.isa, x, &mut y, pool),
                 Prepared::Reduce(r) => elementwise::run_reduce(r, x, &mut y, pool),
                 Prepared::Transpose(t) => transpose::run(t, x, &mut y, pool),
+                Prepared::Softmax(scale) => softmax::run(*scale, self.isa, x, mask, &mut y, pool),
                 Prepared::Elementwise(_) => unreachable!("handled above"),
             }));
             run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?.map_err(fail)?;

@@ -3,7 +3,7 @@
 //! the prepared nodes and the constants their loops use, for the shapes the graph's types
 //! give (nodes whose shapes are only known at run time say so).
 
-use super::{blocked, elementwise, transpose, CpuProgram, Prepared};
+use super::{blocked, elementwise, softmax, transpose, CpuProgram, Prepared};
 use aim_ir::Graph;
 
 fn shape_of(g: &Graph, name: &str) -> Option<Vec<usize>> {
@@ -77,6 +77,10 @@ impl CpuProgram {
                             let how = if t.perm.last() == Some(&(t.perm.len() - 1)) { "f32x4 copies of contiguous runs" } else { "gathers at the source stride, 4 per step" };
                             vec![format!("parallel for row chunk in 0..{} of ≤{per} rows: generated loop (Cranelift), perm {:?}, {rows} rows of {inner}: {how}, scalar tail", rows.div_ceil(per), t.perm)]
                         }
+                        _ => dynamic(),
+                    },
+                    Some(Prepared::Softmax(scale)) => match out {
+                        Some(s) if !s.is_empty() => softmax::schedule(*scale, &s, n.input(1).is_some()),
                         _ => dynamic(),
                     },
                     Some(Prepared::Elementwise(_)) => match out {
