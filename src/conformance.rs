@@ -75,7 +75,12 @@ pub fn compare(name: &str, got: &Tensor, want: &Tensor) -> Result<(), String> {
         None => Ok(()),
         Some((i, _)) => {
             let bad = g.iter().zip(&w).filter(|(a, b)| a != b).count();
-            Err(format!("output '{name}': {bad} of {} values differ; worst at {i}: got {}, want {}", w.len(), g[i], w[i]))
+            Err(format!(
+                "output '{name}': {bad} of {} values differ; worst at {i}: got {}, want {}",
+                w.len(),
+                g[i],
+                w[i]
+            ))
         }
     }
 }

@@ -111,22 +111,32 @@ enum Exec {
 }
 
 /// Optimises and compiles a type-inferred graph for the cpu backend.
-pub(crate) fn compile_cpu(mut g: aim_ir::Graph, target: &aim_compiler::target::Target, threads: usize, path: &str) -> Result<aim_runtime::cpu::CpuProgram, Error> {
+pub(crate) fn compile_cpu(
+    mut g: aim_ir::Graph,
+    target: &aim_compiler::target::Target,
+    threads: usize,
+    path: &str,
+) -> Result<aim_runtime::cpu::CpuProgram, Error> {
     if target.gemm_isa() == aim_kernels::gemm::Isa::Portable {
         // Where no hand-written microkernel fits the CPU, the Cranelift one (measured 32%
         // faster than the compiler-vectorised Rust one at 512³ on SSE only) stands in; if it
         // cannot be generated, the Rust one stays.
         let _ = aim_compiler::codegen::install_portable_microkernel(target);
     }
-    aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false).map_err(|source| Error::Pass { path: path.to_string(), source })?;
-    let code = aim_compiler::codegen::generate(&g, target).map_err(|source| Error::Codegen { path: path.to_string(), source })?;
+    aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false)
+        .map_err(|source| Error::Pass { path: path.to_string(), source })?;
+    let code = aim_compiler::codegen::generate(&g, target)
+        .map_err(|source| Error::Codegen { path: path.to_string(), source })?;
     let placement = placement(&aim_compiler::memory_plan::plan(&g));
     Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code, &placement)?)
 }
 
 /// The runtime's view of a memory plan: each placed value's offset and size.
 pub(crate) fn placement(plan: &aim_compiler::memory_plan::MemoryPlan) -> aim_runtime::cpu::Placement {
-    aim_runtime::cpu::Placement { arena_bytes: plan.arena_bytes, slots: plan.slots.iter().map(|s| (s.name.clone(), (s.offset, s.bytes))).collect() }
+    aim_runtime::cpu::Placement {
+        arena_bytes: plan.arena_bytes,
+        slots: plan.slots.iter().map(|s| (s.name.clone(), (s.offset, s.bytes))).collect(),
+    }
 }
 
 /// A loaded model, ready to run.

@@ -142,7 +142,14 @@ fn summary(t: &aim::Tensor) -> String {
     format!("{}{:?} min {mn:.6} max {mx:.6} mean {mean:.6} [{}{more}]", t.dtype(), t.shape(), shown.join(", "))
 }
 
-fn run(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, outputs: Option<PathBuf>, opts: aim::Options, seed: u64) -> Result<()> {
+fn run(
+    out: &mut dyn Write,
+    model: PathBuf,
+    inputs: Option<PathBuf>,
+    outputs: Option<PathBuf>,
+    opts: aim::Options,
+    seed: u64,
+) -> Result<()> {
     let m = Model::load_with_options(&model, &opts)?;
     let ins = match inputs {
         Some(p) => npz::read_npz(&p)?,
@@ -162,7 +169,12 @@ fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
     let ir = aim_compiler::onnx::import_file(&path)?;
     let g = &ir.graph;
     writeln!(out, "model: {}", path.display())?;
-    writeln!(out, "opset: {}{}", ir.opset, if ir.producer.is_empty() { String::new() } else { format!(" (producer: {})", ir.producer) })?;
+    writeln!(
+        out,
+        "opset: {}{}",
+        ir.opset,
+        if ir.producer.is_empty() { String::new() } else { format!(" (producer: {})", ir.producer) }
+    )?;
     writeln!(out, "inputs:")?;
     for i in &g.inputs {
         writeln!(out, "  {}: {}", i.name, i.ty)?;
@@ -195,14 +207,17 @@ fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
 fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// Prints the nodes that took longest and writes a Chrome trace of the median of `runs`
 /// profiled runs per node.
 fn profile(out: &mut dyn Write, m: &Model, ins: &[(String, aim::Tensor)], trace: &std::path::Path) -> Result<()> {
-    let runs: Vec<Vec<aim_runtime::NodeTiming>> = (0..5).map(|_| m.run_profiled(ins.to_vec())).collect::<Result<_, _>>()?;
+    let runs: Vec<Vec<aim_runtime::NodeTiming>> =
+        (0..5).map(|_| m.run_profiled(ins.to_vec())).collect::<Result<_, _>>()?;
     let first = &runs[0];
     let median_us = |i: usize| {
         let mut v: Vec<f64> = runs.iter().map(|r| r[i].time.as_secs_f64() * 1e6).collect();
@@ -223,7 +238,8 @@ fn profile(out: &mut dyn Write, m: &Model, ins: &[(String, aim::Tensor)], trace:
         clock += us;
         by_node.push((us, t));
     }
-    std::fs::write(trace, format!("{{\"traceEvents\": [\n{}\n]}}\n", events.join(",\n"))).with_context(|| format!("writing {}", trace.display()))?;
+    std::fs::write(trace, format!("{{\"traceEvents\": [\n{}\n]}}\n", events.join(",\n")))
+        .with_context(|| format!("writing {}", trace.display()))?;
     by_node.sort_by(|a, b| b.0.total_cmp(&a.0));
     let total: f64 = by_node.iter().map(|x| x.0).sum();
     writeln!(out, "profile (median of 5 runs per node; {total:.0} us in nodes; trace: {}):", trace.display())?;
@@ -246,7 +262,16 @@ fn profile(out: &mut dyn Write, m: &Model, ins: &[(String, aim::Tensor)], trace:
 }
 
 #[allow(clippy::too_many_arguments)]
-fn bench(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, iters: usize, warmup: usize, opts: aim::Options, json: bool, trace: Option<PathBuf>) -> Result<()> {
+fn bench(
+    out: &mut dyn Write,
+    model: PathBuf,
+    inputs: Option<PathBuf>,
+    iters: usize,
+    warmup: usize,
+    opts: aim::Options,
+    json: bool,
+    trace: Option<PathBuf>,
+) -> Result<()> {
     if iters == 0 {
         bail!("--iters must be at least 1");
     }
@@ -272,7 +297,10 @@ fn bench(out: &mut dyn Write, model: PathBuf, inputs: Option<PathBuf>, iters: us
     let threads = m.threads();
     writeln!(out, "{}: {:?} backend, {threads} thread(s)", model.display(), m.backend())?;
     writeln!(out, "compile: {compile_ms:.1} ms")?;
-    writeln!(out, "latency over {iters} runs: min {min:.3} ms, median {median:.3} ms, p90 {p90:.3} ms, max {max:.3} ms")?;
+    writeln!(
+        out,
+        "latency over {iters} runs: min {min:.3} ms, median {median:.3} ms, p90 {p90:.3} ms, max {max:.3} ms"
+    )?;
     let rss = peak_rss_mb();
     writeln!(out, "peak RSS: {rss:.1} MiB")?;
     if let Some(trace) = trace {
@@ -305,7 +333,10 @@ fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str
 /// What the cpu backend makes of a model: fused and compiled nodes, the nodes left to
 /// fast or reference kernels, and the memory plan.
 fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()> {
-    let m = match Model::load_with_options(path, &aim::Options { backend: Backend::Cpu, threads: Some(1), cpu: cpu.into() }) {
+    let m = match Model::load_with_options(
+        path,
+        &aim::Options { backend: Backend::Cpu, threads: Some(1), cpu: cpu.into() },
+    ) {
         Ok(m) => m,
         Err(e) => {
             writeln!(out, "cpu backend: not available: {e}")?;
@@ -314,7 +345,8 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()
     };
     let g = m.optimized_graph().expect("the cpu backend has an optimised graph");
     let plan = aim_compiler::memory_plan::plan(g);
-    let views: std::collections::HashSet<&str> = plan.slots.iter().filter(|s| s.view_of.is_some()).map(|s| s.name.as_str()).collect();
+    let views: std::collections::HashSet<&str> =
+        plan.slots.iter().filter(|s| s.view_of.is_some()).map(|s| s.name.as_str()).collect();
     let mut by_kind: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
     for n in &g.nodes {
         let kind = if n.domain == "aim" {
@@ -361,7 +393,10 @@ fn test_onnx(out: &mut dyn Write, dirs: Vec<PathBuf>, backend: Backend, quiet: b
     }
     let cases = conformance::find_cases(&dirs).context("listing test cases")?;
     if cases.is_empty() {
-        bail!("no test cases (directories with model.onnx) under {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "));
+        bail!(
+            "no test cases (directories with model.onnx) under {}",
+            dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
     }
     let (mut pass, mut fail, mut skip) = (0, 0, 0);
     for c in &cases {
@@ -397,11 +432,23 @@ fn parse_size(s: &str) -> Result<usize> {
         Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
         _ => (s, 1),
     };
-    num.parse::<usize>().map(|n| n * mul).map_err(|_| anyhow::anyhow!("'{s}' is not a size (bytes, or with a K or M suffix)"))
+    num.parse::<usize>()
+        .map(|n| n * mul)
+        .map_err(|_| anyhow::anyhow!("'{s}' is not a size (bytes, or with a K or M suffix)"))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn explore(out: &mut dyn Write, model: &std::path::Path, stages: &[String], node: Option<&str>, passes: bool, html: Option<PathBuf>, profile: Option<PathBuf>, cpu: String, caches: Option<String>) -> Result<()> {
+fn explore(
+    out: &mut dyn Write,
+    model: &std::path::Path,
+    stages: &[String],
+    node: Option<&str>,
+    passes: bool,
+    html: Option<PathBuf>,
+    profile: Option<PathBuf>,
+    cpu: String,
+    caches: Option<String>,
+) -> Result<()> {
     let caches = match caches {
         None => None,
         Some(c) => {
@@ -437,17 +484,22 @@ fn main() -> ExitCode {
             run(&mut out, model, inputs, outputs, aim::Options { backend, threads, cpu }, seed).map(|_| true)
         }
         Cmd::Bench { model, inputs, iters, warmup, threads, backend, cpu, json, profile } => {
-            bench(&mut out, model, inputs, iters, warmup, aim::Options { backend, threads, cpu }, json, profile).map(|_| true)
+            bench(&mut out, model, inputs, iters, warmup, aim::Options { backend, threads, cpu }, json, profile)
+                .map(|_| true)
         }
         Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
-        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches } => explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches).map(|_| true),
+        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches } => {
+            explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches).map(|_| true)
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         // The reader went away (`aim info m.onnx | head`): stop quietly, as Unix tools do.
-        Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) => {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)

@@ -140,7 +140,8 @@ pub fn write_npz(path: &Path, arrays: &[(String, Tensor)]) -> Result<(), NpzErro
     let e = |msg: String| NpzError { path: path.display().to_string(), msg };
     let file = std::fs::File::create(path).map_err(|x| e(format!("cannot create: {x}")))?;
     let mut zip = zip::ZipWriter::new(file);
-    let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored).large_file(true);
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored).large_file(true);
     for (name, t) in arrays {
         zip.start_file(format!("{name}.npy"), opts).map_err(|x| e(format!("array '{name}': {x}")))?;
         zip.write_all(&write_npy(t)).map_err(|x| e(format!("array '{name}': {x}")))?;

@@ -32,7 +32,8 @@ pub(crate) struct Specializer {
 /// Whether a graph (optimised with symbolic dims) would gain from static shapes: it still
 /// computes shapes at run time.
 pub(crate) fn worthwhile(input: &Graph, optimized: &Graph) -> bool {
-    let symbolic = input.inputs.iter().any(|v| v.ty.shape.as_ref().is_none_or(|s| s.iter().any(|d| !matches!(d, Dim::Known(_)))));
+    let symbolic =
+        input.inputs.iter().any(|v| v.ty.shape.as_ref().is_none_or(|s| s.iter().any(|d| !matches!(d, Dim::Known(_)))));
     symbolic && optimized.nodes.iter().any(|n| n.domain.is_empty() && matches!(n.op.as_str(), "Shape" | "Size"))
 }
 
@@ -43,7 +44,8 @@ impl Specializer {
 
     /// The program for these inputs: cached, compiled now, or None (run the generic one).
     pub(crate) fn program_for(&self, inputs: &HashMap<String, Tensor>) -> Option<Arc<CpuProgram>> {
-        let sig: Signature = self.graph.inputs.iter().map(|v| inputs.get(&v.name).map(|t| t.shape().to_vec())).collect::<Option<_>>()?;
+        let sig: Signature =
+            self.graph.inputs.iter().map(|v| inputs.get(&v.name).map(|t| t.shape().to_vec())).collect::<Option<_>>()?;
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(at) = cache.iter().position(|(s, _)| *s == sig) {
             let hit = cache.remove(at);

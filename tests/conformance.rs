@@ -37,7 +37,8 @@ fn conformance(backend: Backend) {
         return;
     }
     let list = include_str!("conformance/expected_pass.txt");
-    let expected: BTreeSet<&str> = list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+    let expected: BTreeSet<&str> =
+        list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
     let cases = find_cases(std::slice::from_ref(&dir)).expect("listing cases");
     let (mut pass, mut fail, mut skip) = (0, 0, 0);
     let mut regressions = Vec::new();
@@ -61,7 +62,10 @@ fn conformance(backend: Backend) {
         }
     }
     let absent: Vec<&&str> = expected.iter().filter(|e| !seen.contains(**e)).collect();
-    println!("ONNX node conformance ({backend:?}): {} cases: {pass} passed, {fail} failed, {skip} skipped", cases.len());
+    println!(
+        "ONNX node conformance ({backend:?}): {} cases: {pass} passed, {fail} failed, {skip} skipped",
+        cases.len()
+    );
     if !newly.is_empty() {
         println!("passing but not listed in expected_pass.txt (add them): {}", newly.join(", "));
     }

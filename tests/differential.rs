@@ -26,7 +26,12 @@ impl Rng {
 }
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Ints as i32), ints: v.to_vec(), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// The ISA caps to test under: every level this machine has (on AArch64, NEON and the
@@ -92,13 +97,27 @@ fn random_convolutions_with_fused_epilogues() {
             "conv",
             &["x", "W", "B"],
             &["y0"],
-            vec![ints("kernel_shape", &[k as i64, k as i64]), ints("strides", &[s as i64, s as i64]), ints("dilations", &[d as i64, d as i64]), ints("pads", &[p as i64; 4]), int_attr("group", group as i64)],
+            vec![
+                ints("kernel_shape", &[k as i64, k as i64]),
+                ints("strides", &[s as i64, s as i64]),
+                ints("dilations", &[d as i64, d as i64]),
+                ints("pads", &[p as i64; 4]),
+                int_attr("group", group as i64),
+            ],
         )];
-        let mut inits = vec![f32_tensor("W", &[m as i64, (c / group) as i64, k as i64, k as i64], &wt), f32_tensor("B", &[m as i64], &r.values(m))];
+        let mut inits = vec![
+            f32_tensor("W", &[m as i64, (c / group) as i64, k as i64, k as i64], &wt),
+            f32_tensor("B", &[m as i64], &r.values(m)),
+        ];
         let mut last = "y0".to_string();
         if bn {
             let var: Vec<f32> = r.values(m).iter().map(|v| v.abs() + 0.5).collect();
-            inits.extend([f32_tensor("s", &[m as i64], &r.values(m)), f32_tensor("b", &[m as i64], &r.values(m)), f32_tensor("mu", &[m as i64], &r.values(m)), f32_tensor("var", &[m as i64], &var)]);
+            inits.extend([
+                f32_tensor("s", &[m as i64], &r.values(m)),
+                f32_tensor("b", &[m as i64], &r.values(m)),
+                f32_tensor("mu", &[m as i64], &r.values(m)),
+                f32_tensor("var", &[m as i64], &var),
+            ]);
             nodes.push(node("BatchNormalization", "bn", &[&last, "s", "b", "mu", "var"], &["y1"], vec![]));
             last = "y1".into();
         }
@@ -118,7 +137,13 @@ fn random_convolutions_with_fused_epilogues() {
             }
             _ => nodes.push(node("Identity", "act", &[&last], &["y"], vec![])),
         }
-        let model = model(nodes, graph_inputs, vec![value("y", 1, &[Ok(2), Ok(m as i64), Ok(oh as i64), Ok(ow as i64)])], inits, 17);
+        let model = model(
+            nodes,
+            graph_inputs,
+            vec![value("y", 1, &[Ok(2), Ok(m as i64), Ok(oh as i64), Ok(ow as i64)])],
+            inits,
+            17,
+        );
         check(&format!("conv{case}-c{c}m{m}g{group}k{k}s{s}d{d}p{p}-{act}-res{residual}-bn{bn}"), model, inputs);
     }
 }
@@ -132,19 +157,37 @@ fn random_dense_layers() {
         let wt = r.values(k * n);
         let (nodes, inits) = if gemm {
             let mut a = vec![int_attr("transB", 1)];
-            a.push(AttributeProto { name: Some("beta".into()), r#type: Some(AttributeType::Float as i32), f: Some(1.0), ..Default::default() });
+            a.push(AttributeProto {
+                name: Some("beta".into()),
+                r#type: Some(AttributeType::Float as i32),
+                f: Some(1.0),
+                ..Default::default()
+            });
             (
                 vec![node("Gemm", "fc", &["x", "W", "b"], &["h"], a), node("Relu", "r", &["h"], &["y"], vec![])],
                 vec![f32_tensor("W", &[n as i64, k as i64], &wt), f32_tensor("b", &[n as i64], &r.values(n))],
             )
         } else {
             (
-                vec![node("MatMul", "mm", &["x", "W"], &["h"], vec![]), node("Add", "bias", &["h", "b"], &["y"], vec![])],
+                vec![
+                    node("MatMul", "mm", &["x", "W"], &["h"], vec![]),
+                    node("Add", "bias", &["h", "b"], &["y"], vec![]),
+                ],
                 vec![f32_tensor("W", &[k as i64, n as i64], &wt), f32_tensor("b", &[n as i64], &r.values(n))],
             )
         };
-        let model = model(nodes, vec![value("x", 1, &[Ok(m as i64), Ok(k as i64)])], vec![value("y", 1, &[Ok(m as i64), Ok(n as i64)])], inits, 17);
-        check(&format!("dense{case}-{m}x{k}x{n}-gemm{gemm}"), model, vec![("x".into(), Tensor::from_vec(&[m, k], r.values(m * k)))]);
+        let model = model(
+            nodes,
+            vec![value("x", 1, &[Ok(m as i64), Ok(k as i64)])],
+            vec![value("y", 1, &[Ok(m as i64), Ok(n as i64)])],
+            inits,
+            17,
+        );
+        check(
+            &format!("dense{case}-{m}x{k}x{n}-gemm{gemm}"),
+            model,
+            vec![("x".into(), Tensor::from_vec(&[m, k], r.values(m * k)))],
+        );
     }
 }
 
@@ -165,15 +208,55 @@ fn fast_kernels_match_reference() {
     };
     let cases: Vec<(&str, Vec<aim_compiler::onnx::proto::NodeProto>, Vec<aim_compiler::onnx::proto::TensorProto>)> = vec![
         ("erf", vec![node("Erf", "e", &["x"], &["y"], vec![])], vec![]),
-        ("tanh-sigmoid-exp", vec![node("Tanh", "t", &["x"], &["a"], vec![]), node("Sigmoid", "s", &["a"], &["b"], vec![]), node("Exp", "e", &["b"], &["y"], vec![])], vec![]),
+        (
+            "tanh-sigmoid-exp",
+            vec![
+                node("Tanh", "t", &["x"], &["a"], vec![]),
+                node("Sigmoid", "s", &["a"], &["b"], vec![]),
+                node("Exp", "e", &["b"], &["y"], vec![]),
+            ],
+            vec![],
+        ),
         ("softmax", vec![node("Softmax", "s", &["x"], &["y"], vec![int_attr("axis", -1)])], vec![]),
-        ("layernorm", vec![node("LayerNormalization", "ln", &["x", "g", "b"], &["y"], vec![int_attr("axis", -1)])], vec![f32_tensor("g", &[10], &r.values(10)), f32_tensor("b", &[10], &r.values(10))]),
+        (
+            "layernorm",
+            vec![node("LayerNormalization", "ln", &["x", "g", "b"], &["y"], vec![int_attr("axis", -1)])],
+            vec![f32_tensor("g", &[10], &r.values(10)), f32_tensor("b", &[10], &r.values(10))],
+        ),
         ("transpose", vec![node("Transpose", "t", &["x"], &["y"], vec![ints("perm", &[0, 2, 1, 3])])], vec![]),
         ("transpose-last", vec![node("Transpose", "t", &["x"], &["y"], vec![ints("perm", &[3, 1, 0, 2])])], vec![]),
-        ("row-broadcast", vec![node("Add", "a", &["x", "r"], &["m"], vec![]), node("Div", "d", &["m", "s"], &["y"], vec![])], vec![f32_tensor("r", &[1, 1, 1, 10], &r.values(10)), f32_tensor("s", &[], &[3.0])]),
-        ("pow-sqrt", vec![node("Pow", "p", &["x", "two"], &["a"], vec![]), node("Sqrt", "s", &["a"], &["y"], vec![])], vec![f32_tensor("two", &[], &[2.0])]),
-        ("maxpool", vec![node("MaxPool", "p", &["x"], &["y"], vec![ints("kernel_shape", &[3, 3]), ints("strides", &[2, 2]), ints("pads", &[1, 1, 1, 1])])], vec![]),
-        ("avgpool", vec![node("AveragePool", "p", &["x"], &["y"], vec![ints("kernel_shape", &[2, 3]), ints("pads", &[1, 0, 1, 2]), int_attr("count_include_pad", 1)])], vec![]),
+        (
+            "row-broadcast",
+            vec![node("Add", "a", &["x", "r"], &["m"], vec![]), node("Div", "d", &["m", "s"], &["y"], vec![])],
+            vec![f32_tensor("r", &[1, 1, 1, 10], &r.values(10)), f32_tensor("s", &[], &[3.0])],
+        ),
+        (
+            "pow-sqrt",
+            vec![node("Pow", "p", &["x", "two"], &["a"], vec![]), node("Sqrt", "s", &["a"], &["y"], vec![])],
+            vec![f32_tensor("two", &[], &[2.0])],
+        ),
+        (
+            "maxpool",
+            vec![node(
+                "MaxPool",
+                "p",
+                &["x"],
+                &["y"],
+                vec![ints("kernel_shape", &[3, 3]), ints("strides", &[2, 2]), ints("pads", &[1, 1, 1, 1])],
+            )],
+            vec![],
+        ),
+        (
+            "avgpool",
+            vec![node(
+                "AveragePool",
+                "p",
+                &["x"],
+                &["y"],
+                vec![ints("kernel_shape", &[2, 3]), ints("pads", &[1, 0, 1, 2]), int_attr("count_include_pad", 1)],
+            )],
+            vec![],
+        ),
         ("gap", vec![node("GlobalAveragePool", "p", &["x"], &["y"], vec![])], vec![]),
         // GELU written out with Erf, in both multiplication orders: fused into one Gelu.
         (
@@ -185,7 +268,11 @@ fn fast_kernels_match_reference() {
                 node("Mul", "m", &["x", "c"], &["h"], vec![]),
                 node("Mul", "half", &["h", "h5"], &["y"], vec![]),
             ],
-            vec![f32_tensor("sqrt2", &[], &[std::f32::consts::SQRT_2]), f32_tensor("one", &[], &[1.0]), f32_tensor("h5", &[], &[0.5])],
+            vec![
+                f32_tensor("sqrt2", &[], &[std::f32::consts::SQRT_2]),
+                f32_tensor("one", &[], &[1.0]),
+                f32_tensor("h5", &[], &[0.5]),
+            ],
         ),
         (
             "gelu-erf-half-first",
@@ -196,13 +283,28 @@ fn fast_kernels_match_reference() {
                 node("Mul", "half", &["h5", "x"], &["h"], vec![]),
                 node("Mul", "m", &["h", "c"], &["y"], vec![]),
             ],
-            vec![f32_tensor("isq", &[], &[std::f32::consts::FRAC_1_SQRT_2]), f32_tensor("one", &[], &[1.0]), f32_tensor("h5", &[], &[0.5])],
+            vec![
+                f32_tensor("isq", &[], &[std::f32::consts::FRAC_1_SQRT_2]),
+                f32_tensor("one", &[], &[1.0]),
+                f32_tensor("h5", &[], &[0.5]),
+            ],
         ),
-        ("matmul-activations", vec![node("Transpose", "t", &["x"], &["xt"], vec![ints("perm", &[0, 1, 3, 2])]), node("MatMul", "mm", &["x", "xt"], &["y"], vec![])], vec![]),
+        (
+            "matmul-activations",
+            vec![
+                node("Transpose", "t", &["x"], &["xt"], vec![ints("perm", &[0, 1, 3, 2])]),
+                node("MatMul", "mm", &["x", "xt"], &["y"], vec![]),
+            ],
+            vec![],
+        ),
     ];
     for (tag, nodes, inits) in cases {
         let m = model(nodes, xin(), vec![unknown("y")], inits, 17);
-        check(tag, m, vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n).iter().map(|v| v * 3.0).collect()))]);
+        check(
+            tag,
+            m,
+            vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n).iter().map(|v| v * 3.0).collect()))],
+        );
     }
     // Reductions over trailing axes compile to generated loops (axes as a constant input at
     // opset 18, as an attribute at 13); other axes keep the reference kernel.
@@ -216,11 +318,27 @@ fn fast_kernels_match_reference() {
     for op in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"] {
         for (axes, keep) in [(vec![-1i64], 1i64), (vec![2, 3], 0), (vec![1, 2, 3], 1), (vec![1], 1), (vec![], 0)] {
             let tag = format!("{op}-{axes:?}-keep{keep}");
-            let m18 = model(vec![node(op, "r", &["x", "axes"], &["y"], vec![int_attr("keepdims", keep)])], xin(), vec![unknown("y")], vec![i64s("axes", &axes)], 18);
+            let m18 = model(
+                vec![node(op, "r", &["x", "axes"], &["y"], vec![int_attr("keepdims", keep)])],
+                xin(),
+                vec![unknown("y")],
+                vec![i64s("axes", &axes)],
+                18,
+            );
             check(&tag, m18, vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n)))]);
             if op != "ReduceSum" && !axes.is_empty() {
-                let m13 = model(vec![node(op, "r", &["x"], &["y"], vec![ints("axes", &axes), int_attr("keepdims", keep)])], xin(), vec![unknown("y")], vec![], 13);
-                check(&format!("{tag}-opset13"), m13, vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n)))]);
+                let m13 = model(
+                    vec![node(op, "r", &["x"], &["y"], vec![ints("axes", &axes), int_attr("keepdims", keep)])],
+                    xin(),
+                    vec![unknown("y")],
+                    vec![],
+                    13,
+                );
+                check(
+                    &format!("{tag}-opset13"),
+                    m13,
+                    vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n)))],
+                );
             }
         }
     }
@@ -241,7 +359,11 @@ fn symbolic_batch_fusions() {
         ],
         vec![value("x", 1, &[Err("N"), Ok(6)]), value("x2", 1, &[Err("N"), Ok(5)])],
         vec![value("y", 1, &[Err("N"), Ok(5)])],
-        vec![f32_tensor("W", &[6, 5], &r.values(30)), f32_tensor("b", &[5], &r.values(5)), f32_tensor("one", &[], &[1.0])],
+        vec![
+            f32_tensor("W", &[6, 5], &r.values(30)),
+            f32_tensor("b", &[5], &r.values(5)),
+            f32_tensor("one", &[], &[1.0]),
+        ],
         17,
     );
     for batch in [1usize, 7, 33] {
@@ -289,7 +411,13 @@ fn random_blocked_chains() {
         let nodes = vec![
             node("Conv", "stem", &["x", "W0", "B0"], &["a0"], vec![kv(k0), pads(p0)]),
             node("Relu", "stem_relu", &["a0"], &["a"], vec![]),
-            node("Conv", "dw", &["a", "W1", "B1"], &["b0"], vec![kv(3), pads(1), strides(s), int_attr("group", c as i64)]),
+            node(
+                "Conv",
+                "dw",
+                &["a", "W1", "B1"],
+                &["b0"],
+                vec![kv(3), pads(1), strides(s), int_attr("group", c as i64)],
+            ),
             node("Clip", "dw_clip", &["b0", "lo", "hi"], &["b"], vec![]),
             node("Conv", "pw", &["b", "W2"], &["c0"], vec![kv(1)]),
             node("Add", "res", &["c0", "b"], &["y"], vec![]),
@@ -299,18 +427,28 @@ fn random_blocked_chains() {
         ];
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, c0, h, w], r.values(2 * c0 * h * w)))];
         let dims = |c: usize| [Ok(2), Ok(c as i64), Ok(oh as i64), Ok(ow as i64)];
-        let outputs = vec![value("y", 1, &dims(c)), value("z", 1, &dims(c)), value("v", 1, &[Ok(2), Ok(c as i64), Ok(1), Ok(1)])];
-        let model = model(nodes, vec![value("x", 1, &[Ok(2), Ok(c0 as i64), Ok(h as i64), Ok(w as i64)])], outputs, inits, 17);
+        let outputs =
+            vec![value("y", 1, &dims(c)), value("z", 1, &dims(c)), value("v", 1, &[Ok(2), Ok(c as i64), Ok(1), Ok(1)])];
+        let model =
+            model(nodes, vec![value("x", 1, &[Ok(2), Ok(c0 as i64), Ok(h as i64), Ok(w as i64)])], outputs, inits, 17);
         let tag = format!("chain{case}-c{c0}-{c}-{h}x{w}-k{k0}-s{s}");
         // The chain did go blocked: three blocked convolutions, and NCHW copies of the two
         // values read outside it (the output y, and b, which the Sigmoid reads).
         let d = tempdir(&format!("layout-{tag}"));
         std::fs::write(d.join("m.onnx"), &model).unwrap();
-        let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into() }).unwrap();
+        let m = Model::load_with_options(
+            d.join("m.onnx"),
+            &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into() },
+        )
+        .unwrap();
         let g = m.optimized_graph().unwrap();
         // Three convolutions, the pooling and the global pooling.
         assert_eq!(g.nodes.iter().filter(|n| n.attrs.contains_key("layout")).count(), 5, "{tag}");
-        assert_eq!(g.nodes.iter().filter(|n| n.op == "FromBlocked").count(), 2, "{tag}: y and b leave the blocked layout");
+        assert_eq!(
+            g.nodes.iter().filter(|n| n.op == "FromBlocked").count(),
+            2,
+            "{tag}: y and b leave the blocked layout"
+        );
         check(&tag, model, inputs);
     }
 }
@@ -337,11 +475,19 @@ fn shape_specialisation_per_input_signature() {
         node("Relu", "relu", &["r"], &["y"], vec![]),
     ];
     let inits = vec![i64s("zero", &[], &[0]), i64s("axis0", &[1], &[0]), i64s("rest", &[2], &[3, 2])];
-    let m = model(nodes, vec![value("x", 1, &[Err("N"), Ok(6)])], vec![value("y", 1, &[Err("N"), Ok(3), Ok(2)])], inits, 17);
+    let m = model(
+        nodes,
+        vec![value("x", 1, &[Err("N"), Ok(6)])],
+        vec![value("y", 1, &[Err("N"), Ok(3), Ok(2)])],
+        inits,
+        17,
+    );
     let d = tempdir("specialise");
     let path = d.join("m.onnx");
     std::fs::write(&path, m).unwrap();
-    let cpu = Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+    let cpu =
+        Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() })
+            .unwrap();
     let reference = Model::load_with(&path, Backend::Reference).unwrap();
     assert!(cpu.specializations().is_empty());
     let mut r = Rng(5);
@@ -354,7 +500,11 @@ fn shape_specialisation_per_input_signature() {
         assert_eq!(specs.len(), if round == 0 { 1 } else { 2 }, "one program per new batch size");
         assert_eq!(specs[0].0, vec![vec![n, 6]], "the most recent signature first");
         let g = specs[0].1.as_ref().expect("specialised");
-        assert!(!g.nodes.iter().any(|n| n.op == "Shape"), "the shape arithmetic was folded: {:?}", g.nodes.iter().map(|n| &n.op).collect::<Vec<_>>());
+        assert!(
+            !g.nodes.iter().any(|n| n.op == "Shape"),
+            "the shape arithmetic was folded: {:?}",
+            g.nodes.iter().map(|n| &n.op).collect::<Vec<_>>()
+        );
     }
 }
 
@@ -367,7 +517,9 @@ fn shape_specialisation_per_input_signature() {
 fn arena_in_place_views_and_reuse() {
     let mut r = Rng(5);
     let (m, k, n) = (5, 24, 40);
-    let f32s = |name: &str, dims: &[i64], r: &mut Rng| f32_tensor(name, dims, &r.values(dims.iter().product::<i64>() as usize));
+    let f32s = |name: &str, dims: &[i64], r: &mut Rng| {
+        f32_tensor(name, dims, &r.values(dims.iter().product::<i64>() as usize))
+    };
     let inits = vec![
         f32s("W1", &[k, n], &mut r),
         f32s("b1", &[n], &mut r),
@@ -395,10 +547,16 @@ fn arena_in_place_views_and_reuse() {
     let d = tempdir("arena");
     let path = d.join("m.onnx");
     std::fs::write(&path, &model).unwrap();
-    let cpu = Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+    let cpu =
+        Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() })
+            .unwrap();
     let plan = aim_compiler::memory_plan::plan(cpu.optimized_graph().unwrap());
     assert!(plan.slots.iter().any(|s| s.in_place_of.is_some()), "the |h|·scale loop runs in place: {plan:?}");
-    assert_eq!(plan.slots.iter().filter(|s| s.view_of.is_some()).count(), 1, "the Flatten read by fc2 is a view: {plan:?}");
+    assert_eq!(
+        plan.slots.iter().filter(|s| s.view_of.is_some()).count(),
+        1,
+        "the Flatten read by fc2 is a view: {plan:?}"
+    );
     assert!(plan.allocated.iter().any(|(v, _)| v == "f"), "the Flatten that is an output is allocated: {plan:?}");
     let reference = Model::load_with(&path, Backend::Reference).unwrap();
     for round in 0..2 {
@@ -432,7 +590,13 @@ fn residuals_overwritten_in_place() {
             // A residual no convolution can absorb (so the Add fuses into "conv").
             node("Sigmoid", "res", &["x"], &["r"], vec![]),
             node("Conv", "pre", &["x", "Wa"], &["a"], vec![kv(1)]),
-            node("Conv", "conv", &["a", "W", "B"], &["y0"], vec![kv(k), ints("pads", &[k / 2; 4]), int_attr("group", group)]),
+            node(
+                "Conv",
+                "conv",
+                &["a", "W", "B"],
+                &["y0"],
+                vec![kv(k), ints("pads", &[k / 2; 4]), int_attr("group", group)],
+            ),
             node("Add", "add", &["y0", "r"], &["y1"], vec![]),
             node("Relu", "act", &["y1"], &["y"], vec![]),
             // So that y is an intermediate (graph outputs are allocated for the caller).
@@ -443,9 +607,16 @@ fn residuals_overwritten_in_place() {
         let model = model(nodes, vec![value("x", 1, &dims)], vec![value("z", 1, &dims)], inits, 17);
         let d = tempdir(&format!("in-place-{tag}"));
         std::fs::write(d.join("m.onnx"), &model).unwrap();
-        let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+        let m = Model::load_with_options(
+            d.join("m.onnx"),
+            &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() },
+        )
+        .unwrap();
         let plan = aim_compiler::memory_plan::plan(m.optimized_graph().unwrap());
-        assert!(plan.slots.iter().any(|s| s.in_place_of.is_some()), "{tag}: the conv takes its residual's slot: {plan:?}");
+        assert!(
+            plan.slots.iter().any(|s| s.in_place_of.is_some()),
+            "{tag}: the conv takes its residual's slot: {plan:?}"
+        );
         let x = Tensor::from_vec(&[1, c as usize, h as usize, w as usize], r.values((c * h * w) as usize));
         check(&format!("in-place-{tag}"), model, vec![("x".into(), x)]);
     }
@@ -457,7 +628,10 @@ fn residuals_overwritten_in_place() {
 fn concurrent_runs_use_separate_arenas() {
     let mut r = Rng(31);
     let (k, n) = (48, 64);
-    let inits = vec![f32_tensor("W1", &[k, n], &r.values((k * n) as usize)), f32_tensor("W2", &[n, k], &r.values((k * n) as usize))];
+    let inits = vec![
+        f32_tensor("W1", &[k, n], &r.values((k * n) as usize)),
+        f32_tensor("W2", &[n, k], &r.values((k * n) as usize)),
+    ];
     let nodes = vec![
         node("MatMul", "fc1", &["x", "W1"], &["h"], vec![]),
         node("Tanh", "act", &["h"], &["t"], vec![]),
@@ -467,9 +641,14 @@ fn concurrent_runs_use_separate_arenas() {
     let model = model(nodes, vec![value("x", 1, &[Ok(16), Ok(k)])], vec![value("y", 1, &[Ok(16), Ok(k)])], inits, 17);
     let d = tempdir("concurrent");
     std::fs::write(d.join("m.onnx"), &model).unwrap();
-    let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+    let m = Model::load_with_options(
+        d.join("m.onnx"),
+        &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() },
+    )
+    .unwrap();
     let inputs: Vec<Tensor> = (0..8).map(|_| Tensor::from_vec(&[16, k as usize], r.values(16 * k as usize))).collect();
-    let want: Vec<Vec<f64>> = inputs.iter().map(|x| m.run(vec![("x".into(), x.clone())]).unwrap()[0].1.to_f64_vec()).collect();
+    let want: Vec<Vec<f64>> =
+        inputs.iter().map(|x| m.run(vec![("x".into(), x.clone())]).unwrap()[0].1.to_f64_vec()).collect();
     std::thread::scope(|s| {
         for t in 0..4 {
             let (m, inputs, want) = (&m, &inputs, &want);
@@ -495,26 +674,73 @@ fn scaled_masked_softmax_fusion() {
     let scores = [Ok(1), Ok(h), Ok(s), Ok(s)];
     // (tag, nodes, mask shape, fused)
     let cases: Vec<(&str, Vec<_>, Vec<i64>, bool)> = vec![
-        ("div-mask", vec![node("Div", "scale", &["x", "c"], &["a"], vec![]), node("Add", "mask", &["a", "m"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![int_attr("axis", -1)])], vec![1, 1, 1, s], true),
-        ("mul-mask-swapped", vec![node("Mul", "scale", &["c", "x"], &["a"], vec![]), node("Add", "mask", &["m", "a"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![])], vec![s], true),
-        ("full-mask", vec![node("Add", "mask", &["x", "m"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![int_attr("axis", 3)])], vec![1, h, s, s], true),
-        ("scale-only", vec![node("Div", "scale", &["x", "c"], &["a"], vec![]), node("Softmax", "sm", &["a"], &["y"], vec![])], vec![1], true),
-        ("row-mask", vec![node("Add", "mask", &["x", "m"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![])], vec![1, 1, s, 1], false),
+        (
+            "div-mask",
+            vec![
+                node("Div", "scale", &["x", "c"], &["a"], vec![]),
+                node("Add", "mask", &["a", "m"], &["b"], vec![]),
+                node("Softmax", "sm", &["b"], &["y"], vec![int_attr("axis", -1)]),
+            ],
+            vec![1, 1, 1, s],
+            true,
+        ),
+        (
+            "mul-mask-swapped",
+            vec![
+                node("Mul", "scale", &["c", "x"], &["a"], vec![]),
+                node("Add", "mask", &["m", "a"], &["b"], vec![]),
+                node("Softmax", "sm", &["b"], &["y"], vec![]),
+            ],
+            vec![s],
+            true,
+        ),
+        (
+            "full-mask",
+            vec![
+                node("Add", "mask", &["x", "m"], &["b"], vec![]),
+                node("Softmax", "sm", &["b"], &["y"], vec![int_attr("axis", 3)]),
+            ],
+            vec![1, h, s, s],
+            true,
+        ),
+        (
+            "scale-only",
+            vec![node("Div", "scale", &["x", "c"], &["a"], vec![]), node("Softmax", "sm", &["a"], &["y"], vec![])],
+            vec![1],
+            true,
+        ),
+        (
+            "row-mask",
+            vec![node("Add", "mask", &["x", "m"], &["b"], vec![]), node("Softmax", "sm", &["b"], &["y"], vec![])],
+            vec![1, 1, s, 1],
+            false,
+        ),
     ];
     for (tag, nodes, mshape, fused) in cases {
-        let mvals: Vec<f32> = r.values(mshape.iter().product::<i64>() as usize).iter().map(|v| if *v < -0.5 { -10000.0 } else { *v }).collect();
+        let mvals: Vec<f32> = r
+            .values(mshape.iter().product::<i64>() as usize)
+            .iter()
+            .map(|v| if *v < -0.5 { -10000.0 } else { *v })
+            .collect();
         let inits = vec![f32_tensor("c", &[], &[5.656854]), f32_tensor("m", &mshape, &mvals)];
         let model = model(nodes, vec![value("x", 1, &scores)], vec![value("y", 1, &scores)], inits, 17);
         let d = tempdir(&format!("softmax-{tag}"));
         std::fs::write(d.join("m.onnx"), &model).unwrap();
-        let m = Model::load_with_options(d.join("m.onnx"), &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() }).unwrap();
+        let m = Model::load_with_options(
+            d.join("m.onnx"),
+            &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() },
+        )
+        .unwrap();
         let g = m.optimized_graph().unwrap();
         let has = g.nodes.iter().any(|n| n.domain == "aim" && n.op == "Softmax");
         assert_eq!(has, fused, "{tag}: {}", aim_ir::text::print_graph(g, aim_ir::text::TensorDetail::Summary(4)));
         if fused {
             assert_eq!(g.nodes.len(), 1, "{tag}: one node is left");
         }
-        let x = Tensor::from_vec(&[1, h as usize, s as usize, s as usize], r.values((h * s * s) as usize).iter().map(|v| v * 8.0).collect());
+        let x = Tensor::from_vec(
+            &[1, h as usize, s as usize, s as usize],
+            r.values((h * s * s) as usize).iter().map(|v| v * 8.0).collect(),
+        );
         check(&format!("softmax-{tag}"), model, vec![("x".into(), x)]);
     }
 }

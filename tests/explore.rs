@@ -19,11 +19,21 @@ fn aim(args: &[&str]) -> Output {
 }
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Ints as i32), ints: v.to_vec(), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn float_attr(name: &str, v: f32) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Float as i32), f: Some(v), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Float as i32),
+        f: Some(v),
+        ..Default::default()
+    }
 }
 
 fn ramp(n: usize, scale: f32) -> Vec<f32> {
@@ -35,10 +45,22 @@ fn ramp(n: usize, scale: f32) -> Vec<f32> {
 fn tiny_cnn() -> Vec<u8> {
     let c = 16;
     let nodes = vec![
-        node("Conv", "stem", &["x", "W0"], &["a0"], vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1]), ints("strides", &[2, 2])]),
+        node(
+            "Conv",
+            "stem",
+            &["x", "W0"],
+            &["a0"],
+            vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1]), ints("strides", &[2, 2])],
+        ),
         node("BatchNormalization", "stem_bn", &["a0", "s", "b", "mu", "var"], &["a1"], vec![]),
         node("Relu", "stem_relu", &["a1"], &["a"], vec![]),
-        node("Conv", "dw", &["a", "W1", "B1"], &["d0"], vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1]), int_attr("group", c)]),
+        node(
+            "Conv",
+            "dw",
+            &["a", "W1", "B1"],
+            &["d0"],
+            vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1]), int_attr("group", c)],
+        ),
         node("Clip", "dw_clip", &["d0", "lo", "hi"], &["d"], vec![]),
         node("Conv", "pw", &["d", "W2", "B2"], &["p"], vec![ints("kernel_shape", &[1, 1])]),
         node("Add", "residual", &["p", "d"], &["r"], vec![]),
@@ -77,7 +99,13 @@ fn tiny_block() -> Vec<u8> {
         node("Add", "gelu_add", &["g1", "one"], &["g2"], vec![]),
         node("Mul", "gelu_mul", &["h", "g2"], &["g3"], vec![]),
         node("Mul", "gelu_half", &["g3", "half"], &["g"], vec![]),
-        node("LayerNormalization", "norm", &["g", "gamma", "beta"], &["n"], vec![int_attr("axis", -1), float_attr("epsilon", 1e-5)]),
+        node(
+            "LayerNormalization",
+            "norm",
+            &["g", "gamma", "beta"],
+            &["n"],
+            vec![int_attr("axis", -1), float_attr("epsilon", 1e-5)],
+        ),
         node("Mul", "gain", &["n", "g15"], &["n1"], vec![]),
         node("Add", "shift", &["n1", "b25"], &["n2"], vec![]),
         node("Relu", "clamp", &["n2"], &["n3"], vec![]),
@@ -96,7 +124,13 @@ fn tiny_block() -> Vec<u8> {
         f32_tensor("g15", &[], &[1.5]),
         f32_tensor("b25", &[], &[0.25]),
     ];
-    model(nodes, vec![value("x", 1, &[Ok(2), Ok(4), Ok(8)])], vec![value("y", 1, &[Ok(4), Ok(2), Ok(8)]), value("m", 1, &[Ok(4), Ok(2)])], inits, 17)
+    model(
+        nodes,
+        vec![value("x", 1, &[Ok(2), Ok(4), Ok(8)])],
+        vec![value("y", 1, &[Ok(4), Ok(2), Ok(8)]), value("m", 1, &[Ok(4), Ok(2)])],
+        inits,
+        17,
+    )
 }
 
 const FIXED: [&str; 4] = ["--cpu", "x86-64-v3", "--caches", "32K,1M,8M"];

@@ -30,5 +30,9 @@ fn main() {
     assert!(installed && aim_kernels::gemm::portable_is_generated());
     let gen = time(&pa, &pb, &mut c, n);
     let worst = c.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    println!("portable Rust: {:.1} GFLOP/s; Cranelift f32x4: {:.1} GFLOP/s; max difference {worst:e}", flops / rust / 1e9, flops / gen / 1e9);
+    println!(
+        "portable Rust: {:.1} GFLOP/s; Cranelift f32x4: {:.1} GFLOP/s; max difference {worst:e}",
+        flops / rust / 1e9,
+        flops / gen / 1e9
+    );
 }

@@ -69,8 +69,14 @@ const UNARY: &[(&str, Unary)] = &[
     ("sigmoid", Unary::Sigmoid),
     ("recip", Unary::Reciprocal),
 ];
-const BINARY: &[(&str, Binary)] =
-    &[("add", Binary::Add), ("sub", Binary::Sub), ("mul", Binary::Mul), ("div", Binary::Div), ("max", Binary::Max), ("min", Binary::Min)];
+const BINARY: &[(&str, Binary)] = &[
+    ("add", Binary::Add),
+    ("sub", Binary::Sub),
+    ("mul", Binary::Mul),
+    ("div", Binary::Div),
+    ("max", Binary::Max),
+    ("min", Binary::Min),
+];
 
 fn operand_str(o: Operand) -> String {
     match o {
@@ -85,7 +91,12 @@ impl Inst {
         match *self {
             Inst::Input(k) => format!("in {k}"),
             Inst::Unary(u, a) => format!("{} {}", UNARY.iter().find(|x| x.1 == u).map_or("?", |x| x.0), operand_str(a)),
-            Inst::Binary(b, x, y) => format!("{} {} {}", BINARY.iter().find(|z| z.1 == b).map_or("?", |z| z.0), operand_str(x), operand_str(y)),
+            Inst::Binary(b, x, y) => format!(
+                "{} {} {}",
+                BINARY.iter().find(|z| z.1 == b).map_or("?", |z| z.0),
+                operand_str(x),
+                operand_str(y)
+            ),
             Inst::Clip(a, lo, hi) => format!("clip {} {lo:?} {hi:?}", operand_str(a)),
             Inst::LeakyRelu(a, al) => format!("leakyrelu {} {al:?}", operand_str(a)),
         }
@@ -105,10 +116,16 @@ impl Inst {
             }
             Ok(Operand::Ref(i))
         };
-        let num = |k: usize| -> Result<f32, String> { parts.get(k).and_then(|t| t.parse().ok()).ok_or_else(|| format!("'{s}': bad number")) };
+        let num = |k: usize| -> Result<f32, String> {
+            parts.get(k).and_then(|t| t.parse().ok()).ok_or_else(|| format!("'{s}': bad number"))
+        };
         let name = *parts.first().ok_or("empty instruction")?;
         if name == "in" {
-            return parts.get(1).and_then(|t| t.parse().ok()).map(Inst::Input).ok_or_else(|| format!("'{s}': bad input index"));
+            return parts
+                .get(1)
+                .and_then(|t| t.parse().ok())
+                .map(Inst::Input)
+                .ok_or_else(|| format!("'{s}': bad input index"));
         }
         if let Some(u) = UNARY.iter().find(|x| x.0 == name) {
             return Ok(Inst::Unary(u.1, op(1)?));

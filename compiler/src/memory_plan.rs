@@ -88,25 +88,46 @@ pub fn plan(g: &Graph) -> MemoryPlan {
             };
             let f32_out = ty.and_then(|t| t.dtype) == Some(aim_ir::DType::F32);
             let source = n.inputs.first().and_then(|x| index.get(x).copied());
-            let view = n.domain.is_empty() && VIEWS.contains(&n.op.as_str()) && n.outputs.len() == 1 && source.is_some_and(|x| p.slots[x].bytes == bytes);
-            let writes_slot = f32_out && first_output(n, o) && (n.domain == "aim" || (n.domain.is_empty() && aim_kernels::fast::kernel(&n.op).is_some()));
+            let view = n.domain.is_empty()
+                && VIEWS.contains(&n.op.as_str())
+                && n.outputs.len() == 1
+                && source.is_some_and(|x| p.slots[x].bytes == bytes);
+            let writes_slot = f32_out
+                && first_output(n, o)
+                && (n.domain == "aim" || (n.domain.is_empty() && aim_kernels::fast::kernel(&n.op).is_some()));
             if outputs.contains(o.as_str()) || !(view || writes_slot) {
                 p.allocated.push((o.clone(), bytes));
                 continue;
             }
             let k = p.slots.len();
-            let mut slot = Slot { name: o.clone(), bytes, first: i, last: *last.get(o.as_str()).unwrap_or(&i), offset: 0, in_place_of: None, view_of: None };
+            let mut slot = Slot {
+                name: o.clone(),
+                bytes,
+                first: i,
+                last: *last.get(o.as_str()).unwrap_or(&i),
+                offset: 0,
+                in_place_of: None,
+                view_of: None,
+            };
             let mut g_k = k;
             if view {
                 let x = source.expect("a view has a placed source");
                 slot.view_of = Some(p.slots[x].name.clone());
                 g_k = group[x];
-            } else if n.domain == "aim" && n.outputs.len() == 1 && matches!(n.op.as_str(), "Elementwise" | "Conv" | "Dense") {
+            } else if n.domain == "aim"
+                && n.outputs.len() == 1
+                && matches!(n.op.as_str(), "Elementwise" | "Conv" | "Dense")
+            {
                 // In place over an input whose whole group dies here and that is read once:
                 // any input of an elementwise loop, the residual of a fused layer.
-                let replaceable: &[String] = if n.op == "Elementwise" { &n.inputs } else { n.inputs.get(3..4).unwrap_or(&[]) };
+                let replaceable: &[String] =
+                    if n.op == "Elementwise" { &n.inputs } else { n.inputs.get(3..4).unwrap_or(&[]) };
                 let candidate = replaceable.iter().filter_map(|x| index.get(x).copied()).find(|&x| {
-                    !taken[x] && span[&group[x]].1 == i && p.slots[x].bytes == bytes && p.slots[x].view_of.is_none() && n.inputs.iter().filter(|y| **y == p.slots[x].name).count() == 1
+                    !taken[x]
+                        && span[&group[x]].1 == i
+                        && p.slots[x].bytes == bytes
+                        && p.slots[x].view_of.is_none()
+                        && n.inputs.iter().filter(|y| **y == p.slots[x].name).count() == 1
                 });
                 if let Some(x) = candidate {
                     taken[x] = true;
@@ -192,7 +213,13 @@ mod tests {
             for y in &p.slots {
                 let replaces = |a: &Slot, b: &Slot| a.in_place_of.as_deref() == Some(b.name.as_str());
                 let same = base(x) == base(y);
-                if x.name != y.name && x.first <= y.last && y.first <= x.last && !replaces(x, y) && !replaces(y, x) && !same {
+                if x.name != y.name
+                    && x.first <= y.last
+                    && y.first <= x.last
+                    && !replaces(x, y)
+                    && !replaces(y, x)
+                    && !same
+                {
                     assert!(x.offset + x.bytes <= y.offset || y.offset + y.bytes <= x.offset, "{x:?} overlaps {y:?}");
                 }
             }

@@ -303,18 +303,39 @@ impl fmt::Display for Target {
         }
         let x = &self.features;
         let names = [
-            ("sse4.1", x.sse41), ("sse4.2", x.sse42), ("avx", x.avx), ("avx2", x.avx2), ("fma", x.fma),
-            ("avx512f", x.avx512f), ("avx512bw", x.avx512bw), ("avx512dq", x.avx512dq), ("avx512vl", x.avx512vl),
-            ("avx512vnni", x.avx512vnni), ("avx512bf16", x.avx512bf16), ("neon", x.neon),
+            ("sse4.1", x.sse41),
+            ("sse4.2", x.sse42),
+            ("avx", x.avx),
+            ("avx2", x.avx2),
+            ("fma", x.fma),
+            ("avx512f", x.avx512f),
+            ("avx512bw", x.avx512bw),
+            ("avx512dq", x.avx512dq),
+            ("avx512vl", x.avx512vl),
+            ("avx512vnni", x.avx512vnni),
+            ("avx512bf16", x.avx512bf16),
+            ("neon", x.neon),
         ];
         let on: Vec<&str> = names.iter().filter(|(_, b)| *b).map(|(n, _)| *n).collect();
         writeln!(f, "features: {}", if on.is_empty() { "none".to_string() } else { on.join(" ") })?;
-        write!(f, "level: {} ({}-byte vectors, {} vector registers)", self.level.name(), self.level.vector_bytes(), self.level.vector_registers())?;
+        write!(
+            f,
+            "level: {} ({}-byte vectors, {} vector registers)",
+            self.level.name(),
+            self.level.vector_bytes(),
+            self.level.vector_registers()
+        )?;
         if let Some(c) = self.capped_to {
             write!(f, ", capped by --cpu {}", c.name())?;
         }
         writeln!(f)?;
-        writeln!(f, "caches: L1d {}, L2 {}, L3 {}", kib(self.l1d), kib(self.l2), if self.l3 == 0 { "none".into() } else { kib(self.l3) })?;
+        writeln!(
+            f,
+            "caches: L1d {}, L2 {}, L3 {}",
+            kib(self.l1d),
+            kib(self.l2),
+            if self.l3 == 0 { "none".into() } else { kib(self.l3) }
+        )?;
         write!(f, "cores: {} physical, {} logical", self.physical_cores, self.logical_cores)
     }
 }

@@ -201,7 +201,11 @@ impl Graph {
         self.nodes
             .iter()
             .map(|n| {
-                1 + n.attrs.values().map(|a| if let Attr::Graph(g) = a { g.node_count_deep() } else { 0 }).sum::<usize>()
+                1 + n
+                    .attrs
+                    .values()
+                    .map(|a| if let Attr::Graph(g) = a { g.node_count_deep() } else { 0 })
+                    .sum::<usize>()
             })
             .sum()
     }

@@ -48,7 +48,8 @@ pub fn infer_types(g: &mut Graph) -> Result<(), InferError> {
 }
 
 fn known_count(t: &ValueType) -> usize {
-    t.dtype.is_some() as usize + t.shape.as_ref().map_or(0, |s| 1 + s.iter().filter(|d| !matches!(d, Dim::Unknown)).count())
+    t.dtype.is_some() as usize
+        + t.shape.as_ref().map_or(0, |s| 1 + s.iter().filter(|d| !matches!(d, Dim::Unknown)).count())
 }
 
 fn more_known(a: &ValueType, b: &ValueType) -> bool {
@@ -146,16 +147,80 @@ fn mul_dims(dims: &[Dim]) -> Dim {
 }
 
 const UNARY_SAME: &[&str] = &[
-    "Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "BatchNormalization", "Ceil", "Celu", "Clip", "Cos",
-    "Cosh", "CumSum", "Dropout", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid", "HardSwish", "Hardmax",
-    "Identity", "InstanceNormalization", "LRN", "LayerNormalization", "LeakyRelu", "Log", "LogSoftmax",
-    "LpNormalization", "MeanVarianceNormalization", "Mish", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu",
-    "Shrink", "Sigmoid", "Sign", "Sin", "Sinh", "Softmax", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh",
-    "ThresholdedRelu", "Trilu", "BitwiseNot", "GroupNormalization", "RMSNormalization",
+    "Abs",
+    "Acos",
+    "Acosh",
+    "Asin",
+    "Asinh",
+    "Atan",
+    "Atanh",
+    "BatchNormalization",
+    "Ceil",
+    "Celu",
+    "Clip",
+    "Cos",
+    "Cosh",
+    "CumSum",
+    "Dropout",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Floor",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Hardmax",
+    "Identity",
+    "InstanceNormalization",
+    "LRN",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Log",
+    "LogSoftmax",
+    "LpNormalization",
+    "MeanVarianceNormalization",
+    "Mish",
+    "Neg",
+    "Not",
+    "Reciprocal",
+    "Relu",
+    "Round",
+    "Selu",
+    "Shrink",
+    "Sigmoid",
+    "Sign",
+    "Sin",
+    "Sinh",
+    "Softmax",
+    "Softplus",
+    "Softsign",
+    "Sqrt",
+    "Tan",
+    "Tanh",
+    "ThresholdedRelu",
+    "Trilu",
+    "BitwiseNot",
+    "GroupNormalization",
+    "RMSNormalization",
 ];
 const BINARY_SAME: &[&str] = &[
-    "Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Sum", "Mean", "BitShift", "And", "Or", "Xor", "BitwiseAnd",
-    "BitwiseOr", "BitwiseXor", "PRelu",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Mod",
+    "Min",
+    "Max",
+    "Sum",
+    "Mean",
+    "BitShift",
+    "And",
+    "Or",
+    "Xor",
+    "BitwiseAnd",
+    "BitwiseOr",
+    "BitwiseXor",
+    "PRelu",
 ];
 const COMPARE: &[&str] = &["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"];
 
@@ -279,7 +344,8 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                     "SAME_UPPER" | "SAME_LOWER" => inp.div_ceil(s),
                     "VALID" => (inp + 1).saturating_sub(ek).div_ceil(s),
                     _ => {
-                        let total = inp as i64 + pads.get(i).copied().unwrap_or(0) + pads.get(i + sp).copied().unwrap_or(0);
+                        let total =
+                            inp as i64 + pads.get(i).copied().unwrap_or(0) + pads.get(i + sp).copied().unwrap_or(0);
                         let span = total - ek as i64;
                         if span < 0 {
                             return Err(format!("kernel {ek} is larger than the padded input {total}"));
@@ -338,7 +404,9 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                 });
             }
             if let (Some(pos), Some(x)) = (target.iter().position(|&t| t == -1), &x) {
-                if let (Dim::Known(total), Dim::Known(rest)) = (mul_dims(x), mul_dims(&[&out[..pos], &out[pos + 1..]].concat())) {
+                if let (Dim::Known(total), Dim::Known(rest)) =
+                    (mul_dims(x), mul_dims(&[&out[..pos], &out[pos + 1..]].concat()))
+                {
                     if rest == 0 || total % rest != 0 {
                         return Err(format!("cannot reshape {total} elements into {target:?}"));
                     }
@@ -349,7 +417,8 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
         }
         "Transpose" => {
             let Some(x) = shape_of(ins, 0) else { return one(dtype_of(ins, 0), None) };
-            let perm: Vec<i64> = n.ints("perm").map(|p| p.to_vec()).unwrap_or_else(|| (0..x.len() as i64).rev().collect());
+            let perm: Vec<i64> =
+                n.ints("perm").map(|p| p.to_vec()).unwrap_or_else(|| (0..x.len() as i64).rev().collect());
             if perm.len() != x.len() {
                 return Err(format!("perm {perm:?} does not match rank {}", x.len()));
             }

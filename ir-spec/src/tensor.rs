@@ -77,7 +77,9 @@ impl Storage {
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Storage::Owned { blocks, len } => &mut bytemuck::cast_slice_mut::<Block, u8>(blocks)[..*len],
-            Storage::Mapped { .. } | Storage::Shared { .. } | Storage::Borrowed { .. } => unreachable!("borrowed storage is copied before writing"),
+            Storage::Mapped { .. } | Storage::Shared { .. } | Storage::Borrowed { .. } => {
+                unreachable!("borrowed storage is copied before writing")
+            }
         }
     }
 }

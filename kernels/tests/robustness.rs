@@ -67,7 +67,14 @@ fn kernels_never_panic_on_bad_input() {
     for op in aim_kernels::ops() {
         let kernel = aim_kernels::kernel(op).unwrap();
         for attrs in attr_sets() {
-            let node = Node { name: "n".into(), op: op.into(), domain: String::new(), inputs: vec![], outputs: vec!["y".into()], attrs };
+            let node = Node {
+                name: "n".into(),
+                op: op.into(),
+                domain: String::new(),
+                inputs: vec![],
+                outputs: vec!["y".into()],
+                attrs,
+            };
             // Input lists: each tensor alone, pairs, and triples with a gap.
             let mut lists: Vec<Vec<Option<Tensor>>> = vec![vec![]];
             for a in &ts {
@@ -82,13 +89,25 @@ fn kernels_never_panic_on_bad_input() {
                 calls += 1;
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel(&node, &ins)));
                 if r.is_err() {
-                    let shapes: Vec<String> = ins.iter().map(|t| t.as_ref().map_or("_".into(), |t| format!("{}{:?}", t.dtype(), t.shape()))).collect();
-                    panics.push(format!("{op}({}) attrs {:?}", shapes.join(", "), node.attrs.keys().collect::<Vec<_>>()));
+                    let shapes: Vec<String> = ins
+                        .iter()
+                        .map(|t| t.as_ref().map_or("_".into(), |t| format!("{}{:?}", t.dtype(), t.shape())))
+                        .collect();
+                    panics.push(format!(
+                        "{op}({}) attrs {:?}",
+                        shapes.join(", "),
+                        node.attrs.keys().collect::<Vec<_>>()
+                    ));
                 }
             }
         }
     }
     let mut ops: Vec<&str> = panics.iter().map(|p| p.split('(').next().unwrap()).collect();
     ops.dedup();
-    assert!(panics.is_empty(), "{} of {calls} calls panicked, in ops {ops:?}; first: {:#?}", panics.len(), &panics[..panics.len().min(15)]);
+    assert!(
+        panics.is_empty(),
+        "{} of {calls} calls panicked, in ops {ops:?}; first: {:#?}",
+        panics.len(),
+        &panics[..panics.len().min(15)]
+    );
 }

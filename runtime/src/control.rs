@@ -51,10 +51,21 @@ pub(crate) fn run_loop(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
     let g = body(n, "body")?;
     let max_trip = ins.first().and_then(|t| t.as_ref()).map(|t| t.to_i64_vec().first().copied().unwrap_or(0));
     let mut cond = ins.get(1).and_then(|t| t.as_ref()).map(truthy).unwrap_or(true);
-    let mut carried: Vec<Tensor> = ins.iter().skip(2).map(|t| t.clone().ok_or_else(|| fail(n, "a loop-carried input is missing"))).collect::<Result<_, _>>()?;
+    let mut carried: Vec<Tensor> = ins
+        .iter()
+        .skip(2)
+        .map(|t| t.clone().ok_or_else(|| fail(n, "a loop-carried input is missing")))
+        .collect::<Result<_, _>>()?;
     let k = carried.len();
     if g.inputs.len() != k + 2 || g.outputs.len() < k + 1 {
-        return Err(fail(n, format!("the body takes {} inputs and gives {} outputs, which does not fit {k} loop-carried values", g.inputs.len(), g.outputs.len())));
+        return Err(fail(
+            n,
+            format!(
+                "the body takes {} inputs and gives {} outputs, which does not fit {k} loop-carried values",
+                g.inputs.len(),
+                g.outputs.len()
+            ),
+        ));
     }
     let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); g.outputs.len() - 1 - k];
     let mut i: i64 = 0;
@@ -100,7 +111,8 @@ pub(crate) fn run_scan(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
             aim_kernels::util::axis(a, scan_in[i].rank()).map_err(|e| fail(n, e.0))
         })
         .collect::<Result<_, _>>()?;
-    let in_dirs: Vec<i64> = (0..m).map(|i| n.ints("scan_input_directions").and_then(|v| v.get(i).copied()).unwrap_or(0)).collect();
+    let in_dirs: Vec<i64> =
+        (0..m).map(|i| n.ints("scan_input_directions").and_then(|v| v.get(i).copied()).unwrap_or(0)).collect();
     let steps = scan_in.first().map(|t| t.shape()[in_axes[0]]).unwrap_or(0);
     for (t, &a) in scan_in.iter().zip(&in_axes) {
         if t.shape()[a] != steps {
@@ -115,7 +127,8 @@ pub(crate) fn run_scan(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
             let s = if in_dirs[i] != 0 { steps - 1 - step } else { step };
             let ax = in_axes[i];
             let (outer, len, inner) = aim_kernels::ops::norm::lanes(t.shape(), ax);
-            let offs: Vec<usize> = (0..outer).flat_map(|o| (0..inner).map(move |j| (o * len + s) * inner + j)).collect();
+            let offs: Vec<usize> =
+                (0..outer).flat_map(|o| (0..inner).map(move |j| (o * len + s) * inner + j)).collect();
             let mut shape = t.shape().to_vec();
             shape.remove(ax);
             vals.push(aim_kernels::util::gather_elems(t, &shape, &offs));

@@ -33,7 +33,12 @@ impl Scope<'_> {
 }
 
 /// Checks `t` against the declared type of input `name`, binding symbolic dims in `syms`.
-pub(crate) fn check_input(name: &str, decl: &aim_ir::ValueType, t: &Tensor, syms: &mut HashMap<String, usize>) -> Result<(), RunError> {
+pub(crate) fn check_input(
+    name: &str,
+    decl: &aim_ir::ValueType,
+    t: &Tensor,
+    syms: &mut HashMap<String, usize>,
+) -> Result<(), RunError> {
     let bad = |reason: String| RunError::BadInput { name: name.to_string(), reason };
     if let Some(d) = decl.dtype {
         if d != t.dtype() {
@@ -47,12 +52,17 @@ pub(crate) fn check_input(name: &str, decl: &aim_ir::ValueType, t: &Tensor, syms
         for (i, (d, &a)) in dims.iter().zip(t.shape()).enumerate() {
             match d {
                 Dim::Known(k) if *k != a => {
-                    return Err(bad(format!("dimension {i} must be {k}, got {a} (expected {decl}, got {:?})", t.shape())))
+                    return Err(bad(format!(
+                        "dimension {i} must be {k}, got {a} (expected {decl}, got {:?})",
+                        t.shape()
+                    )))
                 }
                 Dim::Sym(s) => {
                     let bound = *syms.entry(s.clone()).or_insert(a);
                     if bound != a {
-                        return Err(bad(format!("dimension {i} is '{s}', already bound to {bound} by another input, got {a}")));
+                        return Err(bad(format!(
+                            "dimension {i} is '{s}', already bound to {bound} by another input, got {a}"
+                        )));
                     }
                 }
                 _ => {}
@@ -87,12 +97,19 @@ pub fn run_graph(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<Vec<Tenso
     run_scoped(g, inputs, None)
 }
 
-pub(crate) fn run_scoped(g: &Graph, inputs: HashMap<String, Tensor>, parent: Option<&Scope>) -> Result<Vec<Tensor>, RunError> {
+pub(crate) fn run_scoped(
+    g: &Graph,
+    inputs: HashMap<String, Tensor>,
+    parent: Option<&Scope>,
+) -> Result<Vec<Tensor>, RunError> {
     run_with(g, inputs, parent, &Reference, None)
 }
 
 /// Runs `g` on the reference kernels, recording every node's time.
-pub fn run_graph_profiled(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<(Vec<Tensor>, Vec<NodeTiming>), RunError> {
+pub fn run_graph_profiled(
+    g: &Graph,
+    inputs: HashMap<String, Tensor>,
+) -> Result<(Vec<Tensor>, Vec<NodeTiming>), RunError> {
     let mut p = Vec::new();
     let outs = run_with(g, inputs, None, &Reference, Some(&mut p))?;
     Ok((outs, p))
@@ -174,7 +191,10 @@ pub(crate) fn run_with(
             p.push(NodeTiming { node: n.name.clone(), op, start: t - run_start, time: t.elapsed() });
         }
         for name in n.inputs.iter() {
-            if last_use.get(name.as_str()) == Some(&i) && !keep.contains(&name.as_str()) && !g.initializers.contains_key(name) {
+            if last_use.get(name.as_str()) == Some(&i)
+                && !keep.contains(&name.as_str())
+                && !g.initializers.contains_key(name)
+            {
                 scope.values.remove(name);
             }
         }

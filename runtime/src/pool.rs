@@ -153,10 +153,18 @@ impl Parallel for ThreadPool {
         let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the lifetime is erased only for the duration of this call: we wait below
         // until no worker is inside the job and no index is left before returning.
-        let f_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
+        let f_static: *const (dyn Fn(usize) + Sync) =
+            unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
         // About four chunks per thread: few claims, and still room to even out.
         let chunk = (n / (4 * self.size())).max(1);
-        let job = Arc::new(Job { f: f_static, n, chunk, next: AtomicUsize::new(0), inside: AtomicUsize::new(0), panic: Mutex::new(None) });
+        let job = Arc::new(Job {
+            f: f_static,
+            n,
+            chunk,
+            next: AtomicUsize::new(0),
+            inside: AtomicUsize::new(0),
+            panic: Mutex::new(None),
+        });
         {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(job.clone());

@@ -138,7 +138,11 @@ pub fn render(e: &Exploration) -> String {
         names[i] = name;
     }
     let mut h = String::new();
-    let _ = write!(h, "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>aim explore: {}</title><style>{STYLE}", escape(&e.model));
+    let _ = write!(
+        h,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>aim explore: {}</title><style>{STYLE}",
+        escape(&e.model)
+    );
     // Colours by golden-angle hue steps, so neighbouring nodes differ.
     for i in 0..names.len() {
         let _ = write!(h, ".s{i}{{--c:hsl({:.0},65%,48%)}}", (i as f64 * 137.508) % 360.0);
@@ -155,14 +159,27 @@ pub fn render(e: &Exploration) -> String {
     h.push_str("</span><input id=\"search\" type=\"search\" placeholder=\"search all panes\"><span id=\"count\"></span></header>\n<div id=\"wrap\"><main id=\"panes\">\n");
     for s in &e.stages {
         let hidden = if SHOWN.contains(&s.key) { "" } else { " hidden" };
-        let _ = write!(h, "<section class=\"pane{hidden}\" data-stage=\"{}\"><h2>{}: {}</h2><pre>", s.key, s.key, escape(s.title));
+        let _ = write!(
+            h,
+            "<section class=\"pane{hidden}\" data-stage=\"{}\"><h2>{}: {}</h2><pre>",
+            s.key,
+            s.key,
+            escape(s.title)
+        );
         // No text between the line elements: inside <pre> it would render as blank lines.
         for l in &s.lines {
             if l.sources.is_empty() {
                 let _ = write!(h, "<div class=\"l\">{}</div>", escape(&l.text));
             } else {
                 let ids: Vec<String> = l.sources.iter().map(|s| index[s.as_str()].to_string()).collect();
-                let _ = write!(h, "<div class=\"l src s{}\" data-s=\"{}\" title=\"from: {}\">{}</div>", ids[0], ids.join(" "), escape(&l.sources.join(", ")), escape(&l.text));
+                let _ = write!(
+                    h,
+                    "<div class=\"l src s{}\" data-s=\"{}\" title=\"from: {}\">{}</div>",
+                    ids[0],
+                    ids.join(" "),
+                    escape(&l.sources.join(", ")),
+                    escape(&l.text)
+                );
             }
         }
         h.push_str("</pre></section>\n");

@@ -118,7 +118,10 @@ fn graph_lines(g: &aim_ir::Graph) -> Vec<Line> {
     }
     if !g.initializers.is_empty() {
         let bytes: usize = g.initializers.values().map(|t| t.len() * t.dtype().size()).sum();
-        out.push(Line { text: format!("  initializers: {} tensors, {bytes} bytes", g.initializers.len()), sources: vec![] });
+        out.push(Line {
+            text: format!("  initializers: {} tensors, {bytes} bytes", g.initializers.len()),
+            sources: vec![],
+        });
     }
     for n in &g.nodes {
         let src = sources(n);
@@ -155,7 +158,9 @@ fn flops(g: &aim_ir::Graph, n: &aim_ir::Node) -> u64 {
             2 * cout * spatial * per_out
         }
         ("aim", "Dense") => w.map_or(0, |w| 2 * out * w.shape()[0] as u64),
-        ("", "MatMul") | ("", "Gemm") => n.input(0).and_then(shape).and_then(|s| s.last().copied()).map_or(0, |k| 2 * out * k as u64),
+        ("", "MatMul") | ("", "Gemm") => {
+            n.input(0).and_then(shape).and_then(|s| s.last().copied()).map_or(0, |k| 2 * out * k as u64)
+        }
         ("aim", "Elementwise") => out * n.strings("program").map_or(1, |p| p.len() as u64),
         ("aim", _) => 0,
         _ => out,
@@ -179,11 +184,16 @@ fn bytes(g: &aim_ir::Graph, n: &aim_ir::Node) -> u64 {
 /// Median node times from a Chrome trace written by `aim bench --profile`.
 fn read_profile(path: &Path) -> Result<BTreeMap<String, f64>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading profile {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not a Chrome trace (JSON)", path.display()))?;
-    let events = v.get("traceEvents").and_then(|e| e.as_array()).with_context(|| format!("{}: no traceEvents list", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a Chrome trace (JSON)", path.display()))?;
+    let events = v
+        .get("traceEvents")
+        .and_then(|e| e.as_array())
+        .with_context(|| format!("{}: no traceEvents list", path.display()))?;
     let mut out = BTreeMap::new();
     for e in events {
-        if let (Some(name), Some(dur)) = (e.get("name").and_then(|n| n.as_str()), e.get("dur").and_then(|d| d.as_f64())) {
+        if let (Some(name), Some(dur)) = (e.get("name").and_then(|n| n.as_str()), e.get("dur").and_then(|d| d.as_f64()))
+        {
             *out.entry(name.to_string()).or_insert(0.0) += dur;
         }
     }
@@ -212,7 +222,8 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         target = target.with_caches(l1, l2, l3);
     }
     let mut g = ir.graph.clone();
-    let records = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), opts.passes).with_context(|| format!("{p}: optimising"))?;
+    let records = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), opts.passes)
+        .with_context(|| format!("{p}: optimising"))?;
     let optimized = graph_lines(&g);
     let passes = if opts.passes { pass_views(&ir.graph, &records) } else { Vec::new() };
 
@@ -242,7 +253,8 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         let src = sources(n);
         let texts = match (n.domain.as_str(), n.op.as_str()) {
             ("aim", "Elementwise") => {
-                let prog = aim_compiler::ewprog::parse(n.strings("program").unwrap_or_default()).map_err(|e| anyhow::anyhow!("node {}: {e}", n.name))?;
+                let prog = aim_compiler::ewprog::parse(n.strings("program").unwrap_or_default())
+                    .map_err(|e| anyhow::anyhow!("node {}: {e}", n.name))?;
                 let name = format!("aim_ew_{k}");
                 Some((aim_compiler::codegen::elementwise_text(&name, &prog, n.inputs.len(), &target)?, name))
             }
@@ -252,7 +264,8 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
                 Some((aim_compiler::codegen::transpose_text(&name, rank, contiguous, &target)?, name))
             }
             ("aim", "Reduce") => {
-                let mode = aim_compiler::codegen::ReduceMode::parse(n.string("mode", "")).with_context(|| format!("node {}: unknown reduction", n.name))?;
+                let mode = aim_compiler::codegen::ReduceMode::parse(n.string("mode", ""))
+                    .with_context(|| format!("node {}: unknown reduction", n.name))?;
                 let name = format!("aim_reduce_{k}");
                 Some((aim_compiler::codegen::reduce_text(&name, mode, &target)?, name))
             }
@@ -262,22 +275,36 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
             k += 1;
             for (lines, text) in [(&mut clif, c), (&mut asm, a)] {
                 lines.push(Line { text: format!("; {name}: node {}", n.name), sources: src.clone() });
-                lines.extend(text.lines().map(|l| Line { text: l.to_string(), sources: if l.trim().is_empty() { vec![] } else { src.clone() } }));
+                lines.extend(text.lines().map(|l| Line {
+                    text: l.to_string(),
+                    sources: if l.trim().is_empty() { vec![] } else { src.clone() },
+                }));
                 lines.push(Line { text: String::new(), sources: vec![] });
             }
         }
     }
     if clif.is_empty() {
-        let none = Line { text: "; no generated functions: every node runs a precompiled kernel (see the scheduled stage)".into(), sources: vec![] };
+        let none = Line {
+            text: "; no generated functions: every node runs a precompiled kernel (see the scheduled stage)".into(),
+            sources: vec![],
+        };
         clif.push(none.clone());
         asm.push(none);
     }
 
     // The schedule: the program the cpu backend builds, node by node.
     let memory = aim_compiler::memory_plan::plan(&g);
-    let slots: BTreeMap<&str, &aim_compiler::memory_plan::Slot> = memory.slots.iter().map(|s| (s.name.as_str(), s)).collect();
+    let slots: BTreeMap<&str, &aim_compiler::memory_plan::Slot> =
+        memory.slots.iter().map(|s| (s.name.as_str(), s)).collect();
     let code = aim_compiler::codegen::generate(&g, &target)?;
-    let prog = aim_runtime::cpu::CpuProgram::new(g.clone(), target.gemm_isa(), target.gemm_blocking(), 1, code, &crate::placement(&memory))?;
+    let prog = aim_runtime::cpu::CpuProgram::new(
+        g.clone(),
+        target.gemm_isa(),
+        target.gemm_blocking(),
+        1,
+        code,
+        &crate::placement(&memory),
+    )?;
     let mut scheduled = vec![Line {
         text: format!(
             "; arena: {} bytes for {} bytes of kernel outputs (first fit by lifetime); {} values allocated by library kernels or returned; microkernels: {:?}, kc {}, mc {}",
@@ -320,20 +347,33 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         Stage { key: "onnx", title: "the ONNX graph as the file holds it", lines: onnx },
         Stage { key: "graph", title: "the IR after import (canonical op forms, inferred types)", lines: graph },
         Stage { key: "optimized", title: "the IR after the cpu pipeline's passes", lines: optimized },
-        Stage { key: "scheduled", title: "how each node runs: kernel, loop nest, tiles, parallel tasks, arena offsets", lines: scheduled },
+        Stage {
+            key: "scheduled",
+            title: "how each node runs: kernel, loop nest, tiles, parallel tasks, arena offsets",
+            lines: scheduled,
+        },
         Stage { key: "clif", title: "Cranelift IR of each generated function", lines: clif },
         Stage { key: "asm", title: "machine code of each generated function (Cranelift's disassembly)", lines: asm },
     ];
-    Ok(Exploration { model: p, target: target.to_string().lines().take(3).collect::<Vec<_>>().join("; "), stages, passes, figures })
+    Ok(Exploration {
+        model: p,
+        target: target.to_string().lines().take(3).collect::<Vec<_>>().join("; "),
+        stages,
+        passes,
+        figures,
+    })
 }
 
 /// The graph after each pass, with the node lines each pass added, changed or removed.
 fn pass_views(start: &aim_ir::Graph, records: &[aim_compiler::passes::PassRecord]) -> Vec<PassView> {
     let node_lines = |g: &aim_ir::Graph| -> Vec<Line> {
-        g.nodes.iter().flat_map(|n| {
-            let src = sources(n);
-            ir_lines(g, n).into_iter().map(move |t| Line { text: t, sources: src.clone() })
-        }).collect()
+        g.nodes
+            .iter()
+            .flat_map(|n| {
+                let src = sources(n);
+                ir_lines(g, n).into_iter().map(move |t| Line { text: t, sources: src.clone() })
+            })
+            .collect()
     };
     let mut before = node_lines(start);
     let mut out = Vec::new();
@@ -364,7 +404,8 @@ pub fn check_request(e: &Exploration, stages: &[String], node: Option<&str>) -> 
     }
     if let Some(node) = node {
         if !e.stages.iter().any(|s| s.lines.iter().any(|l| matches(l, node))) {
-            let names: BTreeSet<&str> = e.stages[0].lines.iter().flat_map(|l| l.sources.iter().map(String::as_str)).collect();
+            let names: BTreeSet<&str> =
+                e.stages[0].lines.iter().flat_map(|l| l.sources.iter().map(String::as_str)).collect();
             let some: Vec<&str> = names.iter().take(5).copied().collect();
             bail!("{}: no node named '{node}' (nodes include {})", e.model, some.join(", "));
         }
@@ -398,10 +439,18 @@ pub fn render_text(e: &Exploration, stages: &[String], node: Option<&str>, passe
         out.push('\n');
     }
     if passes {
-        out.push_str("== passes: the graph after each pass; + marks lines it added or changed, - lines it removed ==\n");
+        out.push_str(
+            "== passes: the graph after each pass; + marks lines it added or changed, - lines it removed ==\n",
+        );
         for (i, p) in e.passes.iter().enumerate() {
             let changed = p.lines.iter().any(|(c, _)| *c) || !p.removed.is_empty();
-            out.push_str(&format!("-- pass {}: {} ({:.3} ms){}\n", i + 1, p.name, p.time.as_secs_f64() * 1e3, if changed { "" } else { ": no change" }));
+            out.push_str(&format!(
+                "-- pass {}: {} ({:.3} ms){}\n",
+                i + 1,
+                p.name,
+                p.time.as_secs_f64() * 1e3,
+                if changed { "" } else { ": no change" }
+            ));
             if !changed {
                 continue;
             }

@@ -21,7 +21,12 @@ pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<
 
 /// An integer attribute.
 pub fn int_attr(name: &str, v: i64) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    }
 }
 
 /// A graph input/output: element type code and dims (an `Err` string is a symbolic dim).
@@ -61,7 +66,13 @@ pub fn f32_tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
 }
 
 /// A serialized model of one graph, at `opset`.
-pub fn model(nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: Vec<ValueInfoProto>, inits: Vec<TensorProto>, opset: i64) -> Vec<u8> {
+pub fn model(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    inits: Vec<TensorProto>,
+    opset: i64,
+) -> Vec<u8> {
     ModelProto {
         ir_version: Some(8),
         producer_name: Some("aim-tests".into()),

@@ -8,8 +8,8 @@
 use super::CodegenError;
 use crate::ewprog::{Binary, Inst, Operand, Unary};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_codegen::ir::{types, Function, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Module};
 
@@ -23,17 +23,29 @@ struct Emit<'a, 'b> {
 
 impl Emit<'_, '_> {
     fn ity(&self) -> Type {
-        if self.ty == types::F32X4 { types::I32X4 } else { types::I32 }
+        if self.ty == types::F32X4 {
+            types::I32X4
+        } else {
+            types::I32
+        }
     }
 
     fn f(&mut self, c: f32) -> Value {
         let s = self.b.ins().f32const(c);
-        if self.ty == types::F32X4 { self.b.ins().splat(types::F32X4, s) } else { s }
+        if self.ty == types::F32X4 {
+            self.b.ins().splat(types::F32X4, s)
+        } else {
+            s
+        }
     }
 
     fn i(&mut self, c: i32) -> Value {
         let s = self.b.ins().iconst(types::I32, c as i64);
-        if self.ty == types::F32X4 { self.b.ins().splat(types::I32X4, s) } else { s }
+        if self.ty == types::F32X4 {
+            self.b.ins().splat(types::I32X4, s)
+        } else {
+            s
+        }
     }
 
     fn bits(&mut self, v: Value) -> Value {
@@ -129,7 +141,18 @@ impl Emit<'_, '_> {
         let x = self.at_least(x, -4.0);
         let x = self.at_most(x, 4.0);
         let x2 = self.b.ins().fmul(x, x);
-        let p = self.poly(x2, &[-1.609_603_4e-2, -2.954_600_1e-3, -7.349_906_3e-4, -5.692_506_4e-5, -2.101_024e-6, 2.770_681_4e-8, -2.726_142_3e-10]);
+        let p = self.poly(
+            x2,
+            &[
+                -1.609_603_4e-2,
+                -2.954_600_1e-3,
+                -7.349_906_3e-4,
+                -5.692_506_4e-5,
+                -2.101_024e-6,
+                2.770_681_4e-8,
+                -2.726_142_3e-10,
+            ],
+        );
         let q = self.poly(x2, &[-1.426_474e-2, -7.373_329_4e-3, -1.682_827e-3, -2.133_740_6e-4, -1.456_607_2e-5]);
         let xp = self.b.ins().fmul(x, p);
         self.b.ins().fdiv(xp, q)
@@ -227,7 +250,8 @@ pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cf
     let ptr = types::I64;
     let mut fbc = FunctionBuilderContext::new();
     let (mut b, _, params) = super::begin(func, &mut fbc, 4);
-    let (vec_head, vec_body, tail_head, tail_body, exit) = (b.create_block(), b.create_block(), b.create_block(), b.create_block(), b.create_block());
+    let (vec_head, vec_body, tail_head, tail_body, exit) =
+        (b.create_block(), b.create_block(), b.create_block(), b.create_block(), b.create_block());
     for blk in [vec_head, vec_body, tail_head, tail_body] {
         b.append_block_param(blk, ptr);
     }
@@ -278,7 +302,14 @@ pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cf
 /// Compiles one `aim:Elementwise` node's program into `module`, under `name`: a JIT module
 /// (call `JITModule::finalize_definitions` afterwards, through [`Jit`]) or an object module
 /// for ahead-of-time compilation. Exported (`Linkage::Export`) when `export`.
-pub fn compile_elementwise<M: Module>(module: &mut M, node: &str, name: &str, export: bool, prog: &[Inst], n_inputs: usize) -> Result<FuncId, CodegenError> {
+pub fn compile_elementwise<M: Module>(
+    module: &mut M,
+    node: &str,
+    name: &str,
+    export: bool,
+    prog: &[Inst],
+    n_inputs: usize,
+) -> Result<FuncId, CodegenError> {
     super::define(module, node, name, export, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg))
 }
 
@@ -298,7 +329,9 @@ mod tests {
             domain: "aim".into(),
             inputs: vec!["x".into()],
             outputs: vec!["y".into()],
-            attrs: [("program".to_string(), Attr::Strings(program.iter().map(|s| s.to_string()).collect()))].into_iter().collect(),
+            attrs: [("program".to_string(), Attr::Strings(program.iter().map(|s| s.to_string()).collect()))]
+                .into_iter()
+                .collect(),
         });
         ["native", "x86-64-v2"]
             .iter()
@@ -322,7 +355,8 @@ mod tests {
         use cranelift_module::Module;
         let target = Target::host();
         let isa = crate::codegen::isa_for(&target).unwrap();
-        let builder = cranelift_object::ObjectBuilder::new(isa, "aim_test", cranelift_module::default_libcall_names()).unwrap();
+        let builder =
+            cranelift_object::ObjectBuilder::new(isa, "aim_test", cranelift_module::default_libcall_names()).unwrap();
         let mut module = cranelift_object::ObjectModule::new(builder);
         let prog = crate::ewprog::parse(&["in 0".to_string(), "relu 0".to_string()]).unwrap();
         let id = super::compile_elementwise(&mut module, "n", "aim_relu", true, &prog, 1).unwrap();
@@ -347,7 +381,11 @@ mod tests {
                     .map(|(&x, &g)| {
                         let w = want(x as f64);
                         let e = (g as f64 - w).abs();
-                        if relative { e / w.abs().max(1e-30) } else { e }
+                        if relative {
+                            e / w.abs().max(1e-30)
+                        } else {
+                            e
+                        }
                     })
                     .fold(0.0, f64::max);
                 assert!(worst <= bound, "{op}: error {worst:e} > {bound:e}");

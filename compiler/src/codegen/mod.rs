@@ -77,7 +77,10 @@ pub fn transpose_form(n: &aim_ir::Node) -> Option<Result<(usize, bool), CodegenE
         "ToBlocked" | "FromBlocked" => Some(Ok((4, false))),
         "Transpose" => Some(match n.ints("perm") {
             None => Err(CodegenError { node: n.name.clone(), msg: "aim:Transpose needs its perm".into() }),
-            Some(p) if p.len() < 2 => Err(CodegenError { node: n.name.clone(), msg: format!("perm {p:?}: a transpose kernel has at least two dims") }),
+            Some(p) if p.len() < 2 => Err(CodegenError {
+                node: n.name.clone(),
+                msg: format!("perm {p:?}: a transpose kernel has at least two dims"),
+            }),
             Some(p) => Ok((p.len(), p[p.len() - 1] == p.len() as i64 - 1)),
         }),
         _ => None,
@@ -90,7 +93,9 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
     let mut ids = Vec::new();
     let mut jit: Option<Jit> = None;
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked") {
+        if n.domain != "aim"
+            || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked")
+        {
             continue;
         }
         let err = |msg: String| CodegenError { node: n.name.clone(), msg };
@@ -103,13 +108,19 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
             let name = format!("aim_transpose_{}", ids.len());
             ids.push((i, Kind::Transpose, compile_transpose(j.module(), &n.name, &name, false, rank, contiguous)?));
         } else if n.op == "Reduce" {
-            let mode = ReduceMode::parse(n.string("mode", "")).ok_or_else(|| err(format!("unknown reduction '{}'", n.string("mode", ""))))?;
+            let mode = ReduceMode::parse(n.string("mode", ""))
+                .ok_or_else(|| err(format!("unknown reduction '{}'", n.string("mode", ""))))?;
             let name = format!("aim_reduce_{}", ids.len());
             ids.push((i, Kind::Reduce, compile_reduce(j.module(), &n.name, &name, false, mode)?));
         } else {
-            let prog = crate::ewprog::parse(n.strings("program").ok_or_else(|| err("no program".into()))?).map_err(err)?;
+            let prog =
+                crate::ewprog::parse(n.strings("program").ok_or_else(|| err("no program".into()))?).map_err(err)?;
             let name = format!("aim_ew_{}", ids.len());
-            ids.push((i, Kind::Elementwise, compile_elementwise(j.module(), &n.name, &name, false, &prog, n.inputs.len())?));
+            ids.push((
+                i,
+                Kind::Elementwise,
+                compile_elementwise(j.module(), &n.name, &name, false, &prog, n.inputs.len())?,
+            ));
         }
     }
     let Some(mut jit) = jit else { return Ok(aim_runtime::cpu::Generated::default()) };
@@ -121,7 +132,8 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
             // SAFETY: the function was generated with exactly this signature (four
             // pointer-sized integer parameters, no return value, the platform C convention).
             Kind::Elementwise => {
-                out.elementwise.insert(i, unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::ElementwiseFn>(p) });
+                out.elementwise
+                    .insert(i, unsafe { std::mem::transmute::<*const u8, aim_runtime::cpu::ElementwiseFn>(p) });
             }
             // SAFETY: as above, with five pointer-sized parameters.
             Kind::Reduce => {
@@ -140,7 +152,11 @@ pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::
 /// The Cranelift IR of a function built by `lower`, and the machine code Cranelift compiles
 /// it to for `target` (its own disassembly: instructions after register allocation, no
 /// addresses), for `aim explore`. `name` names the function.
-fn function_text(name: &str, target: &Target, lower: impl FnOnce(&mut cranelift_codegen::ir::Function, cranelift_codegen::isa::TargetFrontendConfig)) -> Result<(String, String), CodegenError> {
+fn function_text(
+    name: &str,
+    target: &Target,
+    lower: impl FnOnce(&mut cranelift_codegen::ir::Function, cranelift_codegen::isa::TargetFrontendConfig),
+) -> Result<(String, String), CodegenError> {
     let err = |msg: String| CodegenError { node: name.to_string(), msg };
     let isa = isa_for(target)?;
     let mut func = cranelift_codegen::ir::Function::new();
@@ -150,12 +166,19 @@ fn function_text(name: &str, target: &Target, lower: impl FnOnce(&mut cranelift_
     let clif = func.display().to_string();
     let mut ctx = cranelift_codegen::Context::for_function(func);
     ctx.set_disasm(true);
-    let code = ctx.compile(&*isa, &mut cranelift_codegen::control::ControlPlane::default()).map_err(|e| err(format!("{:?}", e.inner)))?;
+    let code = ctx
+        .compile(&*isa, &mut cranelift_codegen::control::ControlPlane::default())
+        .map_err(|e| err(format!("{:?}", e.inner)))?;
     Ok((clif, code.vcode.clone().unwrap_or_default()))
 }
 
 /// The Cranelift IR and machine code of an `aim:Elementwise` program's loop.
-pub fn elementwise_text(name: &str, prog: &[crate::ewprog::Inst], n_inputs: usize, target: &Target) -> Result<(String, String), CodegenError> {
+pub fn elementwise_text(
+    name: &str,
+    prog: &[crate::ewprog::Inst],
+    n_inputs: usize,
+    target: &Target,
+) -> Result<(String, String), CodegenError> {
     function_text(name, target, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg))
 }
 
@@ -165,7 +188,12 @@ pub fn reduce_text(name: &str, mode: ReduceMode, target: &Target) -> Result<(Str
 }
 
 /// The Cranelift IR and machine code of a transpose kernel (see [`transpose_form`]).
-pub fn transpose_text(name: &str, rank: usize, contiguous: bool, target: &Target) -> Result<(String, String), CodegenError> {
+pub fn transpose_text(
+    name: &str,
+    rank: usize,
+    contiguous: bool,
+    target: &Target,
+) -> Result<(String, String), CodegenError> {
     function_text(name, target, |f, cfg| lower_transpose(rank, contiguous, f, cfg))
 }
 
@@ -217,14 +245,17 @@ pub fn install_portable_microkernel(target: &Target) -> Result<bool, CodegenErro
     let r = DONE.get_or_init(|| {
         let mut jit = Jit::new(target).map_err(|e| e.msg)?;
         let fma = target.features.fma;
-        let id = define(jit.module(), "", "aim_portable_micro", false, |f, cfg| micro::lower_micro(f, cfg, fma)).map_err(|e| e.msg)?;
+        let id = define(jit.module(), "", "aim_portable_micro", false, |f, cfg| micro::lower_micro(f, cfg, fma))
+            .map_err(|e| e.msg)?;
         jit.module().finalize_definitions().map_err(|e| e.to_string())?;
         let p = jit.module().get_finalized_function(id);
         // The code must outlive every program: the module is never freed.
         std::mem::forget(jit);
         // SAFETY: the function has exactly this signature (six pointer-sized integers, the
         // platform C convention) and computes the portable kernel's tile (tested).
-        Ok(unsafe { aim_kernels::gemm::install_portable(std::mem::transmute::<*const u8, aim_kernels::gemm::MicroFn>(p)) })
+        Ok(unsafe {
+            aim_kernels::gemm::install_portable(std::mem::transmute::<*const u8, aim_kernels::gemm::MicroFn>(p))
+        })
     });
     r.clone().map_err(|msg| CodegenError { node: String::new(), msg })
 }

@@ -61,7 +61,8 @@ pub fn lower_reduce(mode: ReduceMode, func: &mut Function, cfg: TargetFrontendCo
     let ptr = types::I64;
     let mut fbc = FunctionBuilderContext::new();
     let (mut b, _, p) = super::begin(func, &mut fbc, 5);
-    let [row_head, row_body, vec_head, vec_body, tail_head, tail_body, row_end, exit] = std::array::from_fn(|_| b.create_block());
+    let [row_head, row_body, vec_head, vec_body, tail_head, tail_body, row_end, exit] =
+        std::array::from_fn(|_| b.create_block());
     let (x, out, len, row0, row1) = (p[0], p[1], p[2], p[3], p[4]);
     // Reads stay inside rows [row0, row1) of x and writes inside out[row0..row1] (checked by
     // the caller): no access traps; none needs alignment.
@@ -188,7 +189,13 @@ pub fn lower_reduce(mode: ReduceMode, func: &mut Function, cfg: TargetFrontendCo
 }
 
 /// Compiles one reduction into `module` under `name` (see [`super::compile_elementwise`]).
-pub fn compile_reduce<M: Module>(module: &mut M, node: &str, name: &str, export: bool, mode: ReduceMode) -> Result<FuncId, CodegenError> {
+pub fn compile_reduce<M: Module>(
+    module: &mut M,
+    node: &str,
+    name: &str,
+    export: bool,
+    mode: ReduceMode,
+) -> Result<FuncId, CodegenError> {
     super::define(module, node, name, export, |f, cfg| lower_reduce(mode, f, cfg))
 }
 
@@ -212,7 +219,9 @@ mod tests {
                 domain: "aim".into(),
                 inputs: vec!["x".into()],
                 outputs: vec!["y".into()],
-                attrs: [("mode".to_string(), Attr::String(mode.name().into())), ("axis".to_string(), Attr::Int(1))].into_iter().collect(),
+                attrs: [("mode".to_string(), Attr::String(mode.name().into())), ("axis".to_string(), Attr::Int(1))]
+                    .into_iter()
+                    .collect(),
             });
             for cpu in ["native", "x86-64-v2"] {
                 let code = generate(&g, &Target::host().with_cpu(cpu).unwrap()).unwrap();
@@ -232,11 +241,26 @@ mod tests {
                         let want = match mode {
                             ReduceMode::Sum => s.iter().map(|&v| v as f64).sum::<f64>(),
                             ReduceMode::Mean => s.iter().map(|&v| v as f64).sum::<f64>() / len as f64,
-                            ReduceMode::Max => s.iter().fold(f64::NEG_INFINITY, |m, &v| if v.is_nan() || m.is_nan() { f64::NAN } else { m.max(v as f64) }),
-                            ReduceMode::Min => s.iter().fold(f64::INFINITY, |m, &v| if v.is_nan() || m.is_nan() { f64::NAN } else { m.min(v as f64) }),
+                            ReduceMode::Max => s.iter().fold(f64::NEG_INFINITY, |m, &v| {
+                                if v.is_nan() || m.is_nan() {
+                                    f64::NAN
+                                } else {
+                                    m.max(v as f64)
+                                }
+                            }),
+                            ReduceMode::Min => s.iter().fold(f64::INFINITY, |m, &v| {
+                                if v.is_nan() || m.is_nan() {
+                                    f64::NAN
+                                } else {
+                                    m.min(v as f64)
+                                }
+                            }),
                         };
                         let got = y[r] as f64;
-                        assert!((got.is_nan() && want.is_nan()) || (got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{mode:?} [{cpu}] len {len} row {r}: {got} vs {want}");
+                        assert!(
+                            (got.is_nan() && want.is_nan()) || (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{mode:?} [{cpu}] len {len} row {r}: {got} vs {want}"
+                        );
                     }
                 }
             }

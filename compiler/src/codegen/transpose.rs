@@ -17,7 +17,13 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_module::{FuncId, Module};
 
 /// Emits `while var + step <= end { body(var); var += step }` (unsigned).
-fn counted_loop(b: &mut FunctionBuilder, var: Variable, end: Value, step: i64, body: impl FnOnce(&mut FunctionBuilder, Value)) {
+fn counted_loop(
+    b: &mut FunctionBuilder,
+    var: Variable,
+    end: Value,
+    step: i64,
+    body: impl FnOnce(&mut FunctionBuilder, Value),
+) {
     let (head, body_blk, done) = (b.create_block(), b.create_block(), b.create_block());
     b.ins().jump(head, &[]);
     b.switch_to_block(head);
@@ -91,7 +97,8 @@ pub fn lower_transpose(rank: usize, contiguous: bool, func: &mut Function, cfg: 
             for (step, vectors) in [(16i64, 4usize), (4, 1)] {
                 counted_loop(b, j, inner, step, |b, i| {
                     let (s, d) = (at(b, src, i, None), at(b, dst, i, None));
-                    let vs: Vec<Value> = (0..vectors).map(|k| b.ins().load(types::F32X4, flags, s, (16 * k) as i32)).collect();
+                    let vs: Vec<Value> =
+                        (0..vectors).map(|k| b.ins().load(types::F32X4, flags, s, (16 * k) as i32)).collect();
                     for (k, v) in vs.into_iter().enumerate() {
                         b.ins().store(flags, v, d, (16 * k) as i32);
                     }
@@ -130,7 +137,14 @@ pub fn lower_transpose(rank: usize, contiguous: bool, func: &mut Function, cfg: 
 }
 
 /// Compiles one transpose into `module` under `name` (see [`super::compile_elementwise`]).
-pub fn compile_transpose<M: Module>(module: &mut M, node: &str, name: &str, export: bool, rank: usize, contiguous: bool) -> Result<FuncId, CodegenError> {
+pub fn compile_transpose<M: Module>(
+    module: &mut M,
+    node: &str,
+    name: &str,
+    export: bool,
+    rank: usize,
+    contiguous: bool,
+) -> Result<FuncId, CodegenError> {
     super::define(module, node, name, export, |f, cfg| lower_transpose(rank, contiguous, f, cfg))
 }
 
@@ -170,7 +184,9 @@ mod tests {
                         domain: "aim".into(),
                         inputs: vec!["x".into()],
                         outputs: vec!["y".into()],
-                        attrs: [("perm".to_string(), Attr::Ints(perm.iter().map(|&p| p as i64).collect()))].into_iter().collect(),
+                        attrs: [("perm".to_string(), Attr::Ints(perm.iter().map(|&p| p as i64).collect()))]
+                            .into_iter()
+                            .collect(),
                     });
                     let code = generate(&g, &target).unwrap();
                     let f = code.transpose[&0];

@@ -101,19 +101,22 @@ pub(crate) fn canonicalize(mut n: Node, opset: i64, g: &mut Graph) -> Result<(),
         "Softmax" | "LogSoftmax" | "Hardmax" if opset < 13 => {
             // Before opset 13 these flattened the input to 2-D at `axis` and normalised the rows.
             let axis = n.int("axis", 1);
-            let (x, y) = (n.inputs.first().cloned().unwrap_or_default(), n.outputs.first().cloned().unwrap_or_default());
+            let (x, y) =
+                (n.inputs.first().cloned().unwrap_or_default(), n.outputs.first().cloned().unwrap_or_default());
             let shape = format!("{}::shape", n.name);
             let flat = format!("{}::flat", n.name);
             let flat_out = format!("{}::flat_out", n.name);
-            let mk = |name: String, op: &str, inputs: Vec<String>, outputs: Vec<String>, attrs: BTreeMap<String, Attr>| Node {
-                name,
-                op: op.into(),
-                domain: String::new(),
-                inputs,
-                outputs,
-                attrs,
-            };
-            g.nodes.push(mk(format!("{}::Shape", n.name), "Shape", vec![x.clone()], vec![shape.clone()], BTreeMap::new()));
+            let mk =
+                |name: String, op: &str, inputs: Vec<String>, outputs: Vec<String>, attrs: BTreeMap<String, Attr>| {
+                    Node { name, op: op.into(), domain: String::new(), inputs, outputs, attrs }
+                };
+            g.nodes.push(mk(
+                format!("{}::Shape", n.name),
+                "Shape",
+                vec![x.clone()],
+                vec![shape.clone()],
+                BTreeMap::new(),
+            ));
             g.nodes.push(mk(
                 format!("{}::Flatten", n.name),
                 "Flatten",
@@ -128,7 +131,13 @@ pub(crate) fn canonicalize(mut n: Node, opset: i64, g: &mut Graph) -> Result<(),
                 vec![flat_out.clone()],
                 BTreeMap::from([("axis".to_string(), Attr::Int(-1))]),
             ));
-            g.nodes.push(mk(format!("{}::Reshape", n.name), "Reshape", vec![flat_out, shape], vec![y], BTreeMap::new()));
+            g.nodes.push(mk(
+                format!("{}::Reshape", n.name),
+                "Reshape",
+                vec![flat_out, shape],
+                vec![y],
+                BTreeMap::new(),
+            ));
             return Ok(());
         }
         _ => {}

@@ -39,7 +39,8 @@ pub fn import_bytes(bytes: &[u8], what: &str) -> Result<Model, ImportError> {
 }
 
 fn import(bytes: Bytes, what: &str, mut ext: ExternalFiles) -> Result<Model, ImportError> {
-    let m = ModelProto::decode(bytes).map_err(|e| ImportError::Decode { what: what.to_string(), reason: e.to_string() })?;
+    let m =
+        ModelProto::decode(bytes).map_err(|e| ImportError::Decode { what: what.to_string(), reason: e.to_string() })?;
     let Some(g) = &m.graph else { return Err(ImportError::NoGraph { what: what.to_string() }) };
     let opset = m
         .opset_import
@@ -92,7 +93,9 @@ fn value_type(v: &proto::ValueInfoProto) -> Result<ValueType, ImportError> {
                 s.dim
                     .iter()
                     .map(|d| match &d.value {
-                        Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => Dim::Known(*v as usize),
+                        Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => {
+                            Dim::Known(*v as usize)
+                        }
                         Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
                             Dim::Sym(sanitize_symbol(p))
                         }
@@ -220,15 +223,22 @@ impl Importer<'_> {
             AttributeType::Ints => Attr::Ints(a.ints.clone()),
             AttributeType::Strings => Attr::Strings(a.strings.iter().map(|b| s(b)).collect()),
             AttributeType::Tensor => {
-                let t = a.t.as_ref().ok_or_else(|| ImportError::BadTensor { what: what.into(), reason: "missing tensor".into() })?;
+                let t =
+                    a.t.as_ref()
+                        .ok_or_else(|| ImportError::BadTensor { what: what.into(), reason: "missing tensor".into() })?;
                 Attr::Tensor(convert(t, what, self.ext)?)
             }
             AttributeType::Graph => {
-                let g = a.g.as_ref().ok_or_else(|| ImportError::BadTensor { what: what.into(), reason: "missing graph".into() })?;
+                let g =
+                    a.g.as_ref()
+                        .ok_or_else(|| ImportError::BadTensor { what: what.into(), reason: "missing graph".into() })?;
                 Attr::Graph(Box::new(self.graph(g, false)?))
             }
             other => {
-                return Err(ImportError::DType { what: what.into(), dtype: format!("attribute kind {}", other.as_str_name()) })
+                return Err(ImportError::DType {
+                    what: what.into(),
+                    dtype: format!("attribute kind {}", other.as_str_name()),
+                })
             }
         }))
     }

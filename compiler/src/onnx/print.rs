@@ -14,11 +14,24 @@ pub type OnnxLine = (String, Option<String>);
 
 /// Prints the ONNX model in `bytes` (`what` names it in errors).
 pub fn print_onnx(bytes: &[u8], what: &str) -> Result<Vec<OnnxLine>, ImportError> {
-    let m = ModelProto::decode(bytes).map_err(|e| ImportError::Decode { what: what.to_string(), reason: e.to_string() })?;
+    let m =
+        ModelProto::decode(bytes).map_err(|e| ImportError::Decode { what: what.to_string(), reason: e.to_string() })?;
     let Some(g) = &m.graph else { return Err(ImportError::NoGraph { what: what.to_string() }) };
     let mut out = Vec::new();
-    let opsets: Vec<String> = m.opset_import.iter().map(|o| format!("{}:{}", if o.domain().is_empty() { "ai.onnx" } else { o.domain() }, o.version())).collect();
-    out.push((format!("model ir_version={} opset_import=[{}] producer={:?}", m.ir_version(), opsets.join(", "), m.producer_name()), None));
+    let opsets: Vec<String> = m
+        .opset_import
+        .iter()
+        .map(|o| format!("{}:{}", if o.domain().is_empty() { "ai.onnx" } else { o.domain() }, o.version()))
+        .collect();
+    out.push((
+        format!(
+            "model ir_version={} opset_import=[{}] producer={:?}",
+            m.ir_version(),
+            opsets.join(", "),
+            m.producer_name()
+        ),
+        None,
+    ));
     graph(g, 0, &mut HashSet::new(), &mut out);
     Ok(out)
 }
@@ -27,7 +40,9 @@ fn type_text(t: Option<&proto::TypeProto>) -> String {
     use proto::type_proto::Value;
     match t.and_then(|t| t.value.as_ref()) {
         Some(Value::TensorType(tt)) => {
-            let dt = proto::tensor_proto::DataType::try_from(tt.elem_type()).map(|d| d.as_str_name().to_lowercase()).unwrap_or_else(|_| "?".into());
+            let dt = proto::tensor_proto::DataType::try_from(tt.elem_type())
+                .map(|d| d.as_str_name().to_lowercase())
+                .unwrap_or_else(|_| "?".into());
             match &tt.shape {
                 Some(s) => {
                     let dims: Vec<String> = s
@@ -63,11 +78,14 @@ fn graph(g: &proto::GraphProto, level: usize, used: &mut HashSet<String>, out: &
     for (i, n) in g.node.iter().enumerate() {
         let name = unique_node_name(used, n, i);
         let mut line = format!("{pad}  ");
-        let outs: Vec<String> = n.output.iter().map(|o| if o.is_empty() { "_".into() } else { format!("%{o}") }).collect();
-        let ins: Vec<String> = n.input.iter().map(|o| if o.is_empty() { "_".into() } else { format!("%{o}") }).collect();
+        let outs: Vec<String> =
+            n.output.iter().map(|o| if o.is_empty() { "_".into() } else { format!("%{o}") }).collect();
+        let ins: Vec<String> =
+            n.input.iter().map(|o| if o.is_empty() { "_".into() } else { format!("%{o}") }).collect();
         let domain = if n.domain().is_empty() { String::new() } else { format!("{}:", n.domain()) };
         let _ = write!(line, "{} = {domain}{}({})", outs.join(", "), n.op_type(), ins.join(", "));
-        let attrs: Vec<String> = n.attribute.iter().filter(|a| a.g.is_none() && a.graphs.is_empty()).map(attr_text).collect();
+        let attrs: Vec<String> =
+            n.attribute.iter().filter(|a| a.g.is_none() && a.graphs.is_empty()).map(attr_text).collect();
         if !attrs.is_empty() {
             let _ = write!(line, " {{{}}}", attrs.join(", "));
         }

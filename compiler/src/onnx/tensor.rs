@@ -92,7 +92,8 @@ pub(crate) fn convert(t: &TensorProto, what: &str, ext: &mut ExternalFiles) -> R
         let mut length = None;
         for kv in &t.external_data {
             let v = kv.value();
-            let num = || v.parse::<usize>().map_err(|_| bad(format!("external data {} '{v}' is not a number", kv.key())));
+            let num =
+                || v.parse::<usize>().map_err(|_| bad(format!("external data {} '{v}' is not a number", kv.key())));
             match kv.key() {
                 "location" => location = Some(v.to_string()),
                 "offset" => offset = num()?,
@@ -109,7 +110,11 @@ pub(crate) fn convert(t: &TensorProto, what: &str, ext: &mut ExternalFiles) -> R
         if offset.checked_add(len).is_none_or(|end| end > map.len()) {
             return Err(ImportError::ExternalData {
                 what: what.into(),
-                reason: format!("bytes {offset}..{} are past the end of '{location}' ({} bytes)", offset + len, map.len()),
+                reason: format!(
+                    "bytes {offset}..{} are past the end of '{location}' ({} bytes)",
+                    offset + len,
+                    map.len()
+                ),
             });
         }
         return Tensor::from_mmap(dtype, &shape, map, offset, len).map_err(|e| bad(e.to_string()));

@@ -7,7 +7,17 @@ use aim_ir::{Graph, Tensor};
 
 /// Ops never folded: control flow (subgraphs) and ops whose result is not a function of
 /// their inputs alone.
-const KEEP: &[&str] = &["If", "Loop", "Scan", "RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"];
+const KEEP: &[&str] = &[
+    "If",
+    "Loop",
+    "Scan",
+    "RandomUniform",
+    "RandomNormal",
+    "RandomUniformLike",
+    "RandomNormalLike",
+    "Bernoulli",
+    "Multinomial",
+];
 
 /// Folds until nothing changes.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
@@ -35,8 +45,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             } else if n.inputs.iter().all(|s| s.is_empty() || g.initializers.contains_key(s)) {
                 match aim_kernels::kernel(&n.op) {
                     Some(k) => {
-                        let ins: Vec<Option<Tensor>> =
-                            n.inputs.iter().map(|s| if s.is_empty() { None } else { g.initializers.get(s).cloned() }).collect();
+                        let ins: Vec<Option<Tensor>> = n
+                            .inputs
+                            .iter()
+                            .map(|s| if s.is_empty() { None } else { g.initializers.get(s).cloned() })
+                            .collect();
                         Some(k(n, &ins).map_err(|e| err(format!("node '{}' ({}): {}", n.name, n.op, e.0)))?)
                     }
                     None => None,

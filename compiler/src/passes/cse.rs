@@ -7,7 +7,8 @@ use aim_ir::{Attr, Graph};
 use std::collections::HashMap;
 
 /// Ops whose results are not a function of their inputs.
-const IMPURE: &[&str] = &["RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"];
+const IMPURE: &[&str] =
+    &["RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"];
 
 /// Removes duplicate nodes.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {

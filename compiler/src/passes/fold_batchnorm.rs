@@ -17,7 +17,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut i = 0;
     while i < g.nodes.len() {
         let bn = &g.nodes[i];
-        if bn.op != "BatchNormalization" || !bn.domain.is_empty() || bn.int("training_mode", 0) != 0 || bn.outputs.len() > 1 {
+        if bn.op != "BatchNormalization"
+            || !bn.domain.is_empty()
+            || bn.int("training_mode", 0) != 0
+            || bn.outputs.len() > 1
+        {
             i += 1;
             continue;
         }

@@ -98,9 +98,15 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         };
         // The output's dims (symbolic ones included: equal names are equal sizes), and the
         // number of channels / features, which the weight tells even when the batch is symbolic.
-        let out_ty: Option<Vec<aim_ir::Dim>> =
-            g.value_types.get(&n.outputs[0]).and_then(|t| t.shape.clone()).filter(|s| !s.contains(&aim_ir::Dim::Unknown));
-        let channels = g.initializers.get(&f.inputs[1]).map(|w| if f.op == "Conv" { w.shape()[0] } else { w.shape()[w.rank() - 1] });
+        let out_ty: Option<Vec<aim_ir::Dim>> = g
+            .value_types
+            .get(&n.outputs[0])
+            .and_then(|t| t.shape.clone())
+            .filter(|s| !s.contains(&aim_ir::Dim::Unknown));
+        let channels =
+            g.initializers
+                .get(&f.inputs[1])
+                .map(|w| if f.op == "Conv" { w.shape()[0] } else { w.shape()[w.rank() - 1] });
         let mut out = n.outputs[0].clone();
         let mut has_residual = false;
         let mut has_act = false;
@@ -143,14 +149,18 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                             });
                             if shape_ok {
                                 let name = format!("{}::bias", n.name);
-                                g.initializers.insert(name.clone(), Tensor::from_vec(&[t.len()], t.data::<f32>().to_vec()));
+                                g.initializers
+                                    .insert(name.clone(), Tensor::from_vec(&[t.len()], t.data::<f32>().to_vec()));
                                 f.inputs[2] = name;
                                 true
                             } else {
                                 false
                             }
                         }
-                        None if !has_residual && out_ty.is_some() && g.value_types.get(other).and_then(|t| t.shape.clone()) == out_ty => {
+                        None if !has_residual
+                            && out_ty.is_some()
+                            && g.value_types.get(other).and_then(|t| t.shape.clone()) == out_ty =>
+                        {
                             f.inputs.resize(4, String::new());
                             f.inputs[3] = other.clone();
                             has_residual = true;
@@ -193,7 +203,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         // (computed on another branch) is defined too.
         let at = absorbed.last().copied().unwrap_or(i);
         g.nodes[at] = f;
-        let mut gone: Vec<usize> = absorbed.iter().copied().filter(|&k| k != at).chain((at != i).then_some(i)).collect();
+        let mut gone: Vec<usize> =
+            absorbed.iter().copied().filter(|&k| k != at).chain((at != i).then_some(i)).collect();
         gone.sort_unstable_by(|a, b| b.cmp(a));
         for k in gone {
             g.nodes.remove(k);

@@ -59,7 +59,8 @@ impl Builder<'_> {
             return Some(Operand::Ref(*i));
         }
         if let Some(t) = self.g.initializers.get(v) {
-            return (t.dtype() == DType::F32 && t.len() == 1 && t.rank() <= self.shape.len()).then(|| Operand::Const(t.data::<f32>()[0]));
+            return (t.dtype() == DType::F32 && t.len() == 1 && t.rank() <= self.shape.len())
+                .then(|| Operand::Const(t.data::<f32>()[0]));
         }
         let ty = self.g.value_type(v)?;
         if ty.dtype != Some(DType::F32) || ty.shape? != self.shape {
@@ -89,7 +90,10 @@ impl Builder<'_> {
         if !n.domain.is_empty() || n.outputs.len() != 1 || (!self.transcendental && transcendental(&n.op)) {
             return false;
         }
-        let out_ok = self.g.value_type(&n.outputs[0]).is_some_and(|t| t.dtype == Some(DType::F32) && t.shape.as_deref() == Some(&self.shape[..]));
+        let out_ok = self
+            .g
+            .value_type(&n.outputs[0])
+            .is_some_and(|t| t.dtype == Some(DType::F32) && t.shape.as_deref() == Some(&self.shape[..]));
         if !out_ok {
             return false;
         }
@@ -115,7 +119,12 @@ impl Builder<'_> {
             let bound = |i: usize, d: f32| -> Option<f32> {
                 match n.input(i) {
                     None => Some(d),
-                    Some(v) => self.g.initializers.get(v).filter(|t| t.dtype() == DType::F32 && t.len() == 1).map(|t| t.data::<f32>()[0]),
+                    Some(v) => self
+                        .g
+                        .initializers
+                        .get(v)
+                        .filter(|t| t.dtype() == DType::F32 && t.len() == 1)
+                        .map(|t| t.data::<f32>()[0]),
                 }
             };
             match (bound(1, f32::NEG_INFINITY), bound(2, f32::INFINITY), n.input(0).and_then(|v| self.operand(v))) {
@@ -138,7 +147,13 @@ pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
     while i < g.nodes.len() {
         let r = readers(g);
         let start = &g.nodes[i];
-        let Some(shape) = start.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.shape).filter(|s| !s.contains(&Dim::Unknown)) else {
+        let Some(shape) = start
+            .outputs
+            .first()
+            .and_then(|o| g.value_type(o))
+            .and_then(|t| t.shape)
+            .filter(|s| !s.contains(&Dim::Unknown))
+        else {
             i += 1;
             continue;
         };

@@ -92,7 +92,9 @@ impl Matcher<'_> {
         } else {
             let h = *self.by_output.get(partner)?;
             let half = &g.nodes[h];
-            let ok = half.op == "Mul" && near(scalar(g, other(half, &x)?), 0.5) && self.only_reader(&half.outputs[0]) == Some(m1);
+            let ok = half.op == "Mul"
+                && near(scalar(g, other(half, &x)?), 0.5)
+                && self.only_reader(&half.outputs[0]) == Some(m1);
             ok.then_some(([d, e, a, h, m1], x))
         }
     }
@@ -104,7 +106,12 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let m = Matcher {
             g,
             readers: readers(g),
-            by_output: g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect(),
+            by_output: g
+                .nodes
+                .iter()
+                .enumerate()
+                .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
+                .collect(),
         };
         (0..g.nodes.len()).filter_map(|e| m.match_at(e)).collect()
     };
@@ -121,7 +128,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         attrs.insert(SOURCES.to_string(), Attr::Strings(sources));
         let name = g.nodes[nodes[4]].name.clone();
         // The Gelu takes the place of the last of its nodes (x is defined before all five).
-        g.nodes[last] = Node { name, op: "Gelu".into(), domain: String::new(), inputs: vec![x], outputs: vec![out], attrs };
+        g.nodes[last] =
+            Node { name, op: "Gelu".into(), domain: String::new(), inputs: vec![x], outputs: vec![out], attrs };
         gone.extend(nodes.iter().copied().filter(|&i| i != last));
     }
     gone.sort_unstable_by(|a, b| b.cmp(a));

@@ -81,7 +81,10 @@ fn blocked_type(t: Option<&ValueType>, lanes: usize) -> Option<ValueType> {
         return None;
     }
     let Dim::Known(c) = s[1] else { return None };
-    Some(ValueType { dtype: t.dtype, shape: Some(vec![s[0].clone(), Dim::Known(c.div_ceil(lanes)), s[2].clone(), s[3].clone(), Dim::Known(lanes)]) })
+    Some(ValueType {
+        dtype: t.dtype,
+        shape: Some(vec![s[0].clone(), Dim::Known(c.div_ceil(lanes)), s[2].clone(), s[3].clone(), Dim::Known(lanes)]),
+    })
 }
 
 /// The pass's bookkeeping.
@@ -123,7 +126,14 @@ impl State {
         let mut attrs = std::collections::BTreeMap::new();
         attrs.insert(BLOCK.to_string(), Attr::Int(self.lanes as i64));
         attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(reader)));
-        out.push(Node { name: format!("{}/to_nchwc", reader.name), op: "ToBlocked".into(), domain: "aim".into(), inputs: vec![name.to_string()], outputs: vec![b.clone()], attrs });
+        out.push(Node {
+            name: format!("{}/to_nchwc", reader.name),
+            op: "ToBlocked".into(),
+            domain: "aim".into(),
+            inputs: vec![name.to_string()],
+            outputs: vec![b.clone()],
+            attrs,
+        });
         self.reordered.insert(name.to_string(), b.clone());
         b
     }
@@ -150,7 +160,13 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
     if kinds.iter().all(Option::is_none) {
         return Ok(());
     }
-    let mut st = State { taken: g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()).collect(), blocked: HashMap::new(), reordered: HashMap::new(), channels: HashMap::new(), lanes };
+    let mut st = State {
+        taken: g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()).collect(),
+        blocked: HashMap::new(),
+        reordered: HashMap::new(),
+        channels: HashMap::new(),
+        lanes,
+    };
     st.taken.extend(g.inputs.iter().map(|v| v.name.clone()));
     let mut out: Vec<Node> = Vec::with_capacity(g.nodes.len());
     let nodes = std::mem::take(&mut g.nodes);
@@ -214,7 +230,14 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
             attrs.insert(CHANNELS.to_string(), Attr::Int(channels[&yb] as i64));
             attrs.insert(BLOCK.to_string(), Attr::Int(lanes as i64));
             attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(n)));
-            let from = Node { name: format!("{}/from_nchwc", n.name), op: "FromBlocked".into(), domain: "aim".into(), inputs: vec![yb], outputs: vec![y], attrs };
+            let from = Node {
+                name: format!("{}/from_nchwc", n.name),
+                op: "FromBlocked".into(),
+                domain: "aim".into(),
+                inputs: vec![yb],
+                outputs: vec![y],
+                attrs,
+            };
             g.nodes.insert(i + 1, from);
             i += 1;
         }

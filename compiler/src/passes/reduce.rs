@@ -34,7 +34,8 @@ fn trailing_axis(g: &Graph, n: &Node) -> Option<usize> {
     axes.sort_unstable();
     axes.dedup();
     let first = *axes.first()?;
-    let trailing = axes.iter().enumerate().all(|(i, &a)| a == first + i as i64) && *axes.last()? == rank - 1 && first >= 0;
+    let trailing =
+        axes.iter().enumerate().all(|(i, &a)| a == first + i as i64) && *axes.last()? == rank - 1 && first >= 0;
     let known = shape[first as usize..].iter().all(|d| matches!(d, Dim::Known(k) if *k > 0));
     (trailing && known && rank > 0).then_some(first as usize)
 }
@@ -53,7 +54,14 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         attrs.insert("axis".to_string(), Attr::Int(axis as i64));
         attrs.insert("keepdims".to_string(), Attr::Int(n.int("keepdims", 1)));
         attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(n)));
-        let r = Node { name: n.name.clone(), op: "Reduce".into(), domain: "aim".into(), inputs: vec![n.inputs[0].clone()], outputs: n.outputs.clone(), attrs };
+        let r = Node {
+            name: n.name.clone(),
+            op: "Reduce".into(),
+            domain: "aim".into(),
+            inputs: vec![n.inputs[0].clone()],
+            outputs: n.outputs.clone(),
+            attrs,
+        };
         g.nodes[i] = r;
     }
     Ok(())

@@ -20,7 +20,12 @@ fn passthrough(g: &Graph, n: &Node) -> Option<usize> {
     let same_type = |k: usize| {
         let a = g.value_type(n.input(k)?)?;
         let b = g.value_type(&n.outputs[0])?;
-        (a.dtype.is_some() && a.dtype == b.dtype && a.shape.is_some() && a.shape == b.shape && !a.shape.as_ref()?.contains(&aim_ir::Dim::Unknown)).then_some(k)
+        (a.dtype.is_some()
+            && a.dtype == b.dtype
+            && a.shape.is_some()
+            && a.shape == b.shape
+            && !a.shape.as_ref()?.contains(&aim_ir::Dim::Unknown))
+        .then_some(k)
     };
     match n.op.as_str() {
         "Identity" => Some(0),
@@ -81,7 +86,10 @@ fn collapse_pair(g: &mut Graph, i: usize) -> bool {
     }
     let src = p.inputs[0].clone();
     if n.op == "Transpose" {
-        let (Some(outer), Some(inner)) = (n.ints("perm").map(|v| v.to_vec()), p.ints("perm").map(|v| v.to_vec())) else { return false };
+        let (Some(outer), Some(inner)) = (n.ints("perm").map(|v| v.to_vec()), p.ints("perm").map(|v| v.to_vec()))
+        else {
+            return false;
+        };
         if outer.len() != inner.len() || outer.iter().any(|&v| v < 0 || v as usize >= inner.len()) {
             return false;
         }
@@ -99,7 +107,8 @@ fn collapse_pair(g: &mut Graph, i: usize) -> bool {
     } else {
         // Reshape keeps the element order, so only the last target matters (unless it copies
         // dims with 0, which refer to the intermediate shape).
-        let zero_copy = g.initializers.get(n.input(1).unwrap_or("")).is_none_or(|t| t.to_i64_vec().contains(&0)) && n.int("allowzero", 0) == 0;
+        let zero_copy = g.initializers.get(n.input(1).unwrap_or("")).is_none_or(|t| t.to_i64_vec().contains(&0))
+            && n.int("allowzero", 0) == 0;
         if zero_copy {
             return false;
         }

@@ -20,12 +20,17 @@ fn scalar(g: &Graph, name: &str) -> Option<f32> {
 /// Whether `mask` runs along the last axis of `x`: its last dim is x's, and its other dims
 /// are 1 or x's (aligned from the right).
 fn mask_fits(g: &Graph, mask: &str, x: &[Dim]) -> bool {
-    let Some(ms) = g.value_type(mask).filter(|t| t.dtype == Some(DType::F32)).and_then(|t| t.shape.clone()) else { return false };
+    let Some(ms) = g.value_type(mask).filter(|t| t.dtype == Some(DType::F32)).and_then(|t| t.shape.clone()) else {
+        return false;
+    };
     let r = x.len();
     if ms.is_empty() || ms.len() > r || ms[ms.len() - 1] != x[r - 1] || matches!(x[r - 1], Dim::Unknown) {
         return false;
     }
-    ms[..ms.len() - 1].iter().zip(&x[r - ms.len()..r - 1]).all(|(a, b)| *a == Dim::Known(1) || (a == b && !matches!(a, Dim::Unknown)))
+    ms[..ms.len() - 1]
+        .iter()
+        .zip(&x[r - ms.len()..r - 1])
+        .all(|(a, b)| *a == Dim::Known(1) || (a == b && !matches!(a, Dim::Unknown)))
 }
 
 /// Runs the pass.
@@ -62,7 +67,8 @@ fn fuse_at(g: &Graph, i: usize) -> Option<(Node, Vec<usize>)> {
         return None;
     }
     let rd = readers(g);
-    let by_output: HashMap<&str, usize> = g.nodes.iter().enumerate().flat_map(|(k, n)| n.outputs.iter().map(move |o| (o.as_str(), k))).collect();
+    let by_output: HashMap<&str, usize> =
+        g.nodes.iter().enumerate().flat_map(|(k, n)| n.outputs.iter().map(move |o| (o.as_str(), k))).collect();
     // The producer of `v` when this chain is its only reader and it is a plain binary op.
     let only = |v: &str, reader: usize| -> Option<usize> {
         let k = *by_output.get(v)?;
@@ -77,7 +83,13 @@ fn fuse_at(g: &Graph, i: usize) -> Option<(Node, Vec<usize>)> {
         let n = &g.nodes[k];
         let (a, b) = (n.inputs[0].as_str(), n.inputs[1].as_str());
         let full = |v: &str| g.value_type(v).and_then(|t| t.shape.clone()).as_deref() == Some(shape.as_slice());
-        let pick = if full(a) && mask_fits(g, b, &shape) { Some((a, b)) } else if full(b) && mask_fits(g, a, &shape) { Some((b, a)) } else { None };
+        let pick = if full(a) && mask_fits(g, b, &shape) {
+            Some((a, b))
+        } else if full(b) && mask_fits(g, a, &shape) {
+            Some((b, a))
+        } else {
+            None
+        };
         if let Some((s, m)) = pick {
             absorbed.push(k);
             mask = Some(m.to_string());
@@ -93,7 +105,9 @@ fn fuse_at(g: &Graph, i: usize) -> Option<(Node, Vec<usize>)> {
             "Div" => scalar(g, b).filter(|c| *c != 0.0).map(|c| (a, 1.0 / c)),
             _ => scalar(g, b).map(|c| (a, c)).or_else(|| scalar(g, a).map(|c| (b, c))),
         };
-        if let Some((s, c)) = found.filter(|(s, _)| g.value_type(s).and_then(|t| t.shape.clone()).as_deref() == Some(shape.as_slice())) {
+        if let Some((s, c)) =
+            found.filter(|(s, _)| g.value_type(s).and_then(|t| t.shape.clone()).as_deref() == Some(shape.as_slice()))
+        {
             absorbed.push(k);
             scale = c;
             x = s.to_string();
@@ -112,5 +126,15 @@ fn fuse_at(g: &Graph, i: usize) -> Option<(Node, Vec<usize>)> {
     attrs.insert(SOURCES.to_string(), Attr::Strings(sources));
     let mut inputs = vec![x];
     inputs.extend(mask);
-    Some((Node { name: sm.name.clone(), op: "Softmax".into(), domain: "aim".into(), inputs, outputs: sm.outputs.clone(), attrs }, absorbed))
+    Some((
+        Node {
+            name: sm.name.clone(),
+            op: "Softmax".into(),
+            domain: "aim".into(),
+            inputs,
+            outputs: sm.outputs.clone(),
+            attrs,
+        },
+        absorbed,
+    ))
 }

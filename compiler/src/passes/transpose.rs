@@ -30,7 +30,14 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let mut attrs = std::collections::BTreeMap::new();
         attrs.insert("perm".to_string(), Attr::Ints(perm));
         attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(n)));
-        g.nodes[i] = Node { name: n.name.clone(), op: "Transpose".into(), domain: "aim".into(), inputs: vec![n.inputs[0].clone()], outputs: n.outputs.clone(), attrs };
+        g.nodes[i] = Node {
+            name: n.name.clone(),
+            op: "Transpose".into(),
+            domain: "aim".into(),
+            inputs: vec![n.inputs[0].clone()],
+            outputs: n.outputs.clone(),
+            attrs,
+        };
     }
     Ok(())
 }

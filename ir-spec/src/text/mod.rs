@@ -48,7 +48,13 @@ mod tests {
         attrs.insert("then_branch".into(), Attr::Graph(Box::new(then_g)));
         attrs.insert("value".into(), Attr::Tensor(Tensor::from_slice(&[2], &[f32::NAN, 1e-30])));
         let mut g = Graph { name: "main".into(), ..Graph::default() };
-        g.inputs.push(ValueInfo { name: "x".into(), ty: ValueType { dtype: Some(DType::F32), shape: Some(vec![crate::Dim::Sym("N".into()), crate::Dim::Unknown]) } });
+        g.inputs.push(ValueInfo {
+            name: "x".into(),
+            ty: ValueType {
+                dtype: Some(DType::F32),
+                shape: Some(vec![crate::Dim::Sym("N".into()), crate::Dim::Unknown]),
+            },
+        });
         g.initializers.insert("w:0".into(), Tensor::from_slice(&[2, 2], &[1i64, -2, 3, i64::MIN]));
         g.initializers.insert("b".into(), Tensor::from_bools(&[2], &[true, false]));
         g.nodes.push(Node {

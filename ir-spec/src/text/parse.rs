@@ -131,12 +131,17 @@ impl<'a> Lexer<'a> {
                     Tok::Value(self.text[start..self.pos].to_string())
                 }
             }
-            c if c.is_ascii_digit() || (c == '-' && self.src.get(self.pos + 1).is_some_and(|b| b.is_ascii_digit() || *b == b'i')) => {
+            c if c.is_ascii_digit()
+                || (c == '-' && self.src.get(self.pos + 1).is_some_and(|b| b.is_ascii_digit() || *b == b'i')) =>
+            {
                 let start = self.pos;
                 self.bump();
                 while let Some(c) = self.peek_char() {
                     let prev = self.src[self.pos - 1];
-                    if c.is_ascii_alphanumeric() || c == '.' || ((c == '-' || c == '+') && (prev == b'e' || prev == b'E')) {
+                    if c.is_ascii_alphanumeric()
+                        || c == '.'
+                        || ((c == '-' || c == '+') && (prev == b'e' || prev == b'E'))
+                    {
                         self.bump();
                     } else {
                         break;
@@ -427,7 +432,9 @@ impl Parser {
                     self.punct(',')?;
                 }
                 if items.iter().all(|t| matches!(t, Tok::Str(_))) {
-                    return Ok(Attr::Strings(items.into_iter().map(|t| if let Tok::Str(s) = t { s } else { unreachable!() }).collect()));
+                    return Ok(Attr::Strings(
+                        items.into_iter().map(|t| if let Tok::Str(s) = t { s } else { unreachable!() }).collect(),
+                    ));
                 }
                 let nums: Vec<String> = items
                     .into_iter()
@@ -485,7 +492,9 @@ impl Parser {
             return Err(self.err("a tensor literal needs a dtype and a known shape"));
         };
         if self.eat_punct('<') {
-            return Err(self.err("tensor data was elided when this text was printed; print with full detail to parse it back"));
+            return Err(
+                self.err("tensor data was elided when this text was printed; print with full detail to parse it back")
+            );
         }
         self.punct('[')?;
         let mut items = Vec::new();
@@ -508,7 +517,14 @@ impl Parser {
         let bad = |p: &Parser| p.err("bad tensor element");
         Ok(match dtype {
             DType::Bool => {
-                let v: Option<Vec<bool>> = items.iter().map(|s| match s.as_str() { "true" => Some(true), "false" => Some(false), _ => None }).collect();
+                let v: Option<Vec<bool>> = items
+                    .iter()
+                    .map(|s| match s.as_str() {
+                        "true" => Some(true),
+                        "false" => Some(false),
+                        _ => None,
+                    })
+                    .collect();
                 Tensor::from_bools(&shape, &v.ok_or_else(|| bad(self))?)
             }
             DType::U64 => {

@@ -15,7 +15,8 @@ pub fn exp(x: f32) -> f32 {
     let n = (x * std::f32::consts::LOG2_E).round();
     // ln2 split in two so that n·ln2 is exact enough.
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_42 + r * (0.008_333_45 + r * 0.001_388_89)))));
+    let p =
+        1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_42 + r * (0.008_333_45 + r * 0.001_388_89)))));
     // 2^n without a float-to-int conversion (Rust's saturating `as i32` does not
     // vectorise): n + (1.5·2^23 + 127) holds n + 127 in its low mantissa bits, which the
     // shift moves into the exponent field, dropping everything else.

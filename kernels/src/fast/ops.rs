@@ -1,9 +1,9 @@
 //! The fast kernels and their dispatch table.
 
 use super::math;
+use super::output::{OutSlot, Output};
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel, Sequential};
 use crate::util::{axis, broadcast_offsets, broadcast_shapes, strides, Result};
-use super::output::{OutSlot, Output};
 use aim_ir::{DType, Node, Tensor};
 
 /// What a fast kernel runs with.
@@ -280,7 +280,10 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
             let lead = small.shape().iter().take_while(|&&d| d == 1).count();
             &small.shape()[lead..]
         };
-        big.shape() == shape.as_slice() && !small.is_empty() && s.len() <= shape.len() && shape[shape.len() - s.len()..] == *s
+        big.shape() == shape.as_slice()
+            && !small.is_empty()
+            && s.len() <= shape.len()
+            && shape[shape.len() - s.len()..] == *s
     };
     let yd = y.bits_mut();
     if row(b, a) || row(a, b) {
@@ -352,7 +355,10 @@ fn softmax(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
 
 fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = f32_in(ins, 0)?;
-    if x.rank() == 0 || n.outputs.iter().skip(1).any(|o| !o.is_empty()) || axis(n.int("axis", -1), x.rank()).ok()? != x.rank() - 1 {
+    if x.rank() == 0
+        || n.outputs.iter().skip(1).any(|o| !o.is_empty())
+        || axis(n.int("axis", -1), x.rank()).ok()? != x.rank() - 1
+    {
         return None;
     }
     let len = x.shape()[x.rank() - 1];
@@ -473,13 +479,16 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     if x.rank() != 4 || k.len() != 2 || n.outputs.iter().skip(1).any(|o| !o.is_empty()) || n.int("ceil_mode", 0) != 0 {
         return None;
     }
-    if n.ints("dilations").is_some_and(|d| d.iter().any(|&v| v != 1)) || !matches!(n.string("auto_pad", "NOTSET"), "NOTSET" | "VALID") {
+    if n.ints("dilations").is_some_and(|d| d.iter().any(|&v| v != 1))
+        || !matches!(n.string("auto_pad", "NOTSET"), "NOTSET" | "VALID")
+    {
         return None;
     }
     let valid = n.string("auto_pad", "NOTSET") == "VALID";
     let s = n.ints("strides").map(|v| v.to_vec()).unwrap_or(vec![1, 1]);
     let p = if valid { vec![0; 4] } else { n.ints("pads").map(|v| v.to_vec()).unwrap_or(vec![0; 4]) };
-    if s.len() != 2 || p.len() != 4 || s.iter().any(|&v| v < 1) || p.iter().any(|&v| v < 0) || k.iter().any(|&v| v < 1) {
+    if s.len() != 2 || p.len() != 4 || s.iter().any(|&v| v < 1) || p.iter().any(|&v| v < 0) || k.iter().any(|&v| v < 1)
+    {
         return None;
     }
     let (nb, c, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
@@ -564,7 +573,15 @@ fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Re
 /// shape) broadcasts to `xs` and runs along the whole last axis (its last dim is that
 /// axis's length; its other dims are 1 or `xs`'s).
 #[allow(clippy::too_many_arguments)]
-pub fn scaled_masked_softmax(isa: Isa, par: &dyn Parallel, x: &[f32], xs: &[usize], scale: f32, mask: Option<(&[f32], &[usize])>, y: &mut [f32]) -> std::result::Result<(), String> {
+pub fn scaled_masked_softmax(
+    isa: Isa,
+    par: &dyn Parallel,
+    x: &[f32],
+    xs: &[usize],
+    scale: f32,
+    mask: Option<(&[f32], &[usize])>,
+    y: &mut [f32],
+) -> std::result::Result<(), String> {
     let r = xs.len();
     let len = *xs.last().ok_or("softmax of a scalar")?;
     if x.len() != xs.iter().product::<usize>() || y.len() != x.len() {
@@ -574,7 +591,10 @@ pub fn scaled_masked_softmax(isa: Isa, par: &dyn Parallel, x: &[f32], xs: &[usiz
     let mask_rows: Option<(&[f32], Vec<usize>)> = match mask {
         None => None,
         Some((m, ms)) => {
-            let fits = !ms.is_empty() && ms.len() <= r && ms[ms.len() - 1] == len && ms[..ms.len() - 1].iter().zip(&xs[r - ms.len()..r - 1]).all(|(&a, &b)| a == 1 || a == b);
+            let fits = !ms.is_empty()
+                && ms.len() <= r
+                && ms[ms.len() - 1] == len
+                && ms[..ms.len() - 1].iter().zip(&xs[r - ms.len()..r - 1]).all(|(&a, &b)| a == 1 || a == b);
             if !fits || m.len() != ms.iter().product::<usize>() {
                 return Err(format!("mask {ms:?} does not run along the last axis of {xs:?}"));
             }

@@ -60,7 +60,8 @@ impl Output {
     pub(super) fn finish(self) -> Tensor {
         match self {
             // SAFETY: the contract of `OutSlot::new` (the bytes outlive the tensor unchanged).
-            Output::Slot(s, shape) => unsafe { Tensor::borrowed(DType::F32, &shape, s.ptr as *const u8, 4 * s.len) }.expect("the slot holds the shape"),
+            Output::Slot(s, shape) => unsafe { Tensor::borrowed(DType::F32, &shape, s.ptr as *const u8, 4 * s.len) }
+                .expect("the slot holds the shape"),
             Output::Owned(t) => t,
         }
     }

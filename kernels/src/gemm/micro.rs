@@ -53,7 +53,15 @@ pub(crate) unsafe fn run(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *
 /// # Safety
 /// As for [`run`], with `c` valid for `rows` rows; the CPU supports AVX-512F.
 #[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn avx512_rows(rows: usize, kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+pub(crate) unsafe fn avx512_rows(
+    rows: usize,
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+) {
     macro_rules! go {
         ($($r:literal)*) => {
             match rows {
@@ -82,7 +90,18 @@ unsafe fn avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usiz
 /// for `rows` rows, and `isa` AVX-512 or AVX2.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn run_plain(isa: Isa, rows: usize, narrow: bool, kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+pub(crate) unsafe fn run_plain(
+    isa: Isa,
+    rows: usize,
+    narrow: bool,
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+) {
     macro_rules! go {
         ($f:ident, $($r:literal)*) => {
             match rows {
@@ -110,7 +129,15 @@ pub(crate) unsafe fn run_plain(isa: Isa, rows: usize, narrow: bool, kc: usize, a
 /// (rows read in place).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_mr<const MR: usize, const PLAIN: bool, const NV: usize>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn avx512_mr<const MR: usize, const PLAIN: bool, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+) {
     use std::arch::x86_64::*;
     const PANEL: usize = 12;
     let mut cv = [[_mm512_setzero_ps(); NV]; MR];
@@ -144,7 +171,15 @@ unsafe fn avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize,
 /// The first `MR` rows of the 6×16 tile, A packed or in place as for [`avx512_mr`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+) {
     use std::arch::x86_64::*;
     const PANEL: usize = 6;
     let mut c0 = [_mm256_setzero_ps(); MR];

@@ -240,8 +240,31 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
                         unsafe {
                             let dst = cp.0.add(i * mr * ldc + j * nr);
                             match a {
-                                ASrc::Packed(pa) => tile(isa, kc_len, pa.panel(kb, i), bp, dst, ldc, rows, cols, kb > 0 || ep.residual_in_c, &mut buf),
-                                ASrc::Plain(x) => tile_plain(isa, kc_len, x.as_ptr().add(i * mr * k + kb * kc), k, bp, dst, ldc, rows, cols, kb > 0 || ep.residual_in_c, &mut buf),
+                                ASrc::Packed(pa) => tile(
+                                    isa,
+                                    kc_len,
+                                    pa.panel(kb, i),
+                                    bp,
+                                    dst,
+                                    ldc,
+                                    rows,
+                                    cols,
+                                    kb > 0 || ep.residual_in_c,
+                                    &mut buf,
+                                ),
+                                ASrc::Plain(x) => tile_plain(
+                                    isa,
+                                    kc_len,
+                                    x.as_ptr().add(i * mr * k + kb * kc),
+                                    k,
+                                    bp,
+                                    dst,
+                                    ldc,
+                                    rows,
+                                    cols,
+                                    kb > 0 || ep.residual_in_c,
+                                    &mut buf,
+                                ),
                             }
                             if kb + 1 == kblocks {
                                 epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
@@ -256,7 +279,15 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
 
 /// The loop nest [`gemm`] / [`gemm_lazy_b`] run for C[m×n] = A[m×k]·B[k×n], as lines of
 /// text (for `aim explore`): tiles, cache blocks, parallel tasks for `threads` threads.
-pub fn schedule(isa: Isa, blocking: Blocking, m: usize, n: usize, k: usize, lazy_b: bool, threads: usize) -> Vec<String> {
+pub fn schedule(
+    isa: Isa,
+    blocking: Blocking,
+    m: usize,
+    n: usize,
+    k: usize,
+    lazy_b: bool,
+    threads: usize,
+) -> Vec<String> {
     let (mr, nr) = (isa.mr(), isa.nr());
     let np = n.div_ceil(nr);
     let kblocks = k.div_ceil(blocking.kc).max(1);
@@ -267,7 +298,11 @@ pub fn schedule(isa: Isa, blocking: Blocking, m: usize, n: usize, k: usize, lazy
         ];
     }
     let tasks = np.min(threads).max(1);
-    let b = if lazy_b { format!("B panel packed on the fly (kc×{nr}, stays in L1)") } else { "B panels packed at load time".to_string() };
+    let b = if lazy_b {
+        format!("B panel packed on the fly (kc×{nr}, stays in L1)")
+    } else {
+        "B panels packed at load time".to_string()
+    };
     vec![
         format!("parallel for column-panel group in 0..{tasks} ({np} panels of {nr} columns)"),
         format!("  for k-block in 0..{kblocks} (kc ≤ {}), m-block of ≤{} rows, panel j: {b}", blocking.kc, blocking.mc),
@@ -289,7 +324,17 @@ enum ARows<'a> {
 /// batch-4 dense layer) A is read in place, as vector-matrix products; more rows are packed
 /// for the tiled product.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_rows(a: &[f32], m: usize, k: usize, blocking: Blocking, b: &PackedB, c: &mut [f32], ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
+pub fn gemm_rows(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    blocking: Blocking,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    ep: &Epilogue,
+    par: &dyn Parallel,
+) {
     assert!(a.len() >= m * k && k == b.k, "A is {m}×{k} (holds {}), B is {}×{}", a.len(), b.k, b.n);
     let n = b.n;
     check_c(m, n, c, ldc, ep);
@@ -350,7 +395,14 @@ fn small_m(a: ARows, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn
                             axpy_rows(isa, ap, i, mr, bp, &mut acc[at..at + nr]);
                         }
                         // Row i's k block read in place: element p at stride 1.
-                        ARows::Plain(rows, _, _) => axpy_rows(isa, &rows[i * k + kb * kc..i * k + kb * kc + kc_len], 0, 1, bp, &mut acc[at..at + nr]),
+                        ARows::Plain(rows, _, _) => axpy_rows(
+                            isa,
+                            &rows[i * k + kb * kc..i * k + kb * kc + kc_len],
+                            0,
+                            1,
+                            bp,
+                            &mut acc[at..at + nr],
+                        ),
                     }
                 }
             }
@@ -428,7 +480,18 @@ fn axpy_rows(isa: Isa, a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32
 /// # Safety
 /// As for [`micro::run`], with `dst` pointing at a rows×cols region of C.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile(isa: Isa, kc_len: usize, ap: *const f32, bp: *const f32, dst: *mut f32, ldc: usize, rows: usize, cols: usize, acc: bool, buf: &mut [f32]) {
+unsafe fn tile(
+    isa: Isa,
+    kc_len: usize,
+    ap: *const f32,
+    bp: *const f32,
+    dst: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    acc: bool,
+    buf: &mut [f32],
+) {
     let (mr, nr) = (isa.mr(), isa.nr());
     if rows == mr && cols == nr {
         micro::run(isa, kc_len, ap, bp, dst, ldc, acc);
@@ -455,7 +518,19 @@ unsafe fn tile(isa: Isa, kc_len: usize, ap: *const f32, bp: *const f32, dst: *mu
 /// # Safety
 /// As for [`micro::run_plain`], with `dst` pointing at a rows×cols region of C.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_plain(isa: Isa, kc_len: usize, ap: *const f32, lda: usize, bp: *const f32, dst: *mut f32, ldc: usize, rows: usize, cols: usize, acc: bool, buf: &mut [f32]) {
+unsafe fn tile_plain(
+    isa: Isa,
+    kc_len: usize,
+    ap: *const f32,
+    lda: usize,
+    bp: *const f32,
+    dst: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    acc: bool,
+    buf: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         let nr = isa.nr();
@@ -523,7 +598,18 @@ pub fn gemm_lazy_b(
                 // SAFETY: as in `gemm`; the panel holds kc_len×NR floats.
                 unsafe {
                     let dst = cp.0.add(i * mr * ldc + j * nr);
-                    tile(isa, kc_len, a.panel(kb, i), panel.as_ptr(), dst, ldc, rows, cols, kb > 0 || ep.residual_in_c, &mut buf);
+                    tile(
+                        isa,
+                        kc_len,
+                        a.panel(kb, i),
+                        panel.as_ptr(),
+                        dst,
+                        ldc,
+                        rows,
+                        cols,
+                        kb > 0 || ep.residual_in_c,
+                        &mut buf,
+                    );
                     if kb + 1 == kblocks {
                         epilogue(isa, dst, ldc, i * mr, j * nr, rows, cols, ep);
                     }
@@ -594,7 +680,9 @@ unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: u
                     (None, None) => row.iter_mut().for_each(|v| *v = $f(*v + rb)),
                     (Some(cb), None) => row.iter_mut().zip(cb).for_each(|(v, &b)| *v = $f(*v + rb + b)),
                     (None, Some(res)) => row.iter_mut().zip(res).for_each(|(v, &x)| *v = $f(*v + rb + x)),
-                    (Some(cb), Some(res)) => row.iter_mut().zip(cb).zip(res).for_each(|((v, &b), &x)| *v = $f(*v + rb + b + x)),
+                    (Some(cb), Some(res)) => {
+                        row.iter_mut().zip(cb).zip(res).for_each(|((v, &b), &x)| *v = $f(*v + rb + b + x))
+                    }
                 }
             };
         }

@@ -81,7 +81,14 @@ impl PackedA {
 
     /// Packs a row-major m×k matrix (activations, every call), a panel per task on `par`,
     /// reading each row sequentially.
-    pub fn from_rows(isa: Isa, blocking: Blocking, a: &[f32], m: usize, k: usize, par: &dyn super::Parallel) -> PackedA {
+    pub fn from_rows(
+        isa: Isa,
+        blocking: Blocking,
+        a: &[f32],
+        m: usize,
+        k: usize,
+        par: &dyn super::Parallel,
+    ) -> PackedA {
         assert!(a.len() >= m * k, "A holds {} values, {m}×{k} needed", a.len());
         let mr = isa.mr();
         let kc = blocking.kc.max(1);

@@ -13,7 +13,9 @@ fn reference(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 }
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32 / 500.0 - 1.0).collect()
+    (0..n)
+        .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
 }
 
 fn isas() -> Vec<Isa> {
@@ -23,7 +25,20 @@ fn isas() -> Vec<Isa> {
 #[test]
 fn matches_reference_on_awkward_sizes() {
     for isa in isas() {
-        for &(m, k, n) in &[(1, 1, 1), (13, 7, 33), (12, 64, 32), (25, 300, 70), (5, 0, 3), (40, 129, 17), (3, 1000, 2), (64, 300, 64), (20, 50, 96), (1, 784, 512), (4, 129, 70), (2, 0, 5)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (13, 7, 33),
+            (12, 64, 32),
+            (25, 300, 70),
+            (5, 0, 3),
+            (40, 129, 17),
+            (3, 1000, 2),
+            (64, 300, 64),
+            (20, 50, 96),
+            (1, 784, 512),
+            (4, 129, 70),
+            (2, 0, 5),
+        ] {
             let (a, b) = (values(m * k, 1), values(k * n, 2));
             let blocking = Blocking { kc: 64, mc: 2 * isa.mr() };
             let pa = PackedA::from_slice(isa, blocking, &a, m, k, false);
@@ -34,14 +49,20 @@ fn matches_reference_on_awkward_sizes() {
             gemm(&pa, &pb, &mut c, n, &Epilogue::default(), &Sequential);
             let want = reference(&a, &b, m, k, n);
             for (i, (g, w)) in c.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()) * (k as f32).sqrt(), "{isa:?} {m}x{k}x{n} at {i}: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()) * (k as f32).sqrt(),
+                    "{isa:?} {m}x{k}x{n} at {i}: {g} vs {w}"
+                );
             }
             // The same product with A as plain rows (read in place: up to four rows as
             // vector-matrix products, more by the AVX-512 / AVX2 tile kernels).
             let mut c2 = vec![f32::NAN; m * n];
             gemm_rows(&a, m, k, blocking, &pb, &mut c2, n, &Epilogue::default(), &Sequential);
             for (i, (g, w)) in c2.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()) * (k as f32).sqrt(), "{isa:?} rows {m}x{k}x{n} at {i}: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()) * (k as f32).sqrt(),
+                    "{isa:?} rows {m}x{k}x{n} at {i}: {g} vs {w}"
+                );
             }
         }
     }
@@ -59,7 +80,13 @@ fn transposed_packing_and_epilogue() {
         let pa = PackedA::from_slice(isa, blocking, &at, m, k, true);
         let pb = PackedB::from_slice(isa, blocking, &bt, k, n, true);
         let (rb, cb, res) = (values(m, 5), values(n, 6), values(m * n, 7));
-        let ep = Epilogue { row_bias: Some(&rb), col_bias: Some(&cb), residual: Some(&res), act: Some(Activation::Clip(-0.5, 0.5)), ..Epilogue::default() };
+        let ep = Epilogue {
+            row_bias: Some(&rb),
+            col_bias: Some(&cb),
+            residual: Some(&res),
+            act: Some(Activation::Clip(-0.5, 0.5)),
+            ..Epilogue::default()
+        };
         let mut c = vec![0f32; m * n];
         gemm(&pa, &pb, &mut c, n, &ep, &Sequential);
         let want = reference(&a, &b, m, k, n);
@@ -82,16 +109,31 @@ fn residual_in_c_matches_a_separate_residual() {
             let blocking = Blocking { kc: 64, mc: 2 * isa.mr() };
             let pa = PackedA::from_slice(isa, blocking, &a, m, k, false);
             let pb = PackedB::from_slice(isa, blocking, &b, k, n, false);
-            let separate = Epilogue { col_bias: Some(&cb), residual: Some(&res), act: Some(Activation::Relu), ..Epilogue::default() };
+            let separate = Epilogue {
+                col_bias: Some(&cb),
+                residual: Some(&res),
+                act: Some(Activation::Relu),
+                ..Epilogue::default()
+            };
             let mut want = vec![f32::NAN; m * n];
             gemm(&pa, &pb, &mut want, n, &separate, &Sequential);
-            let in_c = Epilogue { col_bias: Some(&cb), residual_in_c: true, act: Some(Activation::Relu), ..Epilogue::default() };
+            let in_c = Epilogue {
+                col_bias: Some(&cb),
+                residual_in_c: true,
+                act: Some(Activation::Relu),
+                ..Epilogue::default()
+            };
             let mut packed = res.clone();
             gemm(&pa, &pb, &mut packed, n, &in_c, &Sequential);
             let mut plain = res.clone();
             gemm_rows(&a, m, k, blocking, &pb, &mut plain, n, &in_c, &Sequential);
             for (i, w) in want.iter().enumerate() {
-                assert!((packed[i] - w).abs() < 1e-4 && (plain[i] - w).abs() < 1e-4, "{isa:?} {m}x{k}x{n} at {i}: {} / {} vs {w}", packed[i], plain[i]);
+                assert!(
+                    (packed[i] - w).abs() < 1e-4 && (plain[i] - w).abs() < 1e-4,
+                    "{isa:?} {m}x{k}x{n} at {i}: {} / {} vs {w}",
+                    packed[i],
+                    plain[i]
+                );
             }
         }
     }
@@ -107,7 +149,15 @@ fn lazy_b_matches_packed_b() {
             let rb = values(m, 10);
             let ep = Epilogue { row_bias: Some(&rb), act: Some(Activation::Relu), ..Epilogue::default() };
             let mut lazy = vec![f32::NAN; m * n];
-            gemm_lazy_b(&pa, n, &|p, j0, dst: &mut [f32]| dst.copy_from_slice(&b[p * n + j0..p * n + j0 + dst.len()]), &mut lazy, n, &ep, &Sequential);
+            gemm_lazy_b(
+                &pa,
+                n,
+                &|p, j0, dst: &mut [f32]| dst.copy_from_slice(&b[p * n + j0..p * n + j0 + dst.len()]),
+                &mut lazy,
+                n,
+                &ep,
+                &Sequential,
+            );
             let want = reference(&a, &b, m, k, n);
             for i in 0..m {
                 for j in 0..n {

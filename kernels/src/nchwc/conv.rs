@@ -63,7 +63,17 @@ impl Conv {
     /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block; `kc`
     /// is the k block (see [`crate::gemm::Blocking`]: its `kc` is sized for the same tile).
     #[allow(clippy::too_many_arguments)]
-    pub fn new(isa: Isa, weights: &[f32], bias: Option<&[f32]>, cout: usize, cin: usize, geo: Geometry, input: Layout, act: Activation, kc: usize) -> Conv {
+    pub fn new(
+        isa: Isa,
+        weights: &[f32],
+        bias: Option<&[f32]>,
+        cout: usize,
+        cin: usize,
+        geo: Geometry,
+        input: Layout,
+        act: Activation,
+        kc: usize,
+    ) -> Conv {
         let lanes = super::lanes(isa);
         let [kh, kw] = geo.kernel;
         assert_eq!(weights.len(), cout * cin * kh * kw, "weights do not match the shape");
@@ -121,7 +131,14 @@ impl Conv {
             if pointwise { " (1×1: each image one row)" } else { "" },
             pairs * rows * segs
         ));
-        v.push(format!("  for k-block in 0..{} (≤{} of k = {kh}·{kw}·{} = {k}; weights {}×{} floats stay in L1)", k.div_ceil(self.kc), self.kc, self.cin_eff, self.kc.min(k), 2 * l));
+        v.push(format!(
+            "  for k-block in 0..{} (≤{} of k = {kh}·{kw}·{} = {k}; weights {}×{} floats stay in L1)",
+            k.div_ceil(self.kc),
+            self.kc,
+            self.cin_eff,
+            self.kc.min(k),
+            2 * l
+        ));
         v.push(format!(
             "    for tile in segment (≤{} px): acc[px][{} of {l} ch] += broadcast x[px·{}+koff[k]] · w[k] ({input}, {:?})",
             super::tile_rows(self.isa),
@@ -133,7 +150,11 @@ impl Conv {
             self.geo.strides[1],
             self.isa
         ));
-        v.push(format!("    last k-block: + bias{}, {}", if residual { ", + residual" } else { "" }, act_text(self.act)));
+        v.push(format!(
+            "    last k-block: + bias{}, {}",
+            if residual { ", + residual" } else { "" },
+            act_text(self.act)
+        ));
         v
     }
 
@@ -151,14 +172,19 @@ impl Conv {
         let l = self.lanes;
         // A 1×1 stride-1 unpadded convolution maps pixel p to pixel p: one image is one long
         // row, so tiles run across row ends (no short tiles at the end of each row).
-        let pointwise = self.geo.kernel == [1, 1] && self.geo.strides == [1, 1] && io.pads == [0; 4] && io.oh == io.h && io.ow == io.w;
+        let pointwise = self.geo.kernel == [1, 1]
+            && self.geo.strides == [1, 1]
+            && io.pads == [0; 4]
+            && io.oh == io.h
+            && io.ow == io.w;
         let io = if pointwise { ConvIo { h: 1, w: io.h * io.w, oh: 1, ow: io.oh * io.ow, ..io } } else { io };
         let [kh, kw] = self.geo.kernel;
         let [sh, sw] = self.geo.strides;
         let [dh, dw] = self.geo.dilations;
         let [pt, pl, pb, pr] = io.pads;
         let (hp, wp) = (io.h + pt + pb, io.w + pl + pr);
-        if io.oh == 0 || io.ow == 0 || (io.oh - 1) * sh + (kh - 1) * dh >= hp || (io.ow - 1) * sw + (kw - 1) * dw >= wp {
+        if io.oh == 0 || io.ow == 0 || (io.oh - 1) * sh + (kh - 1) * dh >= hp || (io.ow - 1) * sw + (kw - 1) * dw >= wp
+        {
             return Err(format!("output {}×{} does not fit the padded input {hp}×{wp}", io.oh, io.ow));
         }
         let (planes, pix) = match self.input {
@@ -283,7 +309,8 @@ impl Job<'_> {
 
     /// Runs task `t` (`t < tasks()`): one segment of one output row of two output blocks.
     pub(super) fn task(&self, t: usize) {
-        let (pair, unit) = if self.pair_outer { (t / self.units, t % self.units) } else { (t % self.pairs, t / self.pairs) };
+        let (pair, unit) =
+            if self.pair_outer { (t / self.units, t % self.units) } else { (t % self.pairs, t / self.pairs) };
         let (row, seg) = (unit / self.segs, unit % self.segs);
         // Segments (and the tiles in them) of near-equal length, not a short one at the end.
         let cols = seg * self.ow / self.segs..(seg + 1) * self.ow / self.segs;
@@ -319,7 +346,13 @@ impl Job<'_> {
     /// The segment's tiles, k block by k block: a block of weights is loaded into L1 once
     /// and used by every tile; partial sums wait in the output.
     #[inline(always)]
-    unsafe fn segment_generic<V: Vf32, const RMAX: usize>(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
+    unsafe fn segment_generic<V: Vf32, const RMAX: usize>(
+        &self,
+        pair: usize,
+        row: usize,
+        cols: std::ops::Range<usize>,
+        p: Ptrs,
+    ) {
         let l = V::LANES;
         let (n, oy) = (row / self.oh, row % self.oh);
         let nb = (self.cb_out - 2 * pair).min(2);
@@ -404,7 +437,12 @@ impl Tile {
     /// hold two blocks per k step either way (the pair's second block is zero padding when
     /// the layer has an odd number of blocks).
     #[inline(always)]
-    unsafe fn run<V: Vf32, const R: usize, const XS: usize, const NB: usize>(&self, x: *const f32, y: [*mut f32; 2], res: [*const f32; 2]) {
+    unsafe fn run<V: Vf32, const R: usize, const XS: usize, const NB: usize>(
+        &self,
+        x: *const f32,
+        y: [*mut f32; 2],
+        res: [*const f32; 2],
+    ) {
         let l = V::LANES;
         let xps = match XS {
             1 => l,
@@ -456,7 +494,15 @@ impl Tile {
 
 /// Zero-padded copies of `planes` planes of `h × w` pixels of `pix` floats, in a scratch
 /// buffer (every element written: the borders zeroed, the interior copied).
-fn pad_planes(x: &[f32], planes: usize, h: usize, w: usize, pix: usize, pads: [usize; 4], par: &dyn Parallel) -> Scratch {
+fn pad_planes(
+    x: &[f32],
+    planes: usize,
+    h: usize,
+    w: usize,
+    pix: usize,
+    pads: [usize; 4],
+    par: &dyn Parallel,
+) -> Scratch {
     let [pt, pl, pb, pr] = pads;
     let (hp, wp) = (h + pt + pb, w + pl + pr);
     let mut out = scratch::take(planes * hp * wp * pix);
@@ -474,7 +520,6 @@ fn pad_planes(x: &[f32], planes: usize, h: usize, w: usize, pix: usize, pads: [u
             row[(pl + w) * pix..].fill(0.0);
             crate::fast::copy_short(&mut row[pl * pix..(pl + w) * pix], &src[y * w * pix..(y + 1) * w * pix]);
         }
-            });
+    });
     out
 }
-

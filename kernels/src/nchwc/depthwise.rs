@@ -25,7 +25,14 @@ pub struct Depthwise {
 
 impl Depthwise {
     /// Packs `weights` (`[c][1][kh][kw]`) and `bias` by channel block.
-    pub fn new(isa: Isa, weights: &[f32], bias: Option<&[f32]>, channels: usize, geo: Geometry, act: Activation) -> Depthwise {
+    pub fn new(
+        isa: Isa,
+        weights: &[f32],
+        bias: Option<&[f32]>,
+        channels: usize,
+        geo: Geometry,
+        act: Activation,
+    ) -> Depthwise {
         let lanes = super::lanes(isa);
         let taps = geo.kernel[0] * geo.kernel[1];
         assert_eq!(weights.len(), channels * taps, "weights do not match the shape");
@@ -68,7 +75,8 @@ impl Depthwise {
         }
         let (lo, hi) = super::shared::bounds(self.act);
         let job = Job { d: self, h: io.h, w: io.w, oh: io.oh, ow: io.ow, pt: io.pads[0], pl: io.pads[1], lo, hi };
-        let (x, y, res) = (In(io.x.as_ptr()), OutPtr(io.y.as_mut_ptr()), In(io.residual.map_or(std::ptr::null(), |r| r.as_ptr())));
+        let (x, y, res) =
+            (In(io.x.as_ptr()), OutPtr(io.y.as_mut_ptr()), In(io.residual.map_or(std::ptr::null(), |r| r.as_ptr())));
         let rows = io.batch * blocks * io.oh;
         par.for_each(rows, &|t| {
             let (x, y, res) = (x, y, res);
@@ -136,7 +144,11 @@ impl Job<'_> {
         // Output columns whose whole window lies inside the row: [ox_lo, ox_hi).
         let ox_lo = self.pl.div_ceil(sw).min(self.ow);
         let span = (kw - 1) * dw;
-        let ox_hi = if self.w + self.pl > span { ((self.w + self.pl - span - 1) / sw + 1).min(self.ow).max(ox_lo) } else { ox_lo };
+        let ox_hi = if self.w + self.pl > span {
+            ((self.w + self.pl - span - 1) / sw + 1).min(self.ow).max(ox_lo)
+        } else {
+            ox_lo
+        };
         let r = Row { xp, yrow, rrow, wts, bias, lo, hi, iy0, ky_lo, ky_hi };
         for ox in 0..ox_lo {
             self.edge(&r, ox);

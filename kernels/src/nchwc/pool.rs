@@ -39,9 +39,20 @@ impl Pool {
 
     /// Pools `x` (`[n][blocks][h][w][L]`) into `y` (`[n][blocks][oh][ow][L]`).
     #[allow(clippy::too_many_arguments)]
-    pub fn run(&self, isa: Isa, x: &[f32], n: usize, blocks: usize, h: usize, w: usize, y: &mut [f32], par: &dyn Parallel) -> Result<(), String> {
+    pub fn run(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        n: usize,
+        blocks: usize,
+        h: usize,
+        w: usize,
+        y: &mut [f32],
+        par: &dyn Parallel,
+    ) -> Result<(), String> {
         let l = super::lanes(isa);
-        let (oh, ow) = self.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", self.kernel))?;
+        let (oh, ow) =
+            self.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", self.kernel))?;
         if x.len() != n * blocks * h * w * l || y.len() != n * blocks * oh * ow * l {
             return Err(format!("buffer sizes {} / {} do not match the pooling", x.len(), y.len()));
         }
@@ -138,7 +149,15 @@ impl Pool {
 
 /// Global average pooling of `x` (`[n][ceil(c/L)][hw][L]`) into `y` (`[n][c]`, i.e. NCHW
 /// `[n][c][1][1]`): the blocked region ends here.
-pub fn global_average(isa: Isa, x: &[f32], n: usize, c: usize, hw: usize, y: &mut [f32], par: &dyn Parallel) -> Result<(), String> {
+pub fn global_average(
+    isa: Isa,
+    x: &[f32],
+    n: usize,
+    c: usize,
+    hw: usize,
+    y: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), String> {
     let l = super::lanes(isa);
     let blocks = c.div_ceil(l);
     if x.len() != n * blocks * hw * l || y.len() != n * c {
@@ -163,4 +182,3 @@ pub fn global_average(isa: Isa, x: &[f32], n: usize, c: usize, hw: usize, y: &mu
     });
     Ok(())
 }
-

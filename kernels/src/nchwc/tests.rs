@@ -19,7 +19,23 @@ fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
 
 /// NCHW convolution by definition (group 1 or depthwise), with bias, residual, activation.
 #[allow(clippy::too_many_arguments)]
-fn naive(x: &[f32], w: &[f32], b: &[f32], n: usize, cin: usize, cout: usize, h: usize, wd: usize, g: Geometry, pads: [usize; 2], oh: usize, ow: usize, depthwise: bool, res: Option<&[f32]>, act: Activation) -> Vec<f32> {
+fn naive(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    n: usize,
+    cin: usize,
+    cout: usize,
+    h: usize,
+    wd: usize,
+    g: Geometry,
+    pads: [usize; 2],
+    oh: usize,
+    ow: usize,
+    depthwise: bool,
+    res: Option<&[f32]>,
+    act: Activation,
+) -> Vec<f32> {
     let [kh, kw] = g.kernel;
     let cg = if depthwise { 1 } else { cin };
     let mut y = vec![0f32; n * cout * oh * ow];
@@ -110,7 +126,9 @@ fn conv_matches_the_definition() {
         for (i, &(cin, cout, h, w, k, s, d, pads, layout)) in cases.iter().enumerate() {
             // Small k blocks too, so that partial sums wait in the output.
             let kc = [7, 64, 1000][i % 3];
-            for (act, with_res) in [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)] {
+            for (act, with_res) in
+                [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)]
+            {
                 let n = 2;
                 let g = Geometry { kernel: [k, k], strides: [s, s], dilations: [d, d] };
                 let oh = (h + pads[0] + pads[2] - (k - 1) * d - 1) / s + 1;
@@ -119,21 +137,62 @@ fn conv_matches_the_definition() {
                 let wt = rand(cout * cin * k * k, &mut seed);
                 let b = rand(cout, &mut seed);
                 let res = with_res.then(|| rand(n * cout * oh * ow, &mut seed));
-                let want = naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
+                let want =
+                    naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
                 let conv = Conv::new(isa, &wt, Some(&b), cout, cin, g, layout, act, kc);
                 let xin = if layout == Layout::Blocked { blocked(&x, n, cin, h * w, l) } else { x.clone() };
                 let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
                 let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
-                conv.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), residual_in_y: false, y: &mut y }, &Sequential).unwrap();
+                conv.run(
+                    ConvIo {
+                        x: &xin,
+                        batch: n,
+                        h,
+                        w,
+                        pads,
+                        oh,
+                        ow,
+                        residual: res_b.as_deref(),
+                        residual_in_y: false,
+                        y: &mut y,
+                    },
+                    &Sequential,
+                )
+                .unwrap();
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
-                close(&got, &want, &format!("{isa:?} conv {cin}->{cout} {h}x{w} k{k} s{s} d{d} {pads:?} {layout:?} {act:?}"));
+                close(
+                    &got,
+                    &want,
+                    &format!("{isa:?} conv {cin}->{cout} {h}x{w} k{k} s{s} d{d} {pads:?} {layout:?} {act:?}"),
+                );
                 // The same with the residual already in the output (overwritten in place).
                 if let Some(r) = &res_b {
                     let mut y = r.clone();
-                    conv.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: None, residual_in_y: true, y: &mut y }, &Sequential).unwrap();
+                    conv.run(
+                        ConvIo {
+                            x: &xin,
+                            batch: n,
+                            h,
+                            w,
+                            pads,
+                            oh,
+                            ow,
+                            residual: None,
+                            residual_in_y: true,
+                            y: &mut y,
+                        },
+                        &Sequential,
+                    )
+                    .unwrap();
                     from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
-                    close(&got, &want, &format!("{isa:?} conv in place {cin}->{cout} {h}x{w} k{k} s{s} d{d} {pads:?} {layout:?} {act:?}"));
+                    close(
+                        &got,
+                        &want,
+                        &format!(
+                            "{isa:?} conv in place {cin}->{cout} {h}x{w} k{k} s{s} d{d} {pads:?} {layout:?} {act:?}"
+                        ),
+                    );
                 }
             }
         }
@@ -170,7 +229,22 @@ fn depthwise_matches_the_definition() {
                 let xin = blocked(&x, n, c, h * w, l);
                 let res_b = res.as_ref().map(|r| blocked(r, n, c, oh * ow, l));
                 let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
-                dw.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), residual_in_y: false, y: &mut y }, &Sequential).unwrap();
+                dw.run(
+                    ConvIo {
+                        x: &xin,
+                        batch: n,
+                        h,
+                        w,
+                        pads,
+                        oh,
+                        ow,
+                        residual: res_b.as_deref(),
+                        residual_in_y: false,
+                        y: &mut y,
+                    },
+                    &Sequential,
+                )
+                .unwrap();
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
                 close(&got, &want, &format!("{isa:?} depthwise {c} {h}x{w} k{k} s{s} d{d} {pads:?} {act:?}"));
@@ -183,11 +257,19 @@ fn depthwise_matches_the_definition() {
 fn winograd_matches_the_definition() {
     let mut seed = 5;
     // (cin, cout, h, w, pads [t, l, b, r]): outputs that do and do not fill 4×4 tiles.
-    let cases = [(16, 32, 8, 8, [1, 1, 1, 1]), (24, 40, 7, 9, [1, 1, 1, 1]), (8, 16, 6, 5, [0, 0, 0, 0]), (32, 16, 13, 11, [1, 0, 1, 2]), (3, 8, 3, 3, [1, 1, 1, 1])];
+    let cases = [
+        (16, 32, 8, 8, [1, 1, 1, 1]),
+        (24, 40, 7, 9, [1, 1, 1, 1]),
+        (8, 16, 6, 5, [0, 0, 0, 0]),
+        (32, 16, 13, 11, [1, 0, 1, 2]),
+        (3, 8, 3, 3, [1, 1, 1, 1]),
+    ];
     for isa in isas() {
         let l = lanes(isa);
         for &(cin, cout, h, w, pads) in &cases {
-            for (act, with_res) in [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)] {
+            for (act, with_res) in
+                [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)]
+            {
                 let n = 2;
                 let g = Geometry { kernel: [3, 3], strides: [1, 1], dilations: [1, 1] };
                 let (oh, ow) = (h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2);
@@ -195,17 +277,49 @@ fn winograd_matches_the_definition() {
                 let wt = rand(cout * cin * 9, &mut seed);
                 let b = rand(cout, &mut seed);
                 let res = with_res.then(|| rand(n * cout * oh * ow, &mut seed));
-                let want = naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
+                let want =
+                    naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
                 let wino = Winograd::new(isa, &wt, Some(&b), cout, cin, act, 64);
                 let xin = blocked(&x, n, cin, h * w, l);
                 let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
                 let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
-                wino.run(ConvIo { x: &xin, batch: n, h, w, pads, oh, ow, residual: res_b.as_deref(), residual_in_y: false, y: &mut y }, &Sequential).unwrap();
+                wino.run(
+                    ConvIo {
+                        x: &xin,
+                        batch: n,
+                        h,
+                        w,
+                        pads,
+                        oh,
+                        ow,
+                        residual: res_b.as_deref(),
+                        residual_in_y: false,
+                        y: &mut y,
+                    },
+                    &Sequential,
+                )
+                .unwrap();
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
                 // Winograd rounds differently from the direct sum: compare against the scale of
                 // the sums before the activation (of up to 288 products of values in ±1).
-                let raw = naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), Activation::Identity);
+                let raw = naive(
+                    &x,
+                    &wt,
+                    &b,
+                    n,
+                    cin,
+                    cout,
+                    h,
+                    w,
+                    g,
+                    [pads[0], pads[1]],
+                    oh,
+                    ow,
+                    false,
+                    res.as_deref(),
+                    Activation::Identity,
+                );
                 let scale = raw.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
                 for (i, (a, e)) in got.iter().zip(&want).enumerate() {
                     assert!((a - e).abs() <= 1e-5 * scale, "{isa:?} winograd {cin}->{cout} {h}x{w} {pads:?} {act:?}: element {i}: got {a}, want {e} (scale {scale})");
@@ -219,7 +333,12 @@ fn winograd_matches_the_definition() {
 fn pooling_matches_the_definition() {
     let mut seed = 9;
     // (channels, h, w, kernel, stride, pads [t, l, b, r])
-    let cases = [(16, 8, 8, 3, 2, [1, 1, 1, 1]), (20, 7, 9, 2, 2, [0, 0, 0, 0]), (8, 5, 6, 3, 1, [1, 0, 1, 2]), (24, 112, 112, 3, 2, [1, 1, 1, 1])];
+    let cases = [
+        (16, 8, 8, 3, 2, [1, 1, 1, 1]),
+        (20, 7, 9, 2, 2, [0, 0, 0, 0]),
+        (8, 5, 6, 3, 1, [1, 0, 1, 2]),
+        (24, 112, 112, 3, 2, [1, 1, 1, 1]),
+    ];
     for isa in isas() {
         let l = lanes(isa);
         for &(c, h, w, k, s, pads) in &cases {
@@ -239,14 +358,24 @@ fn pooling_matches_the_definition() {
                                 for ix in x0..x0 + k as isize {
                                     if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
                                         let v = x[(plane * h + iy as usize) * w + ix as usize];
-                                        m = if v > m || v.is_nan() || m.is_nan() { if m.is_nan() { m } else { v } } else { m };
+                                        m = if v > m || v.is_nan() || m.is_nan() {
+                                            if m.is_nan() {
+                                                m
+                                            } else {
+                                                v
+                                            }
+                                        } else {
+                                            m
+                                        };
                                         sum += v;
                                         cnt += 1;
                                     }
                                 }
                             }
-                            let padded = ((y0 + k as isize).min((h + pads[2]) as isize) - y0) * ((x0 + k as isize).min((w + pads[3]) as isize) - x0);
-                            want[(plane * oh + oy) * ow + ox] = if max { m } else { sum / if include_pad { padded as f32 } else { cnt as f32 } };
+                            let padded = ((y0 + k as isize).min((h + pads[2]) as isize) - y0)
+                                * ((x0 + k as isize).min((w + pads[3]) as isize) - x0);
+                            want[(plane * oh + oy) * ow + ox] =
+                                if max { m } else { sum / if include_pad { padded as f32 } else { cnt as f32 } };
                         }
                     }
                 }
@@ -256,7 +385,10 @@ fn pooling_matches_the_definition() {
                 let mut got = vec![0f32; want.len()];
                 from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    assert!((a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{isa:?} pool {p:?} {c}x{h}x{w}: element {i}: got {a}, want {b}");
+                    assert!(
+                        (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{isa:?} pool {p:?} {c}x{h}x{w}: element {i}: got {a}, want {b}"
+                    );
                 }
             }
         }
@@ -279,7 +411,39 @@ fn a_conv_refuses_buffers_that_do_not_fit() {
     let x = vec![0f32; 8 * 5 * 5];
     let mut y = vec![0f32; 16 * 5 * 5];
     // Too small an output for the given input.
-    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [1; 4], oh: 5, ow: 5, residual: None, residual_in_y: false, y: &mut y[..100] }, &Sequential).is_err());
+    assert!(conv
+        .run(
+            ConvIo {
+                x: &x,
+                batch: 1,
+                h: 5,
+                w: 5,
+                pads: [1; 4],
+                oh: 5,
+                ow: 5,
+                residual: None,
+                residual_in_y: false,
+                y: &mut y[..100]
+            },
+            &Sequential
+        )
+        .is_err());
     // An output larger than the window allows.
-    assert!(conv.run(ConvIo { x: &x, batch: 1, h: 5, w: 5, pads: [0; 4], oh: 5, ow: 5, residual: None, residual_in_y: false, y: &mut y }, &Sequential).is_err());
+    assert!(conv
+        .run(
+            ConvIo {
+                x: &x,
+                batch: 1,
+                h: 5,
+                w: 5,
+                pads: [0; 4],
+                oh: 5,
+                ow: 5,
+                residual: None,
+                residual_in_y: false,
+                y: &mut y
+            },
+            &Sequential
+        )
+        .is_err());
 }

@@ -47,7 +47,15 @@ const G: [[f64; 3]; T] = [
 
 impl Winograd {
     /// Transforms and packs `weights` (`[cout][cin][3][3]`); `kc` as for [`Conv::new`].
-    pub fn new(isa: Isa, weights: &[f32], bias: Option<&[f32]>, cout: usize, cin: usize, act: Activation, kc: usize) -> Winograd {
+    pub fn new(
+        isa: Isa,
+        weights: &[f32],
+        bias: Option<&[f32]>,
+        cout: usize,
+        cin: usize,
+        act: Activation,
+        kc: usize,
+    ) -> Winograd {
         assert_eq!(weights.len(), cout * cin * 9, "weights do not match the shape");
         let lanes = super::lanes(isa);
         // U[ξν][co][ci] = (G g Gᵀ)[ξ][ν], in f64, one row ξ at a time (the six products of
@@ -97,7 +105,13 @@ impl Winograd {
         let (cbi, cbo) = (self.cin.div_ceil(l), self.cout.div_ceil(l));
         let [pt, pl, pb, pr] = io.pads;
         if io.oh == 0 || io.ow == 0 || io.oh + 2 > io.h + pt + pb || io.ow + 2 > io.w + pl + pr {
-            return Err(format!("output {}×{} does not fit the padded input {}×{}", io.oh, io.ow, io.h + pt + pb, io.w + pl + pr));
+            return Err(format!(
+                "output {}×{} does not fit the padded input {}×{}",
+                io.oh,
+                io.ow,
+                io.h + pt + pb,
+                io.w + pl + pr
+            ));
         }
         let (in_len, out_len) = (io.batch * cbi * io.h * io.w * l, io.batch * cbo * io.oh * io.ow * l);
         if io.x.len() != in_len || io.y.len() != out_len || io.residual.is_some_and(|r| r.len() != out_len) {
@@ -121,7 +135,23 @@ impl Winograd {
             .chunks_mut(cbo * p * l)
             .zip(v.chunks(cbi * p * l))
             .zip(&self.products)
-            .map(|((mm, vv), c)| c.plan(ConvIo { x: vv, batch: 1, h: 1, w: p, pads: [0; 4], oh: 1, ow: p, residual: None, residual_in_y: false, y: mm }, par))
+            .map(|((mm, vv), c)| {
+                c.plan(
+                    ConvIo {
+                        x: vv,
+                        batch: 1,
+                        h: 1,
+                        w: p,
+                        pads: [0; 4],
+                        oh: 1,
+                        ow: p,
+                        residual: None,
+                        residual_in_y: false,
+                        y: mm,
+                    },
+                    par,
+                )
+            })
             .collect::<Result<_, _>>()?;
         let per = jobs[0].tasks();
         par.for_each(T * T * per, &|t| jobs[t / per].task(t % per));

@@ -3,7 +3,7 @@
 //! boolean or additive mask, causal and sliding-window masking, soft-capping and the
 //! optional QK output. Follows the ONNX reference: fully masked rows give zeros.
 
-use crate::util::{broadcast_offsets, err, opt, req, need_float, Result};
+use crate::util::{broadcast_offsets, err, need_float, opt, req, Result};
 use aim_ir::{DType, Node, Tensor};
 
 /// A 4-D view [batch, heads, seq, head_dim] of f64 values.
@@ -111,7 +111,15 @@ fn attention(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 for j in 0..skv {
                     padded.push(if j < last {
                         let x = vals[r * last + j];
-                        if is_bool { if x != 0.0 { 0.0 } else { f64::NEG_INFINITY } } else { x }
+                        if is_bool {
+                            if x != 0.0 {
+                                0.0
+                            } else {
+                                f64::NEG_INFINITY
+                            }
+                        } else {
+                            x
+                        }
                     } else {
                         f64::NEG_INFINITY
                     });

@@ -1,8 +1,8 @@
 //! Broadcasting binary and variadic ops: arithmetic, comparison, logic, bit ops, Where.
 
+use crate::dispatch;
 use crate::num::Num;
 use crate::util::{broadcast_offsets, broadcast_shapes, err, req, same_dtype, Result};
-use crate::dispatch;
 use aim_ir::{DType, Elem, Node, Tensor};
 
 /// Applies `f` to the broadcast pairs of `a` and `b`, returning values and the output shape.
@@ -62,7 +62,11 @@ fn pow(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let int = a.dtype().is_int();
     let (v, shape) = zip_broadcast::<f64, f64>(&af, &bf, |x, y| {
         let r = x.powf(y);
-        if int { r.trunc() } else { r }
+        if int {
+            r.trunc()
+        } else {
+            r
+        }
     })?;
     Ok(vec![Tensor::from_f64(a.dtype(), &shape, &v)])
 }
@@ -171,8 +175,11 @@ fn where_(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     same_dtype(&[x, y])?;
     let shape = broadcast_shapes(&[c.shape(), x.shape(), y.shape()])?;
-    let (oc, ox, oy) =
-        (broadcast_offsets(c.shape(), &shape), broadcast_offsets(x.shape(), &shape), broadcast_offsets(y.shape(), &shape));
+    let (oc, ox, oy) = (
+        broadcast_offsets(c.shape(), &shape),
+        broadcast_offsets(x.shape(), &shape),
+        broadcast_offsets(y.shape(), &shape),
+    );
     let cd = c.data::<u8>();
     let sz = x.dtype().size();
     let (bx, by) = (x.bytes(), y.bytes());
@@ -187,9 +194,28 @@ fn where_(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("Add", arith), ("Sub", arith), ("Mul", arith), ("Div", arith), ("Mod", arith), ("Pow", pow),
-    ("Equal", compare), ("Less", compare), ("Greater", compare), ("LessOrEqual", compare),
-    ("GreaterOrEqual", compare), ("And", logic), ("Or", logic), ("Xor", logic), ("BitwiseAnd", bits),
-    ("BitwiseOr", bits), ("BitwiseXor", bits), ("BitShift", bits), ("PRelu", prelu), ("Max", variadic),
-    ("Min", variadic), ("Sum", variadic), ("Mean", variadic), ("Where", where_),
+    ("Add", arith),
+    ("Sub", arith),
+    ("Mul", arith),
+    ("Div", arith),
+    ("Mod", arith),
+    ("Pow", pow),
+    ("Equal", compare),
+    ("Less", compare),
+    ("Greater", compare),
+    ("LessOrEqual", compare),
+    ("GreaterOrEqual", compare),
+    ("And", logic),
+    ("Or", logic),
+    ("Xor", logic),
+    ("BitwiseAnd", bits),
+    ("BitwiseOr", bits),
+    ("BitwiseXor", bits),
+    ("BitShift", bits),
+    ("PRelu", prelu),
+    ("Max", variadic),
+    ("Min", variadic),
+    ("Sum", variadic),
+    ("Mean", variadic),
+    ("Where", where_),
 ];

@@ -39,7 +39,8 @@ fn conv_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Re
         }
     }
     let rows = cg * ksize;
-    let pointwise = ksize == 1 && g.strides.iter().all(|&s| s == 1) && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0);
+    let pointwise =
+        ksize == 1 && g.strides.iter().all(|&s| s == 1) && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0);
     let mut col = vec![T::zero(); if pointwise { 0 } else { rows * osize }];
     let mut y = vec![T::zero(); nb * m * osize];
     for n in 0..nb {
@@ -59,7 +60,8 @@ fn conv_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Re
                             let mut off = 0usize;
                             let mut inside = true;
                             for d in 0..sp {
-                                let pos = (op[d] * g.strides[d] + kp[d] * g.dilations[d]) as isize - g.pad_begin[d] as isize;
+                                let pos =
+                                    (op[d] * g.strides[d] + kp[d] * g.dilations[d]) as isize - g.pad_begin[d] as isize;
                                 if pos < 0 || pos >= in_sp[d] as isize {
                                     inside = false;
                                     break;
@@ -101,7 +103,11 @@ fn float_inputs(ins: &[Option<Tensor>], op: &str) -> Result<(DType, Tensor, Tens
 
 fn conv(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (dt, x, w, b) = float_inputs(ins, "Conv")?;
-    let y = if x.dtype() == DType::F64 { conv_t::<f64>(node, &x, &w, b.as_ref())? } else { conv_t::<f32>(node, &x, &w, b.as_ref())? };
+    let y = if x.dtype() == DType::F64 {
+        conv_t::<f64>(node, &x, &w, b.as_ref())?
+    } else {
+        conv_t::<f32>(node, &x, &w, b.as_ref())?
+    };
     Ok(vec![narrow(y, dt)])
 }
 
@@ -144,12 +150,15 @@ fn conv_transpose_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tens
         };
         if let Some(t) = target {
             let total = full.saturating_sub(t);
-            let (b, e) = if auto_pad == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+            let (b, e) =
+                if auto_pad == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
             pads[i] = b;
             pads[sp + i] = e;
             out[i] = t;
         } else {
-            out[i] = full.checked_sub(pads[i] + pads[sp + i]).ok_or_else(|| crate::KernelError("padding exceeds the output".into()))?;
+            out[i] = full
+                .checked_sub(pads[i] + pads[sp + i])
+                .ok_or_else(|| crate::KernelError("padding exceeds the output".into()))?;
         }
     }
     let (xd, wd) = (x.data::<T>(), w.data::<T>());

@@ -12,7 +12,9 @@ fn expand_ellipsis(term: &str, rank: usize, ell: &mut usize) -> Result<Vec<char>
     if !term.contains("...") {
         return Ok(letters);
     }
-    let n = rank.checked_sub(letters.len()).ok_or_else(|| crate::KernelError(format!("term '{term}' has more letters than rank {rank}")))?;
+    let n = rank
+        .checked_sub(letters.len())
+        .ok_or_else(|| crate::KernelError(format!("term '{term}' has more letters than rank {rank}")))?;
     *ell = (*ell).max(n);
     let (pre, post) = term.split_once("...").unwrap_or((term, ""));
     let mut out: Vec<char> = pre.chars().collect();

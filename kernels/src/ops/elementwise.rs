@@ -2,9 +2,9 @@
 //! the reference is at least as accurate as the type it returns), plus Clip and the
 //! integer/bool ops Not, BitwiseNot, IsNaN, IsInf.
 
+use crate::dispatch;
 use crate::num::Num;
 use crate::util::{err, opt, req, Result};
-use crate::dispatch;
 use aim_ir::{DType, Node, Tensor};
 
 /// The error function, to about 1e-15 (Abramowitz–Stegun 7.1.26 is too coarse for an oracle,
@@ -56,7 +56,15 @@ fn unary_fn(n: &Node) -> Option<Box<dyn Fn(f64) -> f64>> {
     Some(match n.op.as_str() {
         "Abs" => Box::new(f64::abs),
         "Neg" => Box::new(|x: f64| -x),
-        "Sign" => Box::new(|x: f64| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x }),
+        "Sign" => Box::new(|x: f64| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x
+            }
+        }),
         "Ceil" => Box::new(f64::ceil),
         "Floor" => Box::new(f64::floor),
         "Round" => Box::new(f64::round_ties_even),
@@ -115,11 +123,21 @@ fn unary_fn(n: &Node) -> Option<Box<dyn Fn(f64) -> f64>> {
         "Shrink" => {
             let l = n.float("lambd", 0.5) as f64;
             let b = n.float("bias", 0.0) as f64;
-            Box::new(move |x| if x < -l { x + b } else if x > l { x - b } else { 0.0 })
+            Box::new(move |x| {
+                if x < -l {
+                    x + b
+                } else if x > l {
+                    x - b
+                } else {
+                    0.0
+                }
+            })
         }
         "Gelu" => {
             if n.string("approximate", "none") == "tanh" {
-                Box::new(|x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()))
+                Box::new(|x: f64| {
+                    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+                })
             } else {
                 Box::new(|x: f64| 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)))
             }
@@ -217,21 +235,63 @@ fn is_inf(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("Abs", unary), ("Neg", unary), ("Sign", unary), ("Ceil", unary), ("Floor", unary), ("Round", unary),
-    ("Sqrt", unary), ("Reciprocal", unary), ("Exp", unary), ("Log", unary), ("Sin", unary), ("Cos", unary),
-    ("Tan", unary), ("Asin", unary), ("Acos", unary), ("Atan", unary), ("Sinh", unary), ("Cosh", unary),
-    ("Asinh", unary), ("Acosh", unary), ("Atanh", unary), ("Erf", unary), ("Sigmoid", unary), ("Tanh", unary),
-    ("Relu", unary), ("LeakyRelu", unary), ("Elu", unary), ("Celu", unary), ("Selu", unary),
-    ("HardSigmoid", unary), ("HardSwish", unary), ("Softplus", unary), ("Softsign", unary), ("Mish", unary),
-    ("Swish", unary), ("ThresholdedRelu", unary), ("Shrink", unary), ("Gelu", unary), ("Clip", clip),
-    ("Not", not), ("BitwiseNot", bitwise_not), ("IsNaN", is_nan), ("IsInf", is_inf),
+    ("Abs", unary),
+    ("Neg", unary),
+    ("Sign", unary),
+    ("Ceil", unary),
+    ("Floor", unary),
+    ("Round", unary),
+    ("Sqrt", unary),
+    ("Reciprocal", unary),
+    ("Exp", unary),
+    ("Log", unary),
+    ("Sin", unary),
+    ("Cos", unary),
+    ("Tan", unary),
+    ("Asin", unary),
+    ("Acos", unary),
+    ("Atan", unary),
+    ("Sinh", unary),
+    ("Cosh", unary),
+    ("Asinh", unary),
+    ("Acosh", unary),
+    ("Atanh", unary),
+    ("Erf", unary),
+    ("Sigmoid", unary),
+    ("Tanh", unary),
+    ("Relu", unary),
+    ("LeakyRelu", unary),
+    ("Elu", unary),
+    ("Celu", unary),
+    ("Selu", unary),
+    ("HardSigmoid", unary),
+    ("HardSwish", unary),
+    ("Softplus", unary),
+    ("Softsign", unary),
+    ("Mish", unary),
+    ("Swish", unary),
+    ("ThresholdedRelu", unary),
+    ("Shrink", unary),
+    ("Gelu", unary),
+    ("Clip", clip),
+    ("Not", not),
+    ("BitwiseNot", bitwise_not),
+    ("IsNaN", is_nan),
+    ("IsInf", is_inf),
 ];
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn erf_matches_known_values() {
-        for (x, e) in [(0.0, 0.0), (0.5, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (2.0, 0.995_322_265_018_952_7), (3.0, 0.999_977_909_503_001_4), (-1.5, -0.966_105_146_475_310_7)] {
+        for (x, e) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.0, 0.999_977_909_503_001_4),
+            (-1.5, -0.966_105_146_475_310_7),
+        ] {
             assert!((super::erf(x) - e).abs() < 1e-13, "erf({x}) = {} not {e}", super::erf(x));
         }
     }

@@ -280,10 +280,15 @@ fn top_k(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     Ok(vec![gather_elems(x, &shape, &offs), Tensor::from_i64(&shape, idx)])
 }
 
-
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("Gather", gather), ("GatherElements", gather_elements), ("GatherND", gather_nd),
-    ("ScatterElements", scatter_elements), ("ScatterND", scatter_nd), ("OneHot", one_hot), ("NonZero", nonzero),
-    ("Compress", compress), ("TopK", top_k),
+    ("Gather", gather),
+    ("GatherElements", gather_elements),
+    ("GatherND", gather_nd),
+    ("ScatterElements", scatter_elements),
+    ("ScatterND", scatter_nd),
+    ("OneHot", one_hot),
+    ("NonZero", nonzero),
+    ("Compress", compress),
+    ("TopK", top_k),
 ];

@@ -1,7 +1,7 @@
 //! The loss ops ONNX defines (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss), so
 //! exported training graphs and evaluation heads run too.
 
-use crate::util::{err, ints_of, opt, req, need_float, Result};
+use crate::util::{err, ints_of, need_float, opt, req, Result};
 use aim_ir::{Node, Tensor};
 
 /// NLL over log-probabilities `x` [N, C, d...] and class indices `target` [N, d...].

@@ -1,8 +1,8 @@
 //! MatMul (numpy batching and broadcasting) and Gemm.
 
+use crate::dispatch;
 use crate::num::Num;
 use crate::util::{broadcast_offsets, broadcast_shapes, err, opt, req, same_dtype, Result};
-use crate::dispatch;
 use aim_ir::{DType, Node, Tensor};
 
 /// C[m×n] += A[m×k] · B[k×n], row-major, in the element type (i-k-j order, which the

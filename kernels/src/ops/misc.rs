@@ -2,7 +2,7 @@
 //! ReverseSequence, Unique, MaxUnpool, Det and the signal windows.
 
 use super::window::for_each_index;
-use crate::util::{axis, err, gather_elems, ints_of, opt, req, need_float, strides, Result};
+use crate::util::{axis, err, gather_elems, ints_of, need_float, opt, req, strides, Result};
 use aim_ir::{DType, Node, Tensor};
 
 fn rotary_embedding(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -52,7 +52,8 @@ fn rotary_embedding(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 return err("the cos/sin cache is shorter than the sequence");
             }
             for hi in 0..h {
-                let at = |k: usize| if four_d { ((bi * h + hi) * s + si) * d + k } else { ((bi * s + si) * h + hi) * d + k };
+                let at =
+                    |k: usize| if four_d { ((bi * h + hi) * s + si) * d + k } else { ((bi * s + si) * h + hi) * d + k };
                 for k in 0..half {
                     let (i1, i2) = if interleaved { (2 * k, 2 * k + 1) } else { (k, k + half) };
                     let (x1, x2) = (xv[at(i1)], xv[at(i2)]);
@@ -72,14 +73,16 @@ fn swiglu(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         return err("SwiGLU needs A and B of one shape and dtype");
     }
     let alpha = n.float("alpha", 1.0) as f64;
-    let y: Vec<f64> = a.to_f64_vec().iter().zip(b.to_f64_vec()).map(|(&x, y)| x / (1.0 + (-alpha * x).exp()) * y).collect();
+    let y: Vec<f64> =
+        a.to_f64_vec().iter().zip(b.to_f64_vec()).map(|(&x, y)| x / (1.0 + (-alpha * x).exp()) * y).collect();
     Ok(vec![Tensor::from_f64(a.dtype(), a.shape(), &y)])
 }
 
 fn bitcast(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(ins, 0)?;
     let code = n.int("to", 0) as i32;
-    let to = DType::from_onnx_code(code).ok_or_else(|| crate::KernelError(format!("BitCast to {} is not supported", DType::onnx_code_name(code))))?;
+    let to = DType::from_onnx_code(code)
+        .ok_or_else(|| crate::KernelError(format!("BitCast to {} is not supported", DType::onnx_code_name(code))))?;
     if to.size() != x.dtype().size() {
         return err(format!("BitCast needs types of one width, {} and {to} differ", x.dtype()));
     }
@@ -152,7 +155,9 @@ fn unique(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     };
     let (outer, dim, inner) = super::norm::lanes(x.shape(), ax);
     let v = x.to_f64_vec();
-    let slice = |k: usize| -> Vec<f64> { (0..outer).flat_map(|o| (0..inner).map(move |i| (o, i))).map(|(o, i)| v[(o * dim + k) * inner + i]).collect() };
+    let slice = |k: usize| -> Vec<f64> {
+        (0..outer).flat_map(|o| (0..inner).map(move |i| (o, i))).map(|(o, i)| v[(o * dim + k) * inner + i]).collect()
+    };
     let slices: Vec<Vec<f64>> = (0..dim).map(slice).collect();
     let mut firsts: Vec<usize> = Vec::new();
     let mut inverse = vec![0usize; dim];
@@ -250,7 +255,11 @@ fn det(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             let mut a = mat.to_vec();
             let mut d = 1.0;
             for c in 0..m {
-                let p = (c..m).max_by(|&i, &j| a[i * m + c].abs().partial_cmp(&a[j * m + c].abs()).unwrap_or(std::cmp::Ordering::Equal)).unwrap_or(c);
+                let p = (c..m)
+                    .max_by(|&i, &j| {
+                        a[i * m + c].abs().partial_cmp(&a[j * m + c].abs()).unwrap_or(std::cmp::Ordering::Equal)
+                    })
+                    .unwrap_or(c);
                 if a[p * m + c] == 0.0 {
                     return 0.0;
                 }
@@ -293,13 +302,22 @@ fn window_fn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         })
         .collect();
     let code = n.int("output_datatype", 1) as i32;
-    let dt = DType::from_onnx_code(code).ok_or_else(|| crate::KernelError(format!("output_datatype {code} is not supported")))?;
+    let dt = DType::from_onnx_code(code)
+        .ok_or_else(|| crate::KernelError(format!("output_datatype {code} is not supported")))?;
     Ok(vec![Tensor::from_f64(dt, &[size as usize], &v)])
 }
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("RotaryEmbedding", rotary_embedding), ("SwiGLU", swiglu), ("BitCast", bitcast), ("CenterCropPad", center_crop_pad),
-    ("ReverseSequence", reverse_sequence), ("Unique", unique), ("MaxUnpool", max_unpool), ("Det", det),
-    ("HannWindow", window_fn), ("HammingWindow", window_fn), ("BlackmanWindow", window_fn),
+    ("RotaryEmbedding", rotary_embedding),
+    ("SwiGLU", swiglu),
+    ("BitCast", bitcast),
+    ("CenterCropPad", center_crop_pad),
+    ("ReverseSequence", reverse_sequence),
+    ("Unique", unique),
+    ("MaxUnpool", max_unpool),
+    ("Det", det),
+    ("HannWindow", window_fn),
+    ("HammingWindow", window_fn),
+    ("BlackmanWindow", window_fn),
 ];

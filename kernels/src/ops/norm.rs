@@ -1,7 +1,7 @@
 //! Normalisations (batch, instance, layer, group, RMS, Lp, mean-variance, LRN) and the
 //! softmax family. All compute in f64.
 
-use crate::util::{axis, broadcast_offsets, err, opt, req, need_float, Result};
+use crate::util::{axis, broadcast_offsets, err, need_float, opt, req, Result};
 use aim_ir::{Node, Tensor};
 
 /// Splits `shape` around `ax` into (outer, len, inner) element counts.
@@ -140,7 +140,10 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let scale = req(ins, 1)?;
     for t in [Some(scale), if rms { None } else { opt(ins, 2) }].into_iter().flatten() {
         if crate::util::broadcast_shapes(&[t.shape(), norm_shape])? != norm_shape {
-            return err(format!("scale/bias of shape {:?} do not broadcast to the normalised shape {norm_shape:?}", t.shape()));
+            return err(format!(
+                "scale/bias of shape {:?} do not broadcast to the normalised shape {norm_shape:?}",
+                t.shape()
+            ));
         }
     }
     let sc_offs = broadcast_offsets(scale.shape(), norm_shape);
@@ -229,7 +232,8 @@ fn lrn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(ins, 0)?;
     need_rank(x, 2, "LRN")?;
     let size = n.int("size", 1).max(1) as usize;
-    let (alpha, beta, bias) = (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
+    let (alpha, beta, bias) =
+        (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
     let (outer, c, inner) = lanes(x.shape(), 1);
     let xd = x.to_f64_vec();
     let mut y = vec![0.0; xd.len()];
@@ -284,8 +288,15 @@ fn softmax(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("BatchNormalization", batch_norm), ("InstanceNormalization", instance_norm), ("GroupNormalization", group_norm),
-    ("LayerNormalization", layer_norm), ("RMSNormalization", layer_norm), ("LpNormalization", lp_norm),
-    ("MeanVarianceNormalization", mvn), ("LRN", lrn), ("Softmax", softmax), ("LogSoftmax", softmax),
+    ("BatchNormalization", batch_norm),
+    ("InstanceNormalization", instance_norm),
+    ("GroupNormalization", group_norm),
+    ("LayerNormalization", layer_norm),
+    ("RMSNormalization", layer_norm),
+    ("LpNormalization", lp_norm),
+    ("MeanVarianceNormalization", mvn),
+    ("LRN", lrn),
+    ("Softmax", softmax),
+    ("LogSoftmax", softmax),
     ("Hardmax", softmax),
 ];

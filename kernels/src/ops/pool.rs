@@ -39,7 +39,8 @@ fn pool(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             for d in 0..sp {
                 // The window clipped to the padded input (what count_include_pad divides by).
                 let start = (op_[d] * g.strides[d]) as isize - g.pad_begin[d] as isize;
-                let end = (start + ((kernel[d] - 1) * g.dilations[d] + 1) as isize).min((in_sp[d] + g.pad_end[d]) as isize);
+                let end =
+                    (start + ((kernel[d] - 1) * g.dilations[d] + 1) as isize).min((in_sp[d] + g.pad_end[d]) as isize);
                 padded_count *= ((end - start) as usize).div_ceil(g.dilations[d]);
             }
             for_each_index(&kernel, |kp| {
@@ -87,7 +88,11 @@ fn pool(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 "LpPool" => sum.powf(1.0 / p),
                 _ => {
                     let div = if include_pad { padded_count } else { count };
-                    if div == 0 { 0.0 } else { sum / div as f64 }
+                    if div == 0 {
+                        0.0
+                    } else {
+                        sum / div as f64
+                    }
                 }
             });
         });
@@ -131,6 +136,10 @@ fn global_pool(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("MaxPool", pool), ("AveragePool", pool), ("LpPool", pool), ("GlobalAveragePool", global_pool),
-    ("GlobalMaxPool", global_pool), ("GlobalLpPool", global_pool),
+    ("MaxPool", pool),
+    ("AveragePool", pool),
+    ("LpPool", pool),
+    ("GlobalAveragePool", global_pool),
+    ("GlobalMaxPool", global_pool),
+    ("GlobalLpPool", global_pool),
 ];

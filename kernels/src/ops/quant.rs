@@ -52,7 +52,11 @@ fn range_of(dt: DType) -> Result<(f64, f64)> {
 /// `a / b`, in f32 when the input is single precision: the rounding that follows must see
 /// the same quotient ONNX's f32 arithmetic gives.
 fn div(a: f64, b: f64, single: bool) -> f64 {
-    if single { (a as f32 / b as f32) as f64 } else { a / b }
+    if single {
+        (a as f32 / b as f32) as f64
+    } else {
+        a / b
+    }
 }
 
 fn quantize(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -60,7 +64,9 @@ fn quantize(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let zp = opt(ins, 2);
     let out_dt = match (zp, n.opt_int("output_dtype").filter(|&c| c != 0)) {
         (Some(z), _) => z.dtype(),
-        (None, Some(code)) => DType::from_onnx_code(code as i32).ok_or_else(|| crate::KernelError(format!("output_dtype {} is not supported", DType::onnx_code_name(code as i32))))?,
+        (None, Some(code)) => DType::from_onnx_code(code as i32).ok_or_else(|| {
+            crate::KernelError(format!("output_dtype {} is not supported", DType::onnx_code_name(code as i32)))
+        })?,
         (None, None) => DType::U8,
     };
     let (lo, hi) = range_of(out_dt)?;
@@ -69,7 +75,8 @@ fn quantize(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (xv, sv) = (x.to_f64_vec(), scale.to_f64_vec());
     let zv = zp.map(|z| z.to_f64_vec()).unwrap_or(vec![0.0; sv.len()]);
     let single = x.dtype() != DType::F64;
-    let y: Vec<f64> = xv.iter().zip(&offs).map(|(&v, &o)| (div(v, sv[o], single).round_ties_even() + zv[o]).clamp(lo, hi)).collect();
+    let y: Vec<f64> =
+        xv.iter().zip(&offs).map(|(&v, &o)| (div(v, sv[o], single).round_ties_even() + zv[o]).clamp(lo, hi)).collect();
     Ok(vec![Tensor::from_f64(out_dt, x.shape(), &y)])
 }
 
@@ -94,8 +101,15 @@ fn dynamic_quantize(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let rmax = xv.iter().copied().fold(0.0, f64::max);
     let scale = ((rmax - rmin) as f32 / 255.0) as f64;
     let zp = if scale == 0.0 { 0.0 } else { (0.0 - div(rmin, scale, true)).round_ties_even().clamp(0.0, 255.0) };
-    let y: Vec<f64> = xv.iter().map(|&v| if scale == 0.0 { zp } else { (div(v, scale, true).round_ties_even() + zp).clamp(0.0, 255.0) }).collect();
-    Ok(vec![Tensor::from_f64(DType::U8, x.shape(), &y), Tensor::scalar(scale as f32), Tensor::from_f64(DType::U8, &[], &[zp])])
+    let y: Vec<f64> = xv
+        .iter()
+        .map(|&v| if scale == 0.0 { zp } else { (div(v, scale, true).round_ties_even() + zp).clamp(0.0, 255.0) })
+        .collect();
+    Ok(vec![
+        Tensor::from_f64(DType::U8, x.shape(), &y),
+        Tensor::scalar(scale as f32),
+        Tensor::from_f64(DType::U8, &[], &[zp]),
+    ])
 }
 
 /// `t - zero_point` as f64, the zero point per tensor, or per row (`axis` -2, the A side of
@@ -113,7 +127,14 @@ fn as_f64_tensor(shape: &[usize], v: &[f64]) -> Tensor {
 }
 
 fn matmul_f64(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let node = Node { name: String::new(), op: "MatMul".into(), domain: String::new(), inputs: vec![], outputs: vec![], attrs: Default::default() };
+    let node = Node {
+        name: String::new(),
+        op: "MatMul".into(),
+        domain: String::new(),
+        inputs: vec![],
+        outputs: vec![],
+        attrs: Default::default(),
+    };
     Ok(crate::kernel("MatMul").expect("MatMul kernel")(&node, &[Some(a.clone()), Some(b.clone())])?.remove(0))
 }
 
@@ -163,7 +184,8 @@ fn qlinear_conv(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let offs = param_offsets(w.shape(), &[ws.len()], 0, 0)?;
     let wv: Vec<f64> = centered(w, opt(ins, 5), 0)?.iter().zip(&offs).map(|(v, &o)| v * ws[o]).collect();
     let b = opt(ins, 8).map(|b| {
-        let bv: Vec<f64> = b.to_f64_vec().iter().enumerate().map(|(i, v)| v * xs[0] * ws[if ws.len() == 1 { 0 } else { i }]).collect();
+        let bv: Vec<f64> =
+            b.to_f64_vec().iter().enumerate().map(|(i, v)| v * xs[0] * ws[if ws.len() == 1 { 0 } else { i }]).collect();
         as_f64_tensor(b.shape(), &bv)
     });
     let y = conv_f64(n, as_f64_tensor(x.shape(), &xv), as_f64_tensor(w.shape(), &wv), b)?;
@@ -175,7 +197,11 @@ fn qlinear_conv(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("QuantizeLinear", quantize), ("DequantizeLinear", dequantize), ("DynamicQuantizeLinear", dynamic_quantize),
-    ("MatMulInteger", matmul_integer), ("QLinearMatMul", qlinear_matmul), ("ConvInteger", conv_integer),
+    ("QuantizeLinear", quantize),
+    ("DequantizeLinear", dequantize),
+    ("DynamicQuantizeLinear", dynamic_quantize),
+    ("MatMulInteger", matmul_integer),
+    ("QLinearMatMul", qlinear_matmul),
+    ("ConvInteger", conv_integer),
     ("QLinearConv", qlinear_conv),
 ];

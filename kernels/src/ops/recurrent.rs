@@ -2,7 +2,7 @@
 //! sequence lengths; custom activations; clipping; both layouts), as OCR and speech models
 //! use them.
 
-use crate::util::{err, opt, req, need_float, Result};
+use crate::util::{err, need_float, opt, req, Result};
 use aim_ir::{Node, Tensor};
 
 type Act = Box<dyn Fn(f64) -> f64>;
@@ -89,8 +89,16 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     };
     let dirs = w.shape()[0];
     let direction = n.string("direction", "forward");
-    if (direction == "bidirectional") != (dirs == 2) || w.shape()[1] != gates * hidden || w.shape()[2] != input || r.shape()[2] != hidden {
-        return err(format!("W {:?} / R {:?} do not fit {gates} gates, hidden {hidden}, input {input}, direction {direction}", w.shape(), r.shape()));
+    if (direction == "bidirectional") != (dirs == 2)
+        || w.shape()[1] != gates * hidden
+        || w.shape()[2] != input
+        || r.shape()[2] != hidden
+    {
+        return err(format!(
+            "W {:?} / R {:?} do not fit {gates} gates, hidden {hidden}, input {input}, direction {direction}",
+            w.shape(),
+            r.shape()
+        ));
     }
     let xv = x0.to_f64_vec();
     let x_at = |t: usize, b: usize| -> &[f64] {
@@ -99,7 +107,9 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     };
     let (wv, rv) = (w.to_f64_vec(), r.to_f64_vec());
     let bias = opt(ins, 3).map(|t| t.to_f64_vec());
-    let lens: Vec<usize> = opt(ins, 4).map(|t| t.to_i64_vec().iter().map(|&l| l.clamp(0, seq as i64) as usize).collect()).unwrap_or(vec![seq; batch]);
+    let lens: Vec<usize> = opt(ins, 4)
+        .map(|t| t.to_i64_vec().iter().map(|&l| l.clamp(0, seq as i64) as usize).collect())
+        .unwrap_or(vec![seq; batch]);
     let h0 = opt(ins, 5).map(|t| t.to_f64_vec());
     let c0 = if kind == "LSTM" { opt(ins, 6).map(|t| t.to_f64_vec()) } else { None };
     let peep = if kind == "LSTM" { opt(ins, 7).map(|t| t.to_f64_vec()) } else { None };
@@ -129,8 +139,12 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             None => (vec![0.0; gh], vec![0.0; gh]),
         };
         for b in 0..batch {
-            let mut h: Vec<f64> = h0.as_ref().map_or(vec![0.0; hidden], |v| v[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].to_vec());
-            let mut c: Vec<f64> = c0.as_ref().map_or(vec![0.0; hidden], |v| v[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].to_vec());
+            let mut h: Vec<f64> = h0
+                .as_ref()
+                .map_or(vec![0.0; hidden], |v| v[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].to_vec());
+            let mut c: Vec<f64> = c0
+                .as_ref()
+                .map_or(vec![0.0; hidden], |v| v[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].to_vec());
             let len = lens[b];
             let mut xw = vec![0.0; gh];
             let mut hr = vec![0.0; gh];
@@ -138,7 +152,9 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 let t = if reverse { len - 1 - step } else { step };
                 matvec(wd, 0, gh, input, x_at(t, b), &mut xw);
                 matvec(rd, 0, gh, hidden, &h, &mut hr);
-                let g = |gate: usize, j: usize| xw[gate * hidden + j] + hr[gate * hidden + j] + wb[gate * hidden + j] + rb[gate * hidden + j];
+                let g = |gate: usize, j: usize| {
+                    xw[gate * hidden + j] + hr[gate * hidden + j] + wb[gate * hidden + j] + rb[gate * hidden + j]
+                };
                 match kind {
                     "RNN" => {
                         for (j, hj) in h.iter_mut().enumerate().take(hidden) {
@@ -150,20 +166,31 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                         let rg: Vec<f64> = (0..hidden).map(|j| acts[0](clamp(g(1, j)))).collect();
                         let cand: Vec<f64> = if lbr {
                             (0..hidden)
-                                .map(|j| acts[1](clamp(xw[2 * hidden + j] + wb[2 * hidden + j] + rg[j] * (hr[2 * hidden + j] + rb[2 * hidden + j]))))
+                                .map(|j| {
+                                    acts[1](clamp(
+                                        xw[2 * hidden + j]
+                                            + wb[2 * hidden + j]
+                                            + rg[j] * (hr[2 * hidden + j] + rb[2 * hidden + j]),
+                                    ))
+                                })
                                 .collect()
                         } else {
                             let rh: Vec<f64> = (0..hidden).map(|j| rg[j] * h[j]).collect();
                             let mut rr = vec![0.0; hidden];
                             matvec(rd, 2 * hidden, hidden, hidden, &rh, &mut rr);
-                            (0..hidden).map(|j| acts[1](clamp(xw[2 * hidden + j] + rr[j] + wb[2 * hidden + j] + rb[2 * hidden + j]))).collect()
+                            (0..hidden)
+                                .map(|j| {
+                                    acts[1](clamp(xw[2 * hidden + j] + rr[j] + wb[2 * hidden + j] + rb[2 * hidden + j]))
+                                })
+                                .collect()
                         };
                         for j in 0..hidden {
                             h[j] = (1.0 - z[j]) * cand[j] + z[j] * h[j];
                         }
                     }
                     _ => {
-                        let p = |k: usize, j: usize| peep.as_ref().map_or(0.0, |pv| pv[d * 3 * hidden + k * hidden + j]);
+                        let p =
+                            |k: usize, j: usize| peep.as_ref().map_or(0.0, |pv| pv[d * 3 * hidden + k * hidden + j]);
                         for j in 0..hidden {
                             let i_g = acts[0](clamp(g(0, j) + p(0, j) * c[j]));
                             let f_g = if input_forget { 1.0 - i_g } else { acts[0](clamp(g(2, j) + p(2, j) * c[j])) };

@@ -40,10 +40,18 @@ fn reduce(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 "ReduceMean" => s.iter().sum::<f64>() / group as f64,
                 "ReduceProd" => s.iter().product(),
                 "ReduceMax" => {
-                    if s.is_empty() && int { min_of(x.dtype()) } else { s.iter().copied().fold(f64::NEG_INFINITY, nan_max) }
+                    if s.is_empty() && int {
+                        min_of(x.dtype())
+                    } else {
+                        s.iter().copied().fold(f64::NEG_INFINITY, nan_max)
+                    }
                 }
                 "ReduceMin" => {
-                    if s.is_empty() && int { max_of(x.dtype()) } else { s.iter().copied().fold(f64::INFINITY, nan_min) }
+                    if s.is_empty() && int {
+                        max_of(x.dtype())
+                    } else {
+                        s.iter().copied().fold(f64::INFINITY, nan_min)
+                    }
                 }
                 "ReduceL1" => s.iter().map(|v| v.abs()).sum(),
                 "ReduceL2" => s.iter().map(|v| v * v).sum::<f64>().sqrt(),
@@ -60,18 +68,25 @@ fn reduce(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             }
         })
         .collect();
-    let shape: Vec<usize> = (0..x.rank())
-        .filter_map(|a| if axes.contains(&a) { keep.then_some(1) } else { Some(x.shape()[a]) })
-        .collect();
+    let shape: Vec<usize> =
+        (0..x.rank()).filter_map(|a| if axes.contains(&a) { keep.then_some(1) } else { Some(x.shape()[a]) }).collect();
     Ok(vec![Tensor::from_f64(x.dtype(), &shape, &y)])
 }
 
 fn nan_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
 }
 
 fn nan_min(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
 }
 
 fn min_of(d: DType) -> f64 {
@@ -162,8 +177,18 @@ fn cumulative(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("ReduceSum", reduce), ("ReduceMean", reduce), ("ReduceProd", reduce), ("ReduceMax", reduce),
-    ("ReduceMin", reduce), ("ReduceL1", reduce), ("ReduceL2", reduce), ("ReduceSumSquare", reduce),
-    ("ReduceLogSum", reduce), ("ReduceLogSumExp", reduce), ("ArgMax", arg), ("ArgMin", arg),
-    ("CumSum", cumulative), ("CumProd", cumulative),
+    ("ReduceSum", reduce),
+    ("ReduceMean", reduce),
+    ("ReduceProd", reduce),
+    ("ReduceMax", reduce),
+    ("ReduceMin", reduce),
+    ("ReduceL1", reduce),
+    ("ReduceL2", reduce),
+    ("ReduceSumSquare", reduce),
+    ("ReduceLogSum", reduce),
+    ("ReduceLogSumExp", reduce),
+    ("ArgMax", arg),
+    ("ArgMin", arg),
+    ("CumSum", cumulative),
+    ("CumProd", cumulative),
 ];

@@ -37,10 +37,18 @@ impl Axis<'_> {
         match self.node.string("coordinate_transformation_mode", "half_pixel") {
             "asymmetric" => xo / s,
             "align_corners" => {
-                if lo == 1.0 { 0.0 } else { xo * (li - 1.0) / (lo - 1.0) }
+                if lo == 1.0 {
+                    0.0
+                } else {
+                    xo * (li - 1.0) / (lo - 1.0)
+                }
             }
             "pytorch_half_pixel" => {
-                if lo > 1.0 { (xo + 0.5) / s - 0.5 } else { 0.0 }
+                if lo > 1.0 {
+                    (xo + 0.5) / s - 0.5
+                } else {
+                    0.0
+                }
             }
             "tf_crop_and_resize" => {
                 let (a, b) = self.roi;

@@ -1,7 +1,7 @@
 //! Detection and sampling ops: NonMaxSuppression, RoiAlign and GridSample.
 
 use super::window::for_each_index;
-use crate::util::{err, opt, req, need_float, strides, Result};
+use crate::util::{err, need_float, opt, req, strides, Result};
 use aim_ir::{Node, Tensor};
 
 fn iou(a: &[f64], b: &[f64], center: bool) -> f64 {
@@ -27,8 +27,17 @@ fn iou(a: &[f64], b: &[f64], center: bool) -> f64 {
 
 fn nms(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (boxes, scores) = (req(ins, 0)?, req(ins, 1)?);
-    if boxes.rank() != 3 || boxes.shape()[2] != 4 || scores.rank() != 3 || scores.shape()[0] != boxes.shape()[0] || scores.shape()[2] != boxes.shape()[1] {
-        return err(format!("boxes {:?} and scores {:?} must be [B, N, 4] and [B, C, N]", boxes.shape(), scores.shape()));
+    if boxes.rank() != 3
+        || boxes.shape()[2] != 4
+        || scores.rank() != 3
+        || scores.shape()[0] != boxes.shape()[0]
+        || scores.shape()[2] != boxes.shape()[1]
+    {
+        return err(format!(
+            "boxes {:?} and scores {:?} must be [B, N, 4] and [B, C, N]",
+            boxes.shape(),
+            scores.shape()
+        ));
     }
     let first = |i: usize| opt(ins, i).and_then(|t| t.to_f64_vec().first().copied());
     let max_out = first(2).unwrap_or(0.0).max(0.0) as usize;
@@ -127,7 +136,12 @@ fn roi_align(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                             }
                             let (ly, lx) = (yy - y0 as f64, xx - x0 as f64);
                             let (hy, hx) = (1.0 - ly, 1.0 - lx);
-                            let t = [hy * hx * plane[y0 * w + x0], hy * lx * plane[y0 * w + x1], ly * hx * plane[y1 * w + x0], ly * lx * plane[y1 * w + x1]];
+                            let t = [
+                                hy * hx * plane[y0 * w + x0],
+                                hy * lx * plane[y0 * w + x1],
+                                ly * hx * plane[y1 * w + x0],
+                                ly * lx * plane[y1 * w + x1],
+                            ];
                             if max_mode {
                                 acc = t.iter().copied().fold(acc, f64::max);
                             } else {
@@ -135,7 +149,15 @@ fn roi_align(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                             }
                         }
                     }
-                    y[((r * c + ch) * oh + ph) * ow + pw] = if max_mode { if any { acc } else { 0.0 } } else { acc / count };
+                    y[((r * c + ch) * oh + ph) * ow + pw] = if max_mode {
+                        if any {
+                            acc
+                        } else {
+                            0.0
+                        }
+                    } else {
+                        acc / count
+                    };
                 }
             }
         }
@@ -149,12 +171,20 @@ fn reflect(x: f64, lo: f64, hi: f64) -> f64 {
         let dx = lo - x;
         let k = (dx / rng) as i64;
         let r = dx - k as f64 * rng;
-        if k % 2 == 0 { lo + r } else { hi - r }
+        if k % 2 == 0 {
+            lo + r
+        } else {
+            hi - r
+        }
     } else if x > hi {
         let dx = x - hi;
         let k = (dx / rng) as i64;
         let r = dx - k as f64 * rng;
-        if k % 2 == 0 { hi - r } else { lo + r }
+        if k % 2 == 0 {
+            hi - r
+        } else {
+            lo + r
+        }
     } else {
         x
     }
@@ -176,7 +206,11 @@ fn grid_sample(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     need_float(x, "X")?;
     let sp = x.rank().saturating_sub(2);
     if sp == 0 || grid.rank() != sp + 2 || grid.shape()[0] != x.shape()[0] || grid.shape()[sp + 1] != sp {
-        return err(format!("X {:?} and grid {:?} do not fit (N, C, D...) and (N, D_out..., {sp})", x.shape(), grid.shape()));
+        return err(format!(
+            "X {:?} and grid {:?} do not fit (N, C, D...) and (N, D_out..., {sp})",
+            x.shape(),
+            grid.shape()
+        ));
     }
     let mode = match n.string("mode", "linear") {
         "bilinear" | "linear" => "linear",
@@ -215,7 +249,11 @@ fn grid_sample(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 .map(|d| {
                     let v = g[sp - 1 - d];
                     let len = dims[d] as f64;
-                    if align { (v + 1.0) / 2.0 * (len - 1.0) } else { ((v + 1.0) * len - 1.0) / 2.0 }
+                    if align {
+                        (v + 1.0) / 2.0 * (len - 1.0)
+                    } else {
+                        ((v + 1.0) * len - 1.0) / 2.0
+                    }
                 })
                 .collect();
             if mode == "nearest" {

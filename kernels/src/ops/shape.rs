@@ -3,9 +3,11 @@
 //! ops that make tensors (Constant, ConstantOfShape, Range, EyeLike) or change their type
 //! (Cast, CastLike, Identity, Dropout).
 
-use crate::num::Num;
-use crate::util::{axis, broadcast_shapes, err, expand_to, gather_elems, ints_of, opt, req, strides, transpose, Result};
 use crate::dispatch;
+use crate::num::Num;
+use crate::util::{
+    axis, broadcast_shapes, err, expand_to, gather_elems, ints_of, opt, req, strides, transpose, Result,
+};
 use aim_ir::{Attr, DType, Node, Tensor};
 
 fn reshape(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -16,7 +18,9 @@ fn reshape(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let mut infer = None;
     for (i, &t) in target.iter().enumerate() {
         match t {
-            0 if !allowzero => shape.push(*x.shape().get(i).ok_or_else(|| crate::KernelError(format!("shape {target:?} copies dim {i} that {:?} does not have", x.shape())))?),
+            0 if !allowzero => shape.push(*x.shape().get(i).ok_or_else(|| {
+                crate::KernelError(format!("shape {target:?} copies dim {i} that {:?} does not have", x.shape()))
+            })?),
             -1 if infer.is_none() => {
                 infer = Some(i);
                 shape.push(1);
@@ -205,7 +209,8 @@ fn slice(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         }
         let fix = |v: i64| if v < 0 { v + dim } else { v };
         let (s, e) = (fix(starts[i]), fix(ends[i]));
-        let (s, e) = if step > 0 { (s.clamp(0, dim), e.clamp(0, dim)) } else { (s.clamp(0, dim - 1), e.clamp(-1, dim - 1)) };
+        let (s, e) =
+            if step > 0 { (s.clamp(0, dim), e.clamp(0, dim)) } else { (s.clamp(0, dim - 1), e.clamp(-1, dim - 1)) };
         let count = if step > 0 { (e - s).max(0).div_euclid(1) } else { (s - e).max(0) };
         let count = ((count + step.abs() - 1) / step.abs()) as usize;
         out = slice_axis(&out, ax, s, step, count);
@@ -255,14 +260,19 @@ fn pad(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let shape: Vec<usize> = (0..r)
         .map(|d| {
             let s = x.shape()[d] as i64 + before[d] + after[d];
-            if s < 0 { err(format!("pads {pads:?} remove more than axis {d} holds")) } else { Ok(s as usize) }
+            if s < 0 {
+                err(format!("pads {pads:?} remove more than axis {d} holds"))
+            } else {
+                Ok(s as usize)
+            }
         })
         .collect::<Result<_>>()?;
     let mode = n.string("mode", "constant");
     let value = opt(ins, 2).map(|v| v.to_f64_vec().first().copied().unwrap_or(0.0)).unwrap_or(0.0);
     let st = strides(x.shape());
     // Build a one-element source holding the pad value, appended after x's elements.
-    let ext = crate::ops::shape::concat_tensors(&[&x.reshaped(&[x.len()]), &Tensor::from_f64(x.dtype(), &[1], &[value])], 0)?;
+    let ext =
+        crate::ops::shape::concat_tensors(&[&x.reshaped(&[x.len()]), &Tensor::from_f64(x.dtype(), &[1], &[value])], 0)?;
     let fill = x.len();
     let mut offs = Vec::with_capacity(shape.iter().product());
     let mut bad_mode = None;
@@ -483,7 +493,9 @@ fn eye_like(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         return err("EyeLike needs a 2-D input");
     }
     let dt = match n.opt_int("dtype") {
-        Some(c) => DType::from_onnx_code(c as i32).ok_or_else(|| crate::KernelError(format!("unsupported dtype code {c}")))?,
+        Some(c) => {
+            DType::from_onnx_code(c as i32).ok_or_else(|| crate::KernelError(format!("unsupported dtype code {c}")))?
+        }
         None => x.dtype(),
     };
     let k = n.int("k", 0);
@@ -494,10 +506,28 @@ fn eye_like(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 
 /// This module's ops.
 pub const OPS: &[(&str, crate::Kernel)] = &[
-    ("Reshape", reshape), ("Flatten", flatten), ("Squeeze", squeeze), ("Unsqueeze", unsqueeze),
-    ("Transpose", transpose_op), ("Concat", concat), ("Split", split), ("Slice", slice), ("Expand", expand),
-    ("Tile", tile), ("Pad", pad), ("DepthToSpace", depth_space), ("SpaceToDepth", depth_space), ("Trilu", trilu),
-    ("Shape", shape_op), ("Size", size), ("Identity", identity), ("Dropout", dropout), ("Constant", constant),
-    ("ConstantOfShape", constant_of_shape), ("Range", range), ("Cast", cast_op), ("CastLike", cast_like),
+    ("Reshape", reshape),
+    ("Flatten", flatten),
+    ("Squeeze", squeeze),
+    ("Unsqueeze", unsqueeze),
+    ("Transpose", transpose_op),
+    ("Concat", concat),
+    ("Split", split),
+    ("Slice", slice),
+    ("Expand", expand),
+    ("Tile", tile),
+    ("Pad", pad),
+    ("DepthToSpace", depth_space),
+    ("SpaceToDepth", depth_space),
+    ("Trilu", trilu),
+    ("Shape", shape_op),
+    ("Size", size),
+    ("Identity", identity),
+    ("Dropout", dropout),
+    ("Constant", constant),
+    ("ConstantOfShape", constant_of_shape),
+    ("Range", range),
+    ("Cast", cast_op),
+    ("CastLike", cast_like),
     ("EyeLike", eye_like),
 ];

@@ -36,7 +36,16 @@ const WINOGRAD_MAX_BYTES: usize = 16 << 20;
 /// input channels for the 36 products to be real matrix products. `AIM_NO_WINOGRAD` (set
 /// to anything) turns it off, for comparisons.
 #[allow(clippy::too_many_arguments)]
-fn use_winograd(kh: usize, kw: usize, geo: &Geometry, group: usize, input: Layout, cin: usize, cout: usize, lanes: usize) -> bool {
+fn use_winograd(
+    kh: usize,
+    kw: usize,
+    geo: &Geometry,
+    group: usize,
+    input: Layout,
+    cin: usize,
+    cout: usize,
+    lanes: usize,
+) -> bool {
     let off = std::env::var_os("AIM_NO_WINOGRAD").is_some();
     !off && (kh, kw) == (3, 3)
         && geo.strides.iter().all(|&s| s == 1)
@@ -60,15 +69,26 @@ fn block_of(n: &Node, isa: Isa) -> Result<usize, RunError> {
 /// Packs a blocked `aim:Conv`.
 pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
     let lanes = block_of(n, isa)?;
-    let w = const_f32(g, n.input(1)).filter(|w| w.rank() == 4).ok_or_else(|| prep_err(n, "weights must be constant 4-D f32"))?;
+    let w = const_f32(g, n.input(1))
+        .filter(|w| w.rank() == 4)
+        .ok_or_else(|| prep_err(n, "weights must be constant 4-D f32"))?;
     let (cout, cg, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
     let group = n.int("group", 1).max(1) as usize;
     let bias = match n.input(2) {
-        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == cout).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output channel"))?.data::<f32>()),
+        Some(b) => Some(
+            const_f32(g, Some(b))
+                .filter(|t| t.len() == cout)
+                .ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output channel"))?
+                .data::<f32>(),
+        ),
         None => None,
     };
     let geo = geometry(n, &[kh, kw]);
-    let kgeo = nchwc::Geometry { kernel: [kh, kw], strides: [geo.strides[0], geo.strides[1]], dilations: [geo.dilations[0], geo.dilations[1]] };
+    let kgeo = nchwc::Geometry {
+        kernel: [kh, kw],
+        strides: [geo.strides[0], geo.strides[1]],
+        dilations: [geo.dilations[0], geo.dilations[1]],
+    };
     let act = activation(n).unwrap_or(Activation::Identity);
     let input = match n.string("in_layout", "NCHWc") {
         "NCHW" => Layout::Nchw,
@@ -111,7 +131,8 @@ pub(super) fn run(c: &BlockedConv, x: In, residual: Residual, y: &mut Out, pool:
     let (res, residual_in_y) = residual.check(&shape, y)?;
     // Padding after: what the last window needs beyond the input, if anything.
     let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
-    let pads = [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
+    let pads =
+        [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
     let io = ConvIo { x: x.data, batch: n, h, w, pads, oh, ow, residual: res, residual_in_y, y: y.take(&shape) };
     match &c.kernel {
         Kernel::Conv(k) => k.run(io, pool)?,
@@ -151,7 +172,9 @@ pub(super) fn run_reorder(r: &Reorder, x: In, y: &mut Out, pool: &ThreadPool) ->
         let y = y.take(&[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l]);
         match r.generated {
             // [n][c/L][L][hw] → [n][c/L][hw][L].
-            Some(f) if xs[1].is_multiple_of(l) => transpose::copy(f, x.data, &[xs[0], xs[1] / l, l, xs[2] * xs[3]], &[0, 1, 3, 2], y, pool),
+            Some(f) if xs[1].is_multiple_of(l) => {
+                transpose::copy(f, x.data, &[xs[0], xs[1] / l, l, xs[2] * xs[3]], &[0, 1, 3, 2], y, pool)
+            }
             _ => nchwc::to_blocked(x.data, xs[0], xs[1], xs[2] * xs[3], l, y, pool),
         }
         Ok(())
@@ -162,7 +185,9 @@ pub(super) fn run_reorder(r: &Reorder, x: In, y: &mut Out, pool: &ThreadPool) ->
         let y = y.take(&[xs[0], r.channels, xs[2], xs[3]]);
         match r.generated {
             // [n][c/L][hw][L] → [n][c/L][L][hw].
-            Some(f) if r.channels.is_multiple_of(l) => transpose::copy(f, x.data, &[xs[0], xs[1], xs[2] * xs[3], l], &[0, 1, 3, 2], y, pool),
+            Some(f) if r.channels.is_multiple_of(l) => {
+                transpose::copy(f, x.data, &[xs[0], xs[1], xs[2] * xs[3], l], &[0, 1, 3, 2], y, pool)
+            }
             _ => nchwc::from_blocked(x.data, xs[0], r.channels, xs[2] * xs[3], l, y, pool),
         }
         Ok(())
@@ -174,7 +199,8 @@ pub(super) fn schedule(c: &BlockedConv, shape: &[usize], residual: bool) -> Vec<
     let (batch, oh, ow) = (shape[0], shape[2], shape[3]);
     match &c.kernel {
         Kernel::Conv(k) => {
-            let padded = c.geo.pads.iter().any(|&p| p > 0) || !matches!(c.geo.auto_pad.as_str(), "NOTSET" | "VALID" | "");
+            let padded =
+                c.geo.pads.iter().any(|&p| p > 0) || !matches!(c.geo.auto_pad.as_str(), "NOTSET" | "VALID" | "");
             k.schedule(batch, oh, ow, padded, residual)
         }
         Kernel::Depthwise(k) => k.schedule(batch, oh, ow, residual),
@@ -187,7 +213,10 @@ pub(super) fn reorder_schedule(r: &Reorder, shape: &[usize]) -> Vec<String> {
     let hw: usize = shape[2..4].iter().product();
     let channels = if r.to_blocked { shape[1] } else { r.channels };
     if r.generated.is_some() && channels.is_multiple_of(r.lanes) {
-        let (rows, per) = (shape[0] * channels.div_ceil(r.lanes) * if r.to_blocked { hw } else { r.lanes }, transpose::rows_per_task(if r.to_blocked { r.lanes } else { hw }));
+        let (rows, per) = (
+            shape[0] * channels.div_ceil(r.lanes) * if r.to_blocked { hw } else { r.lanes },
+            transpose::rows_per_task(if r.to_blocked { r.lanes } else { hw }),
+        );
         return vec![format!(
             "parallel for row chunk in 0..{} of ≤{per} rows: generated loop (Cranelift), the rank-4 transpose [0, 1, 3, 2] {}: gathers at the source stride, 4 per step",
             rows.div_ceil(per),
@@ -195,9 +224,18 @@ pub(super) fn reorder_schedule(r: &Reorder, shape: &[usize]) -> Vec<String> {
         )];
     }
     if r.to_blocked {
-        vec![format!("parallel for (image, block) in 0..{}: transpose {} channels × {hw} px into {hw} px × {}", shape[0] * shape[1].div_ceil(r.lanes), r.lanes, r.lanes)]
+        vec![format!(
+            "parallel for (image, block) in 0..{}: transpose {} channels × {hw} px into {hw} px × {}",
+            shape[0] * shape[1].div_ceil(r.lanes),
+            r.lanes,
+            r.lanes
+        )]
     } else {
-        vec![format!("parallel for (image, channel) in 0..{}: gather {hw} px from lane c mod {} of the blocked input", shape[0] * r.channels, r.lanes)]
+        vec![format!(
+            "parallel for (image, channel) in 0..{}: gather {hw} px from lane c mod {} of the blocked input",
+            shape[0] * r.channels,
+            r.lanes
+        )]
     }
 }
 
@@ -231,10 +269,18 @@ pub(super) fn prepare_pool(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
     }
     let pads = match (n.string("auto_pad", "NOTSET"), n.ints("pads")) {
         ("VALID", _) | (_, None) => [0; 4],
-        (_, Some(&[a, b, c, d])) if [a, b, c, d].iter().all(|&v| v >= 0) => [a as usize, b as usize, c as usize, d as usize],
+        (_, Some(&[a, b, c, d])) if [a, b, c, d].iter().all(|&v| v >= 0) => {
+            [a as usize, b as usize, c as usize, d as usize]
+        }
         (_, Some(p)) => return Err(prep_err(n, format!("pads {p:?} are not four sizes"))),
     };
-    let pool = nchwc::Pool { max: n.op == "MaxPool", kernel, strides: two("strides", 1)?, pads, include_pad: n.int("count_include_pad", 0) != 0 };
+    let pool = nchwc::Pool {
+        max: n.op == "MaxPool",
+        kernel,
+        strides: two("strides", 1)?,
+        pads,
+        include_pad: n.int("count_include_pad", 0) != 0,
+    };
     Ok(Prepared::Pool(BlockedPool::Window(pool, lanes)))
 }
 
@@ -251,7 +297,8 @@ pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: In, y: &mut Out, pool: &Thr
     let (n, blocks, h, w) = (xs[0], xs[1], xs[2], xs[3]);
     match p {
         BlockedPool::Window(win, _) => {
-            let (oh, ow) = win.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", win.kernel))?;
+            let (oh, ow) =
+                win.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", win.kernel))?;
             let y = y.take(&[n, blocks, oh, ow, l]);
             win.run(isa, x.data, n, blocks, h, w, y, pool)?;
             Ok(())

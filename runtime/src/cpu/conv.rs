@@ -1,9 +1,9 @@
 //! Convolutions as packed GEMMs: 2-D ones over padded stride phases of the input, pointwise
 //! ones straight from the input, the other ranks over im2col strips.
 
+use super::depthwise::DepthwisePrep;
 use super::phases::phase_row;
 use super::{activation, check_residual, const_f32, prep_err, In, Out, OutPtr, Prepared};
-use super::depthwise::DepthwisePrep;
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
@@ -61,7 +61,11 @@ pub(super) fn resolve(geo: &Geometry, in_sp: &[usize]) -> Result<(Vec<usize>, Ve
                 out.push(o);
             }
             _ => {
-                let (pb, pe) = if geo.auto_pad == "VALID" { (0, 0) } else { (geo.pads[i].max(0) as usize, geo.pads[sp + i].max(0) as usize) };
+                let (pb, pe) = if geo.auto_pad == "VALID" {
+                    (0, 0)
+                } else {
+                    (geo.pads[i].max(0) as usize, geo.pads[sp + i].max(0) as usize)
+                };
                 let total = in_sp[i] + pb + pe;
                 if total < ek {
                     return Err(format!("kernel extent {ek} exceeds the padded input {total}"));
@@ -86,22 +90,42 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     }
     let kernel: Vec<usize> = w.shape()[2..].to_vec();
     let bias = match n.input(2) {
-        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == m).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output channel"))?.data::<f32>().to_vec()),
+        Some(b) => Some(
+            const_f32(g, Some(b))
+                .filter(|t| t.len() == m)
+                .ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output channel"))?
+                .data::<f32>()
+                .to_vec(),
+        ),
         None => None,
     };
     let geo = geometry(n, &kernel);
     let act = activation(n);
     if group == m && cg == 1 && kernel.len() == 2 {
-        return Ok(Prepared::Depthwise(Box::new(DepthwisePrep { weights: w.data::<f32>().to_vec(), bias, act, channels: m, geo })));
+        return Ok(Prepared::Depthwise(Box::new(DepthwisePrep {
+            weights: w.data::<f32>().to_vec(),
+            bias,
+            act,
+            channels: m,
+            geo,
+        })));
     }
     let mg = m / group;
     let k: usize = cg * kernel.iter().product::<usize>();
     let wd = w.data::<f32>();
-    let weights = (0..group).map(|gi| PackedA::from_slice(isa, blocking, &wd[gi * mg * k..(gi + 1) * mg * k], mg, k, false)).collect();
+    let weights = (0..group)
+        .map(|gi| PackedA::from_slice(isa, blocking, &wd[gi * mg * k..(gi + 1) * mg * k], mg, k, false))
+        .collect();
     Ok(Prepared::Conv(Box::new(ConvPrep { weights, bias, act, group, m, cin: cg * group, geo })))
 }
 
-pub(super) fn run_conv(c: &ConvPrep, x: In, residual: Option<In>, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+pub(super) fn run_conv(
+    c: &ConvPrep,
+    x: In,
+    residual: Option<In>,
+    y: &mut Out,
+    pool: &ThreadPool,
+) -> Result<(), String> {
     let xs = x.shape;
     let sp = c.geo.kernel.len();
     if xs.len() != sp + 2 || xs[1] != c.cin {
@@ -116,7 +140,8 @@ pub(super) fn run_conv(c: &ConvPrep, x: In, residual: Option<In>, y: &mut Out, p
     let (cg, mg) = (c.cin / c.group, c.m / c.group);
     let ksize: usize = c.geo.kernel.iter().product();
     let xd = x.data;
-    let pointwise = ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
+    let pointwise =
+        ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
     let yd = y.take(&shape);
     // Every other 2-D convolution goes through padded stride phases of the input (see
     // `conv_padded_rows`); im2col remains for the other ranks.
@@ -132,7 +157,9 @@ pub(super) fn run_conv(c: &ConvPrep, x: In, residual: Option<In>, y: &mut Out, p
                 continue;
             }
             let fill: Fill = if pointwise {
-                Box::new(move |p: usize, j0: usize, dst: &mut [f32]| copy_short(dst, &xg[p * isize + j0..p * isize + j0 + dst.len()]))
+                Box::new(move |p: usize, j0: usize, dst: &mut [f32]| {
+                    copy_short(dst, &xg[p * isize + j0..p * isize + j0 + dst.len()])
+                })
             } else {
                 im2col(xg, in_sp, &out_sp, &before, &c.geo)
             };
@@ -221,7 +248,13 @@ fn conv_padded_rows(
     let bias = c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]);
     // Without a residual the activation can run in the GEMM's epilogue; with one it must
     // wait until the residual is added, in the compaction.
-    let ep = Epilogue { row_bias: bias, col_bias: None, residual: None, act: if res.is_none() { c.act } else { None }, ..Epilogue::default() };
+    let ep = Epilogue {
+        row_bias: bias,
+        col_bias: None,
+        residual: None,
+        act: if res.is_none() { c.act } else { None },
+        ..Epilogue::default()
+    };
     gemm_lazy_b(&c.weights[gi], n_wide, &fill, &mut wide, n_wide, &ep, pool);
     let act = c.act.unwrap_or(Activation::Identity);
     let dp = OutPtr(dst.as_mut_ptr());
@@ -251,7 +284,13 @@ type Fill<'a> = Box<dyn Fn(usize, usize, &mut [f32]) + Sync + 'a>;
 
 /// The im2col matrix of one group — row (ci, kernel offset), column output position — as a
 /// function filling a strip of consecutive columns of one row, for [`gemm_lazy_b`].
-fn im2col<'a>(xg: &'a [f32], in_sp: &'a [usize], out_sp: &'a [usize], before: &'a [usize], geo: &'a Geometry) -> Fill<'a> {
+fn im2col<'a>(
+    xg: &'a [f32],
+    in_sp: &'a [usize],
+    out_sp: &'a [usize],
+    before: &'a [usize],
+    geo: &'a Geometry,
+) -> Fill<'a> {
     let ksize: usize = geo.kernel.iter().product();
     let isize: usize = in_sp.iter().product();
     let sp = in_sp.len();

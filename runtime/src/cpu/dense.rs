@@ -15,17 +15,32 @@ pub(super) struct DensePrep {
 }
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
-    let w = const_f32(g, n.input(1)).filter(|t| t.rank() == 2).ok_or_else(|| prep_err(n, "weight must be a constant 2-D f32"))?;
+    let w = const_f32(g, n.input(1))
+        .filter(|t| t.rank() == 2)
+        .ok_or_else(|| prep_err(n, "weight must be a constant 2-D f32"))?;
     let (k, nn) = (w.shape()[0], w.shape()[1]);
     let bias = match n.input(2) {
-        Some(b) => Some(const_f32(g, Some(b)).filter(|t| t.len() == nn).ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output"))?.data::<f32>().to_vec()),
+        Some(b) => Some(
+            const_f32(g, Some(b))
+                .filter(|t| t.len() == nn)
+                .ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output"))?
+                .data::<f32>()
+                .to_vec(),
+        ),
         None => None,
     };
     let weight = PackedB::from_slice(isa, blocking, w.data::<f32>(), k, nn, false);
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
 
-pub(super) fn run_dense(d: &DensePrep, x: In, residual: Residual, y: &mut Out, blocking: Blocking, pool: &ThreadPool) -> Result<(), String> {
+pub(super) fn run_dense(
+    d: &DensePrep,
+    x: In,
+    residual: Residual,
+    y: &mut Out,
+    blocking: Blocking,
+    pool: &ThreadPool,
+) -> Result<(), String> {
     let xs = x.shape;
     if xs.is_empty() || xs[xs.len() - 1] != d.k {
         return Err(format!("input {xs:?} does not end in {} features", d.k));

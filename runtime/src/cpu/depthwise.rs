@@ -3,8 +3,8 @@
 use super::conv::{resolve, Geometry};
 use super::phases::phase_row;
 use super::{check_residual, In, Out, OutPtr};
-use aim_kernels::fast::copy_short;
 use crate::pool::ThreadPool;
+use aim_kernels::fast::copy_short;
 use aim_kernels::gemm::{clamp, relu, Activation, Isa, Parallel};
 
 pub(super) struct DepthwisePrep {
@@ -15,7 +15,13 @@ pub(super) struct DepthwisePrep {
     pub(super) geo: Geometry,
 }
 
-pub(super) fn run_depthwise(d: &DepthwisePrep, x: In, residual: Option<In>, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+pub(super) fn run_depthwise(
+    d: &DepthwisePrep,
+    x: In,
+    residual: Option<In>,
+    y: &mut Out,
+    pool: &ThreadPool,
+) -> Result<(), String> {
     let xs = x.shape;
     if xs.len() != 4 || xs[1] != d.channels {
         return Err(format!("input {xs:?} does not fit a depthwise conv over {} channels", d.channels));
@@ -84,15 +90,43 @@ fn pool_isa(_d: &DepthwisePrep) -> Isa {
 
 /// One channel of a depthwise convolution, compiled for the ISA at hand.
 #[allow(clippy::too_many_arguments)]
-fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+fn depthwise_plane(
+    isa: Isa,
+    src: &[f32],
+    dst: &mut [f32],
+    wts: &[f32],
+    g: &PlaneGeo,
+    bias: f32,
+    act: Activation,
+    res: Option<&[f32]>,
+    scratch: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+        unsafe fn v4(
+            src: &[f32],
+            dst: &mut [f32],
+            wts: &[f32],
+            g: &PlaneGeo,
+            bias: f32,
+            act: Activation,
+            res: Option<&[f32]>,
+            scratch: &mut [f32],
+        ) {
             depthwise_body::<true>(src, dst, wts, g, bias, act, res, scratch)
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+        unsafe fn v3(
+            src: &[f32],
+            dst: &mut [f32],
+            wts: &[f32],
+            g: &PlaneGeo,
+            bias: f32,
+            act: Activation,
+            res: Option<&[f32]>,
+            scratch: &mut [f32],
+        ) {
             depthwise_body::<true>(src, dst, wts, g, bias, act, res, scratch)
         }
         // SAFETY: the ISA was checked available.
@@ -106,10 +140,18 @@ fn depthwise_plane(isa: Isa, src: &[f32], dst: &mut [f32], wts: &[f32], g: &Plan
     depthwise_body::<false>(src, dst, wts, g, bias, act, res, scratch)
 }
 
-
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn depthwise_body<const FMA: bool>(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+fn depthwise_body<const FMA: bool>(
+    src: &[f32],
+    dst: &mut [f32],
+    wts: &[f32],
+    g: &PlaneGeo,
+    bias: f32,
+    act: Activation,
+    res: Option<&[f32]>,
+    scratch: &mut [f32],
+) {
     let PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl } = *g;
     if kh == 3 && kw == 3 && dh == 1 && dw == 1 {
         return depthwise_3x3::<FMA>(src, dst, wts, g, bias, act, res, scratch);
@@ -159,7 +201,16 @@ fn dw3_scratch(g: &PlaneGeo) -> usize {
 /// short vector tails, no gathers for stride 2.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn depthwise_3x3<const FMA: bool>(src: &[f32], dst: &mut [f32], wts: &[f32], g: &PlaneGeo, bias: f32, act: Activation, res: Option<&[f32]>, scratch: &mut [f32]) {
+fn depthwise_3x3<const FMA: bool>(
+    src: &[f32],
+    dst: &mut [f32],
+    wts: &[f32],
+    g: &PlaneGeo,
+    bias: f32,
+    act: Activation,
+    res: Option<&[f32]>,
+    scratch: &mut [f32],
+) {
     let PlaneGeo { h, w, oh, ow, sh, sw, pt, pl, .. } = *g;
     let (wp, hp) = (ow + 2 / sw, oh + 2 / sh + 1);
     let stride = hp * wp + 16;

@@ -2,8 +2,8 @@
 
 use super::{prep_err, ElementwiseFn, In, Out, OutPtr, Prepared, ReduceFn};
 use crate::exec::RunError;
-use aim_ir::Node;
 use crate::pool::ThreadPool;
+use aim_ir::Node;
 use aim_kernels::gemm::Parallel;
 
 /// Input pointers of a generated loop, shared by the tasks that call it.

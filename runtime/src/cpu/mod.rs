@@ -114,11 +114,19 @@ impl CpuProgram {
     /// every `aim:Conv` and `aim:Dense` node for `isa` with `blocking`, takes the generated
     /// loops of `aim:Elementwise` nodes from `code`, starts `threads` threads, and keeps the
     /// intermediates named in `placement` in its arena.
-    pub fn new(graph: Graph, isa: Isa, blocking: Blocking, threads: usize, code: Generated, placement: &Placement) -> Result<CpuProgram, RunError> {
+    pub fn new(
+        graph: Graph,
+        isa: Isa,
+        blocking: Blocking,
+        threads: usize,
+        code: Generated,
+        placement: &Placement,
+    ) -> Result<CpuProgram, RunError> {
         // Packing is independent per node: it runs on the program's threads (for ResNet-50
         // the Winograd filter transforms and panel packing are most of the load time).
         let pool = ThreadPool::new(threads);
-        let slots: Vec<std::sync::Mutex<Option<Result<Prepared, RunError>>>> = graph.nodes.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        let slots: Vec<std::sync::Mutex<Option<Result<Prepared, RunError>>>> =
+            graph.nodes.iter().map(|_| std::sync::Mutex::new(None)).collect();
         let prepare = |i: usize| -> Option<Result<Prepared, RunError>> {
             let n = &graph.nodes[i];
             if n.domain != "aim" {
@@ -128,12 +136,18 @@ impl CpuProgram {
                 "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking),
                 "Conv" => prepare_conv(&graph, n, isa, blocking),
                 "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa, code.transpose.get(&i).copied()),
-                "MaxPool" | "AveragePool" | "GlobalAveragePool" if n.attrs.contains_key("layout") => blocked::prepare_pool(n, isa),
+                "MaxPool" | "AveragePool" | "GlobalAveragePool" if n.attrs.contains_key("layout") => {
+                    blocked::prepare_pool(n, isa)
+                }
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),
-                "Elementwise" => code.elementwise.get(&i).map(|f| Prepared::Elementwise(*f)).ok_or_else(|| prep_err(n, "no code was generated for this node")),
+                "Elementwise" => code
+                    .elementwise
+                    .get(&i)
+                    .map(|f| Prepared::Elementwise(*f))
+                    .ok_or_else(|| prep_err(n, "no code was generated for this node")),
                 _ => Err(prep_err(n, "unknown aim op")),
             })
         };
@@ -151,7 +165,8 @@ impl CpuProgram {
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
         for (i, n) in graph.nodes.iter_mut().enumerate() {
-            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "Softmax") {
+            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "Softmax")
+            {
                 for k in 1..3.min(n.inputs.len()) {
                     n.inputs[k].clear();
                 }

@@ -7,7 +7,10 @@
 //! the same bytes. Other results are allocated by their kernels.
 //! Graph outputs are allocated for the caller.
 
-use super::{blocked, conv, dense, depthwise, elementwise, softmax, transpose, CpuProgram, In, Out, Placement, Prepared, Residual};
+use super::{
+    blocked, conv, dense, depthwise, elementwise, softmax, transpose, CpuProgram, In, Out, Placement, Prepared,
+    Residual,
+};
 use crate::exec::{check_input, panic_message, run_node, NodeTiming, RunError, Scope};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use std::collections::HashMap;
@@ -53,8 +56,10 @@ impl Values {
         let mut consts: Vec<(usize, Tensor)> = g.initializers.iter().map(|(k, t)| (id(k), t.clone())).collect();
         consts.sort_by_key(|c| c.0);
         let opt = |s: &String, id: &mut dyn FnMut(&str) -> usize| if s.is_empty() { None } else { Some(id(s)) };
-        let ins: Vec<Vec<Option<usize>>> = g.nodes.iter().map(|n| n.inputs.iter().map(|s| opt(s, &mut id)).collect()).collect();
-        let outs: Vec<Vec<Option<usize>>> = g.nodes.iter().map(|n| n.outputs.iter().map(|s| opt(s, &mut id)).collect()).collect();
+        let ins: Vec<Vec<Option<usize>>> =
+            g.nodes.iter().map(|n| n.inputs.iter().map(|s| opt(s, &mut id)).collect()).collect();
+        let outs: Vec<Vec<Option<usize>>> =
+            g.nodes.iter().map(|n| n.outputs.iter().map(|s| opt(s, &mut id)).collect()).collect();
         let mut subgraph_reads = HashMap::new();
         for (i, n) in g.nodes.iter().enumerate() {
             let mut read = Vec::new();
@@ -88,7 +93,11 @@ impl Values {
         }
         let mut slot: Vec<Option<(usize, usize)>> = names
             .iter()
-            .map(|nm| placement.slots.get(nm).copied().filter(|&(off, bytes)| off % 64 == 0 && off.checked_add(bytes).is_some_and(|e| e <= placement.arena_bytes)))
+            .map(|nm| {
+                placement.slots.get(nm).copied().filter(|&(off, bytes)| {
+                    off % 64 == 0 && off.checked_add(bytes).is_some_and(|e| e <= placement.arena_bytes)
+                })
+            })
             .collect();
         for &o in &outputs {
             slot[o] = None;
@@ -104,10 +113,11 @@ impl Values {
             };
             for o in outs[i].iter().flatten() {
                 let Some((a, la)) = slot[*o] else { continue };
-                let clash = ins[i].iter().enumerate().filter_map(|(k, x)| Some((k, slot[(*x)?]?))).any(|(k, (b, lb))| {
-                    let overlap = a < b + lb && b < a + la;
-                    overlap && !(may_take(k) && a == b && la == lb)
-                });
+                let clash =
+                    ins[i].iter().enumerate().filter_map(|(k, x)| Some((k, slot[(*x)?]?))).any(|(k, (b, lb))| {
+                        let overlap = a < b + lb && b < a + la;
+                        overlap && !(may_take(k) && a == b && la == lb)
+                    });
                 if clash {
                     slot[*o] = None;
                 }
@@ -124,7 +134,19 @@ impl Values {
                 }
             }
         }
-        Values { names, ins, outs, free, slot, inputs, outputs, consts, subgraph_reads, views, arena_bytes: placement.arena_bytes }
+        Values {
+            names,
+            ins,
+            outs,
+            free,
+            slot,
+            inputs,
+            outputs,
+            consts,
+            subgraph_reads,
+            views,
+            arena_bytes: placement.arena_bytes,
+        }
     }
 }
 
@@ -162,7 +184,10 @@ enum Val {
     Empty,
     Tensor(Tensor),
     /// In the arena at a byte offset (always f32).
-    Arena { off: usize, shape: Vec<usize> },
+    Arena {
+        off: usize,
+        shape: Vec<usize>,
+    },
 }
 
 /// The arena of the run in progress, by address.
@@ -210,7 +235,11 @@ impl CpuProgram {
         self.values.arena_bytes
     }
 
-    fn execute(&self, inputs: HashMap<String, Tensor>, profile: Option<&mut Vec<NodeTiming>>) -> Result<Vec<Tensor>, RunError> {
+    fn execute(
+        &self,
+        inputs: HashMap<String, Tensor>,
+        profile: Option<&mut Vec<NodeTiming>>,
+    ) -> Result<Vec<Tensor>, RunError> {
         let taken = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut arena = taken.unwrap_or_else(|| Arena::new(self.values.arena_bytes));
         let base = Base { ptr: arena.0.as_mut_ptr() as *mut u8, bytes: self.values.arena_bytes };
@@ -219,14 +248,21 @@ impl CpuProgram {
         r
     }
 
-    fn execute_in(&self, base: Base, mut inputs: HashMap<String, Tensor>, mut profile: Option<&mut Vec<NodeTiming>>) -> Result<Vec<Tensor>, RunError> {
+    fn execute_in(
+        &self,
+        base: Base,
+        mut inputs: HashMap<String, Tensor>,
+        mut profile: Option<&mut Vec<NodeTiming>>,
+    ) -> Result<Vec<Tensor>, RunError> {
         let v = &self.values;
         let g = &self.graph;
         let start = Instant::now();
         let mut vals: Vec<Val> = (0..v.names.len()).map(|_| Val::Empty).collect();
         let mut syms = HashMap::new();
         for (decl, &x) in g.inputs.iter().zip(&v.inputs) {
-            let t = inputs.remove(&decl.name).ok_or_else(|| RunError::MissingInput { name: decl.name.clone(), expected: decl.ty.to_string() })?;
+            let t = inputs
+                .remove(&decl.name)
+                .ok_or_else(|| RunError::MissingInput { name: decl.name.clone(), expected: decl.ty.to_string() })?;
             check_input(&decl.name, &decl.ty, &t, &mut syms)?;
             vals[x] = Val::Tensor(t);
         }
@@ -280,11 +316,16 @@ impl CpuProgram {
                 let (ptr, s) = match &vals[x] {
                     Val::Empty => return Err(missing(x)),
                     Val::Tensor(t) if t.dtype() == DType::F32 => (t.data::<f32>().as_ptr(), t.shape()),
-                    Val::Tensor(t) => return Err(fail(format!("input '{}' is {}, expected f32", v.names[x], t.dtype()))),
+                    Val::Tensor(t) => {
+                        return Err(fail(format!("input '{}' is {}, expected f32", v.names[x], t.dtype())))
+                    }
                     Val::Arena { off, shape } => (base.floats(*off, shape).as_ptr(), shape.as_slice()),
                 };
                 if shape.is_some_and(|first| first != s) {
-                    return Err(fail(format!("inputs must all have one shape, got {:?} and {s:?}", shape.unwrap_or_default())));
+                    return Err(fail(format!(
+                        "inputs must all have one shape, got {:?} and {s:?}",
+                        shape.unwrap_or_default()
+                    )));
                 }
                 shape = Some(s);
                 ptrs.push(ptr);
@@ -303,7 +344,9 @@ impl CpuProgram {
             };
             // SAFETY: every pointer holds `len` floats; the output is a fresh tensor or its
             // slot, which overlaps no input or is exactly one (checked at load).
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { elementwise::run_elementwise(*f, &ptrs, dst, len, &self.pool) }));
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                elementwise::run_elementwise(*f, &ptrs, dst, len, &self.pool)
+            }));
             run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?;
             made.map_or(Val::Arena { off: slot.map_or(0, |s| s.0), shape }, Val::Tensor)
         } else {
@@ -311,7 +354,9 @@ impl CpuProgram {
                 let Some(x) = v.ins[i].get(k).copied().flatten() else { return Ok(None) };
                 match &vals[x] {
                     Val::Empty => Err(missing(x)),
-                    Val::Tensor(t) if t.dtype() == DType::F32 => Ok(Some(In { data: t.data::<f32>(), shape: t.shape() })),
+                    Val::Tensor(t) if t.dtype() == DType::F32 => {
+                        Ok(Some(In { data: t.data::<f32>(), shape: t.shape() }))
+                    }
                     Val::Tensor(t) => Err(fail(format!("input '{}' is {}, expected f32", v.names[x], t.dtype()))),
                     Val::Arena { off, shape } => Ok(Some(In { data: base.floats(*off, shape), shape })),
                 }
@@ -321,14 +366,18 @@ impl CpuProgram {
             // A residual whose slot the output takes (in place): the kernels that can start
             // from it do; for the others it is copied out first.
             let res_value = v.ins[i].get(3).copied().flatten();
-            let in_place = res_value.is_some_and(|r| v.slot[r] == slot && matches!(&vals[r], Val::Arena { off, .. } if slot.map(|s| s.0) == Some(*off)));
+            let in_place = res_value.is_some_and(|r| {
+                v.slot[r] == slot && matches!(&vals[r], Val::Arena { off, .. } if slot.map(|s| s.0) == Some(*off))
+            });
             let direct = match p {
                 Prepared::Dense(_) => true,
                 Prepared::Blocked(c) => blocked::takes_residual_in_place(c),
                 _ => false,
             };
             let saved: Option<(Vec<f32>, Vec<usize>)> = match (in_place, direct, res_value.map(|r| &vals[r])) {
-                (true, false, Some(Val::Arena { off, shape })) => Some((base.floats(*off, shape).to_vec(), shape.clone())),
+                (true, false, Some(Val::Arena { off, shape })) => {
+                    Some((base.floats(*off, shape).to_vec(), shape.clone()))
+                }
                 _ => None,
             };
             let residual = match (&saved, in_place) {
@@ -339,13 +388,17 @@ impl CpuProgram {
             // SAFETY: the slot is in the arena and overlaps none of this node's inputs
             // (checked at load) except a residual it takes in place, which is then read
             // through the slot only; and no other value alive now (the memory plan).
-            let floats = slot.map(|(off, bytes)| unsafe { std::slice::from_raw_parts_mut(base.ptr.add(off) as *mut f32, bytes / 4) });
+            let floats = slot.map(|(off, bytes)| unsafe {
+                std::slice::from_raw_parts_mut(base.ptr.add(off) as *mut f32, bytes / 4)
+            });
             let mut y = Out { slot: floats, shape: Vec::new(), made: None };
             let pool = &self.pool;
             // A bug in a kernel must surface as an error naming the node, not a crash.
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match p {
                 Prepared::Conv(c) => residual.separate().and_then(|r| conv::run_conv(c, x, r, &mut y, pool)),
-                Prepared::Depthwise(d) => residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, &mut y, pool)),
+                Prepared::Depthwise(d) => {
+                    residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, &mut y, pool))
+                }
                 Prepared::Dense(d) => dense::run_dense(d, x, residual, &mut y, self.blocking, pool),
                 Prepared::Blocked(c) => blocked::run(c, x, residual, &mut y, pool),
                 Prepared::Reorder(r) => blocked::run_reorder(r, x, &mut y, pool),
@@ -385,7 +438,8 @@ impl CpuProgram {
                 }
             }
         };
-        let ins: Vec<Option<Tensor>> = v.ins[i].iter().map(|x| x.map(as_tensor).transpose()).collect::<Result<_, _>>()?;
+        let ins: Vec<Option<Tensor>> =
+            v.ins[i].iter().map(|x| x.map(as_tensor).transpose()).collect::<Result<_, _>>()?;
         let mut scope = Scope { values: HashMap::new(), parent: None };
         for &x in v.subgraph_reads.get(&i).into_iter().flatten() {
             if !matches!(vals[x], Val::Empty) {
@@ -394,12 +448,14 @@ impl CpuProgram {
         }
         // The first output's slot, offered to the fast kernels (it overlaps no input: checked
         // at load).
-        let slot = v.outs[i].first().copied().flatten().and_then(|o| v.slot[o]).filter(|_| !is_view_op(n)).map(|(off, bytes)| {
-            // SAFETY: in the arena, aligned, disjoint from the inputs and from every other
-            // value alive now; the returned tensor over it is adopted below (and dropped)
-            // before anything else writes to the arena.
-            unsafe { aim_kernels::fast::OutSlot::new(base.ptr.add(off) as *mut f32, bytes / 4) }
-        });
+        let slot = v.outs[i].first().copied().flatten().and_then(|o| v.slot[o]).filter(|_| !is_view_op(n)).map(
+            |(off, bytes)| {
+                // SAFETY: in the arena, aligned, disjoint from the inputs and from every other
+                // value alive now; the returned tensor over it is adopted below (and dropped)
+                // before anything else writes to the arena.
+                unsafe { aim_kernels::fast::OutSlot::new(base.ptr.add(off) as *mut f32, bytes / 4) }
+            },
+        );
         let outs = self.library_kernel(n, &ins, &scope, slot)?;
         drop((ins, scope));
         for (o, t) in v.outs[i].iter().zip(outs) {
@@ -408,14 +464,22 @@ impl CpuProgram {
             // input: kept there when the plan placed this value there, else copied out.
             vals[o] = match base.offset_of(&t) {
                 None => Val::Tensor(t),
-                Some(off) if t.dtype() == DType::F32 && v.slot[o] == Some((off, t.bytes().len())) => Val::Arena { off, shape: t.shape().to_vec() },
+                Some(off) if t.dtype() == DType::F32 && v.slot[o] == Some((off, t.bytes().len())) => {
+                    Val::Arena { off, shape: t.shape().to_vec() }
+                }
                 Some(_) => Val::Tensor(Tensor::from_bytes(t.dtype(), t.shape(), t.bytes()).expect("same bytes")),
             };
         }
         Ok(())
     }
 
-    fn library_kernel(&self, n: &Node, ins: &[Option<Tensor>], scope: &Scope, out: Option<aim_kernels::fast::OutSlot>) -> Result<Vec<Tensor>, RunError> {
+    fn library_kernel(
+        &self,
+        n: &Node,
+        ins: &[Option<Tensor>],
+        scope: &Scope,
+        out: Option<aim_kernels::fast::OutSlot>,
+    ) -> Result<Vec<Tensor>, RunError> {
         if n.domain.is_empty() {
             if let Some(k) = aim_kernels::fast::kernel(&n.op) {
                 let cx = aim_kernels::fast::Ctx { par: &self.pool, isa: self.isa, blocking: self.blocking, out };

@@ -49,7 +49,10 @@ pub(super) fn run(t: &Transpose, x: In, y: &mut Out, pool: &ThreadPool) -> Resul
 pub(super) fn copy(f: TransposeFn, x: &[f32], xs: &[usize], perm: &[usize], dst: &mut [f32], pool: &ThreadPool) {
     let r = perm.len();
     let shape: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
-    assert!(xs.len() == r && x.len() == xs.iter().product::<usize>() && dst.len() == x.len(), "transpose operands do not fit");
+    assert!(
+        xs.len() == r && x.len() == xs.iter().product::<usize>() && dst.len() == x.len(),
+        "transpose operands do not fit"
+    );
     let mut strides = vec![1usize; r];
     for d in (0..r - 1).rev() {
         strides[d] = strides[d + 1] * xs[d + 1];
