@@ -12,6 +12,7 @@
 
 pub mod conformance;
 pub mod explore;
+mod guard;
 pub mod npz;
 mod random;
 mod specialize;
@@ -19,6 +20,7 @@ mod specialize;
 pub use aim_ir::{DType, Dim, Tensor, ValueType};
 pub use random::random_inputs;
 
+use aim_runtime::RunOptions;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -73,6 +75,12 @@ pub enum Error {
     /// A `--cpu` value that names no ISA level.
     #[error(transparent)]
     Cpu(#[from] aim_compiler::target::UnknownCpu),
+    /// An option out of its range.
+    #[error("{option}: {reason}")]
+    BadOption { option: &'static str, reason: String },
+    /// A bug in aim (a panic), caught before it reached the caller.
+    #[error("internal error in aim while {what}: {msg} (this is a bug; please report it)")]
+    Internal { what: String, msg: String },
 }
 
 fn list_unsupported(ops: &BTreeMap<String, Vec<String>>) -> String {
@@ -91,15 +99,27 @@ fn list_unsupported(ops: &BTreeMap<String, Vec<String>>) -> String {
 pub struct Options {
     /// The backend.
     pub backend: Backend,
-    /// Threads (the cpu backend); `None`: the physical core count.
+    /// Threads (the cpu backend); `None`: the physical core count. At most
+    /// [`MAX_THREADS`].
     pub threads: Option<usize>,
     /// ISA cap for the cpu backend (`native`, `x86-64-v3`, ...).
     pub cpu: String,
+    /// The longest one run may take (checked before every node and loop iteration; a
+    /// kernel already running finishes first): a run past it stops with an error. `None`:
+    /// no limit.
+    pub timeout: Option<std::time::Duration>,
+    /// The largest tensor aim may allocate, in bytes (`None`: `AIM_MAX_TENSOR_BYTES`, else
+    /// half the machine's memory). Process-wide: loading a model with it set changes it for
+    /// every model (see `aim_ir::limits`).
+    pub max_tensor_bytes: Option<usize>,
 }
+
+/// The most threads a model runs on: more is a mistake (each is a spinning worker).
+pub const MAX_THREADS: usize = 1024;
 
 impl Default for Options {
     fn default() -> Options {
-        Options { backend: Backend::Cpu, threads: None, cpu: "native".into() }
+        Options { backend: Backend::Cpu, threads: None, cpu: "native".into(), timeout: None, max_tensor_bytes: None }
     }
 }
 
@@ -117,7 +137,7 @@ pub(crate) fn compile_cpu(
     threads: usize,
     path: &str,
 ) -> Result<aim_runtime::cpu::CpuProgram, Error> {
-    if target.gemm_isa() == aim_kernels::gemm::Isa::Portable {
+    if target.gemm_isa() == aim_kernels::gemm::Isa::PORTABLE {
         // Where no hand-written microkernel fits the CPU, the Cranelift one (measured 32%
         // faster than the compiler-vectorised Rust one at 512³ on SSE only) stands in; if it
         // cannot be generated, the Rust one stays.
@@ -145,6 +165,7 @@ pub struct Model {
     path: PathBuf,
     backend: Backend,
     exec: Exec,
+    run_opts: RunOptions,
 }
 
 impl Model {
@@ -162,8 +183,10 @@ impl Model {
     /// Loads an ONNX file with options.
     pub fn load_with_options(path: impl AsRef<Path>, opts: &Options) -> Result<Model, Error> {
         let path = path.as_ref();
-        let ir = aim_compiler::onnx::import_file(path)?;
-        Model::from_ir_with(ir, path, opts)
+        guard::contain(&format!("loading {}", path.display()), || {
+            let ir = aim_compiler::onnx::import_file(path)?;
+            Model::from_ir_with(ir, path, opts)
+        })
     }
 
     /// Wraps an imported model for the reference backend: verifies it, infers types and
@@ -174,8 +197,18 @@ impl Model {
 
     /// Wraps an imported model: verifies it, infers types, checks op support and, for the
     /// cpu backend, optimises and compiles it for the target.
-    pub fn from_ir_with(mut ir: aim_ir::Model, path: &Path, opts: &Options) -> Result<Model, Error> {
+    pub fn from_ir_with(ir: aim_ir::Model, path: &Path, opts: &Options) -> Result<Model, Error> {
+        guard::contain(&format!("loading {}", path.display()), || Model::from_ir_inner(ir, path, opts))
+    }
+
+    fn from_ir_inner(mut ir: aim_ir::Model, path: &Path, opts: &Options) -> Result<Model, Error> {
         let p = path.display().to_string();
+        if let Some(t) = opts.threads.filter(|&t| t > MAX_THREADS) {
+            return Err(Error::BadOption { option: "threads", reason: format!("{t} is more than {MAX_THREADS}") });
+        }
+        if let Some(b) = opts.max_tensor_bytes {
+            aim_ir::limits::set_max_tensor_bytes(b);
+        }
         aim_ir::verify(&ir.graph).map_err(|source| Error::Verify { path: p.clone(), source })?;
         let ops = aim_runtime::unsupported_ops(&ir.graph);
         if !ops.is_empty() {
@@ -200,19 +233,28 @@ impl Model {
                 Exec::Cpu(Box::new(prog), spec)
             }
         };
-        Ok(Model { ir, path: path.to_path_buf(), backend: opts.backend, exec })
+        Ok(Model {
+            ir,
+            path: path.to_path_buf(),
+            backend: opts.backend,
+            exec,
+            run_opts: RunOptions { timeout: opts.timeout },
+        })
     }
 
     /// Runs the model recording each node's time (the nodes of the graph the backend runs:
     /// fused nodes name their sources in their `sources` attribute).
     pub fn run_profiled(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<aim_runtime::NodeTiming>, Error> {
-        let map: HashMap<String, Tensor> = inputs.into_iter().collect();
-        Ok(match &self.exec {
-            Exec::Reference => aim_runtime::run_graph_profiled(&self.ir.graph, map)?.1,
-            Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
-                Some(special) => special.run_profiled(map)?.1,
-                None => p.run_profiled(map)?.1,
-            },
+        let map = self.input_map(inputs)?;
+        let o = &self.run_opts;
+        guard::contain(&format!("running {}", self.path.display()), || {
+            Ok(match &self.exec {
+                Exec::Reference => aim_runtime::run_graph_profiled(&self.ir.graph, map, o)?.1,
+                Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                    Some(special) => special.run_profiled(map, o)?.1,
+                    None => p.run_profiled(map, o)?.1,
+                },
+            })
         })
     }
 
@@ -272,22 +314,33 @@ impl Model {
     /// Runs the model. Inputs are keyed by graph input name; outputs come back in graph
     /// order with their names.
     pub fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, Error> {
+        let map = self.input_map(inputs)?;
+        let o = &self.run_opts;
+        let outs = guard::contain(&format!("running {}", self.path.display()), || {
+            Ok(match &self.exec {
+                Exec::Reference => aim_runtime::run_graph_with(&self.ir.graph, map, o)?,
+                Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                    Some(special) => special.run_with(map, o)?,
+                    None => p.run_with(map, o)?,
+                },
+            })
+        })?;
+        Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
+    }
+
+    /// The inputs by name, refusing names the graph does not have and names given twice.
+    fn input_map(&self, inputs: Vec<(String, Tensor)>) -> Result<HashMap<String, Tensor>, Error> {
         let mut map = HashMap::new();
         for (name, t) in inputs {
             if !self.ir.graph.inputs.iter().any(|i| i.name == name) {
                 let known: Vec<&str> = self.ir.graph.inputs.iter().map(|i| i.name.as_str()).collect();
                 return Err(Error::UnknownInput { name, known: known.join(", ") });
             }
-            map.insert(name, t);
+            if map.insert(name.clone(), t).is_some() {
+                return Err(Error::BadOption { option: "inputs", reason: format!("input '{name}' is given twice") });
+            }
         }
-        let outs = match &self.exec {
-            Exec::Reference => aim_runtime::run_graph(&self.ir.graph, map)?,
-            Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
-                Some(special) => special.run(map)?,
-                None => p.run(map)?,
-            },
-        };
-        Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
+        Ok(map)
     }
 }
 

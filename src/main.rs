@@ -3,7 +3,7 @@
 
 use aim::{conformance, npz, Backend, Model};
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +13,45 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// How a model is loaded and run: the options `run`, `bench` and `compare` share.
+#[derive(Args, Clone)]
+struct LoadArgs {
+    /// Threads (cpu backend; default: the physical core count; at most 1024). The reference
+    /// backend runs on one.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Cap the ISA level for the cpu backend (native, x86-64-v4, x86-64-v3, x86-64-v2,
+    /// baseline; also AIM_CPU).
+    #[arg(long, env = "AIM_CPU", default_value = "native")]
+    cpu: String,
+    /// Stop a run that takes longer than this many seconds, with an error.
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
+    /// The largest tensor aim may allocate (bytes, or with a K, M or G suffix; default:
+    /// AIM_MAX_TENSOR_BYTES, else half the machine's memory).
+    #[arg(long, value_name = "BYTES")]
+    max_tensor_bytes: Option<String>,
+}
+
+impl LoadArgs {
+    /// The library's options for these arguments and `backend`.
+    fn options(&self, backend: Backend) -> Result<aim::Options> {
+        let timeout = match self.timeout {
+            None => None,
+            Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Some(std::time::Duration::from_secs_f64(s)),
+            Some(s) => bail!("--timeout {s}: expected a positive number of seconds"),
+        };
+        let max_tensor_bytes =
+            match &self.max_tensor_bytes {
+                None => None,
+                Some(b) => Some(aim_ir::limits::parse_bytes(b).filter(|&n| n > 0).ok_or_else(|| {
+                    anyhow::anyhow!("--max-tensor-bytes {b}: expected a size such as 4096, 64M or 2G")
+                })?),
+            };
+        Ok(aim::Options { backend, threads: self.threads, cpu: self.cpu.clone(), timeout, max_tensor_bytes })
+    }
 }
 
 #[derive(Subcommand)]
@@ -27,10 +66,6 @@ enum Cmd {
         /// Where to write the outputs, keyed by graph output name.
         #[arg(long)]
         outputs: Option<PathBuf>,
-        /// Threads (cpu backend; default: the physical core count). The reference backend
-        /// runs on one.
-        #[arg(long)]
-        threads: Option<usize>,
         /// cpu (compiled and optimised for this CPU, the default) or reference (the reference
         /// kernels, interpreted: the oracle).
         #[arg(long, default_value = "cpu")]
@@ -38,10 +73,8 @@ enum Cmd {
         /// Seed of the random inputs used when --inputs is not given.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Cap the ISA level for the cpu backend (native, x86-64-v4, x86-64-v3, x86-64-v2,
-        /// baseline; also AIM_CPU).
-        #[arg(long, env = "AIM_CPU", default_value = "native")]
-        cpu: String,
+        #[command(flatten)]
+        load: LoadArgs,
     },
     /// Time a model: compile time, then latency over repeated runs.
     Bench {
@@ -56,15 +89,11 @@ enum Cmd {
         /// Untimed runs first.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
-        /// Threads (default: the physical core count).
-        #[arg(long)]
-        threads: Option<usize>,
         /// The backend.
         #[arg(long, default_value = "cpu")]
         backend: Backend,
-        /// Cap the ISA level (also AIM_CPU).
-        #[arg(long, env = "AIM_CPU", default_value = "native")]
-        cpu: String,
+        #[command(flatten)]
+        load: LoadArgs,
         /// End with one JSON line: compile_ms, latency_ms {min, median, p90, max}, iters,
         /// threads, peak_rss_mb.
         #[arg(long)]
@@ -335,7 +364,7 @@ fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str
 fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()> {
     let m = match Model::load_with_options(
         path,
-        &aim::Options { backend: Backend::Cpu, threads: Some(1), cpu: cpu.into() },
+        &aim::Options { backend: Backend::Cpu, threads: Some(1), cpu: cpu.into(), ..aim::Options::default() },
     ) {
         Ok(m) => m,
         Err(e) => {
@@ -476,23 +505,57 @@ fn explore(
     Ok(())
 }
 
+/// An error message as one printable line: control characters (a newline in a quoted
+/// name, raw bytes of a file) are escaped, so an error is always exactly one line.
+fn one_line(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    for c in msg.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A panic is a bug in aim: the user gets one error line, not a panic message and a
+    // backtrace (AIM_SHOW_PANICS=1 shows them, for debugging aim).
+    if std::env::var_os("AIM_SHOW_PANICS").is_none_or(|v| v == "0") {
+        std::panic::set_hook(Box::new(|_| {}));
+    }
+    let result = std::panic::catch_unwind(|| dispatch(cli)).unwrap_or_else(|p| {
+        Err(anyhow::anyhow!(
+            "internal error in aim: {} (this is a bug; please report it)",
+            aim_runtime::panic_message(&*p)
+        ))
+    });
+    finish(result)
+}
+
+/// Runs the command; `Ok(false)` when it ran but found failures (test-onnx, compare).
+fn dispatch(cli: Cli) -> Result<bool> {
     let mut out = std::io::stdout().lock();
-    let result = match cli.cmd {
-        Cmd::Run { model, inputs, outputs, threads, backend, seed, cpu } => {
-            run(&mut out, model, inputs, outputs, aim::Options { backend, threads, cpu }, seed).map(|_| true)
+    match cli.cmd {
+        Cmd::Run { model, inputs, outputs, backend, seed, load } => {
+            load.options(backend).and_then(|o| run(&mut out, model, inputs, outputs, o, seed)).map(|_| true)
         }
-        Cmd::Bench { model, inputs, iters, warmup, threads, backend, cpu, json, profile } => {
-            bench(&mut out, model, inputs, iters, warmup, aim::Options { backend, threads, cpu }, json, profile)
-                .map(|_| true)
-        }
+        Cmd::Bench { model, inputs, iters, warmup, backend, load, json, profile } => load
+            .options(backend)
+            .and_then(|o| bench(&mut out, model, inputs, iters, warmup, o, json, profile))
+            .map(|_| true),
         Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
         Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches } => {
             explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches).map(|_| true)
         }
-    };
+    }
+}
+
+/// The exit code for a command's result, printing its error.
+fn finish(result: Result<bool>) -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -501,7 +564,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }

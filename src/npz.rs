@@ -16,12 +16,18 @@ pub struct NpzError {
     pub msg: String,
 }
 
-fn descr_dtype(descr: &str) -> Option<DType> {
-    let (order, code) = descr.split_at(1);
-    if order == ">" && !code.ends_with('1') {
-        return None; // big-endian data
+/// The dtype of a numpy `descr` and whether its bytes are big-endian.
+fn descr_dtype(descr: &str) -> Option<(DType, bool)> {
+    if descr.len() < 2 {
+        return None;
     }
-    Some(match code {
+    let (order, code) = descr.split_at(1);
+    let big = match order {
+        ">" => !code.ends_with('1'),
+        "<" | "|" | "=" => false,
+        _ => return None,
+    };
+    let dt = match code {
         "f4" => DType::F32,
         "f8" => DType::F64,
         "f2" => DType::F16,
@@ -35,7 +41,8 @@ fn descr_dtype(descr: &str) -> Option<DType> {
         "u8" => DType::U64,
         "b1" => DType::Bool,
         _ => return None,
-    })
+    };
+    Some((dt, big))
 }
 
 fn dtype_descr(d: DType) -> &'static str {
@@ -80,10 +87,12 @@ pub fn parse_npy(bytes: &[u8]) -> Result<Tensor, String> {
     let header = bytes.get(start..start + hlen).ok_or("truncated .npy header")?;
     let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text")?;
     let descr = header_field(header, "descr").ok_or("the .npy header has no descr")?;
-    let dtype = descr_dtype(descr).ok_or_else(|| format!("numpy dtype '{descr}' is not supported"))?;
-    if header_field(header, "fortran_order") == Some("True") {
-        return Err("Fortran-ordered arrays are not supported; save with np.ascontiguousarray".into());
-    }
+    let (dtype, big_endian) = descr_dtype(descr).ok_or_else(|| format!("numpy dtype '{descr}' is not supported"))?;
+    let fortran = match header_field(header, "fortran_order") {
+        Some("True") => true,
+        Some("False") | None => false,
+        Some(v) => return Err(format!("bad fortran_order ({v})")),
+    };
     let shape_s = header_field(header, "shape").ok_or("the .npy header has no shape")?;
     let shape: Vec<usize> = shape_s
         .split(',')
@@ -92,12 +101,25 @@ pub fn parse_npy(bytes: &[u8]) -> Result<Tensor, String> {
         .map(|s| s.trim_end_matches('L').parse().map_err(|_| format!("bad shape ({shape_s})")))
         .collect::<Result<_, _>>()?;
     let data = &bytes[start + hlen..];
-    let n: usize = shape.iter().product();
-    let need = n * dtype.size();
+    let need = aim_ir::limits::bytes_of(dtype, &shape).map_err(|e| format!("impossible shape ({shape_s}): {e}"))?;
     if data.len() < need {
         return Err(format!("array data is truncated: {} bytes for {dtype}{shape:?}", data.len()));
     }
-    Tensor::from_bytes(dtype, &shape, &data[..need]).map_err(|e| e.to_string())
+    let mut raw = data[..need].to_vec();
+    if big_endian {
+        // Stored most significant byte first: reverse each element's bytes.
+        for e in raw.chunks_exact_mut(dtype.size()) {
+            e.reverse();
+        }
+    }
+    if !fortran || shape.len() < 2 {
+        return Tensor::from_bytes(dtype, &shape, &raw).map_err(|e| e.to_string());
+    }
+    // Column-major data is the row-major array of the reversed shape, transposed back.
+    let reversed: Vec<usize> = shape.iter().rev().copied().collect();
+    let t = Tensor::from_bytes(dtype, &reversed, &raw).map_err(|e| e.to_string())?;
+    let perm: Vec<usize> = (0..shape.len()).rev().collect();
+    aim_kernels::util::transpose(&t, &perm).map_err(|e| e.to_string())
 }
 
 /// Serialises a tensor as a `.npy` file (version 1, header padded to 64 bytes).
@@ -127,8 +149,15 @@ pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, NpzError> {
     for i in 0..zip.len() {
         let mut f = zip.by_index(i).map_err(|x| e(format!("cannot read entry {i}: {x}")))?;
         let name = f.name().trim_end_matches(".npy").to_string();
+        // The archive states each entry's size: refuse one over the tensor limit before
+        // reading it, and never read more than it states.
+        let size = f.size();
+        let limit = aim_ir::limits::max_tensor_bytes() as u64;
+        if size > limit.saturating_add(1 << 20) {
+            return Err(e(format!("array '{name}': {size} bytes, over the tensor limit of {limit} bytes")));
+        }
         let mut bytes = Vec::new();
-        f.read_to_end(&mut bytes).map_err(|x| e(format!("array '{name}': {x}")))?;
+        (&mut f).take(size).read_to_end(&mut bytes).map_err(|x| e(format!("array '{name}': {x}")))?;
         let t = parse_npy(&bytes).map_err(|m| e(format!("array '{name}': {m}")))?;
         out.push((name, t));
     }
@@ -163,6 +192,37 @@ mod tests {
         ] {
             assert_eq!(parse_npy(&write_npy(&t)).unwrap(), t);
         }
+    }
+
+    /// The header of a `.npy` file with the given dict text, then `data`.
+    fn npy(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut h = header.to_string();
+        h.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend((h.len() as u16).to_le_bytes());
+        out.extend(h.as_bytes());
+        out.extend(data);
+        out
+    }
+
+    #[test]
+    fn an_overflowing_shape_is_an_error() {
+        let b = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387905, 4), }", &[0; 64]);
+        let e = parse_npy(&b).unwrap_err();
+        assert!(e.contains("impossible shape"), "{e}");
+    }
+
+    #[test]
+    fn fortran_order_and_big_endian_arrays_are_converted() {
+        // np.asfortranarray([[1, 2, 3], [4, 5, 6]], dtype='>i4'): column-major, big-endian.
+        let data: Vec<u8> = [1i32, 4, 2, 5, 3, 6].iter().flat_map(|v| v.to_be_bytes()).collect();
+        let b = npy("{'descr': '>i4', 'fortran_order': True, 'shape': (2, 3), }", &data);
+        let t = parse_npy(&b).unwrap();
+        assert_eq!(t.shape(), &[2, 3]);
+        assert_eq!(t.data::<i32>(), &[1, 2, 3, 4, 5, 6]);
+        let data: Vec<u8> = [1.5f64, -2.0].iter().flat_map(|v| v.to_be_bytes()).collect();
+        let t = parse_npy(&npy("{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }", &data)).unwrap();
+        assert_eq!(t.data::<f64>(), &[1.5, -2.0]);
     }
 
     #[test]

@@ -178,6 +178,18 @@ fn external_data_is_read_relative_to_the_model_and_confined_to_its_directory() {
     assert_clean_error(&aim(&["info", d.join("up.onnx").to_str().unwrap()]), "may not leave the model's directory");
     std::fs::write(d.join("abs.onnx"), m(d.join("w.bin").to_str().unwrap())).unwrap();
     assert_clean_error(&aim(&["info", d.join("abs.onnx").to_str().unwrap()]), "must be a relative path");
+    // A symlink inside the directory that points outside it is refused too.
+    let outside = tempdir("external-outside");
+    std::fs::write(outside.join("secret.bin"), &weights).unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.bin"), d.join("link.bin")).unwrap();
+    std::fs::write(d.join("link.onnx"), m("link.bin")).unwrap();
+    assert_clean_error(&aim(&["info", d.join("link.onnx").to_str().unwrap()]), "outside the model's directory");
+    // One that stays inside is followed.
+    std::os::unix::fs::symlink(d.join("w.bin"), d.join("inside.bin")).unwrap();
+    std::fs::write(d.join("inside.onnx"), m("inside.bin")).unwrap();
+    let y = aim::Model::load(d.join("inside.onnx")).unwrap();
+    let y = y.run(vec![("x".into(), Tensor::from_slice(&[1, 2], &[1.0f32, 1.0]))]).unwrap();
+    assert_eq!(y[0].1.data::<f32>(), &[6.0, 8.0]);
     std::fs::write(d.join("short.onnx"), m("w.bin")).unwrap();
     std::fs::write(d.join("w.bin"), &weights[..10]).unwrap();
     assert_clean_error(&aim(&["info", d.join("short.onnx").to_str().unwrap()]), "past the end");

@@ -58,7 +58,7 @@ fn check(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) {
     std::fs::write(&path, model).unwrap();
     let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
     for cpu in caps() {
-        let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into() };
+        let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
         let got = Model::load_with_options(&path, &opts).unwrap().run(inputs.clone()).unwrap();
         for ((name, g), (_, w)) in got.iter().zip(&want) {
             assert_eq!(g.shape(), w.shape(), "{tag} [{cpu}] output {name}");
@@ -438,7 +438,7 @@ fn random_blocked_chains() {
         std::fs::write(d.join("m.onnx"), &model).unwrap();
         let m = Model::load_with_options(
             d.join("m.onnx"),
-            &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into() },
+            &Options { backend: Backend::Cpu, threads: Some(1), cpu: "native".into(), ..Options::default() },
         )
         .unwrap();
         let g = m.optimized_graph().unwrap();
@@ -485,9 +485,11 @@ fn shape_specialisation_per_input_signature() {
     let d = tempdir("specialise");
     let path = d.join("m.onnx");
     std::fs::write(&path, m).unwrap();
-    let cpu =
-        Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() })
-            .unwrap();
+    let cpu = Model::load_with_options(
+        &path,
+        &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into(), ..Options::default() },
+    )
+    .unwrap();
     let reference = Model::load_with(&path, Backend::Reference).unwrap();
     assert!(cpu.specializations().is_empty());
     let mut r = Rng(5);
@@ -547,9 +549,11 @@ fn arena_in_place_views_and_reuse() {
     let d = tempdir("arena");
     let path = d.join("m.onnx");
     std::fs::write(&path, &model).unwrap();
-    let cpu =
-        Model::load_with_options(&path, &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() })
-            .unwrap();
+    let cpu = Model::load_with_options(
+        &path,
+        &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into(), ..Options::default() },
+    )
+    .unwrap();
     let plan = aim_compiler::memory_plan::plan(cpu.optimized_graph().unwrap());
     assert!(plan.slots.iter().any(|s| s.in_place_of.is_some()), "the |h|·scale loop runs in place: {plan:?}");
     assert_eq!(
@@ -609,7 +613,7 @@ fn residuals_overwritten_in_place() {
         std::fs::write(d.join("m.onnx"), &model).unwrap();
         let m = Model::load_with_options(
             d.join("m.onnx"),
-            &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() },
+            &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into(), ..Options::default() },
         )
         .unwrap();
         let plan = aim_compiler::memory_plan::plan(m.optimized_graph().unwrap());
@@ -643,7 +647,7 @@ fn concurrent_runs_use_separate_arenas() {
     std::fs::write(d.join("m.onnx"), &model).unwrap();
     let m = Model::load_with_options(
         d.join("m.onnx"),
-        &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() },
+        &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into(), ..Options::default() },
     )
     .unwrap();
     let inputs: Vec<Tensor> = (0..8).map(|_| Tensor::from_vec(&[16, k as usize], r.values(16 * k as usize))).collect();
@@ -728,7 +732,7 @@ fn scaled_masked_softmax_fusion() {
         std::fs::write(d.join("m.onnx"), &model).unwrap();
         let m = Model::load_with_options(
             d.join("m.onnx"),
-            &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into() },
+            &Options { backend: Backend::Cpu, threads: Some(2), cpu: "native".into(), ..Options::default() },
         )
         .unwrap();
         let g = m.optimized_graph().unwrap();

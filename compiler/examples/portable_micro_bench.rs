@@ -18,10 +18,10 @@ fn time(a: &PackedA, b: &PackedB, c: &mut [f32], n: usize) -> f64 {
 fn main() {
     let n = 512;
     let target = aim_compiler::target::Target::host().with_cpu("baseline").expect("baseline");
-    let blocking = Blocking::for_caches(Isa::Portable, target.l1d, target.l2);
+    let blocking = Blocking::for_caches(Isa::PORTABLE, target.l1d, target.l2);
     let a: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 / 17.0).collect();
-    let pa = PackedA::from_slice(Isa::Portable, blocking, &a, n, n, false);
-    let pb = PackedB::from_slice(Isa::Portable, blocking, &a, n, n, false);
+    let pa = PackedA::from_slice(Isa::PORTABLE, blocking, &a, n, n, false);
+    let pb = PackedB::from_slice(Isa::PORTABLE, blocking, &a, n, n, false);
     let mut c = vec![0f32; n * n];
     let flops = 2.0 * (n * n * n) as f64;
     let rust = time(&pa, &pb, &mut c, n);

@@ -63,12 +63,8 @@ fn first_output(n: &aim_ir::Node, o: &str) -> bool {
 
 /// Plans the intermediates of `g` (graph inputs and initializers are not in the arena).
 pub fn plan(g: &Graph) -> MemoryPlan {
-    let mut last: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        for inp in n.inputs.iter().filter(|s| !s.is_empty()) {
-            last.insert(inp, i);
-        }
-    }
+    // Reads inside subgraphs count at the node holding them (the shared liveness rule).
+    let last = aim_ir::liveness::last_reads(g);
     let outputs: std::collections::HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
     let mut p = MemoryPlan::default();
     // Slot index by value, and each slot's group: a group (a value, its views, the values
@@ -104,7 +100,7 @@ pub fn plan(g: &Graph) -> MemoryPlan {
                 name: o.clone(),
                 bytes,
                 first: i,
-                last: *last.get(o.as_str()).unwrap_or(&i),
+                last: last.get(o.as_str()).copied().unwrap_or(i).max(i),
                 offset: 0,
                 in_place_of: None,
                 view_of: None,

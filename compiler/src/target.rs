@@ -3,6 +3,8 @@
 //! code paths can be tested on a bigger machine. Every later pass reads this one value:
 //! vector width, register count, cache sizes and core count come from here, not constants.
 
+use aim_kernels::gemm::IsaKind;
+
 use std::fmt;
 
 /// Instruction-set features aim's code generation and microkernels care about.
@@ -271,12 +273,16 @@ impl Target {
     /// The GEMM microkernel family for this target.
     pub fn gemm_isa(&self) -> aim_kernels::gemm::Isa {
         use aim_kernels::gemm::Isa;
-        match self.level {
-            Level::X86V4 if Isa::Avx512.available() => Isa::Avx512,
-            Level::X86V4 | Level::X86V3 if Isa::Avx2.available() => Isa::Avx2,
-            Level::Neon if Isa::Neon.available() => Isa::Neon,
-            _ => Isa::Portable,
-        }
+        // The level is the host's, possibly capped; `Isa::new` checks the CPU once more.
+        let kind = match self.level {
+            Level::X86V4 => IsaKind::Avx512,
+            Level::X86V3 => IsaKind::Avx2,
+            Level::Neon => IsaKind::Neon,
+            _ => IsaKind::Portable,
+        };
+        Isa::new(kind)
+            .or_else(|| Isa::new(IsaKind::Avx2).filter(|_| self.level == Level::X86V4))
+            .unwrap_or(Isa::PORTABLE)
     }
 
     /// This target with other cache sizes (bytes): to plan for another machine, or to make

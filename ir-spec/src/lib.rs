@@ -8,6 +8,8 @@
 mod dtype;
 mod graph;
 pub mod infer;
+pub mod limits;
+pub mod liveness;
 mod shape;
 mod tensor;
 pub mod text;

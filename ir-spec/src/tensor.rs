@@ -117,23 +117,42 @@ pub struct Tensor {
 
 /// Why bytes could not be made into a tensor.
 #[derive(Debug, thiserror::Error)]
-#[error("tensor of {dtype}{shape:?} needs {expected} bytes, got {got}")]
+#[error("tensor of {dtype}{shape:?} needs {} bytes, got {got}", expected.map_or("more than addressable".to_string(), |e| e.to_string()))]
 pub struct SizeMismatch {
     /// The dtype asked for.
     pub dtype: DType,
     /// The shape asked for.
     pub shape: Vec<usize>,
-    /// Bytes the dtype and shape need.
-    pub expected: usize,
+    /// Bytes the dtype and shape need (`None`: the product of the dims overflows).
+    pub expected: Option<usize>,
     /// Bytes given.
     pub got: usize,
 }
 
+/// Checks that `len` bytes are exactly a `dtype` tensor of `shape`.
+fn check_len(dtype: DType, shape: &[usize], len: usize) -> Result<(), SizeMismatch> {
+    match crate::limits::bytes_of(dtype, shape) {
+        Ok(need) if need == len => Ok(()),
+        need => Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: need.ok(), got: len }),
+    }
+}
+
 impl Tensor {
-    /// A tensor of zeros (false for bool).
+    /// A tensor of zeros (false for bool). Panics when the size is impossible or over the
+    /// limit (a caller bug: shapes computed from data are checked with [`Tensor::try_zeros`]
+    /// or [`crate::limits::check`] first).
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
-        let n: usize = shape.iter().product();
-        Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::zeroed(n * dtype.size())) }
+        match Tensor::try_zeros(dtype, shape) {
+            Ok(t) => t,
+            Err(e) => panic!("Tensor::zeros: {e}"),
+        }
+    }
+
+    /// A tensor of zeros, or an error when its size overflows or is over the limit
+    /// ([`crate::limits::max_tensor_bytes`]).
+    pub fn try_zeros(dtype: DType, shape: &[usize]) -> Result<Tensor, crate::limits::SizeError> {
+        let n = crate::limits::check(dtype, shape)?;
+        Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::zeroed(n * dtype.size())) })
     }
 
     /// A tensor over `len` bytes at `ptr` that it neither owns nor copies: how an executor
@@ -144,19 +163,13 @@ impl Tensor {
     /// `ptr` must be aligned for `dtype` and valid for reads of `len` bytes, and those bytes
     /// must not change, for as long as this tensor or any clone of it lives.
     pub unsafe fn borrowed(dtype: DType, shape: &[usize], ptr: *const u8, len: usize) -> Result<Tensor, SizeMismatch> {
-        let n: usize = shape.iter().product();
-        if n * dtype.size() != len {
-            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: len });
-        }
+        check_len(dtype, shape, len)?;
         Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::Borrowed { ptr, len }) })
     }
 
     /// A tensor copied from little-endian bytes.
     pub fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor, SizeMismatch> {
-        let n: usize = shape.iter().product();
-        if n * dtype.size() != bytes.len() {
-            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: bytes.len() });
-        }
+        check_len(dtype, shape, bytes.len())?;
         Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(Storage::from_bytes(bytes)) })
     }
 
@@ -169,10 +182,10 @@ impl Tensor {
         offset: usize,
         len: usize,
     ) -> Result<Tensor, SizeMismatch> {
-        let n: usize = shape.iter().product();
-        let in_bounds = offset.checked_add(len).is_some_and(|end| end <= map.len());
-        if n * dtype.size() != len || !in_bounds {
-            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: len });
+        check_len(dtype, shape, len)?;
+        if offset.checked_add(len).is_none_or(|end| end > map.len()) {
+            let got = map.len().saturating_sub(offset);
+            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: Some(len), got });
         }
         let ptr = map.as_ptr() as usize + offset;
         if !ptr.is_multiple_of(dtype.size()) {
@@ -184,18 +197,15 @@ impl Tensor {
     /// A tensor over shared bytes (e.g. `raw_data` of a memory-mapped model), without
     /// copying them (see [`Tensor::data`] for misaligned bytes).
     pub fn from_shared_bytes(dtype: DType, shape: &[usize], bytes: bytes::Bytes) -> Result<Tensor, SizeMismatch> {
-        let n: usize = shape.iter().product();
-        if n * dtype.size() != bytes.len() {
-            return Err(SizeMismatch { dtype, shape: shape.to_vec(), expected: n * dtype.size(), got: bytes.len() });
-        }
+        check_len(dtype, shape, bytes.len())?;
         let storage = Storage::Shared { bytes, aligned: std::sync::OnceLock::new() };
         Ok(Tensor { dtype, shape: shape.to_vec(), storage: Arc::new(storage) })
     }
 
     /// A tensor holding a copy of `data`.
     pub fn from_slice<T: Elem>(shape: &[usize], data: &[T]) -> Tensor {
-        let n: usize = shape.iter().product();
-        assert_eq!(n, data.len(), "Tensor::from_slice: shape {shape:?} does not hold {} elements", data.len());
+        let n = crate::limits::elements(shape).ok();
+        assert_eq!(n, Some(data.len()), "Tensor::from_slice: shape {shape:?} does not hold {} elements", data.len());
         Tensor {
             dtype: T::DTYPE,
             shape: shape.to_vec(),
@@ -292,7 +302,7 @@ impl Tensor {
 
     /// The same data with another shape of the same element count.
     pub fn reshaped(&self, shape: &[usize]) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), self.len(), "reshape must keep the element count");
+        assert_eq!(crate::limits::elements(shape).ok(), Some(self.len()), "reshape must keep the element count");
         Tensor { dtype: self.dtype, shape: shape.to_vec(), storage: self.storage.clone() }
     }
 

@@ -3,7 +3,7 @@
 //! of independent FMAs on registers (enough chains to hide the FMA latency) for each ISA.
 //! Prints medians of repeated runs on one thread.
 
-use aim_kernels::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Sequential};
+use aim_kernels::gemm::{gemm_rows, Blocking, Epilogue, Isa, IsaKind, PackedB, Sequential};
 use std::time::Instant;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -44,8 +44,8 @@ fn peak(isa: Isa) -> f64 {
     let runs: Vec<f64> = (0..7)
         .map(|_| {
             let t = Instant::now();
-            let (flops, s) = match isa {
-                Isa::Avx512 => (12.0 * 16.0 * 2.0 * iters as f64, unsafe { z(iters) }),
+            let (flops, s) = match isa.kind() {
+                IsaKind::Avx512 => (12.0 * 16.0 * 2.0 * iters as f64, unsafe { z(iters) }),
                 _ => (12.0 * 8.0 * 2.0 * iters as f64, unsafe { y(iters) }),
             };
             std::hint::black_box(s);
@@ -61,10 +61,7 @@ fn main() {
     let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.1).collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 13) as f32 * 0.1).collect();
     let mut c = vec![0f32; m * n];
-    for isa in [Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Portable] {
-        if !isa.available() {
-            continue;
-        }
+    for isa in Isa::all_available() {
         let blocking = Blocking::for_caches(isa, 48 << 10, 1 << 20);
         let pb = PackedB::from_slice(isa, blocking, &b, k, n, false);
         // A as activations (they change every run: read in place on AVX-512 / AVX2, packed
@@ -79,7 +76,7 @@ fn main() {
         let secs = median(runs);
         let gflops = 2.0 * (m * k * n) as f64 / secs / 1e9;
         #[cfg(target_arch = "x86_64")]
-        let pk = if matches!(isa, Isa::Portable | Isa::Neon) { f64::NAN } else { peak(isa) / 1e9 };
+        let pk = if matches!(isa.kind(), IsaKind::Portable | IsaKind::Neon) { f64::NAN } else { peak(isa) / 1e9 };
         #[cfg(not(target_arch = "x86_64"))]
         let pk = f64::NAN;
         println!(

@@ -43,6 +43,24 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
+/// Checks that a `dtype` output of `shape` can be allocated (its size is computable and
+/// within the tensor limit: `aim_ir::limits`), returning its element count. Every kernel
+/// whose output shape comes from data or attributes calls this before allocating it.
+pub fn check_out(dtype: DType, shape: &[usize]) -> Result<usize> {
+    aim_ir::limits::check(dtype, shape).map_err(|e| KernelError(format!("output: {e}")))
+}
+
+/// Checks that `n` elements of `elem_bytes` each may be allocated (scratch and index
+/// buffers sized by an output).
+pub fn check_count(n: usize, elem_bytes: usize) -> Result<()> {
+    aim_ir::limits::check_count(n, elem_bytes).map_err(|e| KernelError(format!("a buffer of {n} elements: {e}")))
+}
+
+/// A shape's element count, or an error if the product of its dims overflows.
+pub fn elements(shape: &[usize]) -> Result<usize> {
+    aim_ir::limits::elements(shape).map_err(|e| KernelError(e.to_string()))
+}
+
 /// The numpy-style broadcast of several shapes.
 pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>> {
     let r = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
@@ -57,13 +75,15 @@ pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>> {
             }
         }
     }
+    elements(&out)?;
     Ok(out)
 }
 
 /// For each element of a tensor of shape `out` (row-major), the offset `sum(idx[d] *
 /// steps[d])`: the walk that broadcasting and transposition both are.
-pub fn strided_offsets(out: &[usize], steps: &[usize]) -> Vec<usize> {
-    let n: usize = out.iter().product();
+pub fn strided_offsets(out: &[usize], steps: &[usize]) -> Result<Vec<usize>> {
+    let n = elements(out)?;
+    check_count(n, std::mem::size_of::<usize>())?;
     let r = out.len();
     let mut offs = Vec::with_capacity(n);
     let mut idx = vec![0usize; r];
@@ -80,12 +100,12 @@ pub fn strided_offsets(out: &[usize], steps: &[usize]) -> Vec<usize> {
             idx[d] = 0;
         }
     }
-    offs
+    Ok(offs)
 }
 
 /// For each element of `out` (row-major), the offset of the element of a tensor of shape
 /// `shape` that broadcasting maps to it.
-pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Vec<usize> {
+pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Result<Vec<usize>> {
     let r = out.len();
     let st = strides(shape);
     let mut bst = vec![0usize; r];
@@ -98,24 +118,28 @@ pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Vec<usize> {
 }
 
 /// A tensor broadcast (materialised) to `out`.
-pub fn expand_to(t: &Tensor, out: &[usize]) -> Tensor {
+pub fn expand_to(t: &Tensor, out: &[usize]) -> Result<Tensor> {
     if t.shape() == out {
-        return t.clone();
+        return Ok(t.clone());
     }
-    let offs = broadcast_offsets(t.shape(), out);
+    check_out(t.dtype(), out)?;
+    let offs = broadcast_offsets(t.shape(), out)?;
     gather_elems(t, out, &offs)
 }
 
 /// A new tensor of shape `shape` whose element i is `t`'s element `offs[i]`.
-pub fn gather_elems(t: &Tensor, shape: &[usize], offs: &[usize]) -> Tensor {
+pub fn gather_elems(t: &Tensor, shape: &[usize], offs: &[usize]) -> Result<Tensor> {
     let sz = t.dtype().size();
     let src = t.bytes();
-    let mut out = Tensor::zeros(t.dtype(), shape);
+    let mut out = Tensor::try_zeros(t.dtype(), shape).map_err(|e| KernelError(format!("output: {e}")))?;
+    if offs.len() != out.len() || offs.iter().any(|&o| o >= t.len()) {
+        return err("internal: gather offsets do not fit the tensors");
+    }
     let dst = out.bytes_mut();
     for (i, &o) in offs.iter().enumerate() {
         dst[i * sz..(i + 1) * sz].copy_from_slice(&src[o * sz..(o + 1) * sz]);
     }
-    out
+    Ok(out)
 }
 
 /// An integer input read as i64 values (shapes, axes, indices).
@@ -138,12 +162,12 @@ pub fn same_dtype(ts: &[&Tensor]) -> Result<DType> {
 }
 
 /// A row-major transpose of `t` by `perm`.
-pub fn transpose(t: &Tensor, perm: &[usize]) -> Tensor {
+pub fn transpose(t: &Tensor, perm: &[usize]) -> Result<Tensor> {
     let shape = t.shape();
     let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let st = strides(shape);
     let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
-    let offs = strided_offsets(&out_shape, &pst);
+    let offs = strided_offsets(&out_shape, &pst)?;
     gather_elems(t, &out_shape, &offs)
 }
 

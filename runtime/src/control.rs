@@ -69,6 +69,7 @@ pub(crate) fn run_loop(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
     }
     let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); g.outputs.len() - 1 - k];
     let mut i: i64 = 0;
+    let mut scan_bytes = 0usize;
     while cond && max_trip.is_none_or(|m| i < m) {
         let mut vals = vec![Tensor::scalar(i), Tensor::from_bools(&[], &[cond])];
         vals.extend(carried.iter().cloned());
@@ -78,6 +79,11 @@ pub(crate) fn run_loop(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
         for (s, t) in scans.iter_mut().zip(&outs[k + 1..]) {
             s.push(t.clone());
         }
+        // Scan outputs are stacked at the end: their total may not pass the tensor limit.
+        scan_bytes += outs[k + 1..].iter().map(|t| t.bytes().len()).sum::<usize>();
+        aim_ir::limits::check_count(scan_bytes, 1)
+            .map_err(|e| fail(n, format!("the scan outputs grew too large after {} iterations: {e}", i + 1)))?;
+        scope.check_deadline().map_err(|e| fail(n, e))?;
         i += 1;
         if i > 1 << 31 {
             return Err(fail(n, "the loop ran for more than 2^31 iterations"));
@@ -86,8 +92,12 @@ pub(crate) fn run_loop(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
     let mut out = carried;
     for (j, s) in scans.iter().enumerate() {
         if s.is_empty() {
-            let dt = g.outputs[k + 1 + j].ty.dtype.unwrap_or(aim_ir::DType::F32);
-            out.push(Tensor::zeros(dt, &[0]));
+            // No iterations: an empty stack of the body output's declared per-iteration
+            // shape where it is known ([0, 1] for a [1] output), as ONNX Runtime gives.
+            let ty = &g.outputs[k + 1 + j].ty;
+            let mut shape = vec![0];
+            shape.extend(ty.concrete_shape().unwrap_or_default());
+            out.push(Tensor::zeros(ty.dtype.unwrap_or(aim_ir::DType::F32), &shape));
         } else {
             out.push(stack(s, 0, n)?);
         }
@@ -131,7 +141,7 @@ pub(crate) fn run_scan(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
                 (0..outer).flat_map(|o| (0..inner).map(move |j| (o * len + s) * inner + j)).collect();
             let mut shape = t.shape().to_vec();
             shape.remove(ax);
-            vals.push(aim_kernels::util::gather_elems(t, &shape, &offs));
+            vals.push(aim_kernels::util::gather_elems(t, &shape, &offs).map_err(|e| fail(n, e.0))?);
         }
         let res = run_scoped(g, sub_inputs(g, vals), Some(scope))?;
         state = res[..k].to_vec();

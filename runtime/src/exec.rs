@@ -18,15 +18,65 @@ pub enum RunError {
     /// A value the graph needs was never computed.
     #[error("value '{name}' is needed but was never computed")]
     Missing { name: String },
+    /// The thread pool could not be started.
+    #[error("cannot start {threads} threads: {reason}")]
+    Threads { threads: usize, reason: String },
+    /// The run was stopped because it took longer than its time limit.
+    #[error("the run was stopped at node '{node}': it took longer than its time limit of {limit:?}")]
+    TimedOut { node: String, limit: std::time::Duration },
+}
+
+/// Bounds on one run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// The longest the run may take: checked before every node and every loop iteration
+    /// (a kernel already running is not interrupted). `None`: no limit.
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// When a run must stop, and the limit that set it (for the error).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deadline {
+    at: std::time::Instant,
+    limit: std::time::Duration,
+}
+
+impl Deadline {
+    /// The deadline of a run starting now, if it has a time limit.
+    pub(crate) fn start(opts: &RunOptions) -> Option<Deadline> {
+        let limit = opts.timeout?;
+        let at = std::time::Instant::now().checked_add(limit)?;
+        Some(Deadline { at, limit })
+    }
+
+    /// An error naming `node` once the deadline has passed.
+    pub(crate) fn check(d: Option<Deadline>, node: &str) -> Result<(), RunError> {
+        match d {
+            Some(d) if std::time::Instant::now() >= d.at => {
+                Err(RunError::TimedOut { node: node.to_string(), limit: d.limit })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Values visible to a graph: its own, then those of the graphs around it.
 pub(crate) struct Scope<'a> {
     pub values: HashMap<String, Tensor>,
     pub parent: Option<&'a Scope<'a>>,
+    /// When the run this scope belongs to must stop.
+    pub deadline: Option<Deadline>,
 }
 
 impl Scope<'_> {
+    /// An error once the run's deadline has passed (loops check it every iteration).
+    pub(crate) fn check_deadline(&self) -> Result<(), String> {
+        match Deadline::check(self.deadline, "") {
+            Err(RunError::TimedOut { limit, .. }) => Err(format!("it took longer than its time limit of {limit:?}")),
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<&Tensor> {
         self.values.get(name).or_else(|| self.parent.and_then(|p| p.get(name)))
     }
@@ -94,7 +144,12 @@ impl Runner for Reference {
 
 /// Runs `g` on `inputs` (by graph input name) and returns its outputs in order.
 pub fn run_graph(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
-    run_scoped(g, inputs, None)
+    run_graph_with(g, inputs, &RunOptions::default())
+}
+
+/// Runs `g` on `inputs` within the bounds of `opts`.
+pub fn run_graph_with(g: &Graph, inputs: HashMap<String, Tensor>, opts: &RunOptions) -> Result<Vec<Tensor>, RunError> {
+    run_with(g, inputs, None, Deadline::start(opts), &Reference, None)
 }
 
 pub(crate) fn run_scoped(
@@ -102,16 +157,17 @@ pub(crate) fn run_scoped(
     inputs: HashMap<String, Tensor>,
     parent: Option<&Scope>,
 ) -> Result<Vec<Tensor>, RunError> {
-    run_with(g, inputs, parent, &Reference, None)
+    run_with(g, inputs, parent, parent.and_then(|p| p.deadline), &Reference, None)
 }
 
 /// Runs `g` on the reference kernels, recording every node's time.
 pub fn run_graph_profiled(
     g: &Graph,
     inputs: HashMap<String, Tensor>,
+    opts: &RunOptions,
 ) -> Result<(Vec<Tensor>, Vec<NodeTiming>), RunError> {
     let mut p = Vec::new();
-    let outs = run_with(g, inputs, None, &Reference, Some(&mut p))?;
+    let outs = run_with(g, inputs, None, Deadline::start(opts), &Reference, Some(&mut p))?;
     Ok((outs, p))
 }
 
@@ -134,12 +190,13 @@ pub(crate) fn run_with(
     g: &Graph,
     mut inputs: HashMap<String, Tensor>,
     parent: Option<&Scope>,
+    deadline: Option<Deadline>,
     runner: &dyn Runner,
     mut profile: Option<&mut Vec<NodeTiming>>,
 ) -> Result<Vec<Tensor>, RunError> {
     let run_start = std::time::Instant::now();
     let mut syms = HashMap::new();
-    let mut scope = Scope { values: HashMap::new(), parent };
+    let mut scope = Scope { values: HashMap::new(), parent, deadline };
     for i in &g.inputs {
         let t = inputs
             .remove(&i.name)
@@ -150,27 +207,9 @@ pub(crate) fn run_with(
     for (k, t) in &g.initializers {
         scope.values.entry(k.clone()).or_insert_with(|| t.clone());
     }
-    // Last use of each value, so intermediates are freed as soon as possible.
-    let mut last_use: HashMap<&str, usize> = HashMap::new();
-    let mut subgraph_uses = Vec::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        for inp in n.inputs.iter().filter(|s| !s.is_empty()) {
-            last_use.insert(inp, i);
-        }
-        for a in n.attrs.values() {
-            if let Attr::Graph(sub) = a {
-                let mut names = Vec::new();
-                sub.names_read(&mut names);
-                subgraph_uses.push((i, names));
-            }
-        }
-    }
-    for (i, names) in &subgraph_uses {
-        for name in names {
-            let e = last_use.entry(name.as_str()).or_insert(*i);
-            *e = (*e).max(*i);
-        }
-    }
+    // Last use of each value (the shared liveness rule), so intermediates are freed as
+    // soon as possible.
+    let last_use = aim_ir::liveness::last_reads(g);
     let keep: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
     for (i, n) in g.nodes.iter().enumerate() {
         let ins: Vec<Option<Tensor>> = n
@@ -184,13 +223,20 @@ pub(crate) fn run_with(
                 }
             })
             .collect::<Result<_, _>>()?;
+        Deadline::check(deadline, &n.name)?;
         let t = std::time::Instant::now();
         let outs = runner.run(i, n, &ins, &scope)?;
         if let Some(p) = profile.as_deref_mut() {
             let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
             p.push(NodeTiming { node: n.name.clone(), op, start: t - run_start, time: t.elapsed() });
         }
-        for name in n.inputs.iter() {
+        let mut read = Vec::new();
+        for a in n.attrs.values() {
+            if let Attr::Graph(sub) = a {
+                sub.names_read(&mut read);
+            }
+        }
+        for name in n.inputs.iter().chain(&read) {
             if last_use.get(name.as_str()) == Some(&i)
                 && !keep.contains(&name.as_str())
                 && !g.initializers.contains_key(name)

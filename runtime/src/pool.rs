@@ -6,6 +6,26 @@
 //!
 //! Loops from several threads (one model served by several threads) take turns; a task must
 //! not start a loop on the pool that runs it (kernels pass `Sequential` to inner loops).
+//!
+//! # Why `for_each` returns only after every worker is done with the closure
+//!
+//! The closure is borrowed (its lifetime erased), so no worker may call it once
+//! `for_each` has returned. A worker announces itself (`inside += 1`) before it claims
+//! indices (`next.fetch_add`), and leaves (`inside -= 1`) after its last call; the caller,
+//! once its own claim has found `next >= n`, waits for `inside == 0`. This is the
+//! store-buffering pattern — each side writes one location and then reads the other — so
+//! on weakly ordered CPUs (AArch64, POWER) acquire/release is not enough: the caller could
+//! read a stale `inside == 0` while a worker that already announced itself goes on to claim
+//! an index. The announcement, every claim and the caller's reads of `inside` are
+//! therefore `SeqCst`: in the single total order of those operations, a worker's claim
+//! that got an index precedes the caller's claim that found none (claims are read-modify-
+//! writes of one location, so they are ordered), its announcement precedes its claim, and
+//! the caller's claim precedes its read of `inside` — so that read sees the announcement
+//! until the matching `inside -= 1`. That decrement is a release (here `SeqCst`) and the
+//! read an acquire, so everything the worker's calls wrote (outputs, a panic message) is
+//! visible to the caller when it returns. A worker that announces itself after the
+//! caller's read finds no index left: its claim reads the latest `next` (`>= n`), so it
+//! never calls the closure.
 
 use aim_kernels::gemm::Parallel;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -54,7 +74,8 @@ const SPIN: Duration = Duration::from_micros(200);
 
 fn run_job(job: &Job) {
     loop {
-        let start = job.next.fetch_add(job.chunk, Ordering::Relaxed);
+        // SeqCst: see the module doc (the claim must be ordered after the announcement).
+        let start = job.next.fetch_add(job.chunk, Ordering::SeqCst);
         if start >= job.n {
             break;
         }
@@ -74,8 +95,9 @@ fn run_job(job: &Job) {
 }
 
 impl ThreadPool {
-    /// A pool running loops on `threads` threads in all (the caller counts as one).
-    pub fn new(threads: usize) -> ThreadPool {
+    /// A pool running loops on `threads` threads in all (the caller counts as one), or the
+    /// error of the first worker thread that could not be started.
+    pub fn new(threads: usize) -> std::io::Result<ThreadPool> {
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -83,16 +105,14 @@ impl ThreadPool {
             sleepers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
         });
-        let workers = (1..threads.max(1))
-            .map(|w| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("aim-worker-{w}"))
-                    .spawn(move || worker(&s))
-                    .expect("spawning a worker thread")
-            })
-            .collect();
-        ThreadPool { shared, workers, gate: Mutex::new(()) }
+        let mut pool = ThreadPool { shared, workers: Vec::new(), gate: Mutex::new(()) };
+        for w in 1..threads.max(1) {
+            let s = pool.shared.clone();
+            // On failure, dropping the pool stops the workers started so far.
+            let h = std::thread::Builder::new().name(format!("aim-worker-{w}")).spawn(move || worker(&s))?;
+            pool.workers.push(h);
+        }
+        Ok(pool)
     }
 
     /// Threads in all, the caller included.
@@ -131,12 +151,13 @@ fn worker(s: &Shared) {
         seen = s.generation.load(Ordering::Acquire);
         let job = s.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(job) = job {
-            job.inside.fetch_add(1, Ordering::AcqRel);
+            // SeqCst: see the module doc (announced before any claim).
+            job.inside.fetch_add(1, Ordering::SeqCst);
             // Re-check: the caller may have finished and retired this job meanwhile.
             if job.next.load(Ordering::Acquire) < job.n {
                 run_job(&job);
             }
-            job.inside.fetch_sub(1, Ordering::AcqRel);
+            job.inside.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -174,15 +195,16 @@ impl Parallel for ThreadPool {
             self.shared.wake.notify_all();
         }
         run_job(&job);
-        // Every index is handed out; wait for workers still running one.
-        while job.inside.load(Ordering::Acquire) != 0 {
+        // Every index is handed out; wait for workers still running one (SeqCst: see the
+        // module doc).
+        while job.inside.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
         }
         *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
         // A worker that cloned the job but has not yet entered sees `next >= n` and leaves
         // without calling `f`.
-        job.next.store(usize::MAX / 2, Ordering::Release);
-        while job.inside.load(Ordering::Acquire) != 0 {
+        job.next.store(usize::MAX / 2, Ordering::SeqCst);
+        while job.inside.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
         }
         let panicked = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -213,7 +235,7 @@ mod tests {
 
     #[test]
     fn every_index_runs_once() {
-        let pool = ThreadPool::new(3);
+        let pool = ThreadPool::new(3).unwrap();
         for n in [0, 1, 2, 7, 1000] {
             let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
             pool.for_each(n, &|i| {
@@ -225,7 +247,7 @@ mod tests {
 
     #[test]
     fn a_panicking_task_reaches_the_caller_and_the_pool_survives() {
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::new(2).unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pool.for_each(64, &|i| {
                 if i == 40 {
@@ -244,7 +266,7 @@ mod tests {
 
     #[test]
     fn many_small_loops_in_a_row() {
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::new(2).unwrap();
         let total = AtomicUsize::new(0);
         for _ in 0..20_000 {
             pool.for_each(3, &|i| {

@@ -124,8 +124,8 @@ mod tests {
         let run = |m: usize, k: usize, n: usize| {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 11) as f32 / 3.0).collect();
-            let pa = PackedA::from_slice(Isa::Portable, blocking, &a, m, k, false);
-            let pb = PackedB::from_slice(Isa::Portable, blocking, &b, k, n, false);
+            let pa = PackedA::from_slice(Isa::PORTABLE, blocking, &a, m, k, false);
+            let pb = PackedB::from_slice(Isa::PORTABLE, blocking, &b, k, n, false);
             let mut c = vec![f32::NAN; m * n];
             gemm(&pa, &pb, &mut c, n, &Epilogue::default(), &Sequential);
             c

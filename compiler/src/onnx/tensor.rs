@@ -40,7 +40,17 @@ impl ExternalFiles {
         if let Some(m) = self.maps.get(&path) {
             return Ok(m.clone());
         }
-        let file = std::fs::File::open(&path).map_err(|e| ext(format!("cannot open {}: {e}", path.display())))?;
+        // A symlink inside the directory may point anywhere: the file's real path must
+        // still lie under the model's real directory.
+        let real = path.canonicalize().map_err(|e| ext(format!("cannot open {}: {e}", path.display())))?;
+        let real_base = base.canonicalize().map_err(|e| ext(format!("cannot resolve {}: {e}", base.display())))?;
+        if !real.starts_with(&real_base) {
+            return Err(ext(format!(
+                "location '{location}' resolves to {}, outside the model's directory (through a symlink)",
+                real.display()
+            )));
+        }
+        let file = std::fs::File::open(&real).map_err(|e| ext(format!("cannot open {}: {e}", path.display())))?;
         // SAFETY: the map is read-only; aim never writes to it. As with every mmap, a file
         // truncated by another process while mapped is outside what the program can guard.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ext(format!("cannot map {}: {e}", path.display())))?;

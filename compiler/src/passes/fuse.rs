@@ -69,7 +69,7 @@ fn start(g: &mut Graph, n: &Node) -> Option<Node> {
                 None => None,
             };
             let wname = if n.int("transB", 0) != 0 {
-                let wt = aim_kernels::util::transpose(w, &[1, 0]);
+                let wt = aim_kernels::util::transpose(w, &[1, 0]).ok()?;
                 let name = format!("{}::w_kn", n.name);
                 g.initializers.insert(name.clone(), wt);
                 name

@@ -97,7 +97,15 @@ pub fn run_pipeline(g: &mut Graph, passes: &[Pass], keep: bool) -> Result<Vec<Pa
     let mut out = Vec::new();
     for p in passes {
         let t = Instant::now();
-        (p.run)(g)?;
+        // A pass that panics has a bug; the user gets an error naming it instead.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (p.run)(g))) {
+            Ok(r) => r?,
+            Err(e) => {
+                let msg =
+                    e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+                return Err(PassError { pass: p.name, msg: format!("internal error: {}", msg.unwrap_or_default()) });
+            }
+        }
         out.push(PassRecord { name: p.name, time: t.elapsed(), after: keep.then(|| g.clone()) });
     }
     Ok(out)

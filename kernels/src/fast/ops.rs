@@ -1,5 +1,7 @@
 //! The fast kernels and their dispatch table.
 
+use crate::gemm::IsaKind;
+
 use super::math;
 use super::output::{OutSlot, Output};
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel, Sequential};
@@ -72,10 +74,10 @@ macro_rules! versions {
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn v3<F: Fn(f32) -> f32>($($arg: $ty,)* f: &F) { $generic($($arg,)* f) }
                 // SAFETY: the ISA was checked available when the program was built.
-                match isa {
-                    Isa::Avx512 => return unsafe { v4($($arg,)* f) },
-                    Isa::Avx2 => return unsafe { v3($($arg,)* f) },
-                    Isa::Portable | Isa::Neon => {}
+                match isa.kind() {
+                    IsaKind::Avx512 => return unsafe { v4($($arg,)* f) },
+                    IsaKind::Avx2 => return unsafe { v3($($arg,)* f) },
+                    IsaKind::Portable | IsaKind::Neon => {}
                 }
             }
             let _ = isa;
@@ -95,10 +97,10 @@ macro_rules! plain_versions {
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn v3($($arg: $ty),*) { $generic($($arg),*) }
                 // SAFETY: the ISA was checked available when the program was built.
-                match isa {
-                    Isa::Avx512 => return unsafe { v4($($arg),*) },
-                    Isa::Avx2 => return unsafe { v3($($arg),*) },
-                    Isa::Portable | Isa::Neon => {}
+                match isa.kind() {
+                    IsaKind::Avx512 => return unsafe { v4($($arg),*) },
+                    IsaKind::Avx2 => return unsafe { v3($($arg),*) },
+                    IsaKind::Portable | IsaKind::Neon => {}
                 }
             }
             let _ = isa;
@@ -310,7 +312,7 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         return Some(Ok(vec![y.finish()]));
     }
     // General broadcast: index maps, still f32.
-    let (oa, ob) = (broadcast_offsets(a.shape(), &shape), broadcast_offsets(b.shape(), &shape));
+    let (oa, ob) = (broadcast_offsets(a.shape(), &shape).ok()?, broadcast_offsets(b.shape(), &shape).ok()?);
     for (i, o) in yd.iter_mut().enumerate() {
         let (x, v) = (ad[oa[i]], bd[ob[i]]);
         *o = match op {
@@ -448,7 +450,7 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     }
     let (ab, bb) = (&a.shape()[..a.rank() - 2], &b.shape()[..b.rank() - 2]);
     let batch = broadcast_shapes(&[ab, bb]).ok()?;
-    let (oa, ob) = (broadcast_offsets(ab, &batch), broadcast_offsets(bb, &batch));
+    let (oa, ob) = (broadcast_offsets(ab, &batch).ok()?, broadcast_offsets(bb, &batch).ok()?);
     let mut shape = batch.clone();
     shape.extend([m, nn]);
     let mut y = Output::new(cx.out, DType::F32, &shape);
@@ -598,7 +600,7 @@ pub fn scaled_masked_softmax(
             if !fits || m.len() != ms.iter().product::<usize>() {
                 return Err(format!("mask {ms:?} does not run along the last axis of {xs:?}"));
             }
-            let offs = broadcast_offsets(&ms[..ms.len() - 1], &xs[..r - 1]);
+            let offs = broadcast_offsets(&ms[..ms.len() - 1], &xs[..r - 1]).map_err(|e| e.0)?;
             Some((m, offs.into_iter().map(|o| o * len).collect()))
         }
     };

@@ -1,6 +1,8 @@
 //! The microkernels: C[MR×NR] (=|+=) Σ_p A[:, p] ⊗ B[p, :] over packed panels, with the
 //! whole tile of accumulators held in vector registers.
 
+use crate::gemm::IsaKind;
+
 use super::Isa;
 use std::sync::OnceLock;
 
@@ -11,7 +13,7 @@ pub type MicroFn = unsafe extern "C" fn(kc: usize, a: *const f32, b: *const f32,
 /// The generated portable microkernel, when one has been installed for this process.
 static GENERATED: OnceLock<MicroFn> = OnceLock::new();
 
-/// Installs `f` as this process's portable microkernel (`Isa::Portable`: 4×16 tiles over the
+/// Installs `f` as this process's portable microkernel (`IsaKind::Portable`: 4×16 tiles over the
 /// same packed panels). The first installation stays; returns whether this one did.
 ///
 /// # Safety
@@ -32,13 +34,13 @@ pub fn portable_is_generated() -> bool {
 /// `a` holds `kc × MR` and `b` `kc × NR` floats; `c` is an MR×NR tile with leading
 /// dimension `ldc`, valid for reads (when `acc`) and writes; the CPU supports `isa`.
 pub(crate) unsafe fn run(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
-    match isa {
+    match isa.kind() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => avx512(kc, a, b, c, ldc, acc),
+        IsaKind::Avx512 => avx512(kc, a, b, c, ldc, acc),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => avx2(kc, a, b, c, ldc, acc),
+        IsaKind::Avx2 => avx2(kc, a, b, c, ldc, acc),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => neon(kc, a, b, c, ldc, acc),
+        IsaKind::Neon => neon(kc, a, b, c, ldc, acc),
         _ => match GENERATED.get() {
             Some(f) => f(kc, a, b, c, ldc, acc as usize),
             None => portable(kc, a, b, c, ldc, acc),
@@ -116,10 +118,10 @@ pub(crate) unsafe fn run_plain(
             }
         };
     }
-    match isa {
-        Isa::Avx512 if narrow => go!(avx512_mr; 1, 1 2 3 4 5 6 7 8 9 10 11 12),
-        Isa::Avx512 => go!(avx512_mr; 2, 1 2 3 4 5 6 7 8 9 10 11 12),
-        Isa::Avx2 => go!(avx2_mr, 1 2 3 4 5 6),
+    match isa.kind() {
+        IsaKind::Avx512 if narrow => go!(avx512_mr; 1, 1 2 3 4 5 6 7 8 9 10 11 12),
+        IsaKind::Avx512 => go!(avx512_mr; 2, 1 2 3 4 5 6 7 8 9 10 11 12),
+        IsaKind::Avx2 => go!(avx2_mr, 1 2 3 4 5 6),
         _ => unreachable!("A is read in place only by the AVX-512 and AVX2 kernels"),
     }
 }

@@ -13,9 +13,10 @@ mod pack;
 pub use micro::{install_portable, portable_is_generated, MicroFn};
 pub use pack::{PackedA, PackedB};
 
-/// The microkernel family to use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
+/// A microkernel family, as a name: what the target description and the schedule talk
+/// about. Code runs with an [`Isa`], which can only be had for a family this CPU has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IsaKind {
     /// AVX-512F: 12×32 tiles of zmm accumulators.
     Avx512,
     /// AVX2 + FMA: 6×16 tiles of ymm accumulators.
@@ -27,39 +28,82 @@ pub enum Isa {
     Neon,
 }
 
+impl IsaKind {
+    /// Whether this CPU can run it.
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+            IsaKind::Portable => true,
+            #[cfg(target_arch = "aarch64")]
+            IsaKind::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+}
+
+/// The microkernel family code runs with: a proof that this CPU has it. The `std::arch`
+/// kernels behind it are `#[target_feature]` functions, which are undefined behaviour on a
+/// CPU without those features, so safe code can only get an `Isa` from [`Isa::new`] (which
+/// checks the CPU) or [`Isa::PORTABLE`] (which needs nothing).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Isa(IsaKind);
+
+impl std::fmt::Debug for Isa {
+    /// As its family (`Avx2`): how schedules and logs name it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl Isa {
+    /// The portable kernels, which run anywhere.
+    pub const PORTABLE: Isa = Isa(IsaKind::Portable);
+
+    /// The family `kind`, if this CPU has it.
+    pub fn new(kind: IsaKind) -> Option<Isa> {
+        kind.available().then_some(Isa(kind))
+    }
+
+    /// The best family this CPU has.
+    pub fn best() -> Isa {
+        [IsaKind::Avx512, IsaKind::Avx2, IsaKind::Neon].into_iter().find_map(Isa::new).unwrap_or(Isa::PORTABLE)
+    }
+
+    /// Every family this CPU has, best first.
+    pub fn all_available() -> Vec<Isa> {
+        [IsaKind::Avx512, IsaKind::Avx2, IsaKind::Neon, IsaKind::Portable].into_iter().filter_map(Isa::new).collect()
+    }
+
+    /// Which family it is.
+    pub fn kind(self) -> IsaKind {
+        self.0
+    }
+
     /// Rows of a microkernel tile.
     pub fn mr(self) -> usize {
-        match self {
-            Isa::Avx512 => 12,
-            Isa::Avx2 => 6,
-            Isa::Portable => 4,
-            Isa::Neon => 8,
+        match self.0 {
+            IsaKind::Avx512 => 12,
+            IsaKind::Avx2 => 6,
+            IsaKind::Portable => 4,
+            IsaKind::Neon => 8,
         }
     }
 
     /// Columns of a microkernel tile.
     pub fn nr(self) -> usize {
-        match self {
-            Isa::Avx512 => 32,
-            Isa::Avx2 => 16,
-            Isa::Portable => 16,
-            Isa::Neon => 12,
-        }
-    }
-
-    /// Whether this CPU can run it (the caller's cap is applied before this).
-    pub fn available(self) -> bool {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
-            Isa::Portable => true,
-            #[cfg(target_arch = "aarch64")]
-            Isa::Neon => true,
-            #[allow(unreachable_patterns)]
-            _ => false,
+        match self.0 {
+            IsaKind::Avx512 => 32,
+            IsaKind::Avx2 => 16,
+            IsaKind::Portable => 16,
+            IsaKind::Neon => 12,
         }
     }
 }
@@ -343,7 +387,7 @@ pub fn gemm_rows(
     }
     if m <= SMALL_M {
         small_m(ARows::Plain(a, m, k), b, cp_of(c), ldc, ep, par);
-    } else if cfg!(target_arch = "x86_64") && matches!(b.isa, Isa::Avx512 | Isa::Avx2) {
+    } else if cfg!(target_arch = "x86_64") && matches!(b.isa.kind(), IsaKind::Avx512 | IsaKind::Avx2) {
         // Read in place: packing A (one pass over it, element by element) cost as much as
         // 7% of a 64-row dense layer, and the kernels read 12 (6) row streams as fast.
         tiled(ASrc::Plain(a), m, blocking.mc, b, c, ldc, ep, par);
@@ -461,10 +505,10 @@ fn axpy_rows(isa: Isa, a: &[f32], i: usize, mr: usize, b: &[f32], acc: &mut [f32
         }
         // SAFETY: lengths checked above (NR = 32 for AVX-512, 16 for AVX2); the ISA was
         // checked available when the operands were packed for it.
-        match isa {
-            Isa::Avx512 => return unsafe { v4(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
-            Isa::Avx2 => return unsafe { v3(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
-            Isa::Portable | Isa::Neon => {}
+        match isa.kind() {
+            IsaKind::Avx512 => return unsafe { v4(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
+            IsaKind::Avx2 => return unsafe { v3(kc, a.as_ptr().add(i), mr, b.as_ptr(), acc.as_mut_ptr()) },
+            IsaKind::Portable | IsaKind::Neon => {}
         }
     }
     for (p, brow) in b.chunks_exact(nr).enumerate() {
@@ -498,7 +542,7 @@ unsafe fn tile(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && rows < mr && cols == nr {
+    if isa.kind() == IsaKind::Avx512 && rows < mr && cols == nr {
         micro::avx512_rows(rows, kc_len, ap, bp, dst, ldc, acc);
         return;
     }
@@ -544,7 +588,7 @@ unsafe fn tile_plain(
             }
         }
         // An edge panel of at most half a tile computes only that half.
-        let narrow = isa == Isa::Avx512 && cols <= nr / 2;
+        let narrow = isa.kind() == IsaKind::Avx512 && cols <= nr / 2;
         micro::run_plain(isa, rows, narrow, kc_len, ap, lda, bp, buf.as_mut_ptr(), nr, acc);
         for r in 0..rows {
             std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * nr), dst.add(r * ldc), cols);
@@ -655,10 +699,10 @@ unsafe fn epilogue(isa: Isa, dst: *mut f32, ldc: usize, r0: usize, c0: usize, ro
         unsafe fn v3(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
             epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
         }
-        match isa {
-            Isa::Avx512 => return v4(dst, ldc, r0, c0, rows, cols, ep),
-            Isa::Avx2 => return v3(dst, ldc, r0, c0, rows, cols, ep),
-            Isa::Portable | Isa::Neon => {}
+        match isa.kind() {
+            IsaKind::Avx512 => return v4(dst, ldc, r0, c0, rows, cols, ep),
+            IsaKind::Avx2 => return v3(dst, ldc, r0, c0, rows, cols, ep),
+            IsaKind::Portable | IsaKind::Neon => {}
         }
     }
     let _ = isa;

@@ -19,7 +19,7 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Avx512, Isa::Avx2, Isa::Portable, Isa::Neon].into_iter().filter(|i| i.available()).collect()
+    Isa::all_available()
 }
 
 #[test]

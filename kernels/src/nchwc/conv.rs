@@ -5,6 +5,8 @@
 //! layer with few channels — through a table of per-`k` offsets, so 1×1, k×k, strided and
 //! dilated convolutions share one kernel. Padding is a zero-padded copy of the input.
 
+use crate::gemm::IsaKind;
+
 use super::shared::OutPtr;
 use super::simd::Vf32;
 use super::{Geometry, Layout};
@@ -322,11 +324,11 @@ impl Job<'_> {
 
     /// Output pixels `cols` of row `row` (image-major) of blocks `2·pair` and `2·pair + 1`.
     unsafe fn segment(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
-        match self.conv.isa {
+        match self.conv.isa.kind() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => self.segment_avx512(pair, row, cols, p),
+            IsaKind::Avx512 => self.segment_avx512(pair, row, cols, p),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => self.segment_avx2(pair, row, cols, p),
+            IsaKind::Avx2 => self.segment_avx2(pair, row, cols, p),
             _ => self.segment_generic::<super::simd::Portable8, 4>(pair, row, cols, p),
         }
     }

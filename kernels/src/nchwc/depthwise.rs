@@ -4,6 +4,8 @@
 //! pixels whose window crosses the left or right edge skip the taps outside, and rows near
 //! the top or bottom skip whole kernel rows: no padded copy.
 
+use crate::gemm::IsaKind;
+
 use super::conv::ConvIo;
 use super::shared::{In, OutPtr};
 use super::simd::Vf32;
@@ -101,11 +103,11 @@ struct Job<'a> {
 
 impl Job<'_> {
     unsafe fn row(&self, t: usize, x: *const f32, y: *mut f32, res: *const f32) {
-        match self.d.isa {
+        match self.d.isa.kind() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => self.row_avx512(t, x, y, res),
+            IsaKind::Avx512 => self.row_avx512(t, x, y, res),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => self.row_avx2(t, x, y, res),
+            IsaKind::Avx2 => self.row_avx2(t, x, y, res),
             _ => self.row_generic::<super::simd::Portable8>(t, x, y, res),
         }
     }

@@ -19,22 +19,24 @@ pub use pool::{global_average, Pool};
 pub use reorder::{from_blocked, to_blocked};
 pub use winograd::Winograd;
 
+use crate::gemm::IsaKind;
+
 use crate::gemm::Isa;
 
 /// The channel block for an ISA: one vector of floats.
 pub fn lanes(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 16,
-        Isa::Avx2 | Isa::Portable | Isa::Neon => 8,
+    match isa.kind() {
+        IsaKind::Avx512 => 16,
+        IsaKind::Avx2 | IsaKind::Portable | IsaKind::Neon => 8,
     }
 }
 
 /// Output pixels in one microkernel tile of the blocked convolution.
 pub(crate) fn tile_rows(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 12,
-        Isa::Avx2 => 6,
-        Isa::Portable | Isa::Neon => 4,
+    match isa.kind() {
+        IsaKind::Avx512 => 12,
+        IsaKind::Avx2 => 6,
+        IsaKind::Portable | IsaKind::Neon => 4,
     }
 }
 

@@ -2,6 +2,8 @@
 //! blocked region (no reorder before and after): every window step is one vector operation
 //! over a block of channels.
 
+use crate::gemm::IsaKind;
+
 use super::shared::{In, OutPtr};
 use super::simd::Vf32;
 use crate::gemm::{Isa, Parallel};
@@ -61,11 +63,11 @@ impl Pool {
             let (xp, yp) = (xp, yp);
             // SAFETY: sizes checked above; task t writes output row t only.
             unsafe {
-                match isa {
+                match isa.kind() {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => self.row_avx512(t, xp.0, yp.0, h, w, oh, ow),
+                    IsaKind::Avx512 => self.row_avx512(t, xp.0, yp.0, h, w, oh, ow),
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => self.row_avx2(t, xp.0, yp.0, h, w, oh, ow),
+                    IsaKind::Avx2 => self.row_avx2(t, xp.0, yp.0, h, w, oh, ow),
                     _ => self.row::<super::simd::Portable8>(t, xp.0, yp.0, h, w, oh, ow),
                 }
             }

@@ -68,7 +68,7 @@ fn naive(
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Avx512, Isa::Avx2, Isa::Portable, Isa::Neon].into_iter().filter(|i| i.available()).collect()
+    Isa::all_available()
 }
 
 fn blocked(x: &[f32], n: usize, c: usize, hw: usize, l: usize) -> Vec<f32> {
@@ -407,7 +407,7 @@ fn pooling_matches_the_definition() {
 #[test]
 fn a_conv_refuses_buffers_that_do_not_fit() {
     let g = Geometry { kernel: [3, 3], strides: [1, 1], dilations: [1, 1] };
-    let conv = Conv::new(Isa::Portable, &[0.0; 16 * 8 * 9], None, 16, 8, g, Layout::Blocked, Activation::Identity, 64);
+    let conv = Conv::new(Isa::PORTABLE, &[0.0; 16 * 8 * 9], None, 16, 8, g, Layout::Blocked, Activation::Identity, 64);
     let x = vec![0f32; 8 * 5 * 5];
     let mut y = vec![0f32; 16 * 5 * 5];
     // Too small an output for the given input.

@@ -11,6 +11,8 @@
 //! 24² in the filter, so results differ from a direct convolution by a few units in the
 //! 5th–6th significant digit (tested: within 1e-5 of the output's scale on random data).
 
+use crate::gemm::IsaKind;
+
 use super::conv::{Conv, ConvIo};
 use super::shared::{In, OutPtr};
 use super::simd::Vf32;
@@ -168,11 +170,11 @@ impl Winograd {
     }
 
     unsafe fn dispatch(&self, step: Step, t: usize, g: &Grid, blocks: usize, src: *const f32, dst: *mut f32) {
-        match self.isa {
+        match self.isa.kind() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => self.step_avx512(step, t, g, blocks, src, dst),
+            IsaKind::Avx512 => self.step_avx512(step, t, g, blocks, src, dst),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => self.step_avx2(step, t, g, blocks, src, dst),
+            IsaKind::Avx2 => self.step_avx2(step, t, g, blocks, src, dst),
             _ => self.step::<super::simd::Portable8>(step, t, g, blocks, src, dst),
         }
     }

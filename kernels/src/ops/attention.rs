@@ -127,7 +127,7 @@ fn attention(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             }
             let mut pshape = ms.to_vec();
             *pshape.last_mut().unwrap() = skv;
-            let offs = broadcast_offsets(&pshape, &full);
+            let offs = broadcast_offsets(&pshape, &full)?;
             if crate::util::broadcast_shapes(&[&pshape, &full])? != full {
                 return err(format!("attn_mask of shape {ms:?} does not broadcast to {full:?}"));
             }

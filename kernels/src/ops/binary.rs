@@ -20,7 +20,7 @@ pub fn zip_broadcast<T: Elem + Copy, U>(a: &Tensor, b: &Tensor, f: impl Fn(T, T)
         let x = da[0];
         return Ok((db.iter().map(|&y| f(x, y)).collect(), shape));
     }
-    let (oa, ob) = (broadcast_offsets(a.shape(), &shape), broadcast_offsets(b.shape(), &shape));
+    let (oa, ob) = (broadcast_offsets(a.shape(), &shape)?, broadcast_offsets(b.shape(), &shape)?);
     Ok((oa.iter().zip(&ob).map(|(&i, &j)| f(da[i], db[j])).collect(), shape))
 }
 
@@ -176,9 +176,9 @@ fn where_(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     same_dtype(&[x, y])?;
     let shape = broadcast_shapes(&[c.shape(), x.shape(), y.shape()])?;
     let (oc, ox, oy) = (
-        broadcast_offsets(c.shape(), &shape),
-        broadcast_offsets(x.shape(), &shape),
-        broadcast_offsets(y.shape(), &shape),
+        broadcast_offsets(c.shape(), &shape)?,
+        broadcast_offsets(x.shape(), &shape)?,
+        broadcast_offsets(y.shape(), &shape)?,
     );
     let cd = c.data::<u8>();
     let sz = x.dtype().size();

@@ -29,7 +29,7 @@ fn gather(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             offs.extend(base..base + inner);
         }
     }
-    Ok(vec![gather_elems(x, &shape, &offs)])
+    Ok(vec![gather_elems(x, &shape, &offs)?])
 }
 
 /// For GatherElements/ScatterElements: the data offset each index element addresses (its
@@ -72,7 +72,7 @@ fn gather_elements(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (x, idx) = (req(ins, 0)?, req(ins, 1)?);
     let ax = axis(n.int("axis", 0), x.rank())?;
     let offs = element_offsets(x, idx, ax, "GatherElements")?;
-    Ok(vec![gather_elems(x, idx.shape(), &offs)])
+    Ok(vec![gather_elems(x, idx.shape(), &offs)?])
 }
 
 fn scatter_elements(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -151,7 +151,7 @@ fn gather_nd(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (x, idx) = (req(ins, 0)?, req(ins, 1)?);
     let (offs, chunk, shape) = nd_offsets(x, idx, n.int("batch_dims", 0).max(0) as usize)?;
     let all: Vec<usize> = offs.iter().flat_map(|&o| o..o + chunk).collect();
-    Ok(vec![gather_elems(x, &shape, &all)])
+    Ok(vec![gather_elems(x, &shape, &all)?])
 }
 
 fn scatter_nd(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -191,7 +191,7 @@ fn one_hot(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let mut shape = idx.shape()[..ax].to_vec();
     shape.push(depth as usize);
     shape.extend(&idx.shape()[ax..]);
-    Ok(vec![gather_elems(values, &shape, &offs)])
+    Ok(vec![gather_elems(values, &shape, &offs)?])
 }
 
 fn nonzero(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -234,7 +234,7 @@ fn compress(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     let mut shape = x.shape().to_vec();
     shape[ax] = sel.len();
-    Ok(vec![gather_elems(&x, &shape, &offs)])
+    Ok(vec![gather_elems(&x, &shape, &offs)?])
 }
 
 fn top_k(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -277,7 +277,7 @@ fn top_k(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     let mut shape = x.shape().to_vec();
     shape[ax] = k;
-    Ok(vec![gather_elems(x, &shape, &offs), Tensor::from_i64(&shape, idx)])
+    Ok(vec![gather_elems(x, &shape, &offs)?, Tensor::from_i64(&shape, idx)])
 }
 
 /// This module's ops.

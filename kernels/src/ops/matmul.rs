@@ -56,7 +56,7 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     let (ab, bb) = (&a_shape[..a_shape.len() - 2], &b_shape[..b_shape.len() - 2]);
     let batch = broadcast_shapes(&[ab, bb])?;
-    let (oa, ob) = (broadcast_offsets(ab, &batch), broadcast_offsets(bb, &batch));
+    let (oa, ob) = (broadcast_offsets(ab, &batch)?, broadcast_offsets(bb, &batch)?);
     let mut out_shape = batch.clone();
     if a0.rank() > 1 {
         out_shape.push(m);
@@ -81,8 +81,8 @@ fn gemm(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if a0.rank() != 2 || b0.rank() != 2 {
         return err(format!("Gemm needs 2-D A and B, got {:?} and {:?}", a0.shape(), b0.shape()));
     }
-    let a = if node.int("transA", 0) != 0 { crate::util::transpose(a0, &[1, 0]) } else { a0.clone() };
-    let b = if node.int("transB", 0) != 0 { crate::util::transpose(b0, &[1, 0]) } else { b0.clone() };
+    let a = if node.int("transA", 0) != 0 { crate::util::transpose(a0, &[1, 0])? } else { a0.clone() };
+    let b = if node.int("transB", 0) != 0 { crate::util::transpose(b0, &[1, 0])? } else { b0.clone() };
     let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     if b.shape()[0] != k {
         return err(format!("Gemm inner dimensions differ: A is {m}×{k}, B is {}×{n}", b.shape()[0]));
@@ -94,7 +94,7 @@ fn gemm(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             if s != [m, n] {
                 err(format!("Gemm's C of shape {:?} does not broadcast to {m}×{n}", c.shape()))
             } else {
-                Ok(widen(&crate::util::expand_to(c, &[m, n])))
+                Ok(widen(&crate::util::expand_to(c, &[m, n])?))
             }
         })
     });

@@ -126,7 +126,7 @@ fn center_crop_pad(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         }
         offs.push(if off == usize::MAX { x.len() } else { off });
     });
-    Ok(vec![gather_elems(&ext, &out, &offs)])
+    Ok(vec![gather_elems(&ext, &out, &offs)?])
 }
 
 fn reverse_sequence(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -144,7 +144,7 @@ fn reverse_sequence(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         let src_t = if t < len { len - 1 - t } else { t };
         offs.push(idx.iter().enumerate().map(|(d, &i)| if d == ta { src_t } else { i } * st[d]).sum());
     });
-    Ok(vec![gather_elems(x, x.shape(), &offs)])
+    Ok(vec![gather_elems(x, x.shape(), &offs)?])
 }
 
 fn unique(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -193,7 +193,7 @@ fn unique(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     shape[ax] = chosen.len();
     let nu = chosen.len();
     Ok(vec![
-        gather_elems(&x, &shape, &offs),
+        gather_elems(&x, &shape, &offs)?,
         Tensor::from_i64(&[nu], chosen.iter().map(|&k| k as i64).collect()),
         Tensor::from_i64(&[dim], inverse.iter().map(|&u| rank_of[u] as i64).collect()),
         Tensor::from_i64(&[nu], counts),

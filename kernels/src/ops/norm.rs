@@ -146,11 +146,11 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             ));
         }
     }
-    let sc_offs = broadcast_offsets(scale.shape(), norm_shape);
+    let sc_offs = broadcast_offsets(scale.shape(), norm_shape)?;
     let sc = scale.to_f64_vec();
     let bias = if rms { None } else { opt(ins, 2) };
     let (bo, bd) = match bias {
-        Some(b) => (broadcast_offsets(b.shape(), norm_shape), b.to_f64_vec()),
+        Some(b) => (broadcast_offsets(b.shape(), norm_shape)?, b.to_f64_vec()),
         None => (vec![], vec![]),
     };
     for (i, v) in y.iter_mut().enumerate() {
@@ -209,7 +209,7 @@ fn mvn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     };
     let rest: Vec<usize> = (0..x.rank()).filter(|a| !axes.contains(a)).collect();
     let perm: Vec<usize> = rest.iter().chain(&axes).copied().collect();
-    let xt = crate::util::transpose(x, &perm);
+    let xt = crate::util::transpose(x, &perm)?;
     let group: usize = axes.iter().map(|&a| x.shape()[a]).product();
     let xd = xt.to_f64_vec();
     let mut y = vec![0.0; xd.len()];
@@ -225,7 +225,7 @@ fn mvn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     for (i, &p) in perm.iter().enumerate() {
         inv[p] = i;
     }
-    Ok(vec![crate::util::transpose(&yt, &inv)])
+    Ok(vec![crate::util::transpose(&yt, &inv)?])
 }
 
 fn lrn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {

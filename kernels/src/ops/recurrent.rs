@@ -217,12 +217,12 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             Tensor::from_f64(dt, &[dirs, batch, hidden], &yc),
         )
     } else {
-        let yt = crate::util::transpose(&Tensor::from_f64(dt, &[seq, dirs, batch, hidden], &y), &[2, 0, 1, 3]);
+        let yt = crate::util::transpose(&Tensor::from_f64(dt, &[seq, dirs, batch, hidden], &y), &[2, 0, 1, 3])?;
         let perm = [1, 0, 2];
         (
             yt,
-            crate::util::transpose(&Tensor::from_f64(dt, &[dirs, batch, hidden], &yh), &perm),
-            crate::util::transpose(&Tensor::from_f64(dt, &[dirs, batch, hidden], &yc), &perm),
+            crate::util::transpose(&Tensor::from_f64(dt, &[dirs, batch, hidden], &yh), &perm)?,
+            crate::util::transpose(&Tensor::from_f64(dt, &[dirs, batch, hidden], &yc), &perm)?,
         )
     };
     let mut outs = vec![y_t, yh_t];

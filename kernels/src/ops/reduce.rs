@@ -26,7 +26,7 @@ fn reduce(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let keep = n.int("keepdims", 1) != 0;
     let rest: Vec<usize> = (0..x.rank()).filter(|a| !axes.contains(a)).collect();
     let perm: Vec<usize> = rest.iter().chain(&axes).copied().collect();
-    let xt = transpose(x, &perm);
+    let xt = transpose(x, &perm)?;
     let group: usize = axes.iter().map(|&a| x.shape()[a]).product();
     let outer: usize = rest.iter().map(|&a| x.shape()[a]).product();
     let xd = xt.to_f64_vec();

@@ -97,7 +97,7 @@ fn transpose_op(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if seen != (0..x.rank()).collect::<Vec<_>>() {
         return err(format!("perm {perm:?} is not a permutation of rank {}", x.rank()));
     }
-    Ok(vec![transpose(x, &perm)])
+    Ok(vec![transpose(x, &perm)?])
 }
 
 /// Concatenates tensors along `ax` (all of one dtype and matching other dims).
@@ -141,7 +141,7 @@ fn concat(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 }
 
 /// Slices `x` along `ax` from `start` (inclusive) with `step` for `count` elements.
-fn slice_axis(x: &Tensor, ax: usize, start: i64, step: i64, count: usize) -> Tensor {
+fn slice_axis(x: &Tensor, ax: usize, start: i64, step: i64, count: usize) -> Result<Tensor> {
     let mut shape = x.shape().to_vec();
     shape[ax] = count;
     let st = strides(x.shape());
@@ -170,18 +170,18 @@ fn split(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             (0..k).map(|i| chunk.min(dim.saturating_sub(i * chunk))).collect()
         }
     };
-    if parts.iter().sum::<usize>() != dim {
+    if parts.iter().try_fold(0usize, |a, &p| a.checked_add(p)) != Some(dim) {
         return err(format!("split sizes {parts:?} do not add up to {dim}"));
     }
     let mut start = 0;
-    Ok(parts
+    parts
         .iter()
         .map(|&p| {
-            let t = slice_axis(x, ax, start as i64, 1, p);
+            let t = slice_axis(x, ax, start as i64, 1, p)?;
             start += p;
-            t
+            Ok(t)
         })
-        .collect())
+        .collect()
 }
 
 fn slice(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -213,7 +213,7 @@ fn slice(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             if step > 0 { (s.clamp(0, dim), e.clamp(0, dim)) } else { (s.clamp(0, dim - 1), e.clamp(-1, dim - 1)) };
         let count = if step > 0 { (e - s).max(0).div_euclid(1) } else { (s - e).max(0) };
         let count = ((count + step.abs() - 1) / step.abs()) as usize;
-        out = slice_axis(&out, ax, s, step, count);
+        out = slice_axis(&out, ax, s, step, count)?;
     }
     Ok(vec![out])
 }
@@ -222,7 +222,7 @@ fn expand(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(ins, 0)?;
     let target: Vec<usize> = ints_of(req(ins, 1)?)?.iter().map(|&v| v.max(0) as usize).collect();
     let shape = broadcast_shapes(&[x.shape(), &target])?;
-    Ok(vec![expand_to(x, &shape)])
+    Ok(vec![expand_to(x, &shape)?])
 }
 
 fn tile(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -237,7 +237,7 @@ fn tile(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     super::window::for_each_index(&shape, |idx| {
         offs.push(idx.iter().enumerate().map(|(d, &i)| (i % x.shape()[d]) * st[d]).sum());
     });
-    Ok(vec![gather_elems(x, &shape, &offs)])
+    Ok(vec![gather_elems(x, &shape, &offs)?])
 }
 
 fn pad(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -316,7 +316,7 @@ fn pad(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if x.is_empty() && mode != "constant" && !shape.contains(&0) {
         return err(format!("mode '{mode}' cannot pad an empty tensor"));
     }
-    Ok(vec![gather_elems(&ext, &shape, &offs)])
+    Ok(vec![gather_elems(&ext, &shape, &offs)?])
 }
 
 fn depth_space(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -336,14 +336,14 @@ fn depth_space(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         } else {
             (x.reshaped(&[nb, b, b, c / (b * b), h, w]), [0, 3, 4, 1, 5, 2])
         };
-        Ok(vec![transpose(&t, &perm).reshaped(&[nb, c / (b * b), h * b, w * b])])
+        Ok(vec![transpose(&t, &perm)?.reshaped(&[nb, c / (b * b), h * b, w * b])])
     } else {
         if h % b != 0 || w % b != 0 {
             return err(format!("spatial dims {h}×{w} do not divide by blocksize {b}"));
         }
         let t = x.reshaped(&[nb, c, h / b, b, w / b, b]);
         let perm = if n.string("mode", "DCR") == "CRD" { [0, 1, 3, 5, 2, 4] } else { [0, 3, 5, 1, 2, 4] };
-        Ok(vec![transpose(&t, &perm).reshaped(&[nb, c * b * b, h / b, w / b])])
+        Ok(vec![transpose(&t, &perm)?.reshaped(&[nb, c * b * b, h / b, w / b])])
     }
 }
 
@@ -426,7 +426,7 @@ fn constant_of_shape(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if value.len() != 1 {
         return err("ConstantOfShape's value must hold one element");
     }
-    Ok(vec![expand_to(&value.reshaped(&vec![1; shape.len()]), &shape)])
+    Ok(vec![expand_to(&value.reshaped(&vec![1; shape.len()]), &shape)?])
 }
 
 fn range(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {

@@ -5,7 +5,7 @@ use super::phases::phase_row;
 use super::{check_residual, In, Out, OutPtr};
 use crate::pool::ThreadPool;
 use aim_kernels::fast::copy_short;
-use aim_kernels::gemm::{clamp, relu, Activation, Isa, Parallel};
+use aim_kernels::gemm::{clamp, relu, Activation, Isa, IsaKind, Parallel};
 
 pub(super) struct DepthwisePrep {
     pub(super) weights: Vec<f32>,
@@ -20,6 +20,7 @@ pub(super) fn run_depthwise(
     x: In,
     residual: Option<In>,
     y: &mut Out,
+    isa: Isa,
     pool: &ThreadPool,
 ) -> Result<(), String> {
     let xs = x.shape;
@@ -37,7 +38,6 @@ pub(super) fn run_depthwise(
     let xd = x.data;
     let yp = OutPtr(y.take(&shape).as_mut_ptr());
     let geo = PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt: before[0], pl: before[1] };
-    let isa = pool_isa(d);
     let planes = nb * c;
     let tasks = planes.min(pool.size() * 8).max(1);
     pool.for_each(tasks, &|t| {
@@ -76,16 +76,6 @@ struct PlaneGeo {
     dw: usize,
     pt: usize,
     pl: usize,
-}
-
-fn pool_isa(_d: &DepthwisePrep) -> Isa {
-    if Isa::Avx512.available() {
-        Isa::Avx512
-    } else if Isa::Avx2.available() {
-        Isa::Avx2
-    } else {
-        Isa::Portable
-    }
 }
 
 /// One channel of a depthwise convolution, compiled for the ISA at hand.
@@ -130,10 +120,10 @@ fn depthwise_plane(
             depthwise_body::<true>(src, dst, wts, g, bias, act, res, scratch)
         }
         // SAFETY: the ISA was checked available.
-        match isa {
-            Isa::Avx512 => return unsafe { v4(src, dst, wts, g, bias, act, res, scratch) },
-            Isa::Avx2 => return unsafe { v3(src, dst, wts, g, bias, act, res, scratch) },
-            Isa::Portable | Isa::Neon => {}
+        match isa.kind() {
+            IsaKind::Avx512 => return unsafe { v4(src, dst, wts, g, bias, act, res, scratch) },
+            IsaKind::Avx2 => return unsafe { v3(src, dst, wts, g, bias, act, res, scratch) },
+            IsaKind::Portable | IsaKind::Neon => {}
         }
     }
     let _ = isa;

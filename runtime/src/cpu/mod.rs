@@ -124,7 +124,7 @@ impl CpuProgram {
     ) -> Result<CpuProgram, RunError> {
         // Packing is independent per node: it runs on the program's threads (for ResNet-50
         // the Winograd filter transforms and panel packing are most of the load time).
-        let pool = ThreadPool::new(threads);
+        let pool = ThreadPool::new(threads).map_err(|e| RunError::Threads { threads, reason: e.to_string() })?;
         let slots: Vec<std::sync::Mutex<Option<Result<Prepared, RunError>>>> =
             graph.nodes.iter().map(|_| std::sync::Mutex::new(None)).collect();
         let prepare = |i: usize| -> Option<Result<Prepared, RunError>> {

@@ -11,7 +11,7 @@ use super::{
     blocked, conv, dense, depthwise, elementwise, softmax, transpose, CpuProgram, In, Out, Placement, Prepared,
     Residual,
 };
-use crate::exec::{check_input, panic_message, run_node, NodeTiming, RunError, Scope};
+use crate::exec::{check_input, panic_message, run_node, Deadline, NodeTiming, RunError, RunOptions, Scope};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -76,12 +76,14 @@ impl Values {
             }
         }
         let outputs: Vec<usize> = g.outputs.iter().map(|o| id(&o.name)).collect();
+        // The shared liveness rule (reads inside subgraphs count at the node holding them),
+        // so the executor frees values exactly when the memory plan lets their bytes go.
+        let reads: Vec<(usize, usize)> =
+            aim_ir::liveness::last_reads(g).into_iter().map(|(name, i)| (id(&name), i)).collect();
         let count = names.len();
         let mut last = vec![None; count];
-        for (i, node_ins) in ins.iter().enumerate() {
-            for x in node_ins.iter().flatten().chain(subgraph_reads.get(&i).into_iter().flatten()) {
-                last[*x] = Some(i);
-            }
+        for (x, i) in reads {
+            last[x] = Some(i);
         }
         let mut free = vec![Vec::new(); g.nodes.len()];
         for (x, l) in last.iter().enumerate() {
@@ -220,13 +222,22 @@ impl Base {
 impl CpuProgram {
     /// Runs the program.
     pub fn run(&self, inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
-        self.execute(inputs, None)
+        self.execute(inputs, &RunOptions::default(), None)
+    }
+
+    /// Runs the program within the bounds of `opts`.
+    pub fn run_with(&self, inputs: HashMap<String, Tensor>, opts: &RunOptions) -> Result<Vec<Tensor>, RunError> {
+        self.execute(inputs, opts, None)
     }
 
     /// Runs the program, recording every node's time.
-    pub fn run_profiled(&self, inputs: HashMap<String, Tensor>) -> Result<(Vec<Tensor>, Vec<NodeTiming>), RunError> {
+    pub fn run_profiled(
+        &self,
+        inputs: HashMap<String, Tensor>,
+        opts: &RunOptions,
+    ) -> Result<(Vec<Tensor>, Vec<NodeTiming>), RunError> {
         let mut p = Vec::new();
-        let outs = self.execute(inputs, Some(&mut p))?;
+        let outs = self.execute(inputs, opts, Some(&mut p))?;
         Ok((outs, p))
     }
 
@@ -238,12 +249,13 @@ impl CpuProgram {
     fn execute(
         &self,
         inputs: HashMap<String, Tensor>,
+        opts: &RunOptions,
         profile: Option<&mut Vec<NodeTiming>>,
     ) -> Result<Vec<Tensor>, RunError> {
         let taken = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut arena = taken.unwrap_or_else(|| Arena::new(self.values.arena_bytes));
         let base = Base { ptr: arena.0.as_mut_ptr() as *mut u8, bytes: self.values.arena_bytes };
-        let r = self.execute_in(base, inputs, profile);
+        let r = self.execute_in(base, inputs, Deadline::start(opts), profile);
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         r
     }
@@ -252,6 +264,7 @@ impl CpuProgram {
         &self,
         base: Base,
         mut inputs: HashMap<String, Tensor>,
+        deadline: Option<Deadline>,
         mut profile: Option<&mut Vec<NodeTiming>>,
     ) -> Result<Vec<Tensor>, RunError> {
         let v = &self.values;
@@ -272,8 +285,9 @@ impl CpuProgram {
             }
         }
         for (i, n) in g.nodes.iter().enumerate() {
+            Deadline::check(deadline, &n.name)?;
             let t = Instant::now();
-            self.node(i, n, &mut vals, base)?;
+            self.node(i, n, &mut vals, base, deadline)?;
             if let Some(p) = profile.as_deref_mut() {
                 let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
                 p.push(NodeTiming { node: n.name.clone(), op, start: t - start, time: t.elapsed() });
@@ -293,7 +307,14 @@ impl CpuProgram {
     }
 
     /// Runs node `i`, storing its outputs in `vals`.
-    fn node(&self, i: usize, n: &Node, vals: &mut [Val], base: Base) -> Result<(), RunError> {
+    fn node(
+        &self,
+        i: usize,
+        n: &Node,
+        vals: &mut [Val],
+        base: Base,
+        deadline: Option<Deadline>,
+    ) -> Result<(), RunError> {
         let v = &self.values;
         let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
         let missing = |x: usize| RunError::Missing { name: v.names[x].clone() };
@@ -304,7 +325,7 @@ impl CpuProgram {
                 return Ok(());
             }
         }
-        let Some(p) = self.prepared.get(&i) else { return self.library_node(i, n, vals, base) };
+        let Some(p) = self.prepared.get(&i) else { return self.library_node(i, n, vals, base, deadline) };
         let out = v.outs[i].first().copied().flatten().ok_or_else(|| fail("the node has no output".into()))?;
         let slot = v.slot[out];
         let result = if let Prepared::Elementwise(f) = p {
@@ -397,7 +418,7 @@ impl CpuProgram {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match p {
                 Prepared::Conv(c) => residual.separate().and_then(|r| conv::run_conv(c, x, r, &mut y, pool)),
                 Prepared::Depthwise(d) => {
-                    residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, &mut y, pool))
+                    residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, &mut y, self.isa, pool))
                 }
                 Prepared::Dense(d) => dense::run_dense(d, x, residual, &mut y, self.blocking, pool),
                 Prepared::Blocked(c) => blocked::run(c, x, residual, &mut y, pool),
@@ -421,7 +442,14 @@ impl CpuProgram {
 
     /// Runs node `i` with a library kernel: the fast f32 kernels where they apply, else the
     /// reference ones (and control flow).
-    fn library_node(&self, i: usize, n: &Node, vals: &mut [Val], base: Base) -> Result<(), RunError> {
+    fn library_node(
+        &self,
+        i: usize,
+        n: &Node,
+        vals: &mut [Val],
+        base: Base,
+        deadline: Option<Deadline>,
+    ) -> Result<(), RunError> {
         let v = &self.values;
         let as_tensor = |x: usize| -> Result<Tensor, RunError> {
             match &vals[x] {
@@ -440,7 +468,7 @@ impl CpuProgram {
         };
         let ins: Vec<Option<Tensor>> =
             v.ins[i].iter().map(|x| x.map(as_tensor).transpose()).collect::<Result<_, _>>()?;
-        let mut scope = Scope { values: HashMap::new(), parent: None };
+        let mut scope = Scope { values: HashMap::new(), parent: None, deadline };
         for &x in v.subgraph_reads.get(&i).into_iter().flatten() {
             if !matches!(vals[x], Val::Empty) {
                 scope.values.insert(v.names[x].clone(), as_tensor(x)?);

@@ -5,6 +5,7 @@
 
 use super::{blocked, elementwise, softmax, transpose, CpuProgram, Prepared};
 use aim_ir::Graph;
+use aim_kernels::gemm::IsaKind;
 
 fn shape_of(g: &Graph, name: &str) -> Option<Vec<usize>> {
     g.value_type(name)?.concrete_shape()
@@ -51,7 +52,7 @@ impl CpuProgram {
                     Some(Prepared::Dense(d)) => match input {
                         Some(s) if !s.is_empty() => {
                             let m: usize = s[..s.len() - 1].iter().product();
-                            let a = if m > 4 && !matches!(self.isa, aim_kernels::gemm::Isa::Avx512 | aim_kernels::gemm::Isa::Avx2) { "packed per run" } else { "rows read in place" };
+                            let a = if m > 4 && !matches!(self.isa.kind(), IsaKind::Avx512 | IsaKind::Avx2) { "packed per run" } else { "rows read in place" };
                             let mut v = vec![format!("C[{m}×{}] = A[{m}×{}] · W (W packed at load time, A {a})", d.n, d.k)];
                             v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, m, d.n, d.k, false, self.pool.size()).into_iter().map(|l| format!("  {l}")));
                             v
