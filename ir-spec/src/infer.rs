@@ -308,6 +308,11 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                 return Err(format!("input must be at least 3-D (N, C, spatial...), got rank {}", x.len()));
             }
             let sp = x.len() - 2;
+            for (name, per) in [("strides", 1), ("dilations", 1), ("kernel_shape", 1), ("pads", 2)] {
+                if let Some(v) = n.ints(name).filter(|v| v.len() != per * sp) {
+                    return Err(format!("attribute '{name}' has {} values for {sp} spatial dims", v.len()));
+                }
+            }
             let (c_out, kernel) = if op == "Conv" {
                 let Some(w) = shape_of(ins, 1) else { return one(dt, None) };
                 if w.len() != x.len() {
@@ -339,14 +344,20 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                 };
                 let s = strides.get(i).copied().unwrap_or(1).max(1) as usize;
                 let d = dil.get(i).copied().unwrap_or(1).max(1) as usize;
-                let ek = (k - 1) * d + 1;
+                let Some(ek) = k.checked_sub(1).and_then(|k| k.checked_mul(d)).and_then(|e| e.checked_add(1)) else {
+                    return Err(format!("kernel {k} with dilation {d} is larger than can be addressed"));
+                };
                 let o = match auto_pad {
                     "SAME_UPPER" | "SAME_LOWER" => inp.div_ceil(s),
                     "VALID" => (inp + 1).saturating_sub(ek).div_ceil(s),
                     _ => {
-                        let total =
-                            inp as i64 + pads.get(i).copied().unwrap_or(0) + pads.get(i + sp).copied().unwrap_or(0);
-                        let span = total - ek as i64;
+                        let total = (inp as i128)
+                            + pads.get(i).copied().unwrap_or(0) as i128
+                            + pads.get(i + sp).copied().unwrap_or(0) as i128;
+                        let span = total - ek as i128;
+                        if span >= i64::MAX as i128 {
+                            return Err(format!("the padded input {total} is larger than can be addressed"));
+                        }
                         if span < 0 {
                             return Err(format!("kernel {ek} is larger than the padded input {total}"));
                         }

@@ -19,7 +19,26 @@ const KEEP: &[&str] = &[
     "Multinomial",
 ];
 
-/// Folds until nothing changes.
+/// The largest value folded at compile time: bigger ones (a ConstantOfShape of a large
+/// static shape, an Expand) stay nodes and are computed per run, so loading neither holds
+/// them in memory nor fails on them.
+pub const MAX_FOLDED_BYTES: usize = 64 << 20;
+
+/// Whether every output of `n` has a static size no larger than [`MAX_FOLDED_BYTES`] (an
+/// output whose size inference cannot tell is judged after evaluation).
+fn small_enough(g: &Graph, n: &aim_ir::Node) -> bool {
+    n.outputs.iter().filter(|o| !o.is_empty()).all(|o| {
+        let Some(t) = g.value_types.get(o) else { return true };
+        match (t.dtype, t.concrete_shape()) {
+            (Some(d), Some(s)) => aim_ir::limits::bytes_of(d, &s).is_ok_and(|b| b <= MAX_FOLDED_BYTES),
+            _ => true,
+        }
+    })
+}
+
+/// Folds until nothing changes. A node whose evaluation fails (bad constants, a size over
+/// the limit) is left in place: the run reports its error, naming it, as it would have
+/// without folding.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let err = |msg: String| PassError { pass: "constant-folding", msg };
     loop {
@@ -28,32 +47,24 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let mut i = 0;
         while i < g.nodes.len() {
             let n = &g.nodes[i];
-            if !n.domain.is_empty() || KEEP.contains(&n.op.as_str()) {
+            if !n.domain.is_empty() || KEEP.contains(&n.op.as_str()) || !small_enough(g, n) {
                 i += 1;
                 continue;
             }
             let folded: Option<Vec<Tensor>> = if matches!(n.op.as_str(), "Shape" | "Size") {
                 let shape = n.input(0).and_then(|x| g.value_type(x)).and_then(|t| t.concrete_shape());
-                match shape {
-                    Some(s) => {
-                        let probe = Tensor::zeros(aim_ir::DType::U8, &s);
-                        let k = aim_kernels::kernel(&n.op).expect("Shape/Size kernels exist");
-                        Some(k(n, &[Some(probe)]).map_err(|e| err(format!("node '{}': {}", n.name, e.0)))?)
-                    }
-                    None => None,
-                }
+                shape.and_then(|s| aim_kernels::ops::shape::shape_of(n, &s).ok()).map(|t| vec![t])
             } else if n.inputs.iter().all(|s| s.is_empty() || g.initializers.contains_key(s)) {
-                match aim_kernels::kernel(&n.op) {
-                    Some(k) => {
-                        let ins: Vec<Option<Tensor>> = n
-                            .inputs
-                            .iter()
-                            .map(|s| if s.is_empty() { None } else { g.initializers.get(s).cloned() })
-                            .collect();
-                        Some(k(n, &ins).map_err(|e| err(format!("node '{}' ({}): {}", n.name, n.op, e.0)))?)
-                    }
-                    None => None,
-                }
+                aim_kernels::kernel(&n.op).and_then(|k| {
+                    let ins: Vec<Option<Tensor>> = n
+                        .inputs
+                        .iter()
+                        .map(|s| if s.is_empty() { None } else { g.initializers.get(s).cloned() })
+                        .collect();
+                    let outs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, &ins))).ok()?.ok()?;
+                    let bytes: usize = outs.iter().map(|t| t.bytes().len()).sum();
+                    (bytes <= MAX_FOLDED_BYTES).then_some(outs)
+                })
             } else {
                 None
             };

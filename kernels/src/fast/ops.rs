@@ -200,7 +200,10 @@ versions!(map, map_generic, (s: &[f32], d: &mut [f32]));
 
 fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = f32_in(ins, 0)?;
-    let mut y = Output::new(cx.out, DType::F32, x.shape());
+    let mut y = match Output::new(cx.out, DType::F32, x.shape()) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let xd = x.data::<f32>();
     let isa = cx.isa;
     macro_rules! go {
@@ -248,7 +251,10 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
             return None;
         }
         let e = b.data::<f32>()[0];
-        let mut y = Output::new(cx.out, DType::F32, a.shape());
+        let mut y = match Output::new(cx.out, DType::F32, a.shape()) {
+            Ok(y) => y,
+            Err(e) => return Some(Err(e)),
+        };
         let ad = a.data::<f32>();
         match e {
             2.0 => chunked(cx.par, ad.len(), y.bits_mut(), &|r, d| map(isa, &ad[r], d, &|v: f32| v * v)),
@@ -268,7 +274,10 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         Err(e) => return Some(Err(e)),
     };
     let total: usize = shape.iter().product();
-    let mut y = Output::new(cx.out, DType::F32, &shape);
+    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
     let ident = |v: f32| v;
     if a.shape() == b.shape() {
@@ -349,7 +358,10 @@ fn softmax(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
         return None;
     }
     let len = x.shape()[x.rank() - 1];
-    let mut y = Output::new(cx.out, DType::F32, x.shape());
+    let mut y = match Output::new(cx.out, DType::F32, x.shape()) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let isa = cx.isa;
     rows(cx.par, x.data::<f32>(), y.bits_mut(), len, &|_, s, d| softmax_row(isa, s, d));
     Some(Ok(vec![y.finish()]))
@@ -371,7 +383,10 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<T
         None => None,
     };
     let eps = n.float("epsilon", 1e-5);
-    let mut y = Output::new(cx.out, DType::F32, x.shape());
+    let mut y = match Output::new(cx.out, DType::F32, x.shape()) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let isa = cx.isa;
     rows(cx.par, x.data::<f32>(), y.bits_mut(), len, &|_, s, d| layer_norm_row(isa, s, d, scale, bias, eps));
     Some(Ok(vec![y.finish()]))
@@ -395,7 +410,10 @@ fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Te
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
     let st = strides(x.shape());
     let src: &[f32] = bytemuck_f32(x);
-    let mut y = Output::new(cx.out, x.dtype(), &shape);
+    let mut y = match Output::new(cx.out, x.dtype(), &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let dst: &mut [f32] = y.bits_mut();
     // Copy runs of the output's last dim; contiguous in the source when the last axis stays.
     let inner = shape[r - 1];
@@ -453,7 +471,10 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     let (oa, ob) = (broadcast_offsets(ab, &batch).ok()?, broadcast_offsets(bb, &batch).ok()?);
     let mut shape = batch.clone();
     shape.extend([m, nn]);
-    let mut y = Output::new(cx.out, DType::F32, &shape);
+    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
     let (isa, blocking) = (cx.isa, cx.blocking);
     let out = Out(y.bits_mut().as_mut_ptr());
@@ -503,7 +524,10 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     let (oh, ow) = ((th - kh) / sh + 1, (tw - kw) / sw + 1);
     let is_max = n.op == "MaxPool";
     let include_pad = n.int("count_include_pad", 0) != 0;
-    let mut y = Output::new(cx.out, DType::F32, &[nb, c, oh, ow]);
+    let mut y = match Output::new(cx.out, DType::F32, &[nb, c, oh, ow]) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let xd = x.data::<f32>();
     let out = Out(y.bits_mut().as_mut_ptr());
     // Separable: for each output row, reduce the window's input rows into one row (a
@@ -558,7 +582,10 @@ fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Re
     let size: usize = x.shape()[2..].iter().product();
     let mut shape = x.shape().to_vec();
     shape[2..].iter_mut().for_each(|d| *d = 1);
-    let mut y = Output::new(cx.out, DType::F32, &shape);
+    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
     let xd = x.data::<f32>();
     let out = Out(y.bits_mut().as_mut_ptr());
     cx.par.for_each(planes, &|i| {

@@ -34,12 +34,15 @@ pub(super) enum Output {
 impl Output {
     /// Room for an output of `dtype` and `shape`: the slot `cx` offers when it is f32 of
     /// exactly that size, else a new tensor. A kernel makes one output this way.
-    pub(super) fn new(out: Option<OutSlot>, dtype: DType, shape: &[usize]) -> Output {
-        let n: usize = shape.iter().product();
-        match out {
+    /// Fails when a new tensor of that size may not be allocated (see `aim_ir::limits`).
+    pub(super) fn new(out: Option<OutSlot>, dtype: DType, shape: &[usize]) -> crate::util::Result<Output> {
+        let n = crate::util::elements(shape)?;
+        Ok(match out {
             Some(s) if dtype == DType::F32 && s.len == n => Output::Slot(s, shape.to_vec()),
-            _ => Output::Owned(Tensor::zeros(dtype, shape)),
-        }
+            _ => {
+                Output::Owned(Tensor::try_zeros(dtype, shape).map_err(|e| crate::KernelError(format!("output: {e}")))?)
+            }
+        })
     }
 
     /// The elements (of a 4-byte dtype) as f32 bit patterns, to write.

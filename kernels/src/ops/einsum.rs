@@ -6,9 +6,21 @@ use crate::util::{err, same_dtype, strides, Result};
 use aim_ir::{Node, Tensor};
 use std::collections::BTreeMap;
 
-/// Replaces `...` with capital letters for the broadcast dims an operand of `rank` has.
+/// The letter standing for the ellipsis dim `k` places from the end (broadcast dims align
+/// on the right): outside `[a-zA-Z]`, so it never clashes with the equation's own letters.
+fn ellipsis_letter(k: usize) -> char {
+    char::from_u32(0x100 + k as u32).unwrap_or('\u{100}')
+}
+
+/// Replaces `...` with private letters for the broadcast dims an operand of `rank` has.
 fn expand_ellipsis(term: &str, rank: usize, ell: &mut usize) -> Result<Vec<char>> {
+    if term.matches("...").count() > 1 {
+        return err(format!("term '{term}' has more than one ellipsis"));
+    }
     let letters: Vec<char> = term.replace("...", "").chars().collect();
+    if let Some(c) = letters.iter().find(|c| !c.is_ascii_alphabetic()) {
+        return err(format!("equation term '{term}' holds '{c}', which is not a letter"));
+    }
     if !term.contains("...") {
         return Ok(letters);
     }
@@ -18,7 +30,7 @@ fn expand_ellipsis(term: &str, rank: usize, ell: &mut usize) -> Result<Vec<char>
     *ell = (*ell).max(n);
     let (pre, post) = term.split_once("...").unwrap_or((term, ""));
     let mut out: Vec<char> = pre.chars().collect();
-    out.extend((0..n).map(|i| (b'Z' - (n - 1 - i) as u8) as char));
+    out.extend((0..n).map(|i| ellipsis_letter(n - 1 - i)));
     out.extend(post.chars());
     Ok(out)
 }
@@ -31,6 +43,9 @@ fn einsum(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let dt = same_dtype(&ts)?;
     let eq: String = n.string("equation", "").chars().filter(|c| !c.is_whitespace()).collect();
     let (lhs, rhs) = match eq.split_once("->") {
+        Some((_, r)) if r.contains("->") || r.contains(',') => {
+            return err(format!("equation '{eq}' has more than one output term"))
+        }
         Some((l, r)) => (l.to_string(), Some(r.to_string())),
         None => (eq.clone(), None),
     };
@@ -59,13 +74,24 @@ fn einsum(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         ops_letters.push(letters);
     }
     let out_letters: Vec<char> = match rhs {
-        Some(r) => expand_ellipsis(&r, ell + r.replace("...", "").len(), &mut ell)?,
+        Some(r) => {
+            let letters = expand_ellipsis(&r, ell + r.replace("...", "").len(), &mut ell)?;
+            for (i, c) in letters.iter().enumerate() {
+                if !sizes.contains_key(c) {
+                    return err(format!("equation '{eq}': output letter '{c}' appears in no input"));
+                }
+                if letters[..i].contains(c) {
+                    return err(format!("equation '{eq}': output letter '{c}' appears twice"));
+                }
+            }
+            letters
+        }
         None => {
-            let mut v: Vec<char> = (0..ell).map(|i| (b'Z' - (ell - 1 - i) as u8) as char).collect();
+            let mut v: Vec<char> = (0..ell).map(|i| ellipsis_letter(ell - 1 - i)).collect();
             let mut singles: Vec<char> = sizes
                 .keys()
                 .copied()
-                .filter(|c| c.is_ascii_lowercase() && ops_letters.iter().flatten().filter(|x| *x == c).count() == 1)
+                .filter(|c| c.is_ascii_alphabetic() && ops_letters.iter().flatten().filter(|x| *x == c).count() == 1)
                 .collect();
             singles.sort();
             v.extend(singles);
@@ -76,6 +102,7 @@ fn einsum(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let dims: Vec<usize> = all.iter().map(|c| sizes[c]).collect();
     let pos = |c: char| all.iter().position(|&x| x == c).unwrap_or(0);
     let out_shape: Vec<usize> = out_letters.iter().map(|&c| sizes.get(&c).copied().unwrap_or(1)).collect();
+    crate::util::check_out(dt, &out_shape)?;
     let out_st = strides(&out_shape);
     let vals: Vec<Vec<f64>> = ts.iter().map(|t| t.to_f64_vec()).collect();
     let op_map: Vec<Vec<(usize, usize)>> = ops_letters

@@ -2,6 +2,7 @@
 //! NonZero, Compress, TopK.
 
 use crate::util::{axis, err, gather_elems, ints_of, req, strides, Result};
+use crate::KernelError;
 use aim_ir::{Node, Tensor};
 
 fn index(i: i64, dim: usize, what: &str) -> Result<usize> {
@@ -176,6 +177,11 @@ fn one_hot(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let ax = axis(n.int("axis", -1), r)?;
     let ids = idx.to_f64_vec();
     let (outer, inner) = (idx.shape()[..ax].iter().product::<usize>(), idx.shape()[ax..].iter().product::<usize>());
+    let mut shape = idx.shape()[..ax].to_vec();
+    shape.push(usize::try_from(depth).map_err(|_| KernelError(format!("depth {depth} is too large")))?);
+    shape.extend(&idx.shape()[ax..]);
+    crate::util::check_out(values.dtype(), &shape)?;
+    crate::util::check_count(crate::util::elements(&shape)?, std::mem::size_of::<usize>())?;
     let mut offs = vec![0usize; outer * depth as usize * inner];
     for o in 0..outer {
         for i in 0..inner {
@@ -188,9 +194,6 @@ fn one_hot(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             }
         }
     }
-    let mut shape = idx.shape()[..ax].to_vec();
-    shape.push(depth as usize);
-    shape.extend(&idx.shape()[ax..]);
     Ok(vec![gather_elems(values, &shape, &offs)?])
 }
 

@@ -147,8 +147,8 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                 return err(format!("scales has {} values for {} axes", s.len(), axes.len()));
             }
             for (k, &a) in axes.iter().enumerate() {
-                if s[k] <= 0.0 {
-                    return err(format!("scale {} must be positive", s[k]));
+                if !(s[k] > 0.0 && s[k].is_finite()) {
+                    return err(format!("scale {} must be positive and finite", s[k]));
                 }
                 scales[a] = s[k];
                 out_f[a] = x.shape()[a] as f64 * s[k];
@@ -183,6 +183,12 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         }
         _ => return err("Resize needs exactly one of scales and sizes"),
     }
+    if out_f.iter().any(|v| !v.is_finite() || *v >= usize::MAX as f64) {
+        return err(format!("output sizes {out_f:?}: more elements than can be addressed"));
+    }
+    crate::util::check_out(x.dtype(), &out)?;
+    // The reference computes in f64, with a flag per element.
+    crate::util::check_count(crate::util::elements(&out)?, 9)?;
     let roi = opt(ins, 1).map(|t| t.to_f64_vec()).unwrap_or_default();
     let extrapolation = node.float("extrapolation_value", 0.0) as f64;
     let mut data = x.to_f64_vec();
@@ -200,6 +206,7 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         let ax = Axis { node, len_in: shape[d], len_out: out_f[d], scale: scales[d], roi: roi_d };
         let taps: Vec<Taps> = (0..out[d]).map(|i| ax.taps(i)).collect::<Result<_>>()?;
         let (outer, inner) = (shape[..d].iter().product::<usize>(), shape[d + 1..].iter().product::<usize>());
+        crate::util::check_count(crate::util::elements(&[outer, out[d], inner])?, 9)?;
         let mut nd = vec![0.0; outer * out[d] * inner];
         let mut no = vec![false; nd.len()];
         for o in 0..outer {

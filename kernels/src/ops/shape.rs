@@ -8,6 +8,7 @@ use crate::num::Num;
 use crate::util::{
     axis, broadcast_shapes, err, expand_to, gather_elems, ints_of, opt, req, strides, transpose, Result,
 };
+use crate::KernelError;
 use aim_ir::{Attr, DType, Node, Tensor};
 
 fn reshape(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -207,13 +208,16 @@ fn slice(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         if step == 0 {
             return err("slice step cannot be 0");
         }
-        let fix = |v: i64| if v < 0 { v + dim } else { v };
+        // In i128: starts, ends and steps may be the extremes of i64 (INT64_MIN as a step).
+        let (dim, step) = (dim as i128, step as i128);
+        let fix = |v: i64| if v < 0 { v as i128 + dim } else { v as i128 };
         let (s, e) = (fix(starts[i]), fix(ends[i]));
         let (s, e) =
             if step > 0 { (s.clamp(0, dim), e.clamp(0, dim)) } else { (s.clamp(0, dim - 1), e.clamp(-1, dim - 1)) };
-        let count = if step > 0 { (e - s).max(0).div_euclid(1) } else { (s - e).max(0) };
-        let count = ((count + step.abs() - 1) / step.abs()) as usize;
-        out = slice_axis(&out, ax, s, step, count)?;
+        let span = if step > 0 { (e - s).max(0) } else { (s - e).max(0) };
+        let count = (span + step.abs() - 1) / step.abs();
+        let step = step.clamp(-dim.max(1), dim.max(1)) as i64;
+        out = slice_axis(&out, ax, s as i64, step, count as usize)?;
     }
     Ok(vec![out])
 }
@@ -231,9 +235,15 @@ fn tile(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
         return err(format!("repeats {reps:?} must be {} non-negative values", x.rank()));
     }
-    let shape: Vec<usize> = x.shape().iter().zip(&reps).map(|(&d, &r)| d * r as usize).collect();
+    let shape: Vec<usize> = x
+        .shape()
+        .iter()
+        .zip(&reps)
+        .map(|(&d, &r)| d.checked_mul(r as usize).ok_or_else(|| KernelError(format!("repeats {reps:?} overflow"))))
+        .collect::<Result<_>>()?;
+    crate::util::check_out(x.dtype(), &shape)?;
     let st = strides(x.shape());
-    let mut offs = Vec::with_capacity(shape.iter().product());
+    let mut offs = Vec::with_capacity(crate::util::elements(&shape)?);
     super::window::for_each_index(&shape, |idx| {
         offs.push(idx.iter().enumerate().map(|(d, &i)| (i % x.shape()[d]) * st[d]).sum());
     });
@@ -258,15 +268,13 @@ fn pad(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         after[a] = pads[i + axes.len()];
     }
     let shape: Vec<usize> = (0..r)
-        .map(|d| {
-            let s = x.shape()[d] as i64 + before[d] + after[d];
-            if s < 0 {
-                err(format!("pads {pads:?} remove more than axis {d} holds"))
-            } else {
-                Ok(s as usize)
-            }
+        .map(|d| match (x.shape()[d] as i64).checked_add(before[d]).and_then(|s| s.checked_add(after[d])) {
+            None => err(format!("pads {pads:?} overflow: the output has more elements than can be addressed")),
+            Some(s) if s < 0 => err(format!("pads {pads:?} remove more than axis {d} holds")),
+            Some(s) => Ok(s as usize),
         })
         .collect::<Result<_>>()?;
+    crate::util::check_out(x.dtype(), &shape)?;
     let mode = n.string("mode", "constant");
     let value = opt(ins, 2).map(|v| v.to_f64_vec().first().copied().unwrap_or(0.0)).unwrap_or(0.0);
     let st = strides(x.shape());
@@ -274,7 +282,7 @@ fn pad(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let ext =
         crate::ops::shape::concat_tensors(&[&x.reshaped(&[x.len()]), &Tensor::from_f64(x.dtype(), &[1], &[value])], 0)?;
     let fill = x.len();
-    let mut offs = Vec::with_capacity(shape.iter().product());
+    let mut offs = Vec::with_capacity(crate::util::elements(&shape)?);
     let mut bad_mode = None;
     super::window::for_each_index(&shape, |idx| {
         let mut off = 0usize;
@@ -372,16 +380,24 @@ fn trilu(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 }
 
 fn shape_op(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
-    let x = req(ins, 0)?;
-    let r = x.rank() as i64;
-    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-    let (s, e) = (clamp(n.int("start", 0)), clamp(n.int("end", r)));
-    let dims: Vec<i64> = x.shape()[s..e.max(s)].iter().map(|&d| d as i64).collect();
-    Ok(vec![Tensor::from_i64(&[dims.len()], dims)])
+    Ok(vec![shape_of(n, req(ins, 0)?.shape())?])
 }
 
-fn size(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
-    Ok(vec![Tensor::scalar(req(ins, 0)?.len() as i64)])
+/// What a `Shape` or `Size` node gives for an input of shape `dims` (a tensor of that shape
+/// need not exist: constant folding asks with static shapes).
+pub fn shape_of(n: &Node, dims: &[usize]) -> Result<Tensor> {
+    if n.op == "Size" {
+        return Ok(Tensor::scalar(crate::util::elements(dims)? as i64));
+    }
+    let r = dims.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v.saturating_add(r) } else { v }).clamp(0, r) as usize;
+    let (s, e) = (clamp(n.int("start", 0)), clamp(n.int("end", r)));
+    let out: Vec<i64> = dims[s..e.max(s)].iter().map(|&d| d as i64).collect();
+    Ok(Tensor::from_i64(&[out.len()], out))
+}
+
+fn size(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+    Ok(vec![shape_of(n, req(ins, 0)?.shape())?])
 }
 
 fn identity(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -438,10 +454,18 @@ fn range(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     dispatch!(dt, T => {
         let (start, limit, delta) = (s.data::<T>()[0], l.data::<T>()[0], d.data::<T>()[0]);
         let count = ((limit.to_f64() - start.to_f64()) / delta.to_f64()).ceil();
-        if !count.is_finite() && delta.to_f64() == 0.0 {
+        if delta.to_f64() == 0.0 {
             return err("Range delta cannot be 0");
         }
-        let count = count.max(0.0) as usize;
+        if count.is_nan() {
+            return err("Range's start, limit and delta give no element count (NaN)");
+        }
+        let count = count.max(0.0);
+        if count >= usize::MAX as f64 {
+            return err(format!("Range would make {count:e} elements: output: more elements than can be addressed"));
+        }
+        let count = count as usize;
+        crate::util::check_out(dt, &[count])?;
         let mut v = Vec::with_capacity(count);
         let mut acc = start;
         for _ in 0..count {

@@ -37,45 +37,58 @@ pub fn window(n: &Node, in_sp: &[usize], kernel: &[usize], ceil_mode: bool) -> R
     }
     let strides = list(n, "strides", sp, 1)?;
     let dilations = list(n, "dilations", sp, 1)?;
+    let pads = list(n, "pads", 2 * sp, 0)?;
+    let auto_pad = n.string("auto_pad", "NOTSET");
+    let (out, pad_begin, pad_end) = resolve(kernel, &strides, &dilations, &pads, auto_pad, in_sp, ceil_mode)?;
+    Ok(Window { kernel: kernel.to_vec(), strides, dilations, pad_begin, pad_end, out })
+}
+
+/// The output size and the padding before and after each spatial dim, as ONNX defines
+/// them, for every sliding-window op on both backends (one validation: positive strides
+/// and dilations, lists of the right length, sizes that can be addressed).
+pub fn resolve(
+    kernel: &[usize],
+    strides: &[usize],
+    dilations: &[usize],
+    pads: &[usize],
+    auto_pad: &str,
+    in_sp: &[usize],
+    ceil_mode: bool,
+) -> Result<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+    let sp = in_sp.len();
+    if kernel.len() != sp || strides.len() != sp || dilations.len() != sp || pads.len() != 2 * sp {
+        return err(format!("kernel, strides, dilations and pads do not match {sp} spatial dims"));
+    }
     if strides.contains(&0) || dilations.contains(&0) {
         return err("strides and dilations must be positive");
     }
-    let pads = list(n, "pads", 2 * sp, 0)?;
-    let auto_pad = n.string("auto_pad", "NOTSET");
-    let mut w = Window {
-        kernel: kernel.to_vec(),
-        strides,
-        dilations,
-        pad_begin: pads[..sp].to_vec(),
-        pad_end: pads[sp..].to_vec(),
-        out: vec![0; sp],
-    };
+    let too_big = || crate::KernelError("the window geometry is larger than can be addressed".into());
+    let (mut out, mut begin, mut end) = (vec![0; sp], pads[..sp].to_vec(), pads[sp..].to_vec());
     for i in 0..sp {
-        let ek = (kernel[i].max(1) - 1) * w.dilations[i] + 1;
-        let s = w.strides[i];
+        let ek = kernel[i].max(1).checked_sub(1).and_then(|k| k.checked_mul(dilations[i])).ok_or_else(too_big)? + 1;
+        let s = strides[i];
         match auto_pad {
             "SAME_UPPER" | "SAME_LOWER" => {
-                let out = in_sp[i].div_ceil(s);
-                let total = ((out - 1) * s + ek).saturating_sub(in_sp[i]);
+                let o = in_sp[i].div_ceil(s);
+                let need = o.saturating_sub(1).checked_mul(s).and_then(|v| v.checked_add(ek)).ok_or_else(too_big)?;
+                let total = need.saturating_sub(in_sp[i]);
                 let small = total / 2;
-                let (b, e) = if auto_pad == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
-                w.pad_begin[i] = b;
-                w.pad_end[i] = e;
-                w.out[i] = out;
+                (begin[i], end[i]) =
+                    if auto_pad == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                out[i] = o;
             }
             "VALID" | "NOTSET" | "" => {
                 if auto_pad == "VALID" {
-                    w.pad_begin[i] = 0;
-                    w.pad_end[i] = 0;
+                    (begin[i], end[i]) = (0, 0);
                 }
-                let total = in_sp[i] + w.pad_begin[i] + w.pad_end[i];
+                let total = in_sp[i].checked_add(begin[i]).and_then(|t| t.checked_add(end[i])).ok_or_else(too_big)?;
                 if total < ek {
                     return err(format!("the kernel extent {ek} is larger than the padded input {total}"));
                 }
                 let span = total - ek;
-                w.out[i] = if ceil_mode {
+                out[i] = if ceil_mode {
                     let mut o = span.div_ceil(s) + 1;
-                    if (o - 1) * s >= in_sp[i] + w.pad_begin[i] {
+                    if (o - 1).checked_mul(s).is_none_or(|v| v >= in_sp[i] + begin[i]) {
                         o -= 1;
                     }
                     o
@@ -86,7 +99,7 @@ pub fn window(n: &Node, in_sp: &[usize], kernel: &[usize], ceil_mode: bool) -> R
             other => return err(format!("unknown auto_pad '{other}'")),
         }
     }
-    Ok(w)
+    Ok((out, begin, end))
 }
 
 /// Iterates every index of a multi-dimensional box, row-major.

@@ -133,7 +133,7 @@ pub(super) fn run(c: &BlockedConv, x: In, residual: Residual, y: &mut Out, pool:
     let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
     let pads =
         [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
-    let io = ConvIo { x: x.data, batch: n, h, w, pads, oh, ow, residual: res, residual_in_y, y: y.take(&shape) };
+    let io = ConvIo { x: x.data, batch: n, h, w, pads, oh, ow, residual: res, residual_in_y, y: y.take(&shape)? };
     match &c.kernel {
         Kernel::Conv(k) => k.run(io, pool)?,
         Kernel::Depthwise(k) => k.run(io, pool)?,
@@ -169,7 +169,7 @@ pub(super) fn run_reorder(r: &Reorder, x: In, y: &mut Out, pool: &ThreadPool) ->
         if xs.len() != 4 {
             return Err(format!("expected an NCHW input, got {xs:?}"));
         }
-        let y = y.take(&[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l]);
+        let y = y.take(&[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l])?;
         match r.generated {
             // [n][c/L][L][hw] → [n][c/L][hw][L].
             Some(f) if xs[1].is_multiple_of(l) => {
@@ -182,7 +182,7 @@ pub(super) fn run_reorder(r: &Reorder, x: In, y: &mut Out, pool: &ThreadPool) ->
         if xs.len() != 5 || xs[4] != l || xs[1] != r.channels.div_ceil(l) {
             return Err(format!("expected a blocked input of {} channels, got {xs:?}", r.channels));
         }
-        let y = y.take(&[xs[0], r.channels, xs[2], xs[3]]);
+        let y = y.take(&[xs[0], r.channels, xs[2], xs[3]])?;
         match r.generated {
             // [n][c/L][hw][L] → [n][c/L][L][hw].
             Some(f) if r.channels.is_multiple_of(l) => {
@@ -299,12 +299,12 @@ pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: In, y: &mut Out, pool: &Thr
         BlockedPool::Window(win, _) => {
             let (oh, ow) =
                 win.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", win.kernel))?;
-            let y = y.take(&[n, blocks, oh, ow, l]);
+            let y = y.take(&[n, blocks, oh, ow, l])?;
             win.run(isa, x.data, n, blocks, h, w, y, pool)?;
             Ok(())
         }
         BlockedPool::GlobalAverage { channels, .. } => {
-            let y = y.take(&[n, *channels, 1, 1]);
+            let y = y.take(&[n, *channels, 1, 1])?;
             nchwc::global_average(isa, x.data, n, *channels, h * w, y, pool)?;
             Ok(())
         }

@@ -31,7 +31,8 @@ pub(super) struct ConvPrep {
 
 pub(super) fn geometry(n: &Node, kernel: &[usize]) -> Geometry {
     let sp = kernel.len();
-    let list = |name: &str| n.ints(name).map(|v| v.iter().map(|&x| x.max(1) as usize).collect()).unwrap_or(vec![1; sp]);
+    // Invalid values (zero, negative) are kept as 0 for `resolve` to refuse, not mended.
+    let list = |name: &str| n.ints(name).map(|v| v.iter().map(|&x| x.max(0) as usize).collect()).unwrap_or(vec![1; sp]);
     Geometry {
         kernel: kernel.to_vec(),
         strides: list("strides"),
@@ -41,40 +42,20 @@ pub(super) fn geometry(n: &Node, kernel: &[usize]) -> Geometry {
     }
 }
 
-/// Output size and padding-before per spatial dim, as ONNX defines them.
+/// Output size and padding-before per spatial dim, as ONNX defines them (the reference
+/// kernels' rule, `aim_kernels::ops::window::resolve`).
 pub(super) fn resolve(geo: &Geometry, in_sp: &[usize]) -> Result<(Vec<usize>, Vec<usize>), String> {
-    let mut out = Vec::new();
-    let mut before = Vec::new();
-    let sp = in_sp.len();
-    if geo.kernel.len() != sp || geo.strides.len() != sp || geo.dilations.len() != sp || geo.pads.len() != 2 * sp {
-        return Err(format!("attributes do not match {sp} spatial dims"));
-    }
-    #[allow(clippy::needless_range_loop)] // i indexes six parallel lists
-    for i in 0..sp {
-        let ek = (geo.kernel[i] - 1) * geo.dilations[i] + 1;
-        let s = geo.strides[i];
-        match geo.auto_pad.as_str() {
-            "SAME_UPPER" | "SAME_LOWER" => {
-                let o = in_sp[i].div_ceil(s);
-                let total = ((o - 1) * s + ek).saturating_sub(in_sp[i]);
-                before.push(if geo.auto_pad == "SAME_UPPER" { total / 2 } else { total - total / 2 });
-                out.push(o);
-            }
-            _ => {
-                let (pb, pe) = if geo.auto_pad == "VALID" {
-                    (0, 0)
-                } else {
-                    (geo.pads[i].max(0) as usize, geo.pads[sp + i].max(0) as usize)
-                };
-                let total = in_sp[i] + pb + pe;
-                if total < ek {
-                    return Err(format!("kernel extent {ek} exceeds the padded input {total}"));
-                }
-                before.push(pb);
-                out.push((total - ek) / s + 1);
-            }
-        }
-    }
+    let pads: Vec<usize> = geo.pads.iter().map(|&p| usize::try_from(p).unwrap_or(usize::MAX)).collect();
+    let (out, before, _) = aim_kernels::ops::window::resolve(
+        &geo.kernel,
+        &geo.strides,
+        &geo.dilations,
+        &pads,
+        &geo.auto_pad,
+        in_sp,
+        false,
+    )
+    .map_err(|e| e.0)?;
     Ok((out, before))
 }
 
@@ -142,7 +123,7 @@ pub(super) fn run_conv(
     let xd = x.data;
     let pointwise =
         ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
-    let yd = y.take(&shape);
+    let yd = y.take(&shape)?;
     // Every other 2-D convolution goes through padded stride phases of the input (see
     // `conv_padded_rows`); im2col remains for the other ranks.
     let padded_rows = sp == 2 && !pointwise;

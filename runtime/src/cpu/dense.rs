@@ -52,7 +52,7 @@ pub(super) fn run_dense(
         shape = vec![d.n];
     }
     let (res, residual_in_c) = residual.check(&shape, y)?;
-    let y = y.take(&shape);
+    let y = y.take(&shape)?;
     let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, residual_in_c, act: d.act };
     gemm_rows(x.data, m, d.k, blocking, &d.weight, y, d.n, &ep, pool);
     Ok(())

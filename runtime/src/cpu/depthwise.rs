@@ -36,7 +36,7 @@ pub(super) fn run_depthwise(
     let shape = [nb, c, oh, ow];
     let res = check_residual(residual, &shape)?;
     let xd = x.data;
-    let yp = OutPtr(y.take(&shape).as_mut_ptr());
+    let yp = OutPtr(y.take(&shape)?.as_mut_ptr());
     let geo = PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt: before[0], pl: before[1] };
     let planes = nb * c;
     let tasks = planes.min(pool.size() * 8).max(1);

@@ -66,7 +66,7 @@ pub(super) fn run_reduce(r: &Reduce, x: In, y: &mut Out, pool: &ThreadPool) -> R
         shape.extend(std::iter::repeat_n(1, xs.len() - r.axis));
     }
     // The input's address as an integer: shared read-only by the tasks.
-    let (xp, yp) = (x.data.as_ptr() as usize, OutPtr(y.take(&shape).as_mut_ptr()));
+    let (xp, yp) = (x.data.as_ptr() as usize, OutPtr(y.take(&shape)?.as_mut_ptr()));
     let per = (CHUNK / len).max(1);
     let f = r.f;
     pool.for_each(rows.div_ceil(per), &|t| {

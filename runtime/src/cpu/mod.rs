@@ -254,15 +254,17 @@ impl<'a> Out<'a> {
         self.slot.as_ref().is_some_and(|s| s.len() == shape.iter().product::<usize>())
     }
 
-    /// Room for an output of `shape`.
-    fn take(&mut self, shape: &[usize]) -> &mut [f32] {
-        let n: usize = shape.iter().product();
+    /// Room for an output of `shape` (an error when a new tensor that large may not be
+    /// allocated: `aim_ir::limits`).
+    fn take(&mut self, shape: &[usize]) -> Result<&mut [f32], String> {
+        let n = aim_ir::limits::elements(shape).map_err(|e| format!("output: {e}"))?;
         self.shape = shape.to_vec();
         if self.slot.as_ref().is_some_and(|s| s.len() >= n) {
-            return &mut self.slot.as_mut().expect("checked above")[..n];
+            return Ok(&mut self.slot.as_mut().expect("checked above")[..n]);
         }
         self.slot = None;
-        self.made.insert(Tensor::zeros(DType::F32, shape)).data_mut::<f32>()
+        let t = Tensor::try_zeros(DType::F32, shape).map_err(|e| format!("output: {e}"))?;
+        Ok(self.made.insert(t).data_mut::<f32>())
     }
 }
 

@@ -359,7 +359,7 @@ impl CpuProgram {
                     (unsafe { base.ptr.add(off) } as *mut f32, None)
                 }
                 _ => {
-                    let mut t = Tensor::zeros(DType::F32, &shape);
+                    let mut t = Tensor::try_zeros(DType::F32, &shape).map_err(|e| fail(format!("output: {e}")))?;
                     (t.data_mut::<f32>().as_mut_ptr(), Some(t))
                 }
             };

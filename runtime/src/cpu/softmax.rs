@@ -6,7 +6,7 @@ use aim_kernels::gemm::Isa;
 
 /// Runs `softmax(x · scale + mask)` over the last axis of `x`.
 pub(super) fn run(scale: f32, isa: Isa, x: In, mask: Option<In>, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
-    let dst = y.take(x.shape);
+    let dst = y.take(x.shape)?;
     aim_kernels::fast::scaled_masked_softmax(isa, pool, x.data, x.shape, scale, mask.map(|m| (m.data, m.shape)), dst)
 }
 

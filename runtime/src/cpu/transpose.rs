@@ -40,7 +40,7 @@ pub(super) fn run(t: &Transpose, x: In, y: &mut Out, pool: &ThreadPool) -> Resul
         return Err(format!("input {xs:?} does not have the {r} dims of perm {:?}", t.perm));
     }
     let shape: Vec<usize> = t.perm.iter().map(|&p| xs[p]).collect();
-    copy(t.f, x.data, xs, &t.perm, y.take(&shape), pool);
+    copy(t.f, x.data, xs, &t.perm, y.take(&shape)?, pool);
     Ok(())
 }
 

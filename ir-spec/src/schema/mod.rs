@@ -1,0 +1,212 @@
+//! The op schema table: for every default-domain ONNX op, its inputs and outputs (which
+//! are required, optional or variadic) and its attributes (type, required), plus the value
+//! rules aim adds (strides are positive, `auto_pad` is one of four words, ...).
+//!
+//! It is the one place that knows an op's signature: the verifier checks every node
+//! against it before any pass or backend sees the graph, so both backends refuse the same
+//! malformed nodes with the same message, and kernels and passes can rely on arity and
+//! attribute types. The ONNX part is generated from the pinned onnx package
+//! (`tools/gen_op_schema.py`, at the newest opset, the form the importer normalises every
+//! model to); adding an op to aim needs no change here unless it has value rules.
+
+mod onnx;
+mod rules;
+
+use crate::{Attr as Value, Node};
+
+/// One formal input or output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// Required.
+    One(&'static str),
+    /// Optional: may be absent (an empty name, or left off the end).
+    Opt(&'static str),
+    /// Variadic, with at least this many values: always the last parameter.
+    Var(&'static str, usize),
+}
+
+/// The type an attribute must have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttrKind {
+    /// One integer.
+    Int,
+    /// One float.
+    Float,
+    /// A string.
+    String,
+    /// A tensor.
+    Tensor,
+    /// A subgraph.
+    Graph,
+    /// A list of integers.
+    Ints,
+    /// A list of floats.
+    Floats,
+    /// A list of strings.
+    Strings,
+    /// A kind aim does not represent (type protos, lists of graphs or tensors).
+    Other,
+}
+
+/// One attribute an op takes.
+#[derive(Clone, Copy, Debug)]
+pub struct Attr {
+    /// Its name.
+    pub name: &'static str,
+    /// Its type.
+    pub kind: AttrKind,
+    /// Whether a node must give it.
+    pub required: bool,
+}
+
+/// An op's signature.
+#[derive(Clone, Copy, Debug)]
+pub struct OpSchema {
+    /// The op type.
+    pub op: &'static str,
+    /// The opset version this signature is from.
+    pub since: i64,
+    /// Formal inputs, in order.
+    pub inputs: &'static [Param],
+    /// Formal outputs, in order.
+    pub outputs: &'static [Param],
+    /// Attributes, sorted by name.
+    pub attrs: &'static [Attr],
+}
+
+/// The schema of `op` in `domain`, if aim knows one.
+pub fn lookup(domain: &str, op: &str) -> Option<&'static OpSchema> {
+    if !matches!(domain, "" | "ai.onnx") {
+        return None;
+    }
+    onnx::ONNX_OPS.binary_search_by(|s| s.op.cmp(op)).ok().map(|i| &onnx::ONNX_OPS[i])
+}
+
+/// Checks a node against its op's schema (arity, required operands, attribute types and
+/// required attributes) and aim's value rules. Ops without a schema pass (the supported-op
+/// check reports them). Attributes the schema does not name are left alone.
+pub fn check(n: &Node) -> Result<(), String> {
+    let Some(s) = lookup(&n.domain, &n.op) else { return Ok(()) };
+    check_params("input", &n.inputs, s.inputs)?;
+    check_params("output", &n.outputs, s.outputs)?;
+    for a in s.attrs {
+        match n.attrs.get(a.name) {
+            None if a.required => return Err(format!("attribute '{}' is required", a.name)),
+            None => {}
+            Some(v) if a.kind != AttrKind::Other && kind_of(v) != a.kind => {
+                return Err(format!(
+                    "attribute '{}' must be {}, got {}",
+                    a.name,
+                    describe(a.kind),
+                    describe(kind_of(v))
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    rules::check(n)
+}
+
+/// The kind of an attribute value.
+fn kind_of(v: &Value) -> AttrKind {
+    match v {
+        Value::Int(_) => AttrKind::Int,
+        Value::Float(_) => AttrKind::Float,
+        Value::String(_) => AttrKind::String,
+        Value::Tensor(_) => AttrKind::Tensor,
+        Value::Graph(_) => AttrKind::Graph,
+        Value::Ints(_) => AttrKind::Ints,
+        Value::Floats(_) => AttrKind::Floats,
+        Value::Strings(_) => AttrKind::Strings,
+    }
+}
+
+fn describe(k: AttrKind) -> &'static str {
+    match k {
+        AttrKind::Int => "an integer (INT)",
+        AttrKind::Float => "a float (FLOAT)",
+        AttrKind::String => "a string (STRING)",
+        AttrKind::Tensor => "a tensor (TENSOR)",
+        AttrKind::Graph => "a graph (GRAPH)",
+        AttrKind::Ints => "a list of integers (INTS)",
+        AttrKind::Floats => "a list of floats (FLOATS)",
+        AttrKind::Strings => "a list of strings (STRINGS)",
+        AttrKind::Other => "another kind",
+    }
+}
+
+/// Checks the operands `given` (names; "" = absent) against the formal `params`.
+fn check_params(what: &str, given: &[String], params: &[Param]) -> Result<(), String> {
+    let variadic = params.last().and_then(|p| match p {
+        Param::Var(_, min) => Some(*min),
+        _ => None,
+    });
+    let fixed = params.len() - variadic.is_some() as usize;
+    match variadic {
+        None if given.len() > fixed => {
+            return Err(format!("takes at most {fixed} {what}s, got {}", given.len()));
+        }
+        Some(min) if given.len() < fixed + min => {
+            let name = match params[fixed] {
+                Param::Var(n, _) => n,
+                _ => unreachable!("the last parameter is variadic"),
+            };
+            return Err(format!(
+                "needs at least {min} value(s) of variadic {what} '{name}', got {}",
+                given.len() - fixed.min(given.len())
+            ));
+        }
+        _ => {}
+    }
+    for (i, p) in params.iter().take(fixed).enumerate() {
+        if let Param::One(name) = p {
+            if given.get(i).is_none_or(|s| s.is_empty()) && what == "input" {
+                return Err(format!("{what} {i} ('{name}') is required"));
+            }
+            if i >= given.len() {
+                return Err(format!("{what} {i} ('{name}') is required"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(op: &str, ins: &[&str], outs: &[&str], attrs: &[(&str, Value)]) -> Node {
+        Node {
+            name: "n".into(),
+            op: op.into(),
+            domain: String::new(),
+            inputs: ins.iter().map(|s| s.to_string()).collect(),
+            outputs: outs.iter().map(|s| s.to_string()).collect(),
+            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    #[test]
+    fn the_table_is_sorted_and_knows_the_common_ops() {
+        assert!(onnx::ONNX_OPS.windows(2).all(|w| w[0].op < w[1].op));
+        for op in ["Conv", "MatMul", "Concat", "If", "Loop", "Scan", "Resize", "BatchNormalization"] {
+            assert!(lookup("", op).is_some(), "{op}");
+        }
+    }
+
+    #[test]
+    fn arity_and_attribute_types_are_checked() {
+        assert!(check(&node("Relu", &["x"], &["y"], &[])).is_ok());
+        assert!(check(&node("Conv", &[], &["y"], &[])).unwrap_err().contains("'X') is required"));
+        assert!(check(&node("BatchNormalization", &["x"], &["y"], &[])).is_err());
+        assert!(check(&node("Relu", &["x", "z"], &["y"], &[])).unwrap_err().contains("at most 1 input"));
+        let floats = Value::Floats(vec![1.0, 1.0]);
+        assert!(check(&node("Conv", &["x", "w"], &["y"], &[("strides", floats)])).unwrap_err().contains("INTS"));
+        assert!(check(&node("Conv", &["x", "w"], &["y"], &[("group", Value::Ints(vec![1]))])).is_err());
+        assert!(check(&node("Transpose", &["x"], &["y"], &[("perm", Value::String("0".into()))])).is_err());
+        assert!(check(&node("Concat", &["a", "b"], &["y"], &[])).unwrap_err().contains("'axis' is required"));
+        assert!(check(&node("Concat", &[], &["y"], &[("axis", Value::Int(0))])).is_err());
+        assert!(check(&node("Loop", &["", "", "v"], &["w"], &[("body", Value::Graph(Box::default()))])).is_ok());
+    }
+}
