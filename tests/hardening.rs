@@ -315,3 +315,85 @@ graph "g" {{
     aim_ir::limits::set_max_tensor_bytes(0);
     assert!(e.contains("scan outputs grew too large"), "{e}");
 }
+
+#[test]
+fn a_convolution_with_no_output_channels_gives_an_empty_output() {
+    let text = one_node("  init %w = f32[0,1,3,3] []\n", "Conv(%x, %w) {pads=[1, 1, 1, 1]}", "1,1,4,4");
+    for r in both(&text, &[("x", Tensor::from_slice(&[1, 1, 4, 4], &[1.0f32; 16]))]) {
+        assert_eq!(r.unwrap()[0].1.shape(), &[1, 0, 4, 4]);
+    }
+}
+
+/// Unnamed dims (`?`, an empty `dim_param`, `dim_value: -1`) are each their own unknown:
+/// they need not agree with one another.
+#[test]
+fn unnamed_dims_are_independent() {
+    use aim_compiler::onnx::proto::{tensor_shape_proto::dimension, TensorShapeProto};
+    let mut x = aim_compiler::onnx::proto::ValueInfoProto {
+        name: Some("x".into()),
+        r#type: Some(aim_compiler::onnx::proto::TypeProto {
+            value: Some(aim_compiler::onnx::proto::type_proto::Value::TensorType(
+                aim_compiler::onnx::proto::type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(TensorShapeProto { dim: vec![] }),
+                },
+            )),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let dims = [
+        dimension::Value::DimValue(-1),
+        dimension::Value::DimValue(3),
+        dimension::Value::DimParam("?".into()),
+        dimension::Value::DimParam("?".into()),
+        dimension::Value::DimParam(String::new()),
+    ];
+    if let Some(aim_compiler::onnx::proto::type_proto::Value::TensorType(t)) =
+        x.r#type.as_mut().and_then(|t| t.value.as_mut())
+    {
+        t.shape = Some(TensorShapeProto {
+            dim: dims
+                .iter()
+                .map(|v| aim_compiler::onnx::proto::tensor_shape_proto::Dimension {
+                    value: Some(v.clone()),
+                    ..Default::default()
+                })
+                .collect(),
+        });
+    }
+    use prost::Message;
+    let y = x.clone();
+    let bytes = aim_compiler::onnx::proto::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![aim_compiler::onnx::proto::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(aim_compiler::onnx::proto::GraphProto {
+            name: Some("g".into()),
+            node: vec![aim_compiler::onnx::proto::NodeProto {
+                op_type: Some("Relu".into()),
+                name: Some("r".into()),
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            input: vec![x],
+            output: vec![aim_compiler::onnx::proto::ValueInfoProto { name: Some("y".into()), ..y }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let dir = std::env::temp_dir().join(format!("aim-unnamed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.onnx");
+    std::fs::write(&path, bytes).unwrap();
+    let x = Tensor::from_slice(&[2, 3, 5, 7, 4], &vec![-1.0f32; 840]);
+    for b in [Backend::Reference, Backend::Cpu] {
+        let m = Model::load_with(&path, b).unwrap();
+        let y = m.run(vec![("x".into(), x.clone())]).unwrap();
+        assert_eq!(y[0].1.shape(), &[2, 3, 5, 7, 4], "{b:?}");
+    }
+}

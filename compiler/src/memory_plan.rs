@@ -77,7 +77,7 @@ pub fn plan(g: &Graph) -> MemoryPlan {
     for (i, n) in g.nodes.iter().enumerate() {
         for o in n.outputs.iter().filter(|s| !s.is_empty()) {
             let ty = g.value_types.get(o);
-            let size = ty.and_then(|t| Some(t.concrete_shape()?.iter().product::<usize>() * t.dtype?.size()));
+            let size = ty.and_then(|t| aim_ir::limits::bytes_of(t.dtype?, &t.concrete_shape()?).ok());
             let Some(bytes) = size else {
                 p.dynamic.push(o.clone());
                 continue;

@@ -139,7 +139,10 @@ fn mul_dims(dims: &[Dim]) -> Dim {
     let mut p = 1usize;
     for d in dims {
         match d {
-            Dim::Known(k) => p *= k,
+            Dim::Known(k) => match p.checked_mul(*k) {
+                Some(v) => p = v,
+                None => return Dim::Unknown, // impossible: the kernel will say so with the value
+            },
             _ => return Dim::Unknown,
         }
     }
@@ -451,7 +454,7 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                 if s.len() != first.len() {
                     return Err("all inputs must have the same rank".into());
                 }
-                total = total.and_then(|t| s[ax].known().map(|k| t + k));
+                total = total.and_then(|t| s[ax].known().and_then(|k| t.checked_add(k)));
             }
             out[ax] = total.map(Dim::Known).unwrap_or(Dim::Unknown);
             one(dt, Some(out))

@@ -96,7 +96,11 @@ fn value_type(v: &proto::ValueInfoProto) -> Result<ValueType, ImportError> {
                         Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => {
                             Dim::Known(*v as usize)
                         }
-                        Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
+                        // A dim_param of no name ("?", as some exporters write) is unnamed:
+                        // each is its own unknown dim, as in ONNX Runtime.
+                        Some(proto::tensor_shape_proto::dimension::Value::DimParam(p))
+                            if p.chars().any(|c| c.is_alphanumeric()) =>
+                        {
                             Dim::Sym(sanitize_symbol(p))
                         }
                         _ => Dim::Unknown,

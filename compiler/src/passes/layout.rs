@@ -44,6 +44,9 @@ fn blockable(g: &Graph, n: &Node) -> Option<Kind> {
     }
     let (cout, cg) = (w.shape()[0], w.shape()[1]);
     let group = n.int("group", 1).max(1) as usize;
+    if cout == 0 || cg == 0 {
+        return None; // no channels to block (the output, or every sum, is empty)
+    }
     if group == 1 {
         Some(Kind::Dense { cin: cg })
     } else if group == cout && cg == 1 {

@@ -12,6 +12,7 @@ pub fn zip_broadcast<T: Elem + Copy, U>(a: &Tensor, b: &Tensor, f: impl Fn(T, T)
         return Ok((da.iter().zip(db).map(|(&x, &y)| f(x, y)).collect(), a.shape().to_vec()));
     }
     let shape = broadcast_shapes(&[a.shape(), b.shape()])?;
+    crate::util::check_count(crate::util::elements(&shape)?, std::mem::size_of::<U>().max(1))?;
     if b.len() == 1 && shape == a.shape() {
         let y = db[0];
         return Ok((da.iter().map(|&x| f(x, y)).collect(), shape));
@@ -175,6 +176,7 @@ fn where_(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     same_dtype(&[x, y])?;
     let shape = broadcast_shapes(&[c.shape(), x.shape(), y.shape()])?;
+    crate::util::check_out(x.dtype(), &shape)?;
     let (oc, ox, oy) = (
         broadcast_offsets(c.shape(), &shape)?,
         broadcast_offsets(x.shape(), &shape)?,

@@ -29,7 +29,7 @@ fn conv_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Re
     let g = window(node, in_sp, &kernel, false)?;
     let (cg, mg) = (c / group, m / group);
     let ksize: usize = kernel.iter().product();
-    let osize: usize = g.out.iter().product();
+    let osize = crate::util::elements(&g.out)?;
     let isize: usize = in_sp.iter().product();
     let (xd, wd) = (x.data::<T>(), w.data::<T>());
     let bias: Option<&[T]> = b.map(|b| b.data::<T>());
@@ -39,6 +39,8 @@ fn conv_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Re
         }
     }
     let rows = cg * ksize;
+    crate::util::check_out(x.dtype(), &[nb, m, osize])?;
+    crate::util::check_count(crate::util::elements(&[rows, osize])?, std::mem::size_of::<T>())?;
     let pointwise =
         ksize == 1 && g.strides.iter().all(|&s| s == 1) && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0);
     let mut col = vec![T::zero(); if pointwise { 0 } else { rows * osize }];
@@ -140,11 +142,20 @@ fn conv_transpose_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tens
     let auto_pad = node.string("auto_pad", "NOTSET");
     let mut out = vec![0usize; sp];
     let output_shape = node.ints("output_shape").map(|v| v.to_vec());
+    if strides.contains(&0) || dil.contains(&0) {
+        return err("strides and dilations must be positive");
+    }
     for i in 0..sp {
-        let ek = (kernel[i] - 1) * dil[i] + 1;
-        let full = strides[i] * (in_sp[i] - 1) + out_pad[i] + ek;
+        let too_big = || crate::KernelError("the output geometry is larger than can be addressed".into());
+        let ek = kernel[i].max(1).checked_sub(1).and_then(|k| k.checked_mul(dil[i])).ok_or_else(too_big)? + 1;
+        let full = strides[i]
+            .checked_mul(in_sp[i].saturating_sub(1))
+            .and_then(|v| v.checked_add(out_pad[i]))
+            .and_then(|v| v.checked_add(ek))
+            .ok_or_else(too_big)?;
         let target = match &output_shape {
-            Some(os) => Some(os[os.len() - sp + i] as usize),
+            Some(os) if os.len() >= sp => Some(usize::try_from(os[os.len() - sp + i]).unwrap_or(usize::MAX)),
+            Some(os) => return err(format!("output_shape {os:?} has fewer than {sp} spatial dims")),
             None if auto_pad.starts_with("SAME") => Some(in_sp[i] * strides[i]),
             None => None,
         };
@@ -156,15 +167,17 @@ fn conv_transpose_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tens
             pads[sp + i] = e;
             out[i] = t;
         } else {
-            out[i] = full
-                .checked_sub(pads[i] + pads[sp + i])
+            out[i] = pads[i]
+                .checked_add(pads[sp + i])
+                .and_then(|p| full.checked_sub(p))
                 .ok_or_else(|| crate::KernelError("padding exceeds the output".into()))?;
         }
     }
     let (xd, wd) = (x.data::<T>(), w.data::<T>());
-    let osize: usize = out.iter().product();
+    let osize = crate::util::elements(&out)?;
     let isize: usize = in_sp.iter().product();
     let ksize: usize = kernel.iter().product();
+    crate::util::check_out(x.dtype(), &[nb, m, osize])?;
     let mut y = vec![T::zero(); nb * m * osize];
     for n in 0..nb {
         for gi in 0..group {

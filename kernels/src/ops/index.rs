@@ -22,6 +22,8 @@ fn gather(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let mut shape = x.shape()[..ax].to_vec();
     shape.extend(idx.shape());
     shape.extend(&x.shape()[ax + 1..]);
+    crate::util::check_out(x.dtype(), &shape)?;
+    crate::util::check_count(crate::util::elements(&shape)?, std::mem::size_of::<usize>())?;
     let ids: Vec<usize> = ids.iter().map(|&i| index(i, dim, "Gather")).collect::<Result<_>>()?;
     let mut offs = Vec::with_capacity(outer * ids.len() * inner);
     for o in 0..outer {
@@ -151,6 +153,8 @@ fn nd_offsets(x: &Tensor, idx: &Tensor, batch: usize) -> Result<(Vec<usize>, usi
 fn gather_nd(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (x, idx) = (req(ins, 0)?, req(ins, 1)?);
     let (offs, chunk, shape) = nd_offsets(x, idx, n.int("batch_dims", 0).max(0) as usize)?;
+    crate::util::check_out(x.dtype(), &shape)?;
+    crate::util::check_count(crate::util::elements(&shape)?, std::mem::size_of::<usize>())?;
     let all: Vec<usize> = offs.iter().flat_map(|&o| o..o + chunk).collect();
     Ok(vec![gather_elems(x, &shape, &all)?])
 }

@@ -64,6 +64,9 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if b0.rank() > 1 {
         out_shape.push(n);
     }
+    // Computed in the widened type (f64 or i64 at most: 8 bytes).
+    crate::util::check_out(a.dtype(), &out_shape)?;
+    crate::util::check_count(crate::util::elements(&[oa.len(), m, n])?, 8)?;
     let out = dispatch!(a.dtype(), T => {
         let (ad, bd) = (a.data::<T>(), b.data::<T>());
         let mut c = vec![T::zero(); oa.len() * m * n];
@@ -87,6 +90,8 @@ fn gemm(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if b.shape()[0] != k {
         return err(format!("Gemm inner dimensions differ: A is {m}×{k}, B is {}×{n}", b.shape()[0]));
     }
+    crate::util::check_out(dt, &[m, n])?;
+    crate::util::check_count(crate::util::elements(&[m, n])?, 8)?;
     let (alpha, beta) = (node.float("alpha", 1.0) as f64, node.float("beta", 1.0) as f64);
     let (a, b) = (widen(&a), widen(&b));
     let c_in = opt(ins, 2).map(|c| {

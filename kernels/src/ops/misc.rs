@@ -111,6 +111,8 @@ fn center_crop_pad(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         out[a] = t as usize;
         shift[a] = if t <= dim { (dim - t) / 2 } else { -((t - dim) / 2) };
     }
+    crate::util::check_out(x.dtype(), &out)?;
+    crate::util::check_count(crate::util::elements(&out)?, std::mem::size_of::<usize>())?;
     let st = strides(x.shape());
     let ext = super::shape::concat_tensors(&[&x.reshaped(&[x.len()]), &Tensor::zeros(x.dtype(), &[1])], 0)?;
     let mut offs = Vec::with_capacity(out.iter().product());
@@ -216,8 +218,10 @@ fn max_unpool(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     // explicit output_shape only pads that at the end of each spatial dim.
     let mut default = x.shape()[..2].to_vec();
     for i in 0..sp {
-        let o = (x.shape()[2 + i] as i64 - 1) * strides_a[i] + kernel[i] - pads[i] - pads[sp + i];
-        default.push(o.max(0) as usize);
+        let o = (x.shape()[2 + i] as i128 - 1) * strides_a[i] as i128 + kernel[i] as i128
+            - pads[i] as i128
+            - pads[sp + i] as i128;
+        default.push(usize::try_from(o.max(0)).unwrap_or(usize::MAX));
     }
     let shape: Vec<usize> = match opt(ins, 2) {
         Some(s) => ints_of(s)?.iter().map(|&v| v.max(0) as usize).collect(),
@@ -226,8 +230,10 @@ fn max_unpool(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if shape.len() != default.len() || shape.iter().zip(&default).any(|(s, d)| s < d) {
         return err(format!("output_shape {shape:?} is smaller than the unpooled shape {default:?}"));
     }
+    crate::util::check_out(x.dtype(), &shape)?;
+    crate::util::check_count(crate::util::elements(&shape)?, 8)?;
     let (dst, ost) = (strides(&default), strides(&shape));
-    let total: usize = default.iter().product();
+    let total = crate::util::elements(&default)?;
     let mut y = vec![0.0; shape.iter().product()];
     for (v, i) in x.to_f64_vec().into_iter().zip(idx.to_i64_vec()) {
         if i < 0 || i as usize >= total {
@@ -288,6 +294,7 @@ fn window_fn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     if size < 0 {
         return err("window size must be non-negative");
     }
+    crate::util::check_count(size as usize, 8)?;
     let periodic = n.int("periodic", 1) != 0;
     let den = if periodic { size as f64 } else { (size - 1).max(1) as f64 };
     let tau = 2.0 * std::f64::consts::PI;

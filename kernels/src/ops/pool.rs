@@ -24,7 +24,8 @@ fn pool(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (nb, c) = (xs[0], xs[1]);
     let in_sp = &xs[2..];
     let isize: usize = in_sp.iter().product();
-    let osize: usize = g.out.iter().product();
+    let osize = crate::util::elements(&g.out)?;
+    crate::util::check_count(crate::util::elements(&[nb, c, osize])?, 8)?;
     let mut y = Vec::with_capacity(nb * c * osize);
     let mut idx_out: Vec<i64> = Vec::new();
     let col_major = node.int("storage_order", 0) != 0;

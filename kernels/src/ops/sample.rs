@@ -83,6 +83,8 @@ fn roi_align(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let offset = if half { 0.5 } else { 0.0 };
     let (xv, rv, iv) = (x.to_f64_vec(), rois.to_f64_vec(), idx.to_i64_vec());
     let nr = rois.shape()[0];
+    crate::util::check_out(x.dtype(), &[nr, c, oh, ow])?;
+    crate::util::check_count(crate::util::elements(&[nr, c, oh, ow])?, 8)?;
     let mut y = vec![0.0; nr * c * oh * ow];
     for r in 0..nr {
         let bi = iv[r];

@@ -176,6 +176,13 @@ impl CpuProgram {
         graph.names_read(&mut read);
         let read: std::collections::HashSet<String> = read.into_iter().collect();
         graph.initializers.retain(|k, _| read.contains(k));
+        if let Err(e) = aim_ir::limits::check_count(placement.arena_bytes, 1) {
+            return Err(RunError::Node {
+                node: graph.name.clone(),
+                op: "memory plan".into(),
+                msg: format!("the arena of intermediate values is too large: {e}"),
+            });
+        }
         let values = run::Values::new(&graph, placement);
         Ok(CpuProgram { graph, prepared, pool, isa, blocking, values, arenas: Default::default(), _code: code.owner })
     }

@@ -131,7 +131,7 @@ impl Values {
             let (Some(Some(x)), Some(Some(o))) = (ins[i].first(), outs[i].first()) else { continue };
             let shape = n.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.concrete_shape());
             if let (true, Some(s), Some(shape)) = (view_op, slot[*o], shape) {
-                if slot[*x] == Some(s) && 4 * shape.iter().product::<usize>() == s.1 {
+                if slot[*x] == Some(s) && aim_ir::limits::bytes_of(DType::F32, &shape).ok() == Some(s.1) {
                     views.insert(i, shape);
                 }
             }
