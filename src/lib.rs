@@ -52,11 +52,11 @@ pub enum Error {
     #[error(transparent)]
     Import(#[from] aim_compiler::onnx::ImportError),
     /// The graph is malformed.
-    #[error("{path}: invalid graph: {source}")]
-    Verify { path: String, source: aim_ir::VerifyError },
+    #[error("{path}: invalid graph: {cause}")]
+    Verify { path: String, cause: aim_ir::VerifyError },
     /// Type inference found inputs that cannot go together.
-    #[error("{path}: {source}")]
-    Infer { path: String, source: aim_ir::infer::InferError },
+    #[error("{path}: {cause}")]
+    Infer { path: String, cause: aim_ir::infer::InferError },
     /// The model uses ops aim cannot run; every one is listed with its nodes.
     #[error("{path}: unsupported ops: {}", list_unsupported(.ops))]
     Unsupported { path: String, ops: BTreeMap<String, Vec<String>> },
@@ -67,11 +67,11 @@ pub enum Error {
     #[error("the model has no input named '{name}' (its inputs: {known})")]
     UnknownInput { name: String, known: String },
     /// A compile-time pass failed.
-    #[error("{path}: {source}")]
-    Pass { path: String, source: aim_compiler::passes::PassError },
+    #[error("{path}: {cause}")]
+    Pass { path: String, cause: aim_compiler::passes::PassError },
     /// Code generation failed.
-    #[error("{path}: {source}")]
-    Codegen { path: String, source: aim_compiler::codegen::CodegenError },
+    #[error("{path}: {cause}")]
+    Codegen { path: String, cause: aim_compiler::codegen::CodegenError },
     /// A `--cpu` value that names no ISA level.
     #[error(transparent)]
     Cpu(#[from] aim_compiler::target::UnknownCpu),
@@ -144,9 +144,9 @@ pub(crate) fn compile_cpu(
         let _ = aim_compiler::codegen::install_portable_microkernel(target);
     }
     aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false)
-        .map_err(|source| Error::Pass { path: path.to_string(), source })?;
+        .map_err(|cause| Error::Pass { path: path.to_string(), cause })?;
     let code = aim_compiler::codegen::generate(&g, target)
-        .map_err(|source| Error::Codegen { path: path.to_string(), source })?;
+        .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
     let placement = placement(&aim_compiler::memory_plan::plan(&g));
     Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code, &placement)?)
 }
@@ -209,12 +209,12 @@ impl Model {
         if let Some(b) = opts.max_tensor_bytes {
             aim_ir::limits::set_max_tensor_bytes(b);
         }
-        aim_ir::verify(&ir.graph).map_err(|source| Error::Verify { path: p.clone(), source })?;
+        aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
         let ops = aim_runtime::unsupported_ops(&ir.graph);
         if !ops.is_empty() {
             return Err(Error::Unsupported { path: p, ops });
         }
-        aim_ir::infer::infer_types(&mut ir.graph).map_err(|source| Error::Infer { path: p.clone(), source })?;
+        aim_ir::infer::infer_types(&mut ir.graph).map_err(|cause| Error::Infer { path: p.clone(), cause })?;
         let exec = match opts.backend {
             Backend::Reference => Exec::Reference,
             Backend::Cpu => {

@@ -27,7 +27,7 @@ struct LoadArgs {
     #[arg(long, env = "AIM_CPU", default_value = "native")]
     cpu: String,
     /// Stop a run that takes longer than this many seconds, with an error.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     timeout: Option<f64>,
     /// The largest tensor aim may allocate (bytes, or with a K, M or G suffix; default:
     /// AIM_MAX_TENSOR_BYTES, else half the machine's memory).
@@ -50,6 +50,8 @@ impl LoadArgs {
                     anyhow::anyhow!("--max-tensor-bytes {b}: expected a size such as 4096, 64M or 2G")
                 })?),
             };
+        // An unknown --cpu is an error on either backend (the reference one does not use it).
+        aim_compiler::target::Target::host().with_cpu(&self.cpu)?;
         Ok(aim::Options { backend, threads: self.threads, cpu: self.cpu.clone(), timeout, max_tensor_bytes })
     }
 }
@@ -196,6 +198,10 @@ fn run(
 
 fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
     let ir = aim_compiler::onnx::import_file(&path)?;
+    // A malformed graph is an error here too (unsupported ops are listed below instead).
+    aim_ir::verify(&ir.graph).with_context(|| format!("{}: invalid graph", path.display()))?;
+    let mut typed = ir.graph.clone();
+    aim_ir::infer::infer_types(&mut typed).with_context(|| format!("{}: type inference", path.display()))?;
     let g = &ir.graph;
     writeln!(out, "model: {}", path.display())?;
     writeln!(

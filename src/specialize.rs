@@ -75,7 +75,7 @@ impl Specializer {
         }
         // Types inferred with the dims symbolic would be kept over the static ones.
         g.value_types.clear();
-        aim_ir::infer::infer_types(&mut g).map_err(|source| Error::Infer { path: self.path.clone(), source })?;
+        aim_ir::infer::infer_types(&mut g).map_err(|cause| Error::Infer { path: self.path.clone(), cause })?;
         crate::compile_cpu(g, &self.target, self.threads, &self.path)
     }
 }

@@ -194,3 +194,47 @@ fn external_data_is_read_relative_to_the_model_and_confined_to_its_directory() {
     std::fs::write(d.join("w.bin"), &weights[..10]).unwrap();
     assert_clean_error(&aim(&["info", d.join("short.onnx").to_str().unwrap()]), "past the end");
 }
+
+#[test]
+fn a_test_case_whose_data_cannot_be_read_fails() {
+    let d = tempdir("unreadable-case");
+    let case = d.join("test_relu_broken");
+    std::fs::create_dir_all(case.join("test_data_set_0")).unwrap();
+    let relu = model(
+        vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        vec![value("x", 1, &[Ok(2)])],
+        vec![value("y", 1, &[Ok(2)])],
+        vec![],
+        13,
+    );
+    std::fs::write(case.join("model.onnx"), relu).unwrap();
+    std::fs::write(case.join("test_data_set_0/input_0.pb"), b"\xff\xff\xff not a tensor").unwrap();
+    std::fs::write(case.join("test_data_set_0/output_0.pb"), b"\xff").unwrap();
+    let out = aim(&["test-onnx", d.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("test_relu_broken: fail: cannot read test data"), "{text}");
+    assert_eq!(text.lines().last(), Some("0 passed, 1 failed, 0 skipped"));
+}
+
+#[test]
+fn errors_are_one_line_even_when_they_quote_control_characters() {
+    let d = tempdir("one-line");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let x = Tensor::from_slice(&[1, 2], &[1.0f32, 2.0]);
+    write_npz(&d.join("in.npz"), &[("x\nsecond line\r".into(), x)]).unwrap();
+    let out = aim(&["run", d.join("m.onnx").to_str().unwrap(), "--inputs", d.join("in.npz").to_str().unwrap()]);
+    assert_clean_error(&out, "no input named 'x\\nsecond line\\r'");
+}
+
+#[test]
+fn impossible_thread_counts_are_clean_errors() {
+    let d = tempdir("threads");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let m = d.join("m.onnx");
+    let out = aim(&["run", m.to_str().unwrap(), "--threads", "100000"]);
+    assert_clean_error(&out, "threads: 100000 is more than 1024");
+    // Usage errors are clap's: exit code 2 (documented in the README).
+    let out = aim(&["run", m.to_str().unwrap(), "--threads", "many"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

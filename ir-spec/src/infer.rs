@@ -149,6 +149,39 @@ fn mul_dims(dims: &[Dim]) -> Dim {
     Dim::Known(p)
 }
 
+/// Ops whose `axis` attribute indexes the dims of input 0 (`[-r, r)`).
+const AXIS_OPS: &[&str] = &[
+    "ArgMax",
+    "ArgMin",
+    "Compress",
+    "Gather",
+    "GatherElements",
+    "Hardmax",
+    "LayerNormalization",
+    "LogSoftmax",
+    "LpNormalization",
+    "ScatterElements",
+    "Softmax",
+    "Split",
+    "TopK",
+];
+
+/// An `axis` attribute out of range for input 0's rank is an error, as in ONNX Runtime
+/// (Flatten takes `[-r, r]`).
+fn check_axis(n: &Node, ins: Ins) -> Result<(), String> {
+    let (Some(a), Some(r)) = (n.opt_int("axis"), shape_of(ins, 0).map(|s| s.len() as i64)) else { return Ok(()) };
+    let ok = match n.op.as_str() {
+        "Flatten" => (-r..=r).contains(&a),
+        op if AXIS_OPS.contains(&op) => (-r..r).contains(&a) || (r == 0 && a == 0 && op == "Compress"),
+        _ => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("axis {a} is out of range for an input of rank {r}"))
+    }
+}
+
 const UNARY_SAME: &[&str] = &[
     "Abs",
     "Acos",
@@ -234,6 +267,7 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
         return Ok(unknown());
     }
     let one = |dtype: Option<DType>, shape: Option<Vec<Dim>>| Ok(vec![ValueType { dtype, shape }]);
+    check_axis(n, ins)?;
     if UNARY_SAME.contains(&op) {
         let mut outs = vec![same_as(ins, 0)];
         outs.resize(n.outputs.len(), ValueType::unknown());
@@ -325,6 +359,21 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                     Some(k) => k.iter().map(|&v| Some(v as usize)).collect(),
                     None => w[2..].iter().map(|d| d.known()).collect(),
                 };
+                for (i, (kk, wd)) in k.iter().zip(&w[2..]).enumerate() {
+                    if let (Some(a), Some(b)) = (kk, wd.known()) {
+                        if *a != b {
+                            return Err(format!("kernel_shape[{i}] is {a} but the weight's kernel is {b}"));
+                        }
+                    }
+                }
+                let group = n.int("group", 1).max(1) as usize;
+                if let (Some(c), Some(cg)) = (x[1].known(), w[1].known()) {
+                    if c != cg * group {
+                        return Err(format!(
+                            "the input has {c} channels, the weight expects {cg} per group × {group} groups"
+                        ));
+                    }
+                }
                 (w[0].clone(), k)
             } else {
                 let k: Vec<Option<usize>> =
@@ -416,6 +465,13 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                     t if t < -1 => return Err(format!("bad target dimension {t}")),
                     t => Dim::Known(t as usize),
                 });
+            }
+            if let (None, Some(x)) = (target.iter().position(|&t| t == -1), &x) {
+                if let (Dim::Known(total), Dim::Known(want)) = (mul_dims(x), mul_dims(&out)) {
+                    if total != want {
+                        return Err(format!("cannot reshape {total} elements into {target:?}"));
+                    }
+                }
             }
             if let (Some(pos), Some(x)) = (target.iter().position(|&t| t == -1), &x) {
                 if let (Dim::Known(total), Dim::Known(rest)) =

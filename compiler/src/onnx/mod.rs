@@ -1,7 +1,9 @@
-//! ONNX import: protobuf bytes → [`aim_ir::Model`] in aim's canonical op forms.
+//! ONNX import (protobuf bytes → [`aim_ir::Model`] in aim's canonical op forms) and export
+//! (the way back, for models written in the IR text format).
 
 mod canon;
 mod error;
+mod export;
 mod import;
 mod print;
 #[allow(clippy::all, missing_docs, rustdoc::all)]
@@ -9,6 +11,7 @@ pub mod proto;
 mod tensor;
 
 pub use error::ImportError;
+pub use export::{export, export_bytes};
 pub use import::{import_bytes, import_file};
 pub use print::{print_onnx, OnnxLine};
 pub use tensor::{decode_tensor_proto, tensor_from_proto};

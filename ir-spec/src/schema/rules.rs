@@ -26,6 +26,14 @@ pub(super) fn check(n: &Node) -> Result<(), String> {
     if WINDOWED.contains(&op) {
         window(n)?;
     }
+    if matches!(op, "Cast" | "EyeLike" | "RandomNormal" | "RandomUniform" | "RandomNormalLike" | "RandomUniformLike") {
+        let attr = if op == "Cast" { "to" } else { "dtype" };
+        if let Some(code) = n.opt_int(attr) {
+            if i32::try_from(code).ok().and_then(crate::DType::from_onnx_code).is_none() {
+                return Err(format!("attribute '{attr}' is {code}, which is not an element type aim supports"));
+            }
+        }
+    }
     if GROUPED.contains(&op) && n.opt_int("group").is_some_and(|g| g < 1) {
         return Err(format!("attribute 'group' must be at least 1, got {}", n.int("group", 1)));
     }

@@ -53,6 +53,21 @@ impl IsaKind {
 /// kernels behind it are `#[target_feature]` functions, which are undefined behaviour on a
 /// CPU without those features, so safe code can only get an `Isa` from [`Isa::new`] (which
 /// checks the CPU) or [`Isa::PORTABLE`] (which needs nothing).
+///
+/// ```compile_fail
+/// // The field is private: an `Isa` cannot be made for a CPU that lacks it.
+/// let isa = aim_kernels::gemm::Isa(aim_kernels::gemm::IsaKind::Avx512);
+/// ```
+///
+/// ```
+/// use aim_kernels::gemm::{Isa, IsaKind};
+/// // Only what this CPU has: on x86-64 there is no NEON, on AArch64 no AVX.
+/// #[cfg(target_arch = "x86_64")]
+/// assert!(Isa::new(IsaKind::Neon).is_none());
+/// #[cfg(target_arch = "aarch64")]
+/// assert!(Isa::new(IsaKind::Avx2).is_none());
+/// assert_eq!(Isa::new(IsaKind::Portable), Some(Isa::PORTABLE));
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Isa(IsaKind);
 
