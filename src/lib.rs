@@ -10,6 +10,7 @@
 //! `Model::load` imports the ONNX file, verifies the graph, infers types and refuses a model
 //! whose ops aim cannot run (naming all of them). `run` executes it on the selected backend.
 
+pub mod compare;
 pub mod conformance;
 pub mod explore;
 mod guard;
@@ -328,6 +329,26 @@ impl Model {
         Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
     }
 
+    /// Runs the model keeping every value its nodes make, in the order they were made: on
+    /// the reference backend the values of the imported graph, on the cpu backend those of
+    /// the optimised graph (fused nodes make the values they stand for under their last
+    /// node's output name; values fused away do not appear). Returns the outputs and the
+    /// values. `aim compare` is built on it.
+    pub fn run_capture(&self, inputs: Vec<(String, Tensor)>) -> Result<Captured, Error> {
+        let map = self.input_map(inputs)?;
+        let o = &self.run_opts;
+        let (outs, values) = guard::contain(&format!("running {}", self.path.display()), || {
+            Ok(match &self.exec {
+                Exec::Reference => aim_runtime::run_graph_capture(&self.ir.graph, map, o)?,
+                Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                    Some(special) => special.run_capture(map, o)?,
+                    None => p.run_capture(map, o)?,
+                },
+            })
+        })?;
+        Ok(Captured { outputs: self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect(), values })
+    }
+
     /// The inputs by name, refusing names the graph does not have and names given twice.
     fn input_map(&self, inputs: Vec<(String, Tensor)>) -> Result<HashMap<String, Tensor>, Error> {
         let mut map = HashMap::new();
@@ -342,6 +363,15 @@ impl Model {
         }
         Ok(map)
     }
+}
+
+/// What [`Model::run_capture`] gives: the outputs, and every value the nodes made.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    /// Graph outputs, in order, with their names.
+    pub outputs: Vec<(String, Tensor)>,
+    /// Every value a node made, by name, in the order they were made.
+    pub values: Vec<(String, Tensor)>,
 }
 
 /// Imports, verifies, type-checks and op-checks a model held in memory, discarding the

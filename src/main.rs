@@ -148,6 +148,29 @@ enum Cmd {
         #[arg(long)]
         caches: Option<String>,
     },
+    /// Find where the cpu backend's numbers part from the reference: run both keeping every
+    /// intermediate value and print, per node output in graph order, max abs error, max
+    /// relative error, MSE and the value's scale, marking the first over the tolerance.
+    /// Exits 1 when any value is over it.
+    Compare {
+        /// The ONNX model.
+        model: PathBuf,
+        /// Inputs (.npz); default: seeded random inputs.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// `reference` (the reference backend, the default) or an .npz of values computed
+        /// elsewhere, keyed by value name (e.g. ONNX Runtime's outputs).
+        #[arg(long, default_value = "reference")]
+        against: String,
+        /// Largest error allowed, relative to each value's scale (its largest magnitude).
+        #[arg(long, default_value_t = 1e-4)]
+        tolerance: f64,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        load: LoadArgs,
+    },
     /// Run ONNX backend test cases (directories with model.onnx and test_data_set_N/).
     TestOnnx {
         /// Case directories, or directories holding them.
@@ -459,6 +482,43 @@ fn test_onnx(out: &mut dyn Write, dirs: Vec<PathBuf>, backend: Backend, quiet: b
     Ok(fail == 0)
 }
 
+/// `aim compare`: the report, and whether every value is within the tolerance.
+fn compare(
+    out: &mut dyn Write,
+    model: &std::path::Path,
+    inputs: Option<PathBuf>,
+    against: &str,
+    tolerance: f64,
+    json: bool,
+    opts: &aim::Options,
+) -> Result<bool> {
+    if !(tolerance.is_finite() && tolerance >= 0.0) {
+        bail!("--tolerance {tolerance}: expected a non-negative number");
+    }
+    let against = match against {
+        "reference" => aim::compare::Against::Reference,
+        file => {
+            let values = npz::read_npz(std::path::Path::new(file))?.into_iter().collect();
+            aim::compare::Against::Values { what: file.to_string(), values }
+        }
+    };
+    let ins = match inputs {
+        Some(p) => npz::read_npz(&p)?,
+        None => {
+            let ir = aim_compiler::onnx::import_file(model)?;
+            aim::random_inputs(&ir.graph.inputs, 0).map_err(anyhow::Error::msg)?
+        }
+    };
+    let report = aim::compare::compare(model, ins, &against, tolerance, opts)?;
+    let name = model.display().to_string();
+    if json {
+        writeln!(out, "{}", aim::compare::render_json(&report, &name))?;
+    } else {
+        out.write_all(aim::compare::render_text(&report, &name).as_bytes())?;
+    }
+    Ok(report.first_over().is_none())
+}
+
 /// `1048576`, `1024K` or `1M` in bytes.
 fn parse_size(s: &str) -> Result<usize> {
     let s = s.trim();
@@ -553,6 +613,9 @@ fn dispatch(cli: Cli) -> Result<bool> {
             .and_then(|o| bench(&mut out, model, inputs, iters, warmup, o, json, profile))
             .map(|_| true),
         Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
+        Cmd::Compare { model, inputs, against, tolerance, json, load } => {
+            load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))
+        }
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
         Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches } => {
             explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches).map(|_| true)

@@ -144,7 +144,18 @@ pub fn write_npy(t: &Tensor) -> Vec<u8> {
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, NpzError> {
     let e = |msg: String| NpzError { path: path.display().to_string(), msg };
     let file = std::fs::File::open(path).map_err(|x| e(format!("cannot open: {x}")))?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|x| e(format!("not an .npz (zip) archive: {x}")))?;
+    read_archive(file, &path.display().to_string())
+}
+
+/// Reads every array of an `.npz` held in memory (`what` names it in errors): for inputs
+/// that do not come from a file, and the fuzz target.
+pub fn read_npz_bytes(bytes: &[u8], what: &str) -> Result<Vec<(String, Tensor)>, NpzError> {
+    read_archive(std::io::Cursor::new(bytes), what)
+}
+
+fn read_archive<R: Read + std::io::Seek>(r: R, what: &str) -> Result<Vec<(String, Tensor)>, NpzError> {
+    let e = |msg: String| NpzError { path: what.to_string(), msg };
+    let mut zip = zip::ZipArchive::new(r).map_err(|x| e(format!("not an .npz (zip) archive: {x}")))?;
     let mut out = Vec::new();
     for i in 0..zip.len() {
         let mut f = zip.by_index(i).map_err(|x| e(format!("cannot read entry {i}: {x}")))?;

@@ -238,3 +238,40 @@ fn impossible_thread_counts_are_clean_errors() {
     let out = aim(&["run", m.to_str().unwrap(), "--threads", "many"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+#[test]
+fn compare_finds_the_first_node_that_diverges() {
+    let d = tempdir("compare");
+    let text = "opset 17\ngraph \"g\" {\n  input %x: f32[2,4]\n  init %w = f32[4,3] [0.5, -1.0, 0.25, 1.0, 0.5, -0.5, 0.0, 2.0, 1.0, -1.5, 0.5, 0.75]\n  %h = MatMul(%x, %w)  # mm\n  %a = Tanh(%h)  # act\n  %s = Mul(%a, %a)  # square\n  %y = Softmax(%s) {axis=1}  # sm\n  output %y: f32[2,3]\n}\n";
+    let m = d.join("m.onnx");
+    std::fs::write(&m, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    let x = Tensor::from_slice(&[2, 4], &[0.1f32, -0.2, 0.3, 0.4, 1.0, 0.5, -0.5, 0.25]);
+    write_npz(&d.join("in.npz"), &[("x".into(), x.clone())]).unwrap();
+    let (m_s, in_s) = (m.to_str().unwrap(), d.join("in.npz"));
+    // Against the reference backend: every value within the tolerance.
+    let out = aim(&["compare", m_s, "--inputs", in_s.to_str().unwrap()]);
+    let text_out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text_out}{}", stderr(&out));
+    assert!(text_out.contains("0 over tolerance"), "{text_out}");
+    // Values computed elsewhere, with one node made to diverge: that node is the first flagged.
+    let r = aim::Model::load_with(&m, aim::Backend::Reference).unwrap();
+    let mut values = r.run_capture(vec![("x".into(), x)]).unwrap().values;
+    for (name, t) in values.iter_mut() {
+        if name == "a" {
+            let v: Vec<f32> = t.data::<f32>().iter().map(|v| v + 0.01).collect();
+            *t = Tensor::from_slice(t.shape(), &v);
+        }
+    }
+    write_npz(&d.join("elsewhere.npz"), &values).unwrap();
+    let other = d.join("elsewhere.npz");
+    let out = aim(&["compare", m_s, "--inputs", in_s.to_str().unwrap(), "--against", other.to_str().unwrap()]);
+    let text_out = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text_out}");
+    assert!(text_out.contains("first over tolerance: node 'act' (Tanh), output 'a'"), "{text_out}");
+    assert!(text_out.lines().any(|l| l.contains(" act ") && l.contains("<- first over tolerance")), "{text_out}");
+    let out =
+        aim(&["compare", m_s, "--inputs", in_s.to_str().unwrap(), "--against", other.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["first_over"]["node"], "act");
+    assert_eq!(v["rows"].as_array().unwrap().len(), 4);
+}

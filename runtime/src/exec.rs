@@ -149,7 +149,18 @@ pub fn run_graph(g: &Graph, inputs: HashMap<String, Tensor>) -> Result<Vec<Tenso
 
 /// Runs `g` on `inputs` within the bounds of `opts`.
 pub fn run_graph_with(g: &Graph, inputs: HashMap<String, Tensor>, opts: &RunOptions) -> Result<Vec<Tensor>, RunError> {
-    run_with(g, inputs, None, Deadline::start(opts), &Reference, None)
+    run_with(g, inputs, None, Deadline::start(opts), &Reference, None, None)
+}
+
+/// A run's outputs, and every value its nodes made, by name, in the order they were made.
+pub type Capture = (Vec<Tensor>, Vec<(String, Tensor)>);
+
+/// Runs `g` on `inputs` keeping every value a node of `g` makes (not those inside
+/// subgraphs), in the order they were made: what `aim compare` compares.
+pub fn run_graph_capture(g: &Graph, inputs: HashMap<String, Tensor>, opts: &RunOptions) -> Result<Capture, RunError> {
+    let mut kept = Vec::new();
+    let outs = run_with(g, inputs, None, Deadline::start(opts), &Reference, None, Some(&mut kept))?;
+    Ok((outs, kept))
 }
 
 pub(crate) fn run_scoped(
@@ -157,7 +168,7 @@ pub(crate) fn run_scoped(
     inputs: HashMap<String, Tensor>,
     parent: Option<&Scope>,
 ) -> Result<Vec<Tensor>, RunError> {
-    run_with(g, inputs, parent, parent.and_then(|p| p.deadline), &Reference, None)
+    run_with(g, inputs, parent, parent.and_then(|p| p.deadline), &Reference, None, None)
 }
 
 /// Runs `g` on the reference kernels, recording every node's time.
@@ -167,7 +178,7 @@ pub fn run_graph_profiled(
     opts: &RunOptions,
 ) -> Result<(Vec<Tensor>, Vec<NodeTiming>), RunError> {
     let mut p = Vec::new();
-    let outs = run_with(g, inputs, None, Deadline::start(opts), &Reference, Some(&mut p))?;
+    let outs = run_with(g, inputs, None, Deadline::start(opts), &Reference, Some(&mut p), None)?;
     Ok((outs, p))
 }
 
@@ -193,6 +204,7 @@ pub(crate) fn run_with(
     deadline: Option<Deadline>,
     runner: &dyn Runner,
     mut profile: Option<&mut Vec<NodeTiming>>,
+    mut capture: Option<&mut Vec<(String, Tensor)>>,
 ) -> Result<Vec<Tensor>, RunError> {
     let run_start = std::time::Instant::now();
     let mut syms = HashMap::new();
@@ -246,6 +258,9 @@ pub(crate) fn run_with(
         }
         for (name, t) in n.outputs.iter().zip(outs) {
             if !name.is_empty() {
+                if let Some(c) = capture.as_deref_mut() {
+                    c.push((name.clone(), t.clone()));
+                }
                 scope.values.insert(name.clone(), t);
             }
         }

@@ -21,5 +21,8 @@ pub mod pool;
 mod support;
 
 pub use aim_ir::Tensor;
-pub use exec::{panic_message, run_graph, run_graph_profiled, run_graph_with, NodeTiming, RunError, RunOptions};
+pub use exec::{
+    panic_message, run_graph, run_graph_capture, run_graph_profiled, run_graph_with, Capture, NodeTiming, RunError,
+    RunOptions,
+};
 pub use support::{is_supported, unsupported_ops};

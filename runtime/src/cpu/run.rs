@@ -11,7 +11,7 @@ use super::{
     blocked, conv, dense, depthwise, elementwise, softmax, transpose, CpuProgram, In, Out, Placement, Prepared,
     Residual,
 };
-use crate::exec::{check_input, panic_message, run_node, Deadline, NodeTiming, RunError, RunOptions, Scope};
+use crate::exec::{check_input, panic_message, run_node, Capture, Deadline, NodeTiming, RunError, RunOptions, Scope};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -246,16 +246,35 @@ impl CpuProgram {
         self.values.arena_bytes
     }
 
+    /// Runs the program keeping a copy of every value a node makes, in the order they were
+    /// made (values in the arena are copied out before anything overwrites them): what
+    /// `aim compare` compares with the reference backend.
+    pub fn run_capture(&self, inputs: HashMap<String, Tensor>, opts: &RunOptions) -> Result<Capture, RunError> {
+        let mut kept = Vec::new();
+        let outs = self.execute_with(inputs, opts, None, Some(&mut kept))?;
+        Ok((outs, kept))
+    }
+
     fn execute(
         &self,
         inputs: HashMap<String, Tensor>,
         opts: &RunOptions,
         profile: Option<&mut Vec<NodeTiming>>,
     ) -> Result<Vec<Tensor>, RunError> {
+        self.execute_with(inputs, opts, profile, None)
+    }
+
+    fn execute_with(
+        &self,
+        inputs: HashMap<String, Tensor>,
+        opts: &RunOptions,
+        profile: Option<&mut Vec<NodeTiming>>,
+        capture: Option<&mut Vec<(String, Tensor)>>,
+    ) -> Result<Vec<Tensor>, RunError> {
         let taken = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut arena = taken.unwrap_or_else(|| Arena::new(self.values.arena_bytes));
         let base = Base { ptr: arena.0.as_mut_ptr() as *mut u8, bytes: self.values.arena_bytes };
-        let r = self.execute_in(base, inputs, Deadline::start(opts), profile);
+        let r = self.execute_in(base, inputs, Deadline::start(opts), profile, capture);
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         r
     }
@@ -266,6 +285,7 @@ impl CpuProgram {
         mut inputs: HashMap<String, Tensor>,
         deadline: Option<Deadline>,
         mut profile: Option<&mut Vec<NodeTiming>>,
+        mut capture: Option<&mut Vec<(String, Tensor)>>,
     ) -> Result<Vec<Tensor>, RunError> {
         let v = &self.values;
         let g = &self.graph;
@@ -291,6 +311,17 @@ impl CpuProgram {
             if let Some(p) = profile.as_deref_mut() {
                 let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
                 p.push(NodeTiming { node: n.name.clone(), op, start: t - start, time: t.elapsed() });
+            }
+            if let Some(c) = capture.as_deref_mut() {
+                for &o in v.outs[i].iter().flatten() {
+                    match &vals[o] {
+                        Val::Tensor(t) => c.push((v.names[o].clone(), t.clone())),
+                        Val::Arena { off, shape } => {
+                            c.push((v.names[o].clone(), Tensor::from_slice(shape, base.floats(*off, shape))))
+                        }
+                        Val::Empty => {}
+                    }
+                }
             }
             for &x in &v.free[i] {
                 vals[x] = Val::Empty;
