@@ -74,9 +74,9 @@ fn check(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) {
 fn random_convolutions_with_fused_epilogues() {
     let mut r = Rng(42);
     for case in 0..200 {
-        let c = r.pick(&[1, 3, 8, 16]);
+        let c: usize = r.pick(&[1, 3, 8, 16]);
         let depthwise = r.pick(&[false, false, true]);
-        let group = if depthwise { c } else { r.pick(&[1, 1, 1, if c % 2 == 0 { 2 } else { 1 }]) };
+        let group = if depthwise { c } else { r.pick(&[1, 1, 1, if c.is_multiple_of(2) { 2 } else { 1 }]) };
         let m = if depthwise { c } else { group * r.pick(&[1, 4, 13]) };
         let (h, w) = (r.pick(&[5, 9, 16]), r.pick(&[4, 9, 17]));
         let k = r.pick(&[1, 3, 3, 5]);

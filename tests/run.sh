@@ -20,6 +20,11 @@ python3 tests/conformance/gen_onnx_cases.py target/onnx-cases
 echo "== generating the benchmark models"
 python3 tests/models/make_models.py target/models
 
+echo "== formatting (cargo fmt --check)"
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo fmt --all -- --check
+(cd fuzz && cargo fmt -- --check)
+
 cargo build --release --locked
 echo "== clippy (warnings are errors)"
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy

@@ -1,8 +1,11 @@
 //! `aim-compiler`: everything between a model file and runnable code.
 //!
-//! Today it holds the ONNX frontend ([`onnx`]): protobuf decoding (prost, with the generated
-//! code checked in so no protoc is needed), external data, and opset normalisation into
-//! aim's canonical op forms. The graph passes, scheduling and code generators join it here.
+//! The ONNX frontend ([`onnx`]: protobuf decoding with prost — the generated code is checked
+//! in, so no protoc is needed — external data, opset normalisation into aim's canonical op
+//! forms, and export back to ONNX), the target description read with CPUID ([`target`]),
+//! the graph passes and their pipeline ([`passes`]), the elementwise program format
+//! ([`ewprog`]), Cranelift code generation ([`codegen`]) and the memory plan
+//! ([`memory_plan`]).
 
 pub mod codegen;
 pub mod ewprog;

@@ -9,7 +9,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let Ok(m) = aim_ir::text::parse_model(text) else { return };
     let printed = aim_ir::text::print_model(&m, aim_ir::text::TensorDetail::Full);
-    let again = aim_ir::text::parse_model(&printed).unwrap_or_else(|e| panic!("printed text does not parse: {e}\n{printed}"));
+    let again =
+        aim_ir::text::parse_model(&printed).unwrap_or_else(|e| panic!("printed text does not parse: {e}\n{printed}"));
     let reprinted = aim_ir::text::print_model(&again, aim_ir::text::TensorDetail::Full);
     assert_eq!(printed, reprinted, "the text does not round-trip");
     let mut g = m.graph;
