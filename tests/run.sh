@@ -40,6 +40,9 @@ python3 tests/explore_html.py target/release/aim target/models/mobilenetv2.onnx 
 echo "== unit, snapshot, fuzz-corpus, explore and conformance tests"
 AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQUIRE_CONFORMANCE=1 cargo test --workspace --release --locked
 
+echo "== the thread pool's handshake under loom's memory model"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p aim-runtime --release --locked --lib loom
+
 echo "== the AArch64 build (NEON) under QEMU: unit, conformance, differential and fuzz-corpus tests"
 bash tests/cross_aarch64.sh "$PWD/target/onnx-cases"
 

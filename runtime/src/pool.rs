@@ -7,48 +7,31 @@
 //! Loops from several threads (one model served by several threads) take turns; a task must
 //! not start a loop on the pool that runs it (kernels pass `Sequential` to inner loops).
 //!
-//! # Why `for_each` returns only after every worker is done with the closure
-//!
-//! The closure is borrowed (its lifetime erased), so no worker may call it once
-//! `for_each` has returned. A worker announces itself (`inside += 1`) before it claims
-//! indices (`next.fetch_add`), and leaves (`inside -= 1`) after its last call; the caller,
-//! once its own claim has found `next >= n`, waits for `inside == 0`. This is the
-//! store-buffering pattern — each side writes one location and then reads the other — so
-//! on weakly ordered CPUs (AArch64, POWER) acquire/release is not enough: the caller could
-//! read a stale `inside == 0` while a worker that already announced itself goes on to claim
-//! an index. The announcement, every claim and the caller's reads of `inside` are
-//! therefore `SeqCst`: in the single total order of those operations, a worker's claim
-//! that got an index precedes the caller's claim that found none (claims are read-modify-
-//! writes of one location, so they are ordered), its announcement precedes its claim, and
-//! the caller's claim precedes its read of `inside` — so that read sees the announcement
-//! until the matching `inside -= 1`. That decrement is a release (here `SeqCst`) and the
-//! read an acquire, so everything the worker's calls wrote (outputs, a panic message) is
-//! visible to the caller when it returns. A worker that announces itself after the
-//! caller's read finds no index left: its claim reads the latest `next` (`>= n`), so it
-//! never calls the closure.
+//! `for_each` returns only after every worker is done with the borrowed closure, on weakly
+//! ordered CPUs too: the handshake is one atomic word per loop, [`crate::claims::Claims`],
+//! whose module doc gives the argument (and a loom model checks it).
 
+use crate::claims::Claims;
 use aim_kernels::gemm::Parallel;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// One loop being run: the closure (lifetime erased; `for_each` outlives every use), the
-/// next index to hand out, and how many workers are still inside.
+/// One loop being run: the closure (lifetime erased; `for_each` outlives every use) and
+/// the claim counter (the next index to hand out and how many workers are inside).
 struct Job {
     f: *const (dyn Fn(usize) + Sync),
-    n: usize,
     /// Indices a thread claims at once: the shared counter is touched once per chunk, not
     /// per index (where the cores are far apart, as on some cloud machines, each touch
     /// moves a cache line between them).
     chunk: usize,
-    next: AtomicUsize,
-    inside: AtomicUsize,
+    claims: Claims,
     /// The message of the first call that panicked, re-raised on the calling thread.
     panic: Mutex<Option<String>>,
 }
 
-// SAFETY: `f` is Sync and `for_each` keeps it alive until `inside` drops to zero.
+// SAFETY: `f` is Sync and `for_each` keeps it alive until the claims are idle.
 unsafe impl Send for Job {}
 unsafe impl Sync for Job {}
 
@@ -73,23 +56,18 @@ pub struct ThreadPool {
 const SPIN: Duration = Duration::from_micros(200);
 
 fn run_job(job: &Job) {
-    loop {
-        // SeqCst: see the module doc (the claim must be ordered after the announcement).
-        let start = job.next.fetch_add(job.chunk, Ordering::SeqCst);
-        if start >= job.n {
-            break;
-        }
+    while let Some(range) = job.claims.claim(job.chunk) {
         // A panicking call must not kill a worker (the caller would wait for it forever):
         // it is caught, the remaining indices are skipped, and the caller re-raises it.
         // SAFETY: see `Job`.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            for i in start..(start + job.chunk).min(job.n) {
+            for i in range {
                 unsafe { (*job.f)(i) }
             }
         }));
         if let Err(p) = r {
             job.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(crate::exec::panic_message(&*p));
-            job.next.store(usize::MAX / 2, Ordering::Release);
+            job.claims.close();
         }
     }
 }
@@ -151,13 +129,11 @@ fn worker(s: &Shared) {
         seen = s.generation.load(Ordering::Acquire);
         let job = s.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(job) = job {
-            // SeqCst: see the module doc (announced before any claim).
-            job.inside.fetch_add(1, Ordering::SeqCst);
-            // Re-check: the caller may have finished and retired this job meanwhile.
-            if job.next.load(Ordering::Acquire) < job.n {
-                run_job(&job);
-            }
-            job.inside.fetch_sub(1, Ordering::SeqCst);
+            // The caller may have finished and retired this job meanwhile: then the claims
+            // give nothing (see `Claims`).
+            job.claims.enter();
+            run_job(&job);
+            job.claims.leave();
         }
     }
 }
@@ -167,7 +143,7 @@ impl Parallel for ThreadPool {
         if n == 0 {
             return;
         }
-        if self.workers.is_empty() || n == 1 {
+        if self.workers.is_empty() || n == 1 || n > crate::claims::MAX_INDICES {
             (0..n).for_each(f);
             return;
         }
@@ -178,14 +154,7 @@ impl Parallel for ThreadPool {
             unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
         // About four chunks per thread: few claims, and still room to even out.
         let chunk = (n / (4 * self.size())).max(1);
-        let job = Arc::new(Job {
-            f: f_static,
-            n,
-            chunk,
-            next: AtomicUsize::new(0),
-            inside: AtomicUsize::new(0),
-            panic: Mutex::new(None),
-        });
+        let job = Arc::new(Job { f: f_static, chunk, claims: Claims::new(n), panic: Mutex::new(None) });
         {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(job.clone());
@@ -195,18 +164,12 @@ impl Parallel for ThreadPool {
             self.shared.wake.notify_all();
         }
         run_job(&job);
-        // Every index is handed out; wait for workers still running one (SeqCst: see the
-        // module doc).
-        while job.inside.load(Ordering::SeqCst) != 0 {
+        // Every index is handed out; wait for workers still running one. A worker that
+        // cloned the job but enters later finds nothing to claim (see `Claims`).
+        while !job.claims.idle() {
             std::hint::spin_loop();
         }
         *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        // A worker that cloned the job but has not yet entered sees `next >= n` and leaves
-        // without calling `f`.
-        job.next.store(usize::MAX / 2, Ordering::SeqCst);
-        while job.inside.load(Ordering::SeqCst) != 0 {
-            std::hint::spin_loop();
-        }
         let panicked = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(msg) = panicked {
             panic!("{msg}");
