@@ -75,6 +75,11 @@ impl Emit<'_, '_> {
         self.b.ins().fcmp(FloatCC::LessThan, x, k)
     }
 
+    fn ge(&mut self, x: Value, c: f32) -> Value {
+        let k = self.f(c);
+        self.b.ins().fcmp(FloatCC::GreaterThanOrEqual, x, k)
+    }
+
     /// Horner evaluation of `coeffs[0] + x·(coeffs[1] + x·(...))`.
     fn poly(&mut self, x: Value, coeffs: &[f32]) -> Value {
         let mut acc = self.f(coeffs[coeffs.len() - 1]);
@@ -138,6 +143,11 @@ impl Emit<'_, '_> {
 
     /// erf as `x·P(x²)/Q(x²)` on [−4, 4], the rational fit of `aim_kernels::fast::math::erf`.
     fn erf(&mut self, x: Value) -> Value {
+        // ±1 exactly past ±4, as `aim_kernels::fast::math::erf` (what f32 rounds erf to there).
+        let a = self.b.ins().fabs(x);
+        let big = self.ge(a, 4.0);
+        let one = self.f(1.0);
+        let sat = self.copysign(one, x);
         let x = self.at_least(x, -4.0);
         let x = self.at_most(x, 4.0);
         let x2 = self.b.ins().fmul(x, x);
@@ -155,7 +165,8 @@ impl Emit<'_, '_> {
         );
         let q = self.poly(x2, &[-1.426_474e-2, -7.373_329_4e-3, -1.682_827e-3, -2.133_740_6e-4, -1.456_607_2e-5]);
         let xp = self.b.ins().fmul(x, p);
-        self.b.ins().fdiv(xp, q)
+        let r = self.b.ins().fdiv(xp, q);
+        self.select(big, sat, r)
     }
 
     fn tanh(&mut self, x: Value) -> Value {

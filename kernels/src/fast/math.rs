@@ -32,6 +32,11 @@ pub fn exp(x: f32) -> f32 {
 /// the minimax fit Eigen and XLA use for f32. No branch, no exp: a dozen FMAs and a division.
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
+    // Past ±4, erf is ±1 in f32 (erfc(4) = 1.5e-8 is below half an ulp of 1): exactly, so
+    // that x·(1 + erf(x)) is -inf·0 = NaN at -inf and 0 for large negative x, as computed
+    // exactly (the fit alone gives 1 - 2e-8 there).
+    let sat = 1f32.copysign(x);
+    let big = x.abs() >= 4.0;
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
     let p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
@@ -44,7 +49,11 @@ pub fn erf(x: f32) -> f32 {
     let q = x2 * q + -1.682_827e-3;
     let q = x2 * q + -7.373_329_4e-3;
     let q = x2 * q + -1.426_474e-2;
-    x * p / q
+    if big {
+        sat
+    } else {
+        x * p / q
+    }
 }
 
 /// tanh(x) = 1 - 2/(e^{2x} + 1), with the odd symmetry kept exact near 0.
@@ -100,6 +109,9 @@ mod tests {
             }
         }
         assert!(worst_abs <= 5e-7, "erf absolute error {worst_abs:e}");
+        assert_eq!(super::erf(4.0), 1.0);
+        assert_eq!(super::erf(f32::NEG_INFINITY), -1.0);
+        assert!(super::erf(f32::NAN).is_nan());
         assert!(worst_rel <= 1e-6, "erf relative error near 0 {worst_rel:e}");
     }
 
