@@ -275,3 +275,17 @@ fn compare_finds_the_first_node_that_diverges() {
     assert_eq!(v["first_over"]["node"], "act");
     assert_eq!(v["rows"].as_array().unwrap().len(), 4);
 }
+
+#[test]
+fn empty_window_lists_in_onnx_are_the_defaults() {
+    // ONNX Runtime reads `strides = []` as "not given"; so does aim's importer.
+    let d = tempdir("empty-lists");
+    let text = "opset 17\ngraph \"g\" {\n  input %x: f32[1,1,4,4]\n  init %w = f32[1,1,3,3] [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]\n  %y = Conv(%x, %w) {dilations=ints[], pads=ints[], strides=ints[]}  # c\n  output %y: f32[1,1,2,2]\n}\n";
+    let m = d.join("m.onnx");
+    std::fs::write(&m, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    for b in [aim::Backend::Reference, aim::Backend::Cpu] {
+        let model = aim::Model::load_with(&m, b).unwrap();
+        let y = model.run(vec![("x".into(), Tensor::from_slice(&[1, 1, 4, 4], &[1.0f32; 16]))]).unwrap();
+        assert_eq!(y[0].1.data::<f32>(), &[9.0; 4], "{b:?}");
+    }
+}

@@ -39,6 +39,18 @@ fn bad(n: &Node, reason: &str) -> ImportError {
 /// Rewrites `n` (of a model at `opset`) into canonical form and appends it to `g`.
 pub(crate) fn canonicalize(mut n: Node, opset: i64, g: &mut Graph) -> Result<(), ImportError> {
     let op = n.op.clone();
+    if matches!(
+        op.as_str(),
+        "Conv" | "ConvTranspose" | "ConvInteger" | "QLinearConv" | "MaxPool" | "AveragePool" | "LpPool"
+    ) {
+        // An empty list is the default, as ONNX Runtime reads it (the IR has no empty lists
+        // for these: the verifier refuses them).
+        for name in ["strides", "dilations", "pads", "kernel_shape"] {
+            if n.ints(name).is_some_and(|v| v.is_empty()) {
+                n.attrs.remove(name);
+            }
+        }
+    }
     match op.as_str() {
         "Squeeze" | "Unsqueeze" if opset < 13 => ints_to_input(g, &mut n, "axes", 1),
         "ReduceSum" if opset < 13 => ints_to_input(g, &mut n, "axes", 1),
