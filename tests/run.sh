@@ -31,8 +31,9 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
 
 echo "== benchmark models: aim against ONNX Runtime (reference and cpu backends)"
-python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50 --backend reference
-python3 tests/compare_ort.py target/release/aim target/models mlp mlp_b64 mobilenetv2 bert_l6 resnet50 --backend cpu
+MODELS="mlp mlp_b64 mobilenetv2 bert_l6 resnet50 yolo_like dbnet_like crnn_like crnn_unrolled vad_like mobilenetv3 bert_hf gpt2_step"
+python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend reference
+python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu
 
 echo "== aim explore: the HTML page in headless Chromium (hover, highlight, search, screenshot)"
 python3 tests/explore_html.py target/release/aim target/models/mobilenetv2.onnx target/explore
