@@ -18,13 +18,12 @@ pub struct NpzError {
 
 /// The dtype of a numpy `descr` and whether its bytes are big-endian.
 fn descr_dtype(descr: &str) -> Option<(DType, bool)> {
-    if descr.len() < 2 {
-        return None;
-    }
-    let (order, code) = descr.split_at(1);
+    let mut chars = descr.chars();
+    let order = chars.next()?;
+    let code = chars.as_str();
     let big = match order {
-        ">" => !code.ends_with('1'),
-        "<" | "|" | "=" => false,
+        '>' => !code.ends_with('1'),
+        '<' | '|' | '=' => false,
         _ => return None,
     };
     let dt = match code {
@@ -234,6 +233,15 @@ mod tests {
         let data: Vec<u8> = [1.5f64, -2.0].iter().flat_map(|v| v.to_be_bytes()).collect();
         let t = parse_npy(&npy("{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }", &data)).unwrap();
         assert_eq!(t.data::<f64>(), &[1.5, -2.0]);
+    }
+
+    #[test]
+    fn a_descr_of_any_text_is_parsed_or_refused() {
+        // A multi-byte first character once split a string inside it (found by fuzzing).
+        for descr in ["م4", "<", "", "<f", "ñf4", ">f4"] {
+            let b = npy(&format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': (1,), }}"), &[0; 4]);
+            let _ = parse_npy(&b);
+        }
     }
 
     #[test]
