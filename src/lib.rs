@@ -113,14 +113,32 @@ pub struct Options {
     /// half the machine's memory). Process-wide: loading a model with it set changes it for
     /// every model (see `aim_ir::limits`).
     pub max_tensor_bytes: Option<usize>,
+    /// Input shapes to compile specialised programs for at load (the cpu backend compiles
+    /// one on first use for any other shape): each entry one signature, giving the shape of
+    /// every input with symbolic dims, by name.
+    pub shapes: Vec<InputShapes>,
+    /// How many specialised programs the cpu backend keeps (the most recently used);
+    /// `None`: 8.
+    pub shape_cache: Option<usize>,
 }
+
+/// The shapes of a model's inputs by name: one signature to specialise for.
+pub type InputShapes = Vec<(String, Vec<usize>)>;
 
 /// The most threads a model runs on: more is a mistake (each is a spinning worker).
 pub const MAX_THREADS: usize = 1024;
 
 impl Default for Options {
     fn default() -> Options {
-        Options { backend: Backend::Cpu, threads: None, cpu: "native".into(), timeout: None, max_tensor_bytes: None }
+        Options {
+            backend: Backend::Cpu,
+            threads: None,
+            cpu: "native".into(),
+            timeout: None,
+            max_tensor_bytes: None,
+            shapes: Vec::new(),
+            shape_cache: None,
+        }
     }
 }
 
@@ -135,7 +153,7 @@ enum Exec {
 pub(crate) fn compile_cpu(
     mut g: aim_ir::Graph,
     target: &aim_compiler::target::Target,
-    threads: usize,
+    pool: &std::sync::Arc<aim_runtime::pool::ThreadPool>,
     path: &str,
 ) -> Result<aim_runtime::cpu::CpuProgram, Error> {
     if target.gemm_isa() == aim_kernels::gemm::Isa::PORTABLE {
@@ -149,7 +167,40 @@ pub(crate) fn compile_cpu(
     let code = aim_compiler::codegen::generate(&g, target)
         .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
     let placement = placement(&aim_compiler::memory_plan::plan(&g));
-    Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), threads, code, &placement)?)
+    Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), pool.clone(), code, &placement)?)
+}
+
+/// The full input signatures `shapes` asks for (`Options::shapes`): every input of the
+/// graph in order, inputs with static shapes filled in, each checked against its type.
+fn signatures(g: &aim_ir::Graph, shapes: &[InputShapes], path: &str) -> Result<Vec<specialize::Signature>, Error> {
+    let bad = |reason: String| Error::BadOption { option: "shape", reason };
+    let mut out = Vec::new();
+    for given in shapes {
+        for (name, _) in given {
+            if !g.inputs.iter().any(|i| &i.name == name) {
+                let known: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
+                return Err(bad(format!("{path} has no input named '{name}' (its inputs: {})", known.join(", "))));
+            }
+        }
+        let sig: specialize::Signature = g
+            .inputs
+            .iter()
+            .map(|i| match given.iter().find(|(n, _)| *n == i.name) {
+                Some((_, s)) => Ok(s.clone()),
+                None => {
+                    i.ty.concrete_shape()
+                        .ok_or_else(|| bad(format!("no shape given for input '{}' ({})", i.name, i.ty)))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        if !specialize::fits(g, &sig) {
+            let shown: Vec<String> =
+                g.inputs.iter().zip(&sig).map(|(i, s)| format!("{} {:?} for {}", i.name, s, i.ty)).collect();
+            return Err(bad(format!("the shapes do not fit the inputs' types: {}", shown.join(", "))));
+        }
+        out.push(sig);
+    }
+    Ok(out)
 }
 
 /// The runtime's view of a memory plan: each placed value's offset and size.
@@ -221,13 +272,27 @@ impl Model {
             Backend::Cpu => {
                 let target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
-                let prog = compile_cpu(ir.graph.clone(), &target, threads, &p)?;
-                // Models that compute shapes at run time keep their weights to specialise per
-                // input shape; the others do not need the imported weights (memory-mapped or
+                let pool = aim_runtime::pool::ThreadPool::new(threads)
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| aim_runtime::RunError::Threads { threads, reason: e.to_string() })?;
+                let prog = compile_cpu(ir.graph.clone(), &target, &pool, &p)?;
+                // Models with symbolic input dims keep their weights to specialise per input
+                // shape; the others do not need the imported weights (memory-mapped or
                 // copied) any more: the program holds them packed.
-                let spec = if specialize::worthwhile(&ir.graph, prog.graph()) {
-                    Some(Box::new(specialize::Specializer::new(ir.graph.clone(), target, threads, path)))
+                let spec = if specialize::worthwhile(&ir.graph) {
+                    let cap = opts.shape_cache.unwrap_or(specialize::DEFAULT_CAPACITY);
+                    let s = specialize::Specializer::new(ir.graph.clone(), target, pool, path, cap);
+                    for sig in signatures(&ir.graph, &opts.shapes, &p)? {
+                        s.compile_eagerly(sig)?;
+                    }
+                    Some(Box::new(s))
                 } else {
+                    if !opts.shapes.is_empty() {
+                        return Err(Error::BadOption {
+                            option: "shape",
+                            reason: format!("{p} has no symbolic input dims to specialise"),
+                        });
+                    }
                     None
                 };
                 ir.graph.initializers.clear();

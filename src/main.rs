@@ -33,6 +33,37 @@ struct LoadArgs {
     /// AIM_MAX_TENSOR_BYTES, else half the machine's memory).
     #[arg(long, value_name = "BYTES")]
     max_tensor_bytes: Option<String>,
+    /// Compile a program specialised to this input shape at load (`input=1x3x640x640`);
+    /// repeatable: one per input with symbolic dims, a name given again starts another
+    /// signature. Other shapes are compiled on first use.
+    #[arg(long, value_name = "NAME=DIMS")]
+    shape: Vec<String>,
+    /// How many shape-specialised programs to keep (the most recently used; default 8).
+    #[arg(long, value_name = "N")]
+    shape_cache: Option<usize>,
+}
+
+/// `--shape` values as signatures: a name given again starts the next one.
+fn parse_shapes(given: &[String]) -> Result<Vec<aim::InputShapes>> {
+    let mut out: Vec<aim::InputShapes> = Vec::new();
+    for g in given {
+        let Some((name, dims)) = g.split_once('=') else {
+            bail!("--shape {g}: expected NAME=DIMS, e.g. input=1x3x224x224")
+        };
+        let dims: Vec<usize> = if dims.trim().is_empty() {
+            Vec::new()
+        } else {
+            dims.split(['x', 'X', ','])
+                .map(|d| d.trim().parse::<usize>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| anyhow::anyhow!("--shape {g}: dims must be non-negative integers separated by x"))?
+        };
+        match out.last_mut() {
+            Some(sig) if !sig.iter().any(|(n, _)| n == name) => sig.push((name.to_string(), dims)),
+            _ => out.push(vec![(name.to_string(), dims)]),
+        }
+    }
+    Ok(out)
 }
 
 impl LoadArgs {
@@ -52,7 +83,18 @@ impl LoadArgs {
             };
         // An unknown --cpu is an error on either backend (the reference one does not use it).
         aim_compiler::target::Target::host().with_cpu(&self.cpu)?;
-        Ok(aim::Options { backend, threads: self.threads, cpu: self.cpu.clone(), timeout, max_tensor_bytes })
+        if self.shape_cache == Some(0) {
+            bail!("--shape-cache must be at least 1");
+        }
+        Ok(aim::Options {
+            backend,
+            threads: self.threads,
+            cpu: self.cpu.clone(),
+            timeout,
+            max_tensor_bytes,
+            shapes: parse_shapes(&self.shape)?,
+            shape_cache: self.shape_cache,
+        })
     }
 }
 
@@ -117,6 +159,10 @@ enum Cmd {
         /// AIM_CPU environment variable).
         #[arg(long, env = "AIM_CPU", default_value = "native")]
         cpu: String,
+        /// Describe the program specialised to these input shapes (NAME=DIMS, one per input
+        /// with symbolic dims) instead of the shape-generic one.
+        #[arg(long, value_name = "NAME=DIMS")]
+        shape: Vec<String>,
     },
     /// Show what aim does to a model, stage by stage: the ONNX graph, the imported IR, the
     /// optimised IR, the schedule, the Cranelift IR and the machine code, each line naming
@@ -373,7 +419,7 @@ fn bench(
     Ok(())
 }
 
-fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str) -> Result<()> {
+fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str, shape: &[String]) -> Result<()> {
     if model.is_none() && !target {
         bail!("give a model, --target, or both");
     }
@@ -383,25 +429,39 @@ fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str
     }
     if let Some(m) = model {
         info(out, m.clone())?;
-        cpu_info(out, &m, cpu)?;
+        cpu_info(out, &m, cpu, &parse_shapes(shape)?)?;
     }
     Ok(())
 }
 
 /// What the cpu backend makes of a model: fused and compiled nodes, the nodes left to
 /// fast or reference kernels, and the memory plan.
-fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str) -> Result<()> {
-    let m = match Model::load_with_options(
-        path,
-        &aim::Options { backend: Backend::Cpu, threads: Some(1), cpu: cpu.into(), ..aim::Options::default() },
-    ) {
+fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str, shapes: &[aim::InputShapes]) -> Result<()> {
+    let opts = aim::Options {
+        backend: Backend::Cpu,
+        threads: Some(1),
+        cpu: cpu.into(),
+        shapes: shapes.to_vec(),
+        ..aim::Options::default()
+    };
+    let m = match Model::load_with_options(path, &opts) {
         Ok(m) => m,
+        // A --shape the model does not take is the user's mistake; other failures are
+        // reported as the cpu backend's state.
+        Err(e @ aim::Error::BadOption { .. }) => return Err(e.into()),
         Err(e) => {
             writeln!(out, "cpu backend: not available: {e}")?;
             return Ok(());
         }
     };
-    let g = m.optimized_graph().expect("the cpu backend has an optimised graph");
+    let specialised = m.specializations().into_iter().next().and_then(|(sig, g)| Some((sig, g?)));
+    let g = match &specialised {
+        Some((sig, g)) => {
+            writeln!(out, "cpu backend: the program specialised to input shapes {sig:?}")?;
+            g
+        }
+        None => m.optimized_graph().expect("the cpu backend has an optimised graph"),
+    };
     let plan = aim_compiler::memory_plan::plan(g);
     let views: std::collections::HashSet<&str> =
         plan.slots.iter().filter(|s| s.view_of.is_some()).map(|s| s.name.as_str()).collect();
@@ -612,7 +672,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
             .options(backend)
             .and_then(|o| bench(&mut out, model, inputs, iters, warmup, o, json, profile))
             .map(|_| true),
-        Cmd::Info { model, target, cpu } => info_cmd(&mut out, model, target, &cpu).map(|_| true),
+        Cmd::Info { model, target, cpu, shape } => info_cmd(&mut out, model, target, &cpu, &shape).map(|_| true),
         Cmd::Compare { model, inputs, against, tolerance, json, load } => {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))
         }

@@ -407,14 +407,14 @@ fn build(dir: &Path) -> Vec<Case> {
         "sizes",
         "resize-inf",
         &one(&format!("{resize}  init %sc = f32[4] [1.0, 1.0, inf, 1.0]\n"), "Resize(%x4, _, %sc)", "2,2"),
-        When::Run,
+        When::Load,
         "positive and finite",
     );
     c.text(
         "sizes",
         "resize-nan",
         &one(&format!("{resize}  init %sc = f32[4] [1.0, 1.0, NaN, 1.0]\n"), "Resize(%x4, _, %sc)", "2,2"),
-        When::Run,
+        When::Load,
         "positive and finite",
     );
     c.text("sizes", "reshape-count", &one("  init %s = i64[2] [3, 3]\n", "Reshape(%x, %s)", "2,2"), When::Load, "");

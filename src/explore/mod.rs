@@ -297,11 +297,12 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
     let slots: BTreeMap<&str, &aim_compiler::memory_plan::Slot> =
         memory.slots.iter().map(|s| (s.name.as_str(), s)).collect();
     let code = aim_compiler::codegen::generate(&g, &target)?;
+    let pool = std::sync::Arc::new(aim_runtime::pool::ThreadPool::new(1)?);
     let prog = aim_runtime::cpu::CpuProgram::new(
         g.clone(),
         target.gemm_isa(),
         target.gemm_blocking(),
-        1,
+        pool,
         code,
         &crate::placement(&memory),
     )?;

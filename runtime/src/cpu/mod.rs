@@ -98,7 +98,7 @@ pub struct Placement {
 pub struct CpuProgram {
     graph: Graph,
     prepared: HashMap<usize, Prepared>,
-    pool: ThreadPool,
+    pool: std::sync::Arc<ThreadPool>,
     isa: Isa,
     blocking: Blocking,
     /// Values by index, each node's operands, and where values live.
@@ -112,19 +112,18 @@ pub struct CpuProgram {
 impl CpuProgram {
     /// Prepares `graph` (already optimised by the compiler's passes): packs the weights of
     /// every `aim:Conv` and `aim:Dense` node for `isa` with `blocking`, takes the generated
-    /// loops of `aim:Elementwise` nodes from `code`, starts `threads` threads, and keeps the
-    /// intermediates named in `placement` in its arena.
+    /// loops of `aim:Elementwise` nodes from `code`, runs on `pool` (which programs of one
+    /// model share), and keeps the intermediates named in `placement` in its arena.
     pub fn new(
         graph: Graph,
         isa: Isa,
         blocking: Blocking,
-        threads: usize,
+        pool: std::sync::Arc<ThreadPool>,
         code: Generated,
         placement: &Placement,
     ) -> Result<CpuProgram, RunError> {
         // Packing is independent per node: it runs on the program's threads (for ResNet-50
         // the Winograd filter transforms and panel packing are most of the load time).
-        let pool = ThreadPool::new(threads).map_err(|e| RunError::Threads { threads, reason: e.to_string() })?;
         let slots: Vec<std::sync::Mutex<Option<Result<Prepared, RunError>>>> =
             graph.nodes.iter().map(|_| std::sync::Mutex::new(None)).collect();
         let prepare = |i: usize| -> Option<Result<Prepared, RunError>> {

@@ -541,7 +541,7 @@ impl CpuProgram {
     ) -> Result<Vec<Tensor>, RunError> {
         if n.domain.is_empty() {
             if let Some(k) = aim_kernels::fast::kernel(&n.op) {
-                let cx = aim_kernels::fast::Ctx { par: &self.pool, isa: self.isa, blocking: self.blocking, out };
+                let cx = aim_kernels::fast::Ctx { par: &*self.pool, isa: self.isa, blocking: self.blocking, out };
                 let node_err = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, ins, &cx))) {
                     Ok(Some(r)) => return r.map_err(|e| node_err(e.0)),

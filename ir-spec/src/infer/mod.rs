@@ -9,6 +9,9 @@
 
 use crate::{Attr, DType, Dim, Graph, Node, ValueType};
 
+mod data;
+mod nn;
+
 /// A type error found by inference.
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("node '{node}' ({op}): {msg}")]
@@ -602,7 +605,7 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
             let shape = const_ints(g, n, 0).map(|v| v.iter().map(|&d| Dim::Known(d.max(0) as usize)).collect());
             one(dt, shape)
         }
-        _ => Ok(unknown()),
+        _ => data::infer(g, n, ins).or_else(|| nn::infer(g, n, ins)).unwrap_or_else(|| Ok(unknown())),
     }
 }
 
