@@ -88,7 +88,18 @@ fn random_convolutions_with_fused_epilogues() {
         }
         let oh = (h + 2 * p - (k - 1) * d - 1) / s + 1;
         let ow = (w + 2 * p - (k - 1) * d - 1) / s + 1;
-        let act = r.pick(&["none", "Relu", "Clip"]);
+        let act = r.pick(&[
+            "none",
+            "Relu",
+            "Clip",
+            "LeakyRelu",
+            "HardSigmoid",
+            "HardSwish",
+            "SiLU",
+            "Tanh",
+            "Elu",
+            "Sigmoid",
+        ]);
         let residual = r.pick(&[false, true]);
         let bn = r.pick(&[false, true]);
         let wt = r.values(m * (c / group) * k * k);
@@ -135,6 +146,20 @@ fn random_convolutions_with_fused_epilogues() {
                 inits.extend([f32_tensor("lo", &[], &[-0.3]), f32_tensor("hi", &[], &[0.4])]);
                 nodes.push(node("Clip", "act", &[&last, "lo", "hi"], &["y"], vec![]));
             }
+            "SiLU" => {
+                nodes.push(node("Sigmoid", "gate", &[&last], &["gate"], vec![]));
+                nodes.push(node("Mul", "act", &[&last, "gate"], &["y"], vec![]));
+            }
+            "LeakyRelu" | "HardSigmoid" | "Elu" => {
+                let alpha = AttributeProto {
+                    name: Some("alpha".into()),
+                    r#type: Some(AttributeType::Float as i32),
+                    f: Some(0.3),
+                    ..Default::default()
+                };
+                nodes.push(node(act, "act", &[&last], &["y"], vec![alpha]));
+            }
+            "HardSwish" | "Tanh" | "Sigmoid" => nodes.push(node(act, "act", &[&last], &["y"], vec![])),
             _ => nodes.push(node("Identity", "act", &[&last], &["y"], vec![])),
         }
         let model = model(

@@ -1,13 +1,21 @@
 //! Epilogue fusion: a Conv, Gemm or MatMul with a constant weight absorbs what follows it —
-//! a constant bias Add, a residual Add, then a Relu or Clip — into one `aim` domain node,
+//! a constant bias Add, a residual Add, then an activation (any of the table
+//! `aim_kernels::gemm::Activation` holds: Relu, Clip, LeakyRelu, HardSigmoid, HardSwish,
+//! Sigmoid, SiLU written as `x · Sigmoid(x)`, Tanh, Gelu, Elu) — into one `aim` domain node,
 //! `aim:Conv` or `aim:Dense`, that the CPU backend runs as one GEMM with an epilogue. The
 //! fused node lists every ONNX node it came from in its `sources` attribute.
 
 use super::{uses::readers, PassError};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
+use aim_kernels::gemm::Activation;
 
-/// Attribute naming the fused activation: `relu`, `clip` or absent.
+/// Attribute naming the fused activation (`Activation::name`), or absent.
 pub const ACTIVATION: &str = "activation";
+/// The fused activation's first parameter (LeakyRelu's and Elu's alpha, HardSigmoid's
+/// alpha), where it has one; a clip has `clip_min` / `clip_max` instead.
+pub const ACT_ALPHA: &str = "act_alpha";
+/// The fused activation's second parameter (HardSigmoid's beta).
+pub const ACT_BETA: &str = "act_beta";
 /// Lower bound of a fused clip.
 pub const CLIP_MIN: &str = "clip_min";
 /// Upper bound of a fused clip.
@@ -87,6 +95,76 @@ fn start(g: &mut Graph, n: &Node) -> Option<Node> {
     }
 }
 
+/// The activation node `m` (reading `x`) computes, with the nodes it takes (itself first):
+/// one node of the table, or SiLU / HardSwish written out as `x · Sigmoid(x)` /
+/// `x · HardSigmoid(x)` (then `m` is the Sigmoid or the Mul, and both are taken).
+fn activation_at(g: &Graph, x: &str, readers: &[usize]) -> Option<(Activation, Vec<usize>)> {
+    let single = |m: &Node| -> Option<Activation> {
+        let f = |name: &str, d: f32| m.float(name, d);
+        Some(match m.op.as_str() {
+            "Relu" => Activation::Relu,
+            "Clip" => {
+                let (lo, hi) = (scalar(g, m.input(1))?, scalar(g, m.input(2))?);
+                Activation::Clip(lo.unwrap_or(f32::NEG_INFINITY), hi.unwrap_or(f32::INFINITY))
+            }
+            "LeakyRelu" => Activation::LeakyRelu(f("alpha", 0.01)),
+            "HardSigmoid" => Activation::HardSigmoid(f("alpha", 0.2), f("beta", 0.5)),
+            "HardSwish" => Activation::HardSwish,
+            "Sigmoid" => Activation::Sigmoid,
+            "Tanh" => Activation::Tanh,
+            "Gelu" if m.string("approximate", "none") == "tanh" => Activation::GeluTanh,
+            "Gelu" => Activation::Gelu,
+            "Elu" => Activation::Elu(f("alpha", 1.0)),
+            _ => return None,
+        })
+    };
+    match *readers {
+        [k] if k != usize::MAX => {
+            let m = &g.nodes[k];
+            (m.domain.is_empty() && !m.inputs.is_empty() && m.inputs[0] == x && m.outputs.len() == 1)
+                .then(|| single(m))
+                .flatten()
+                .map(|a| (a, vec![k]))
+        }
+        [a, b] if a != usize::MAX && b != usize::MAX => {
+            // x · gate(x): the gate's output read by the Mul alone.
+            let (gate, mul) = if g.nodes[a].op == "Mul" { (b, a) } else { (a, b) };
+            let (gn, mn) = (&g.nodes[gate], &g.nodes[mul]);
+            let gated = gn.domain.is_empty()
+                && mn.domain.is_empty()
+                && mn.op == "Mul"
+                && gn.inputs.len() == 1
+                && gn.inputs[0] == x
+                && mn.inputs.len() == 2
+                && mn.inputs.contains(&x.to_string())
+                && mn.inputs.contains(&gn.outputs[0])
+                && super::uses::readers(g).get(&gn.outputs[0]).is_some_and(|r| r.as_slice() == [mul]);
+            if !gated || mul < gate {
+                return None;
+            }
+            let act = match single(gn)? {
+                Activation::Sigmoid => Activation::Silu,
+                Activation::HardSigmoid(a, b) if (a - 1.0 / 6.0).abs() < 1e-7 && b == 0.5 => Activation::HardSwish,
+                _ => return None,
+            };
+            Some((act, vec![gate, mul]))
+        }
+        _ => None,
+    }
+}
+
+/// Records `act` on the fused node `f`.
+fn set_activation(f: &mut Node, act: Activation) {
+    let (name, a, b) = act.name();
+    f.attrs.insert(ACTIVATION.into(), Attr::String(name.into()));
+    let (ka, kb) = if name == "clip" { (CLIP_MIN, CLIP_MAX) } else { (ACT_ALPHA, ACT_BETA) };
+    for (k, v) in [(ka, a), (kb, b)] {
+        if let Some(v) = v {
+            f.attrs.insert(k.into(), Attr::Float(v));
+        }
+    }
+}
+
 /// Fuses every eligible chain.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut i = 0;
@@ -113,6 +191,20 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let mut absorbed: Vec<usize> = Vec::new();
         loop {
             let r = readers(g);
+            if !has_act {
+                let rs = r.get(&out).map(|v| v.as_slice()).unwrap_or_default();
+                if let Some((act, taken)) = activation_at(g, &out, rs).filter(|(_, t)| t.iter().all(|&k| k > i)) {
+                    set_activation(&mut f, act);
+                    has_act = true;
+                    let mut srcs = sources_of(&f);
+                    srcs.extend(taken.iter().flat_map(|&k| sources_of(&g.nodes[k])));
+                    f.attrs.insert(SOURCES.into(), Attr::Strings(srcs));
+                    let last = *taken.iter().max().expect("an activation takes a node");
+                    out = g.nodes[last].outputs[0].clone();
+                    absorbed.extend(taken);
+                    continue;
+                }
+            }
             let Some(&[next]) = r.get(&out).map(|v| v.as_slice()) else { break };
             if next == usize::MAX || next <= i || absorbed.contains(&next) {
                 break;
@@ -169,28 +261,13 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                         _ => false,
                     }
                 }
-                "Relu" => {
-                    f.attrs.insert(ACTIVATION.into(), Attr::String("relu".into()));
-                    has_act = true;
-                    true
-                }
-                "Clip" => match (scalar(g, m.input(1)), scalar(g, m.input(2))) {
-                    (Some(lo), Some(hi)) => {
-                        f.attrs.insert(ACTIVATION.into(), Attr::String("clip".into()));
-                        f.attrs.insert(CLIP_MIN.into(), Attr::Float(lo.unwrap_or(f32::NEG_INFINITY)));
-                        f.attrs.insert(CLIP_MAX.into(), Attr::Float(hi.unwrap_or(f32::INFINITY)));
-                        has_act = true;
-                        true
-                    }
-                    _ => false,
-                },
                 _ => false,
             };
             if !taken {
                 break;
             }
             let mut srcs = sources_of(&f);
-            srcs.push(m.name.clone());
+            srcs.extend(sources_of(&m));
             f.attrs.insert(SOURCES.into(), Attr::Strings(srcs));
             out = m.outputs[0].clone();
             absorbed.push(next);
@@ -201,7 +278,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         }
         // The fused node takes the place of the last node it absorbed: by then its residual
         // (computed on another branch) is defined too.
-        let at = absorbed.last().copied().unwrap_or(i);
+        let at = absorbed.iter().max().copied().unwrap_or(i);
         g.nodes[at] = f;
         let mut gone: Vec<usize> =
             absorbed.iter().copied().filter(|&k| k != at).chain((at != i).then_some(i)).collect();

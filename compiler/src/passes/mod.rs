@@ -16,7 +16,7 @@ mod softmax;
 mod transpose;
 mod uses;
 
-pub use fuse::{sources_of, ACTIVATION, CLIP_MAX, CLIP_MIN, SOURCES};
+pub use fuse::{sources_of, ACTIVATION, ACT_ALPHA, ACT_BETA, CLIP_MAX, CLIP_MIN, SOURCES};
 
 use aim_ir::Graph;
 use std::time::{Duration, Instant};

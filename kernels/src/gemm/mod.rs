@@ -143,7 +143,11 @@ impl Blocking {
     }
 }
 
-/// An elementwise activation fused into the GEMM epilogue.
+/// An elementwise activation fused into a kernel's epilogue (GEMM, the blocked and
+/// depthwise convolutions, Winograd): applied while the output tile is in registers or L1,
+/// instead of as a separate pass over memory. The one table of fused activations: the
+/// fusion pass, the schedule text and every kernel go through [`Activation::parse`],
+/// [`Activation::name`] and [`Activation::apply`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// None.
@@ -152,16 +156,143 @@ pub enum Activation {
     Relu,
     /// clamp(x, lo, hi) (Clip, Relu6).
     Clip(f32, f32),
+    /// x if x ≥ 0, else alpha·x.
+    LeakyRelu(f32),
+    /// clamp(alpha·x + beta, 0, 1).
+    HardSigmoid(f32, f32),
+    /// x · clamp(x/6 + 1/2, 0, 1).
+    HardSwish,
+    /// 1 / (1 + e^−x).
+    Sigmoid,
+    /// x · sigmoid(x) (SiLU, Swish).
+    Silu,
+    /// tanh(x).
+    Tanh,
+    /// x/2 · (1 + erf(x/√2)).
+    Gelu,
+    /// x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³))).
+    GeluTanh,
+    /// x if x > 0, else alpha·(e^x − 1).
+    Elu(f32),
 }
 
 impl Activation {
-    /// Applies the activation to one value.
-    #[inline]
+    /// Applies the activation to one value (written to vectorise: selects, no branches
+    /// but loop-invariant ones; the transcendental functions are `fast::math`'s).
+    #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
+        use crate::fast::math;
         match self {
             Activation::Identity => x,
             Activation::Relu => relu(x),
             Activation::Clip(lo, hi) => clamp(x, lo, hi),
+            Activation::LeakyRelu(a) => {
+                if x < 0.0 {
+                    a * x
+                } else {
+                    x
+                }
+            }
+            Activation::HardSigmoid(a, b) => clamp(a * x + b, 0.0, 1.0),
+            Activation::HardSwish => x * clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0),
+            Activation::Sigmoid => math::sigmoid(x),
+            Activation::Silu => x * math::sigmoid(x),
+            Activation::Tanh => math::tanh(x),
+            Activation::Gelu => 0.5 * x * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::GeluTanh => 0.5 * x * (1.0 + math::tanh(0.797_884_6 * (x + 0.044_715 * x * x * x))),
+            Activation::Elu(a) => {
+                if x > 0.0 {
+                    x
+                } else {
+                    a * (math::exp(x) - 1.0)
+                }
+            }
+        }
+    }
+
+    /// Applies the activation to every value of `v` (one loop per kind, so that each
+    /// vectorises).
+    #[inline(always)]
+    pub fn apply_all(self, v: &mut [f32]) {
+        macro_rules! each {
+            ($($pat:pat),*) => {
+                match self {
+                    $($pat => v.iter_mut().for_each(|x| *x = self.apply(*x)),)*
+                }
+            };
+        }
+        each!(
+            Activation::Identity,
+            Activation::Relu,
+            Activation::Clip(..),
+            Activation::LeakyRelu(_),
+            Activation::HardSigmoid(..),
+            Activation::HardSwish,
+            Activation::Sigmoid,
+            Activation::Silu,
+            Activation::Tanh,
+            Activation::Gelu,
+            Activation::GeluTanh,
+            Activation::Elu(_)
+        )
+    }
+
+    /// The `[lo, hi]` of an activation that is a clamp (kernels apply those in registers);
+    /// `None` for the others, which kernels apply to the tile they just stored.
+    pub fn clamp_bounds(self) -> Option<(f32, f32)> {
+        match self {
+            Activation::Identity => Some((f32::NEG_INFINITY, f32::INFINITY)),
+            Activation::Relu => Some((0.0, f32::INFINITY)),
+            Activation::Clip(lo, hi) => Some((lo, hi)),
+            _ => None,
+        }
+    }
+
+    /// The activation an `activation` attribute names, with its `alpha` / `beta`
+    /// (`clip_min` / `clip_max` for clip); `None` for a name not in the table.
+    pub fn parse(name: &str, alpha: Option<f32>, beta: Option<f32>) -> Option<Activation> {
+        Some(match name {
+            "relu" => Activation::Relu,
+            "clip" => Activation::Clip(alpha.unwrap_or(f32::NEG_INFINITY), beta.unwrap_or(f32::INFINITY)),
+            "leakyrelu" => Activation::LeakyRelu(alpha.unwrap_or(0.01)),
+            "hardsigmoid" => Activation::HardSigmoid(alpha.unwrap_or(0.2), beta.unwrap_or(0.5)),
+            "hardswish" => Activation::HardSwish,
+            "sigmoid" => Activation::Sigmoid,
+            "silu" => Activation::Silu,
+            "tanh" => Activation::Tanh,
+            "gelu" => Activation::Gelu,
+            "gelu_tanh" => Activation::GeluTanh,
+            "elu" => Activation::Elu(alpha.unwrap_or(1.0)),
+            _ => return None,
+        })
+    }
+
+    /// The attribute name and parameters of the activation (the inverse of `parse`).
+    pub fn name(self) -> (&'static str, Option<f32>, Option<f32>) {
+        match self {
+            Activation::Identity => ("none", None, None),
+            Activation::Relu => ("relu", None, None),
+            Activation::Clip(lo, hi) => ("clip", Some(lo), Some(hi)),
+            Activation::LeakyRelu(a) => ("leakyrelu", Some(a), None),
+            Activation::HardSigmoid(a, b) => ("hardsigmoid", Some(a), Some(b)),
+            Activation::HardSwish => ("hardswish", None, None),
+            Activation::Sigmoid => ("sigmoid", None, None),
+            Activation::Silu => ("silu", None, None),
+            Activation::Tanh => ("tanh", None, None),
+            Activation::Gelu => ("gelu", None, None),
+            Activation::GeluTanh => ("gelu_tanh", None, None),
+            Activation::Elu(a) => ("elu", Some(a), None),
+        }
+    }
+
+    /// How the schedule text names it.
+    pub fn text(self) -> String {
+        match self.name() {
+            ("none", ..) => "no activation".to_string(),
+            ("clip", Some(lo), Some(hi)) => format!("clamp({lo}, {hi})"),
+            (n, Some(a), Some(b)) => format!("{n}({a}, {b})"),
+            (n, Some(a), None) => format!("{n}({a})"),
+            (n, ..) => n.to_string(),
         }
     }
 }
@@ -745,10 +876,20 @@ unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: u
                 }
             };
         }
+        // One loop per kind of activation, each vectorised.
         match act {
             Activation::Identity => apply!(|x: f32| x),
             Activation::Relu => apply!(relu),
             Activation::Clip(lo, hi) => apply!(|x: f32| clamp(x, lo, hi)),
+            Activation::LeakyRelu(_) => apply!(|x: f32| act.apply(x)),
+            Activation::HardSigmoid(..) => apply!(|x: f32| act.apply(x)),
+            Activation::HardSwish => apply!(|x: f32| Activation::HardSwish.apply(x)),
+            Activation::Sigmoid => apply!(|x: f32| Activation::Sigmoid.apply(x)),
+            Activation::Silu => apply!(|x: f32| Activation::Silu.apply(x)),
+            Activation::Tanh => apply!(|x: f32| Activation::Tanh.apply(x)),
+            Activation::Gelu => apply!(|x: f32| Activation::Gelu.apply(x)),
+            Activation::GeluTanh => apply!(|x: f32| Activation::GeluTanh.apply(x)),
+            Activation::Elu(_) => apply!(|x: f32| act.apply(x)),
         }
     }
 }

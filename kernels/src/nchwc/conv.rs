@@ -258,11 +258,7 @@ impl Conv {
 
 /// An activation as explore prints it.
 pub(super) fn act_text(a: Activation) -> String {
-    match a {
-        Activation::Identity => "no activation".to_string(),
-        Activation::Relu => "relu".to_string(),
-        Activation::Clip(lo, hi) => format!("clamp({lo}, {hi})"),
-    }
+    a.text()
 }
 
 /// Raw buffer pointers shared by the row tasks.
@@ -414,6 +410,10 @@ impl Job<'_> {
                 ox += r;
             }
             k0 = k1;
+        }
+        // Activations other than a clamp run over the segment just written (in L1).
+        for b in 0..nb {
+            super::shared::finish(self.conv.act, p.y.add(yoff + b * yblk + cols.start * l), cols.len() * l);
         }
     }
 }

@@ -176,6 +176,8 @@ impl Job<'_> {
         for ox in ox..self.ow {
             self.edge(&r, ox);
         }
+        // Activations other than a clamp run over the row just written.
+        super::shared::finish(self.d.act, yrow, self.ow * l);
     }
 }
 

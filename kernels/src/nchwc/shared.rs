@@ -17,11 +17,20 @@ pub(super) struct In(pub(super) *const f32);
 unsafe impl Send for In {}
 unsafe impl Sync for In {}
 
-/// The `[lo, hi]` an activation clamps to (the whole line for none).
+/// The `[lo, hi]` the kernels clamp to in registers: the activation's own for a clamp,
+/// the whole line for the others (which [`finish`] applies after the store).
 pub(super) fn bounds(act: Activation) -> (f32, f32) {
-    match act {
-        Activation::Identity => (f32::NEG_INFINITY, f32::INFINITY),
-        Activation::Relu => (0.0, f32::INFINITY),
-        Activation::Clip(lo, hi) => (lo, hi),
+    act.clamp_bounds().unwrap_or((f32::NEG_INFINITY, f32::INFINITY))
+}
+
+/// Applies an activation that is not a clamp to the `n` floats just stored at `p` (still in
+/// L1); nothing for the clamps, applied before the store.
+///
+/// # Safety
+/// `p` must be valid for reads and writes of `n` floats that no other thread touches.
+#[inline(always)]
+pub(super) unsafe fn finish(act: Activation, p: *mut f32, n: usize) {
+    if act.clamp_bounds().is_none() {
+        act.apply_all(std::slice::from_raw_parts_mut(p, n));
     }
 }

@@ -230,20 +230,29 @@ fn depthwise_3x3<const FMA: bool>(
     // Without a residual the activation runs in the filter loop; with one it waits for the
     // residual, added while the rows are compacted.
     let taps = [s0, s1, s2, s3, s4, s5, s6, s7, s8];
-    match if res.is_none() { act } else { Activation::Identity } {
-        Activation::Identity => filter9::<FMA>(q, &taps, &k, bias, |v| v),
+    // A clamp runs in the filter loop (when there is no residual to add first); the other
+    // activations while the rows are compacted.
+    let in_filter = res.is_none() && act.clamp_bounds().is_some();
+    match if in_filter { act } else { Activation::Identity } {
         Activation::Relu => filter9::<FMA>(q, &taps, &k, bias, relu),
         Activation::Clip(lo, hi) => filter9::<FMA>(q, &taps, &k, bias, |v| clamp(v, lo, hi)),
+        _ => filter9::<FMA>(q, &taps, &k, bias, |v| v),
     }
     for oy in 0..oh {
         let (row, qrow) = (&mut dst[oy * ow..(oy + 1) * ow], &q[oy * wp..oy * wp + ow]);
         match res {
             Some(r) => {
                 for ((o, &v), &x) in row.iter_mut().zip(qrow).zip(&r[oy * ow..(oy + 1) * ow]) {
-                    *o = act.apply(v + x);
+                    *o = v + x;
+                }
+                act.apply_all(row);
+            }
+            None => {
+                copy_short(row, qrow);
+                if !in_filter {
+                    act.apply_all(row);
                 }
             }
-            None => copy_short(row, qrow),
         }
     }
 }

@@ -71,12 +71,22 @@ fn prep_err(n: &Node, msg: impl Into<String>) -> RunError {
     RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg: msg.into() }
 }
 
+/// The activation fused into an `aim:Conv` / `aim:Dense` (`activation` and its parameters:
+/// `clip_min` / `clip_max` for clip, `act_alpha` / `act_beta` for the others).
 fn activation(n: &Node) -> Option<Activation> {
-    match n.string("activation", "") {
-        "relu" => Some(Activation::Relu),
-        "clip" => Some(Activation::Clip(n.float("clip_min", f32::NEG_INFINITY), n.float("clip_max", f32::INFINITY))),
-        _ => None,
-    }
+    let name = n.string("activation", "");
+    let (a, b) = if name == "clip" {
+        (
+            n.attrs.contains_key("clip_min").then(|| n.float("clip_min", 0.0)),
+            n.attrs.contains_key("clip_max").then(|| n.float("clip_max", 0.0)),
+        )
+    } else {
+        (
+            n.attrs.contains_key("act_alpha").then(|| n.float("act_alpha", 0.0)),
+            n.attrs.contains_key("act_beta").then(|| n.float("act_beta", 0.0)),
+        )
+    };
+    Activation::parse(name, a, b)
 }
 
 fn const_f32<'a>(g: &'a Graph, name: Option<&str>) -> Option<&'a Tensor> {
