@@ -773,3 +773,37 @@ fn scaled_masked_softmax_fusion() {
         check(&format!("softmax-{tag}"), model, vec![("x".into(), x)]);
     }
 }
+
+/// Broadcasting binary ops whose small operand repeats along inner, middle or outer dims
+/// (per-channel scales, SE gates, in NCHW and in the blocked layout's 5-D shape): the
+/// strided fast path against the reference, both operand orders.
+#[test]
+fn strided_broadcasts_match_reference() {
+    let mut r = Rng(21);
+    let big = [2usize, 3, 4, 5];
+    for small in
+        [&[1usize, 3, 1, 1][..], &[2, 1, 4, 1], &[3, 1, 5], &[1, 1, 1, 5], &[2, 3, 1, 1], &[2, 1, 1, 5], &[4, 1]]
+    {
+        for op in ["Add", "Sub", "Mul", "Div"] {
+            for swap in [false, true] {
+                let dims = |s: &[usize]| s.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>();
+                let (x, s) = (value("x", 1, &dims(&big)), value("s", 1, &dims(small)));
+                let ins = if swap { ["s", "x"] } else { ["x", "s"] };
+                let m = model(
+                    vec![node(op, "op", &ins, &["y"], vec![])],
+                    vec![x, s],
+                    vec![value("y", 1, &dims(&big))],
+                    vec![],
+                    17,
+                );
+                let n: usize = small.iter().product();
+                // Divisors away from zero.
+                let sv: Vec<f32> = r.values(n).iter().map(|v| if op == "Div" { 1.5 + v } else { *v }).collect();
+                let xv: Vec<f32> = r.values(120).iter().map(|v| if op == "Div" { 1.5 + v } else { *v }).collect();
+                let inputs =
+                    vec![("x".to_string(), Tensor::from_vec(&big, xv)), ("s".to_string(), Tensor::from_vec(small, sv))];
+                check(&format!("{op}-{small:?}-swap{swap}"), m, inputs);
+            }
+        }
+    }
+}

@@ -320,6 +320,12 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         });
         return Some(Ok(vec![y.finish()]));
     }
+    // One operand repeats along some dims of the other (a per-channel scale in NCHW or in
+    // the blocked layout, an SE gate): rows of the big operand against rows (or single
+    // values) of the small one, as vector loops.
+    if strided_broadcast(a, b, &shape, yd, op, isa, cx.par).is_some() {
+        return Some(Ok(vec![y.finish()]));
+    }
     // General broadcast: index maps, still f32.
     let (oa, ob) = (broadcast_offsets(a.shape(), &shape).ok()?, broadcast_offsets(b.shape(), &shape).ok()?);
     for (i, o) in yd.iter_mut().enumerate() {
@@ -332,6 +338,88 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         };
     }
     Some(Ok(vec![y.finish()]))
+}
+
+/// `y = a op b` where one operand has the output's shape and the other the same shape with
+/// some dims 1 (right-aligned): the dims collapse into runs that are either repeated or not
+/// for the small operand; the innermost run is a vector loop (a zip of two rows, or a row
+/// against one value of the small operand), the outer runs an index walk. `None` where
+/// neither operand has the output's shape.
+fn strided_broadcast(
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+    y: &mut [f32],
+    op: u8,
+    isa: Isa,
+    par: &dyn Parallel,
+) -> Option<()> {
+    let (big, small, swapped) = if a.shape() == shape {
+        (a, b, false)
+    } else if b.shape() == shape {
+        (b, a, true)
+    } else {
+        return None;
+    };
+    let r = shape.len();
+    let sdims: Vec<usize> = std::iter::repeat_n(1, r - small.rank()).chain(small.shape().iter().copied()).collect();
+    // Runs of (size, whether the small operand repeats along it).
+    let mut runs: Vec<(usize, bool)> = Vec::new();
+    for (&d, &s) in shape.iter().zip(&sdims) {
+        if d == 1 {
+            continue;
+        }
+        let rep = s == 1;
+        match runs.last_mut() {
+            Some((n, r)) if *r == rep => *n *= d,
+            _ => runs.push((d, rep)),
+        }
+    }
+    let Some(&(inner, inner_rep)) = runs.last() else { return None };
+    let outer: Vec<(usize, bool)> = runs[..runs.len() - 1].to_vec();
+    let rows: usize = outer.iter().map(|r| r.0).product();
+    let (bd, sd) = (big.data::<f32>(), small.data::<f32>());
+    let out = Out(y.as_mut_ptr());
+    let ident = |v: f32| v;
+    let per = (CHUNK / inner.max(1)).max(1);
+    par.for_each(rows.div_ceil(per), &|t| {
+        let out = out;
+        for row in t * per..((t + 1) * per).min(rows) {
+            // The small operand's offset of this row: walk the outer runs (last fastest).
+            let (mut rest, mut soff, mut sstride) = (row, 0usize, if inner_rep { 1 } else { inner });
+            for &(n, rep) in outer.iter().rev() {
+                let i = rest % n;
+                rest /= n;
+                if !rep {
+                    soff += i * sstride;
+                    sstride *= n;
+                }
+            }
+            let src = &bd[row * inner..(row + 1) * inner];
+            // SAFETY: row `row` owns y[row·inner .. (row+1)·inner].
+            let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(row * inner), inner) };
+            if inner_rep {
+                let v = sd[soff];
+                let f = |x: f32| match (op, swapped) {
+                    (0, _) => x + v,
+                    (1, false) => x - v,
+                    (1, true) => v - x,
+                    (2, _) => x * v,
+                    (_, false) => x / v,
+                    (_, true) => v / x,
+                };
+                map(isa, src, d, &f);
+            } else {
+                let s = &sd[soff..soff + inner];
+                if swapped {
+                    zip(isa, s, src, d, op, &ident);
+                } else {
+                    zip(isa, src, s, d, op, &ident);
+                }
+            }
+        }
+    });
+    Some(())
 }
 
 /// A row function: `(row index, source row, destination row)`.
