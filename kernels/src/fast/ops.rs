@@ -375,7 +375,7 @@ fn strided_broadcast(
             _ => runs.push((d, rep)),
         }
     }
-    let Some(&(inner, inner_rep)) = runs.last() else { return None };
+    let &(inner, inner_rep) = runs.last()?;
     let outer: Vec<(usize, bool)> = runs[..runs.len() - 1].to_vec();
     let rows: usize = outer.iter().map(|r| r.0).product();
     let (bd, sd) = (big.data::<f32>(), small.data::<f32>());
