@@ -457,8 +457,9 @@ fn random_blocked_chains() {
         let model =
             model(nodes, vec![value("x", 1, &[Ok(2), Ok(c0 as i64), Ok(h as i64), Ok(w as i64)])], outputs, inits, 17);
         let tag = format!("chain{case}-c{c0}-{c}-{h}x{w}-k{k0}-s{s}");
-        // The chain did go blocked: three blocked convolutions, and NCHW copies of the two
-        // values read outside it (the output y, and b, which the Sigmoid reads).
+        // The chain did go blocked: three blocked convolutions, the Sigmoid of b (pointwise:
+        // it stays blocked), and NCHW copies of the two values read outside it (the outputs
+        // y and z).
         let d = tempdir(&format!("layout-{tag}"));
         std::fs::write(d.join("m.onnx"), &model).unwrap();
         let m = Model::load_with_options(
@@ -467,12 +468,12 @@ fn random_blocked_chains() {
         )
         .unwrap();
         let g = m.optimized_graph().unwrap();
-        // Three convolutions, the pooling and the global pooling.
-        assert_eq!(g.nodes.iter().filter(|n| n.attrs.contains_key("layout")).count(), 5, "{tag}");
+        // Three convolutions, the Sigmoid, the pooling and the global pooling.
+        assert_eq!(g.nodes.iter().filter(|n| n.attrs.contains_key("layout")).count(), 6, "{tag}");
         assert_eq!(
             g.nodes.iter().filter(|n| n.op == "FromBlocked").count(),
             2,
-            "{tag}: y and b leave the blocked layout"
+            "{tag}: y and z leave the blocked layout"
         );
         check(&tag, model, inputs);
     }
@@ -805,5 +806,103 @@ fn strided_broadcasts_match_reference() {
                 check(&format!("{op}-{small:?}-swap{swap}"), m, inputs);
             }
         }
+    }
+}
+
+/// An i64 tensor proto.
+fn i64s(name: &str, dims: &[i64], v: &[i64]) -> aim_compiler::onnx::proto::TensorProto {
+    aim_compiler::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(7),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// Ops the layout pass keeps blocked between convolutions — pointwise activations, a
+/// per-channel constant scale and an SE-style gate (GlobalAveragePool → conv → HardSigmoid →
+/// Mul), a sum of two branches, a channel Concat, a nearest or linear Resize — over channel
+/// counts that fill blocks and that do not, against the reference under every ISA cap.
+#[test]
+fn random_blocked_regions() {
+    let mut r = Rng(123);
+    for case in 0..60 {
+        let c = r.pick(&[8usize, 16, 20, 32, 40]);
+        let (h, w) = (r.pick(&[5usize, 8, 11]), r.pick(&[6usize, 9]));
+        let what =
+            r.pick(&["act", "scale", "div", "gate", "sum", "concat", "split", "resize_nearest", "resize_linear"]);
+        let kv = |k: i64| ints("kernel_shape", &[k, k]);
+        let mut inits = vec![
+            f32_tensor("W0", &[c as i64, 3, 3, 3], &r.values(c * 27)),
+            f32_tensor("B0", &[c as i64], &r.values(c)),
+        ];
+        let mut nodes = vec![
+            node("Conv", "c0", &["x", "W0", "B0"], &["a"], vec![kv(3), ints("pads", &[1; 4])]),
+            node("Relu", "r0", &["a"], &["a1"], vec![]),
+        ];
+        let mut c1 = c;
+        let (mut oh, mut ow) = (h, w);
+        match what {
+            "act" => nodes.push(node(r.pick(&["HardSwish", "Sigmoid", "Tanh", "Neg"]), "op", &["a1"], &["m"], vec![])),
+            "scale" | "div" => {
+                let v: Vec<f32> = r.values(c).iter().map(|v| 1.5 + v).collect();
+                inits.push(f32_tensor("s", &[1, c as i64, 1, 1], &v));
+                nodes.push(node(if what == "div" { "Div" } else { "Mul" }, "op", &["a1", "s"], &["m"], vec![]));
+            }
+            "gate" => {
+                inits.push(f32_tensor("Wg", &[c as i64, c as i64, 1, 1], &r.values(c * c)));
+                nodes.push(node("GlobalAveragePool", "gap", &["a1"], &["g0"], vec![]));
+                nodes.push(node("Conv", "gc", &["g0", "Wg"], &["g1"], vec![kv(1)]));
+                nodes.push(node("HardSigmoid", "gs", &["g1"], &["g2"], vec![]));
+                nodes.push(node("Mul", "op", &["a1", "g2"], &["m"], vec![]));
+            }
+            "sum" => {
+                inits.push(f32_tensor("Wb", &[c as i64, c as i64, 1, 1], &r.values(c * c)));
+                nodes.push(node("Conv", "b", &["a1", "Wb"], &["b1"], vec![kv(1)]));
+                nodes.push(node("Sigmoid", "bs", &["b1"], &["b2"], vec![]));
+                nodes.push(node("Add", "op", &["a1", "b2"], &["m"], vec![]));
+            }
+            "split" => {
+                // Two halves, then their sum (C/2 channels each).
+                let half = c / 2;
+                inits.push(i64s("halves", &[2], &[half as i64, (c - half) as i64]));
+                let mut sp = node("Split", "op", &["a1", "halves"], &["p0"], vec![int_attr("axis", 1)]);
+                sp.output.push("p1".into());
+                nodes.push(sp);
+                nodes.push(node("Mul", "sum", &["p0", "p1"], &["m"], vec![]));
+                c1 = c - half;
+            }
+            "concat" => {
+                let c2 = r.pick(&[8usize, 16, 24]);
+                inits.push(f32_tensor("Wb", &[c2 as i64, c as i64, 1, 1], &r.values(c * c2)));
+                nodes.push(node("Conv", "b", &["a1", "Wb"], &["b1"], vec![kv(1)]));
+                nodes.push(node("Concat", "op", &["a1", "b1"], &["m"], vec![int_attr("axis", 1)]));
+                c1 = c + c2;
+            }
+            _ => {
+                let mode = if what == "resize_linear" { "linear" } else { "nearest" };
+                inits.push(f32_tensor("sc", &[4], &[1.0, 1.0, 2.0, 2.0]));
+                let mode = AttributeProto {
+                    name: Some("mode".into()),
+                    r#type: Some(AttributeType::String as i32),
+                    s: Some(mode.as_bytes().to_vec().into()),
+                    ..Default::default()
+                };
+                nodes.push(node("Resize", "op", &["a1", "", "sc"], &["m"], vec![mode]));
+                (oh, ow) = (2 * h, 2 * w);
+            }
+        }
+        inits.push(f32_tensor("W1", &[8, c1 as i64, 1, 1], &r.values(8 * c1)));
+        nodes.push(node("Conv", "c1", &["m", "W1"], &["y"], vec![kv(1)]));
+        let model = model(
+            nodes,
+            vec![value("x", 1, &[Ok(1), Ok(3), Ok(h as i64), Ok(w as i64)])],
+            vec![value("y", 1, &[Ok(1), Ok(8), Ok(oh as i64), Ok(ow as i64)])],
+            inits,
+            17,
+        );
+        let inputs = vec![("x".to_string(), Tensor::from_vec(&[1, 3, h, w], r.values(3 * h * w)))];
+        check(&format!("region{case}-{what}-c{c}-{h}x{w}"), model, inputs);
     }
 }

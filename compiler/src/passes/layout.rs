@@ -64,7 +64,7 @@ enum Kind {
 
 /// Whether a pooling node has a form the blocked kernel takes: MaxPool or AveragePool, 2-D,
 /// no dilation, no ceil mode, explicit (or no) padding, one output.
-fn poolable(n: &Node) -> bool {
+pub(super) fn poolable(n: &Node) -> bool {
     n.domain.is_empty()
         && matches!(n.op.as_str(), "MaxPool" | "AveragePool")
         && n.ints("kernel_shape").is_some_and(|k| k.len() == 2 && k.iter().all(|&v| v >= 1))
@@ -91,21 +91,21 @@ fn blocked_type(t: Option<&ValueType>, lanes: usize) -> Option<ValueType> {
 }
 
 /// The pass's bookkeeping.
-struct State {
+pub(super) struct State {
     /// Every value name in use.
     taken: HashSet<String>,
-    /// NCHW name -> blocked name, for the outputs of blocked convolutions.
-    blocked: HashMap<String, String>,
+    /// NCHW name -> blocked name, for the outputs of blocked nodes.
+    pub(super) blocked: HashMap<String, String>,
     /// NCHW value -> its `aim:ToBlocked` copy.
     reordered: HashMap<String, String>,
     /// Blocked value -> its true channel count.
-    channels: HashMap<String, usize>,
-    lanes: usize,
+    pub(super) channels: HashMap<String, usize>,
+    pub(super) lanes: usize,
 }
 
 impl State {
     /// A fresh value name derived from `base`, now taken.
-    fn fresh(&mut self, g: &Graph, base: &str) -> String {
+    pub(super) fn fresh(&mut self, g: &Graph, base: &str) -> String {
         let mut name = base.to_string();
         let mut i = 1;
         while self.taken.contains(&name) || g.value_types.contains_key(&name) || g.initializers.contains_key(&name) {
@@ -118,7 +118,7 @@ impl State {
 
     /// `name` in the blocked layout for `reader`: a blocked convolution's output, or a copy
     /// made by an `aim:ToBlocked` node (one per value) appended to `out`.
-    fn blocked_name(&mut self, g: &mut Graph, reader: &Node, name: &str, out: &mut Vec<Node>) -> String {
+    pub(super) fn blocked_name(&mut self, g: &mut Graph, reader: &Node, name: &str, out: &mut Vec<Node>) -> String {
         if let Some(b) = self.blocked.get(name).or_else(|| self.reordered.get(name)) {
             return b.clone();
         }
@@ -141,15 +141,15 @@ impl State {
         b
     }
 
-    /// Renames `n`'s output to a blocked value of `channels` channels, typed from the NCHW
-    /// one, and records it.
-    fn block_output(&mut self, g: &mut Graph, n: &mut Node, channels: usize) {
-        let y = n.outputs[0].clone();
+    /// Renames `n`'s output `k` to a blocked value of `channels` channels, typed from the
+    /// NCHW one, and records it.
+    pub(super) fn block_output(&mut self, g: &mut Graph, n: &mut Node, k: usize, channels: usize) {
+        let y = n.outputs[k].clone();
         let yb = self.fresh(g, &format!("{y}.nchwc"));
         if let Some(t) = blocked_type(g.value_types.get(&y), self.lanes) {
             g.value_types.insert(yb.clone(), t);
         }
-        n.outputs[0] = yb.clone();
+        n.outputs[k] = yb.clone();
         n.attrs.insert(LAYOUT.into(), Attr::String("NCHWc".into()));
         n.attrs.insert(BLOCK.into(), Attr::Int(self.lanes as i64));
         self.channels.insert(yb.clone(), channels);
@@ -175,22 +175,8 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
     let nodes = std::mem::take(&mut g.nodes);
     for (mut n, kind) in nodes.into_iter().zip(kinds) {
         let Some(kind) = kind else {
-            // Pooling of a blocked value stays blocked.
-            let xb = n.inputs.first().and_then(|x| st.blocked.get(x)).cloned();
-            if let Some(xb) = xb {
-                let c = st.channels[&xb];
-                if poolable(&n) {
-                    n.domain = "aim".into();
-                    n.inputs[0] = xb;
-                    st.block_output(g, &mut n, c);
-                } else if n.op == "GlobalAveragePool" && n.domain.is_empty() {
-                    n.domain = "aim".into();
-                    n.inputs[0] = xb;
-                    n.attrs.insert(LAYOUT.into(), Attr::String("NCHWc".into()));
-                    n.attrs.insert(BLOCK.into(), Attr::Int(lanes as i64));
-                    n.attrs.insert(CHANNELS.into(), Attr::Int(c as i64));
-                }
-            }
+            // Ops that can run on blocked values keep them blocked.
+            super::layout_ops::propagate(g, &mut st, &mut n, &mut out);
             out.push(n);
             continue;
         };
@@ -206,7 +192,7 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
             n.inputs[3] = st.blocked_name(g, &n, &r, &mut out);
         }
         let cout = n.input(1).and_then(|w| g.initializers.get(w)).map_or(0, |w| w.shape()[0]);
-        st.block_output(g, &mut n, cout);
+        st.block_output(g, &mut n, 0, cout);
         out.push(n);
     }
     let unblocked: HashMap<String, String> = st.blocked.into_iter().map(|(y, b)| (b, y)).collect();
@@ -216,35 +202,35 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
     let r = readers(g);
     let mut i = 0;
     while i < g.nodes.len() {
-        let n = &g.nodes[i];
+        let n = g.nodes[i].clone();
         if !n.attrs.contains_key(LAYOUT) {
             i += 1;
             continue;
         }
-        let yb = n.outputs[0].clone();
-        let Some(y) = unblocked.get(&yb).cloned() else {
-            i += 1;
-            continue;
-        };
-        // Readers of the NCHW name still: anything that is not a rewritten blocked input.
-        let needs_nchw = r.get(&y).is_some_and(|v| !v.is_empty());
-        if needs_nchw {
+        let mut at = i + 1;
+        for (k, yb) in n.outputs.iter().enumerate() {
+            let Some(y) = unblocked.get(yb).cloned() else { continue };
+            // Readers of the NCHW name still: anything that is not a rewritten blocked input.
+            if !r.get(&y).is_some_and(|v| !v.is_empty()) {
+                continue;
+            }
             let mut attrs = std::collections::BTreeMap::new();
-            attrs.insert(CHANNELS.to_string(), Attr::Int(channels[&yb] as i64));
+            attrs.insert(CHANNELS.to_string(), Attr::Int(channels[yb] as i64));
             attrs.insert(BLOCK.to_string(), Attr::Int(lanes as i64));
-            attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(n)));
+            attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(&n)));
+            let name = if k == 0 { format!("{}/from_nchwc", n.name) } else { format!("{}/from_nchwc.{k}", n.name) };
             let from = Node {
-                name: format!("{}/from_nchwc", n.name),
+                name,
                 op: "FromBlocked".into(),
                 domain: "aim".into(),
-                inputs: vec![yb],
+                inputs: vec![yb.clone()],
                 outputs: vec![y],
                 attrs,
             };
-            g.nodes.insert(i + 1, from);
-            i += 1;
+            g.nodes.insert(at, from);
+            at += 1;
         }
-        i += 1;
+        i = at;
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ mod fuse;
 mod fuse_elementwise;
 mod gelu;
 pub mod layout;
+mod layout_ops;
 mod reduce;
 mod rename;
 mod simplify;

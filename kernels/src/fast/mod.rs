@@ -7,9 +7,11 @@
 //! approximations' errors are stated in [`math`] and tested.
 
 mod copy;
+mod data;
 pub mod math;
 mod ops;
 mod output;
+mod resize;
 
 pub use copy::copy_short;
 

@@ -34,6 +34,11 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "MaxPool" | "AveragePool" => pool2d,
         "GlobalAveragePool" => global_average_pool,
         "MatMul" => matmul,
+        "Resize" => super::resize::resize,
+        "Concat" => super::data::concat,
+        "Split" => super::data::split,
+        "Slice" => super::data::slice,
+        "Gather" => super::data::gather,
         _ => return None,
     })
 }

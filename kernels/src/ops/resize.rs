@@ -7,7 +7,7 @@ use aim_ir::{Node, Tensor};
 
 /// One output position along an axis: (source index, weight) taps, or `None` when the
 /// position falls outside the crop box (tf_crop_and_resize extrapolation).
-type Taps = Option<Vec<(usize, f64)>>;
+pub type Taps = Option<Vec<(usize, f64)>>;
 
 struct Axis<'a> {
     node: &'a Node,
@@ -129,7 +129,20 @@ impl Axis<'_> {
     }
 }
 
-fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+/// What a Resize node does to its input: the output shape, and for each axis that changes,
+/// the taps of every output position (computed from the input's shape: each axis's taps
+/// depend on that axis alone). Shared by the reference kernel and the fast one.
+pub struct Plan {
+    /// The output shape.
+    pub out: Vec<usize>,
+    /// `(axis, taps per output position)` for the axes that change, in order.
+    pub axes: Vec<(usize, Vec<Taps>)>,
+    /// The value of positions outside the crop box (tf_crop_and_resize).
+    pub extrapolation: f64,
+}
+
+/// The plan of a Resize node on its inputs.
+pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
     let x = req(ins, 0)?;
     let r = x.rank();
     let axes: Vec<usize> = match node.ints("axes") {
@@ -191,11 +204,9 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     crate::util::check_count(crate::util::elements(&out)?, 9)?;
     let roi = opt(ins, 1).map(|t| t.to_f64_vec()).unwrap_or_default();
     let extrapolation = node.float("extrapolation_value", 0.0) as f64;
-    let mut data = x.to_f64_vec();
-    let mut outside = vec![false; data.len()];
-    let mut shape = x.shape().to_vec();
+    let mut changed = Vec::new();
     for d in 0..r {
-        if out[d] == shape[d] && scales[d] == 1.0 {
+        if out[d] == x.shape()[d] && scales[d] == 1.0 {
             continue;
         }
         let k = axes.iter().position(|&a| a == d);
@@ -203,8 +214,20 @@ fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             Some(k) if roi.len() == 2 * axes.len() => (roi[k], roi[k + axes.len()]),
             _ => (0.0, 1.0),
         };
-        let ax = Axis { node, len_in: shape[d], len_out: out_f[d], scale: scales[d], roi: roi_d };
+        let ax = Axis { node, len_in: x.shape()[d], len_out: out_f[d], scale: scales[d], roi: roi_d };
         let taps: Vec<Taps> = (0..out[d]).map(|i| ax.taps(i)).collect::<Result<_>>()?;
+        changed.push((d, taps));
+    }
+    Ok(Plan { out, axes: changed, extrapolation })
+}
+
+fn resize(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+    let x = req(ins, 0)?;
+    let Plan { out, axes: changed, extrapolation } = plan(node, ins)?;
+    let mut data = x.to_f64_vec();
+    let mut outside = vec![false; data.len()];
+    let mut shape = x.shape().to_vec();
+    for (d, taps) in changed {
         let (outer, inner) = (shape[..d].iter().product::<usize>(), shape[d + 1..].iter().product::<usize>());
         crate::util::check_count(crate::util::elements(&[outer, out[d], inner])?, 9)?;
         let mut nd = vec![0.0; outer * out[d] * inner];

@@ -1,0 +1,201 @@
+//! Data movement in f32 as parallel block copies: Concat, Split, Slice with unit steps, and
+//! Gather of whole rows. Each returns `None` for what it does not take (other dtypes,
+//! strided slices), and checks shapes the way the reference kernel does, leaving the error
+//! messages to it (a mismatch falls back to the reference, which reports it).
+
+use super::output::Output;
+use super::Ctx;
+use crate::util::Result;
+use aim_ir::{DType, Node, Tensor};
+
+/// Output pointer shared by tasks writing disjoint parts.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes its own part of the output.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+fn f32s(ins: &[Option<Tensor>]) -> Option<Vec<&Tensor>> {
+    let ts: Vec<&Tensor> = ins.iter().flatten().collect();
+    ts.iter().all(|t| t.dtype() == DType::F32).then_some(ts)
+}
+
+fn norm_axis(a: i64, r: usize) -> Option<usize> {
+    let a = if a < 0 { a + r as i64 } else { a };
+    (0..r as i64).contains(&a).then_some(a as usize)
+}
+
+/// Copies `parts` (each `(source, offset in source, length)`) to consecutive ranges of
+/// `dst` starting at each part's destination offset, in parallel.
+fn copy_parts(cx: &Ctx, dst: &mut [f32], parts: &[(&[f32], usize, usize, usize)]) {
+    let out = Out(dst.as_mut_ptr());
+    let n = dst.len();
+    cx.par.for_each(parts.len(), &|k| {
+        let out = out;
+        let (src, from, to, len) = parts[k];
+        assert!(to + len <= n && from + len <= src.len(), "copy part in bounds");
+        // SAFETY: the parts' destination ranges are disjoint and in bounds (checked).
+        let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(to), len) };
+        d.copy_from_slice(&src[from..from + len]);
+    });
+}
+
+/// Concat of f32 tensors: for each index of the dims before the axis, each input's block.
+pub(super) fn concat(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let ts = f32s(ins)?;
+    let first = ts.first()?;
+    let r = first.rank();
+    let ax = norm_axis(n.int("axis", 0), r)?;
+    if ts.iter().any(|t| t.rank() != r || (0..r).any(|d| d != ax && t.shape()[d] != first.shape()[d])) {
+        return None;
+    }
+    let mut shape = first.shape().to_vec();
+    shape[ax] = ts.iter().map(|t| t.shape()[ax]).sum();
+    let outer: usize = shape[..ax].iter().product();
+    let row: usize = shape[ax..].iter().product();
+    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut parts = Vec::with_capacity(outer * ts.len());
+    for o in 0..outer {
+        let mut at = o * row;
+        for t in &ts {
+            let len = t.shape()[ax..].iter().product::<usize>();
+            parts.push((t.data::<f32>(), o * len, at, len));
+            at += len;
+        }
+    }
+    copy_parts(cx, y.bits_mut(), &parts);
+    Some(Ok(vec![y.finish()]))
+}
+
+/// Split of an f32 tensor into the sizes given (or equal parts).
+pub(super) fn split(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
+    let ax = norm_axis(n.int("axis", 0), x.rank())?;
+    let dim = x.shape()[ax];
+    let sizes: Vec<usize> = match ins.get(1).and_then(|s| s.as_ref()) {
+        Some(s) => s.to_i64_vec().iter().map(|&v| usize::try_from(v).ok()).collect::<Option<_>>()?,
+        None => {
+            let k = n.opt_int("num_outputs").map(|v| v as usize).unwrap_or(n.outputs.len()).max(1);
+            let chunk = dim.div_ceil(k);
+            (0..k).map(|i| chunk.min(dim.saturating_sub(i * chunk))).collect()
+        }
+    };
+    if sizes.iter().try_fold(0usize, |a, &p| a.checked_add(p)) != Some(dim) {
+        return None;
+    }
+    let outer: usize = x.shape()[..ax].iter().product();
+    let inner: usize = x.shape()[ax + 1..].iter().product();
+    let src = x.data::<f32>();
+    let mut outs = Vec::with_capacity(sizes.len());
+    let mut start = 0;
+    for (k, &s) in sizes.iter().enumerate() {
+        let mut shape = x.shape().to_vec();
+        shape[ax] = s;
+        // The first output may go into the slot offered; the others are new tensors.
+        let mut y = match Output::new(if k == 0 { cx.out } else { None }, DType::F32, &shape) {
+            Ok(y) => y,
+            Err(e) => return Some(Err(e)),
+        };
+        let parts: Vec<(&[f32], usize, usize, usize)> =
+            (0..outer).map(|o| (src, (o * dim + start) * inner, o * s * inner, s * inner)).collect();
+        copy_parts(cx, y.bits_mut(), &parts);
+        outs.push(y.finish());
+        start += s;
+    }
+    Some(Ok(outs))
+}
+
+/// Slice with unit steps of an f32 tensor: contiguous runs of the innermost sliced dims.
+pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
+    let ints = |i: usize| ins.get(i).and_then(|t| t.as_ref()).map(|t| t.to_i64_vec());
+    let (starts, ends) = (ints(1)?, ints(2)?);
+    let r = x.rank();
+    let axes: Vec<usize> = match ints(3) {
+        Some(a) => a.iter().map(|&v| norm_axis(v, r)).collect::<Option<_>>()?,
+        None => (0..starts.len()).collect(),
+    };
+    if ints(4).is_some_and(|s| s.iter().any(|&v| v != 1)) || ends.len() != starts.len() || axes.len() != starts.len() {
+        return None;
+    }
+    let mut lo = vec![0usize; r];
+    let mut shape = x.shape().to_vec();
+    for (i, &a) in axes.iter().enumerate() {
+        let d = x.shape()[a] as i128;
+        let fix = |v: i64| (if v < 0 { v as i128 + d } else { v as i128 }).clamp(0, d);
+        let (s, e) = (fix(starts[i]), fix(ends[i]));
+        lo[a] = s as usize;
+        shape[a] = (e - s).max(0) as usize;
+    }
+    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    // Contiguous runs: the trailing dims that are taken whole, times the last sliced one.
+    let st = crate::util::strides(x.shape());
+    let mut k = r;
+    while k > 0 && shape[k - 1] == x.shape()[k - 1] && lo[k - 1] == 0 {
+        k -= 1;
+    }
+    let run: usize = if k == 0 { shape.iter().product() } else { shape[k - 1..].iter().product() };
+    let outer_dims = &shape[..k.saturating_sub(1)];
+    let count: usize = outer_dims.iter().product();
+    let src = x.data::<f32>();
+    let mut parts = Vec::with_capacity(count);
+    let mut idx = vec![0usize; outer_dims.len()];
+    for i in 0..count {
+        let base: usize = (0..outer_dims.len()).map(|d| (lo[d] + idx[d]) * st[d]).sum::<usize>()
+            + if k > 0 { lo[k - 1] * st[k - 1] } else { 0 };
+        parts.push((src, base, i * run, run));
+        for d in (0..outer_dims.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < outer_dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    if run > 0 {
+        copy_parts(cx, y.bits_mut(), &parts);
+    }
+    Some(Ok(vec![y.finish()]))
+}
+
+/// Gather of whole rows of an f32 tensor (any axis): block copies per index.
+pub(super) fn gather(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
+    let idx = ins.get(1)?.as_ref().filter(|t| t.dtype().is_int())?;
+    let ax = norm_axis(n.int("axis", 0), x.rank())?;
+    let dim = x.shape()[ax];
+    let ids: Vec<usize> = idx
+        .to_i64_vec()
+        .iter()
+        .map(|&i| {
+            let i = if i < 0 { i + dim as i64 } else { i };
+            (0..dim as i64).contains(&i).then_some(i as usize)
+        })
+        .collect::<Option<_>>()?;
+    let mut shape = x.shape()[..ax].to_vec();
+    shape.extend(idx.shape());
+    shape.extend(&x.shape()[ax + 1..]);
+    let outer: usize = x.shape()[..ax].iter().product();
+    let inner: usize = x.shape()[ax + 1..].iter().product();
+    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    let src = x.data::<f32>();
+    let mut parts = Vec::with_capacity(outer * ids.len());
+    for o in 0..outer {
+        for (j, &i) in ids.iter().enumerate() {
+            parts.push((src, (o * dim + i) * inner, (o * ids.len() + j) * inner, inner));
+        }
+    }
+    if inner > 0 {
+        copy_parts(cx, y.bits_mut(), &parts);
+    }
+    Some(Ok(vec![y.finish()]))
+}
