@@ -18,9 +18,12 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
+/// (source index, weight) taps of every output position along one axis.
+type AxisTaps = Vec<Vec<(usize, f32)>>;
+
 /// Concrete taps: (source index, weight) per output position; `None` if any position is
 /// outside the crop box.
-fn concrete(taps: &[Taps]) -> Option<Vec<Vec<(usize, f32)>>> {
+fn concrete(taps: &[Taps]) -> Option<AxisTaps> {
     taps.iter().map(|t| t.as_ref().map(|t| t.iter().map(|&(i, w)| (i, w as f32)).collect())).collect()
 }
 
@@ -32,7 +35,7 @@ pub(super) fn resize(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         Err(e) => return Some(Err(e)),
     };
     let xs = x.shape();
-    let (hy, wy): (Option<(usize, Vec<Vec<(usize, f32)>>)>, (usize, Vec<Vec<(usize, f32)>>)) = match p.axes.as_slice() {
+    let (hy, wy): (Option<(usize, AxisTaps)>, (usize, AxisTaps)) = match p.axes.as_slice() {
         [] => return Some(Ok(vec![x.clone()])),
         [(d, t)] => (None, (*d, concrete(t)?)),
         [(d0, t0), (d1, t1)] if *d1 == d0 + 1 => (Some((*d0, concrete(t0)?)), (*d1, concrete(t1)?)),
@@ -44,7 +47,7 @@ pub(super) fn resize(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     let inner: usize = xs[wd + 1..].iter().product();
     let (hin, win) = (if hy.is_some() { xs[hd] } else { 1 }, xs[wd]);
     let (hout, wout) = (if hy.is_some() { p.out[hd] } else { 1 }, p.out[wd]);
-    let ytaps: Vec<Vec<(usize, f32)>> = match hy {
+    let ytaps: AxisTaps = match hy {
         Some((_, t)) => t,
         None => vec![vec![(0, 1.0)]],
     };
@@ -84,7 +87,7 @@ pub(super) fn resize(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
 
 /// `out[x] = scale · Σ w · row[sx]` over the horizontal taps, `inner` floats per position.
 #[inline(always)]
-fn horizontal(row: &[f32], out: &mut [f32], xtaps: &[Vec<(usize, f32)>], inner: usize, scale: f32) {
+fn horizontal(row: &[f32], out: &mut [f32], xtaps: &AxisTaps, inner: usize, scale: f32) {
     for (ox, taps) in xtaps.iter().enumerate() {
         let o = &mut out[ox * inner..(ox + 1) * inner];
         match taps.as_slice() {
