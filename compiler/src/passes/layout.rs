@@ -211,7 +211,7 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
         for (k, yb) in n.outputs.iter().enumerate() {
             let Some(y) = unblocked.get(yb).cloned() else { continue };
             // Readers of the NCHW name still: anything that is not a rewritten blocked input.
-            if !r.get(&y).is_some_and(|v| !v.is_empty()) {
+            if r.get(&y).is_none_or(|v| v.is_empty()) {
                 continue;
             }
             let mut attrs = std::collections::BTreeMap::new();
