@@ -28,7 +28,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
     Some(match op {
         "Erf" | "Exp" | "Tanh" | "Sigmoid" | "Relu" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" | "Gelu" => unary,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary,
-        "Softmax" => softmax,
+        "Softmax" | "LogSoftmax" => softmax,
         "LayerNormalization" => layer_norm,
         "Transpose" => transpose,
         "MaxPool" | "AveragePool" => pool2d,
@@ -445,10 +445,82 @@ fn rows(par: &dyn Parallel, src: &[f32], dst: &mut [f32], len: usize, row: RowFn
     });
 }
 
+/// Softmax (or LogSoftmax) over the middle axis of `[outer, len, inner]` blocks `s`:
+/// column-wise, with the `inner` values of a row contiguous (vector loops over rows).
+#[inline(always)]
+fn softmax_columns_generic(s: &[f32], d: &mut [f32], len: usize, inner: usize, log: bool) {
+    let (first, rest) = (&s[..inner], &s[inner..]);
+    let mut m: Vec<f32> = first.to_vec();
+    for row in rest.chunks_exact(inner) {
+        for (a, &v) in m.iter_mut().zip(row) {
+            *a = if v > *a || v.is_nan() { v } else { *a };
+        }
+    }
+    let mut sum = vec![0f32; inner];
+    for (dr, sr) in d.chunks_exact_mut(inner).zip(s.chunks_exact(inner)).take(len) {
+        for (((o, &v), &mx), t) in dr.iter_mut().zip(sr).zip(&m).zip(sum.iter_mut()) {
+            let e = math::exp(v - mx);
+            *o = if log { v - mx } else { e };
+            *t += e;
+        }
+    }
+    if log {
+        let ls: Vec<f32> = sum.iter().map(|v| v.ln()).collect();
+        for dr in d.chunks_exact_mut(inner).take(len) {
+            dr.iter_mut().zip(&ls).for_each(|(o, l)| *o -= l);
+        }
+    } else {
+        let k: Vec<f32> = sum.iter().map(|v| 1.0 / v).collect();
+        for dr in d.chunks_exact_mut(inner).take(len) {
+            dr.iter_mut().zip(&k).for_each(|(o, k)| *o *= k);
+        }
+    }
+}
+plain_versions!(softmax_columns, softmax_columns_generic, (s: &[f32], d: &mut [f32], len: usize, inner: usize, log: bool));
+
 fn softmax(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = f32_in(ins, 0)?;
-    if x.rank() == 0 || axis(n.int("axis", -1), x.rank()).ok()? != x.rank() - 1 {
+    if x.rank() == 0 {
         return None;
+    }
+    let ax = axis(n.int("axis", -1), x.rank()).ok()?;
+    let log = n.op == "LogSoftmax";
+    if ax != x.rank() - 1 || log {
+        // Another axis (a detector's DFL head, a class axis in NCHW): column blocks.
+        let len = x.shape()[ax];
+        let inner: usize = x.shape()[ax + 1..].iter().product();
+        let outer: usize = x.shape()[..ax].iter().product();
+        let mut y = match Output::new(cx.out, DType::F32, x.shape()) {
+            Ok(y) => y,
+            Err(e) => return Some(Err(e)),
+        };
+        if len == 0 || inner == 0 {
+            return Some(Ok(vec![y.finish()]));
+        }
+        let isa = cx.isa;
+        let (src, block) = (x.data::<f32>(), len * inner);
+        // Split the columns too when there are few blocks (one image, a long inner axis).
+        let pieces = (inner / 256).clamp(1, 16);
+        let out = Out(y.bits_mut().as_mut_ptr());
+        cx.par.for_each(outer * pieces, &|t| {
+            let out = out;
+            let (o, p) = (t / pieces, t % pieces);
+            let cols = p * inner / pieces..(p + 1) * inner / pieces;
+            let w = cols.len();
+            // Gather this piece's columns into contiguous rows, then write them back.
+            let mut sb = vec![0f32; len * w];
+            for r in 0..len {
+                sb[r * w..(r + 1) * w].copy_from_slice(&src[o * block + r * inner + cols.start..][..w]);
+            }
+            let mut db = vec![0f32; len * w];
+            softmax_columns(isa, &sb, &mut db, len, w, log);
+            for r in 0..len {
+                // SAFETY: task t writes only its columns of its block.
+                let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(o * block + r * inner + cols.start), w) };
+                d.copy_from_slice(&db[r * w..(r + 1) * w]);
+            }
+        });
+        return Some(Ok(vec![y.finish()]));
     }
     let len = x.shape()[x.rank() - 1];
     let mut y = match Output::new(cx.out, DType::F32, x.shape()) {

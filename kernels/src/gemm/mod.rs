@@ -210,31 +210,57 @@ impl Activation {
         }
     }
 
-    /// Applies the activation to every value of `v` (one loop per kind, so that each
-    /// vectorises).
+    /// Applies the activation to every value of `v`, with the vector width of `isa` (one
+    /// loop per kind of activation, compiled for that ISA, so that each vectorises).
+    pub fn apply_all(self, isa: Isa, v: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn v4(a: Activation, v: &mut [f32]) {
+                a.apply_body(v)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn v3(a: Activation, v: &mut [f32]) {
+                a.apply_body(v)
+            }
+            // SAFETY: an `Isa` exists only for features this CPU has.
+            match isa.kind() {
+                IsaKind::Avx512 => return unsafe { v4(self, v) },
+                IsaKind::Avx2 => return unsafe { v3(self, v) },
+                _ => {}
+            }
+        }
+        let _ = isa;
+        self.apply_body(v)
+    }
+
+    /// The loops of `apply_all`: one per kind, its parameters hoisted.
     #[inline(always)]
-    pub fn apply_all(self, v: &mut [f32]) {
+    fn apply_body(self, v: &mut [f32]) {
+        use crate::fast::math;
         macro_rules! each {
-            ($($pat:pat),*) => {
-                match self {
-                    $($pat => v.iter_mut().for_each(|x| *x = self.apply(*x)),)*
+            ($f:expr) => {
+                for x in v.iter_mut() {
+                    *x = $f(*x);
                 }
             };
         }
-        each!(
-            Activation::Identity,
-            Activation::Relu,
-            Activation::Clip(..),
-            Activation::LeakyRelu(_),
-            Activation::HardSigmoid(..),
-            Activation::HardSwish,
-            Activation::Sigmoid,
-            Activation::Silu,
-            Activation::Tanh,
-            Activation::Gelu,
-            Activation::GeluTanh,
-            Activation::Elu(_)
-        )
+        match self {
+            Activation::Identity => {}
+            Activation::Relu => each!(relu),
+            Activation::Clip(lo, hi) => each!(|x: f32| clamp(x, lo, hi)),
+            Activation::LeakyRelu(a) => each!(|x: f32| if x < 0.0 { a * x } else { x }),
+            Activation::HardSigmoid(a, b) => each!(|x: f32| clamp(a * x + b, 0.0, 1.0)),
+            Activation::HardSwish => each!(|x: f32| x * clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0)),
+            Activation::Sigmoid => each!(math::sigmoid),
+            Activation::Silu => each!(|x: f32| x * math::sigmoid(x)),
+            Activation::Tanh => each!(math::tanh),
+            Activation::Gelu => each!(|x: f32| 0.5 * x * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2))),
+            Activation::GeluTanh => {
+                each!(|x: f32| 0.5 * x * (1.0 + math::tanh(0.797_884_6 * (x + 0.044_715 * x * x * x))))
+            }
+            Activation::Elu(a) => each!(|x: f32| if x > 0.0 { x } else { a * (math::exp(x) - 1.0) }),
+        }
     }
 
     /// The `[lo, hi]` of an activation that is a clamp (kernels apply those in registers);
@@ -881,15 +907,15 @@ unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: u
             Activation::Identity => apply!(|x: f32| x),
             Activation::Relu => apply!(relu),
             Activation::Clip(lo, hi) => apply!(|x: f32| clamp(x, lo, hi)),
-            Activation::LeakyRelu(_) => apply!(|x: f32| act.apply(x)),
-            Activation::HardSigmoid(..) => apply!(|x: f32| act.apply(x)),
+            Activation::LeakyRelu(a) => apply!(|x: f32| if x < 0.0 { a * x } else { x }),
+            Activation::HardSigmoid(a, b) => apply!(|x: f32| clamp(a * x + b, 0.0, 1.0)),
             Activation::HardSwish => apply!(|x: f32| Activation::HardSwish.apply(x)),
-            Activation::Sigmoid => apply!(|x: f32| Activation::Sigmoid.apply(x)),
-            Activation::Silu => apply!(|x: f32| Activation::Silu.apply(x)),
-            Activation::Tanh => apply!(|x: f32| Activation::Tanh.apply(x)),
+            Activation::Sigmoid => apply!(crate::fast::math::sigmoid),
+            Activation::Silu => apply!(|x: f32| x * crate::fast::math::sigmoid(x)),
+            Activation::Tanh => apply!(crate::fast::math::tanh),
             Activation::Gelu => apply!(|x: f32| Activation::Gelu.apply(x)),
             Activation::GeluTanh => apply!(|x: f32| Activation::GeluTanh.apply(x)),
-            Activation::Elu(_) => apply!(|x: f32| act.apply(x)),
+            Activation::Elu(a) => apply!(|x: f32| if x > 0.0 { x } else { a * (crate::fast::math::exp(x) - 1.0) }),
         }
     }
 }

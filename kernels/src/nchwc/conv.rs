@@ -413,7 +413,12 @@ impl Job<'_> {
         }
         // Activations other than a clamp run over the segment just written (in L1).
         for b in 0..nb {
-            super::shared::finish(self.conv.act, p.y.add(yoff + b * yblk + cols.start * l), cols.len() * l);
+            super::shared::finish(
+                self.conv.act,
+                self.conv.isa,
+                p.y.add(yoff + b * yblk + cols.start * l),
+                cols.len() * l,
+            );
         }
     }
 }

@@ -177,7 +177,7 @@ impl Job<'_> {
             self.edge(&r, ox);
         }
         // Activations other than a clamp run over the row just written.
-        super::shared::finish(self.d.act, yrow, self.ow * l);
+        super::shared::finish(self.d.act, self.d.isa, yrow, self.ow * l);
     }
 }
 

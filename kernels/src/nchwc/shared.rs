@@ -29,8 +29,8 @@ pub(super) fn bounds(act: Activation) -> (f32, f32) {
 /// # Safety
 /// `p` must be valid for reads and writes of `n` floats that no other thread touches.
 #[inline(always)]
-pub(super) unsafe fn finish(act: Activation, p: *mut f32, n: usize) {
+pub(super) unsafe fn finish(act: Activation, isa: crate::gemm::Isa, p: *mut f32, n: usize) {
     if act.clamp_bounds().is_none() {
-        act.apply_all(std::slice::from_raw_parts_mut(p, n));
+        act.apply_all(isa, std::slice::from_raw_parts_mut(p, n));
     }
 }

@@ -278,7 +278,7 @@ impl Winograd {
                 }
                 // Activations other than a clamp run over the tile rows just written.
                 for oy in ty * M..(ty * M + M).min(g.oh) {
-                    super::shared::finish(self.act, yp.add(oy * g.ow * l), g.ow * l);
+                    super::shared::finish(self.act, self.isa, yp.add(oy * g.ow * l), g.ow * l);
                 }
             }
         }

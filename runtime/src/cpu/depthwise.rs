@@ -91,6 +91,8 @@ fn depthwise_plane(
     res: Option<&[f32]>,
     scratch: &mut [f32],
 ) {
+    // Clamps run inside the filter loops; the other activations over the plane afterwards.
+    let inner = if act.clamp_bounds().is_some() { act } else { Activation::Identity };
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
@@ -121,13 +123,16 @@ fn depthwise_plane(
         }
         // SAFETY: the ISA was checked available.
         match isa.kind() {
-            IsaKind::Avx512 => return unsafe { v4(src, dst, wts, g, bias, act, res, scratch) },
-            IsaKind::Avx2 => return unsafe { v3(src, dst, wts, g, bias, act, res, scratch) },
-            IsaKind::Portable | IsaKind::Neon => {}
+            IsaKind::Avx512 => unsafe { v4(src, dst, wts, g, bias, inner, res, scratch) },
+            IsaKind::Avx2 => unsafe { v3(src, dst, wts, g, bias, inner, res, scratch) },
+            IsaKind::Portable | IsaKind::Neon => depthwise_body::<false>(src, dst, wts, g, bias, inner, res, scratch),
         }
     }
-    let _ = isa;
-    depthwise_body::<false>(src, dst, wts, g, bias, act, res, scratch)
+    #[cfg(not(target_arch = "x86_64"))]
+    depthwise_body::<false>(src, dst, wts, g, bias, inner, res, scratch);
+    if inner != act {
+        act.apply_all(isa, dst);
+    }
 }
 
 #[inline(always)]
@@ -230,10 +235,9 @@ fn depthwise_3x3<const FMA: bool>(
     // Without a residual the activation runs in the filter loop; with one it waits for the
     // residual, added while the rows are compacted.
     let taps = [s0, s1, s2, s3, s4, s5, s6, s7, s8];
-    // A clamp runs in the filter loop (when there is no residual to add first); the other
-    // activations while the rows are compacted.
-    let in_filter = res.is_none() && act.clamp_bounds().is_some();
-    match if in_filter { act } else { Activation::Identity } {
+    // The activation (a clamp: the others run after the plane, see `depthwise_plane`) runs
+    // in the filter loop when there is no residual to add first.
+    match if res.is_none() { act } else { Activation::Identity } {
         Activation::Relu => filter9::<FMA>(q, &taps, &k, bias, relu),
         Activation::Clip(lo, hi) => filter9::<FMA>(q, &taps, &k, bias, |v| clamp(v, lo, hi)),
         _ => filter9::<FMA>(q, &taps, &k, bias, |v| v),
@@ -243,16 +247,10 @@ fn depthwise_3x3<const FMA: bool>(
         match res {
             Some(r) => {
                 for ((o, &v), &x) in row.iter_mut().zip(qrow).zip(&r[oy * ow..(oy + 1) * ow]) {
-                    *o = v + x;
-                }
-                act.apply_all(row);
-            }
-            None => {
-                copy_short(row, qrow);
-                if !in_filter {
-                    act.apply_all(row);
+                    *o = act.apply(v + x);
                 }
             }
+            None => copy_short(row, qrow),
         }
     }
 }
