@@ -906,3 +906,55 @@ fn random_blocked_regions() {
         check(&format!("region{case}-{what}-c{c}-{h}x{w}"), model, inputs);
     }
 }
+
+/// Transposed convolutions with constant weights (`aim:ConvTranspose`: a GEMM and an
+/// overlap-add) over strides, kernels, pads, output padding, dilations, groups, a bias and a
+/// fused activation, against the reference.
+#[test]
+fn random_transposed_convolutions() {
+    let mut r = Rng(77);
+    for case in 0..60 {
+        let group = r.pick(&[1usize, 1, 2]);
+        let cin = group * r.pick(&[1usize, 3, 8]);
+        let mg = r.pick(&[1usize, 4, 5]);
+        let (k, s, d) = (r.pick(&[1usize, 2, 3, 4]), r.pick(&[1usize, 2, 3]), r.pick(&[1usize, 1, 2]));
+        let p = r.pick(&[0usize, 0, 1]).min(k.saturating_sub(1));
+        let op = r.pick(&[0usize, 0, 1]).min(s.max(d) - 1);
+        let (h, w) = (r.pick(&[1usize, 4, 7]), r.pick(&[3usize, 6]));
+        let ek = (k - 1) * d + 1;
+        let (oh, ow) = (s * (h - 1) + op + ek - 2 * p, s * (w - 1) + op + ek - 2 * p);
+        let act = r.pick(&["none", "Relu", "Sigmoid"]);
+        let mut nodes = vec![node(
+            "ConvTranspose",
+            "up",
+            &["x", "W", "B"],
+            &["y0"],
+            vec![
+                ints("kernel_shape", &[k as i64, k as i64]),
+                ints("strides", &[s as i64, s as i64]),
+                ints("dilations", &[d as i64, d as i64]),
+                ints("pads", &[p as i64; 4]),
+                ints("output_padding", &[op as i64, op as i64]),
+                int_attr("group", group as i64),
+            ],
+        )];
+        match act {
+            "none" => nodes.push(node("Identity", "act", &["y0"], &["y"], vec![])),
+            a => nodes.push(node(a, "act", &["y0"], &["y"], vec![])),
+        }
+        let m = group * mg;
+        let inits = vec![
+            f32_tensor("W", &[cin as i64, mg as i64, k as i64, k as i64], &r.values(cin * mg * k * k)),
+            f32_tensor("B", &[m as i64], &r.values(m)),
+        ];
+        let model = model(
+            nodes,
+            vec![value("x", 1, &[Ok(2), Ok(cin as i64), Ok(h as i64), Ok(w as i64)])],
+            vec![value("y", 1, &[Ok(2), Ok(m as i64), Ok(oh as i64), Ok(ow as i64)])],
+            inits,
+            17,
+        );
+        let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, cin, h, w], r.values(2 * cin * h * w)))];
+        check(&format!("deconv{case}-g{group}-c{cin}-m{m}-k{k}-s{s}-d{d}-p{p}-op{op}-{h}x{w}-{act}"), model, inputs);
+    }
+}

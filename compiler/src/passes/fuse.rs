@@ -55,6 +55,11 @@ fn start(g: &mut Graph, n: &Node) -> Option<Node> {
             f.inputs.resize(3, String::new());
             Some(f)
         }
+        // 2-D transposed convolutions run as a GEMM and an overlap-add (`aim:ConvTranspose`).
+        "ConvTranspose" if w.rank() == 4 && n.input(2).is_none_or(|b| g.initializers.contains_key(b)) => {
+            f.inputs.resize(3, String::new());
+            Some(f)
+        }
         "MatMul" if w.rank() == 2 => {
             f.op = "Dense".into();
             f.inputs = vec![n.inputs[0].clone(), n.inputs[1].clone(), String::new()];
@@ -181,10 +186,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             .get(&n.outputs[0])
             .and_then(|t| t.shape.clone())
             .filter(|s| !s.contains(&aim_ir::Dim::Unknown));
-        let channels =
-            g.initializers
-                .get(&f.inputs[1])
-                .map(|w| if f.op == "Conv" { w.shape()[0] } else { w.shape()[w.rank() - 1] });
+        let channels = g.initializers.get(&f.inputs[1]).map(|w| match f.op.as_str() {
+            "Conv" => w.shape()[0],
+            "ConvTranspose" => w.shape()[1] * f.int("group", 1).max(1) as usize,
+            _ => w.shape()[w.rank() - 1],
+        });
         let mut out = n.outputs[0].clone();
         let mut has_residual = false;
         let mut has_act = false;
@@ -224,13 +230,13 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                         Some(t) if bias_slot_free && t.dtype() == DType::F32 && !has_residual => {
                             // A constant: a bias if it is one value per output channel/feature.
                             let ch = match (f.op.as_str(), &out_ty) {
-                                ("Conv", Some(s)) if s.len() >= 2 => channels,
+                                ("Conv" | "ConvTranspose", Some(s)) if s.len() >= 2 => channels,
                                 ("Dense", Some(s)) if !s.is_empty() => channels,
                                 _ => None,
                             };
                             // Right-aligned against the output, every dim but the channel's is 1.
                             let r = out_ty.as_ref().map_or(0, |s| s.len());
-                            let channel_dim = if f.op == "Conv" { 1 } else { r.saturating_sub(1) };
+                            let channel_dim = if f.op.starts_with("Conv") { 1 } else { r.saturating_sub(1) };
                             let shape_ok = ch.is_some_and(|c| {
                                 t.rank() <= r
                                     && t.len() == c

@@ -113,21 +113,24 @@ fn conv(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     Ok(vec![narrow(y, dt)])
 }
 
-fn conv_transpose_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let (xs, ws) = (x.shape(), w.shape());
-    if xs.len() < 3 || ws.len() != xs.len() {
-        return err(format!("ConvTranspose needs X of rank ≥ 3 and W of the same rank, got {xs:?} and {ws:?}"));
-    }
-    let sp = xs.len() - 2;
-    let (nb, c) = (xs[0], xs[1]);
-    let group = node.int("group", 1).max(1) as usize;
-    if ws[0] != c || c % group != 0 {
-        return err(format!("W {ws:?} does not fit {c} input channels and group={group}"));
-    }
-    let mg = ws[1];
-    let m = mg * group;
-    let cg = c / group;
-    let kernel: Vec<usize> = ws[2..].to_vec();
+/// Where a ConvTranspose writes: the output's spatial size, the padding cropped before
+/// (`pads[..sp]`) and after each dim, strides and dilations. One rule for both backends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransposeGeometry {
+    /// Output spatial dims.
+    pub out: Vec<usize>,
+    /// Padding cropped before (the first `sp`) and after (the last `sp`) each dim.
+    pub pads: Vec<usize>,
+    /// Strides.
+    pub strides: Vec<usize>,
+    /// Dilations.
+    pub dilations: Vec<usize>,
+}
+
+/// The geometry of a ConvTranspose node over input spatial dims `in_sp` with a kernel of
+/// `kernel`: explicit pads, `output_shape` or `auto_pad`, and `output_padding`.
+pub fn transpose_geometry(node: &Node, in_sp: &[usize], kernel: &[usize]) -> Result<TransposeGeometry> {
+    let sp = in_sp.len();
     let attr = |name: &str, d: usize| -> Vec<usize> {
         node.ints(name).map(|v| v.iter().map(|&x| x.max(0) as usize).collect()).unwrap_or(vec![d; sp])
     };
@@ -135,10 +138,9 @@ fn conv_transpose_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tens
     let dil = attr("dilations", 1);
     let out_pad = attr("output_padding", 0);
     let mut pads = node.ints("pads").map(|v| v.iter().map(|&x| x.max(0) as usize).collect()).unwrap_or(vec![0; 2 * sp]);
-    if strides.len() != sp || dil.len() != sp || out_pad.len() != sp || pads.len() != 2 * sp {
+    if kernel.len() != sp || strides.len() != sp || dil.len() != sp || out_pad.len() != sp || pads.len() != 2 * sp {
         return err("strides, dilations, output_padding and pads must match the spatial rank");
     }
-    let in_sp = &xs[2..];
     let auto_pad = node.string("auto_pad", "NOTSET");
     let mut out = vec![0usize; sp];
     let output_shape = node.ints("output_shape").map(|v| v.to_vec());
@@ -173,6 +175,26 @@ fn conv_transpose_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tens
                 .ok_or_else(|| crate::KernelError("padding exceeds the output".into()))?;
         }
     }
+    Ok(TransposeGeometry { out, pads, strides, dilations: dil })
+}
+
+fn conv_transpose_t<T: Num>(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let (xs, ws) = (x.shape(), w.shape());
+    if xs.len() < 3 || ws.len() != xs.len() {
+        return err(format!("ConvTranspose needs X of rank ≥ 3 and W of the same rank, got {xs:?} and {ws:?}"));
+    }
+    let sp = xs.len() - 2;
+    let (nb, c) = (xs[0], xs[1]);
+    let group = node.int("group", 1).max(1) as usize;
+    if ws[0] != c || c % group != 0 {
+        return err(format!("W {ws:?} does not fit {c} input channels and group={group}"));
+    }
+    let mg = ws[1];
+    let m = mg * group;
+    let cg = c / group;
+    let kernel: Vec<usize> = ws[2..].to_vec();
+    let in_sp = &xs[2..];
+    let TransposeGeometry { out, pads, strides, dilations: dil } = transpose_geometry(node, in_sp, &kernel)?;
     let (xd, wd) = (x.data::<T>(), w.data::<T>());
     let osize = crate::util::elements(&out)?;
     let isize: usize = in_sp.iter().product();

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 mod blocked;
 mod conv;
+mod deconv;
 mod dense;
 mod depthwise;
 mod elementwise;
@@ -56,6 +57,7 @@ enum Prepared {
     Conv(Box<ConvPrep>),
     Depthwise(Box<DepthwisePrep>),
     Dense(Box<DensePrep>),
+    Deconv(Box<deconv::DeconvPrep>),
     Elementwise(ElementwiseFn),
     Blocked(Box<blocked::BlockedConv>),
     Reorder(blocked::Reorder),
@@ -149,6 +151,7 @@ impl CpuProgram {
                     blocked::prepare_pool(n, isa)
                 }
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
+                "ConvTranspose" => deconv::prepare(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),

@@ -8,7 +8,7 @@
 //! Graph outputs are allocated for the caller.
 
 use super::{
-    blocked, conv, dense, depthwise, elementwise, softmax, transpose, CpuProgram, In, Out, Placement, Prepared,
+    blocked, conv, deconv, dense, depthwise, elementwise, softmax, transpose, CpuProgram, In, Out, Placement, Prepared,
     Residual,
 };
 use crate::exec::{check_input, panic_message, run_node, Capture, Deadline, NodeTiming, RunError, RunOptions, Scope};
@@ -452,6 +452,7 @@ impl CpuProgram {
                     residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, &mut y, self.isa, pool))
                 }
                 Prepared::Dense(d) => dense::run_dense(d, x, residual, &mut y, self.blocking, pool),
+                Prepared::Deconv(d) => residual.separate().and_then(|r| deconv::run(d, x, r, &mut y, pool)),
                 Prepared::Blocked(c) => blocked::run(c, x, residual, &mut y, pool),
                 Prepared::Reorder(r) => blocked::run_reorder(r, x, &mut y, pool),
                 Prepared::Pool(q) => blocked::run_pool(q, self.isa, x, &mut y, pool),

@@ -48,6 +48,9 @@ impl CpuProgram {
                         }
                         _ => dynamic(),
                     },
+                    Some(Prepared::Deconv(_)) => vec![
+                        "for image, group: cols[Cout·kh·kw × H·W] = Wᵀ · X (packed GEMM, X read in place); parallel for output channel: overlap-add the kh×kw taps into the output, + bias, + residual, activation".to_string(),
+                    ],
                     Some(Prepared::Depthwise(_)) => vec!["direct depthwise convolution over NCHW planes: parallel for plane; 3×3 as one 9-tap filter over padded stride phases".to_string()],
                     Some(Prepared::Dense(d)) => match input {
                         Some(s) if !s.is_empty() => {
