@@ -100,7 +100,7 @@ pub fn generate(data: &[u8]) -> Case {
             let count: usize = shape.iter().product();
             let _ = writeln!(inits, "  init %{name} = f32[{}] [{}]", dims(shape), floats(c, count));
         };
-        let (line, out, tol): (String, Vec<usize>, f64) = match c.below(16) {
+        let (line, out, tol): (String, Vec<usize>, f64) = match c.below(22) {
             0 => {
                 let op =
                     c.pick(&["Relu", "Neg", "Abs", "Sigmoid", "Tanh", "Exp", "Erf", "Softplus", "HardSwish", "Floor"]);
@@ -244,6 +244,50 @@ pub fn generate(data: &[u8]) -> Case {
                 init(&mut inits, &g, &[last], &mut c);
                 init(&mut inits, &b, &[last], &mut c);
                 (format!("LayerNormalization(%{}, %{g}, %{b}) {{axis=-1}}", x.name), x.shape.clone(), 1e-4)
+            }
+            16 if r == 4 => {
+                // A transposed convolution with constant weights.
+                let ch = x.shape[1];
+                let m = c.pick(&[1, 4, 8]);
+                let (k, s) = (c.pick(&[1, 2, 3]), c.pick(&[1, 2]));
+                let (w, b) = (format!("w{i}"), format!("b{i}"));
+                init(&mut inits, &w, &[ch, m, k, k], &mut c);
+                init(&mut inits, &b, &[m], &mut c);
+                let (oh, ow) = (s * (x.shape[2] - 1) + k, s * (x.shape[3] - 1) + k);
+                (
+                    format!("ConvTranspose(%{}, %{w}, %{b}) {{strides=[{s}, {s}]}}", x.name),
+                    vec![x.shape[0], m, oh, ow],
+                    1e-4,
+                )
+            }
+            17 if r == 4 => {
+                let mode = c.pick(&["nearest", "linear"]);
+                let sc = format!("sc{i}");
+                let _ = writeln!(inits, "  init %{sc} = f32[4] [1.0, 1.0, 2.0, 2.0]");
+                let out = vec![x.shape[0], x.shape[1], 2 * x.shape[2], 2 * x.shape[3]];
+                (format!("Resize(%{}, _, %{sc}) {{mode=\"{mode}\"}}", x.name), out, 1e-5)
+            }
+            18 => (format!("Mul(%{}, %{})", x.name, x.name), x.shape.clone(), 1e-5),
+            19 => {
+                // SiLU as exporters write it (two nodes; the second reads the first).
+                let gate = format!("g{i}");
+                let _ = writeln!(body, "  %{gate} = Sigmoid(%{})  # s{i}", x.name);
+                (format!("Mul(%{}, %{gate})", x.name), x.shape.clone(), 1e-5)
+            }
+            20 if r >= 1 && x.shape[0] > 1 => {
+                let (a, e) = (format!("sa{i}"), format!("se{i}"));
+                let _ = writeln!(inits, "  init %{a} = i64[1] [1]");
+                let _ = writeln!(inits, "  init %{e} = i64[1] [{}]", x.shape[0]);
+                let mut out = x.shape.clone();
+                out[0] -= 1;
+                (format!("Slice(%{}, %{a}, %{e})", x.name), out, 0.0)
+            }
+            21 if r >= 1 => {
+                let idx = format!("ix{i}");
+                let _ = writeln!(inits, "  init %{idx} = i64[2] [0, {}]", x.shape[0] - 1);
+                let mut out = x.shape.clone();
+                out[0] = 2;
+                (format!("Gather(%{}, %{idx}) {{axis=0}}", x.name), out, 0.0)
             }
             _ => (format!("Relu(%{})", x.name), x.shape.clone(), 0.0),
         };
