@@ -958,3 +958,77 @@ fn random_transposed_convolutions() {
         check(&format!("deconv{case}-g{group}-c{cin}-m{m}-k{k}-s{s}-d{d}-p{p}-op{op}-{h}x{w}-{act}"), model, inputs);
     }
 }
+
+/// LSTMs on the fast path (projections and recurrence on the packed GEMMs, vector gates):
+/// forward, reverse and bidirectional, both layouts, with and without a bias and initial
+/// states, against the reference.
+#[test]
+fn random_lstms() {
+    let mut r = Rng(31);
+    for case in 0..40 {
+        let dir = r.pick(&["forward", "reverse", "bidirectional"]);
+        let dirs = if dir == "bidirectional" { 2 } else { 1 };
+        let (t, b, i, h) =
+            (r.pick(&[1usize, 5, 12]), r.pick(&[1usize, 3]), r.pick(&[4usize, 17]), r.pick(&[8usize, 21]));
+        let layout = r.pick(&[0i64, 1]);
+        let with_bias = r.pick(&[false, true]);
+        let with_state = r.pick(&[false, true]);
+        let s = |name: &str, v: &str| AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::String as i32),
+            s: Some(v.as_bytes().to_vec().into()),
+            ..Default::default()
+        };
+        let mut inits = vec![
+            f32_tensor("W", &[dirs as i64, 4 * h as i64, i as i64], &r.values(dirs * 4 * h * i)),
+            f32_tensor("R", &[dirs as i64, 4 * h as i64, h as i64], &r.values(dirs * 4 * h * h)),
+        ];
+        let mut ins: Vec<&str> = vec!["x", "W", "R"];
+        if with_bias || with_state {
+            inits.push(f32_tensor("B", &[dirs as i64, 8 * h as i64], &r.values(dirs * 8 * h)));
+            ins.push(if with_bias { "B" } else { "" });
+        }
+        let mut graph_inputs = vec![value(
+            "x",
+            1,
+            &if layout == 0 {
+                [Ok(t as i64), Ok(b as i64), Ok(i as i64)]
+            } else {
+                [Ok(b as i64), Ok(t as i64), Ok(i as i64)]
+            },
+        )];
+        let x_shape = if layout == 0 { [t, b, i] } else { [b, t, i] };
+        let mut inputs = vec![("x".to_string(), Tensor::from_vec(&x_shape, r.values(t * b * i)))];
+        if with_state {
+            ins.extend(["", "h0", "c0"]);
+            let st = if layout == 0 { [dirs, b, h] } else { [b, dirs, h] };
+            for name in ["h0", "c0"] {
+                graph_inputs.push(value(name, 1, &st.map(|d| Ok(d as i64))));
+                inputs.push((name.to_string(), Tensor::from_vec(&st, r.values(dirs * b * h))));
+            }
+        }
+        let mut lstm = node(
+            "LSTM",
+            "lstm",
+            &ins,
+            &["y", "yh", "yc"],
+            vec![int_attr("hidden_size", h as i64), int_attr("layout", layout), s("direction", dir)],
+        );
+        lstm.output = vec!["y".into(), "yh".into(), "yc".into()];
+        let y_dims = if layout == 0 { vec![t, dirs, b, h] } else { vec![b, t, dirs, h] };
+        let st_dims = if layout == 0 { vec![dirs, b, h] } else { vec![b, dirs, h] };
+        let dims = |v: &[usize]| v.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>();
+        let model = model(
+            vec![lstm],
+            graph_inputs,
+            vec![value("y", 1, &dims(&y_dims)), value("yh", 1, &dims(&st_dims)), value("yc", 1, &dims(&st_dims))],
+            inits,
+            17,
+        );
+        check(
+            &format!("lstm{case}-{dir}-t{t}b{b}i{i}h{h}-layout{layout}-bias{with_bias}-state{with_state}"),
+            model,
+            inputs,
+        );
+    }
+}

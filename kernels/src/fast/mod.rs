@@ -11,6 +11,7 @@ mod data;
 pub mod math;
 mod ops;
 mod output;
+mod recurrent;
 mod resize;
 
 pub use copy::copy_short;

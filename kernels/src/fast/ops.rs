@@ -39,6 +39,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Split" => super::data::split,
         "Slice" => super::data::slice,
         "Gather" => super::data::gather,
+        "LSTM" => super::recurrent::lstm,
         _ => return None,
     })
 }

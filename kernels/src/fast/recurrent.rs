@@ -1,0 +1,185 @@
+//! LSTM in f32 on the packed GEMMs: the input projection of every time step at once
+//! (`X · Wᵀ + Wb + Rb`, one large product), then per step `H · Rᵀ` added to it (a small
+//! product on the same microkernels) and the gates as vector loops with the fast sigmoid
+//! and tanh. Directions forward, reverse and bidirectional, both layouts, initial states.
+//! Configurations it does not take (peepholes, clipping, other activations, coupled input
+//! and forget gates, sequence lengths shorter than the sequence) run the reference kernel.
+
+use super::math;
+use super::output::Output;
+use super::Ctx;
+use crate::gemm::{gemm_rows, Epilogue, Isa, IsaKind, PackedB};
+use crate::util::Result;
+use aim_ir::{DType, Node, Tensor};
+
+/// Whether the node uses the default activations (Sigmoid, Tanh, Tanh).
+fn default_activations(n: &Node) -> bool {
+    match n.strings("activations") {
+        None => true,
+        Some(a) => {
+            a.len() % 3 == 0
+                && a.chunks(3).all(|c| {
+                    c[0].eq_ignore_ascii_case("sigmoid")
+                        && c[1].eq_ignore_ascii_case("tanh")
+                        && c[2].eq_ignore_ascii_case("tanh")
+                })
+        }
+    }
+}
+
+/// One step's gates for `batch` rows: `g` holds `[i, o, f, c]` pre-activations per row;
+/// updates `c` and `h` in place.
+#[inline(always)]
+fn gates_generic(g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
+    for ((gr, cr), hr) in g.chunks_exact(4 * hidden).zip(c.chunks_exact_mut(hidden)).zip(h.chunks_exact_mut(hidden)) {
+        let (gi, rest) = gr.split_at(hidden);
+        let (go, rest) = rest.split_at(hidden);
+        let (gf, gc) = rest.split_at(hidden);
+        for j in 0..hidden {
+            let i = math::sigmoid(gi[j]);
+            let f = math::sigmoid(gf[j]);
+            let cand = math::tanh(gc[j]);
+            let cn = f * cr[j] + i * cand;
+            cr[j] = cn;
+            hr[j] = math::sigmoid(go[j]) * math::tanh(cn);
+        }
+    }
+}
+
+fn gates(isa: Isa, g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v4(g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
+            gates_generic(g, c, h, hidden)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
+            gates_generic(g, c, h, hidden)
+        }
+        // SAFETY: an `Isa` exists only for features this CPU has.
+        match isa.kind() {
+            IsaKind::Avx512 => return unsafe { v4(g, c, h, hidden) },
+            IsaKind::Avx2 => return unsafe { v3(g, c, h, hidden) },
+            _ => {}
+        }
+    }
+    gates_generic(g, c, h, hidden)
+}
+
+/// The fast LSTM, or `None` for the configurations left to the reference kernel.
+pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let f32_at = |i: usize| ins.get(i).and_then(|t| t.as_ref()).filter(|t| t.dtype() == DType::F32);
+    let (x, w, r) = (f32_at(0)?, f32_at(1)?, f32_at(2)?);
+    let peepholes = ins.get(7).is_some_and(|p| p.is_some());
+    if peepholes || n.attrs.contains_key("clip") || n.int("input_forget", 0) != 0 || !default_activations(n) {
+        return None;
+    }
+    if x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
+        return None;
+    }
+    let batch_first = n.int("layout", 0) != 0;
+    let (t_len, batch, input) = if batch_first {
+        (x.shape()[1], x.shape()[0], x.shape()[2])
+    } else {
+        (x.shape()[0], x.shape()[1], x.shape()[2])
+    };
+    let dirs = w.shape()[0];
+    let hidden = r.shape()[2];
+    let direction = n.string("direction", "forward");
+    let fits = (direction == "bidirectional") == (dirs == 2)
+        && w.shape()[1] == 4 * hidden
+        && w.shape()[2] == input
+        && r.shape()[0] == dirs
+        && r.shape()[1] == 4 * hidden
+        && n.opt_int("hidden_size").is_none_or(|h| h as usize == hidden);
+    if !fits {
+        return None;
+    }
+    // Sequence lengths other than the whole sequence: the reference kernel.
+    if let Some(lens) = ins.get(4).and_then(|t| t.as_ref()) {
+        if lens.len() != batch || lens.to_i64_vec().iter().any(|&l| l != t_len as i64) {
+            return None;
+        }
+    }
+    let bias = f32_at(3).filter(|b| b.shape() == [dirs, 8 * hidden]);
+    if ins.get(3).is_some_and(|b| b.is_some()) && bias.is_none() {
+        return None;
+    }
+    let state = |i: usize| -> Option<Option<&Tensor>> {
+        match ins.get(i).and_then(|t| t.as_ref()) {
+            None => Some(None),
+            Some(t) => (t.dtype() == DType::F32 && t.shape() == [dirs, batch, hidden]).then_some(Some(t)),
+        }
+    };
+    let (h0, c0) = (state(5)?, state(6)?);
+    let y_shape = if batch_first { vec![batch, t_len, dirs, hidden] } else { vec![t_len, dirs, batch, hidden] };
+    let mut y = match Output::new(cx.out, DType::F32, &y_shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    let state_shape = if batch_first { vec![batch, dirs, hidden] } else { vec![dirs, batch, hidden] };
+    let mut yh = vec![0f32; dirs * batch * hidden];
+    let mut yc = vec![0f32; dirs * batch * hidden];
+    let (xd, wd, rd) = (x.data::<f32>(), w.data::<f32>(), r.data::<f32>());
+    let yd = y.bits_mut();
+    let g4 = 4 * hidden;
+    let rows = t_len * batch;
+    for d in 0..dirs {
+        let pw = PackedB::from_slice(cx.isa, cx.blocking, &wd[d * g4 * input..(d + 1) * g4 * input], input, g4, true);
+        let pr =
+            PackedB::from_slice(cx.isa, cx.blocking, &rd[d * g4 * hidden..(d + 1) * g4 * hidden], hidden, g4, true);
+        let b: Vec<f32> = match bias {
+            Some(bt) => {
+                let bv = &bt.data::<f32>()[d * 8 * hidden..(d + 1) * 8 * hidden];
+                (0..g4).map(|j| bv[j] + bv[g4 + j]).collect()
+            }
+            None => vec![0.0; g4],
+        };
+        // The input projection of every step: rows in X's own order.
+        let mut xp = vec![0f32; rows * g4];
+        let ep = Epilogue { col_bias: Some(&b), ..Epilogue::default() };
+        gemm_rows(xd, rows, input, cx.blocking, &pw, &mut xp, g4, &ep, cx.par);
+        let mut h: Vec<f32> = h0.map_or(vec![0.0; batch * hidden], |t| {
+            t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
+        });
+        let mut c: Vec<f32> = c0.map_or(vec![0.0; batch * hidden], |t| {
+            t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
+        });
+        let reverse = direction == "reverse" || d == 1;
+        let mut g = vec![0f32; batch * g4];
+        let mut xt = vec![0f32; batch * g4];
+        for s in 0..t_len {
+            let t = if reverse { t_len - 1 - s } else { s };
+            // This step's projections, one row per batch entry.
+            for bi in 0..batch {
+                let row = if batch_first { bi * t_len + t } else { t * batch + bi };
+                xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
+            }
+            let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
+            gemm_rows(&h, batch, hidden, cx.blocking, &pr, &mut g, g4, &ep, cx.par);
+            gates(cx.isa, &g, &mut c, &mut h, hidden);
+            for bi in 0..batch {
+                let at = if batch_first {
+                    ((bi * t_len + t) * dirs + d) * hidden
+                } else {
+                    ((t * dirs + d) * batch + bi) * hidden
+                };
+                yd[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
+            }
+        }
+        for bi in 0..batch {
+            let at = if batch_first { (bi * dirs + d) * hidden } else { (d * batch + bi) * hidden };
+            yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
+            yc[at..at + hidden].copy_from_slice(&c[bi * hidden..(bi + 1) * hidden]);
+        }
+    }
+    let mut outs = vec![y.finish()];
+    if n.outputs.len() > 1 {
+        outs.push(Tensor::from_vec(&state_shape, yh));
+    }
+    if n.outputs.len() > 2 {
+        outs.push(Tensor::from_vec(&state_shape, yc));
+    }
+    Some(Ok(outs))
+}
