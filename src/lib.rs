@@ -167,7 +167,114 @@ pub(crate) fn compile_cpu(
     let code = aim_compiler::codegen::generate(&g, target)
         .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
     let placement = placement(&aim_compiler::memory_plan::plan(&g));
-    Ok(aim_runtime::cpu::CpuProgram::new(g, target.gemm_isa(), target.gemm_blocking(), pool.clone(), code, &placement)?)
+    let bodies = compile_bodies(&g, target, pool, path);
+    let prog = aim_runtime::cpu::CpuProgram::new(
+        g,
+        target.gemm_isa(),
+        target.gemm_blocking(),
+        pool.clone(),
+        code,
+        &placement,
+    )?;
+    Ok(prog.with_bodies(bodies))
+}
+
+/// Compiles the branches of every `If` and the body of every `Loop` of `g` into programs of
+/// their own; a node whose bodies do not compile (an unsupported op inside, say) keeps
+/// interpreting them.
+fn compile_bodies(
+    g: &aim_ir::Graph,
+    target: &aim_compiler::target::Target,
+    pool: &std::sync::Arc<aim_runtime::pool::ThreadPool>,
+    path: &str,
+) -> aim_runtime::cpu::Bodies {
+    use aim_runtime::cpu::Body;
+    let compile =
+        |sub: &aim_ir::Graph, own: &[aim_ir::ValueInfo]| -> Result<Box<aim_runtime::cpu::CpuProgram>, Error> {
+            let mut body = body_graph(g, sub, own);
+            aim_ir::infer::infer_types(&mut body).map_err(|cause| Error::Infer { path: path.to_string(), cause })?;
+            if !aim_runtime::unsupported_ops(&body).is_empty() {
+                return Err(Error::BadOption { option: "body", reason: "unsupported ops".into() });
+            }
+            Ok(Box::new(compile_cpu(body, target, pool, path)?))
+        };
+    let mut bodies = aim_runtime::cpu::Bodies::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if !n.domain.is_empty() {
+            continue;
+        }
+        let body = match n.op.as_str() {
+            "If" => match (n.graph("then_branch"), n.graph("else_branch")) {
+                (Some(t), Some(e)) => match (compile(t, &[]), compile(e, &[])) {
+                    (Ok(then), Ok(otherwise)) => Some(Body::If { then, otherwise }),
+                    _ => None,
+                },
+                _ => None,
+            },
+            "Loop" => n.graph("body").and_then(|b| compile(b, &b.inputs).ok()).map(Body::Loop),
+            _ => None,
+        };
+        if let Some(b) = body {
+            bodies.insert(i, b);
+        }
+    }
+    bodies
+}
+
+/// A control-flow body as a graph of its own: its own inputs (`own`), then every value of
+/// the enclosing graph `outer` it reads (constants of `outer` become its constants).
+fn body_graph(outer: &aim_ir::Graph, sub: &aim_ir::Graph, own: &[aim_ir::ValueInfo]) -> aim_ir::Graph {
+    let mut free = Vec::new();
+    free_names(sub, &mut free);
+    let mut g = aim_ir::Graph {
+        name: sub.name.clone(),
+        inputs: own.to_vec(),
+        outputs: sub.outputs.clone(),
+        initializers: sub.initializers.clone(),
+        nodes: sub.nodes.clone(),
+        value_types: sub.value_types.clone(),
+    };
+    for name in free {
+        if let Some(t) = outer.initializers.get(&name) {
+            g.initializers.insert(name, t.clone());
+        } else {
+            let ty = outer.value_type(&name).unwrap_or_else(aim_ir::ValueType::unknown);
+            g.inputs.push(aim_ir::ValueInfo { name, ty });
+        }
+    }
+    g
+}
+
+/// The names `g` reads (its nodes, its outputs, its subgraphs at any depth) that it does
+/// not define itself, in the order they are first read.
+fn free_names(g: &aim_ir::Graph, out: &mut Vec<String>) {
+    let mut bound: std::collections::HashSet<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
+    bound.extend(g.initializers.keys().map(|k| k.as_str()));
+    for n in &g.nodes {
+        bound.extend(n.outputs.iter().map(|o| o.as_str()));
+    }
+    let add = |name: &str, out: &mut Vec<String>| {
+        if !name.is_empty() && !bound.contains(name) && !out.iter().any(|o| o == name) {
+            out.push(name.to_string());
+        }
+    };
+    for n in &g.nodes {
+        for x in &n.inputs {
+            add(x, out);
+        }
+        for a in n.attrs.values() {
+            if let aim_ir::Attr::Graph(sub) = a {
+                let mut inner = Vec::new();
+                free_names(sub, &mut inner);
+                for x in inner {
+                    add(&x, out);
+                }
+            }
+        }
+    }
+    for o in &g.outputs {
+        add(&o.name, out);
+    }
 }
 
 /// The full input signatures `shapes` asks for (`Options::shapes`): every input of the
@@ -329,6 +436,15 @@ impl Model {
         match &self.exec {
             Exec::Cpu(p, _) => p.threads(),
             Exec::Reference => 1,
+        }
+    }
+
+    /// How many control-flow nodes of the cpu program run compiled bodies (the others
+    /// interpret theirs); 0 on the reference backend.
+    pub fn compiled_bodies(&self) -> usize {
+        match &self.exec {
+            Exec::Cpu(p, _) => p.bodies().len(),
+            Exec::Reference => 0,
         }
     }
 

@@ -400,3 +400,76 @@ fn unnamed_dims_are_independent() {
         assert_eq!(y[0].1.shape(), &[2, 3, 5, 7, 4], "{b:?}");
     }
 }
+
+/// If branches and Loop bodies compiled by the cpu backend (programs of their own) give
+/// what the reference interpreter gives: branches reading enclosing values and constants,
+/// a nested If, a Loop with loop-carried values, scan outputs and an enclosing value read
+/// every iteration, on both condition values.
+#[test]
+fn compiled_control_flow_matches_the_interpreter() {
+    let text = r#"opset 17
+graph "g" {
+  input %x: f32[2,8]
+  input %c: bool[]
+  input %n: i64[]
+  init %w = f32[8,8] <W>
+  init %one = f32[] [1.0]
+  %h = MatMul(%x, %w)  # mm
+  %y = If(%c) {else_branch=graph "e" {
+    %e1 = Sigmoid(%h)  # e_sig
+    %e2 = Mul(%e1, %x)  # e_mul
+    output %e2: f32[2,8]
+  }, then_branch=graph "t" {
+    %t1 = Relu(%h)  # t_relu
+    %t2 = If(%c) {else_branch=graph "e2" {
+      output %t1: f32[2,8]
+    }, then_branch=graph "t2" {
+      %t3 = Add(%t1, %one)  # t_add
+      output %t3: f32[2,8]
+    }}  # inner
+    output %t2: f32[2,8]
+  }}  # branch
+  %cond = Identity(%c)  # cond
+  %z, %scan = Loop(%n, _, %y) {body=graph "body" {
+    input %i: i64[]
+    input %ci: bool[]
+    input %v: f32[2,8]
+    %v1 = MatMul(%v, %w)  # b_mm
+    %v2 = Tanh(%v1)  # b_tanh
+    %v3 = Add(%v2, %x)  # b_add
+    %keep = Identity(%ci)  # b_keep
+    output %keep: bool[]
+    output %v3: f32[2,8]
+    output %v2: f32[2,8]
+  }}  # loop
+  output %y: f32[2,8]
+  output %z: f32[2,8]
+  output %scan: ?[*]
+}
+"#;
+    let w: Vec<String> = (0..64).map(|i| format!("{:?}", ((i * 37 % 17) as f32 - 8.0) / 16.0)).collect();
+    let text = text.replace("<W>", &format!("[{}]", w.join(", ")));
+    let x: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();
+    for c in [true, false] {
+        for trips in [0i64, 1, 3] {
+            let inputs = [
+                ("x", Tensor::from_slice(&[2, 8], &x)),
+                ("c", Tensor::from_bools(&[], &[c])),
+                ("n", Tensor::scalar(trips)),
+            ];
+            let r = both(&text, &inputs);
+            let (want, got) = (r[0].as_ref().unwrap(), r[1].as_ref().unwrap());
+            for ((name, a), (_, b)) in got.iter().zip(want) {
+                assert_eq!(a.shape(), b.shape(), "{name} (c = {c}, {trips} trips)");
+                for (p, q) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+                    assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "{name} (c = {c}, {trips} trips): {p} vs {q}");
+                }
+            }
+        }
+    }
+    // The cpu backend did compile the bodies.
+    let m = load(&text, Backend::Cpu).unwrap();
+    let g = m.optimized_graph().unwrap();
+    assert!(g.nodes.iter().any(|n| n.op == "If") && g.nodes.iter().any(|n| n.op == "Loop"));
+    assert_eq!(m.compiled_bodies(), 2, "the If and the Loop run compiled bodies");
+}

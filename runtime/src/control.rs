@@ -18,7 +18,7 @@ fn sub_inputs(g: &Graph, values: Vec<Tensor>) -> HashMap<String, Tensor> {
     g.inputs.iter().map(|i| i.name.clone()).zip(values).collect()
 }
 
-fn truthy(t: &Tensor) -> bool {
+pub(crate) fn truthy(t: &Tensor) -> bool {
     t.to_f64_vec().first().is_some_and(|&v| v != 0.0)
 }
 
@@ -49,6 +49,19 @@ fn stack(parts: &[Tensor], ax: usize, n: &Node) -> Result<Tensor, RunError> {
 
 pub(crate) fn run_loop(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
     let g = body(n, "body")?;
+    loop_with(n, g, ins, &|| scope.check_deadline(), &mut |vals| run_scoped(g, sub_inputs(g, vals), Some(scope)))
+}
+
+/// The loop itself, with `run_body` running one iteration on the body's inputs (iteration
+/// number, condition, loop-carried values) — interpreted, or a compiled body program — and
+/// `deadline` saying when to stop.
+pub(crate) fn loop_with(
+    n: &Node,
+    g: &Graph,
+    ins: &[Option<Tensor>],
+    deadline: &dyn Fn() -> Result<(), String>,
+    run_body: &mut dyn FnMut(Vec<Tensor>) -> Result<Vec<Tensor>, RunError>,
+) -> Result<Vec<Tensor>, RunError> {
     let max_trip = ins.first().and_then(|t| t.as_ref()).map(|t| t.to_i64_vec().first().copied().unwrap_or(0));
     let mut cond = ins.get(1).and_then(|t| t.as_ref()).map(truthy).unwrap_or(true);
     let mut carried: Vec<Tensor> = ins
@@ -73,7 +86,10 @@ pub(crate) fn run_loop(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
     while cond && max_trip.is_none_or(|m| i < m) {
         let mut vals = vec![Tensor::scalar(i), Tensor::from_bools(&[], &[cond])];
         vals.extend(carried.iter().cloned());
-        let outs = run_scoped(g, sub_inputs(g, vals), Some(scope))?;
+        let outs = run_body(vals)?;
+        if outs.len() != g.outputs.len() {
+            return Err(fail(n, format!("the body gave {} outputs, not {}", outs.len(), g.outputs.len())));
+        }
         cond = truthy(&outs[0]);
         carried = outs[1..=k].to_vec();
         for (s, t) in scans.iter_mut().zip(&outs[k + 1..]) {
@@ -83,7 +99,7 @@ pub(crate) fn run_loop(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Resul
         scan_bytes += outs[k + 1..].iter().map(|t| t.bytes().len()).sum::<usize>();
         aim_ir::limits::check_count(scan_bytes, 1)
             .map_err(|e| fail(n, format!("the scan outputs grew too large after {} iterations: {e}", i + 1)))?;
-        scope.check_deadline().map_err(|e| fail(n, e))?;
+        deadline().map_err(|e| fail(n, e))?;
         i += 1;
         if i > 1 << 31 {
             return Err(fail(n, "the loop ran for more than 2^31 iterations"));

@@ -12,6 +12,7 @@ use aim_kernels::gemm::{Activation, Blocking, Isa, Parallel};
 use std::collections::HashMap;
 
 mod blocked;
+mod bodies;
 mod conv;
 mod deconv;
 mod dense;
@@ -23,6 +24,7 @@ mod schedule;
 mod softmax;
 mod transpose;
 
+pub use bodies::{Bodies, Body};
 use conv::{prepare_conv, ConvPrep};
 use dense::{prepare_dense, DensePrep};
 use depthwise::DepthwisePrep;
@@ -117,6 +119,8 @@ pub struct CpuProgram {
     values: run::Values,
     /// Arenas of finished runs, reused by the next ones (one per concurrent run).
     arenas: std::sync::Mutex<Vec<run::Arena>>,
+    /// Compiled bodies of control-flow nodes (the others are interpreted).
+    bodies: Bodies,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -196,12 +200,34 @@ impl CpuProgram {
             });
         }
         let values = run::Values::new(&graph, placement);
-        Ok(CpuProgram { graph, prepared, pool, isa, blocking, values, arenas: Default::default(), _code: code.owner })
+        Ok(CpuProgram {
+            graph,
+            prepared,
+            pool,
+            isa,
+            blocking,
+            values,
+            arenas: Default::default(),
+            bodies: Bodies::new(),
+            _code: code.owner,
+        })
     }
 
     /// The optimised graph this program runs.
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The program with compiled bodies for its control-flow nodes (by node index; nodes
+    /// without one interpret their subgraphs).
+    pub fn with_bodies(mut self, bodies: Bodies) -> CpuProgram {
+        self.bodies = bodies;
+        self
+    }
+
+    /// The compiled bodies.
+    pub fn bodies(&self) -> &Bodies {
+        &self.bodies
     }
 
     /// The microkernel family in use.

@@ -230,6 +230,16 @@ impl CpuProgram {
         self.execute(inputs, opts, None)
     }
 
+    /// Runs the program as the body of a control-flow node: within the enclosing run's
+    /// deadline.
+    pub(super) fn run_within(
+        &self,
+        inputs: HashMap<String, Tensor>,
+        deadline: Option<Deadline>,
+    ) -> Result<Vec<Tensor>, RunError> {
+        self.execute_deadline(inputs, deadline, None, None)
+    }
+
     /// Runs the program, recording every node's time.
     pub fn run_profiled(
         &self,
@@ -271,10 +281,20 @@ impl CpuProgram {
         profile: Option<&mut Vec<NodeTiming>>,
         capture: Option<&mut Vec<(String, Tensor)>>,
     ) -> Result<Vec<Tensor>, RunError> {
+        self.execute_deadline(inputs, Deadline::start(opts), profile, capture)
+    }
+
+    fn execute_deadline(
+        &self,
+        inputs: HashMap<String, Tensor>,
+        deadline: Option<Deadline>,
+        profile: Option<&mut Vec<NodeTiming>>,
+        capture: Option<&mut Vec<(String, Tensor)>>,
+    ) -> Result<Vec<Tensor>, RunError> {
         let taken = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut arena = taken.unwrap_or_else(|| Arena::new(self.values.arena_bytes));
         let base = Base { ptr: arena.0.as_mut_ptr() as *mut u8, bytes: self.values.arena_bytes };
-        let r = self.execute_in(base, inputs, Deadline::start(opts), profile, capture);
+        let r = self.execute_in(base, inputs, deadline, profile, capture);
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         r
     }
@@ -516,7 +536,15 @@ impl CpuProgram {
                 unsafe { aim_kernels::fast::OutSlot::new(base.ptr.add(off) as *mut f32, bytes / 4) }
             },
         );
-        let outs = self.library_kernel(n, &ins, &scope, slot)?;
+        let outs = match self.bodies.get(&i) {
+            // Control flow whose bodies were compiled: they read the enclosing values from
+            // the scope gathered above.
+            Some(b) => {
+                let value = |name: &str| scope.get(name).cloned().ok_or(RunError::Missing { name: name.to_string() });
+                b.run(n, &ins, &value, deadline)?
+            }
+            None => self.library_kernel(n, &ins, &scope, slot)?,
+        };
         drop((ins, scope));
         for (o, t) in v.outs[i].iter().zip(outs) {
             let Some(o) = *o else { continue };
