@@ -79,6 +79,9 @@ pub enum Error {
     /// An option out of its range.
     #[error("{option}: {reason}")]
     BadOption { option: &'static str, reason: String },
+    /// Compiling the shape-generic program (deferred to the first run that needed it) failed.
+    #[error("{path}: {msg}")]
+    Compile { path: String, msg: String },
     /// A bug in aim (a panic), caught before it reached the caller.
     #[error("internal error in aim while {what}: {msg} (this is a bug; please report it)")]
     Internal { what: String, msg: String },
@@ -144,9 +147,27 @@ impl Default for Options {
 
 enum Exec {
     Reference,
-    /// The program compiled with the input dims as declared, and, for models that compute
-    /// shapes at run time, programs specialised per input-shape signature.
-    Cpu(Box<aim_runtime::cpu::CpuProgram>, Option<Box<specialize::Specializer>>),
+    /// The program compiled with the input dims as declared (for a model with symbolic
+    /// dims, compiled only when a run needs it: every shape first gets a specialised
+    /// program), and the specialiser for models with symbolic dims.
+    Cpu(Generic, Option<Box<specialize::Specializer>>),
+}
+
+/// The shape-generic program: compiled at load for a model with static inputs, on first
+/// need otherwise (its error kept, as text, for every run that needs it).
+struct Generic {
+    cell: std::sync::OnceLock<Result<Box<aim_runtime::cpu::CpuProgram>, String>>,
+    threads: usize,
+}
+
+impl Generic {
+    fn get(&self, spec: Option<&specialize::Specializer>, path: &str) -> Result<&aim_runtime::cpu::CpuProgram, Error> {
+        let r = self.cell.get_or_init(|| match spec {
+            Some(s) => s.compile_generic().map(Box::new).map_err(|e| e.to_string()),
+            None => Err("the generic program is missing".into()),
+        });
+        r.as_deref().map_err(|msg| Error::Compile { path: path.to_string(), msg: msg.clone() })
+    }
 }
 
 /// Optimises and compiles a type-inferred graph for the cpu backend.
@@ -382,7 +403,7 @@ impl Model {
                 let pool = aim_runtime::pool::ThreadPool::new(threads)
                     .map(std::sync::Arc::new)
                     .map_err(|e| aim_runtime::RunError::Threads { threads, reason: e.to_string() })?;
-                let prog = compile_cpu(ir.graph.clone(), &target, &pool, &p)?;
+                let generic = Generic { cell: std::sync::OnceLock::new(), threads };
                 // Models with symbolic input dims keep their weights to specialise per input
                 // shape; the others do not need the imported weights (memory-mapped or
                 // copied) any more: the program holds them packed.
@@ -400,10 +421,12 @@ impl Model {
                             reason: format!("{p} has no symbolic input dims to specialise"),
                         });
                     }
+                    let prog = compile_cpu(ir.graph.clone(), &target, &pool, &p)?;
+                    let _ = generic.cell.set(Ok(Box::new(prog)));
                     None
                 };
                 ir.graph.initializers.clear();
-                Exec::Cpu(Box::new(prog), spec)
+                Exec::Cpu(generic, spec)
             }
         };
         Ok(Model {
@@ -423,9 +446,9 @@ impl Model {
         guard::contain(&format!("running {}", self.path.display()), || {
             Ok(match &self.exec {
                 Exec::Reference => aim_runtime::run_graph_profiled(&self.ir.graph, map, o)?.1,
-                Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                Exec::Cpu(g, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
                     Some(special) => special.run_profiled(map, o)?.1,
-                    None => p.run_profiled(map, o)?.1,
+                    None => g.get(spec.as_deref(), &self.path_text())?.run_profiled(map, o)?.1,
                 },
             })
         })
@@ -434,7 +457,7 @@ impl Model {
     /// Threads a run uses.
     pub fn threads(&self) -> usize {
         match &self.exec {
-            Exec::Cpu(p, _) => p.threads(),
+            Exec::Cpu(g, _) => g.threads,
             Exec::Reference => 1,
         }
     }
@@ -443,17 +466,22 @@ impl Model {
     /// interpret theirs); 0 on the reference backend.
     pub fn compiled_bodies(&self) -> usize {
         match &self.exec {
-            Exec::Cpu(p, _) => p.bodies().len(),
+            Exec::Cpu(g, spec) => g.get(spec.as_deref(), &self.path_text()).map_or(0, |p| p.bodies().len()),
             Exec::Reference => 0,
         }
     }
 
-    /// The optimised graph the cpu backend runs (None on the reference backend).
+    /// The optimised graph of the cpu backend's shape-generic program (compiled now if
+    /// it was not yet); None on the reference backend or if it does not compile.
     pub fn optimized_graph(&self) -> Option<&aim_ir::Graph> {
         match &self.exec {
-            Exec::Cpu(p, _) => Some(p.graph()),
+            Exec::Cpu(g, spec) => g.get(spec.as_deref(), &self.path_text()).ok().map(|p| p.graph()),
             Exec::Reference => None,
         }
+    }
+
+    fn path_text(&self) -> String {
+        self.path.display().to_string()
     }
 
     /// The input-shape signatures this model has been specialised for so far (most recent
@@ -501,9 +529,9 @@ impl Model {
         let outs = guard::contain(&format!("running {}", self.path.display()), || {
             Ok(match &self.exec {
                 Exec::Reference => aim_runtime::run_graph_with(&self.ir.graph, map, o)?,
-                Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                Exec::Cpu(g, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
                     Some(special) => special.run_with(map, o)?,
-                    None => p.run_with(map, o)?,
+                    None => g.get(spec.as_deref(), &self.path_text())?.run_with(map, o)?,
                 },
             })
         })?;
@@ -521,9 +549,9 @@ impl Model {
         let (outs, values) = guard::contain(&format!("running {}", self.path.display()), || {
             Ok(match &self.exec {
                 Exec::Reference => aim_runtime::run_graph_capture(&self.ir.graph, map, o)?,
-                Exec::Cpu(p, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
+                Exec::Cpu(g, spec) => match spec.as_ref().and_then(|s| s.program_for(&map)) {
                     Some(special) => special.run_capture(map, o)?,
-                    None => p.run_capture(map, o)?,
+                    None => g.get(spec.as_deref(), &self.path_text())?.run_capture(map, o)?,
                 },
             })
         })?;

@@ -114,6 +114,11 @@ impl Specializer {
         cache.iter().map(|(s, p)| (s.clone(), p.get().and_then(|p| p.as_ref()).map(|p| p.graph().clone()))).collect()
     }
 
+    /// The shape-generic program (inputs of the declared types, symbolic dims kept).
+    pub(crate) fn compile_generic(&self) -> Result<CpuProgram, Error> {
+        crate::compile_cpu(self.graph.clone(), &self.target, &self.pool, &self.path)
+    }
+
     fn compile(&self, sig: &Signature) -> Result<CpuProgram, Error> {
         let mut g = self.graph.clone();
         for (v, shape) in g.inputs.iter_mut().zip(sig) {
