@@ -8,6 +8,7 @@
 use super::{uses::readers, PassError};
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use aim_kernels::gemm::Activation;
+use std::collections::HashMap;
 
 /// Attribute naming the fused activation (`Activation::name`), or absent.
 pub const ACTIVATION: &str = "activation";
@@ -103,7 +104,12 @@ fn start(g: &mut Graph, n: &Node) -> Option<Node> {
 /// The activation node `m` (reading `x`) computes, with the nodes it takes (itself first):
 /// one node of the table, or SiLU / HardSwish written out as `x · Sigmoid(x)` /
 /// `x · HardSigmoid(x)` (then `m` is the Sigmoid or the Mul, and both are taken).
-fn activation_at(g: &Graph, x: &str, readers: &[usize]) -> Option<(Activation, Vec<usize>)> {
+fn activation_at(
+    g: &Graph,
+    index: &HashMap<String, Vec<usize>>,
+    x: &str,
+    readers: &[usize],
+) -> Option<(Activation, Vec<usize>)> {
     let single = |m: &Node| -> Option<Activation> {
         let f = |name: &str, d: f32| m.float(name, d);
         Some(match m.op.as_str() {
@@ -143,7 +149,7 @@ fn activation_at(g: &Graph, x: &str, readers: &[usize]) -> Option<(Activation, V
                 && mn.inputs.len() == 2
                 && mn.inputs.contains(&x.to_string())
                 && mn.inputs.contains(&gn.outputs[0])
-                && super::uses::readers(g).get(&gn.outputs[0]).is_some_and(|r| r.as_slice() == [mul]);
+                && index.get(&gn.outputs[0]).is_some_and(|r| r.as_slice() == [mul]);
             if !gated || mul < gate {
                 return None;
             }
@@ -171,12 +177,19 @@ fn set_activation(f: &mut Node, act: Activation) {
 }
 
 /// Fuses every eligible chain.
+///
+/// One reader index serves the whole pass: the fused node takes the place of the last node it
+/// absorbed and the others become tombstones, removed at the end, so node indices stay valid
+/// and the index needs only the fused node's inputs redirected. Linear in the graph size.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
-    let mut i = 0;
-    while i < g.nodes.len() {
+    let mut r = readers(g);
+    let mut removed = vec![false; g.nodes.len()];
+    for i in 0..g.nodes.len() {
+        if removed[i] {
+            continue;
+        }
         let n = g.nodes[i].clone();
         let Some(mut f) = start(g, &n) else {
-            i += 1;
             continue;
         };
         // The output's dims (symbolic ones included: equal names are equal sizes), and the
@@ -196,10 +209,9 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let mut has_act = false;
         let mut absorbed: Vec<usize> = Vec::new();
         loop {
-            let r = readers(g);
             if !has_act {
                 let rs = r.get(&out).map(|v| v.as_slice()).unwrap_or_default();
-                if let Some((act, taken)) = activation_at(g, &out, rs).filter(|(_, t)| t.iter().all(|&k| k > i)) {
+                if let Some((act, taken)) = activation_at(g, &r, &out, rs).filter(|(_, t)| t.iter().all(|&k| k > i)) {
                     set_activation(&mut f, act);
                     has_act = true;
                     let mut srcs = sources_of(&f);
@@ -285,16 +297,25 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         // The fused node takes the place of the last node it absorbed: by then its residual
         // (computed on another branch) is defined too.
         let at = absorbed.iter().max().copied().unwrap_or(i);
-        g.nodes[at] = f;
-        let mut gone: Vec<usize> =
-            absorbed.iter().copied().filter(|&k| k != at).chain((at != i).then_some(i)).collect();
-        gone.sort_unstable_by(|a, b| b.cmp(a));
-        for k in gone {
-            g.nodes.remove(k);
+        let group: Vec<usize> = absorbed.iter().copied().chain([i]).collect();
+        let mut read: Vec<&String> = f.inputs.iter().filter(|v| !v.is_empty()).collect();
+        read.sort_unstable();
+        read.dedup();
+        for v in read {
+            let rs = r.entry(v.clone()).or_default();
+            rs.retain(|x| !group.contains(x));
+            rs.push(at);
+            rs.sort_unstable();
         }
-        if at == i {
-            i += 1;
+        g.nodes[at] = f;
+        for k in group.into_iter().filter(|&k| k != at) {
+            removed[k] = true;
         }
     }
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        k += 1;
+        !removed[k - 1]
+    });
     Ok(())
 }

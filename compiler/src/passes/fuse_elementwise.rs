@@ -142,10 +142,17 @@ impl Builder<'_> {
 
 /// Fuses chains of two or more elementwise nodes (with transcendental functions only when
 /// `transcendental`).
+///
+/// One reader index serves the whole pass: a fused node takes its last member's place and the
+/// other members become tombstones, removed at the end, so node indices stay valid and the
+/// index needs only the fused node's inputs redirected. Linear in the graph size.
 pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
-    let mut i = 0;
-    while i < g.nodes.len() {
-        let r = readers(g);
+    let mut r = readers(g);
+    let mut removed = vec![false; g.nodes.len()];
+    for i in 0..g.nodes.len() {
+        if removed[i] {
+            continue;
+        }
         let start = &g.nodes[i];
         let Some(shape) = start
             .outputs
@@ -154,12 +161,10 @@ pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
             .and_then(|t| t.shape)
             .filter(|s| !s.contains(&Dim::Unknown))
         else {
-            i += 1;
             continue;
         };
         let mut b = Builder { g, transcendental, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
         if !b.push(start) {
-            i += 1;
             continue;
         }
         let mut members = vec![i];
@@ -185,15 +190,22 @@ pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
             out = g.nodes[next].outputs[0].clone();
         }
         if members.len() < 2 {
-            i += 1;
             continue;
         }
-        let (insts, inputs) = (b.insts.clone(), b.inputs.clone());
+        let (insts, inputs) = (b.insts, b.inputs);
         let mut sources = Vec::new();
         for &m in &members {
             sources.extend(sources_of(&g.nodes[m]));
         }
         let last = *members.last().unwrap();
+        // The group's inputs are now read by the fused node (at `last`) instead of its members.
+        for v in &inputs {
+            if let Some(rs) = r.get_mut(v) {
+                rs.retain(|x| !members.contains(x));
+                rs.push(last);
+                rs.sort_unstable();
+            }
+        }
         let fused = Node {
             name: g.nodes[members[0]].name.clone(),
             op: "Elementwise".into(),
@@ -208,12 +220,14 @@ pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
             .collect(),
         };
         g.nodes[last] = fused;
-        let mut gone: Vec<usize> = members[..members.len() - 1].to_vec();
-        gone.sort_unstable_by(|a, b| b.cmp(a));
-        for k in gone {
-            g.nodes.remove(k);
+        for &k in &members[..members.len() - 1] {
+            removed[k] = true;
         }
-        // The node at i is now the next one (or the fused node if i was the last member).
     }
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        k += 1;
+        !removed[k - 1]
+    });
     Ok(())
 }
