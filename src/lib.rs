@@ -300,7 +300,11 @@ fn free_names(g: &aim_ir::Graph, out: &mut Vec<String>) {
 
 /// The full input signatures `shapes` asks for (`Options::shapes`): every input of the
 /// graph in order, inputs with static shapes filled in, each checked against its type.
-fn signatures(g: &aim_ir::Graph, shapes: &[InputShapes], path: &str) -> Result<Vec<specialize::Signature>, Error> {
+pub(crate) fn signatures(
+    g: &aim_ir::Graph,
+    shapes: &[InputShapes],
+    path: &str,
+) -> Result<Vec<specialize::Signature>, Error> {
     let bad = |reason: String| Error::BadOption { option: "shape", reason };
     let mut out = Vec::new();
     for given in shapes {

@@ -193,6 +193,10 @@ enum Cmd {
         /// optional K or M suffix (48K,1M,32M), so the output reads the same on any machine.
         #[arg(long)]
         caches: Option<String>,
+        /// Show the program specialised to these input shapes (NAME=DIMS, one per input with
+        /// symbolic dims), as a run with them compiles it, instead of the shape-generic one.
+        #[arg(long, value_name = "NAME=DIMS")]
+        shape: Vec<String>,
     },
     /// Find where the cpu backend's numbers part from the reference: run both keeping every
     /// intermediate value and print, per node output in graph order, max abs error, max
@@ -616,7 +620,9 @@ fn explore(
     profile: Option<PathBuf>,
     cpu: String,
     caches: Option<String>,
+    shape: &[String],
 ) -> Result<()> {
+    let shapes = parse_shapes(shape)?;
     let caches = match caches {
         None => None,
         Some(c) => {
@@ -631,7 +637,7 @@ fn explore(
             bail!("unknown stage '{s}' (expected one of {}, all)", aim::explore::STAGES.join(", "));
         }
     }
-    let e = aim::explore::explore(model, &aim::explore::Options { cpu, caches, passes, profile })?;
+    let e = aim::explore::explore(model, &aim::explore::Options { cpu, caches, passes, profile, shapes })?;
     aim::explore::check_request(&e, stages, node)?;
     match html {
         Some(path) => {
@@ -690,8 +696,8 @@ fn dispatch(cli: Cli) -> Result<bool> {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))
         }
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
-        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches } => {
-            explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches).map(|_| true)
+        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches, shape } => {
+            explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches, &shape).map(|_| true)
         }
     }
 }

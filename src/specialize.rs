@@ -121,15 +121,22 @@ impl Specializer {
 
     fn compile(&self, sig: &Signature) -> Result<CpuProgram, Error> {
         let mut g = self.graph.clone();
-        for (v, shape) in g.inputs.iter_mut().zip(sig) {
-            let dtype = v.ty.dtype;
-            v.ty = ValueType { dtype, shape: Some(shape.iter().map(|&d| Dim::Known(d)).collect()) };
-        }
-        // Types inferred with the dims symbolic would be kept over the static ones.
-        g.value_types.clear();
-        aim_ir::infer::infer_types(&mut g).map_err(|cause| Error::Infer { path: self.path.clone(), cause })?;
+        bind(&mut g, sig, &self.path)?;
         crate::compile_cpu(g, &self.target, &self.pool, &self.path)
     }
+}
+
+/// Gives the graph's inputs the shapes of `sig` and infers every type again from them: the
+/// graph a specialised program is compiled from (`aim explore --shape` prints it).
+pub(crate) fn bind(g: &mut Graph, sig: &Signature, path: &str) -> Result<(), Error> {
+    for (v, shape) in g.inputs.iter_mut().zip(sig) {
+        let dtype = v.ty.dtype;
+        v.ty = ValueType { dtype, shape: Some(shape.iter().map(|&d| Dim::Known(d)).collect()) };
+    }
+    // Types inferred with the dims symbolic would be kept over the static ones.
+    g.value_types.clear();
+    aim_ir::infer::infer_types(g).map_err(|cause| Error::Infer { path: path.to_string(), cause })?;
+    Ok(())
 }
 
 /// Whether a signature fits the graph's declared input types: ranks, known dims, and each

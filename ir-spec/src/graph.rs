@@ -174,12 +174,18 @@ impl Graph {
         if let Some(t) = self.initializers.get(name) {
             return Some(ValueType::known(t.dtype(), t.shape()));
         }
+        let inferred = self.value_types.get(name);
         if let Some(v) = self.inputs.iter().chain(&self.outputs).find(|v| v.name == name) {
+            // An output declared with symbolic dims that inference has made static (a graph
+            // specialised to static input shapes) has the static type.
+            if let Some(t) = inferred.filter(|t| v.ty.concrete_shape().is_none() && v.ty.is_made_static_by(t)) {
+                return Some(t.clone());
+            }
             if v.ty.dtype.is_some() || v.ty.shape.is_some() {
                 return Some(v.ty.clone());
             }
         }
-        self.value_types.get(name).cloned()
+        inferred.cloned()
     }
 
     /// Every value name this graph reads — node inputs and graph outputs — including inside

@@ -59,6 +59,22 @@ impl ValueType {
         self.shape.as_ref()?.iter().map(|d| d.known()).collect()
     }
 
+    /// Whether `t` is fully static and one of the types `self` allows (its dtype where given,
+    /// its rank and known dims where given): a declared symbolic type that inference,
+    /// from static inputs, has made exact.
+    pub fn is_made_static_by(&self, t: &ValueType) -> bool {
+        t.concrete_shape().is_some()
+            && self.dtype.is_none_or(|d| t.dtype == Some(d))
+            && t.dtype.is_some()
+            && match (&t.shape, &self.shape) {
+                (_, None) => true,
+                (Some(s), Some(d)) => {
+                    s.len() == d.len() && s.iter().zip(d).all(|(a, b)| !matches!(b, Dim::Known(_)) || a == b)
+                }
+                (None, Some(_)) => false,
+            }
+    }
+
     /// The names of the symbolic dims, in order of appearance.
     pub fn symbols(&self) -> Vec<String> {
         let mut out = Vec::new();

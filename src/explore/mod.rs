@@ -93,6 +93,9 @@ pub struct Options {
     pub passes: bool,
     /// A Chrome trace from `aim bench --profile`, for measured times.
     pub profile: Option<PathBuf>,
+    /// Input shapes to specialise for (at most one signature), as the JIT does on a run with
+    /// them: the stages after import show that program instead of the shape-generic one.
+    pub shapes: Vec<crate::InputShapes>,
 }
 
 /// The node line of the IR printer without its `# name` comment and `sources` attribute
@@ -222,10 +225,16 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         target = target.with_caches(l1, l2, l3);
     }
     let mut g = ir.graph.clone();
+    match crate::signatures(&g, &opts.shapes, &p)?.as_slice() {
+        [] => {}
+        [sig] => crate::specialize::bind(&mut g, sig, &p)?,
+        _ => bail!("explore shows one program: give each input one --shape"),
+    }
+    let bound = opts.passes.then(|| g.clone());
     let records = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), opts.passes)
         .with_context(|| format!("{p}: optimising"))?;
     let optimized = graph_lines(&g);
-    let passes = if opts.passes { pass_views(&ir.graph, &records) } else { Vec::new() };
+    let passes = if opts.passes { pass_views(bound.as_ref().unwrap_or(&ir.graph), &records) } else { Vec::new() };
 
     let profile = match &opts.profile {
         Some(f) => Some(read_profile(f)?),

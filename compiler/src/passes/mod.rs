@@ -109,5 +109,18 @@ pub fn run_pipeline(g: &mut Graph, passes: &[Pass], keep: bool) -> Result<Vec<Pa
         }
         out.push(PassRecord { name: p.name, time: t.elapsed(), after: keep.then(|| g.clone()) });
     }
+    make_outputs_static(g);
     Ok(out)
+}
+
+/// Gives each graph output the static type inference found for it where its declared type
+/// is symbolic (a graph specialised to static input shapes), for the printer and the runtime.
+fn make_outputs_static(g: &mut Graph) {
+    for o in &mut g.outputs {
+        if let Some(t) =
+            g.value_types.get(&o.name).filter(|t| o.ty.concrete_shape().is_none() && o.ty.is_made_static_by(t))
+        {
+            o.ty = t.clone();
+        }
+    }
 }
