@@ -475,6 +475,21 @@ impl Model {
         }
     }
 
+    /// How the cpu backend runs each node — of the program specialised most recently, else
+    /// of the shape-generic one (compiled now if it was not yet): each node's name and kind,
+    /// in order, with the program's graph. None on the reference backend or if nothing compiles.
+    pub fn node_kinds(&self) -> Option<(aim_ir::Graph, Vec<(String, aim_runtime::cpu::NodeKind)>)> {
+        let Exec::Cpu(g, spec) = &self.exec else { return None };
+        let kinds = |p: &aim_runtime::cpu::CpuProgram| {
+            let names = p.graph().nodes.iter().map(|n| n.name.clone());
+            (p.graph().clone(), names.zip(p.node_kinds()).collect())
+        };
+        match spec.as_ref().and_then(|s| s.latest()) {
+            Some(p) => Some(kinds(&p)),
+            None => g.get(spec.as_deref(), &self.path_text()).ok().map(kinds),
+        }
+    }
+
     /// The optimised graph of the cpu backend's shape-generic program (compiled now if
     /// it was not yet); None on the reference backend or if it does not compile.
     pub fn optimized_graph(&self) -> Option<&aim_ir::Graph> {

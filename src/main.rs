@@ -471,39 +471,24 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str, shapes: &[ai
             return Ok(());
         }
     };
-    let specialised = m.specializations().into_iter().next().and_then(|(sig, g)| Some((sig, g?)));
-    let g = match &specialised {
-        Some((sig, g)) => {
-            writeln!(out, "cpu backend: the program specialised to input shapes {sig:?}")?;
-            g
-        }
-        None => m.optimized_graph().expect("the cpu backend has an optimised graph"),
+    if let Some((sig, Some(_))) = m.specializations().into_iter().next() {
+        writeln!(out, "cpu backend: the program specialised to input shapes {sig:?}")?;
+    }
+    let Some((g, kinds)) = m.node_kinds() else {
+        writeln!(out, "cpu backend: not available: the program does not compile")?;
+        return Ok(());
     };
+    let g = &g;
     let plan = aim_compiler::memory_plan::plan(g);
-    let views: std::collections::HashSet<&str> =
-        plan.slots.iter().filter(|s| s.view_of.is_some()).map(|s| s.name.as_str()).collect();
-    let mut by_kind: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
-    for n in &g.nodes {
-        let kind = if n.domain == "aim" {
-            match n.op.as_str() {
-                "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked" => "generated code (Cranelift)",
-                "Softmax" => "fused row kernels (scaled, masked softmax)",
-                _ => "packed GEMM / direct kernels",
-            }
-        } else if n.outputs.first().is_some_and(|o| views.contains(o.as_str())) {
-            "views of their input in the arena (no kernel runs)"
-        } else if aim_kernels::fast::kernel(&n.op).is_some() {
-            "fast f32 kernels (reference when not f32)"
-        } else {
-            "reference kernels (fallback)"
-        };
-        by_kind.entry(kind).or_default().push(&n.name);
+    let mut by_kind: std::collections::BTreeMap<aim_runtime::cpu::NodeKind, Vec<&str>> = Default::default();
+    for (name, kind) in &kinds {
+        by_kind.entry(*kind).or_default().push(name);
     }
     writeln!(out, "cpu backend: {} nodes after optimisation (from {})", g.nodes.len(), m.ir().graph.node_count_deep())?;
     for (kind, nodes) in &by_kind {
         let shown: Vec<&str> = nodes.iter().take(8).copied().collect();
         let more = if nodes.len() > 8 { format!(", ... {} more", nodes.len() - 8) } else { String::new() };
-        writeln!(out, "  {:>4}  {kind}: {}{more}", nodes.len(), shown.join(", "))?;
+        writeln!(out, "  {:>4}  {}: {}{more}", nodes.len(), kind.label(), shown.join(", "))?;
     }
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let allocated: usize = plan.allocated.iter().map(|a| a.1).sum();

@@ -114,6 +114,12 @@ impl Specializer {
         cache.iter().map(|(s, p)| (s.clone(), p.get().and_then(|p| p.as_ref()).map(|p| p.graph().clone()))).collect()
     }
 
+    /// The most recently used specialised program, if one compiled.
+    pub(crate) fn latest(&self) -> Option<Arc<CpuProgram>> {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.first().and_then(|(_, p)| p.get().cloned().flatten())
+    }
+
     /// The shape-generic program (inputs of the declared types, symbolic dims kept).
     pub(crate) fn compile_generic(&self) -> Result<CpuProgram, Error> {
         crate::compile_cpu(self.graph.clone(), &self.target, &self.pool, &self.path)

@@ -1,7 +1,7 @@
-//! Data movement in f32 as parallel block copies: Concat, Split, Slice with unit steps, and
-//! Gather of whole rows. Each returns `None` for what it does not take (other dtypes,
-//! strided slices), and checks shapes the way the reference kernel does, leaving the error
-//! messages to it (a mismatch falls back to the reference, which reports it).
+//! Data movement of any dtype as block copies of bytes (parallel when large): Concat, Split,
+//! Slice with unit steps, and Gather of whole rows. Each returns `None` for what it does not
+//! take (strided slices), and checks shapes the way the reference kernel does, leaving the
+//! error messages to it (a mismatch falls back to the reference, which reports it).
 
 use super::output::Output;
 use super::Ctx;
@@ -10,14 +10,16 @@ use aim_ir::{DType, Node, Tensor};
 
 /// Output pointer shared by tasks writing disjoint parts.
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
+struct Out(*mut u8);
 // SAFETY: each task writes its own part of the output.
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
-fn f32s(ins: &[Option<Tensor>]) -> Option<Vec<&Tensor>> {
+/// The inputs present, when they all have one dtype.
+fn same_dtype(ins: &[Option<Tensor>]) -> Option<(Vec<&Tensor>, DType)> {
     let ts: Vec<&Tensor> = ins.iter().flatten().collect();
-    ts.iter().all(|t| t.dtype() == DType::F32).then_some(ts)
+    let d = ts.first()?.dtype();
+    ts.iter().all(|t| t.dtype() == d).then_some((ts, d))
 }
 
 fn norm_axis(a: i64, r: usize) -> Option<usize> {
@@ -25,24 +27,33 @@ fn norm_axis(a: i64, r: usize) -> Option<usize> {
     (0..r as i64).contains(&a).then_some(a as usize)
 }
 
-/// Copies `parts` (each `(source, offset in source, length)`) to consecutive ranges of
-/// `dst` starting at each part's destination offset, in parallel.
-fn copy_parts(cx: &Ctx, dst: &mut [f32], parts: &[(&[f32], usize, usize, usize)]) {
+/// Below this many bytes a copy runs on the calling thread: waking the pool costs more.
+const SERIAL_BYTES: usize = 32 * 1024;
+
+/// Copies `parts` (each `(source, offset in source, destination offset, length)`, in
+/// elements of `es` bytes) into `dst`, in parallel when there is enough to copy.
+fn copy_parts(cx: &Ctx, dst: &mut [u8], es: usize, parts: &[(&[u8], usize, usize, usize)]) {
     let out = Out(dst.as_mut_ptr());
     let n = dst.len();
-    cx.par.for_each(parts.len(), &|k| {
+    let one = |k: usize| {
         let out = out;
         let (src, from, to, len) = parts[k];
+        let (from, to, len) = (from * es, to * es, len * es);
         assert!(to + len <= n && from + len <= src.len(), "copy part in bounds");
         // SAFETY: the parts' destination ranges are disjoint and in bounds (checked).
         let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(to), len) };
         d.copy_from_slice(&src[from..from + len]);
-    });
+    };
+    if n < SERIAL_BYTES {
+        (0..parts.len()).for_each(one);
+    } else {
+        cx.par.for_each(parts.len(), &one);
+    }
 }
 
-/// Concat of f32 tensors: for each index of the dims before the axis, each input's block.
+/// Concat: for each index of the dims before the axis, each input's block.
 pub(super) fn concat(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
-    let ts = f32s(ins)?;
+    let (ts, dtype) = same_dtype(ins)?;
     let first = ts.first()?;
     let r = first.rank();
     let ax = norm_axis(n.int("axis", 0), r)?;
@@ -53,7 +64,7 @@ pub(super) fn concat(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     shape[ax] = ts.iter().map(|t| t.shape()[ax]).sum();
     let outer: usize = shape[..ax].iter().product();
     let row: usize = shape[ax..].iter().product();
-    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+    let mut y = match Output::new(cx.out, dtype, &shape) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
@@ -62,17 +73,17 @@ pub(super) fn concat(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         let mut at = o * row;
         for t in &ts {
             let len = t.shape()[ax..].iter().product::<usize>();
-            parts.push((t.data::<f32>(), o * len, at, len));
+            parts.push((t.bytes(), o * len, at, len));
             at += len;
         }
     }
-    copy_parts(cx, y.bits_mut(), &parts);
+    copy_parts(cx, y.bytes_mut(), dtype.size(), &parts);
     Some(Ok(vec![y.finish()]))
 }
 
-/// Split of an f32 tensor into the sizes given (or equal parts).
+/// Split of a tensor into the sizes given (or equal parts).
 pub(super) fn split(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
-    let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
+    let x = ins.first()?.as_ref()?;
     let ax = norm_axis(n.int("axis", 0), x.rank())?;
     let dim = x.shape()[ax];
     let sizes: Vec<usize> = match ins.get(1).and_then(|s| s.as_ref()) {
@@ -88,29 +99,29 @@ pub(super) fn split(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result
     }
     let outer: usize = x.shape()[..ax].iter().product();
     let inner: usize = x.shape()[ax + 1..].iter().product();
-    let src = x.data::<f32>();
+    let (src, dtype) = (x.bytes(), x.dtype());
     let mut outs = Vec::with_capacity(sizes.len());
     let mut start = 0;
     for (k, &s) in sizes.iter().enumerate() {
         let mut shape = x.shape().to_vec();
         shape[ax] = s;
         // The first output may go into the slot offered; the others are new tensors.
-        let mut y = match Output::new(if k == 0 { cx.out } else { None }, DType::F32, &shape) {
+        let mut y = match Output::new(if k == 0 { cx.out } else { None }, dtype, &shape) {
             Ok(y) => y,
             Err(e) => return Some(Err(e)),
         };
-        let parts: Vec<(&[f32], usize, usize, usize)> =
+        let parts: Vec<(&[u8], usize, usize, usize)> =
             (0..outer).map(|o| (src, (o * dim + start) * inner, o * s * inner, s * inner)).collect();
-        copy_parts(cx, y.bits_mut(), &parts);
+        copy_parts(cx, y.bytes_mut(), dtype.size(), &parts);
         outs.push(y.finish());
         start += s;
     }
     Some(Ok(outs))
 }
 
-/// Slice with unit steps of an f32 tensor: contiguous runs of the innermost sliced dims.
+/// Slice with unit steps: contiguous runs of the innermost sliced dims.
 pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
-    let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
+    let x = ins.first()?.as_ref()?;
     let ints = |i: usize| ins.get(i).and_then(|t| t.as_ref()).map(|t| t.to_i64_vec());
     let (starts, ends) = (ints(1)?, ints(2)?);
     let r = x.rank();
@@ -130,7 +141,7 @@ pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         lo[a] = s as usize;
         shape[a] = (e - s).max(0) as usize;
     }
-    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+    let mut y = match Output::new(cx.out, x.dtype(), &shape) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
@@ -143,7 +154,7 @@ pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     let run: usize = if k == 0 { shape.iter().product() } else { shape[k - 1..].iter().product() };
     let outer_dims = &shape[..k.saturating_sub(1)];
     let count: usize = outer_dims.iter().product();
-    let src = x.data::<f32>();
+    let src = x.bytes();
     let mut parts = Vec::with_capacity(count);
     let mut idx = vec![0usize; outer_dims.len()];
     for i in 0..count {
@@ -159,14 +170,14 @@ pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         }
     }
     if run > 0 {
-        copy_parts(cx, y.bits_mut(), &parts);
+        copy_parts(cx, y.bytes_mut(), x.dtype().size(), &parts);
     }
     Some(Ok(vec![y.finish()]))
 }
 
-/// Gather of whole rows of an f32 tensor (any axis): block copies per index.
+/// Gather of whole rows (any axis, any dtype): block copies per index.
 pub(super) fn gather(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
-    let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
+    let x = ins.first()?.as_ref()?;
     let idx = ins.get(1)?.as_ref().filter(|t| t.dtype().is_int())?;
     let ax = norm_axis(n.int("axis", 0), x.rank())?;
     let dim = x.shape()[ax];
@@ -183,11 +194,11 @@ pub(super) fn gather(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     shape.extend(&x.shape()[ax + 1..]);
     let outer: usize = x.shape()[..ax].iter().product();
     let inner: usize = x.shape()[ax + 1..].iter().product();
-    let mut y = match Output::new(cx.out, DType::F32, &shape) {
+    let mut y = match Output::new(cx.out, x.dtype(), &shape) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
-    let src = x.data::<f32>();
+    let src = x.bytes();
     let mut parts = Vec::with_capacity(outer * ids.len());
     for o in 0..outer {
         for (j, &i) in ids.iter().enumerate() {
@@ -195,7 +206,7 @@ pub(super) fn gather(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         }
     }
     if inner > 0 {
-        copy_parts(cx, y.bits_mut(), &parts);
+        copy_parts(cx, y.bytes_mut(), x.dtype().size(), &parts);
     }
     Some(Ok(vec![y.finish()]))
 }

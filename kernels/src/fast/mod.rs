@@ -8,13 +8,25 @@
 
 mod copy;
 mod data;
+mod logic;
 pub mod math;
 mod ops;
 mod output;
 mod recurrent;
+mod reduce;
 mod resize;
+#[cfg(test)]
+mod tests;
 
 pub use copy::copy_short;
 
-pub use ops::{kernel, scaled_masked_softmax, Ctx, FastKernel};
+/// Whether an op's kernel only relabels its input (a new shape over the same bytes) or
+/// reads nothing but its input's shape: Reshape and its kin, Identity, Shape, Size. Their
+/// one kernel (shared with the reference backend) moves no data, so they need no fast path;
+/// `aim info` and the schedule list them as such.
+pub fn moves_no_data(op: &str) -> bool {
+    matches!(op, "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Shape" | "Size")
+}
+
+pub use ops::{covers, kernel, scaled_masked_softmax, Ctx, FastKernel};
 pub use output::OutSlot;

@@ -40,8 +40,29 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Slice" => super::data::slice,
         "Gather" => super::data::gather,
         "LSTM" => super::recurrent::lstm,
+        "Where" => super::logic::where_,
+        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => super::logic::compare,
+        "Not" => super::logic::not,
+        "Cast" => super::logic::cast,
+        "Expand" => super::logic::expand,
+        "Range" => super::logic::range,
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => super::reduce::reduce,
         _ => return None,
     })
+}
+
+/// Whether the fast kernel of `op` (if it has one) runs for inputs of `dtype` (`None`: not
+/// known yet); for others the reference kernel runs.
+pub fn covers(op: &str, dtype: Option<DType>) -> bool {
+    let Some(d) = dtype else { return kernel(op).is_some() };
+    kernel(op).is_some()
+        && match op {
+            "Concat" | "Split" | "Slice" | "Gather" | "Where" | "Equal" | "Less" | "Greater" | "LessOrEqual"
+            | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Not" | "Cast" | "Expand" => true,
+            "Add" | "Sub" | "Mul" | "Div" => matches!(d, DType::F32 | DType::I64 | DType::I32),
+            "Range" => matches!(d, DType::F32 | DType::I64 | DType::I32),
+            _ => d == DType::F32,
+        }
 }
 
 fn f32_in(ins: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
@@ -250,6 +271,9 @@ fn zip_generic<F: Fn(f32) -> f32>(a: &[f32], b: &[f32], d: &mut [f32], op: u8, f
 versions!(zip, zip_generic, (a: &[f32], b: &[f32], d: &mut [f32], op: u8));
 
 fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    if ins.first()?.as_ref()?.dtype().is_int() {
+        return super::logic::int_arith(n, ins, cx);
+    }
     let (a, b) = (f32_in(ins, 0)?, f32_in(ins, 1)?);
     let isa = cx.isa;
     if n.op == "Pow" {

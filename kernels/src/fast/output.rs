@@ -59,6 +59,15 @@ impl Output {
         }
     }
 
+    /// The output's bytes (any dtype), to write.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            // SAFETY: the contract of `OutSlot::new`: valid, and used by this kernel alone.
+            Output::Slot(s, _) => unsafe { std::slice::from_raw_parts_mut(s.ptr as *mut u8, 4 * s.len) },
+            Output::Owned(t) => t.bytes_mut(),
+        }
+    }
+
     /// The finished output as a tensor (over the slot, when it was written there).
     pub(super) fn finish(self) -> Tensor {
         match self {

@@ -18,6 +18,7 @@ mod deconv;
 mod dense;
 mod depthwise;
 mod elementwise;
+mod kind;
 mod phases;
 mod run;
 mod schedule;
@@ -28,6 +29,7 @@ pub use bodies::{Bodies, Body};
 use conv::{prepare_conv, ConvPrep};
 use dense::{prepare_dense, DensePrep};
 use depthwise::DepthwisePrep;
+pub use kind::NodeKind;
 
 /// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
 pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize);

@@ -3,7 +3,7 @@
 //! the prepared nodes and the constants their loops use, for the shapes the graph's types
 //! give (nodes whose shapes are only known at run time say so).
 
-use super::{blocked, elementwise, softmax, transpose, CpuProgram, Prepared};
+use super::{blocked, elementwise, softmax, transpose, CpuProgram, NodeKind, Prepared};
 use aim_ir::Graph;
 use aim_kernels::gemm::IsaKind;
 
@@ -15,6 +15,7 @@ impl CpuProgram {
     /// One entry per node of [`CpuProgram::graph`]: the lines describing how it runs.
     pub fn schedule(&self) -> Vec<Vec<String>> {
         let g = &self.graph;
+        let kinds = self.node_kinds();
         g.nodes
             .iter()
             .enumerate()
@@ -98,11 +99,16 @@ impl CpuProgram {
                         }
                         None => dynamic(),
                     },
-                    None if self.values.is_view(i) => vec!["a view of its input: no kernel runs (the input's arena slot, read with the output's shape)".to_string()],
-                    None if n.domain.is_empty() && aim_kernels::fast::kernel(&n.op).is_some() => {
-                        vec![format!("fast f32 kernel for {} (vectorised, parallel over rows; the reference kernel for other dtypes)", n.op)]
-                    }
-                    None => vec![format!("reference kernel for {} (interpreted)", n.op)],
+                    None => vec![match kinds[i] {
+                        NodeKind::View => "a view of its input: no kernel runs (the input's arena slot, read with the output's shape)".to_string(),
+                        NodeKind::Metadata => format!("{}: a new shape over the same bytes, or a read of the input's shape (no data moved)", n.op),
+                        NodeKind::CompiledControlFlow => format!("{}: its bodies run as compiled programs of their own", n.op),
+                        NodeKind::Fast if aim_kernels::fast::covers(&n.op, Some(aim_ir::DType::I64)) => {
+                            format!("fast kernel for {} (rows of the output, parallel when large; integer and other dtypes too)", n.op)
+                        }
+                        NodeKind::Fast => format!("fast f32 kernel for {} (vectorised, parallel over rows; the reference kernel for other dtypes)", n.op),
+                        _ => format!("reference kernel for {} (interpreted)", n.op),
+                    }],
                 }
             })
             .collect()

@@ -1,0 +1,195 @@
+//! The dtype-generic fast kernels (data movement, masks, conversions, integer arithmetic,
+//! reductions) against the reference kernels on generated cases: every dtype they take,
+//! broadcasts of each kind, outputs small (serial) and large (parallel), and the special
+//! values conversions must treat as the reference does (NaN, ±inf, out of range, -0).
+
+use super::{kernel, Ctx};
+use crate::gemm::{Blocking, Isa, Sequential};
+use aim_ir::{Attr, DType, Node, Tensor};
+
+fn node(op: &str, attrs: &[(&str, Attr)]) -> Node {
+    Node {
+        name: format!("{op}_test"),
+        op: op.into(),
+        domain: String::new(),
+        inputs: vec![],
+        outputs: vec!["y".into()],
+        attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+    }
+}
+
+/// Values that exercise conversions: fractions, negatives, large magnitudes, NaN, ±inf, -0.
+const SPECIAL: [f64; 12] =
+    [0.0, -0.0, 1.5, -2.5, 3.99, 127.6, -300.0, 1e10, -1e20, f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+
+fn values(dtype: DType, shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if dtype == DType::Bool {
+                (s % 2) as f64
+            } else if i % 5 == 0 && dtype.is_float() {
+                SPECIAL[(s % SPECIAL.len() as u64) as usize]
+            } else {
+                (s % 41) as f64 - 20.0 + if dtype.is_float() { 0.25 } else { 0.0 }
+            }
+        })
+        .collect();
+    Tensor::from_f64(dtype, shape, &v)
+}
+
+/// The fast kernel of `n` gives exactly the reference's outputs (or declines).
+fn same(n: &Node, ins: &[Option<Tensor>]) -> bool {
+    let cx = Ctx { par: &Sequential, isa: Isa::PORTABLE, blocking: Blocking { kc: 64, mc: 8 }, out: None };
+    let fast = kernel(&n.op).expect("a fast kernel")(n, ins, &cx);
+    let want = crate::kernel(&n.op).expect("a reference kernel")(n, ins).expect("the reference runs");
+    let got = fast.expect("the fast kernel takes this case").expect("the fast kernel runs");
+    assert_eq!(got.len(), want.len(), "{}", n.op);
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(
+            (g.dtype(), g.shape()),
+            (w.dtype(), w.shape()),
+            "{} {:?}",
+            n.op,
+            ins.iter().map(|t| t.as_ref().map(|t| t.shape().to_vec())).collect::<Vec<_>>()
+        );
+        assert_eq!(g.bytes(), w.bytes(), "{} values", n.op);
+    }
+    true
+}
+
+const ALL: [DType; 13] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+    DType::Bool,
+];
+
+/// Shape pairs that broadcast: equal, a scalar, rows, columns, both ways, and a large one
+/// (parallel path).
+const PAIRS: [(&[usize], &[usize]); 7] = [
+    (&[2, 3], &[2, 3]),
+    (&[4, 5], &[]),
+    (&[3, 1, 4], &[5, 1]),
+    (&[2, 3, 4], &[4]),
+    (&[1, 6], &[3, 1]),
+    (&[2, 1, 3], &[2, 4, 1]),
+    (&[200, 100], &[100]),
+];
+
+#[test]
+fn cast_between_every_pair_of_dtypes() {
+    for from in ALL {
+        for to in ALL {
+            for shape in [&[7][..], &[3, 200, 41]] {
+                let n = node("Cast", &[("to", Attr::Int(to.onnx_code() as i64))]);
+                assert!(same(&n, &[Some(values(from, shape, 3))]), "{from} -> {to}");
+            }
+        }
+    }
+}
+
+#[test]
+fn where_compare_logic_and_integer_arithmetic_broadcast() {
+    for (sa, sb) in PAIRS {
+        for dt in [DType::F32, DType::I64, DType::I32, DType::F16, DType::U8, DType::F64, DType::Bool] {
+            let (a, b) = (values(dt, sa, 1), values(dt, sb, 2));
+            let c = values(DType::Bool, sb, 9);
+            assert!(same(&node("Where", &[]), &[Some(c.clone()), Some(a.clone()), Some(b.clone())]));
+            assert!(same(&node("Where", &[]), &[Some(values(DType::Bool, sa, 4)), Some(b.clone()), Some(a.clone())]));
+            if dt == DType::Bool {
+                for op in ["And", "Or", "Xor", "Equal"] {
+                    assert!(same(&node(op, &[]), &[Some(a.clone()), Some(b.clone())]));
+                }
+                assert!(same(&node("Not", &[]), &[Some(a.clone())]));
+            } else if dt != DType::F16 {
+                for op in ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"] {
+                    assert!(same(&node(op, &[]), &[Some(a.clone()), Some(b.clone())]));
+                }
+            }
+            if matches!(dt, DType::I64 | DType::I32) {
+                for op in ["Add", "Sub", "Mul", "Div"] {
+                    assert!(same(&node(op, &[]), &[Some(a.clone()), Some(b.clone())]), "{op} {dt}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn expand_range_and_data_movement_of_any_dtype() {
+    for dt in ALL {
+        for (from, to) in [
+            (&[3, 1][..], &[2, 3, 4][..]),
+            (&[1], &[5]),
+            (&[4], &[3, 1, 4]),
+            (&[1, 50], &[400, 50]),
+            (&[2, 3], &[2, 3]),
+        ] {
+            let shape = Tensor::from_i64(&[to.len()], to.iter().map(|&d| d as i64).collect());
+            assert!(same(&node("Expand", &[]), &[Some(values(dt, from, 5)), Some(shape)]), "{dt} {from:?}");
+        }
+        let x = values(dt, &[4, 6, 5], 7);
+        let ax = |a: i64| [("axis", Attr::Int(a))];
+        assert!(same(&node("Concat", &ax(1)), &[Some(x.clone()), Some(values(dt, &[4, 2, 5], 8))]));
+        let sizes = Tensor::from_i64(&[2], vec![2, 4]);
+        let mut split = node("Split", &ax(1));
+        split.outputs = vec!["a".into(), "b".into()];
+        assert!(same(&split, &[Some(x.clone()), Some(sizes)]));
+        let i = |v: Vec<i64>| Some(Tensor::from_i64(&[v.len()], v));
+        assert!(same(&node("Slice", &[]), &[Some(x.clone()), i(vec![1, -4]), i(vec![3, 100]), i(vec![0, 2])]));
+        let idx = Tensor::from_i64(&[2, 2], vec![0, -1, 3, 2]);
+        assert!(same(&node("Gather", &ax(-1)), &[Some(x), Some(idx)]));
+    }
+    for (s, l, d) in [(0, 10, 1), (5, -7, -3), (2, 3, 5), (4, 4, 1), (0, 100000, 3)] {
+        let t = |v: i64| Some(Tensor::from_i64(&[], vec![v]));
+        assert!(same(&node("Range", &[]), &[t(s), t(l), t(d)]));
+        let f = |v: i64| Some(Tensor::from_vec(&[], vec![v as f32 * 0.3]));
+        assert!(same(&node("Range", &[]), &[f(s), f(l), f(d)]));
+        let i32s = |v: i64| Some(Tensor::from_vec(&[], vec![v as i32]));
+        assert!(same(&node("Range", &[]), &[i32s(s), i32s(l), i32s(d)]));
+    }
+}
+
+#[test]
+fn reductions_over_consecutive_axes() {
+    let cx = Ctx { par: &Sequential, isa: Isa::PORTABLE, blocking: Blocking { kc: 64, mc: 8 }, out: None };
+    for op in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare"] {
+        for shape in [&[2, 3, 4, 5][..], &[1, 64, 8, 40], &[7], &[300, 70]] {
+            let x = values(DType::F32, shape, 11);
+            let r = shape.len() as i64;
+            let mut cases: Vec<Vec<i64>> = (0..r).map(|a| vec![a]).collect();
+            cases.extend((0..r - 1).map(|a| vec![a, a + 1]));
+            cases.push(vec![-1]);
+            cases.push(vec![]);
+            for axes in cases {
+                for keep in [0, 1] {
+                    let n = node(op, &[("keepdims", Attr::Int(keep))]);
+                    let ins =
+                        [Some(x.clone()), (!axes.is_empty()).then(|| Tensor::from_i64(&[axes.len()], axes.clone()))];
+                    let want = crate::kernel(op).unwrap()(&n, &ins).unwrap();
+                    let got = kernel(op).unwrap()(&n, &ins, &cx).expect("taken").unwrap();
+                    assert_eq!(got[0].shape(), want[0].shape(), "{op} {shape:?} {axes:?}");
+                    let scale = want[0].to_f64_vec().iter().filter(|v| v.is_finite()).fold(1f64, |m, v| m.max(v.abs()));
+                    for (g, w) in got[0].to_f64_vec().iter().zip(want[0].to_f64_vec()) {
+                        let ok = (g.is_nan() && w.is_nan()) || g == &w || (g - w).abs() <= 1e-5 * scale;
+                        assert!(ok, "{op} {shape:?} {axes:?}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+}
