@@ -314,6 +314,47 @@ fn fast_kernels_match_reference() {
                 f32_tensor("h5", &[], &[0.5]),
             ],
         ),
+        // GELU written out with Tanh, as GPT-2 writes it (Pow, half first) and with x·x·x.
+        (
+            "gelu-tanh-pow",
+            vec![
+                node("Pow", "p3", &["x", "three"], &["p"], vec![]),
+                node("Mul", "q", &["p", "k"], &["q"], vec![]),
+                node("Add", "r", &["x", "q"], &["r"], vec![]),
+                node("Mul", "s", &["r", "s2pi"], &["s"], vec![]),
+                node("Tanh", "t", &["s"], &["t"], vec![]),
+                node("Mul", "half", &["x", "h5"], &["h"], vec![]),
+                node("Add", "u", &["t", "one"], &["u"], vec![]),
+                node("Mul", "m", &["h", "u"], &["y"], vec![]),
+            ],
+            vec![
+                f32_tensor("three", &[], &[3.0]),
+                f32_tensor("k", &[], &[0.044715]),
+                f32_tensor("s2pi", &[], &[(2.0 / std::f32::consts::PI).sqrt()]),
+                f32_tensor("one", &[], &[1.0]),
+                f32_tensor("h5", &[], &[0.5]),
+            ],
+        ),
+        (
+            "gelu-tanh-cube",
+            vec![
+                node("Mul", "sq", &["x", "x"], &["x2"], vec![]),
+                node("Mul", "cu", &["x", "x2"], &["p"], vec![]),
+                node("Mul", "q", &["k", "p"], &["q"], vec![]),
+                node("Add", "r", &["q", "x"], &["r"], vec![]),
+                node("Mul", "s", &["s2pi", "r"], &["s"], vec![]),
+                node("Tanh", "t", &["s"], &["t"], vec![]),
+                node("Add", "u", &["one", "t"], &["u"], vec![]),
+                node("Mul", "m", &["x", "u"], &["h"], vec![]),
+                node("Mul", "half", &["h", "h5"], &["y"], vec![]),
+            ],
+            vec![
+                f32_tensor("k", &[], &[0.044715]),
+                f32_tensor("s2pi", &[], &[(2.0 / std::f32::consts::PI).sqrt()]),
+                f32_tensor("one", &[], &[1.0]),
+                f32_tensor("h5", &[], &[0.5]),
+            ],
+        ),
         (
             "matmul-activations",
             vec![
@@ -325,6 +366,13 @@ fn fast_kernels_match_reference() {
     ];
     for (tag, nodes, inits) in cases {
         let m = model(nodes, xin(), vec![unknown("y")], inits, 17);
+        if tag.starts_with("gelu") {
+            let d = tempdir(&format!("fused-{tag}"));
+            std::fs::write(d.join("m.onnx"), &m).unwrap();
+            let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+            let ops: Vec<String> = model.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
+            assert_eq!(ops, ["Gelu"], "{tag}: the written-out GELU is one node");
+        }
         check(
             tag,
             m,

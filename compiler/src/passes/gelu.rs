@@ -1,9 +1,12 @@
-//! GELU written out with Erf — `x · 0.5 · (1 + erf(x / √2))`, as PyTorch exports it before
-//! opset 20 — becomes one `Gelu` node (ONNX opset 20 semantics, `approximate = "none"`),
-//! which the CPU backend runs as one vectorised loop instead of five passes over memory.
-//! The node keeps every original node in `sources`. Both multiplication orders
-//! (`(x · a) · 0.5` and `(x · 0.5) · a`), `x / √2` or `x · (1/√2)`, and either operand order
-//! of the adds and multiplies are recognised; intermediates read elsewhere stop the match.
+//! GELU written out — with Erf, `x · 0.5 · (1 + erf(x / √2))`, as PyTorch exports it before
+//! opset 20, or with Tanh, `x · 0.5 · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`, as GPT-2
+//! style models write it — becomes one `Gelu` node (ONNX opset 20 semantics, `approximate`
+//! `"none"` or `"tanh"`), which the CPU backend runs as one vectorised loop (or a dense
+//! layer's epilogue) instead of five to nine passes over memory. The node keeps every
+//! original node in `sources`. Both multiplication orders (`(x · a) · 0.5` and
+//! `(x · 0.5) · a`), `x / √2` or `x · (1/√2)`, `Pow(x, 3)` or `x · x · x`, and either operand
+//! order of the adds and multiplies are recognised; intermediates read elsewhere stop the
+//! match.
 
 use super::fuse::{sources_of, SOURCES};
 use super::uses::readers;
@@ -44,9 +47,9 @@ impl Matcher<'_> {
         }
     }
 
-    /// The nodes of a GELU whose Erf is node `e`, ending with the final Mul: [div, erf, add,
-    /// mul, mul], and x.
-    fn match_at(&self, e: usize) -> Option<([usize; 5], String)> {
+    /// The nodes of an erf GELU whose Erf is node `e`, ending with the final Mul: [div, erf,
+    /// add, mul, mul], and x.
+    fn match_at(&self, e: usize) -> Option<(Vec<usize>, String)> {
         let g = self.g;
         let erf = &g.nodes[e];
         if erf.op != "Erf" || !erf.domain.is_empty() {
@@ -72,13 +75,22 @@ impl Matcher<'_> {
             return None;
         }
         let x = if div.op == "Mul" && scalar(g, &x).is_some() { div.input(1)?.to_string() } else { x };
-        // 1 + erf.
-        let a = self.only_reader(&erf.outputs[0])?;
+        let mut nodes = vec![d, e];
+        self.tail(e, &x, &mut nodes)?;
+        Some((nodes, x))
+    }
+
+    /// The `0.5 · x · (1 + f)` that ends both forms, from the node `f` computing f: pushes
+    /// [add, mul, mul] to `nodes` (the last the GELU's output), or None.
+    fn tail(&self, f: usize, x: &str, nodes: &mut Vec<usize>) -> Option<()> {
+        let g = self.g;
+        let fv = &g.nodes[f].outputs[0];
+        let a = self.only_reader(fv)?;
         let add = &g.nodes[a];
-        if add.op != "Add" || !near(scalar(g, other(add, &erf.outputs[0])?), 1.0) {
+        if add.op != "Add" || !near(scalar(g, other(add, fv)?), 1.0) {
             return None;
         }
-        // (x · (1 + erf)) · 0.5, or (x · 0.5) · (1 + erf).
+        // (x · (1 + f)) · 0.5, or (x · 0.5) · (1 + f).
         let m1 = self.only_reader(&add.outputs[0])?;
         let mul1 = &g.nodes[m1];
         if mul1.op != "Mul" {
@@ -88,21 +100,83 @@ impl Matcher<'_> {
         if partner == x {
             let m2 = self.only_reader(&mul1.outputs[0])?;
             let mul2 = &g.nodes[m2];
-            (mul2.op == "Mul" && near(scalar(g, other(mul2, &mul1.outputs[0])?), 0.5)).then_some(([d, e, a, m1, m2], x))
+            (mul2.op == "Mul" && near(scalar(g, other(mul2, &mul1.outputs[0])?), 0.5))
+                .then(|| nodes.extend([a, m1, m2]))
         } else {
             let h = *self.by_output.get(partner)?;
             let half = &g.nodes[h];
             let ok = half.op == "Mul"
-                && near(scalar(g, other(half, &x)?), 0.5)
+                && near(scalar(g, other(half, x)?), 0.5)
                 && self.only_reader(&half.outputs[0]) == Some(m1);
-            ok.then_some(([d, e, a, h, m1], x))
+            ok.then(|| nodes.extend([a, h, m1]))
+        }
+    }
+
+    /// The node computing `value` when it is a binary `op` with a scalar constant near
+    /// `c` and is read only by node `reader`: the node and its other input.
+    fn scaled(&self, value: &str, op: &str, c: f64, reader: usize) -> Option<(usize, String)> {
+        let i = *self.by_output.get(value)?;
+        let n = &self.g.nodes[i];
+        let (a, b) = (n.input(0)?, n.input(1)?);
+        let (v, k) = if scalar(self.g, b).is_some() { (a, b) } else { (b, a) };
+        let ok =
+            n.op == op && n.domain.is_empty() && near(scalar(self.g, k), c) && self.only_reader(value) == Some(reader);
+        ok.then(|| (i, v.to_string()))
+    }
+
+    /// The nodes of a tanh GELU whose Tanh is node `t`: [pow (or the two Muls of x·x·x),
+    /// mul, add, mul, tanh, add, mul, mul] (the last the GELU's output), and x.
+    fn match_tanh_at(&self, t: usize) -> Option<(Vec<usize>, String)> {
+        let g = self.g;
+        let tanh = &g.nodes[t];
+        if tanh.op != "Tanh" || !tanh.domain.is_empty() {
+            return None;
+        }
+        // √(2/π) · (x + 0.044715 · x³).
+        let (s, r) = self.scaled(tanh.input(0)?, "Mul", (2.0 / std::f64::consts::PI).sqrt(), t)?;
+        let ri = *self.by_output.get(r.as_str())?;
+        let add = &g.nodes[ri];
+        if add.op != "Add" || self.only_reader(&r) != Some(s) {
+            return None;
+        }
+        let (a0, a1) = (add.input(0)?, add.input(1)?);
+        // Either operand of the Add may be the 0.044715 · x³ term.
+        let (q, cube, x) = [(a1, a0), (a0, a1)].into_iter().find_map(|(term, x)| {
+            let (q, cube) = self.scaled(term, "Mul", 0.044715, ri)?;
+            Some((q, cube, x.to_string()))
+        })?;
+        let mut nodes = self.cube_of(&cube, &x, q)?;
+        nodes.extend([q, ri, s, t]);
+        self.tail(t, &x, &mut nodes)?;
+        Some((nodes, x))
+    }
+
+    /// The nodes computing `value` = x³ (`Pow(x, 3)`, or `(x · x) · x` in either order),
+    /// read only by node `reader`.
+    fn cube_of(&self, value: &str, x: &str, reader: usize) -> Option<Vec<usize>> {
+        let g = self.g;
+        let i = *self.by_output.get(value)?;
+        let n = &g.nodes[i];
+        if self.only_reader(value) != Some(reader) || !n.domain.is_empty() {
+            return None;
+        }
+        match n.op.as_str() {
+            "Pow" => (n.input(0)? == x && near(scalar(g, n.input(1)?), 3.0)).then(|| vec![i]),
+            "Mul" => {
+                let sq = other(n, x)?;
+                let j = *self.by_output.get(sq)?;
+                let m = &g.nodes[j];
+                let ok = m.op == "Mul" && m.input(0)? == x && m.input(1)? == x && self.only_reader(sq) == Some(i);
+                ok.then(|| vec![j, i])
+            }
+            _ => None,
         }
     }
 }
 
 /// Runs the pass.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
-    let found: Vec<([usize; 5], String)> = {
+    let found: Vec<(Vec<usize>, String, &str)> = {
         let m = Matcher {
             g,
             readers: readers(g),
@@ -113,29 +187,36 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                 .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
                 .collect(),
         };
-        (0..g.nodes.len()).filter_map(|e| m.match_at(e)).collect()
+        (0..g.nodes.len())
+            .filter_map(|i| {
+                m.match_at(i).map(|(v, x)| (v, x, "none")).or_else(|| m.match_tanh_at(i).map(|(v, x)| (v, x, "tanh")))
+            })
+            .collect()
     };
-    let mut gone = Vec::new();
-    for (nodes, x) in found {
-        let last = *nodes.iter().max().expect("five nodes");
+    let mut gone = vec![false; g.nodes.len()];
+    for (nodes, x, approximate) in found {
+        let last = *nodes.iter().max().expect("a GELU's nodes");
+        let end = *nodes.last().expect("a GELU's nodes");
         let mut sources = Vec::new();
         for &i in &nodes {
             sources.extend(sources_of(&g.nodes[i]));
         }
-        let out = g.nodes[nodes[4]].outputs[0].clone();
+        let out = g.nodes[end].outputs[0].clone();
         let mut attrs = std::collections::BTreeMap::new();
-        attrs.insert("approximate".to_string(), Attr::String("none".into()));
+        attrs.insert("approximate".to_string(), Attr::String(approximate.into()));
         attrs.insert(SOURCES.to_string(), Attr::Strings(sources));
-        let name = g.nodes[nodes[4]].name.clone();
-        // The Gelu takes the place of the last of its nodes (x is defined before all five).
+        let name = g.nodes[end].name.clone();
+        // The Gelu takes the place of the last of its nodes (x is defined before all).
         g.nodes[last] =
             Node { name, op: "Gelu".into(), domain: String::new(), inputs: vec![x], outputs: vec![out], attrs };
-        gone.extend(nodes.iter().copied().filter(|&i| i != last));
+        for i in nodes.into_iter().filter(|&i| i != last) {
+            gone[i] = true;
+        }
     }
-    gone.sort_unstable_by(|a, b| b.cmp(a));
-    gone.dedup();
-    for i in gone {
-        g.nodes.remove(i);
-    }
+    let mut i = 0;
+    g.nodes.retain(|_| {
+        i += 1;
+        !gone[i - 1]
+    });
     Ok(())
 }

@@ -330,8 +330,9 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     if row(b, a) || row(a, b) {
         let (big, small, swapped) = if row(b, a) { (ad, bd, false) } else { (bd, ad, true) };
         let inner = small.len();
-        // Tile the small operand to a whole number of rows close to CHUNK, then zip.
-        let reps = (CHUNK / inner).max(1);
+        // Tile the small operand to a whole number of rows close to CHUNK (no more than the
+        // output has), then zip.
+        let reps = (CHUNK / inner).max(1).min(total.div_ceil(inner));
         let tiled: Vec<f32> = small.iter().copied().cycle().take(reps * inner).collect();
         let step = reps * inner;
         let parts = total.div_ceil(step);
