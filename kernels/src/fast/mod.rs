@@ -13,6 +13,7 @@ pub mod math;
 mod ops;
 mod output;
 mod recurrent;
+pub use recurrent::{lstm_packed, LstmWeights};
 mod reduce;
 mod resize;
 #[cfg(test)]

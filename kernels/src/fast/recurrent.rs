@@ -4,6 +4,7 @@
 //! and tanh. Directions forward, reverse and bidirectional, both layouts, initial states.
 //! Configurations it does not take (peepholes, clipping, other activations, coupled input
 //! and forget gates, sequence lengths shorter than the sequence) run the reference kernel.
+//! Constant weights are packed once, at load ([`LstmWeights`]); others on each run.
 
 use super::math;
 use super::output::Output;
@@ -68,7 +69,63 @@ fn gates(isa: Isa, g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
 }
 
 /// The fast LSTM, or `None` for the configurations left to the reference kernel.
+/// An LSTM's weights packed for the microkernels, per direction: `Wᵀ`, `Rᵀ` and the summed
+/// biases `Wb + Rb` — made once at load when W, R and B are constants, so that a run (a
+/// speech model's step is ~0.03 ms) does not repack them.
+pub struct LstmWeights {
+    dirs: Vec<(PackedB, PackedB, Vec<f32>)>,
+    /// The shapes packed (W, R), to check each run's inputs against.
+    shapes: (Vec<usize>, Vec<usize>),
+}
+
+impl LstmWeights {
+    /// Packs W `[dirs, 4h, input]`, R `[dirs, 4h, h]` and B `[dirs, 8h]` (if given) of f32;
+    /// None for other types or shapes (the node then packs on each run, or falls back).
+    pub fn pack(
+        w: &Tensor,
+        r: &Tensor,
+        b: Option<&Tensor>,
+        isa: Isa,
+        blocking: crate::gemm::Blocking,
+    ) -> Option<LstmWeights> {
+        let f32s = [Some(w), Some(r), b].into_iter().flatten().all(|t| t.dtype() == DType::F32);
+        if !f32s || w.rank() != 3 || r.rank() != 3 {
+            return None;
+        }
+        let (dirs, g4, input, hidden) = (w.shape()[0], w.shape()[1], w.shape()[2], r.shape()[2]);
+        if g4 != 4 * hidden || r.shape() != [dirs, g4, hidden] || b.is_some_and(|b| b.shape() != [dirs, 8 * hidden]) {
+            return None;
+        }
+        let (wd, rd) = (w.data::<f32>(), r.data::<f32>());
+        let dirs = (0..dirs)
+            .map(|d| {
+                let pw = PackedB::from_slice(isa, blocking, &wd[d * g4 * input..(d + 1) * g4 * input], input, g4, true);
+                let pr =
+                    PackedB::from_slice(isa, blocking, &rd[d * g4 * hidden..(d + 1) * g4 * hidden], hidden, g4, true);
+                let bias = match b {
+                    Some(bt) => {
+                        let bv = &bt.data::<f32>()[d * 8 * hidden..(d + 1) * 8 * hidden];
+                        (0..g4).map(|j| bv[j] + bv[g4 + j]).collect()
+                    }
+                    None => vec![0.0; g4],
+                };
+                (pw, pr, bias)
+            })
+            .collect();
+        Some(LstmWeights { dirs, shapes: (w.shape().to_vec(), r.shape().to_vec()) })
+    }
+}
+
+/// LSTM with weights packed at load (see [`LstmWeights`]).
+pub fn lstm_packed(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, weights: &LstmWeights) -> Option<Result<Vec<Tensor>>> {
+    run(n, ins, cx, Some(weights))
+}
+
 pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    run(n, ins, cx, None)
+}
+
+fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>) -> Option<Result<Vec<Tensor>>> {
     let f32_at = |i: usize| ins.get(i).and_then(|t| t.as_ref()).filter(|t| t.dtype() == DType::F32);
     let (x, w, r) = (f32_at(0)?, f32_at(1)?, f32_at(2)?);
     let peepholes = ins.get(7).is_some_and(|p| p.is_some());
@@ -121,25 +178,25 @@ pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<
     let state_shape = if batch_first { vec![batch, dirs, hidden] } else { vec![dirs, batch, hidden] };
     let mut yh = vec![0f32; dirs * batch * hidden];
     let mut yc = vec![0f32; dirs * batch * hidden];
-    let (xd, wd, rd) = (x.data::<f32>(), w.data::<f32>(), r.data::<f32>());
+    let xd = x.data::<f32>();
     let yd = y.bits_mut();
     let g4 = 4 * hidden;
     let rows = t_len * batch;
+    let packed_now;
+    let weights = match packed {
+        Some(p) if p.shapes == (w.shape().to_vec(), r.shape().to_vec()) => p,
+        Some(_) => return None,
+        None => {
+            packed_now = LstmWeights::pack(w, r, bias, cx.isa, cx.blocking)?;
+            &packed_now
+        }
+    };
     for d in 0..dirs {
-        let pw = PackedB::from_slice(cx.isa, cx.blocking, &wd[d * g4 * input..(d + 1) * g4 * input], input, g4, true);
-        let pr =
-            PackedB::from_slice(cx.isa, cx.blocking, &rd[d * g4 * hidden..(d + 1) * g4 * hidden], hidden, g4, true);
-        let b: Vec<f32> = match bias {
-            Some(bt) => {
-                let bv = &bt.data::<f32>()[d * 8 * hidden..(d + 1) * 8 * hidden];
-                (0..g4).map(|j| bv[j] + bv[g4 + j]).collect()
-            }
-            None => vec![0.0; g4],
-        };
+        let (pw, pr, b) = &weights.dirs[d];
         // The input projection of every step: rows in X's own order.
         let mut xp = vec![0f32; rows * g4];
-        let ep = Epilogue { col_bias: Some(&b), ..Epilogue::default() };
-        gemm_rows(xd, rows, input, cx.blocking, &pw, &mut xp, g4, &ep, cx.par);
+        let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
+        gemm_rows(xd, rows, input, cx.blocking, pw, &mut xp, g4, &ep, cx.par);
         let mut h: Vec<f32> = h0.map_or(vec![0.0; batch * hidden], |t| {
             t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
         });
@@ -157,7 +214,7 @@ pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<
                 xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
             }
             let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
-            gemm_rows(&h, batch, hidden, cx.blocking, &pr, &mut g, g4, &ep, cx.par);
+            gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, cx.par);
             gates(cx.isa, &g, &mut c, &mut h, hidden);
             for bi in 0..batch {
                 let at = if batch_first {

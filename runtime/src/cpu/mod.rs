@@ -123,6 +123,8 @@ pub struct CpuProgram {
     arenas: std::sync::Mutex<Vec<run::Arena>>,
     /// Compiled bodies of control-flow nodes (the others are interpreted).
     bodies: Bodies,
+    /// The packed weights of LSTMs whose weights are constants, by node index.
+    lstm: HashMap<usize, aim_kernels::fast::LstmWeights>,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -179,6 +181,22 @@ impl CpuProgram {
                 prepared.insert(i, r?);
             }
         }
+        // LSTMs with constant weights get them packed now, not on every run.
+        let lstm: HashMap<usize, aim_kernels::fast::LstmWeights> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.domain.is_empty() && n.op == "LSTM")
+            .filter_map(|(i, n)| {
+                let init = |k: usize| n.input(k).map(|v| graph.initializers.get(v));
+                let (w, r) = (init(1)??, init(2)??);
+                let b = match init(3) {
+                    None => None,
+                    Some(b) => Some(b?),
+                };
+                aim_kernels::fast::LstmWeights::pack(w, r, b, isa, blocking).map(|p| (i, p))
+            })
+            .collect();
         // Weights now live packed in the prepared nodes: their inputs are baked in, and the
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
@@ -211,6 +229,7 @@ impl CpuProgram {
             values,
             arenas: Default::default(),
             bodies: Bodies::new(),
+            lstm,
             _code: code.owner,
         })
     }

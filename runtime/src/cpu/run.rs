@@ -543,7 +543,7 @@ impl CpuProgram {
                 let value = |name: &str| scope.get(name).cloned().ok_or(RunError::Missing { name: name.to_string() });
                 b.run(n, &ins, &value, deadline)?
             }
-            None => self.library_kernel(n, &ins, &scope, slot)?,
+            None => self.library_kernel(i, n, &ins, &scope, slot)?,
         };
         drop((ins, scope));
         for (o, t) in v.outs[i].iter().zip(outs) {
@@ -563,6 +563,7 @@ impl CpuProgram {
 
     fn library_kernel(
         &self,
+        i: usize,
         n: &Node,
         ins: &[Option<Tensor>],
         scope: &Scope,
@@ -572,7 +573,11 @@ impl CpuProgram {
             if let Some(k) = aim_kernels::fast::kernel(&n.op) {
                 let cx = aim_kernels::fast::Ctx { par: &*self.pool, isa: self.isa, blocking: self.blocking, out };
                 let node_err = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, ins, &cx))) {
+                let run = || match self.lstm.get(&i) {
+                    Some(w) => aim_kernels::fast::lstm_packed(n, ins, &cx, w),
+                    None => k(n, ins, &cx),
+                };
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
                     Ok(Some(r)) => return r.map_err(|e| node_err(e.0)),
                     Ok(None) => {}
                     Err(e) => return Err(node_err(format!("internal error: {}", panic_message(&*e)))),
