@@ -829,10 +829,15 @@ fn scaled_masked_softmax_fusion() {
 #[test]
 fn strided_broadcasts_match_reference() {
     let mut r = Rng(21);
-    let big = [2usize, 3, 4, 5];
-    for small in
+    let cases: Vec<([usize; 4], &[usize])> =
         [&[1usize, 3, 1, 1][..], &[2, 1, 4, 1], &[3, 1, 5], &[1, 1, 1, 5], &[2, 3, 1, 1], &[2, 1, 1, 5], &[4, 1]]
-    {
+            .into_iter()
+            .map(|s| ([2usize, 3, 4, 5], s))
+            // A blocked layout's per-channel gate: 16 values repeated over more pixels than one
+            // tile holds.
+            .chain([([1, 3, 30, 16], &[1usize, 3, 1, 16][..]), ([2, 2, 7, 16], &[2, 1, 1, 16])])
+            .collect();
+    for (big, small) in cases {
         for op in ["Add", "Sub", "Mul", "Div"] {
             for swap in [false, true] {
                 let dims = |s: &[usize]| s.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>();
@@ -848,7 +853,8 @@ fn strided_broadcasts_match_reference() {
                 let n: usize = small.iter().product();
                 // Divisors away from zero.
                 let sv: Vec<f32> = r.values(n).iter().map(|v| if op == "Div" { 1.5 + v } else { *v }).collect();
-                let xv: Vec<f32> = r.values(120).iter().map(|v| if op == "Div" { 1.5 + v } else { *v }).collect();
+                let xv: Vec<f32> =
+                    r.values(big.iter().product()).iter().map(|v| if op == "Div" { 1.5 + v } else { *v }).collect();
                 let inputs =
                     vec![("x".to_string(), Tensor::from_vec(&big, xv)), ("s".to_string(), Tensor::from_vec(small, sv))];
                 check(&format!("{op}-{small:?}-swap{swap}"), m, inputs);

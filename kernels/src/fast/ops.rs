@@ -330,25 +330,37 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     if row(b, a) || row(a, b) {
         let (big, small, swapped) = if row(b, a) { (ad, bd, false) } else { (bd, ad, true) };
         let inner = small.len();
-        // Tile the small operand to a whole number of rows close to CHUNK (no more than the
-        // output has), then zip.
-        let reps = (CHUNK / inner).max(1).min(total.div_ceil(inner));
-        let tiled: Vec<f32> = small.iter().copied().cycle().take(reps * inner).collect();
-        let step = reps * inner;
+        // Tile the small operand to a few hundred values (a whole number of its rows), then
+        // zip each part of the output against the tile, tile by tile.
+        let reps = 256usize.div_ceil(inner).min(total.div_ceil(inner)).max(1);
+        let mut tiled = Vec::with_capacity(reps * inner);
+        for _ in 0..reps {
+            tiled.extend_from_slice(small);
+        }
+        let tile = reps * inner;
+        let step = tile * (CHUNK / tile).max(1);
         let parts = total.div_ceil(step);
         let out = Out(yd.as_mut_ptr());
-        cx.par.for_each(parts, &|p| {
+        let part = |p: usize| {
             let out = out;
             let r = p * step..((p + 1) * step).min(total);
             // SAFETY: part p owns y[r].
             let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(r.start), r.len()) };
-            let t = &tiled[..r.len()];
-            if swapped {
-                zip(isa, t, &big[r], d, op, &ident);
-            } else {
-                zip(isa, &big[r], t, d, op, &ident);
+            for (k, d) in d.chunks_mut(tile).enumerate() {
+                let at = r.start + k * tile;
+                let (bg, t) = (&big[at..at + d.len()], &tiled[..d.len()]);
+                if swapped {
+                    zip(isa, t, bg, d, op, &ident);
+                } else {
+                    zip(isa, bg, t, d, op, &ident);
+                }
             }
-        });
+        };
+        if parts == 1 {
+            part(0);
+        } else {
+            cx.par.for_each(parts, &part);
+        }
         return Some(Ok(vec![y.finish()]));
     }
     // One operand repeats along some dims of the other (a per-channel scale in NCHW or in
@@ -407,14 +419,27 @@ fn strided_broadcast(
         }
     }
     let &(inner, inner_rep) = runs.last()?;
-    let outer: Vec<(usize, bool)> = runs[..runs.len() - 1].to_vec();
+    let mut outer: Vec<(usize, bool)> = runs[..runs.len() - 1].to_vec();
+    // A short row of the small operand repeated along the dim before it (a blocked layout's
+    // 16 channels over every pixel): rows of `reps` repeats, zipped against a tile of them,
+    // instead of one short zip per repeat.
+    let reps = match outer.last() {
+        Some(&(n, true)) if !inner_rep && inner < 256 => {
+            outer.pop();
+            n
+        }
+        _ => 1,
+    };
     let rows: usize = outer.iter().map(|r| r.0).product();
     let (bd, sd) = (big.data::<f32>(), small.data::<f32>());
     let out = Out(y.as_mut_ptr());
     let ident = |v: f32| v;
-    let per = (CHUNK / inner.max(1)).max(1);
+    let tile_reps = reps.min(256usize.div_ceil(inner.max(1)));
+    let row_len = reps * inner;
+    let per = (CHUNK / row_len.max(1)).max(1);
     par.for_each(rows.div_ceil(per), &|t| {
         let out = out;
+        let mut tile = Vec::new();
         for row in t * per..((t + 1) * per).min(rows) {
             // The small operand's offset of this row: walk the outer runs (last fastest).
             let (mut rest, mut soff, mut sstride) = (row, 0usize, if inner_rep { 1 } else { inner });
@@ -425,6 +450,26 @@ fn strided_broadcast(
                     soff += i * sstride;
                     sstride *= n;
                 }
+            }
+            if reps > 1 {
+                let s = &sd[soff..soff + inner];
+                tile.clear();
+                for _ in 0..tile_reps {
+                    tile.extend_from_slice(s);
+                }
+                let at = row * row_len;
+                // SAFETY: row `row` owns y[row·row_len .. (row+1)·row_len].
+                let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(at), row_len) };
+                for (k, d) in d.chunks_mut(tile.len()).enumerate() {
+                    let src = &bd[at + k * tile.len()..at + k * tile.len() + d.len()];
+                    let t = &tile[..d.len()];
+                    if swapped {
+                        zip(isa, t, src, d, op, &ident);
+                    } else {
+                        zip(isa, src, t, d, op, &ident);
+                    }
+                }
+                continue;
             }
             let src = &bd[row * inner..(row + 1) * inner];
             // SAFETY: row `row` owns y[row·inner .. (row+1)·inner].
