@@ -971,10 +971,17 @@ fn random_transposed_convolutions() {
         let group = r.pick(&[1usize, 1, 2]);
         let cin = group * r.pick(&[1usize, 3, 8]);
         let mg = r.pick(&[1usize, 4, 5]);
-        let (k, s, d) = (r.pick(&[1usize, 2, 3, 4]), r.pick(&[1usize, 2, 3]), r.pick(&[1usize, 1, 2]));
-        let p = r.pick(&[0usize, 0, 1]).min(k.saturating_sub(1));
-        let op = r.pick(&[0usize, 0, 1]).min(s.max(d) - 1);
-        let (h, w) = (r.pick(&[1usize, 4, 7]), r.pick(&[3usize, 6]));
+        let (mut k, mut s, mut d) = (r.pick(&[1usize, 2, 3, 4]), r.pick(&[1usize, 2, 3]), r.pick(&[1usize, 1, 2]));
+        let mut p = r.pick(&[0usize, 0, 1]).min(k.saturating_sub(1));
+        let mut op = r.pick(&[0usize, 0, 1]).min(s.max(d) - 1);
+        let (h, mut w) = (r.pick(&[1usize, 4, 7]), r.pick(&[3usize, 6]));
+        if case % 4 == 0 {
+            // Kernel equal to stride (each output pixel one tap), rows of whole 16-pixel
+            // blocks and a tail.
+            (k, d, p, op) = (r.pick(&[1usize, 2, 3, 4]), 1, 0, 0);
+            s = k;
+            w = r.pick(&[16usize, 37]);
+        }
         let ek = (k - 1) * d + 1;
         let (oh, ow) = (s * (h - 1) + op + ek - 2 * p, s * (w - 1) + op + ek - 2 * p);
         let act = r.pick(&["none", "Relu", "Sigmoid"]);

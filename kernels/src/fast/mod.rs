@@ -16,10 +16,12 @@ mod recurrent;
 pub use recurrent::{lstm_packed, LstmWeights};
 mod reduce;
 mod resize;
+mod taps;
 #[cfg(test)]
 mod tests;
 
 pub use copy::copy_short;
+pub use taps::{tap_rows, MAX_TAPS};
 
 /// Whether an op's kernel only relabels its input (a new shape over the same bytes) or
 /// reads nothing but its input's shape: Reshape and its kin, Identity, Shape, Size. Their

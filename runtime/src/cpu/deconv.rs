@@ -21,6 +21,9 @@ pub(super) struct DeconvPrep {
     /// Output channels per group.
     mg: usize,
     kernel: [usize; 2],
+    /// Where the kernel equals the stride: the weights as `[group][co][ky][kx][ci]`, the
+    /// taps of each output pixel over the group's input channels.
+    taps: Option<Vec<f32>>,
     /// The node, for the geometry (`aim_kernels::ops::conv::transpose_geometry`).
     node: Node,
 }
@@ -54,8 +57,27 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         ),
         None => None,
     };
+    let one_tap = kw <= aim_kernels::fast::MAX_TAPS
+        && n.ints("strides").is_some_and(|s| s == [kh as i64, kw as i64])
+        && n.ints("pads").is_none_or(|p| p.iter().all(|&v| v == 0))
+        && n.ints("dilations").is_none_or(|d| d.iter().all(|&v| v == 1))
+        && n.ints("output_padding").is_none_or(|p| p.iter().all(|&v| v == 0))
+        && n.ints("output_shape").is_none()
+        && matches!(n.string("auto_pad", "NOTSET"), "NOTSET" | "VALID");
+    let taps = one_tap.then(|| {
+        let mut t = Vec::with_capacity(wd.len());
+        for gi in 0..group {
+            for co in 0..mg {
+                for k in 0..kh * kw {
+                    t.extend((0..cg).map(|ci| wd[((gi * cg + ci) * mg + co) * kh * kw + k]));
+                }
+            }
+        }
+        t
+    });
     Ok(Prepared::Deconv(Box::new(DeconvPrep {
         weights,
+        taps,
         bias,
         act: activation(n),
         isa,
@@ -83,7 +105,46 @@ pub(super) fn run(d: &DeconvPrep, x: In, residual: Option<In>, y: &mut Out, pool
     let (cg, rows, hw) = (d.cin / d.group, d.mg * kh * kw, h * w);
     let (osize, isize) = (oh * ow, hw);
     let yd = y.take(&shape)?;
-    let mut cols = vec![0f32; rows * hw];
+    // Kernel equal to stride without padding or dilation (the 2×2/2 upsampling of segmentation
+    // heads): every output pixel comes from one tap, computed as a weighted sum of input
+    // rows straight into place, with bias, residual and activation per output row.
+    let direct = geo.strides == [kh, kw]
+        && geo.dilations == [1, 1]
+        && geo.pads.iter().all(|&p| p == 0)
+        && (oh, ow) == (h * kh, w * kw);
+    if let (true, Some(taps)) = (direct, &d.taps) {
+        let yp = OutPtr(yd.as_mut_ptr());
+        let per = (64 * 1024 / (cg * w).max(1)).clamp(1, oh);
+        for b in 0..nb {
+            for gi in 0..d.group {
+                let xg = &x.data[(b * d.cin + gi * cg) * isize..(b * d.cin + (gi + 1) * cg) * isize];
+                let tasks = oh.div_ceil(per);
+                pool.for_each(d.mg * tasks, &|t| {
+                    let yp = yp;
+                    let (co, part) = (t / tasks, t % tasks);
+                    let oc = gi * d.mg + co;
+                    let off = (b * m + oc) * osize;
+                    let bias = d.bias.as_ref().map_or(0.0, |v| v[oc]);
+                    for oy in part * per..((part + 1) * per).min(oh) {
+                        let (iy, ky) = (oy / kh, oy % kh);
+                        // SAFETY: task t writes rows part·per.. of output channel `oc` alone.
+                        let orow = unsafe { std::slice::from_raw_parts_mut(yp.0.add(off + oy * ow), ow) };
+                        let wt = &taps[((gi * d.mg + co) * kh + ky) * kw * cg..][..kw * cg];
+                        aim_kernels::fast::tap_rows(d.isa, &xg[iy * w..], hw, wt, kw, bias, orow);
+                        if let Some(r) = res {
+                            orow.iter_mut().zip(&r[off + oy * ow..off + (oy + 1) * ow]).for_each(|(v, &x)| *v += x);
+                        }
+                        if let Some(a) = d.act {
+                            a.apply_all(d.isa, orow);
+                        }
+                    }
+                });
+            }
+        }
+        return Ok(());
+    }
+    // GEMM writes every element of the columns: a reused buffer, not a zeroed one per run.
+    let mut cols = aim_kernels::scratch::take(rows * hw);
     for b in 0..nb {
         for gi in 0..d.group {
             let xg = &x.data[(b * d.cin + gi * cg) * isize..(b * d.cin + (gi + 1) * cg) * isize];
@@ -99,7 +160,8 @@ pub(super) fn run(d: &DeconvPrep, x: In, residual: Option<In>, y: &mut Out, pool
                 let off = (b * m + oc) * osize;
                 // SAFETY: task co writes output channel `oc` of image `b` alone.
                 let plane = unsafe { std::slice::from_raw_parts_mut(yp.0.add(off), osize) };
-                plane.fill(d.bias.as_ref().map_or(0.0, |v| v[oc]));
+                let bias = d.bias.as_ref().map_or(0.0, |v| v[oc]);
+                plane.fill(bias);
                 for ky in 0..kh {
                     for kx in 0..kw {
                         let src = &cols[((co * kh + ky) * kw + kx) * hw..][..hw];
