@@ -124,9 +124,11 @@ enum Cmd {
     Bench {
         /// The ONNX model.
         model: PathBuf,
-        /// Inputs (.npz); default: seeded random inputs.
+        /// Inputs (.npz); default: seeded random inputs. Repeatable: the runs cycle through
+        /// the input sets (inputs of several shapes: each gets its program, and the latency
+        /// and peak memory cover them all).
         #[arg(long)]
-        inputs: Option<PathBuf>,
+        inputs: Vec<PathBuf>,
         /// Timed runs.
         #[arg(long, default_value_t = 50)]
         iters: usize,
@@ -373,7 +375,7 @@ fn profile(out: &mut dyn Write, m: &Model, ins: &[(String, aim::Tensor)], trace:
 fn bench(
     out: &mut dyn Write,
     model: PathBuf,
-    inputs: Option<PathBuf>,
+    inputs: Vec<PathBuf>,
     iters: usize,
     warmup: usize,
     opts: aim::Options,
@@ -383,33 +385,30 @@ fn bench(
     if iters == 0 {
         bail!("--iters must be at least 1");
     }
-    let given = match &inputs {
-        Some(p) => Some(npz::read_npz(p)?),
-        None => None,
-    };
-    // The program the runs use is compiled at load and counted in the compile time: for a
-    // model with symbolic dims, the one specialised to the inputs' shapes.
+    let given: Vec<Vec<(String, aim::Tensor)>> = inputs.iter().map(|p| npz::read_npz(p)).collect::<Result<_, _>>()?;
+    // The programs the runs use are compiled at load and counted in the compile time: for a
+    // model with symbolic dims, those specialised to the inputs' shapes.
     let mut opts = opts;
-    if let (Some(ins), true, aim::Backend::Cpu) = (&given, opts.shapes.is_empty(), opts.backend) {
+    if let (false, true, aim::Backend::Cpu) = (given.is_empty(), opts.shapes.is_empty(), opts.backend) {
         let ir = aim_compiler::onnx::import_file(&model)?;
         if ir.graph.inputs.iter().any(|i| i.ty.concrete_shape().is_none()) {
-            opts.shapes = vec![ins.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect()];
+            opts.shapes =
+                given.iter().map(|ins| ins.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect()).collect();
         }
     }
     let t0 = std::time::Instant::now();
     let m = Model::load_with_options(&model, &opts)?;
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let ins = match given {
-        Some(ins) => ins,
-        None => aim::random_inputs(m.inputs(), 0).map_err(anyhow::Error::msg)?,
-    };
-    for _ in 0..warmup {
-        m.run(ins.clone())?;
+    let sets =
+        if given.is_empty() { vec![aim::random_inputs(m.inputs(), 0).map_err(anyhow::Error::msg)?] } else { given };
+    let ins = &sets[0];
+    for k in 0..warmup.max(sets.len()) {
+        m.run(sets[k % sets.len()].clone())?;
     }
     let mut times: Vec<f64> = (0..iters)
-        .map(|_| {
+        .map(|k| {
             let t = std::time::Instant::now();
-            m.run(ins.clone()).map(|_| t.elapsed().as_secs_f64() * 1e3)
+            m.run(sets[k % sets.len()].clone()).map(|_| t.elapsed().as_secs_f64() * 1e3)
         })
         .collect::<Result<_, _>>()?;
     times.sort_by(|a, b| a.total_cmp(b));

@@ -4,7 +4,9 @@
 //! registers across the input channels, vectorised for the CPU's ISA: a GEMM over so few
 //! input channels would spend its time storing and re-reading columns.
 
-use crate::gemm::{Isa, IsaKind};
+use crate::gemm::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::gemm::IsaKind;
 
 const L: usize = 16;
 

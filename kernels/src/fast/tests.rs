@@ -62,21 +62,7 @@ fn same(n: &Node, ins: &[Option<Tensor>]) -> bool {
     true
 }
 
-const ALL: [DType; 13] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::Bool,
-];
+const ALL: [DType; 13] = DType::ALL;
 
 /// Shape pairs that broadcast: equal, a scalar, rows, columns, both ways, and a large one
 /// (parallel path).

@@ -7,7 +7,8 @@ use aim_ir::{Graph, Node};
 use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Epilogue, Isa, PackedB};
 
 pub(super) struct DensePrep {
-    pub(super) weight: PackedB,
+    /// Shared with the model's other programs packing the same weight.
+    pub(super) weight: std::sync::Arc<PackedB>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
     pub(super) k: usize,
@@ -29,7 +30,7 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         ),
         None => None,
     };
-    let weight = PackedB::from_slice(isa, blocking, w.data::<f32>(), k, nn, false);
+    let weight = super::shared::packed_b(w, isa, blocking, k, nn, false);
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
 

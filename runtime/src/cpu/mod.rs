@@ -22,6 +22,7 @@ mod kind;
 mod phases;
 mod run;
 mod schedule;
+mod shared;
 mod softmax;
 mod transpose;
 
