@@ -424,7 +424,7 @@ fn bench(
     let rss = peak_rss_mb();
     writeln!(out, "peak RSS: {rss:.1} MiB")?;
     if let Some(trace) = trace {
-        profile(out, &m, &ins, &trace)?;
+        profile(out, &m, ins, &trace)?;
     }
     if json {
         writeln!(
