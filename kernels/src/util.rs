@@ -163,6 +163,11 @@ pub fn same_dtype(ts: &[&Tensor]) -> Result<DType> {
 
 /// A row-major transpose of `t` by `perm`.
 pub fn transpose(t: &Tensor, perm: &[usize]) -> Result<Tensor> {
+    if perm == [1, 0] {
+        if let Some(y) = transpose_2d(t) {
+            return Ok(y);
+        }
+    }
     let shape = t.shape();
     let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let st = strides(shape);
@@ -171,10 +176,61 @@ pub fn transpose(t: &Tensor, perm: &[usize]) -> Result<Tensor> {
     gather_elems(t, &out_shape, &offs)
 }
 
+/// A matrix transposed in 32×32 tiles by element size (weights of `Gemm(transB=1)` made
+/// `[K, N]` at compile time: megabytes, where offsets per element would cost as much again);
+/// None where the output may not be allocated (the general path reports it).
+fn transpose_2d(t: &Tensor) -> Option<Tensor> {
+    fn tiles<T: bytemuck::Pod>(src: &[T], dst: &mut [T], rows: usize, cols: usize) {
+        const B: usize = 32;
+        for r0 in (0..rows).step_by(B) {
+            for c0 in (0..cols).step_by(B) {
+                for r in r0..(r0 + B).min(rows) {
+                    for c in c0..(c0 + B).min(cols) {
+                        dst[c * rows + r] = src[r * cols + c];
+                    }
+                }
+            }
+        }
+    }
+    let (rows, cols) = (t.shape()[0], t.shape()[1]);
+    check_out(t.dtype(), &[cols, rows]).ok()?;
+    let mut y = Tensor::zeros(t.dtype(), &[cols, rows]);
+    let (src, dst) = (t.bytes(), y.bytes_mut());
+    // Elements as byte arrays: no alignment needed (weights may sit anywhere in the file).
+    match t.dtype().size() {
+        1 => tiles::<u8>(src, dst, rows, cols),
+        2 => tiles::<[u8; 2]>(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst), rows, cols),
+        4 => tiles::<[u8; 4]>(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst), rows, cols),
+        8 => tiles::<[u8; 8]>(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst), rows, cols),
+        _ => return None,
+    }
+    Some(y)
+}
+
 /// Requires a floating-point input.
 pub fn need_float(t: &Tensor, what: &str) -> Result<()> {
     if !t.dtype().is_float() {
         return err(format!("{what} must be a floating-point tensor, got {}", t.dtype()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod transpose_tests {
+    use super::*;
+
+    #[test]
+    fn tiled_matrix_transpose_equals_the_offset_one() {
+        for dtype in [DType::F32, DType::I64, DType::F16, DType::Bool] {
+            for (r, c) in [(1, 1), (3, 70), (33, 32), (65, 7), (0, 5)] {
+                let v: Vec<f64> = (0..r * c).map(|i| (i % 2 + i % 7) as f64).collect();
+                let t = Tensor::from_f64(dtype, &[r, c], &v);
+                let tiled = transpose(&t, &[1, 0]).unwrap();
+                let st = strides(t.shape());
+                let offs = strided_offsets(&[c, r], &[st[1], st[0]]).unwrap();
+                let want = gather_elems(&t, &[c, r], &offs).unwrap();
+                assert_eq!((tiled.shape(), tiled.bytes()), (want.shape(), want.bytes()), "{dtype} {r}x{c}");
+            }
+        }
+    }
 }
