@@ -121,7 +121,10 @@ fn binary(g: &mut Graph, st: &mut State, n: &mut Node, out: &mut Vec<Node>, c: u
     let lanes = st.lanes;
     let mut plans = Vec::new();
     for x in &n.inputs {
-        if is_scalar(g, x) {
+        // An operand of the output's shape goes blocked even when that shape has one element
+        // (a 1×1×1×1 map): as a scalar it would stay NCHW under a blocked output.
+        let same = !g.initializers.contains_key(x) && g.value_type(x).and_then(|t| t.shape).is_some_and(|s| s == shape);
+        if !same && is_scalar(g, x) {
             plans.push(Plan::Scalar);
             continue;
         }
@@ -147,6 +150,10 @@ fn binary(g: &mut Graph, st: &mut State, n: &mut Node, out: &mut Vec<Node>, c: u
             }
             _ => return false,
         }
+    }
+    // The output is blocked only through an operand of its shape.
+    if !plans.iter().any(|p| matches!(p, Plan::Same)) {
+        return false;
     }
     for (k, p) in plans.into_iter().enumerate() {
         match p {
