@@ -289,3 +289,24 @@ fn empty_window_lists_in_onnx_are_the_defaults() {
         assert_eq!(y[0].1.data::<f32>(), &[9.0; 4], "{b:?}");
     }
 }
+
+#[test]
+fn explore_and_info_show_the_program_specialised_to_a_shape() {
+    let d = tempdir("explore-shape");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let m = d.join("m.onnx");
+    let m = m.to_str().unwrap();
+    let generic = aim(&["explore", m, "--stage", "optimized"]);
+    assert!(generic.status.success(), "{}", stderr(&generic));
+    let text = String::from_utf8_lossy(&generic.stdout);
+    assert!(text.contains("input %x: f32[N,2]") && text.contains("output %y: f32[N,2]"), "{text}");
+    let special = aim(&["explore", m, "--stage", "optimized", "--shape", "x=3x2"]);
+    assert!(special.status.success(), "{}", stderr(&special));
+    let text = String::from_utf8_lossy(&special.stdout);
+    // The input bound, and the declared symbolic output made static by inference.
+    assert!(text.contains("input %x: f32[3,2]") && text.contains("output %y: f32[3,2]"), "{text}");
+    let info = aim(&["info", m, "--shape", "x=3x2"]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(text.contains("specialised to input shapes") && !text.contains("reference kernels"), "{text}");
+    assert_clean_error(&aim(&["explore", m, "--shape", "x=3x2", "--shape", "x=4x2"]), "one program");
+}
