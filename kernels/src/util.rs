@@ -106,6 +106,12 @@ pub fn strided_offsets(out: &[usize], steps: &[usize]) -> Result<Vec<usize>> {
 /// For each element of `out` (row-major), the offset of the element of a tensor of shape
 /// `shape` that broadcasting maps to it.
 pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Result<Vec<usize>> {
+    strided_offsets(out, &broadcast_strides(shape, out))
+}
+
+/// The strides of `shape` read as `out` (which it broadcasts to): its own strides, right
+/// aligned, and 0 along the dims it repeats.
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let r = out.len();
     let st = strides(shape);
     let mut bst = vec![0usize; r];
@@ -114,7 +120,7 @@ pub fn broadcast_offsets(shape: &[usize], out: &[usize]) -> Result<Vec<usize>> {
             bst[r - shape.len() + i] = st[i];
         }
     }
-    strided_offsets(out, &bst)
+    bst
 }
 
 /// A tensor broadcast (materialised) to `out`.

@@ -312,10 +312,6 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             removed[k] = true;
         }
     }
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        k += 1;
-        !removed[k - 1]
-    });
+    super::uses::remove_marked(g, &removed);
     Ok(())
 }

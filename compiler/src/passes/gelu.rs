@@ -213,10 +213,6 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             gone[i] = true;
         }
     }
-    let mut i = 0;
-    g.nodes.retain(|_| {
-        i += 1;
-        !gone[i - 1]
-    });
+    super::uses::remove_marked(g, &gone);
     Ok(())
 }

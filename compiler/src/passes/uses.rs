@@ -1,4 +1,5 @@
-//! Who reads each value: node inputs, graph outputs and reads from inside subgraphs.
+//! Who reads each value: node inputs, graph outputs and reads from inside subgraphs; and
+//! the removal of nodes a pass has marked dead, in one pass over the list.
 
 use aim_ir::{Attr, Graph};
 use std::collections::HashMap;
@@ -25,4 +26,14 @@ pub fn readers(g: &Graph) -> HashMap<String, Vec<usize>> {
         m.entry(o.name.clone()).or_default().push(usize::MAX);
     }
     m
+}
+
+/// Removes the nodes whose index is marked in `removed` (the fusion passes mark the nodes they
+/// absorbed while indices must stay valid, then drop them all at once).
+pub fn remove_marked(g: &mut Graph, removed: &[bool]) {
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        k += 1;
+        !removed[k - 1]
+    });
 }

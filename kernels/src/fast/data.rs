@@ -3,17 +3,10 @@
 //! take (strided slices), and checks shapes the way the reference kernel does, leaving the
 //! error messages to it (a mismatch falls back to the reference, which reports it).
 
-use super::output::Output;
+use super::output::{Out, Output};
 use super::Ctx;
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
-
-/// Output pointer shared by tasks writing disjoint parts.
-#[derive(Clone, Copy)]
-struct Out(*mut u8);
-// SAFETY: each task writes its own part of the output.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 /// The inputs present, when they all have one dtype.
 fn same_dtype(ins: &[Option<Tensor>]) -> Option<(Vec<&Tensor>, DType)> {

@@ -7,19 +7,12 @@
 //! Each follows its reference kernel's semantics exactly (the conversions are the same
 //! `Num` ones) and returns `None` for what it does not take, leaving errors to it.
 
-use super::output::Output;
+use super::output::{Out, Output};
 use super::Ctx;
 use crate::dispatch;
 use crate::num::Num;
-use crate::util::{broadcast_shapes, strides, Result};
+use crate::util::{broadcast_shapes, broadcast_strides, Result};
 use aim_ir::{DType, Node, Tensor};
-
-/// Output pointer shared by tasks writing disjoint rows.
-#[derive(Clone, Copy)]
-struct Out(*mut u8);
-// SAFETY: each task writes its own rows.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 /// Below this many output elements a kernel runs on the calling thread.
 const SERIAL: usize = 16 * 1024;
@@ -34,13 +27,7 @@ struct Rows {
 /// The rows of `shape` broadcast to `out` (which `broadcast_shapes` made from it).
 fn rows(shape: &[usize], out: &[usize]) -> Rows {
     let r = out.len();
-    let st = strides(shape);
-    let mut bst = vec![0usize; r];
-    for (i, &d) in shape.iter().enumerate() {
-        if d != 1 {
-            bst[r - shape.len() + i] = st[i];
-        }
-    }
+    let bst = broadcast_strides(shape, out);
     let (outer, step) = if r == 0 { (&[][..], 0) } else { (&out[..r - 1], bst[r - 1]) };
     let count: usize = outer.iter().product();
     let mut base = Vec::with_capacity(count);

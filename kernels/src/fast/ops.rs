@@ -3,7 +3,7 @@
 use crate::gemm::IsaKind;
 
 use super::math;
-use super::output::{OutSlot, Output};
+use super::output::{Out, OutSlot, Output};
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel, Sequential};
 use crate::util::{axis, broadcast_offsets, broadcast_shapes, strides, Result};
 use aim_ir::{DType, Node, Tensor};
@@ -68,13 +68,6 @@ pub fn covers(op: &str, dtype: Option<DType>) -> bool {
 fn f32_in(ins: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
     ins.get(i)?.as_ref().filter(|t| t.dtype() == DType::F32)
 }
-
-/// Shares an output buffer between tasks writing disjoint chunks.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: every task writes a disjoint range.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 const CHUNK: usize = 16 * 1024;
 

@@ -6,17 +6,10 @@
 //! (`aim:Reduce`); this takes the others. Non-consecutive axes, empty groups and other
 //! dtypes go to the reference kernel.
 
-use super::output::Output;
+use super::output::{Out, Output};
 use super::Ctx;
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
-
-/// Output pointer shared by tasks writing disjoint rows.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes its own rows.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Op {
@@ -25,29 +18,6 @@ enum Op {
     Max,
     Min,
     SumSquare,
-}
-
-/// The axes reduced (sorted, unique), as the reference reads them; `None` where it would
-/// take another path (no axes with `noop_with_empty_axes`, a bad axis).
-fn axes(n: &Node, ins: &[Option<Tensor>], rank: usize) -> Option<Vec<usize>> {
-    let raw: Vec<i64> = match (ins.get(1).and_then(|t| t.as_ref()), n.ints("axes")) {
-        (Some(t), _) => t.to_i64_vec(),
-        (None, Some(a)) => a.to_vec(),
-        (None, None) => vec![],
-    };
-    if raw.is_empty() {
-        return (n.int("noop_with_empty_axes", 0) == 0).then(|| (0..rank).collect());
-    }
-    let mut v: Vec<usize> = raw
-        .iter()
-        .map(|&a| {
-            let a = if a < 0 { a + rank as i64 } else { a };
-            (0..rank as i64).contains(&a).then_some(a as usize)
-        })
-        .collect::<Option<_>>()?;
-    v.sort();
-    v.dedup();
-    Some(v)
 }
 
 /// ReduceSum/Mean/Max/Min/SumSquare of f32 over consecutive axes.
@@ -62,7 +32,9 @@ pub(super) fn reduce(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         _ => return None,
     };
     let r = x.rank();
-    let axes = axes(n, ins, r)?;
+    // The reference's reading of the axes; no axes with `noop_with_empty_axes` (None) or a
+    // bad axis go to it.
+    let axes = crate::ops::reduce::reduce_axes(n, ins, r).ok()??;
     let (a, b) = match (axes.first(), axes.last()) {
         (Some(&a), Some(&b)) if b + 1 - a == axes.len() => (a, b + 1),
         (None, _) => (0, 0),

@@ -5,18 +5,11 @@
 //! with the innermost dim (the lanes) contiguous. Cases it does not take (more axes, the
 //! crop-box extrapolation of tf_crop_and_resize) run the reference kernel.
 
-use super::output::Output;
+use super::output::{Out, Output};
 use super::Ctx;
 use crate::ops::resize::{plan, Taps};
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
-
-/// Output pointer shared by tasks writing disjoint rows.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes its own output rows.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 /// (source index, weight) taps of every output position along one axis.
 type AxisTaps = Vec<Vec<(usize, f32)>>;

@@ -5,7 +5,7 @@ use crate::util::{axis, err, ints_of, opt, req, transpose, Result};
 use aim_ir::{DType, Node, Tensor};
 
 /// The axes a Reduce* node reduces: from the `axes` input (opset 13/18 onwards) or attribute.
-fn reduce_axes(n: &Node, ins: &[Option<Tensor>], rank: usize) -> Result<Option<Vec<usize>>> {
+pub(crate) fn reduce_axes(n: &Node, ins: &[Option<Tensor>], rank: usize) -> Result<Option<Vec<usize>>> {
     let raw: Vec<i64> = match (opt(ins, 1), n.ints("axes")) {
         (Some(t), _) => ints_of(t)?,
         (None, Some(a)) => a.to_vec(),
