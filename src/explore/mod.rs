@@ -254,7 +254,7 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         .collect();
 
     // Generated code: the Cranelift IR and machine code of every fused elementwise loop, row
-    // reduction, transpose and layout reorder, named as the code generator names them.
+    // reduction and transpose, named as the code generator names them.
     let mut clif = Vec::new();
     let mut asm = Vec::new();
     let mut k = 0;
@@ -267,7 +267,7 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
                 let name = format!("aim_ew_{k}");
                 Some((aim_compiler::codegen::elementwise_text(&name, &prog, n.inputs.len(), &target)?, name))
             }
-            ("aim", "Transpose" | "ToBlocked" | "FromBlocked") => {
+            ("aim", "Transpose") => {
                 let (rank, contiguous) = aim_compiler::codegen::transpose_form(n).context("a data-movement node")??;
                 let name = format!("aim_transpose_{k}");
                 Some((aim_compiler::codegen::transpose_text(&name, rank, contiguous, &target)?, name))

@@ -65,16 +65,13 @@ enum Kind {
     Transpose,
 }
 
-/// The transpose kernel a data-movement node runs: its rank and whether the last axis stays
-/// last. `aim:Transpose` by its perm; the blocked-layout reorders as the rank-4 transpose
-/// (perm [0, 1, 3, 2]) of `[n][c/L][L][hw]` (to blocked) or `[n][c/L][hw][L]` (from).
-/// `None` for other nodes.
+/// The transpose kernel an `aim:Transpose` node runs: its rank and whether the last axis
+/// stays last. `None` for other nodes.
 pub fn transpose_form(n: &aim_ir::Node) -> Option<Result<(usize, bool), CodegenError>> {
     if n.domain != "aim" {
         return None;
     }
     match n.op.as_str() {
-        "ToBlocked" | "FromBlocked" => Some(Ok((4, false))),
         "Transpose" => Some(match n.ints("perm") {
             None => Err(CodegenError { node: n.name.clone(), msg: "aim:Transpose needs its perm".into() }),
             Some(p) if p.len() < 2 => Err(CodegenError {
@@ -87,15 +84,13 @@ pub fn transpose_form(n: &aim_ir::Node) -> Option<Result<(usize, bool), CodegenE
     }
 }
 
-/// Generates machine code for every `aim:Elementwise`, `aim:Reduce`, `aim:Transpose` and
-/// blocked-layout reorder node of an optimised graph.
+/// Generates machine code for every `aim:Elementwise`, `aim:Reduce` and `aim:Transpose`
+/// node of an optimised graph.
 pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::Generated, CodegenError> {
     let mut ids = Vec::new();
     let mut jit: Option<Jit> = None;
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim"
-            || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked")
-        {
+        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose") {
             continue;
         }
         let err = |msg: String| CodegenError { node: n.name.clone(), msg };

@@ -165,16 +165,22 @@ pub fn global_average(
     if x.len() != n * blocks * hw * l || y.len() != n * c {
         return Err(format!("buffer sizes {} / {} do not match global pooling of {c} channels", x.len(), y.len()));
     }
-    let yp = OutPtr(y.as_mut_ptr());
+    let (xp, yp) = (In(x.as_ptr()), OutPtr(y.as_mut_ptr()));
     par.for_each(n * blocks, &|t| {
-        let yp = yp;
-        let (img, blk) = (t / blocks, t % blocks);
-        let mut sum = vec![0f64; l];
-        for px in x[t * hw * l..(t + 1) * hw * l].chunks_exact(l) {
-            for (s, &v) in sum.iter_mut().zip(px) {
-                *s += v as f64;
+        let (xp, yp) = (xp, yp);
+        let mut sum = [0f64; 16];
+        // SAFETY: sizes checked above; the plane of task t holds hw·l floats.
+        unsafe {
+            let plane = xp.0.add(t * hw * l);
+            match isa.kind() {
+                #[cfg(target_arch = "x86_64")]
+                IsaKind::Avx512 => plane_sum_avx512(plane, hw, &mut sum),
+                #[cfg(target_arch = "x86_64")]
+                IsaKind::Avx2 => plane_sum_avx2(plane, hw, &mut sum),
+                _ => plane_sum::<super::simd::Portable8>(plane, hw, &mut sum),
             }
         }
+        let (img, blk) = (t / blocks, t % blocks);
         let chans = (c - blk * l).min(l);
         // SAFETY: task t writes its block's channels of image img only.
         let out = unsafe { std::slice::from_raw_parts_mut(yp.0.add(img * c + blk * l), chans) };
@@ -183,4 +189,46 @@ pub fn global_average(
         }
     });
     Ok(())
+}
+
+/// Pixels summed in f32 before the partial sum joins the f64 total: short runs keep the
+/// f32 rounding error small while the vector adds run four chains wide.
+const GLOBAL_RUN: usize = 64;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn plane_sum_avx512(x: *const f32, hw: usize, sum: &mut [f64; 16]) {
+    plane_sum::<super::simd::F32x16>(x, hw, sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn plane_sum_avx2(x: *const f32, hw: usize, sum: &mut [f64; 16]) {
+    plane_sum::<super::simd::F32x8>(x, hw, sum)
+}
+
+/// Adds the `hw` pixels of one blocked plane (`[hw][L]`) into `sum[..L]`.
+#[inline(always)]
+unsafe fn plane_sum<V: Vf32>(x: *const f32, hw: usize, sum: &mut [f64; 16]) {
+    let l = V::LANES;
+    let mut part = [0f32; 16];
+    let mut p = 0;
+    while p < hw {
+        let end = (p + GLOBAL_RUN).min(hw);
+        let mut acc = [V::zero(); 4];
+        while p + 4 <= end {
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = a.add(V::load(x.add((p + i) * l)));
+            }
+            p += 4;
+        }
+        while p < end {
+            acc[0] = acc[0].add(V::load(x.add(p * l)));
+            p += 1;
+        }
+        acc[0].add(acc[1]).add(acc[2].add(acc[3])).store(part.as_mut_ptr());
+        for (s, &v) in sum.iter_mut().zip(&part[..l]) {
+            *s += v as f64;
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! both input layouts, residuals and activations.
 
 use super::*;
-use crate::gemm::{Activation, Isa, Sequential};
+use crate::gemm::{Activation, Isa, Parallel, Sequential};
 
 /// A small deterministic generator (xorshift), values in [-1, 1).
 fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
@@ -71,10 +71,24 @@ fn isas() -> Vec<Isa> {
     Isa::all_available()
 }
 
-fn blocked(x: &[f32], n: usize, c: usize, hw: usize, l: usize) -> Vec<f32> {
+fn blocked(isa: Isa, x: &[f32], n: usize, c: usize, hw: usize) -> Vec<f32> {
+    let l = lanes(isa);
     let mut y = vec![0f32; n * c.div_ceil(l) * hw * l];
-    to_blocked(x, n, c, hw, l, &mut y, &Sequential);
+    to_blocked(isa, x, n, c, hw, &mut y, &Sequential);
     y
+}
+
+/// Runs tasks in reverse order and claims eight threads: the kernels then split their
+/// work finely, and a task that depends on another's order shows.
+struct Reversed;
+
+impl Parallel for Reversed {
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        (0..n).rev().for_each(f)
+    }
+    fn threads(&self) -> usize {
+        8
+    }
 }
 
 fn close(got: &[f32], want: &[f32], what: &str) {
@@ -85,23 +99,29 @@ fn close(got: &[f32], want: &[f32], what: &str) {
 }
 
 #[test]
-fn reorders_round_trip() {
+fn reorders_match_the_definition() {
     let mut seed = 7;
-    for &(n, c, hw) in &[(1, 3, 5), (2, 16, 7), (1, 24, 1), (2, 33, 9)] {
-        let x = rand(n * c * hw, &mut seed);
-        for l in [8, 16] {
-            let b = blocked(&x, n, c, hw, l);
-            // Padding channels are zero.
-            for blk in 0..c.div_ceil(l) {
-                for lane in 0..l {
-                    if blk * l + lane >= c {
-                        assert!((0..hw).all(|p| b[((n - 1) * c.div_ceil(l) + blk) * hw * l + p * l + lane] == 0.0));
+    for isa in isas() {
+        let l = lanes(isa);
+        for &(n, c, hw) in &[(1, 3, 5), (2, 16, 7), (1, 24, 1), (2, 33, 9), (1, 16, 3000), (1, 20, 517), (2, 8, 64)] {
+            let x = rand(n * c * hw, &mut seed);
+            let blocks = c.div_ceil(l);
+            let mut want = vec![0f32; n * blocks * hw * l];
+            for img in 0..n {
+                for ch in 0..c {
+                    for p in 0..hw {
+                        want[((img * blocks + ch / l) * hw + p) * l + ch % l] = x[(img * c + ch) * hw + p];
                     }
                 }
             }
-            let mut back = vec![0f32; x.len()];
-            from_blocked(&b, n, c, hw, l, &mut back, &Sequential);
-            assert_eq!(back, x);
+            for par in [&Sequential as &dyn Parallel, &Reversed] {
+                let mut b = vec![f32::NAN; want.len()];
+                to_blocked(isa, &x, n, c, hw, &mut b, par);
+                assert_eq!(b, want, "{isa:?} to_blocked {n}x{c}x{hw}");
+                let mut back = vec![f32::NAN; x.len()];
+                from_blocked(isa, &b, n, c, hw, &mut back, par);
+                assert_eq!(back, x, "{isa:?} from_blocked {n}x{c}x{hw}");
+            }
         }
     }
 }
@@ -140,8 +160,8 @@ fn conv_matches_the_definition() {
                 let want =
                     naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
                 let conv = Conv::new(isa, &wt, Some(&b), cout, cin, g, layout, act, kc);
-                let xin = if layout == Layout::Blocked { blocked(&x, n, cin, h * w, l) } else { x.clone() };
-                let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
+                let xin = if layout == Layout::Blocked { blocked(isa, &x, n, cin, h * w) } else { x.clone() };
+                let res_b = res.as_ref().map(|r| blocked(isa, r, n, cout, oh * ow));
                 let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
                 conv.run(
                     ConvIo {
@@ -160,7 +180,7 @@ fn conv_matches_the_definition() {
                 )
                 .unwrap();
                 let mut got = vec![0f32; want.len()];
-                from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
+                from_blocked(isa, &y, n, cout, oh * ow, &mut got, &Sequential);
                 close(
                     &got,
                     &want,
@@ -185,7 +205,7 @@ fn conv_matches_the_definition() {
                         &Sequential,
                     )
                     .unwrap();
-                    from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
+                    from_blocked(isa, &y, n, cout, oh * ow, &mut got, &Sequential);
                     close(
                         &got,
                         &want,
@@ -211,6 +231,10 @@ fn depthwise_matches_the_definition() {
         (40, 10, 9, 3, 1, 2, [2, 2, 2, 2]),
         (16, 2, 3, 3, 1, 1, [1, 1, 1, 1]),
         (12, 6, 20, 3, 3, 1, [1, 0, 1, 0]),
+        (24, 7, 7, 5, 1, 1, [2, 2, 2, 2]),
+        (16, 14, 14, 5, 2, 1, [2, 2, 2, 2]),
+        (8, 3, 17, 5, 1, 1, [2, 2, 2, 2]),
+        (8, 5, 2, 5, 1, 1, [2, 2, 2, 2]),
     ];
     for isa in isas() {
         let l = lanes(isa);
@@ -226,8 +250,8 @@ fn depthwise_matches_the_definition() {
                 let res = with_res.then(|| rand(n * c * oh * ow, &mut seed));
                 let want = naive(&x, &wt, &b, n, c, c, h, w, g, [pads[0], pads[1]], oh, ow, true, res.as_deref(), act);
                 let dw = Depthwise::new(isa, &wt, Some(&b), c, g, act);
-                let xin = blocked(&x, n, c, h * w, l);
-                let res_b = res.as_ref().map(|r| blocked(r, n, c, oh * ow, l));
+                let xin = blocked(isa, &x, n, c, h * w);
+                let res_b = res.as_ref().map(|r| blocked(isa, r, n, c, oh * ow));
                 let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
                 dw.run(
                     ConvIo {
@@ -246,7 +270,7 @@ fn depthwise_matches_the_definition() {
                 )
                 .unwrap();
                 let mut got = vec![0f32; want.len()];
-                from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
+                from_blocked(isa, &y, n, c, oh * ow, &mut got, &Sequential);
                 close(&got, &want, &format!("{isa:?} depthwise {c} {h}x{w} k{k} s{s} d{d} {pads:?} {act:?}"));
             }
         }
@@ -280,8 +304,8 @@ fn winograd_matches_the_definition() {
                 let want =
                     naive(&x, &wt, &b, n, cin, cout, h, w, g, [pads[0], pads[1]], oh, ow, false, res.as_deref(), act);
                 let wino = Winograd::new(isa, &wt, Some(&b), cout, cin, act, 64);
-                let xin = blocked(&x, n, cin, h * w, l);
-                let res_b = res.as_ref().map(|r| blocked(r, n, cout, oh * ow, l));
+                let xin = blocked(isa, &x, n, cin, h * w);
+                let res_b = res.as_ref().map(|r| blocked(isa, r, n, cout, oh * ow));
                 let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
                 wino.run(
                     ConvIo {
@@ -300,7 +324,7 @@ fn winograd_matches_the_definition() {
                 )
                 .unwrap();
                 let mut got = vec![0f32; want.len()];
-                from_blocked(&y, n, cout, oh * ow, l, &mut got, &Sequential);
+                from_blocked(isa, &y, n, cout, oh * ow, &mut got, &Sequential);
                 // Winograd rounds differently from the direct sum: compare against the scale of
                 // the sums before the activation (of up to 288 products of values in ±1).
                 let raw = naive(
@@ -379,11 +403,11 @@ fn pooling_matches_the_definition() {
                         }
                     }
                 }
-                let xin = blocked(&x, n, c, h * w, l);
+                let xin = blocked(isa, &x, n, c, h * w);
                 let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
                 p.run(isa, &xin, n, c.div_ceil(l), h, w, &mut y, &Sequential).unwrap();
                 let mut got = vec![0f32; want.len()];
-                from_blocked(&y, n, c, oh * ow, l, &mut got, &Sequential);
+                from_blocked(isa, &y, n, c, oh * ow, &mut got, &Sequential);
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
@@ -393,13 +417,14 @@ fn pooling_matches_the_definition() {
             }
         }
         // Global average pooling ends the blocked region: NCHW out.
-        let (n, c, hw) = (2, 20, 49);
-        let x = rand(n * c * hw, &mut seed);
-        let mut y = vec![0f32; n * c];
-        global_average(isa, &blocked(&x, n, c, hw, l), n, c, hw, &mut y, &Sequential).unwrap();
-        for (i, v) in y.iter().enumerate() {
-            let want = x[i * hw..(i + 1) * hw].iter().map(|&v| v as f64).sum::<f64>() / hw as f64;
-            assert!((*v as f64 - want).abs() < 1e-6, "{isa:?} global average {i}: {v} vs {want}");
+        for (n, c, hw) in [(2, 20, 49), (1, 33, 130), (1, 8, 3137)] {
+            let x = rand(n * c * hw, &mut seed);
+            let mut y = vec![0f32; n * c];
+            global_average(isa, &blocked(isa, &x, n, c, hw), n, c, hw, &mut y, &Sequential).unwrap();
+            for (i, v) in y.iter().enumerate() {
+                let want = x[i * hw..(i + 1) * hw].iter().map(|&v| v as f64).sum::<f64>() / hw as f64;
+                assert!((*v as f64 - want).abs() < 1e-6, "{isa:?} global average {c}x{hw} {i}: {v} vs {want}");
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 //! `aim:FromBlocked` reorders at the edges of a blocked region.
 
 use super::conv::{geometry, resolve, Geometry};
-use super::{activation, const_f32, prep_err, transpose, In, Out, Prepared, Residual, TransposeFn};
+use super::{activation, const_f32, prep_err, In, Out, Prepared, Residual};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
@@ -125,14 +125,9 @@ pub(super) fn run(c: &BlockedConv, x: In, residual: Residual, y: &mut Out, pool:
         return Err(format!("input {xs:?} does not fit {} input channels in the {:?} layout", c.cin, c.input));
     }
     let (n, h, w) = (xs[0], xs[2], xs[3]);
-    let (out, before) = resolve(&c.geo, &[h, w])?;
-    let (oh, ow) = (out[0], out[1]);
+    let (oh, ow, pads) = output_geometry(c, h, w)?;
     let shape = [n, c.cout.div_ceil(l), oh, ow, l];
     let (res, residual_in_y) = residual.check(&shape, y)?;
-    // Padding after: what the last window needs beyond the input, if anything.
-    let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
-    let pads =
-        [before[0], before[1], need(oh, 0).saturating_sub(h + before[0]), need(ow, 1).saturating_sub(w + before[1])];
     let io = ConvIo { x: x.data, batch: n, h, w, pads, oh, ow, residual: res, residual_in_y, y: y.take(&shape)? };
     match &c.kernel {
         Kernel::Conv(k) => k.run(io, pool)?,
@@ -145,21 +140,20 @@ pub(super) fn run(c: &BlockedConv, x: In, residual: Residual, y: &mut Out, pool:
 /// A reorder between NCHW and the blocked layout.
 pub(super) struct Reorder {
     to_blocked: bool,
+    isa: Isa,
     lanes: usize,
     channels: usize,
-    /// The generated rank-4 transpose, used when the channels fill whole blocks.
-    generated: Option<TransposeFn>,
 }
 
 /// Prepares `aim:ToBlocked` / `aim:FromBlocked`.
-pub(super) fn prepare_reorder(n: &Node, isa: Isa, generated: Option<TransposeFn>) -> Result<Prepared, RunError> {
+pub(super) fn prepare_reorder(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
     let lanes = block_of(n, isa)?;
     let to_blocked = n.op == "ToBlocked";
     let channels = n.int("channels", 0).max(0) as usize;
     if !to_blocked && channels == 0 {
         return Err(prep_err(n, "FromBlocked needs its channel count"));
     }
-    Ok(Prepared::Reorder(Reorder { to_blocked, lanes, channels, generated }))
+    Ok(Prepared::Reorder(Reorder { to_blocked, isa, lanes, channels }))
 }
 
 /// Runs a reorder.
@@ -170,32 +164,31 @@ pub(super) fn run_reorder(r: &Reorder, x: In, y: &mut Out, pool: &ThreadPool) ->
             return Err(format!("expected an NCHW input, got {xs:?}"));
         }
         let y = y.take(&[xs[0], xs[1].div_ceil(l), xs[2], xs[3], l])?;
-        match r.generated {
-            // [n][c/L][L][hw] → [n][c/L][hw][L].
-            Some(f) if xs[1].is_multiple_of(l) => {
-                transpose::copy(f, x.data, &[xs[0], xs[1] / l, l, xs[2] * xs[3]], &[0, 1, 3, 2], y, pool)
-            }
-            _ => nchwc::to_blocked(x.data, xs[0], xs[1], xs[2] * xs[3], l, y, pool),
-        }
-        Ok(())
+        nchwc::to_blocked(r.isa, x.data, xs[0], xs[1], xs[2] * xs[3], y, pool);
     } else {
         if xs.len() != 5 || xs[4] != l || xs[1] != r.channels.div_ceil(l) {
             return Err(format!("expected a blocked input of {} channels, got {xs:?}", r.channels));
         }
         let y = y.take(&[xs[0], r.channels, xs[2], xs[3]])?;
-        match r.generated {
-            // [n][c/L][hw][L] → [n][c/L][L][hw].
-            Some(f) if r.channels.is_multiple_of(l) => {
-                transpose::copy(f, x.data, &[xs[0], xs[1], xs[2] * xs[3], l], &[0, 1, 3, 2], y, pool)
-            }
-            _ => nchwc::from_blocked(x.data, xs[0], r.channels, xs[2] * xs[3], l, y, pool),
-        }
-        Ok(())
+        nchwc::from_blocked(r.isa, x.data, xs[0], r.channels, xs[2] * xs[3], y, pool);
     }
+    Ok(())
 }
 
-/// The loop nest of a blocked convolution whose output has `shape` (blocked), for explore.
-pub(super) fn schedule(c: &BlockedConv, shape: &[usize], residual: bool) -> Vec<String> {
+/// The output height and width of a blocked convolution for an `h × w` input, and its
+/// padding (top, left, bottom, right; the padding after is what the last window needs
+/// beyond the input, if anything).
+fn output_geometry(c: &BlockedConv, h: usize, w: usize) -> Result<(usize, usize, [usize; 4]), String> {
+    let (out, before) = resolve(&c.geo, &[h, w])?;
+    let (oh, ow) = (out[0], out[1]);
+    let need = |o: usize, d: usize| (o - 1) * c.geo.strides[d] + (c.geo.kernel[d] - 1) * c.geo.dilations[d] + 1;
+    let after = |o: usize, d: usize, size: usize| if o == 0 { 0 } else { need(o, d).saturating_sub(size + before[d]) };
+    Ok((oh, ow, [before[0], before[1], after(oh, 0, h), after(ow, 1, w)]))
+}
+
+/// The loop nest of a blocked convolution whose input and output have `input` and `shape`,
+/// for explore.
+pub(super) fn schedule(c: &BlockedConv, input: &[usize], shape: &[usize], residual: bool) -> Vec<String> {
     let (batch, oh, ow) = (shape[0], shape[2], shape[3]);
     match &c.kernel {
         Kernel::Conv(k) => {
@@ -203,7 +196,10 @@ pub(super) fn schedule(c: &BlockedConv, shape: &[usize], residual: bool) -> Vec<
                 c.geo.pads.iter().any(|&p| p > 0) || !matches!(c.geo.auto_pad.as_str(), "NOTSET" | "VALID" | "");
             k.schedule(batch, oh, ow, padded, residual)
         }
-        Kernel::Depthwise(k) => k.schedule(batch, oh, ow, residual),
+        Kernel::Depthwise(k) => match (input.len(), output_geometry(c, input[2], input[3])) {
+            (5, Ok((_, _, pads))) => k.schedule(batch, input[2], input[3], oh, ow, pads, residual),
+            _ => vec![format!("input {input:?}: not a blocked input this convolution takes")],
+        },
         Kernel::Winograd(k) => k.schedule(batch, oh, ow, residual),
     }
 }
@@ -211,32 +207,15 @@ pub(super) fn schedule(c: &BlockedConv, shape: &[usize], residual: bool) -> Vec<
 /// The loops of a reorder whose input has `shape`, for explore.
 pub(super) fn reorder_schedule(r: &Reorder, shape: &[usize]) -> Vec<String> {
     let hw: usize = shape[2..4].iter().product();
-    let channels = if r.to_blocked { shape[1] } else { r.channels };
-    if r.generated.is_some() && channels.is_multiple_of(r.lanes) {
-        let (rows, per) = (
-            shape[0] * channels.div_ceil(r.lanes) * if r.to_blocked { hw } else { r.lanes },
-            transpose::rows_per_task(if r.to_blocked { r.lanes } else { hw }),
-        );
-        return vec![format!(
-            "parallel for row chunk in 0..{} of ≤{per} rows: generated loop (Cranelift), the rank-4 transpose [0, 1, 3, 2] {}: gathers at the source stride, 4 per step",
-            rows.div_ceil(per),
-            if r.to_blocked { "of [n][c/L][L][hw]" } else { "of [n][c/L][hw][L]" }
-        )];
-    }
-    if r.to_blocked {
-        vec![format!(
-            "parallel for (image, block) in 0..{}: transpose {} channels × {hw} px into {hw} px × {}",
-            shape[0] * shape[1].div_ceil(r.lanes),
-            r.lanes,
-            r.lanes
-        )]
+    let (channels, what) = if r.to_blocked {
+        (shape[1], format!("{} channels × {hw} px into {hw} px × {}", r.lanes, r.lanes))
     } else {
-        vec![format!(
-            "parallel for (image, channel) in 0..{}: gather {hw} px from lane c mod {} of the blocked input",
-            shape[0] * r.channels,
-            r.lanes
-        )]
-    }
+        (r.channels, format!("{hw} px × {} into {} channels × {hw} px", r.lanes, r.lanes))
+    };
+    vec![format!(
+        "parallel for (image, block, pixel range) over {} blocks: transpose {what}, 8×8 tiles in registers",
+        shape[0] * channels.div_ceil(r.lanes)
+    )]
 }
 
 /// Blocked pooling, prepared.

@@ -7,7 +7,7 @@ use super::CpuProgram;
 /// The kind of code that runs a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NodeKind {
-    /// A loop generated with Cranelift (fused elementwise, reductions, transposes, reorders).
+    /// A loop generated with Cranelift (fused elementwise, reductions, transposes).
     Generated,
     /// The fused row kernels (scaled, masked softmax).
     RowKernel,
@@ -52,7 +52,7 @@ impl CpuProgram {
             .map(|(i, n)| {
                 if n.domain == "aim" {
                     return match n.op.as_str() {
-                        "Elementwise" | "Reduce" | "Transpose" | "ToBlocked" | "FromBlocked" => NodeKind::Generated,
+                        "Elementwise" | "Reduce" | "Transpose" => NodeKind::Generated,
                         "Softmax" => NodeKind::RowKernel,
                         _ => NodeKind::Library,
                     };

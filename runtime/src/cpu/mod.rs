@@ -155,7 +155,7 @@ impl CpuProgram {
             Some(match n.op.as_str() {
                 "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking),
                 "Conv" => prepare_conv(&graph, n, isa, blocking),
-                "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa, code.transpose.get(&i).copied()),
+                "ToBlocked" | "FromBlocked" => blocked::prepare_reorder(n, isa),
                 "MaxPool" | "AveragePool" | "GlobalAveragePool" if n.attrs.contains_key("layout") => {
                     blocked::prepare_pool(n, isa)
                 }

@@ -24,8 +24,10 @@ impl CpuProgram {
                 let input = n.inputs.first().and_then(|x| shape_of(g, x));
                 let dynamic = || vec!["shapes known only at run time: loop bounds are bound then".to_string()];
                 match self.prepared.get(&i) {
-                    Some(Prepared::Blocked(c)) => match out {
-                        Some(s) if s.len() == 5 => blocked::schedule(c, &s, n.input(3).is_some()),
+                    Some(Prepared::Blocked(c)) => match (&input, out) {
+                        (Some(x), Some(s)) if x.len() >= 4 && s.len() == 5 => {
+                            blocked::schedule(c, x, &s, n.input(3).is_some())
+                        }
                         _ => dynamic(),
                     },
                     Some(Prepared::Reorder(r)) => match input {
