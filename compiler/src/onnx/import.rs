@@ -165,6 +165,7 @@ impl Importer<'_> {
                 out.nodes.push(node);
             }
         }
+        super::contrib::expand(&mut out)?;
         Ok(out)
     }
 

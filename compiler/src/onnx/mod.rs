@@ -2,6 +2,7 @@
 //! (the way back, for models written in the IR text format).
 
 mod canon;
+pub mod contrib;
 mod error;
 mod export;
 mod import;
