@@ -185,6 +185,9 @@ pub(crate) fn compile_cpu(
     }
     aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false)
         .map_err(|cause| Error::Pass { path: path.to_string(), cause })?;
+    // Folding has read the weights it rewrote: their file pages need not stay resident
+    // while the packed forms are built (packing reads the others in again, once).
+    aim_compiler::onnx::release_pages();
     let code = aim_compiler::codegen::generate(&g, target)
         .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
     let placement = placement(&aim_compiler::memory_plan::plan(&g));
@@ -197,6 +200,8 @@ pub(crate) fn compile_cpu(
         code,
         &placement,
     )?;
+    // Everything the program reads is packed or copied now.
+    aim_compiler::onnx::release_pages();
     Ok(prog.with_bodies(bodies))
 }
 

@@ -10,6 +10,7 @@ mod graph;
 pub mod infer;
 pub mod limits;
 pub mod liveness;
+pub mod mapped;
 pub mod schema;
 mod shape;
 mod tensor;

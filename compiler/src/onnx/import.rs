@@ -26,7 +26,8 @@ pub fn import_file(path: &Path) -> Result<Model, ImportError> {
     } else {
         // SAFETY: the map is read-only. As with any mmap, a file truncated by another
         // process while mapped is outside what the program can guard against.
-        Bytes::from_owner(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Bytes::from_owner(aim_ir::mapped::Shared(aim_ir::mapped::register(map)))
     };
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }.to_path_buf());
     import(bytes, &path.display().to_string(), ExternalFiles::new(base))

@@ -11,6 +11,7 @@ mod print;
 pub mod proto;
 mod tensor;
 
+pub use aim_ir::mapped::release_pages;
 pub use error::ImportError;
 pub use export::{export, export_bytes};
 pub use import::{import_bytes, import_file};

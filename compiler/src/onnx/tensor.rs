@@ -54,7 +54,7 @@ impl ExternalFiles {
         // SAFETY: the map is read-only; aim never writes to it. As with every mmap, a file
         // truncated by another process while mapped is outside what the program can guard.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ext(format!("cannot map {}: {e}", path.display())))?;
-        let map = Arc::new(map);
+        let map = aim_ir::mapped::register(map);
         self.maps.insert(path, map.clone());
         Ok(map)
     }

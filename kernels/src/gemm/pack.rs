@@ -190,6 +190,23 @@ impl PackedB {
         PackedB { isa, k, n, kc, data }
     }
 
+    /// Packs a row-major matrix given as little-endian f32 bytes at any alignment (`trans`:
+    /// stored n×k). Weights read straight from a model file are rarely 4-byte aligned:
+    /// packing them from their bytes saves the aligned copy a `&[f32]` view would need.
+    pub fn from_bytes(isa: Isa, blocking: Blocking, b: &[u8], k: usize, n: usize, trans: bool) -> PackedB {
+        assert!(b.len() >= 4 * k * n, "B holds {} bytes, {k}×{n} floats needed", b.len());
+        let at = |i: usize| f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+        if trans {
+            return PackedB::pack(isa, blocking, k, n, |p, j| at(j * k + p));
+        }
+        PackedB::pack_rows(isa, blocking, k, n, &super::Sequential, |p, j0, dst| {
+            let src = &b[4 * (p * n + j0)..4 * (p * n + j0 + dst.len())];
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        })
+    }
+
     pub(crate) fn panel(&self, kb: usize, j: usize) -> *const f32 {
         let nr = self.isa.nr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));

@@ -45,6 +45,16 @@ fn matches_reference_on_awkward_sizes() {
             let pr = PackedA::from_rows(isa, blocking, &a, m, k, &Sequential);
             assert_eq!(format!("{pa:?}"), format!("{pr:?}"), "from_rows packs as from_slice does");
             let pb = PackedB::from_slice(isa, blocking, &b, k, n, false);
+            // From bytes at an odd address (as weights lie in a model file), both ways.
+            let mut raw = vec![0u8; 1];
+            raw.extend(b.iter().flat_map(|v| v.to_le_bytes()));
+            let pbytes = PackedB::from_bytes(isa, blocking, &raw[1..], k, n, false);
+            assert_eq!(format!("{pb:?}"), format!("{pbytes:?}"), "from_bytes packs as from_slice does");
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let mut rawt = vec![0u8; 3];
+            rawt.extend(bt.iter().flat_map(|v| v.to_le_bytes()));
+            let pbt = PackedB::from_bytes(isa, blocking, &rawt[3..], k, n, true);
+            assert_eq!(format!("{pb:?}"), format!("{pbt:?}"), "from_bytes (transposed) packs as from_slice does");
             let mut c = vec![f32::NAN; m * n];
             gemm(&pa, &pb, &mut c, n, &Epilogue::default(), &Sequential);
             let want = reference(&a, &b, m, k, n);

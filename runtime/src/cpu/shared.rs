@@ -28,7 +28,11 @@ pub(super) fn packed_b(w: &Tensor, isa: Isa, blocking: Blocking, k: usize, n: us
     if let Some(p) = map.get(&key).and_then(|(_, p)| p.upgrade()) {
         return p;
     }
-    let p = Arc::new(PackedB::from_slice(isa, blocking, w.data::<f32>(), k, n, trans));
+    // From the bytes: a view as f32 would make (and keep, in the tensor) an aligned copy
+    // of a weight read unaligned from the model file.
+    let p = Arc::new(PackedB::from_bytes(isa, blocking, bytes, k, n, trans));
+    // Read once: if the weight lies in the model file's map, its pages can go now.
+    aim_ir::mapped::release_range(bytes);
     map.retain(|_, (_, q)| q.strong_count() > 0);
     map.insert(key, (w.clone(), Arc::downgrade(&p)));
     p
