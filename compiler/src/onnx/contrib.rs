@@ -399,13 +399,35 @@ fn causal_mask(e: &mut Emit, q: &str, k: &str, filter: f32) -> String {
     e.op("Where", &[&future, &f, &zero], vec![])
 }
 
+/// The additive masks of an attention node: from its mask input (see [`additive_mask`]),
+/// the causal mask when `unidirectional`, and its attention bias input.
+fn masks(
+    e: &mut Emit,
+    n: &Node,
+    mask: Option<&str>,
+    bias: Option<&str>,
+    q: &str,
+    k: &str,
+) -> Result<Vec<String>, ImportError> {
+    let filter = n.float("mask_filter_value", -10000.0);
+    let mut masks = Vec::new();
+    if let Some(m) = mask {
+        masks.push(additive_mask(e, n, m, filter, k)?);
+    }
+    if n.int("unidirectional", 0) != 0 {
+        masks.push(causal_mask(e, q, k, filter));
+    }
+    masks.extend(bias.map(str::to_string));
+    Ok(masks)
+}
+
 /// Scaled dot-product attention of `q` `[B, N, S, H]`, `k` `[B, N, L, H]`, `v`
-/// `[B, N, L, Hv]` with additive masks, into `[B, S, N·Hv]` written to `y`.
-fn sdpa(e: &mut Emit, q: &str, k: &str, v: &str, masks: &[String], scale: f32, y: &str) {
+/// `[B, N, L, Hv]` with additive masks, the scores multiplied by the scalar `scale`, into
+/// `[B, S, N·Hv]` written to `y`.
+fn sdpa(e: &mut Emit, q: &str, k: &str, v: &str, masks: &[String], scale: &str, y: &str) {
     let kt = e.op("Transpose", &[k], vec![("perm", Attr::Ints(vec![0, 1, 3, 2]))]);
     let qk = e.op("MatMul", &[q, &kt], vec![]);
-    let c = e.scalar(scale);
-    let mut scores = e.op("Mul", &[&qk, &c], vec![]);
+    let mut scores = e.op("Mul", &[&qk, scale], vec![]);
     for m in masks {
         scores = e.op("Add", &[&scores, m], vec![]);
     }
@@ -468,19 +490,9 @@ fn attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     let q = e.heads(&parts[0], heads, &[0, 2, 1, 3]);
     let k = e.heads(&parts[1], heads, &[0, 2, 1, 3]);
     let v = e.heads(&parts[2], heads, &[0, 2, 1, 3]);
-    let filter = n.float("mask_filter_value", -10000.0);
-    let mut masks = Vec::new();
-    if let Some(m) = n.input(3) {
-        masks.push(additive_mask(e, n, m, filter, &k)?);
-    }
-    if n.int("unidirectional", 0) != 0 {
-        masks.push(causal_mask(e, &q, &k, filter));
-    }
-    if let Some(b) = n.input(5) {
-        masks.push(b.to_string());
-    }
-    let scale = score_scale(n, sizes[0] as usize, heads as usize);
-    sdpa(e, &q, &k, &v, &masks, scale, &n.outputs[0]);
+    let masks = masks(e, n, n.input(3), n.input(5), &q, &k)?;
+    let scale = e.scalar(score_scale(n, sizes[0] as usize, heads as usize));
+    sdpa(e, &q, &k, &v, &masks, &scale, &n.outputs[0]);
     Ok(())
 }
 
@@ -529,17 +541,7 @@ fn multi_head_attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     if let Some(pv) = output(n, 2) {
         e.op_to("Identity", &[&vh], &[pv.to_string()], vec![]);
     }
-    let filter = n.float("mask_filter_value", -10000.0);
-    let mut masks = Vec::new();
-    if let Some(m) = n.input(4) {
-        masks.push(additive_mask(e, n, m, filter, &kh)?);
-    }
-    if n.int("unidirectional", 0) != 0 {
-        masks.push(causal_mask(e, &qh, &kh, filter));
-    }
-    if let Some(b) = n.input(5) {
-        masks.push(b.to_string());
-    }
+    let masks = masks(e, n, n.input(4), n.input(5), &qh, &kh)?;
     let scale = n.float("scale", 0.0);
     let scale = if scale != 0.0 {
         e.scalar(scale)
@@ -553,17 +555,7 @@ fn multi_head_attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         let one = e.scalar(1.0);
         e.op("Div", &[&one, &r], vec![])
     };
-    let kt = e.op("Transpose", &[&kh], vec![("perm", Attr::Ints(vec![0, 1, 3, 2]))]);
-    let qk = e.op("MatMul", &[&qh, &kt], vec![]);
-    let mut scores = e.op("Mul", &[&qk, &scale], vec![]);
-    for m in &masks {
-        scores = e.op("Add", &[&scores, m], vec![]);
-    }
-    let p = e.op("Softmax", &[&scores], vec![("axis", Attr::Int(-1))]);
-    let o = e.op("MatMul", &[&p, &vh], vec![]);
-    let t = e.op("Transpose", &[&o], vec![("perm", Attr::Ints(vec![0, 2, 1, 3]))]);
-    let shape = e.ints(&[0, 0, -1]);
-    e.op_to("Reshape", &[&t, &shape], &n.outputs[..1], vec![]);
+    sdpa(e, &qh, &kh, &vh, &masks, &scale, &n.outputs[0]);
     Ok(())
 }
 
