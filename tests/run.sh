@@ -36,7 +36,7 @@ python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend 
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu
 echo "== com.microsoft ops (ONNX Runtime's transformer optimizer output and one model per op form)"
 CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln ms_attention ms_attention_causal
-  ms_attention_sizes ms_mha ms_mha_causal ms_rotary ms_fused_conv ms_fused_matmul"
+  ms_attention_sizes ms_mha ms_mha_causal ms_gqa ms_gqa_rotary ms_rotary ms_fused_conv ms_fused_matmul"
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend cpu
 

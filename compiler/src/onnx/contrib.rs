@@ -1,14 +1,14 @@
 //! The `com.microsoft` ops that ONNX Runtime's transformer optimizer and optimum's ORT
 //! export write (Attention, MultiHeadAttention, SkipLayerNormalization,
 //! EmbedLayerNormalization, Gelu, FastGelu, BiasGelu, FusedConv, FusedMatMul,
-//! RotaryEmbedding, ...), expanded at import into default-domain ops with ONNX Runtime's
+//! RotaryEmbedding, GroupQueryAttention, ...), expanded at import into default-domain ops with ONNX Runtime's
 //! semantics. Both backends then run them: the reference interpreter with its kernels, the
 //! cpu pipeline through its fusions (LayerNormalization, Gelu, the attention softmax, dense
 //! layers), so they land on the same fused kernels as the unoptimised model would. Every
 //! node of an expansion lists the contrib node in its `sources`.
 //!
-//! A form this module does not expand (GroupQueryAttention, Attention with a past state,
-//! packed QKV for MultiHeadAttention, ...) is an import error naming the node and what is
+//! A form this module does not expand (Attention with a past state, packed QKV for
+//! MultiHeadAttention, GroupQueryAttention with softcap or a local window, ...) is an import error naming the node and what is
 //! missing, never a silent approximation.
 
 use super::ImportError;
@@ -34,6 +34,7 @@ pub fn expands(op: &str) -> bool {
             | "Attention"
             | "MultiHeadAttention"
             | "RotaryEmbedding"
+            | "GroupQueryAttention"
     )
 }
 
@@ -82,6 +83,7 @@ pub fn expand(g: &mut Graph) -> Result<(), ImportError> {
             "Attention" => attention(&mut e, &n)?,
             "MultiHeadAttention" => multi_head_attention(&mut e, &n)?,
             "RotaryEmbedding" => rotary(&mut e, &n)?,
+            "GroupQueryAttention" => group_query_attention(&mut e, &n)?,
             _ => unreachable!("expands() lists the ops matched here"),
         }
     }
@@ -548,12 +550,7 @@ fn multi_head_attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     } else {
         // 1/√(head size), the head size read from the query at run time.
         let d = e.dim(q, 2);
-        let h = e.ints(&[heads]);
-        let hs = e.op("Div", &[&d, &h], vec![]);
-        let f = e.op("Cast", &[&hs], vec![("to", Attr::Int(DType::F32.onnx_code() as i64))]);
-        let r = e.op("Sqrt", &[&f], vec![]);
-        let one = e.scalar(1.0);
-        e.op("Div", &[&one, &r], vec![])
+        inv_sqrt_head_size(e, &d, heads)
     };
     sdpa(e, &qh, &kh, &vh, &masks, &scale, &n.outputs[0]);
     Ok(())
@@ -600,13 +597,26 @@ fn rotary(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     let axis = if rank == 3 { 2 } else { 1 };
     let cos = e.unsqueeze(&cos, &[axis]);
     let sin = e.unsqueeze(&sin, &[axis]);
-    // The rotated part and the rest.
+    let full = rotate_heads(e, &xh, &cos, &sin, half, n.int("interleaved", 0) != 0);
+    if rank == 3 {
+        let shape = e.ints(&[0, 0, -1]);
+        e.op_to("Reshape", &[&full, &shape], &n.outputs[..1], vec![]);
+    } else {
+        e.op_to("Identity", &[&full], &n.outputs[..1], vec![]);
+    }
+    Ok(())
+}
+
+/// `x` (4-D, heads and features last) with its first `2·half` features rotated by the
+/// angles whose cos/sin broadcast against `[.., half]`: pairs (x[i], x[i + half]), or
+/// (x[2i], x[2i + 1]) when `interleaved`; the other features pass through.
+fn rotate_heads(e: &mut Emit, x: &str, cos: &str, sin: &str, half: i64, interleaved: bool) -> String {
+    let rot = 2 * half;
     let (z, r, big) = (e.ints(&[0]), e.ints(&[rot]), e.ints(&[i64::MAX]));
     let last = e.ints(&[-1]);
-    let xr = e.op("Slice", &[&xh, &z, &r, &last], vec![]);
-    let xp = e.op("Slice", &[&xh, &r, &big, &last], vec![]);
-    let rotated = if n.int("interleaved", 0) != 0 {
-        // Pairs (x[2i], x[2i+1]).
+    let xr = e.op("Slice", &[x, &z, &r, &last], vec![]);
+    let xp = e.op("Slice", &[x, &r, &big, &last], vec![]);
+    let rotated = if interleaved {
         let shape = e.ints(&[0, 0, 0, -1, 2]);
         let pairs = e.op("Reshape", &[&xr, &shape], vec![]);
         let halves: Vec<String> = (0..2).map(|i| e.fresh(["even", "odd"][i])).collect();
@@ -615,7 +625,7 @@ fn rotary(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         let sq = e.ints(&[-1]);
         let a = e.op("Squeeze", &[&halves[0], &sq], vec![]);
         let b = e.op("Squeeze", &[&halves[1], &sq], vec![]);
-        let (ra, rb) = rotate(e, &a, &b, &cos, &sin);
+        let (ra, rb) = rotate(e, &a, &b, cos, sin);
         let ra = e.unsqueeze(&ra, &[-1]);
         let rb = e.unsqueeze(&rb, &[-1]);
         let cat = e.op("Concat", &[&ra, &rb], vec![("axis", Attr::Int(-1))]);
@@ -625,16 +635,146 @@ fn rotary(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         let halves: Vec<String> = (0..2).map(|i| e.fresh(["lo", "hi"][i])).collect();
         let sizes = e.ints(&[half, half]);
         e.op_to("Split", &[&xr, &sizes], &halves, vec![("axis", Attr::Int(-1))]);
-        let (ra, rb) = rotate(e, &halves[0], &halves[1], &cos, &sin);
+        let (ra, rb) = rotate(e, &halves[0], &halves[1], cos, sin);
         e.op("Concat", &[&ra, &rb], vec![("axis", Attr::Int(-1))])
     };
-    let full = e.op("Concat", &[&rotated, &xp], vec![("axis", Attr::Int(-1))]);
-    if rank == 3 {
-        let shape = e.ints(&[0, 0, -1]);
-        e.op_to("Reshape", &[&full, &shape], &n.outputs[..1], vec![]);
-    } else {
-        e.op_to("Identity", &[&full], &n.outputs[..1], vec![]);
+    e.op("Concat", &[&rotated, &xp], vec![("axis", Attr::Int(-1))])
+}
+
+/// The head size of `x` (`[.., H]`) at run time as an f32 scalar's reciprocal square root:
+/// the default scale of attention scores.
+fn inv_sqrt_head_size(e: &mut Emit, width: &str, heads: i64) -> String {
+    let h = e.ints(&[heads]);
+    let hs = e.op("Div", &[width, &h], vec![]);
+    let f = e.op("Cast", &[&hs], vec![("to", Attr::Int(DType::F32.onnx_code() as i64))]);
+    let r = e.op("Sqrt", &[&f], vec![]);
+    let one = e.scalar(1.0);
+    e.op("Div", &[&one, &r], vec![])
+}
+
+/// `GroupQueryAttention`: `num_heads` query heads share `kv_num_heads` key/value heads;
+/// causal over each sequence's positions (`seqlens_k` + 1 tokens in total), the new keys
+/// and values appended to the past ones (present = past ++ new), optional rotary
+/// embedding of queries and keys from the cos/sin caches.
+fn group_query_attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    let (heads, kv) = (n.int("num_heads", 0), n.int("kv_num_heads", 0));
+    if heads <= 0 || kv <= 0 || heads % kv != 0 {
+        return Err(bad(n, format!("num_heads {heads} must be a positive multiple of kv_num_heads {kv}")));
     }
+    for (attr, default) in [("softcap", 0.0), ("smooth_softmax", 0.0)] {
+        if n.float(attr, default) != default || n.int(attr, 0) != 0 {
+            return Err(bad(n, format!("{attr} is not supported")));
+        }
+    }
+    if n.int("local_window_size", -1) != -1 {
+        return Err(bad(n, "local_window_size is not supported"));
+    }
+    for (i, what) in [(10, "attention_bias"), (11, "head_sink")] {
+        if n.input(i).is_some() {
+            return Err(bad(n, format!("the {what} input is not supported")));
+        }
+    }
+    if output(n, 3).is_some() {
+        return Err(bad(n, "the output_qk output is not supported"));
+    }
+    let q = input(n, 0)?;
+    let (seqlens, total) = (input(n, 5)?, input(n, 6)?);
+    // Queries [B, S, N, H], keys and values [B, S, KV, H].
+    let (mut qh, mut kh, vh) = match (n.input(1), n.input(2)) {
+        (Some(k), Some(v)) => {
+            let (sq, skv) = (e.ints(&[0, 0, heads, -1]), e.ints(&[0, 0, kv, -1]));
+            let qh = e.op("Reshape", &[q, &sq], vec![]);
+            (qh, e.op("Reshape", &[k, &skv], vec![]), e.op("Reshape", &[v, &skv], vec![]))
+        }
+        (None, None) => {
+            // Packed: [B, S, (N + 2·KV)·H].
+            let shape = e.ints(&[0, 0, heads + 2 * kv, -1]);
+            let packed = e.op("Reshape", &[q, &shape], vec![]);
+            let parts: Vec<String> = (0..3).map(|i| e.fresh(["q", "k", "v"][i])).collect();
+            let sizes = e.ints(&[heads, kv, kv]);
+            e.op_to("Split", &[&packed, &sizes], &parts, vec![("axis", Attr::Int(2))]);
+            let [a, b, c] = <[String; 3]>::try_from(parts).expect("three parts");
+            (a, b, c)
+        }
+        _ => return Err(bad(n, "key and value come together (or neither, for packed QKV)")),
+    };
+    // Positions of the new tokens: seqlens_k + 1 − S + i.
+    let s = e.dim(q, 1);
+    let axes0 = e.ints(&[0]);
+    let s = e.op("Squeeze", &[&s, &axes0], vec![]);
+    let sk = e.op("Cast", &[seqlens], vec![("to", Attr::Int(DType::I64.onnx_code() as i64))]);
+    let sk = e.unsqueeze(&sk, &[1]);
+    let (z, o) = (e.konst(Tensor::from_i64(&[], vec![0])), e.konst(Tensor::from_i64(&[], vec![1])));
+    let i = e.op("Range", &[&z, &s, &o], vec![]);
+    let first = e.op("Sub", &[&o, &s], vec![]);
+    let base = e.op("Add", &[&sk, &first], vec![]);
+    let pos = e.op("Add", &[&base, &i], vec![]);
+    if n.int("do_rotary", 0) != 0 {
+        let (cos_c, sin_c) = (input(n, 7)?, input(n, 8)?);
+        let half = match e.g.initializers.get(cos_c).map(|t| t.shape().to_vec()) {
+            Some(s) if s.len() == 2 => s[1] as i64,
+            _ => return Err(bad(n, "cos_cache must be a constant [max position, rotary dim / 2] matrix")),
+        };
+        let p = n.input(9).unwrap_or(&pos).to_string();
+        let cos = e.op("Gather", &[cos_c, &p], vec![]);
+        let sin = e.op("Gather", &[sin_c, &p], vec![]);
+        let (cos, sin) = (e.unsqueeze(&cos, &[2]), e.unsqueeze(&sin, &[2]));
+        let inter = n.int("rotary_interleaved", 0) != 0;
+        qh = rotate_heads(e, &qh, &cos, &sin, half, inter);
+        kh = rotate_heads(e, &kh, &cos, &sin, half, inter);
+    }
+    let t = |e: &mut Emit, x: &str| e.op("Transpose", &[x], vec![("perm", Attr::Ints(vec![0, 2, 1, 3]))]);
+    let (mut keys, mut values) = (t(e, &kh), t(e, &vh));
+    match (n.input(3), n.input(4)) {
+        (Some(pk), Some(pv)) => {
+            keys = e.op("Concat", &[pk, &keys], vec![("axis", Attr::Int(2))]);
+            values = e.op("Concat", &[pv, &values], vec![("axis", Attr::Int(2))]);
+        }
+        (None, None) => {}
+        _ => return Err(bad(n, "past_key and past_value come together")),
+    }
+    for (i, x) in [(1, &keys), (2, &values)] {
+        if let Some(o) = output(n, i) {
+            e.op_to("Identity", &[x], &[o.to_string()], vec![]);
+        }
+    }
+    // Key positions 0..total_sequence_length, shaped as the keys held: a past buffer shared
+    // with the present one (longer than the past) fails here, clearly, instead of
+    // attending to the wrong positions.
+    let total = e.op("Cast", &[total], vec![("to", Attr::Int(DType::I64.onnx_code() as i64))]);
+    let scalar = e.ints(&[]);
+    let total = e.op("Reshape", &[&total, &scalar], vec![]);
+    let j = e.op("Range", &[&z, &total, &o], vec![]);
+    let held = e.dim(&keys, 2);
+    let j = e.op("Reshape", &[&j, &held], vec![]);
+    // Query (b, i) sees keys j ≤ pos[b, i]: [B, 1, 1, S, T].
+    let pos3 = e.unsqueeze(&pos, &[2]);
+    let future = e.op("Greater", &[&j, &pos3], vec![]);
+    let (neg, zero) = (e.scalar(-1e30), e.scalar(0.0));
+    let mask = e.op("Where", &[&future, &neg, &zero], vec![]);
+    let mask = e.unsqueeze(&mask, &[1, 2]);
+    // Grouped: queries [B, KV, G, S, H] against keys [B, KV, 1, T, H].
+    let sg = e.ints(&[0, 0, kv, heads / kv, -1]);
+    let q5 = e.op("Reshape", &[&qh, &sg], vec![]);
+    let q5 = e.op("Transpose", &[&q5], vec![("perm", Attr::Ints(vec![0, 2, 3, 1, 4]))]);
+    let kt = e.op("Transpose", &[&keys], vec![("perm", Attr::Ints(vec![0, 1, 3, 2]))]);
+    let kt = e.unsqueeze(&kt, &[2]);
+    let v5 = e.unsqueeze(&values, &[2]);
+    let scale = n.float("scale", 0.0);
+    let scale = if scale != 0.0 {
+        e.scalar(scale)
+    } else {
+        let width = e.dim(&qh, 3);
+        inv_sqrt_head_size(e, &width, 1)
+    };
+    let qk = e.op("MatMul", &[&q5, &kt], vec![]);
+    let scores = e.op("Mul", &[&qk, &scale], vec![]);
+    let scores = e.op("Add", &[&scores, &mask], vec![]);
+    let p = e.op("Softmax", &[&scores], vec![("axis", Attr::Int(-1))]);
+    let o5 = e.op("MatMul", &[&p, &v5], vec![]);
+    let o5 = e.op("Transpose", &[&o5], vec![("perm", Attr::Ints(vec![0, 3, 1, 2, 4]))]);
+    let shape = e.ints(&[0, 0, -1]);
+    e.op_to("Reshape", &[&o5, &shape], &n.outputs[..1], vec![]);
     Ok(())
 }
 
