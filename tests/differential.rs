@@ -1025,7 +1025,19 @@ fn random_transposed_convolutions() {
 /// states, against the reference.
 #[test]
 fn random_lstms() {
-    let mut r = Rng(31);
+    random_recurrent("LSTM", 31);
+}
+
+/// GRUs on the fast path, as the LSTMs, with and without `linear_before_reset`.
+#[test]
+fn random_grus() {
+    random_recurrent("GRU", 37);
+}
+
+/// Random `op` nodes (`LSTM`: 4 gates, hidden and cell state; `GRU`: 3 gates, hidden state).
+fn random_recurrent(op: &str, seed: u64) {
+    let (gates, states): (usize, &[&str]) = if op == "LSTM" { (4, &["h0", "c0"]) } else { (3, &["h0"]) };
+    let mut r = Rng(seed);
     for case in 0..40 {
         let dir = r.pick(&["forward", "reverse", "bidirectional"]);
         let dirs = if dir == "bidirectional" { 2 } else { 1 };
@@ -1034,19 +1046,21 @@ fn random_lstms() {
         let layout = r.pick(&[0i64, 1]);
         let with_bias = r.pick(&[false, true]);
         let with_state = r.pick(&[false, true]);
+        let lbr = r.pick(&[0i64, 1]);
         let s = |name: &str, v: &str| AttributeProto {
             name: Some(name.into()),
             r#type: Some(AttributeType::String as i32),
             s: Some(v.as_bytes().to_vec().into()),
             ..Default::default()
         };
+        let g = gates * h;
         let mut inits = vec![
-            f32_tensor("W", &[dirs as i64, 4 * h as i64, i as i64], &r.values(dirs * 4 * h * i)),
-            f32_tensor("R", &[dirs as i64, 4 * h as i64, h as i64], &r.values(dirs * 4 * h * h)),
+            f32_tensor("W", &[dirs as i64, g as i64, i as i64], &r.values(dirs * g * i)),
+            f32_tensor("R", &[dirs as i64, g as i64, h as i64], &r.values(dirs * g * h)),
         ];
         let mut ins: Vec<&str> = vec!["x", "W", "R"];
         if with_bias || with_state {
-            inits.push(f32_tensor("B", &[dirs as i64, 8 * h as i64], &r.values(dirs * 8 * h)));
+            inits.push(f32_tensor("B", &[dirs as i64, 2 * g as i64], &r.values(dirs * 2 * g)));
             ins.push(if with_bias { "B" } else { "" });
         }
         let mut graph_inputs = vec![value(
@@ -1061,33 +1075,29 @@ fn random_lstms() {
         let x_shape = if layout == 0 { [t, b, i] } else { [b, t, i] };
         let mut inputs = vec![("x".to_string(), Tensor::from_vec(&x_shape, r.values(t * b * i)))];
         if with_state {
-            ins.extend(["", "h0", "c0"]);
+            ins.push("");
+            ins.extend(states);
             let st = if layout == 0 { [dirs, b, h] } else { [b, dirs, h] };
-            for name in ["h0", "c0"] {
+            for &name in states {
                 graph_inputs.push(value(name, 1, &st.map(|d| Ok(d as i64))));
                 inputs.push((name.to_string(), Tensor::from_vec(&st, r.values(dirs * b * h))));
             }
         }
-        let mut lstm = node(
-            "LSTM",
-            "lstm",
-            &ins,
-            &["y", "yh", "yc"],
-            vec![int_attr("hidden_size", h as i64), int_attr("layout", layout), s("direction", dir)],
-        );
-        lstm.output = vec!["y".into(), "yh".into(), "yc".into()];
+        let outs: &[&str] = if op == "LSTM" { &["y", "yh", "yc"] } else { &["y", "yh"] };
+        let mut attrs = vec![int_attr("hidden_size", h as i64), int_attr("layout", layout), s("direction", dir)];
+        if op == "GRU" {
+            attrs.push(int_attr("linear_before_reset", lbr));
+        }
+        let mut n = node(op, "rnn", &ins, outs, attrs);
+        n.output = outs.iter().map(|o| o.to_string()).collect();
         let y_dims = if layout == 0 { vec![t, dirs, b, h] } else { vec![b, t, dirs, h] };
         let st_dims = if layout == 0 { vec![dirs, b, h] } else { vec![b, dirs, h] };
         let dims = |v: &[usize]| v.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>();
-        let model = model(
-            vec![lstm],
-            graph_inputs,
-            vec![value("y", 1, &dims(&y_dims)), value("yh", 1, &dims(&st_dims)), value("yc", 1, &dims(&st_dims))],
-            inits,
-            17,
-        );
+        let mut out_values = vec![value("y", 1, &dims(&y_dims))];
+        out_values.extend(outs[1..].iter().map(|o| value(o, 1, &dims(&st_dims))));
+        let model = model(vec![n], graph_inputs, out_values, inits, 17);
         check(
-            &format!("lstm{case}-{dir}-t{t}b{b}i{i}h{h}-layout{layout}-bias{with_bias}-state{with_state}"),
+            &format!("{op}{case}-{dir}-t{t}b{b}i{i}h{h}-layout{layout}-bias{with_bias}-state{with_state}-lbr{lbr}"),
             model,
             inputs,
         );

@@ -8,12 +8,14 @@
 
 mod copy;
 mod data;
+mod gru;
 mod logic;
 pub mod math;
 mod ops;
 mod output;
 mod recurrent;
-pub use recurrent::{lstm_packed, LstmWeights};
+pub use gru::GruWeights;
+pub use recurrent::{LstmWeights, RecurrentWeights};
 mod reduce;
 mod resize;
 mod taps;

@@ -40,6 +40,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Slice" => super::data::slice,
         "Gather" => super::data::gather,
         "LSTM" => super::recurrent::lstm,
+        "GRU" => super::gru::gru,
         "Where" => super::logic::where_,
         "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => super::logic::compare,
         "Not" => super::logic::not,

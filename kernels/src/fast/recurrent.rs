@@ -116,9 +116,41 @@ impl LstmWeights {
     }
 }
 
-/// LSTM with weights packed at load (see [`LstmWeights`]).
-pub fn lstm_packed(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, weights: &LstmWeights) -> Option<Result<Vec<Tensor>>> {
-    run(n, ins, cx, Some(weights))
+/// The constant weights of a recurrent node packed at load, so that a run does not repack
+/// them.
+pub enum RecurrentWeights {
+    /// An LSTM's.
+    Lstm(LstmWeights),
+    /// A GRU's.
+    Gru(super::GruWeights),
+}
+
+impl RecurrentWeights {
+    /// Packs the weights of an `LSTM` or `GRU` node (W, R and B, if given); None for other
+    /// ops, types or shapes (the node then packs on each run, or falls back).
+    pub fn pack(
+        op: &str,
+        w: &Tensor,
+        r: &Tensor,
+        b: Option<&Tensor>,
+        isa: Isa,
+        blocking: crate::gemm::Blocking,
+    ) -> Option<RecurrentWeights> {
+        match op {
+            "LSTM" => LstmWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Lstm),
+            "GRU" => super::GruWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Gru),
+            _ => None,
+        }
+    }
+
+    /// Runs node `n` with these weights; None where the fast kernel does not take it.
+    pub fn run(&self, n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+        match (self, n.op.as_str()) {
+            (RecurrentWeights::Lstm(w), "LSTM") => run(n, ins, cx, Some(w)),
+            (RecurrentWeights::Gru(w), "GRU") => super::gru::gru_packed(n, ins, cx, w),
+            _ => None,
+        }
+    }
 }
 
 pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {

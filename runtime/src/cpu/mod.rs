@@ -124,8 +124,8 @@ pub struct CpuProgram {
     arenas: std::sync::Mutex<Vec<run::Arena>>,
     /// Compiled bodies of control-flow nodes (the others are interpreted).
     bodies: Bodies,
-    /// The packed weights of LSTMs whose weights are constants, by node index.
-    lstm: HashMap<usize, aim_kernels::fast::LstmWeights>,
+    /// The packed weights of LSTMs and GRUs whose weights are constants, by node index.
+    recurrent: HashMap<usize, aim_kernels::fast::RecurrentWeights>,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -182,12 +182,12 @@ impl CpuProgram {
                 prepared.insert(i, r?);
             }
         }
-        // LSTMs with constant weights get them packed now, not on every run.
-        let lstm: HashMap<usize, aim_kernels::fast::LstmWeights> = graph
+        // LSTMs and GRUs with constant weights get them packed now, not on every run.
+        let recurrent: HashMap<usize, aim_kernels::fast::RecurrentWeights> = graph
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.domain.is_empty() && n.op == "LSTM")
+            .filter(|(_, n)| n.domain.is_empty() && matches!(n.op.as_str(), "LSTM" | "GRU"))
             .filter_map(|(i, n)| {
                 let init = |k: usize| n.input(k).map(|v| graph.initializers.get(v));
                 let (w, r) = (init(1)??, init(2)??);
@@ -195,7 +195,7 @@ impl CpuProgram {
                     None => None,
                     Some(b) => Some(b?),
                 };
-                aim_kernels::fast::LstmWeights::pack(w, r, b, isa, blocking).map(|p| (i, p))
+                aim_kernels::fast::RecurrentWeights::pack(&n.op, w, r, b, isa, blocking).map(|p| (i, p))
             })
             .collect();
         // Weights now live packed in the prepared nodes: their inputs are baked in, and the
@@ -230,7 +230,7 @@ impl CpuProgram {
             values,
             arenas: Default::default(),
             bodies: Bodies::new(),
-            lstm,
+            recurrent,
             _code: code.owner,
         })
     }

@@ -573,8 +573,8 @@ impl CpuProgram {
             if let Some(k) = aim_kernels::fast::kernel(&n.op) {
                 let cx = aim_kernels::fast::Ctx { par: &*self.pool, isa: self.isa, blocking: self.blocking, out };
                 let node_err = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
-                let run = || match self.lstm.get(&i) {
-                    Some(w) => aim_kernels::fast::lstm_packed(n, ins, &cx, w),
+                let run = || match self.recurrent.get(&i) {
+                    Some(w) => w.run(n, ins, &cx),
                     None => k(n, ins, &cx),
                 };
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {

@@ -1,0 +1,291 @@
+//! GRU in f32 on the packed GEMMs, as the LSTM is (see `recurrent.rs`): the input
+//! projection of every step at once (`X · Wᵀ` plus the biases that add linearly), then per
+//! step `H · R_zrᵀ` for the update and reset gates and `(r ⊙ H) · R_hᵀ` (or `r ⊙ (H · R_hᵀ +
+//! Rb_h)` with `linear_before_reset`) for the candidate, gates as vector loops with the
+//! fast sigmoid and tanh. Directions forward, reverse and bidirectional, both layouts, an
+//! initial state. Other activations, clipping and sequence lengths shorter than the
+//! sequence run the reference kernel. Constant weights are packed once, at load.
+
+use super::math;
+use super::output::Output;
+use super::Ctx;
+use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB};
+use crate::util::Result;
+use aim_ir::{DType, Node, Tensor};
+
+/// One direction's packed weights.
+struct Dir {
+    /// `Wᵀ` (input × 3h).
+    w: PackedB,
+    /// `R_zᵀ, R_rᵀ` (h × 2h).
+    r_zr: PackedB,
+    /// `R_hᵀ` (h × h).
+    r_h: PackedB,
+    /// Added to the input projection: `Wb_z + Rb_z, Wb_r + Rb_r, Wb_h` (3h).
+    bias_x: Vec<f32>,
+    /// `Rb_h` (h): inside the reset product.
+    bias_rh: Vec<f32>,
+}
+
+/// A GRU's weights packed for the microkernels, made once at load when W, R and B are
+/// constants.
+pub struct GruWeights {
+    dirs: Vec<Dir>,
+    /// The shapes packed (W, R), to check each run's inputs against.
+    shapes: (Vec<usize>, Vec<usize>),
+}
+
+impl GruWeights {
+    /// Packs W `[dirs, 3h, input]`, R `[dirs, 3h, h]` and B `[dirs, 6h]` (if given) of f32;
+    /// None for other types or shapes.
+    pub fn pack(w: &Tensor, r: &Tensor, b: Option<&Tensor>, isa: Isa, blocking: Blocking) -> Option<GruWeights> {
+        let f32s = [Some(w), Some(r), b].into_iter().flatten().all(|t| t.dtype() == DType::F32);
+        if !f32s || w.rank() != 3 || r.rank() != 3 {
+            return None;
+        }
+        let (dirs, g3, input, hidden) = (w.shape()[0], w.shape()[1], w.shape()[2], r.shape()[2]);
+        if g3 != 3 * hidden || r.shape() != [dirs, g3, hidden] || b.is_some_and(|b| b.shape() != [dirs, 6 * hidden]) {
+            return None;
+        }
+        let (wd, rd) = (w.data::<f32>(), r.data::<f32>());
+        let dirs = (0..dirs)
+            .map(|d| {
+                let wdir = &wd[d * g3 * input..(d + 1) * g3 * input];
+                let rdir = &rd[d * g3 * hidden..(d + 1) * g3 * hidden];
+                let (rzr, rh) = rdir.split_at(2 * hidden * hidden);
+                let bv: Vec<f32> = b.map_or(vec![0.0; 6 * hidden], |bt| {
+                    bt.data::<f32>()[d * 6 * hidden..(d + 1) * 6 * hidden].to_vec()
+                });
+                let (wb, rb) = bv.split_at(g3);
+                let bias_x = (0..g3).map(|j| if j < 2 * hidden { wb[j] + rb[j] } else { wb[j] }).collect();
+                Dir {
+                    w: PackedB::from_slice(isa, blocking, wdir, input, g3, true),
+                    r_zr: PackedB::from_slice(isa, blocking, rzr, hidden, 2 * hidden, true),
+                    r_h: PackedB::from_slice(isa, blocking, rh, hidden, hidden, true),
+                    bias_x,
+                    bias_rh: rb[2 * hidden..].to_vec(),
+                }
+            })
+            .collect();
+        Some(GruWeights { dirs, shapes: (w.shape().to_vec(), r.shape().to_vec()) })
+    }
+}
+
+/// Whether the node uses the default activations (Sigmoid, Tanh).
+fn default_activations(n: &Node) -> bool {
+    n.strings("activations").is_none_or(|a| {
+        a.len() % 2 == 0
+            && a.chunks(2).all(|c| c[0].eq_ignore_ascii_case("sigmoid") && c[1].eq_ignore_ascii_case("tanh"))
+    })
+}
+
+/// GRU with weights packed at load.
+pub(super) fn gru_packed(
+    n: &Node,
+    ins: &[Option<Tensor>],
+    cx: &Ctx,
+    weights: &GruWeights,
+) -> Option<Result<Vec<Tensor>>> {
+    run(n, ins, cx, Some(weights))
+}
+
+pub(super) fn gru(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    run(n, ins, cx, None)
+}
+
+fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) -> Option<Result<Vec<Tensor>>> {
+    let f32_at = |i: usize| ins.get(i).and_then(|t| t.as_ref()).filter(|t| t.dtype() == DType::F32);
+    let (x, w, r) = (f32_at(0)?, f32_at(1)?, f32_at(2)?);
+    if n.attrs.contains_key("clip") || !default_activations(n) || x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
+        return None;
+    }
+    let batch_first = n.int("layout", 0) != 0;
+    let (t_len, batch, input) = if batch_first {
+        (x.shape()[1], x.shape()[0], x.shape()[2])
+    } else {
+        (x.shape()[0], x.shape()[1], x.shape()[2])
+    };
+    let (dirs, hidden) = (w.shape()[0], r.shape()[2]);
+    let direction = n.string("direction", "forward");
+    let fits = (direction == "bidirectional") == (dirs == 2)
+        && w.shape()[1] == 3 * hidden
+        && w.shape()[2] == input
+        && r.shape()[..2] == [dirs, 3 * hidden]
+        && n.opt_int("hidden_size").is_none_or(|h| h as usize == hidden);
+    if !fits {
+        return None;
+    }
+    if let Some(lens) = ins.get(4).and_then(|t| t.as_ref()) {
+        if lens.len() != batch || lens.to_i64_vec().iter().any(|&l| l != t_len as i64) {
+            return None;
+        }
+    }
+    let bias = f32_at(3).filter(|b| b.shape() == [dirs, 6 * hidden]);
+    if ins.get(3).is_some_and(|b| b.is_some()) && bias.is_none() {
+        return None;
+    }
+    let h0 = match ins.get(5).and_then(|t| t.as_ref()) {
+        None => None,
+        Some(t) if t.dtype() == DType::F32 && t.shape() == [dirs, batch, hidden] => Some(t),
+        Some(_) => return None,
+    };
+    let packed_now;
+    let weights = match packed {
+        Some(p) if p.shapes == (w.shape().to_vec(), r.shape().to_vec()) => p,
+        Some(_) => return None,
+        None => {
+            packed_now = GruWeights::pack(w, r, bias, cx.isa, cx.blocking)?;
+            &packed_now
+        }
+    };
+    let linear_before_reset = n.int("linear_before_reset", 0) != 0;
+    let y_shape = if batch_first { vec![batch, t_len, dirs, hidden] } else { vec![t_len, dirs, batch, hidden] };
+    let mut y = match Output::new(cx.out, DType::F32, &y_shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut yh = vec![0f32; dirs * batch * hidden];
+    let (xd, yd) = (x.data::<f32>(), y.bits_mut());
+    let g3 = 3 * hidden;
+    let rows = t_len * batch;
+    for (d, dw) in weights.dirs.iter().enumerate() {
+        let mut xp = vec![0f32; rows * g3];
+        let ep = Epilogue { col_bias: Some(&dw.bias_x), ..Epilogue::default() };
+        gemm_rows(xd, rows, input, cx.blocking, &dw.w, &mut xp, g3, &ep, cx.par);
+        let mut h: Vec<f32> = h0.map_or(vec![0.0; batch * hidden], |t| {
+            t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
+        });
+        let reverse = direction == "reverse" || d == 1;
+        let job = Direction {
+            dw,
+            xp: &xp,
+            t_len,
+            batch,
+            hidden,
+            dirs,
+            d,
+            batch_first,
+            reverse,
+            linear_before_reset,
+            blocking: cx.blocking,
+            par: cx.par,
+        };
+        job.run(cx.isa, &mut h, yd);
+        for bi in 0..batch {
+            let at = if batch_first { (bi * dirs + d) * hidden } else { (d * batch + bi) * hidden };
+            yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
+        }
+    }
+    let state_shape = if batch_first { vec![batch, dirs, hidden] } else { vec![dirs, batch, hidden] };
+    let mut outs = vec![y.finish()];
+    if n.outputs.len() > 1 {
+        outs.push(Tensor::from_vec(&state_shape, yh));
+    }
+    Some(Ok(outs))
+}
+
+/// The multiply-adds of a step below which its products run on the calling thread.
+const STEP_PARALLEL_MACS: usize = 1 << 20;
+
+/// The recurrence of one direction: `h` (batch × hidden) updated step by step, each step's
+/// state written to `y`.
+struct Direction<'a> {
+    dw: &'a Dir,
+    /// The input projections (rows in X's order, 3h each).
+    xp: &'a [f32],
+    t_len: usize,
+    batch: usize,
+    hidden: usize,
+    dirs: usize,
+    d: usize,
+    batch_first: bool,
+    reverse: bool,
+    linear_before_reset: bool,
+    blocking: Blocking,
+    par: &'a dyn crate::gemm::Parallel,
+}
+
+impl Direction<'_> {
+    /// Runs with the gate loops compiled for the ISA (the fast sigmoid and tanh vectorise).
+    fn run(&self, isa: Isa, h: &mut [f32], y: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn v4(j: &Direction, h: &mut [f32], y: &mut [f32]) {
+                j.steps(h, y)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn v3(j: &Direction, h: &mut [f32], y: &mut [f32]) {
+                j.steps(h, y)
+            }
+            // SAFETY: an `Isa` exists only for features this CPU has.
+            match isa.kind() {
+                crate::gemm::IsaKind::Avx512 => return unsafe { v4(self, h, y) },
+                crate::gemm::IsaKind::Avx2 => return unsafe { v3(self, h, y) },
+                _ => {}
+            }
+        }
+        self.steps(h, y)
+    }
+
+    #[inline(always)]
+    fn steps(&self, h: &mut [f32], y: &mut [f32]) {
+        let (batch, hidden, t_len) = (self.batch, self.hidden, self.t_len);
+        let (g3, dw) = (3 * hidden, self.dw);
+        let (mut zr, mut cand, mut rh) =
+            (vec![0f32; batch * 2 * hidden], vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
+        let bias_rh = Epilogue { col_bias: Some(&dw.bias_rh), ..Epilogue::default() };
+        // A step's products are small (one row per sequence): below a million multiply-adds
+        // waking the other threads costs more than it saves.
+        let par: &dyn crate::gemm::Parallel =
+            if batch * hidden * g3 < STEP_PARALLEL_MACS { &crate::gemm::Sequential } else { self.par };
+        for s in 0..t_len {
+            let t = if self.reverse { t_len - 1 - s } else { s };
+            let xrow = |bi: usize| {
+                let row = if self.batch_first { bi * t_len + t } else { t * batch + bi };
+                &self.xp[row * g3..(row + 1) * g3]
+            };
+            gemm_rows(h, batch, hidden, self.blocking, &dw.r_zr, &mut zr, 2 * hidden, &Epilogue::default(), par);
+            // z and r: σ(x + h·R).
+            for bi in 0..batch {
+                let (xr, g) = (xrow(bi), &mut zr[bi * 2 * hidden..(bi + 1) * 2 * hidden]);
+                for (v, &xv) in g.iter_mut().zip(&xr[..2 * hidden]) {
+                    *v = math::sigmoid(*v + xv);
+                }
+            }
+            if self.linear_before_reset {
+                gemm_rows(h, batch, hidden, self.blocking, &dw.r_h, &mut cand, hidden, &bias_rh, par);
+                for bi in 0..batch {
+                    let r = &zr[bi * 2 * hidden + hidden..(bi + 1) * 2 * hidden];
+                    for (cv, &rv) in cand[bi * hidden..(bi + 1) * hidden].iter_mut().zip(r) {
+                        *cv *= rv;
+                    }
+                }
+            } else {
+                for bi in 0..batch {
+                    let r = &zr[bi * 2 * hidden + hidden..(bi + 1) * 2 * hidden];
+                    let (dst, src) = (&mut rh[bi * hidden..(bi + 1) * hidden], &h[bi * hidden..(bi + 1) * hidden]);
+                    for ((o, &rv), &hv) in dst.iter_mut().zip(r).zip(src) {
+                        *o = rv * hv;
+                    }
+                }
+                gemm_rows(&rh, batch, hidden, self.blocking, &dw.r_h, &mut cand, hidden, &bias_rh, par);
+            }
+            for bi in 0..batch {
+                let xr = &xrow(bi)[2 * hidden..];
+                let z = &zr[bi * 2 * hidden..bi * 2 * hidden + hidden];
+                let (hr, cr) = (&mut h[bi * hidden..(bi + 1) * hidden], &cand[bi * hidden..(bi + 1) * hidden]);
+                for (((hv, &c), &xv), &zv) in hr.iter_mut().zip(cr).zip(xr).zip(z) {
+                    let c = math::tanh(c + xv);
+                    *hv = (1.0 - zv) * c + zv * *hv;
+                }
+                let at = if self.batch_first {
+                    ((bi * t_len + t) * self.dirs + self.d) * hidden
+                } else {
+                    ((t * self.dirs + self.d) * batch + bi) * hidden
+                };
+                y[at..at + hidden].copy_from_slice(hr);
+            }
+        }
+    }
+}
