@@ -1034,9 +1034,20 @@ fn random_grus() {
     random_recurrent("GRU", 37);
 }
 
-/// Random `op` nodes (`LSTM`: 4 gates, hidden and cell state; `GRU`: 3 gates, hidden state).
+/// Plain RNNs on the fast path, as the LSTMs, with Tanh or Relu.
+#[test]
+fn random_rnns() {
+    random_recurrent("RNN", 41);
+}
+
+/// Random `op` nodes (`LSTM`: 4 gates, hidden and cell state; `GRU`: 3 gates, hidden state;
+/// `RNN`: 1 gate, hidden state).
 fn random_recurrent(op: &str, seed: u64) {
-    let (gates, states): (usize, &[&str]) = if op == "LSTM" { (4, &["h0", "c0"]) } else { (3, &["h0"]) };
+    let (gates, states): (usize, &[&str]) = match op {
+        "LSTM" => (4, &["h0", "c0"]),
+        "GRU" => (3, &["h0"]),
+        _ => (1, &["h0"]),
+    };
     let mut r = Rng(seed);
     for case in 0..40 {
         let dir = r.pick(&["forward", "reverse", "bidirectional"]);
@@ -1087,6 +1098,19 @@ fn random_recurrent(op: &str, seed: u64) {
         let mut attrs = vec![int_attr("hidden_size", h as i64), int_attr("layout", layout), s("direction", dir)];
         if op == "GRU" {
             attrs.push(int_attr("linear_before_reset", lbr));
+        }
+        if op == "RNN" && lbr == 1 {
+            let act = if dirs == 2 {
+                vec![b"Relu".to_vec().into(), b"Tanh".to_vec().into()]
+            } else {
+                vec![b"Relu".to_vec().into()]
+            };
+            attrs.push(AttributeProto {
+                name: Some("activations".into()),
+                r#type: Some(AttributeType::Strings as i32),
+                strings: act,
+                ..Default::default()
+            });
         }
         let mut n = node(op, "rnn", &ins, outs, attrs);
         n.output = outs.iter().map(|o| o.to_string()).collect();

@@ -151,7 +151,9 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) 
     for (d, dw) in weights.dirs.iter().enumerate() {
         let mut xp = vec![0f32; rows * g3];
         let ep = Epilogue { col_bias: Some(&dw.bias_x), ..Epilogue::default() };
-        gemm_rows(xd, rows, input, cx.blocking, &dw.w, &mut xp, g3, &ep, cx.par);
+        let proj_par: &dyn crate::gemm::Parallel =
+            if rows * input * g3 < STEP_PARALLEL_MACS { &crate::gemm::Sequential } else { cx.par };
+        gemm_rows(xd, rows, input, cx.blocking, &dw.w, &mut xp, g3, &ep, proj_par);
         let mut h: Vec<f32> = h0.map_or(vec![0.0; batch * hidden], |t| {
             t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
         });

@@ -41,6 +41,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Gather" => super::data::gather,
         "LSTM" => super::recurrent::lstm,
         "GRU" => super::gru::gru,
+        "RNN" => super::rnn::rnn,
         "Where" => super::logic::where_,
         "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => super::logic::compare,
         "Not" => super::logic::not,

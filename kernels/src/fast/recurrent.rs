@@ -123,10 +123,12 @@ pub enum RecurrentWeights {
     Lstm(LstmWeights),
     /// A GRU's.
     Gru(super::GruWeights),
+    /// A plain RNN's.
+    Rnn(super::RnnWeights),
 }
 
 impl RecurrentWeights {
-    /// Packs the weights of an `LSTM` or `GRU` node (W, R and B, if given); None for other
+    /// Packs the weights of an `LSTM`, `GRU` or `RNN` node (W, R and B, if given); None for other
     /// ops, types or shapes (the node then packs on each run, or falls back).
     pub fn pack(
         op: &str,
@@ -139,6 +141,7 @@ impl RecurrentWeights {
         match op {
             "LSTM" => LstmWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Lstm),
             "GRU" => super::GruWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Gru),
+            "RNN" => super::RnnWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Rnn),
             _ => None,
         }
     }
@@ -148,6 +151,7 @@ impl RecurrentWeights {
         match (self, n.op.as_str()) {
             (RecurrentWeights::Lstm(w), "LSTM") => run(n, ins, cx, Some(w)),
             (RecurrentWeights::Gru(w), "GRU") => super::gru::gru_packed(n, ins, cx, w),
+            (RecurrentWeights::Rnn(w), "RNN") => super::rnn::rnn_packed(n, ins, cx, w),
             _ => None,
         }
     }

@@ -124,7 +124,7 @@ pub struct CpuProgram {
     arenas: std::sync::Mutex<Vec<run::Arena>>,
     /// Compiled bodies of control-flow nodes (the others are interpreted).
     bodies: Bodies,
-    /// The packed weights of LSTMs and GRUs whose weights are constants, by node index.
+    /// The packed weights of LSTMs, GRUs and RNNs whose weights are constants, by node index.
     recurrent: HashMap<usize, aim_kernels::fast::RecurrentWeights>,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
@@ -182,12 +182,12 @@ impl CpuProgram {
                 prepared.insert(i, r?);
             }
         }
-        // LSTMs and GRUs with constant weights get them packed now, not on every run.
+        // LSTMs, GRUs and RNNs with constant weights get them packed now, not on every run.
         let recurrent: HashMap<usize, aim_kernels::fast::RecurrentWeights> = graph
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.domain.is_empty() && matches!(n.op.as_str(), "LSTM" | "GRU"))
+            .filter(|(_, n)| n.domain.is_empty() && matches!(n.op.as_str(), "LSTM" | "GRU" | "RNN"))
             .filter_map(|(i, n)| {
                 let init = |k: usize| n.input(k).map(|v| graph.initializers.get(v));
                 let (w, r) = (init(1)??, init(2)??);
