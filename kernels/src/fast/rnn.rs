@@ -63,9 +63,12 @@ impl RnnWeights {
     }
 }
 
+/// An activation applied per element.
+type Act = fn(f32) -> f32;
+
 /// The activation of each direction, if all are ones this kernel computes.
-fn activations(n: &Node, dirs: usize) -> Option<Vec<fn(f32) -> f32>> {
-    let pick = |a: &str| -> Option<fn(f32) -> f32> {
+fn activations(n: &Node, dirs: usize) -> Option<Vec<Act>> {
+    let pick = |a: &str| -> Option<Act> {
         match a.to_ascii_lowercase().as_str() {
             "tanh" => Some(math::tanh),
             "sigmoid" => Some(math::sigmoid),
@@ -74,7 +77,7 @@ fn activations(n: &Node, dirs: usize) -> Option<Vec<fn(f32) -> f32>> {
         }
     };
     match n.strings("activations") {
-        None => Some(vec![math::tanh as fn(f32) -> f32; dirs]),
+        None => Some(vec![math::tanh as Act; dirs]),
         Some(a) if a.len() == dirs => a.iter().map(|s| pick(s)).collect(),
         Some(_) => None,
     }
