@@ -8,6 +8,7 @@
 
 use super::math;
 use super::output::Output;
+use super::sequence::Seq;
 use super::Ctx;
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB};
 use crate::util::Result;
@@ -94,94 +95,47 @@ pub(super) fn gru(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<V
 }
 
 fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) -> Option<Result<Vec<Tensor>>> {
-    let f32_at = |i: usize| ins.get(i).and_then(|t| t.as_ref()).filter(|t| t.dtype() == DType::F32);
-    let (x, w, r) = (f32_at(0)?, f32_at(1)?, f32_at(2)?);
-    if n.attrs.contains_key("clip") || !default_activations(n) || x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
+    if n.attrs.contains_key("clip") || !default_activations(n) {
         return None;
     }
-    let batch_first = n.int("layout", 0) != 0;
-    let (t_len, batch, input) = if batch_first {
-        (x.shape()[1], x.shape()[0], x.shape()[2])
-    } else {
-        (x.shape()[0], x.shape()[1], x.shape()[2])
-    };
-    let (dirs, hidden) = (w.shape()[0], r.shape()[2]);
-    let direction = n.string("direction", "forward");
-    let fits = (direction == "bidirectional") == (dirs == 2)
-        && w.shape()[1] == 3 * hidden
-        && w.shape()[2] == input
-        && r.shape()[..2] == [dirs, 3 * hidden]
-        && n.opt_int("hidden_size").is_none_or(|h| h as usize == hidden);
-    if !fits {
-        return None;
-    }
-    if let Some(lens) = ins.get(4).and_then(|t| t.as_ref()) {
-        if lens.len() != batch || lens.to_i64_vec().iter().any(|&l| l != t_len as i64) {
-            return None;
-        }
-    }
-    let bias = f32_at(3).filter(|b| b.shape() == [dirs, 6 * hidden]);
-    if ins.get(3).is_some_and(|b| b.is_some()) && bias.is_none() {
-        return None;
-    }
-    let h0 = match ins.get(5).and_then(|t| t.as_ref()) {
-        None => None,
-        Some(t) if t.dtype() == DType::F32 && t.shape() == [dirs, batch, hidden] => Some(t),
-        Some(_) => return None,
-    };
+    let q = Seq::parse(n, ins, 3)?;
+    let h0 = q.state(ins, 5)?;
     let packed_now;
     let weights = match packed {
-        Some(p) if p.shapes == (w.shape().to_vec(), r.shape().to_vec()) => p,
+        Some(p) if p.shapes == (q.w.shape().to_vec(), q.r.shape().to_vec()) => p,
         Some(_) => return None,
         None => {
-            packed_now = GruWeights::pack(w, r, bias, cx.isa, cx.blocking)?;
+            packed_now = GruWeights::pack(q.w, q.r, q.bias, cx.isa, cx.blocking)?;
             &packed_now
         }
     };
     let linear_before_reset = n.int("linear_before_reset", 0) != 0;
-    let y_shape = if batch_first { vec![batch, t_len, dirs, hidden] } else { vec![t_len, dirs, batch, hidden] };
-    let mut y = match Output::new(cx.out, DType::F32, &y_shape) {
+    let mut y = match Output::new(cx.out, DType::F32, &q.y_shape()) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
-    let mut yh = vec![0f32; dirs * batch * hidden];
-    let (xd, yd) = (x.data::<f32>(), y.bits_mut());
+    let (batch, hidden) = (q.batch, q.hidden);
+    let mut yh = vec![0f32; q.dirs * batch * hidden];
+    let (xd, yd) = (q.x.data::<f32>(), y.bits_mut());
     let g3 = 3 * hidden;
-    let rows = t_len * batch;
+    let rows = q.t_len * batch;
     for (d, dw) in weights.dirs.iter().enumerate() {
         let mut xp = vec![0f32; rows * g3];
         let ep = Epilogue { col_bias: Some(&dw.bias_x), ..Epilogue::default() };
         let proj_par: &dyn crate::gemm::Parallel =
-            if rows * input * g3 < STEP_PARALLEL_MACS { &crate::gemm::Sequential } else { cx.par };
-        gemm_rows(xd, rows, input, cx.blocking, &dw.w, &mut xp, g3, &ep, proj_par);
-        let mut h: Vec<f32> = h0.map_or(vec![0.0; batch * hidden], |t| {
-            t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
-        });
-        let reverse = direction == "reverse" || d == 1;
-        let job = Direction {
-            dw,
-            xp: &xp,
-            t_len,
-            batch,
-            hidden,
-            dirs,
-            d,
-            batch_first,
-            reverse,
-            linear_before_reset,
-            blocking: cx.blocking,
-            par: cx.par,
-        };
+            if rows * q.input * g3 < STEP_PARALLEL_MACS { &crate::gemm::Sequential } else { cx.par };
+        gemm_rows(xd, rows, q.input, cx.blocking, &dw.w, &mut xp, g3, &ep, proj_par);
+        let mut h = q.initial(h0, d);
+        let job = Direction { dw, xp: &xp, q: &q, d, linear_before_reset, blocking: cx.blocking, par: cx.par };
         job.run(cx.isa, &mut h, yd);
         for bi in 0..batch {
-            let at = if batch_first { (bi * dirs + d) * hidden } else { (d * batch + bi) * hidden };
+            let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
         }
     }
-    let state_shape = if batch_first { vec![batch, dirs, hidden] } else { vec![dirs, batch, hidden] };
     let mut outs = vec![y.finish()];
     if n.outputs.len() > 1 {
-        outs.push(Tensor::from_vec(&state_shape, yh));
+        outs.push(Tensor::from_vec(&q.state_shape(), yh));
     }
     Some(Ok(outs))
 }
@@ -195,13 +149,8 @@ struct Direction<'a> {
     dw: &'a Dir,
     /// The input projections (rows in X's order, 3h each).
     xp: &'a [f32],
-    t_len: usize,
-    batch: usize,
-    hidden: usize,
-    dirs: usize,
+    q: &'a Seq<'a>,
     d: usize,
-    batch_first: bool,
-    reverse: bool,
     linear_before_reset: bool,
     blocking: Blocking,
     par: &'a dyn crate::gemm::Parallel,
@@ -232,7 +181,8 @@ impl Direction<'_> {
 
     #[inline(always)]
     fn steps(&self, h: &mut [f32], y: &mut [f32]) {
-        let (batch, hidden, t_len) = (self.batch, self.hidden, self.t_len);
+        let q = self.q;
+        let (batch, hidden, t_len) = (q.batch, q.hidden, q.t_len);
         let (g3, dw) = (3 * hidden, self.dw);
         let (mut zr, mut cand, mut rh) =
             (vec![0f32; batch * 2 * hidden], vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
@@ -242,9 +192,9 @@ impl Direction<'_> {
         let par: &dyn crate::gemm::Parallel =
             if batch * hidden * g3 < STEP_PARALLEL_MACS { &crate::gemm::Sequential } else { self.par };
         for s in 0..t_len {
-            let t = if self.reverse { t_len - 1 - s } else { s };
+            let t = if q.reverse(self.d) { t_len - 1 - s } else { s };
             let xrow = |bi: usize| {
-                let row = if self.batch_first { bi * t_len + t } else { t * batch + bi };
+                let row = q.x_row(t, bi);
                 &self.xp[row * g3..(row + 1) * g3]
             };
             gemm_rows(h, batch, hidden, self.blocking, &dw.r_zr, &mut zr, 2 * hidden, &Epilogue::default(), par);
@@ -281,11 +231,7 @@ impl Direction<'_> {
                     let c = math::tanh(c + xv);
                     *hv = (1.0 - zv) * c + zv * *hv;
                 }
-                let at = if self.batch_first {
-                    ((bi * t_len + t) * self.dirs + self.d) * hidden
-                } else {
-                    ((t * self.dirs + self.d) * batch + bi) * hidden
-                };
+                let at = q.y_at(t, bi, self.d);
                 y[at..at + hidden].copy_from_slice(hr);
             }
         }

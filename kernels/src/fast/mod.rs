@@ -15,6 +15,7 @@ mod ops;
 mod output;
 mod recurrent;
 mod rnn;
+mod sequence;
 pub use gru::GruWeights;
 pub use recurrent::{LstmWeights, RecurrentWeights};
 pub use rnn::RnnWeights;

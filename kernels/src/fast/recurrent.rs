@@ -8,6 +8,7 @@
 
 use super::math;
 use super::output::Output;
+use super::sequence::Seq;
 use super::Ctx;
 use crate::gemm::{gemm_rows, Epilogue, Isa, IsaKind, PackedB};
 use crate::util::Result;
@@ -162,117 +163,68 @@ pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<
 }
 
 fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>) -> Option<Result<Vec<Tensor>>> {
-    let f32_at = |i: usize| ins.get(i).and_then(|t| t.as_ref()).filter(|t| t.dtype() == DType::F32);
-    let (x, w, r) = (f32_at(0)?, f32_at(1)?, f32_at(2)?);
     let peepholes = ins.get(7).is_some_and(|p| p.is_some());
     if peepholes || n.attrs.contains_key("clip") || n.int("input_forget", 0) != 0 || !default_activations(n) {
         return None;
     }
-    if x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
-        return None;
-    }
-    let batch_first = n.int("layout", 0) != 0;
-    let (t_len, batch, input) = if batch_first {
-        (x.shape()[1], x.shape()[0], x.shape()[2])
-    } else {
-        (x.shape()[0], x.shape()[1], x.shape()[2])
-    };
-    let dirs = w.shape()[0];
-    let hidden = r.shape()[2];
-    let direction = n.string("direction", "forward");
-    let fits = (direction == "bidirectional") == (dirs == 2)
-        && w.shape()[1] == 4 * hidden
-        && w.shape()[2] == input
-        && r.shape()[0] == dirs
-        && r.shape()[1] == 4 * hidden
-        && n.opt_int("hidden_size").is_none_or(|h| h as usize == hidden);
-    if !fits {
-        return None;
-    }
-    // Sequence lengths other than the whole sequence: the reference kernel.
-    if let Some(lens) = ins.get(4).and_then(|t| t.as_ref()) {
-        if lens.len() != batch || lens.to_i64_vec().iter().any(|&l| l != t_len as i64) {
-            return None;
-        }
-    }
-    let bias = f32_at(3).filter(|b| b.shape() == [dirs, 8 * hidden]);
-    if ins.get(3).is_some_and(|b| b.is_some()) && bias.is_none() {
-        return None;
-    }
-    let state = |i: usize| -> Option<Option<&Tensor>> {
-        match ins.get(i).and_then(|t| t.as_ref()) {
-            None => Some(None),
-            Some(t) => (t.dtype() == DType::F32 && t.shape() == [dirs, batch, hidden]).then_some(Some(t)),
-        }
-    };
-    let (h0, c0) = (state(5)?, state(6)?);
-    let y_shape = if batch_first { vec![batch, t_len, dirs, hidden] } else { vec![t_len, dirs, batch, hidden] };
-    let mut y = match Output::new(cx.out, DType::F32, &y_shape) {
+    let q = Seq::parse(n, ins, 4)?;
+    let (h0, c0) = (q.state(ins, 5)?, q.state(ins, 6)?);
+    let mut y = match Output::new(cx.out, DType::F32, &q.y_shape()) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
-    let state_shape = if batch_first { vec![batch, dirs, hidden] } else { vec![dirs, batch, hidden] };
-    let mut yh = vec![0f32; dirs * batch * hidden];
-    let mut yc = vec![0f32; dirs * batch * hidden];
-    let xd = x.data::<f32>();
+    let (batch, hidden, input, t_len) = (q.batch, q.hidden, q.input, q.t_len);
+    let mut yh = vec![0f32; q.dirs * batch * hidden];
+    let mut yc = vec![0f32; q.dirs * batch * hidden];
+    let xd = q.x.data::<f32>();
     let yd = y.bits_mut();
     let g4 = 4 * hidden;
     let rows = t_len * batch;
     let packed_now;
     let weights = match packed {
-        Some(p) if p.shapes == (w.shape().to_vec(), r.shape().to_vec()) => p,
+        Some(p) if p.shapes == (q.w.shape().to_vec(), q.r.shape().to_vec()) => p,
         Some(_) => return None,
         None => {
-            packed_now = LstmWeights::pack(w, r, bias, cx.isa, cx.blocking)?;
+            packed_now = LstmWeights::pack(q.w, q.r, q.bias, cx.isa, cx.blocking)?;
             &packed_now
         }
     };
-    for d in 0..dirs {
+    for d in 0..q.dirs {
         let (pw, pr, b) = &weights.dirs[d];
         // The input projection of every step: rows in X's own order.
         let mut xp = vec![0f32; rows * g4];
         let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
         gemm_rows(xd, rows, input, cx.blocking, pw, &mut xp, g4, &ep, cx.par);
-        let mut h: Vec<f32> = h0.map_or(vec![0.0; batch * hidden], |t| {
-            t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
-        });
-        let mut c: Vec<f32> = c0.map_or(vec![0.0; batch * hidden], |t| {
-            t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
-        });
-        let reverse = direction == "reverse" || d == 1;
+        let (mut h, mut c) = (q.initial(h0, d), q.initial(c0, d));
         let mut g = vec![0f32; batch * g4];
         let mut xt = vec![0f32; batch * g4];
         for s in 0..t_len {
-            let t = if reverse { t_len - 1 - s } else { s };
+            let t = if q.reverse(d) { t_len - 1 - s } else { s };
             // This step's projections, one row per batch entry.
             for bi in 0..batch {
-                let row = if batch_first { bi * t_len + t } else { t * batch + bi };
+                let row = q.x_row(t, bi);
                 xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
             }
             let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
             gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, cx.par);
             gates(cx.isa, &g, &mut c, &mut h, hidden);
             for bi in 0..batch {
-                let at = if batch_first {
-                    ((bi * t_len + t) * dirs + d) * hidden
-                } else {
-                    ((t * dirs + d) * batch + bi) * hidden
-                };
+                let at = q.y_at(t, bi, d);
                 yd[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
             }
         }
         for bi in 0..batch {
-            let at = if batch_first { (bi * dirs + d) * hidden } else { (d * batch + bi) * hidden };
+            let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
             yc[at..at + hidden].copy_from_slice(&c[bi * hidden..(bi + 1) * hidden]);
         }
     }
     let mut outs = vec![y.finish()];
     if n.outputs.len() > 1 {
-        outs.push(Tensor::from_vec(&state_shape, yh));
+        outs.push(Tensor::from_vec(&q.state_shape(), yh));
     }
     if n.outputs.len() > 2 {
-        outs.push(Tensor::from_vec(&state_shape, yc));
+        outs.push(Tensor::from_vec(&q.state_shape(), yc));
     }
     Some(Ok(outs))
 }

@@ -6,6 +6,7 @@
 
 use super::math;
 use super::output::Output;
+use super::sequence::Seq;
 use super::Ctx;
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel, Sequential};
 use crate::util::Result;
@@ -98,73 +99,41 @@ pub(super) fn rnn(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<V
 }
 
 fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&RnnWeights>) -> Option<Result<Vec<Tensor>>> {
-    let f32_at = |i: usize| ins.get(i).and_then(|t| t.as_ref()).filter(|t| t.dtype() == DType::F32);
-    let (x, w, r) = (f32_at(0)?, f32_at(1)?, f32_at(2)?);
-    if n.attrs.contains_key("clip") || x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
+    if n.attrs.contains_key("clip") {
         return None;
     }
-    let batch_first = n.int("layout", 0) != 0;
-    let (t_len, batch, input) = if batch_first {
-        (x.shape()[1], x.shape()[0], x.shape()[2])
-    } else {
-        (x.shape()[0], x.shape()[1], x.shape()[2])
-    };
-    let (dirs, hidden) = (w.shape()[0], w.shape()[1]);
-    let direction = n.string("direction", "forward");
-    let fits = (direction == "bidirectional") == (dirs == 2)
-        && w.shape()[2] == input
-        && r.shape() == [dirs, hidden, hidden]
-        && n.opt_int("hidden_size").is_none_or(|h| h as usize == hidden);
-    let acts = activations(n, dirs)?;
-    if !fits {
-        return None;
-    }
-    if let Some(lens) = ins.get(4).and_then(|t| t.as_ref()) {
-        if lens.len() != batch || lens.to_i64_vec().iter().any(|&l| l != t_len as i64) {
-            return None;
-        }
-    }
-    let bias = f32_at(3).filter(|b| b.shape() == [dirs, 2 * hidden]);
-    if ins.get(3).is_some_and(|b| b.is_some()) && bias.is_none() {
-        return None;
-    }
-    let h0 = match ins.get(5).and_then(|t| t.as_ref()) {
-        None => None,
-        Some(t) if t.dtype() == DType::F32 && t.shape() == [dirs, batch, hidden] => Some(t),
-        Some(_) => return None,
-    };
+    let q = Seq::parse(n, ins, 1)?;
+    let acts = activations(n, q.dirs)?;
+    let h0 = q.state(ins, 5)?;
+    let (batch, hidden, input) = (q.batch, q.hidden, q.input);
     let packed_now;
     let weights = match packed {
-        Some(p) if p.shapes == (w.shape().to_vec(), r.shape().to_vec()) => p,
+        Some(p) if p.shapes == (q.w.shape().to_vec(), q.r.shape().to_vec()) => p,
         Some(_) => return None,
         None => {
-            packed_now = RnnWeights::pack(w, r, bias, cx.isa, cx.blocking)?;
+            packed_now = RnnWeights::pack(q.w, q.r, q.bias, cx.isa, cx.blocking)?;
             &packed_now
         }
     };
-    let y_shape = if batch_first { vec![batch, t_len, dirs, hidden] } else { vec![t_len, dirs, batch, hidden] };
-    let mut y = match Output::new(cx.out, DType::F32, &y_shape) {
+    let mut y = match Output::new(cx.out, DType::F32, &q.y_shape()) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
-    let mut yh = vec![0f32; dirs * batch * hidden];
-    let (xd, yd) = (x.data::<f32>(), y.bits_mut());
-    let rows = t_len * batch;
+    let mut yh = vec![0f32; q.dirs * batch * hidden];
+    let (xd, yd) = (q.x.data::<f32>(), y.bits_mut());
+    let rows = q.t_len * batch;
     let par: &dyn Parallel = if batch * hidden * hidden < STEP_PARALLEL_MACS { &Sequential } else { cx.par };
     for (d, (pw, pr, b)) in weights.dirs.iter().enumerate() {
         let mut xp = vec![0f32; rows * hidden];
         let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
         let proj_par: &dyn Parallel = if rows * input * hidden < STEP_PARALLEL_MACS { &Sequential } else { cx.par };
         gemm_rows(xd, rows, input, cx.blocking, pw, &mut xp, hidden, &ep, proj_par);
-        let mut h: Vec<f32> = h0.map_or(vec![0.0; batch * hidden], |t| {
-            t.data::<f32>()[d * batch * hidden..(d + 1) * batch * hidden].to_vec()
-        });
-        let reverse = direction == "reverse" || d == 1;
+        let mut h = q.initial(h0, d);
         let (mut g, mut xt) = (vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
-        for s in 0..t_len {
-            let t = if reverse { t_len - 1 - s } else { s };
+        for s in 0..q.t_len {
+            let t = if q.reverse(d) { q.t_len - 1 - s } else { s };
             for bi in 0..batch {
-                let row = if batch_first { bi * t_len + t } else { t * batch + bi };
+                let row = q.x_row(t, bi);
                 xt[bi * hidden..(bi + 1) * hidden].copy_from_slice(&xp[row * hidden..(row + 1) * hidden]);
             }
             let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
@@ -173,23 +142,18 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&RnnWeights>) 
                 *hv = acts[d](gv);
             }
             for bi in 0..batch {
-                let at = if batch_first {
-                    ((bi * t_len + t) * dirs + d) * hidden
-                } else {
-                    ((t * dirs + d) * batch + bi) * hidden
-                };
+                let at = q.y_at(t, bi, d);
                 yd[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
             }
         }
         for bi in 0..batch {
-            let at = if batch_first { (bi * dirs + d) * hidden } else { (d * batch + bi) * hidden };
+            let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
         }
     }
-    let state_shape = if batch_first { vec![batch, dirs, hidden] } else { vec![dirs, batch, hidden] };
     let mut outs = vec![y.finish()];
     if n.outputs.len() > 1 {
-        outs.push(Tensor::from_vec(&state_shape, yh));
+        outs.push(Tensor::from_vec(&q.state_shape(), yh));
     }
     Some(Ok(outs))
 }
