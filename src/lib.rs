@@ -17,9 +17,11 @@ mod guard;
 pub mod npz;
 mod random;
 mod specialize;
+mod views;
 
 pub use aim_ir::{DType, Dim, Tensor, ValueType};
 pub use random::random_inputs;
+pub use views::TensorView;
 
 use aim_runtime::RunOptions;
 use std::collections::{BTreeMap, HashMap};
