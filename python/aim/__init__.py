@@ -1,0 +1,191 @@
+"""aim: an inference compiler for neural networks, from Python.
+
+Two ways in:
+
+- ``aim.Model(path)``: ``.run({"input": array})`` returns a dict of NumPy arrays by output
+  name; ``.inputs`` / ``.outputs`` describe what the model takes and gives.
+- ``aim.InferenceSession(path, sess_options=None, providers=None)``: ONNX Runtime's API
+  (``get_inputs()``, ``get_outputs()``, ``run(output_names, input_feed)``, ``SessionOptions``
+  with ``intra_op_num_threads``), so code written for ``onnxruntime`` runs on aim by
+  changing the import.
+
+The model is compiled for this CPU when it loads (and again for each new input shape where
+its inputs have symbolic dims). The GIL is released while a model loads and runs, so runs
+from several Python threads proceed in parallel. Errors are raised as ``aim.AimError`` with
+aim's message, naming the file, node or input at fault.
+"""
+
+import warnings
+
+import numpy as np
+
+from ._aim import AimError, __version__
+from ._aim import Model as _NativeModel
+
+__all__ = ["AimError", "InferenceSession", "Model", "NodeArg", "SessionOptions", "get_available_providers",
+           "__version__"]
+
+# ONNX Runtime's type strings, by NumPy dtype name.
+_ORT_TYPES = {
+    "float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
+    "bfloat16": "tensor(bfloat16)", "int8": "tensor(int8)", "int16": "tensor(int16)", "int32": "tensor(int32)",
+    "int64": "tensor(int64)", "uint8": "tensor(uint8)", "uint16": "tensor(uint16)", "uint32": "tensor(uint32)",
+    "uint64": "tensor(uint64)", "bool": "tensor(bool)",
+}
+
+_PROVIDERS = ["CPUExecutionProvider"]
+
+
+def get_available_providers():
+    """The execution providers aim offers (onnxruntime.get_available_providers)."""
+    return list(_PROVIDERS)
+
+
+def _feeds(feeds, declared):
+    """Input arrays as aim reads them: C-contiguous NumPy arrays in native byte order
+    (arrays that already are pass through without a copy; Python scalars and lists
+    become arrays of the input's declared dtype)."""
+    out = {}
+    for name, value in feeds.items():
+        a = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=declared.get(name))
+        if not a.dtype.isnative:
+            a = a.astype(a.dtype.newbyteorder("="))
+        out[name] = np.ascontiguousarray(a)
+    return out
+
+
+class Model:
+    """A model compiled for this CPU: ``Model(path_or_bytes, threads=None, cpu=None,
+    backend=None)``.
+
+    ``threads``: worker threads per run (default: one per physical core); ``cpu``: an ISA
+    cap such as ``"x86-64-v3"``; ``backend``: ``"cpu"`` (default) or ``"reference"`` (the
+    reference kernels, interpreted).
+    """
+
+    def __init__(self, model, threads=None, cpu=None, backend=None):
+        if not isinstance(model, (bytes, bytearray)):
+            model = str(model)
+        elif isinstance(model, bytearray):
+            model = bytes(model)
+        self._native = _NativeModel(model, threads=threads, cpu=cpu, backend=backend)
+        self._declared = {n: d for n, d, _ in self._native.inputs if d is not None and d != "bfloat16"}
+
+    @property
+    def inputs(self):
+        """The inputs as ``(name, dtype, shape)``: dtype a NumPy dtype name, shape a list
+        with ints for static dims and strings for symbolic ones."""
+        return self._native.inputs
+
+    @property
+    def outputs(self):
+        """The outputs as ``(name, dtype, shape)``."""
+        return self._native.outputs
+
+    @property
+    def threads(self):
+        """Worker threads a run uses."""
+        return self._native.threads
+
+    def run(self, feeds):
+        """Runs the model on ``feeds`` ({input name: array}); returns {output name: array}
+        for every output, in the model's order."""
+        return self._native.run(_feeds(feeds, self._declared))
+
+    def __repr__(self):
+        return repr(self._native)
+
+
+class NodeArg:
+    """An input or output of an InferenceSession, as ONNX Runtime describes it: ``name``,
+    ``type`` (``"tensor(float)"``) and ``shape`` (ints, strings for symbolic dims, None for
+    unknown ones)."""
+
+    __slots__ = ("name", "type", "shape")
+
+    def __init__(self, name, type, shape):
+        self.name, self.type, self.shape = name, type, shape
+
+    def __repr__(self):
+        return f"NodeArg(name='{self.name}', type='{self.type}', shape={self.shape})"
+
+
+class SessionOptions:
+    """ONNX Runtime's session options, as far as they mean something to aim.
+
+    ``intra_op_num_threads`` (0: one thread per physical core) sets aim's worker threads.
+    aim always optimises fully and runs nodes in order, so ``graph_optimization_level``,
+    ``execution_mode`` and ``inter_op_num_threads`` are accepted and have no effect; the
+    logging fields likewise. Setting any other attribute is an AttributeError, as in ONNX
+    Runtime.
+    """
+
+    __slots__ = ("intra_op_num_threads", "inter_op_num_threads", "graph_optimization_level", "execution_mode",
+                 "log_severity_level", "log_verbosity_level", "enable_profiling", "enable_cpu_mem_arena",
+                 "enable_mem_pattern", "optimized_model_filepath", "logid")
+
+    def __init__(self):
+        self.intra_op_num_threads = 0
+        self.inter_op_num_threads = 0
+        self.graph_optimization_level = None
+        self.execution_mode = None
+        self.log_severity_level = 2
+        self.log_verbosity_level = 0
+        self.enable_profiling = False
+        self.enable_cpu_mem_arena = True
+        self.enable_mem_pattern = True
+        self.optimized_model_filepath = ""
+        self.logid = ""
+
+
+class InferenceSession:
+    """ONNX Runtime's InferenceSession on aim: ``InferenceSession(path_or_bytes,
+    sess_options=None, providers=None)``.
+
+    Providers other than ``CPUExecutionProvider`` are not available: asking for them warns
+    and the session runs on the CPU, as ONNX Runtime does for providers it lacks.
+    """
+
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
+        opts = sess_options or SessionOptions()
+        if not isinstance(opts, SessionOptions):
+            raise TypeError(f"sess_options must be aim.SessionOptions, got {type(opts).__name__}")
+        for p in providers or []:
+            name = p[0] if isinstance(p, tuple) else p
+            if name not in _PROVIDERS:
+                warnings.warn(f"Specified provider '{name}' is not in available provider names "
+                              f"({', '.join(_PROVIDERS)}): aim runs the model on the CPU", RuntimeWarning,
+                              stacklevel=2)
+        threads = int(opts.intra_op_num_threads or 0)
+        if threads < 0:
+            raise ValueError(f"intra_op_num_threads must be 0 or more, got {threads}")
+        self._model = Model(path_or_bytes, threads=threads or None)
+        self._inputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.inputs]
+        self._outputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.outputs]
+
+    def get_inputs(self):
+        """The model's inputs, as NodeArgs."""
+        return list(self._inputs)
+
+    def get_outputs(self):
+        """The model's outputs, as NodeArgs."""
+        return list(self._outputs)
+
+    def get_providers(self):
+        """The providers this session runs on."""
+        return list(_PROVIDERS)
+
+    def run(self, output_names, input_feed, run_options=None):
+        """Runs the model; returns the outputs named by ``output_names`` (all of them, in
+        the model's order, when None or empty) as a list of NumPy arrays."""
+        known = [o.name for o in self._outputs]
+        names = list(output_names) if output_names else known
+        for n in names:
+            if n not in known:
+                raise AimError(f"the model has no output named '{n}' (its outputs: {', '.join(known)})")
+        given = set(input_feed)
+        missing = [i.name for i in self._inputs if i.name not in given]
+        if missing:
+            raise AimError(f"missing input{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
+        outs = self._model.run(input_feed)
+        return [outs[n] for n in names]

@@ -1,0 +1,179 @@
+"""aim's Python package against ONNX Runtime: the same models, the same inputs, the same
+API. The models are what tests/models/make_models.py writes, in the directory AIM_MODELS
+names (tests/run.sh sets it)."""
+
+import os
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import aim
+
+MODELS = os.environ.get("AIM_MODELS")
+needs_models = pytest.mark.skipif(not MODELS, reason="AIM_MODELS is not set (tests/run.sh sets it)")
+
+BENCHMARK = ["mlp", "mlp_b64", "mobilenetv2", "bert_l6", "resnet50", "yolo_like", "gpt2_step"]
+
+
+def path(name):
+    return os.path.join(MODELS, name + ".onnx")
+
+
+def feeds(name):
+    with np.load(os.path.join(MODELS, name + ".inputs.npz")) as z:
+        return {k: z[k] for k in z.files}
+
+
+def ort_session(name):
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = 1
+    return ort.InferenceSession(path(name), o, providers=["CPUExecutionProvider"])
+
+
+def close(got, want):
+    """Within 1e-3 of the output's largest magnitude (integers exactly)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if np.issubdtype(want.dtype, np.floating):
+        scale = max(float(np.max(np.abs(want))), 1e-6)
+        assert float(np.max(np.abs(got.astype(np.float64) - want))) <= 1e-3 * scale
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_models
+@pytest.mark.parametrize("name", BENCHMARK)
+def test_inference_session_matches_onnxruntime(name):
+    ref = ort_session(name)
+    opts = aim.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = aim.InferenceSession(path(name), sess_options=opts, providers=["CPUExecutionProvider"])
+    x = feeds(name)
+    want = ref.run(None, x)
+    got = sess.run(None, x)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        close(g, w)
+    # Inputs described as ONNX Runtime describes them: names, type strings, shapes with
+    # strings for symbolic dims.
+    assert [(i.name, i.type, i.shape) for i in sess.get_inputs()] == \
+        [(i.name, i.type, i.shape) for i in ref.get_inputs()]
+    assert [(o.name, o.type) for o in sess.get_outputs()] == [(o.name, o.type) for o in ref.get_outputs()]
+
+
+@needs_models
+def test_model_api_and_output_selection():
+    m = aim.Model(path("yolo_like"), threads=1)
+    assert m.threads == 1
+    assert m.inputs == [("images", "float32", ["batch", 3, 320, 320])]
+    x = feeds("yolo_like")
+    outs = m.run(x)
+    assert list(outs) == [o[0] for o in m.outputs]
+    sess = aim.InferenceSession(path("yolo_like"))
+    second = sess.get_outputs()[1].name
+    (only,) = sess.run([second], x)
+    np.testing.assert_array_equal(only, outs[second])
+    # A new batch size compiles its own program and still matches ORT.
+    x2 = {"images": np.concatenate([x["images"], x["images"][:, :, ::-1]], axis=0)}
+    want = ort_session("yolo_like").run(None, x2)
+    for g, w in zip(sess.run(None, x2), want):
+        close(g, w)
+
+
+@needs_models
+def test_inputs_in_any_layout_and_from_bytes():
+    x = feeds("mlp")["input"]
+    m = aim.Model(path("mlp"), threads=1)
+    base = m.run({"input": x})
+    # A Fortran-ordered copy, a big-endian copy and a nested list all give the same result.
+    for variant in [np.asfortranarray(x), x.astype(">f4"), x.tolist()]:
+        got = m.run({"input": variant})
+        for k in base:
+            np.testing.assert_array_equal(got[k], base[k])
+    with open(path("mlp"), "rb") as f:
+        from_bytes = aim.InferenceSession(f.read())
+    np.testing.assert_array_equal(from_bytes.run(None, {"input": x})[0], list(base.values())[0])
+
+
+@needs_models
+def test_errors_are_aim_errors_with_the_reason():
+    sess = aim.InferenceSession(path("mlp"))
+    x = feeds("mlp")["input"]
+    with pytest.raises(aim.AimError, match="no input named 'nope'"):
+        sess.run(None, {"input": x, "nope": x})
+    with pytest.raises(aim.AimError, match="missing input: input"):
+        sess.run(None, {})
+    with pytest.raises(aim.AimError, match="no output named 'y'"):
+        sess.run(["y"], {"input": x})
+    with pytest.raises(aim.AimError, match="input"):
+        sess.run(None, {"input": x[:, :100]})
+    with pytest.raises(aim.AimError, match="dtype"):
+        sess.run(None, {"input": x.astype(np.complex64)})
+    with pytest.raises(aim.AimError, match="missing.onnx"):
+        aim.InferenceSession(os.path.join(MODELS, "missing.onnx"))
+    with pytest.raises(aim.AimError):
+        aim.InferenceSession(b"not an onnx model")
+    with pytest.raises(AttributeError):
+        aim.SessionOptions().no_such_option = 1
+    with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider"):
+        aim.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider"])
+
+
+@needs_models
+def test_concurrent_runs_from_python_threads():
+    m = aim.Model(path("mlp_b64"), threads=1)
+    x = feeds("mlp_b64")
+    want = m.run(x)
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(20):
+                results.append(m.run(x))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 80
+    for r in results:
+        for k in want:
+            np.testing.assert_array_equal(r[k], want[k])
+
+
+def test_providers_and_version():
+    assert aim.get_available_providers() == ["CPUExecutionProvider"]
+    assert aim.__version__
+
+
+@needs_models
+def test_the_gil_is_released_during_a_run():
+    """While one thread runs a model, another runs Python code: the longest pause the
+    main thread sees is far shorter than one run."""
+    import time
+    m = aim.Model(path("resnet50"), threads=1)
+    x = feeds("resnet50")
+    m.run(x)
+    t0 = time.perf_counter()
+    m.run(x)
+    one_run = time.perf_counter() - t0
+    done = threading.Event()
+
+    def work():
+        for _ in range(5):
+            m.run(x)
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    longest, last = 0.0, time.perf_counter()
+    while not done.is_set():
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    t.join()
+    assert longest < 0.5 * one_run, f"the main thread stalled {longest * 1e3:.1f} ms; one run takes {one_run * 1e3:.1f} ms"
