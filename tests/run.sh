@@ -40,6 +40,17 @@ CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln m
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend cpu
 
+echo "== the C API: examples/c/run_model.c built with gcc against libaim.so, outputs identical to aim run"
+cargo build --release --locked -p aim-capi
+python3 tests/c_api.py target/release/aim target/release target/models resnet50 mobilenetv2 mlp yolo_like dbnet_like --threads 2
+
+echo "== the Python package: pip install ./python in a fresh virtualenv, pytest against ONNX Runtime"
+rm -rf target/pyenv
+python3 -m venv target/pyenv
+target/pyenv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt pytest ./python
+(cd target && AIM_MODELS="$PWD/models" pyenv/bin/python -c "import aim; print('aim', aim.__version__, 'from', aim.__file__)" \
+    && AIM_MODELS="$PWD/models" pyenv/bin/python -m pytest -q ../python/tests)
+
 echo "== aim explore: the HTML page in headless Chromium (hover, highlight, search, screenshot)"
 python3 tests/explore_html.py target/release/aim target/models/mobilenetv2.onnx target/explore
 
