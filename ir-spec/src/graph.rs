@@ -76,7 +76,7 @@ pub struct Graph {
 }
 
 /// A whole model: the main graph and the opset it was written against.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Model {
     /// The main graph.
     pub graph: Graph,
@@ -85,6 +85,11 @@ pub struct Model {
     pub opset: i64,
     /// The producer named in the file, for `aim info`.
     pub producer: String,
+    /// The model's doc string, kept for `aim info` and in compiled `.aim` files.
+    pub doc: String,
+    /// The model's `metadata_props` (key, value), in file order: what exporters record
+    /// (versions, labels, preprocessing) and hosts read back.
+    pub metadata: Vec<(String, String)>,
 }
 
 impl Node {

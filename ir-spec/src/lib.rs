@@ -5,6 +5,7 @@
 //! type inference. It knows nothing of any backend. The written specification of the IR
 //! and of every op is `ir-spec/SPEC.md`.
 
+pub mod aim_file;
 mod dtype;
 mod graph;
 pub mod infer;

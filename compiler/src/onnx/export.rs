@@ -20,6 +20,12 @@ pub fn export(m: &Model) -> ModelProto {
     ModelProto {
         ir_version: Some(8),
         producer_name: (!m.producer.is_empty()).then(|| m.producer.clone()),
+        doc_string: (!m.doc.is_empty()).then(|| m.doc.clone()),
+        metadata_props: m
+            .metadata
+            .iter()
+            .map(|(k, v)| proto::StringStringEntryProto { key: Some(k.clone()), value: Some(v.clone()) })
+            .collect(),
         opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(m.opset) }],
         graph: Some(graph(&m.graph)),
         ..Default::default()

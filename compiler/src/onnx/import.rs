@@ -55,7 +55,8 @@ fn import(bytes: Bytes, what: &str, mut ext: ExternalFiles) -> Result<Model, Imp
     }
     let mut cx = Importer { opset, ext: &mut ext, used_names: HashSet::new() };
     let graph = cx.graph(g, true)?;
-    Ok(Model { graph, opset, producer: m.producer_name().to_string() })
+    let metadata = m.metadata_props.iter().map(|p| (p.key().to_string(), p.value().to_string())).collect();
+    Ok(Model { graph, opset, producer: m.producer_name().to_string(), doc: m.doc_string().to_string(), metadata })
 }
 
 /// The name a node gets in the IR: its own, or `<op>_<index in its graph>` when it has none,

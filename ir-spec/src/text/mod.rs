@@ -4,8 +4,10 @@
 mod parse;
 mod print;
 
-pub use parse::{parse_graph, parse_model, ParseError};
-pub use print::{print_graph, print_model, print_node, quote_str, tensor_literal, TensorDetail};
+pub use parse::{parse_graph, parse_model, parse_model_with_data, DataResolver, ParseError};
+pub use print::{
+    print_graph, print_model, print_model_with_data, print_node, quote_str, tensor_literal, TensorDetail, INLINE_MAX,
+};
 
 /// True for characters a value name may use without quotes.
 fn plain_name_char(c: char) -> bool {
@@ -67,7 +69,7 @@ mod tests {
         });
         g.value_types.insert("y".into(), ValueType::known(DType::F32, &[2]));
         g.outputs.push(ValueInfo { name: "y".into(), ty: ValueType { dtype: Some(DType::F32), shape: None } });
-        Model { graph: g, opset: 17, producer: "test".into() }
+        Model { graph: g, opset: 17, producer: "test".into(), ..Model::default() }
     }
 
     #[test]
@@ -85,6 +87,38 @@ mod tests {
     #[test]
     fn printed_form_is_readable() {
         insta::assert_snapshot!(print_model(&sample(), TensorDetail::Summary(8)));
+    }
+
+    /// Large constants leave the text for a table (at every depth), small ones stay, and
+    /// the text parses back against the table; doc and metadata lines round-trip too.
+    #[test]
+    fn text_with_a_data_table_round_trips() {
+        let mut m = sample();
+        m.doc = "a \"doc\"".into();
+        m.metadata = vec![("k".into(), "v".into()), ("a".into(), "".into())];
+        let big: Vec<f32> = (0..40).map(|i| i as f32 * 0.5).collect();
+        m.graph.initializers.insert("big".into(), Tensor::from_slice(&[4, 10], &big));
+        if let Some(Attr::Graph(then_g)) = m.graph.nodes[0].attrs.get_mut("then_branch") {
+            then_g.initializers.insert("inner".into(), Tensor::from_slice(&[20], &[7i32; 20]));
+        }
+        let (text, table) = print_model_with_data(&m);
+        assert_eq!(table.len(), 2, "{text}");
+        assert!(text.contains("f32[4,10] @0") && text.contains("i32[20] @1"), "{text}");
+        assert!(text.contains("[1, -2, 3, -9223372036854775808]"), "small tensors stay inline: {text}");
+        let resolve = |k: usize, d: DType, s: &[usize]| -> Result<Tensor, String> {
+            let t = table.get(k).ok_or("no such tensor")?;
+            if t.dtype() != d || t.shape() != s {
+                return Err("wrong type".into());
+            }
+            Ok(t.clone())
+        };
+        let back = parse_model_with_data(&text, &resolve).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(print_model(&back, TensorDetail::Full), print_model(&m, TensorDetail::Full));
+        assert_eq!((back.doc.as_str(), back.metadata.as_slice()), (m.doc.as_str(), m.metadata.as_slice()));
+        let e = parse_model_with_data(&text.replace("@1", "@7"), &resolve).unwrap_err();
+        assert!(e.msg.contains("tensor @7: no such tensor"), "{e}");
+        let e = parse_model(&text).unwrap_err();
+        assert!(e.msg.contains("has none"), "{e}");
     }
 
     #[test]

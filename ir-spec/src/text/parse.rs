@@ -156,7 +156,7 @@ impl<'a> Lexer<'a> {
                 }
                 Tok::Ident(self.text[start..self.pos].to_string())
             }
-            '(' | ')' | '[' | ']' | '{' | '}' | ',' | '=' | ':' | '?' | '*' | '<' | '>' => {
+            '(' | ')' | '[' | ']' | '{' | '}' | ',' | '=' | ':' | '?' | '*' | '<' | '>' | '@' => {
                 self.bump();
                 Tok::Punct(c)
             }
@@ -166,13 +166,19 @@ impl<'a> Lexer<'a> {
     }
 }
 
-struct Parser {
+/// Resolves a `@k` tensor reference: the `k`-th tensor of a data table, which must have
+/// the dtype and shape the text gives (the error says why not).
+pub type DataResolver<'a> = &'a dyn Fn(usize, DType, &[usize]) -> Result<Tensor, String>;
+
+struct Parser<'a> {
     toks: Vec<(Tok, usize, usize)>,
     i: usize,
+    /// Where `@k` references point (none: they are errors).
+    data: Option<DataResolver<'a>>,
 }
 
-impl Parser {
-    fn new(text: &str) -> Result<Parser, ParseError> {
+impl<'a> Parser<'a> {
+    fn new(text: &str) -> Result<Parser<'a>, ParseError> {
         let mut lx = Lexer { src: text.as_bytes(), text, pos: 0, line: 1, col: 1 };
         let mut toks = Vec::new();
         loop {
@@ -183,7 +189,7 @@ impl Parser {
                 break;
             }
         }
-        Ok(Parser { toks, i: 0 })
+        Ok(Parser { toks, i: 0, data: None })
     }
 
     fn peek(&self) -> &Tok {
@@ -282,12 +288,26 @@ impl Parser {
             producer = self.string()?;
             self.skip_newlines();
         }
+        let mut doc = String::new();
+        if *self.peek() == Tok::Ident("doc".into()) {
+            self.next();
+            doc = self.string()?;
+            self.skip_newlines();
+        }
+        let mut metadata = Vec::new();
+        while *self.peek() == Tok::Ident("meta".into()) {
+            self.next();
+            let k = self.string()?;
+            self.punct('=')?;
+            metadata.push((k, self.string()?));
+            self.skip_newlines();
+        }
         let graph = self.graph()?;
         self.skip_newlines();
         if *self.peek() != Tok::Eof {
             return Err(self.err("text after the end of the graph"));
         }
-        Ok(Model { graph, opset, producer })
+        Ok(Model { graph, opset, producer, doc, metadata })
     }
 
     fn graph(&mut self) -> Result<Graph, ParseError> {
@@ -496,6 +516,16 @@ impl Parser {
                 self.err("tensor data was elided when this text was printed; print with full detail to parse it back")
             );
         }
+        if self.eat_punct('@') {
+            let k = match self.next() {
+                Tok::Num(n) => n.parse::<usize>().map_err(|_| self.err(format!("bad tensor reference @{n}")))?,
+                t => return Err(self.err(format!("expected a tensor index after @, found {t:?}"))),
+            };
+            let Some(resolve) = self.data else {
+                return Err(self.err(format!("tensor @{k} refers to a data table, and this text has none")));
+            };
+            return resolve(k, dtype, &shape).map_err(|e| self.err(format!("tensor @{k}: {e}")));
+        }
         self.punct('[')?;
         let mut items = Vec::new();
         if !self.eat_punct(']') {
@@ -560,6 +590,14 @@ fn parse_float(s: &str) -> Option<f64> {
 /// Parses a model printed by [`super::print_model`] with full tensor detail.
 pub fn parse_model(text: &str) -> Result<Model, ParseError> {
     Parser::new(text)?.model()
+}
+
+/// Parses a model printed by [`super::print_model_with_data`]: each `@k` tensor is what
+/// `data` gives for `k` (with the dtype and shape the text declares).
+pub fn parse_model_with_data(text: &str, data: DataResolver<'_>) -> Result<Model, ParseError> {
+    let mut p = Parser::new(text)?;
+    p.data = Some(data);
+    p.model()
 }
 
 /// Parses a graph printed by [`super::print_graph`] with full tensor detail.

@@ -12,6 +12,7 @@
 use super::quote_name;
 use crate::{Attr, DType, Graph, Model, Node, Tensor, ValueType};
 use half::{bf16, f16};
+use std::cell::RefCell;
 use std::fmt::Write;
 
 /// How much of each constant tensor to print.
@@ -24,21 +25,55 @@ pub enum TensorDetail {
     Summary(usize),
 }
 
+/// Where constant tensors go as the printer meets them.
+#[derive(Clone, Copy)]
+enum Mode<'a> {
+    /// Written out as literals, in full or summarised.
+    Inline(TensorDetail),
+    /// Tensors of more than [`INLINE_MAX`] elements appended to a table and printed as
+    /// `@index` references into it; smaller ones written out in full.
+    Table(&'a RefCell<Vec<Tensor>>),
+}
+
+/// The most elements a tensor printed with [`print_model_with_data`] has to be written out
+/// in the text rather than referenced.
+pub const INLINE_MAX: usize = 16;
+
 /// Prints a model: its opset line, then its main graph.
 pub fn print_model(m: &Model, detail: TensorDetail) -> String {
+    print_model_mode(m, Mode::Inline(detail))
+}
+
+/// Prints a model with its larger constants (initializers and tensor attributes at every
+/// depth, over [`INLINE_MAX`] elements) left out of the text: each prints as `@k`, the
+/// `k`-th tensor of the returned table, in the order they are printed. How `.aim` files
+/// keep a program's text apart from its weights; [`super::parse_model_with_data`] reads it.
+pub fn print_model_with_data(m: &Model) -> (String, Vec<Tensor>) {
+    let table = RefCell::new(Vec::new());
+    let text = print_model_mode(m, Mode::Table(&table));
+    (text, table.into_inner())
+}
+
+fn print_model_mode(m: &Model, mode: Mode<'_>) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "opset {}", m.opset);
     if !m.producer.is_empty() {
         let _ = writeln!(s, "producer {}", quote_str(&m.producer));
     }
-    print_graph_into(&mut s, &m.graph, 0, detail);
+    if !m.doc.is_empty() {
+        let _ = writeln!(s, "doc {}", quote_str(&m.doc));
+    }
+    for (k, v) in &m.metadata {
+        let _ = writeln!(s, "meta {} = {}", quote_str(k), quote_str(v));
+    }
+    print_graph_into(&mut s, &m.graph, 0, mode);
     s
 }
 
 /// Prints a graph in the text format.
 pub fn print_graph(g: &Graph, detail: TensorDetail) -> String {
     let mut s = String::new();
-    print_graph_into(&mut s, g, 0, detail);
+    print_graph_into(&mut s, g, 0, Mode::Inline(detail));
     s
 }
 
@@ -48,7 +83,7 @@ fn indent(s: &mut String, level: usize) {
     }
 }
 
-fn print_graph_into(s: &mut String, g: &Graph, level: usize, detail: TensorDetail) {
+fn print_graph_into(s: &mut String, g: &Graph, level: usize, mode: Mode<'_>) {
     let _ = writeln!(s, "graph {} {{", quote_str(&g.name));
     for v in &g.inputs {
         indent(s, level + 1);
@@ -56,11 +91,11 @@ fn print_graph_into(s: &mut String, g: &Graph, level: usize, detail: TensorDetai
     }
     for (name, t) in &g.initializers {
         indent(s, level + 1);
-        let _ = writeln!(s, "init {} = {}", quote_name(name), tensor_literal(t, detail));
+        let _ = writeln!(s, "init {} = {}", quote_name(name), tensor_text(t, mode));
     }
     for n in &g.nodes {
         indent(s, level + 1);
-        print_node_into(s, g, n, level + 1, detail);
+        print_node_into(s, g, n, level + 1, mode);
     }
     for v in &g.outputs {
         indent(s, level + 1);
@@ -73,11 +108,11 @@ fn print_graph_into(s: &mut String, g: &Graph, level: usize, detail: TensorDetai
 /// Prints one node as its text line (with the trailing newline), typing outputs from `g`.
 pub fn print_node(g: &Graph, n: &Node) -> String {
     let mut s = String::new();
-    print_node_into(&mut s, g, n, 0, TensorDetail::Summary(8));
+    print_node_into(&mut s, g, n, 0, Mode::Inline(TensorDetail::Summary(8)));
     s
 }
 
-fn print_node_into(s: &mut String, g: &Graph, n: &Node, level: usize, detail: TensorDetail) {
+fn print_node_into(s: &mut String, g: &Graph, n: &Node, level: usize, mode: Mode<'_>) {
     for (i, o) in n.outputs.iter().enumerate() {
         if i > 0 {
             s.push_str(", ");
@@ -115,23 +150,23 @@ fn print_node_into(s: &mut String, g: &Graph, n: &Node, level: usize, detail: Te
                 s.push_str(", ");
             }
             let _ = write!(s, "{k}=");
-            print_attr(s, a, level, detail);
+            print_attr(s, a, level, mode);
         }
         s.push('}');
     }
     let _ = writeln!(s, "  # {}", n.name);
 }
 
-fn print_attr(s: &mut String, a: &Attr, level: usize, detail: TensorDetail) {
+fn print_attr(s: &mut String, a: &Attr, level: usize, mode: Mode<'_>) {
     match a {
         Attr::Int(v) => {
             let _ = write!(s, "{v}");
         }
         Attr::Float(v) => s.push_str(&float_str(*v as f64, true)),
         Attr::String(v) => s.push_str(&quote_str(v)),
-        Attr::Tensor(t) => s.push_str(&tensor_literal(t, detail)),
+        Attr::Tensor(t) => s.push_str(&tensor_text(t, mode)),
         Attr::Graph(g) => {
-            print_graph_into(s, g, level, detail);
+            print_graph_into(s, g, level, mode);
             s.pop(); // the graph's closing newline: the node line goes on after it
         }
         Attr::Ints(v) => list(s, "ints", v.iter().map(|x| x.to_string())),
@@ -163,6 +198,20 @@ fn float_str(v: f64, single: bool) -> String {
         t
     } else {
         format!("{t}.0")
+    }
+}
+
+/// A tensor as `mode` prints it: a literal, or `f32[64,3,7,7] @k` for the `k`-th tensor of
+/// the table.
+fn tensor_text(t: &Tensor, mode: Mode<'_>) -> String {
+    match mode {
+        Mode::Inline(detail) => tensor_literal(t, detail),
+        Mode::Table(table) if t.len() > INLINE_MAX => {
+            let mut table = table.borrow_mut();
+            table.push(t.clone());
+            format!("{} @{}", ValueType::known(t.dtype(), t.shape()), table.len() - 1)
+        }
+        Mode::Table(_) => tensor_literal(t, TensorDetail::Full),
     }
 }
 

@@ -1,0 +1,313 @@
+//! `.aim` files: aim's own model format (specified in `ir-spec/FORMAT.md`). A 64-byte
+//! header, a JSON index holding the program as IR text (its larger constants as `@k`
+//! references) with the target it was compiled for and a table of constants, and a data
+//! section starting on a page boundary with every constant 64-byte aligned, so that
+//! loading memory-maps the file and views the weights in place.
+//!
+//! Reading checks everything a damaged or hostile file could get wrong (magic, version,
+//! section bounds, the index checksum, each constant's bounds, alignment, dtype and shape
+//! against its use in the text) and says which; per-constant checksums are verified on
+//! request ([`AimFile::verify`]), since that reads every byte.
+
+use crate::{DType, Model, Tensor};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The first 8 bytes of every `.aim` file.
+pub const MAGIC: &[u8; 8] = b"AIMFILE\0";
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// Bytes of the fixed header.
+pub const HEADER_BYTES: usize = 64;
+/// Alignment of every constant in the data section.
+pub const CONST_ALIGN: usize = 64;
+/// Alignment of the data section's start (a page, so it can be mapped on its own).
+pub const DATA_ALIGN: usize = 4096;
+
+/// Why a `.aim` file could not be written, read or verified.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct AimFileError {
+    /// The file.
+    pub path: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// What a `.aim` file holds besides the program text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Header {
+    /// Which graph the program is: `"optimized"` (the cpu pipeline's output for the
+    /// recorded target, ready to run) or `"source"` (imported and type-inferred, compiled at
+    /// load, for models with symbolic dims that are specialised per input shape).
+    pub stage: String,
+    /// The target it was compiled for, as key/value pairs (`arch`, `level`, `l1d`, ...).
+    pub target: BTreeMap<String, String>,
+    /// The aim version that wrote it.
+    pub writer: String,
+    /// The file it was compiled from.
+    pub source: String,
+}
+
+/// An opened `.aim` file: the model (constants viewing the mapped file) and its header.
+pub struct AimFile {
+    /// The program, with every `@k` constant a view of the mapped data section.
+    pub model: Model,
+    /// The stage, target and provenance.
+    pub header: Header,
+    constants: Vec<Constant>,
+    map: Arc<memmap2::Mmap>,
+    data_off: usize,
+}
+
+/// One entry of the constant table.
+#[derive(Clone, Debug)]
+struct Constant {
+    offset: usize,
+    bytes: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+    fnv1a64: u64,
+}
+
+/// FNV-1a, 64-bit: the checksum of the index and of each constant (simple to restate in
+/// any language; `FORMAT.md` gives it).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Whether `bytes` start like a `.aim` file (how loaders tell it from ONNX).
+pub fn is_aim_file(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC)
+}
+
+fn align(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+/// Writes `model` with `header` to `path` (replacing it): the program text with its
+/// larger constants in the data section.
+pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileError> {
+    let err = |reason: String| AimFileError { path: path.display().to_string(), reason };
+    let (text, tensors) = crate::text::print_model_with_data(model);
+    let mut offset = 0usize;
+    let mut table = Vec::with_capacity(tensors.len());
+    for t in &tensors {
+        let o = align(offset, CONST_ALIGN);
+        let bytes = t.bytes();
+        table.push(serde_json::json!({
+            "offset": o,
+            "bytes": bytes.len(),
+            "dtype": t.dtype().name(),
+            "shape": t.shape(),
+            "fnv1a64": format!("{:016x}", fnv1a64(bytes)),
+        }));
+        offset = o + bytes.len();
+    }
+    let index = serde_json::json!({
+        "stage": header.stage,
+        "target": header.target,
+        "writer": header.writer,
+        "source": header.source,
+        "constants": table,
+        "program": text,
+    });
+    let index = serde_json::to_vec(&index).map_err(|e| err(format!("cannot encode the index: {e}")))?;
+    let index_off = HEADER_BYTES;
+    let data_off = align(index_off + index.len(), DATA_ALIGN);
+    let mut head = Vec::with_capacity(HEADER_BYTES);
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&VERSION.to_le_bytes());
+    head.extend_from_slice(&0u32.to_le_bytes());
+    for v in [index_off, index.len(), data_off, offset] {
+        head.extend_from_slice(&(v as u64).to_le_bytes());
+    }
+    head.extend_from_slice(&fnv1a64(&index).to_le_bytes());
+    head.extend_from_slice(&0u64.to_le_bytes());
+    let tmp = path.with_extension("aim.partial");
+    let file = std::fs::File::create(&tmp).map_err(|e| err(format!("cannot create {}: {e}", tmp.display())))?;
+    let mut w = std::io::BufWriter::new(file);
+    let io = |e: std::io::Error| err(format!("write failed: {e}"));
+    w.write_all(&head).map_err(io)?;
+    w.write_all(&index).map_err(io)?;
+    w.write_all(&vec![0u8; data_off - index_off - index.len()]).map_err(io)?;
+    let mut at = 0usize;
+    for t in &tensors {
+        let o = align(at, CONST_ALIGN);
+        w.write_all(&vec![0u8; o - at]).map_err(io)?;
+        w.write_all(t.bytes()).map_err(io)?;
+        at = o + t.bytes().len();
+    }
+    w.flush().map_err(io)?;
+    drop(w);
+    std::fs::rename(&tmp, path).map_err(|e| err(format!("cannot move {} into place: {e}", tmp.display())))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Opens a `.aim` file: maps it, checks its structure and builds the model over the map.
+pub fn read(path: &Path) -> Result<AimFile, AimFileError> {
+    let err = |reason: String| AimFileError { path: path.display().to_string(), reason };
+    let file = std::fs::File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
+    // SAFETY: the map is read-only; aim's files are not written while models use them
+    // (as for ONNX external data, a file truncated underneath a running model is the
+    // host's error).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
+    // Registered so that the pages of weights once packed are handed back
+    // (`mapped::release_pages`), as for an ONNX file's.
+    from_map(crate::mapped::register(map)).map_err(err)
+}
+
+/// Parses a `.aim` file held in memory (what [`read`] does after mapping; the fuzz target's
+/// entry point).
+pub fn parse_bytes(bytes: &[u8]) -> Result<AimFile, String> {
+    let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| format!("cannot allocate: {e}"))?;
+    anon[..bytes.len()].copy_from_slice(bytes);
+    let map = anon.make_read_only().map_err(|e| format!("cannot seal: {e}"))?;
+    from_map_len(Arc::new(map), bytes.len())
+}
+
+fn from_map(map: Arc<memmap2::Mmap>) -> Result<AimFile, String> {
+    let len = map.len();
+    from_map_len(map, len)
+}
+
+fn from_map_len(map: Arc<memmap2::Mmap>, len: usize) -> Result<AimFile, String> {
+    let b = &map[..len];
+    if b.len() < HEADER_BYTES {
+        return Err(format!("truncated: {} bytes, shorter than the {HEADER_BYTES}-byte header", b.len()));
+    }
+    if !is_aim_file(b) {
+        return Err("not a .aim file (bad magic)".into());
+    }
+    let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(format!("format version {version}; this aim reads version {VERSION} (compile the model again)"));
+    }
+    let flags = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
+    if flags != 0 {
+        return Err(format!("unknown header flags {flags:#x}"));
+    }
+    let field = |at: usize, what: &str| -> Result<usize, String> {
+        usize::try_from(u64_at(b, at)).map_err(|_| format!("{what} {} does not fit this machine", u64_at(b, at)))
+    };
+    let (index_off, index_len) = (field(16, "index offset")?, field(24, "index length")?);
+    let (data_off, data_len) = (field(32, "data offset")?, field(40, "data length")?);
+    let within = |off: usize, n: usize| off.checked_add(n).is_some_and(|end| end <= b.len());
+    if index_off < HEADER_BYTES || !within(index_off, index_len) {
+        return Err(format!(
+            "truncated or corrupt: the index ({index_len} bytes at {index_off}) is outside the file's {} bytes",
+            b.len()
+        ));
+    }
+    if !data_off.is_multiple_of(DATA_ALIGN) || data_off < index_off + index_len || !within(data_off, data_len) {
+        return Err(format!(
+            "truncated or corrupt: the data section ({data_len} bytes at {data_off}) is misplaced or outside the file's {} bytes",
+            b.len()
+        ));
+    }
+    let index = &b[index_off..index_off + index_len];
+    if fnv1a64(index) != u64_at(b, 48) {
+        return Err("corrupt: the index does not match its checksum".into());
+    }
+    let index: serde_json::Value =
+        serde_json::from_slice(index).map_err(|e| format!("corrupt: the index is not valid JSON: {e}"))?;
+    let text_of = |k: &str| -> Result<String, String> {
+        index.get(k).and_then(|v| v.as_str()).map(str::to_string).ok_or_else(|| format!("the index has no '{k}'"))
+    };
+    let mut target = BTreeMap::new();
+    if let Some(t) = index.get("target").and_then(|t| t.as_object()) {
+        for (k, v) in t {
+            target.insert(k.clone(), v.as_str().ok_or_else(|| format!("target '{k}' is not a string"))?.to_string());
+        }
+    }
+    let header = Header { stage: text_of("stage")?, target, writer: text_of("writer")?, source: text_of("source")? };
+    let entries = index.get("constants").and_then(|c| c.as_array()).ok_or("the index has no 'constants' list")?;
+    let mut constants = Vec::with_capacity(entries.len());
+    for (k, e) in entries.iter().enumerate() {
+        let num = |f: &str| -> Result<usize, String> {
+            e.get(f)
+                .and_then(|v| v.as_u64())
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| format!("constant {k}: bad or missing '{f}'"))
+        };
+        let (offset, bytes) = (num("offset")?, num("bytes")?);
+        let dtype = e
+            .get("dtype")
+            .and_then(|v| v.as_str())
+            .and_then(DType::from_name)
+            .ok_or_else(|| format!("constant {k}: bad or missing 'dtype'"))?;
+        let shape: Vec<usize> = e
+            .get("shape")
+            .and_then(|v| v.as_array())
+            .and_then(|dims| dims.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect())
+            .ok_or_else(|| format!("constant {k}: bad or missing 'shape'"))?;
+        let fnv1a64 = e
+            .get("fnv1a64")
+            .and_then(|v| v.as_str())
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .ok_or_else(|| format!("constant {k}: bad or missing 'fnv1a64'"))?;
+        if !offset.is_multiple_of(CONST_ALIGN) || offset.checked_add(bytes).is_none_or(|end| end > data_len) {
+            return Err(format!(
+                "truncated or corrupt: constant {k} ({bytes} bytes at {offset}) is misaligned or outside the data section's {data_len} bytes"
+            ));
+        }
+        if crate::limits::bytes_of(dtype, &shape).ok() != Some(bytes) {
+            return Err(format!("corrupt: constant {k} is {bytes} bytes, which is not {} {shape:?}", dtype.name()));
+        }
+        constants.push(Constant { offset, bytes, dtype, shape, fnv1a64 });
+    }
+    let program = text_of("program")?;
+    let resolve = |k: usize, dtype: DType, shape: &[usize]| -> Result<Tensor, String> {
+        let c = constants.get(k).ok_or_else(|| format!("there are only {} constants", constants.len()))?;
+        if c.dtype != dtype || c.shape != shape {
+            return Err(format!(
+                "the table has {} {:?}, the program wants {} {shape:?}",
+                c.dtype.name(),
+                c.shape,
+                dtype.name()
+            ));
+        }
+        Tensor::from_mmap(dtype, shape, map.clone(), data_off + c.offset, c.bytes).map_err(|e| e.to_string())
+    };
+    let model = crate::text::parse_model_with_data(&program, &resolve)
+        .map_err(|e| format!("corrupt: the program text does not parse: {e}"))?;
+    Ok(AimFile { model, header, constants, map, data_off })
+}
+
+impl AimFile {
+    /// Checks every constant against its checksum (reads the whole data section); the
+    /// error names the first constant that does not match.
+    pub fn verify(&self) -> Result<usize, String> {
+        for (k, c) in self.constants.iter().enumerate() {
+            let start = self.data_off + c.offset;
+            if fnv1a64(&self.map[start..start + c.bytes]) != c.fnv1a64 {
+                return Err(format!(
+                    "constant {k} ({} {:?}, {} bytes at {}) does not match its checksum",
+                    c.dtype.name(),
+                    c.shape,
+                    c.bytes,
+                    start
+                ));
+            }
+        }
+        Ok(self.constants.len())
+    }
+
+    /// Bytes of constants in the data section.
+    pub fn data_bytes(&self) -> usize {
+        self.constants.iter().map(|c| c.bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

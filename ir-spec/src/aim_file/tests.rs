@@ -1,0 +1,133 @@
+//! Writing and reading `.aim` files: round trip, alignment, and every kind of damage.
+
+use super::*;
+use crate::text::{print_model, TensorDetail};
+use crate::{Graph, Node, ValueInfo, ValueType};
+
+fn sample() -> Model {
+    let mut g = Graph { name: "g".into(), ..Graph::default() };
+    g.inputs.push(ValueInfo { name: "x".into(), ty: ValueType::known(DType::F32, &[1, 300]) });
+    let w: Vec<f32> = (0..300 * 7).map(|i| (i as f32).sin()).collect();
+    g.initializers.insert("w".into(), Tensor::from_slice(&[300, 7], &w));
+    g.initializers.insert("b".into(), Tensor::from_slice(&[7], &[0.5f32; 7]));
+    g.initializers.insert("odd".into(), Tensor::from_slice(&[33], &[3u8; 33]));
+    g.nodes.push(Node {
+        name: "mm".into(),
+        op: "MatMul".into(),
+        domain: String::new(),
+        inputs: vec!["x".into(), "w".into()],
+        outputs: vec!["y".into()],
+        attrs: Default::default(),
+    });
+    g.outputs.push(ValueInfo { name: "y".into(), ty: ValueType::known(DType::F32, &[1, 7]) });
+    Model {
+        graph: g,
+        opset: 17,
+        producer: "pytorch".into(),
+        doc: "a doc".into(),
+        metadata: vec![("labels".into(), "cat,dog".into())],
+    }
+}
+
+fn header() -> Header {
+    let target = [("arch".to_string(), "x86_64".to_string()), ("level".into(), "x86-64-v3".into())];
+    Header {
+        stage: "optimized".into(),
+        target: target.into_iter().collect(),
+        writer: "aim test".into(),
+        source: "m.onnx".into(),
+    }
+}
+
+fn written(name: &str) -> (std::path::PathBuf, Vec<u8>) {
+    let dir = std::env::temp_dir().join(format!("aim-file-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join("m.aim");
+    write(&p, &sample(), &header()).expect("writes");
+    let bytes = std::fs::read(&p).expect("reads back");
+    (p, bytes)
+}
+
+#[test]
+fn round_trips_with_constants_mapped_and_aligned() {
+    let (p, bytes) = written("round");
+    let f = read(&p).expect("reads");
+    assert_eq!(f.header, header());
+    assert_eq!(print_model(&f.model, TensorDetail::Full), print_model(&sample(), TensorDetail::Full));
+    assert_eq!(f.model.metadata, sample().metadata);
+    let w = &f.model.graph.initializers["w"];
+    assert!(w.is_borrowed(), "the weight is a view of the map, not a copy");
+    assert_eq!(w.bytes().as_ptr() as usize % CONST_ALIGN, 0);
+    let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+    assert_eq!(data_off % DATA_ALIGN, 0);
+    assert_eq!(f.verify(), Ok(2), "w and odd are in the data section; b (7 values) is inline");
+    assert_eq!(f.data_bytes(), 300 * 7 * 4 + 33);
+}
+
+#[test]
+fn damaged_data_fails_verification_naming_the_constant() {
+    let (p, mut bytes) = written("verify");
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff; // the last byte of the last constant
+    std::fs::write(&p, &bytes).unwrap();
+    let f = read(&p).expect("structure is intact");
+    let e = f.verify().unwrap_err();
+    assert!(e.contains("constant 1 (f32 [300, 7], 8400 bytes"), "{e}");
+}
+
+#[test]
+fn every_truncation_is_a_clear_error() {
+    let (_, bytes) = written("trunc");
+    for len in (0..bytes.len()).step_by(97).chain([bytes.len() - 1, 63, 64, 65]) {
+        let e = parse_bytes(&bytes[..len]).err().unwrap_or_else(|| panic!("{len} bytes accepted"));
+        assert!(e.contains("truncated") || e.contains("corrupt"), "{len}: {e}");
+    }
+}
+
+#[test]
+fn damaged_headers_and_indexes_are_clear_errors() {
+    let (_, bytes) = written("damage");
+    let cases: Vec<(usize, u8, &str)> = vec![
+        (0, b'X', "bad magic"),
+        (8, 9, "format version 9"),
+        (12, 1, "unknown header flags"),
+        (23, 0x7f, "the index"),
+        (33, 0x01, "the data section"),
+        (70, b'#', "checksum"),
+    ];
+    for (at, v, want) in cases {
+        let mut b = bytes.clone();
+        b[at] = v;
+        let e = parse_bytes(&b).err().unwrap_or_else(|| panic!("byte {at} = {v} accepted"));
+        assert!(e.contains(want), "byte {at}: wanted '{want}' in: {e}");
+    }
+    assert!(parse_bytes(b"\x08\x07onnx...").err().expect("refused").contains("truncated"));
+}
+
+/// An index that passes its checksum but lies about a constant is still caught.
+#[test]
+fn inconsistent_indexes_are_clear_errors() {
+    let (_, bytes) = written("lies");
+    let index_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+    let index = std::str::from_utf8(&bytes[64..64 + index_len]).unwrap().to_string();
+    let edits = [
+        ("\"dtype\":\"f32\"", "\"dtype\":\"i32\"", "the program wants f32"),
+        ("\"bytes\":8400", "\"bytes\":8000", "not f32 [300, 7]"),
+        ("\"offset\":64", "\"offset\":65", "misaligned"),
+        ("\"offset\":64", "\"offset\":999936", "outside the data section"),
+        ("@1", "@5", "only 2 constants"),
+    ];
+    for (from, to, want) in edits {
+        assert!(index.contains(from), "{from} not in {index}");
+        let fixed = index.replacen(from, to, 1);
+        let mut b = bytes[..64].to_vec();
+        b[24..32].copy_from_slice(&(fixed.len() as u64).to_le_bytes());
+        b[48..56].copy_from_slice(&fnv1a64(fixed.as_bytes()).to_le_bytes());
+        b.extend_from_slice(fixed.as_bytes());
+        let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+        b.resize(data_off, 0);
+        b.extend_from_slice(&bytes[data_off..]);
+        let e = parse_bytes(&b).err().unwrap_or_else(|| panic!("{from} -> {to} accepted"));
+        assert!(e.contains(want), "{from} -> {to}: wanted '{want}' in: {e}");
+    }
+}
