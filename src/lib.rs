@@ -11,6 +11,7 @@
 //! whose ops aim cannot run (naming all of them). `run` executes it on the selected backend.
 
 pub mod compare;
+pub mod compiled;
 pub mod conformance;
 pub mod explore;
 mod guard;
@@ -84,6 +85,9 @@ pub enum Error {
     /// Compiling the shape-generic program (deferred to the first run that needed it) failed.
     #[error("{path}: {msg}")]
     Compile { path: String, msg: String },
+    /// A `.aim` file could not be written or read.
+    #[error(transparent)]
+    AimFile(#[from] aim_ir::aim_file::AimFileError),
     /// A bug in aim (a panic), caught before it reached the caller.
     #[error("internal error in aim while {what}: {msg} (this is a bug; please report it)")]
     Internal { what: String, msg: String },
@@ -174,7 +178,34 @@ impl Generic {
 
 /// Optimises and compiles a type-inferred graph for the cpu backend.
 pub(crate) fn compile_cpu(
+    g: aim_ir::Graph,
+    target: &aim_compiler::target::Target,
+    pool: &std::sync::Arc<aim_runtime::pool::ThreadPool>,
+    path: &str,
+) -> Result<aim_runtime::cpu::CpuProgram, Error> {
+    let g = optimize(g, target, path)?;
+    build_program(g, target, pool, path)
+}
+
+/// Runs the cpu pipeline on a type-inferred graph: what a `.aim` file of stage
+/// `optimized` stores.
+pub(crate) fn optimize(
     mut g: aim_ir::Graph,
+    target: &aim_compiler::target::Target,
+    path: &str,
+) -> Result<aim_ir::Graph, Error> {
+    aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false)
+        .map_err(|cause| Error::Pass { path: path.to_string(), cause })?;
+    // Folding has read the weights it rewrote: their file pages need not stay resident
+    // while the packed forms are built (packing reads the others in again, once).
+    aim_compiler::onnx::release_pages();
+    Ok(g)
+}
+
+/// Compiles an optimised graph: generated code, the memory plan, control-flow bodies and
+/// packed weights.
+pub(crate) fn build_program(
+    g: aim_ir::Graph,
     target: &aim_compiler::target::Target,
     pool: &std::sync::Arc<aim_runtime::pool::ThreadPool>,
     path: &str,
@@ -185,11 +216,6 @@ pub(crate) fn compile_cpu(
         // cannot be generated, the Rust one stays.
         let _ = aim_compiler::codegen::install_portable_microkernel(target);
     }
-    aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false)
-        .map_err(|cause| Error::Pass { path: path.to_string(), cause })?;
-    // Folding has read the weights it rewrote: their file pages need not stay resident
-    // while the packed forms are built (packing reads the others in again, once).
-    aim_compiler::onnx::release_pages();
     let code = aim_compiler::codegen::generate(&g, target)
         .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
     let placement = placement(&aim_compiler::memory_plan::plan(&g));
@@ -371,10 +397,13 @@ impl Model {
         Model::load_with_options(path, &Options { backend, ..Options::default() })
     }
 
-    /// Loads an ONNX file with options.
+    /// Loads an ONNX or `.aim` file (told apart by their first bytes) with options.
     pub fn load_with_options(path: impl AsRef<Path>, opts: &Options) -> Result<Model, Error> {
         let path = path.as_ref();
         guard::contain(&format!("loading {}", path.display()), || {
+            if compiled::is_aim_file(path) {
+                return compiled::load(path, opts);
+            }
             let ir = aim_compiler::onnx::import_file(path)?;
             Model::from_ir_with(ir, path, opts)
         })

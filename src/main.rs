@@ -149,11 +149,32 @@ enum Cmd {
         #[arg(long)]
         profile: Option<PathBuf>,
     },
+    /// Compile a model ahead of time into a `.aim` file: the optimised program for this CPU
+    /// (or the --cpu level) with its weights aligned for memory-mapping, loaded by every
+    /// command and API in place of the ONNX file.
+    Compile {
+        /// The ONNX model.
+        model: PathBuf,
+        /// The `.aim` file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Cap the ISA level the program is compiled for (also AIM_CPU).
+        #[arg(long, env = "AIM_CPU", default_value = "native")]
+        cpu: String,
+        /// Specialise a model with symbolic dims to these input shapes (NAME=DIMS, one per
+        /// such input); without it such a model is stored as its source graph and
+        /// specialised at load.
+        #[arg(long, value_name = "NAME=DIMS")]
+        shape: Vec<String>,
+    },
     /// Show a model's inputs, outputs, opset, op histogram and unsupported ops, and/or
     /// the target description of this CPU.
     Info {
-        /// The ONNX model.
+        /// The ONNX or `.aim` model.
         model: Option<PathBuf>,
+        /// For a `.aim` file: check every constant against its checksum.
+        #[arg(long)]
+        verify: bool,
         /// Print the target: CPU features, ISA level, caches and cores.
         #[arg(long)]
         target: bool,
@@ -271,14 +292,57 @@ fn run(
     Ok(())
 }
 
-fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
-    let ir = aim_compiler::onnx::import_file(&path)?;
+/// `aim compile`: writes the `.aim` file and says what it holds.
+fn compile_cmd(
+    out: &mut dyn Write,
+    model: &std::path::Path,
+    output: &std::path::Path,
+    cpu: &str,
+    shape: &[String],
+) -> Result<()> {
+    let opts = aim::Options { cpu: cpu.to_string(), shapes: parse_shapes(shape)?, ..aim::Options::default() };
+    let t0 = std::time::Instant::now();
+    let s = aim::compiled::compile_to_file(model, output, &opts)?;
+    writeln!(
+        out,
+        "{}: {} program ({} nodes) for {}, {:.1} MiB, in {:.0} ms",
+        output.display(),
+        s.stage,
+        s.nodes,
+        s.level,
+        s.file_bytes as f64 / (1 << 20) as f64,
+        t0.elapsed().as_secs_f64() * 1e3
+    )?;
+    Ok(())
+}
+
+fn info(out: &mut dyn Write, path: PathBuf, verify: bool) -> Result<()> {
+    let aim_file = aim::compiled::is_aim_file(&path);
+    if verify && !aim_file {
+        bail!("--verify checks the checksums of a .aim file; {} is not one", path.display());
+    }
+    let ir = aim::compiled::import(&path)?;
     // A malformed graph is an error here too (unsupported ops are listed below instead).
     aim_ir::verify(&ir.graph).with_context(|| format!("{}: invalid graph", path.display()))?;
     let mut typed = ir.graph.clone();
     aim_ir::infer::infer_types(&mut typed).with_context(|| format!("{}: type inference", path.display()))?;
     let g = &ir.graph;
     writeln!(out, "model: {}", path.display())?;
+    if aim_file {
+        let (h, data, verified) = aim::compiled::header(&path, verify)?;
+        let target: Vec<String> = h.target.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        writeln!(out, "aim file: {} program from {} by {} (target {})", h.stage, h.source, h.writer, target.join(" "))?;
+        writeln!(out, "data section: {:.1} MiB", data as f64 / (1 << 20) as f64)?;
+        if let Some(n) = verified {
+            writeln!(out, "checksums: all {n} constants verified")?;
+        }
+    }
+    if !ir.doc.is_empty() {
+        writeln!(out, "doc: {}", ir.doc)?;
+    }
+    for (k, v) in &ir.metadata {
+        writeln!(out, "metadata: {k} = {v}")?;
+    }
     writeln!(
         out,
         "opset: {}{}",
@@ -301,7 +365,11 @@ fn info(out: &mut dyn Write, path: PathBuf) -> Result<()> {
         let d = if domain.is_empty() { String::new() } else { format!("{domain}:") };
         writeln!(out, "  {:>5}  {d}{op}", nodes.len())?;
     }
-    let unsupported = aim_runtime::unsupported_ops(g);
+    // An optimized `.aim` program's `aim` ops are the cpu backend's own.
+    let mut unsupported = aim_runtime::unsupported_ops(g);
+    if aim_file {
+        unsupported.retain(|op, _| !op.starts_with("aim:"));
+    }
     if unsupported.is_empty() {
         writeln!(out, "unsupported ops: none")?;
     } else {
@@ -390,7 +458,7 @@ fn bench(
     // model with symbolic dims, those specialised to the inputs' shapes.
     let mut opts = opts;
     if let (false, true, aim::Backend::Cpu) = (given.is_empty(), opts.shapes.is_empty(), opts.backend) {
-        let ir = aim_compiler::onnx::import_file(&model)?;
+        let ir = aim::compiled::import(&model)?;
         if ir.graph.inputs.iter().any(|i| i.ty.concrete_shape().is_none()) {
             opts.shapes =
                 given.iter().map(|ins| ins.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect()).collect();
@@ -435,7 +503,14 @@ fn bench(
     Ok(())
 }
 
-fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str, shape: &[String]) -> Result<()> {
+fn info_cmd(
+    out: &mut dyn Write,
+    model: Option<PathBuf>,
+    verify: bool,
+    target: bool,
+    cpu: &str,
+    shape: &[String],
+) -> Result<()> {
     if model.is_none() && !target {
         bail!("give a model, --target, or both");
     }
@@ -444,7 +519,7 @@ fn info_cmd(out: &mut dyn Write, model: Option<PathBuf>, target: bool, cpu: &str
         writeln!(out, "{t}")?;
     }
     if let Some(m) = model {
-        info(out, m.clone())?;
+        info(out, m.clone(), verify)?;
         cpu_info(out, &m, cpu, &parse_shapes(shape)?)?;
     }
     Ok(())
@@ -566,7 +641,7 @@ fn compare(
     let ins = match inputs {
         Some(p) => npz::read_npz(&p)?,
         None => {
-            let ir = aim_compiler::onnx::import_file(model)?;
+            let ir = aim::compiled::import(model)?;
             aim::random_inputs(&ir.graph.inputs, 0).map_err(anyhow::Error::msg)?
         }
     };
@@ -675,7 +750,12 @@ fn dispatch(cli: Cli) -> Result<bool> {
             .options(backend)
             .and_then(|o| bench(&mut out, model, inputs, iters, warmup, o, json, profile))
             .map(|_| true),
-        Cmd::Info { model, target, cpu, shape } => info_cmd(&mut out, model, target, &cpu, &shape).map(|_| true),
+        Cmd::Info { model, verify, target, cpu, shape } => {
+            info_cmd(&mut out, model, verify, target, &cpu, &shape).map(|_| true)
+        }
+        Cmd::Compile { model, output, cpu, shape } => {
+            compile_cmd(&mut out, &model, &output, &cpu, &shape).map(|_| true)
+        }
         Cmd::Compare { model, inputs, against, tolerance, json, load } => {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))
         }

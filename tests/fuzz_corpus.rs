@@ -1,6 +1,6 @@
 //! Replays the fuzz corpora (`fuzz/corpus/<target>/`) so every seed, and every crash input
 //! once added there, stays a regression test without cargo-fuzz: the ONNX importer, the
-//! `.npz` reader, the IR text parser, and the cpu backend against the reference on the
+//! `.npz` reader, the `.aim` reader, the IR text parser, and the cpu backend against the reference on the
 //! generated graphs of `fuzz/graphgen.rs` (plus a few hundred more from a fixed seed).
 
 #[path = "../fuzz/graphgen.rs"]
@@ -31,6 +31,30 @@ fn import_corpus_never_panics() {
     }
     assert!(seeds.len() >= 5, "the corpus has only {} files", seeds.len());
     assert!(accepted >= 5, "only {accepted} of {} seeds were accepted: the valid seeds must import", seeds.len());
+}
+
+#[test]
+fn aim_file_corpus_reads_or_refuses() {
+    let seeds = corpus("read_aim");
+    let mut read = 0;
+    for (path, bytes) in &seeds {
+        if let Ok(f) = aim_ir::aim_file::parse_bytes(bytes) {
+            read += 1;
+            f.verify().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        // Truncations and single-byte damage anywhere: refused, or (in padding) harmless.
+        for cut in (0..bytes.len()).step_by(61) {
+            assert!(aim_ir::aim_file::parse_bytes(&bytes[..cut]).is_err(), "{} cut at {cut}", path.display());
+        }
+        for at in (0..bytes.len()).step_by(7) {
+            let mut b = bytes.clone();
+            b[at] ^= 0x5a;
+            if let Ok(f) = aim_ir::aim_file::parse_bytes(&b) {
+                let _ = f.verify();
+            }
+        }
+    }
+    assert!(read >= 3, "only {read} of {} seeds read: the valid seeds must", seeds.len());
 }
 
 #[test]

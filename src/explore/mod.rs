@@ -206,18 +206,33 @@ fn read_profile(path: &Path) -> Result<BTreeMap<String, f64>> {
 /// Runs every stage of the cpu backend on the model at `path`.
 pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
     let p = path.display().to_string();
-    let bytes_in = std::fs::read(path).with_context(|| format!("reading {p}"))?;
-    let onnx: Vec<Line> = aim_compiler::onnx::print_onnx(&bytes_in, &p)?
-        .into_iter()
-        .map(|(text, src)| Line { text, sources: src.into_iter().collect() })
-        .collect();
-    let mut ir = aim_compiler::onnx::import_file(path)?;
+    // A `.aim` file holds no ONNX graph; one of stage `optimized` holds the cpu pipeline's
+    // output, which is shown as is (no pass runs again).
+    let aim_stage =
+        if crate::compiled::is_aim_file(path) { Some(crate::compiled::header(path, false)?.0.stage) } else { None };
+    let onnx: Vec<Line> = match &aim_stage {
+        Some(stage) => {
+            vec![Line { text: format!("; {p} is a .aim file ({stage} program): no ONNX graph"), sources: vec![] }]
+        }
+        None => {
+            let bytes_in = std::fs::read(path).with_context(|| format!("reading {p}"))?;
+            aim_compiler::onnx::print_onnx(&bytes_in, &p)?
+                .into_iter()
+                .map(|(text, src)| Line { text, sources: src.into_iter().collect() })
+                .collect()
+        }
+    };
+    let optimized_file = aim_stage.as_deref() == Some("optimized");
+    let mut ir = crate::compiled::import(path)?;
     aim_ir::verify(&ir.graph).with_context(|| format!("{p}: invalid graph"))?;
-    let ops = aim_runtime::unsupported_ops(&ir.graph);
-    if !ops.is_empty() {
-        return Err(crate::Error::Unsupported { path: p, ops }.into());
+    // An optimized program's `aim` ops are the cpu backend's own, already typed.
+    if !optimized_file {
+        let ops = aim_runtime::unsupported_ops(&ir.graph);
+        if !ops.is_empty() {
+            return Err(crate::Error::Unsupported { path: p, ops }.into());
+        }
+        aim_ir::infer::infer_types(&mut ir.graph).with_context(|| format!("{p}: type inference"))?;
     }
-    aim_ir::infer::infer_types(&mut ir.graph).with_context(|| format!("{p}: type inference"))?;
     let graph = graph_lines(&ir.graph);
 
     let mut target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
@@ -231,8 +246,12 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         _ => bail!("explore shows one program: give each input one --shape"),
     }
     let bound = opts.passes.then(|| g.clone());
-    let records = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), opts.passes)
-        .with_context(|| format!("{p}: optimising"))?;
+    let records = if optimized_file {
+        Vec::new()
+    } else {
+        aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(&target), opts.passes)
+            .with_context(|| format!("{p}: optimising"))?
+    };
     let optimized = graph_lines(&g);
     let passes = if opts.passes { pass_views(bound.as_ref().unwrap_or(&ir.graph), &records) } else { Vec::new() };
 

@@ -1,0 +1,206 @@
+//! `.aim` files on the facade's side: compiling a model into one (`aim compile`), and
+//! loading one as a [`Model`] (every command and API that takes a model path takes a `.aim`
+//! file too). The format itself is `aim_ir::aim_file` (`ir-spec/FORMAT.md`).
+//!
+//! A model whose input dims are all static (or made so with one `--shape` signature) is
+//! stored *optimized*: the cpu pipeline's output for the target, with the target recorded,
+//! so loading skips import and every graph pass and maps the weights in place. A model
+//! with symbolic dims is stored as its *source* graph (imported and type-inferred): each
+//! input shape is specialised at load or first use, as for ONNX.
+
+use crate::{specialize, Backend, Error, Exec, Generic, Model, Options};
+use aim_compiler::target::Target;
+use aim_ir::aim_file::{self, Header};
+use std::path::Path;
+
+/// What [`compile_to_file`] wrote.
+#[derive(Clone, Debug)]
+pub struct CompileSummary {
+    /// `optimized` or `source` (see the module docs).
+    pub stage: String,
+    /// The ISA level it was compiled for.
+    pub level: String,
+    /// Bytes of the file.
+    pub file_bytes: u64,
+    /// Nodes of the stored graph.
+    pub nodes: usize,
+}
+
+/// Whether the file at `path` is a `.aim` file (by its magic, not its name).
+pub fn is_aim_file(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok() && aim_file::is_aim_file(&head)
+}
+
+/// The model at `path` as the IR: an ONNX file imported, or the graph a `.aim` file holds
+/// (an optimized one holds `aim`-domain ops that only the cpu backend runs).
+pub fn import(path: &Path) -> Result<aim_ir::Model, Error> {
+    if is_aim_file(path) {
+        Ok(aim_file::read(path)?.model)
+    } else {
+        Ok(aim_compiler::onnx::import_file(path)?)
+    }
+}
+
+/// The header of the `.aim` file at `path`, with the number of constants whose checksums
+/// were verified when `verify` is set.
+pub fn header(path: &Path, verify: bool) -> Result<(Header, usize, Option<usize>), Error> {
+    let f = aim_file::read(path)?;
+    let verified = if verify {
+        Some(f.verify().map_err(|reason| aim_file::AimFileError { path: path.display().to_string(), reason })?)
+    } else {
+        None
+    };
+    Ok((f.header.clone(), f.data_bytes(), verified))
+}
+
+/// Compiles the ONNX model at `model` for this CPU (capped by `opts.cpu`) into the `.aim`
+/// file `out`. `opts.shapes` may give one signature: the program is then specialised to
+/// it and stored optimized.
+pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<CompileSummary, Error> {
+    let p = model.display().to_string();
+    crate::guard::contain(&format!("compiling {p}"), || {
+        let mut ir = aim_compiler::onnx::import_file(model)?;
+        aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
+        let ops = aim_runtime::unsupported_ops(&ir.graph);
+        if !ops.is_empty() {
+            return Err(Error::Unsupported { path: p, ops });
+        }
+        aim_ir::infer::infer_types(&mut ir.graph).map_err(|cause| Error::Infer { path: p.clone(), cause })?;
+        let target = Target::host().with_cpu(&opts.cpu)?;
+        let sigs = crate::signatures(&ir.graph, &opts.shapes, &p)?;
+        let stage = match sigs.as_slice() {
+            [] if specialize::worthwhile(&ir.graph) => "source",
+            [] => "optimized",
+            [sig] => {
+                specialize::bind(&mut ir.graph, sig, &p)?;
+                "optimized"
+            }
+            _ => {
+                return Err(Error::BadOption {
+                    option: "shape",
+                    reason: "a .aim file holds one specialised program: give each input one --shape".into(),
+                })
+            }
+        };
+        if stage == "optimized" {
+            ir.graph = crate::optimize(ir.graph, &target, &p)?;
+        }
+        let nodes = ir.graph.nodes.len();
+        let header = Header {
+            stage: stage.to_string(),
+            target: [
+                ("arch", target.arch.to_string()),
+                ("level", target.level.name().to_string()),
+                ("l1d", target.l1d.to_string()),
+                ("l2", target.l2.to_string()),
+                ("l3", target.l3.to_string()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+            writer: format!("aim {}", env!("CARGO_PKG_VERSION")),
+            source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        };
+        aim_file::write(out, &ir, &header)?;
+        let file_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+        Ok(CompileSummary { stage: stage.to_string(), level: target.level.name().to_string(), file_bytes, nodes })
+    })
+}
+
+/// The target an optimized `.aim` file was compiled for, on this host: the same ISA level
+/// (the blocked layouts and kernels in the program are chosen for it) and the recorded
+/// cache sizes (so the program blocks its loops exactly as where it was compiled).
+fn recorded_target(h: &Header, path: &str, cpu: &str) -> Result<Target, Error> {
+    let get = |k: &str| {
+        h.target
+            .get(k)
+            .cloned()
+            .ok_or_else(|| Error::Compile { path: path.to_string(), msg: format!("the file records no target '{k}'") })
+    };
+    let (arch, level) = (get("arch")?, get("level")?);
+    let size = |k: &str| -> Result<usize, Error> {
+        get(k)?.parse().map_err(|_| Error::Compile { path: path.to_string(), msg: format!("bad target '{k}'") })
+    };
+    let host = Target::host();
+    if arch != host.arch {
+        return Err(Error::Compile {
+            path: path.to_string(),
+            msg: format!("compiled for {arch}; this machine is {}", host.arch),
+        });
+    }
+    if !matches!(cpu, "native" | "") && cpu != level {
+        return Err(Error::BadOption {
+            option: "cpu",
+            reason: format!("{path} is compiled for {level}; --cpu {cpu} needs a compile for that level"),
+        });
+    }
+    let host_level = host.level.name();
+    let capped = if arch == "aarch64" { host } else { host.with_cpu(&level)? };
+    if capped.level.name() != level {
+        return Err(Error::Compile {
+            path: path.to_string(),
+            msg: format!(
+                "compiled for {level}, which this CPU does not support (it supports {host_level}): compile the ONNX model again here, or with --cpu {host_level}"
+            ),
+        });
+    }
+    Ok(capped.with_caches(size("l1d")?, size("l2")?, size("l3")?))
+}
+
+/// Loads a `.aim` file (see the module docs for the two stages).
+pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
+    let p = path.display().to_string();
+    let file = aim_file::read(path)?;
+    let (header, mut ir) = (file.header.clone(), file.model);
+    match header.stage.as_str() {
+        "source" => Model::from_ir_with(ir, path, opts),
+        "optimized" => {
+            if opts.backend != Backend::Cpu {
+                return Err(Error::BadOption {
+                    option: "backend",
+                    reason: format!(
+                        "{p} holds a program compiled for the cpu backend; the reference backend needs the ONNX model"
+                    ),
+                });
+            }
+            if !opts.shapes.is_empty() {
+                return Err(Error::BadOption {
+                    option: "shape",
+                    reason: format!("{p} holds a program compiled for static shapes"),
+                });
+            }
+            if let Some(t) = opts.threads.filter(|&t| t > crate::MAX_THREADS) {
+                return Err(Error::BadOption {
+                    option: "threads",
+                    reason: format!("{t} is more than {}", crate::MAX_THREADS),
+                });
+            }
+            if let Some(b) = opts.max_tensor_bytes {
+                aim_ir::limits::set_max_tensor_bytes(b);
+            }
+            aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
+            let target = recorded_target(&header, &p, &opts.cpu)?;
+            let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
+            let pool = aim_runtime::pool::ThreadPool::new(threads)
+                .map(std::sync::Arc::new)
+                .map_err(|e| aim_runtime::RunError::Threads { threads, reason: e.to_string() })?;
+            let prog = crate::build_program(ir.graph.clone(), &target, &pool, &p)?;
+            let generic = Generic { cell: std::sync::OnceLock::new(), threads };
+            let _ = generic.cell.set(Ok(Box::new(prog)));
+            ir.graph.initializers.clear();
+            Ok(Model {
+                ir,
+                path: path.to_path_buf(),
+                backend: Backend::Cpu,
+                exec: Exec::Cpu(generic, None),
+                run_opts: aim_runtime::RunOptions { timeout: opts.timeout },
+            })
+        }
+        other => Err(Error::Compile {
+            path: p,
+            msg: format!("unknown stage '{other}' (this aim reads optimized and source)"),
+        }),
+    }
+}

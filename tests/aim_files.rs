@@ -1,0 +1,128 @@
+//! `.aim` files end to end: `aim compile`, then every command and the library loading the
+//! result as they load ONNX, with the same outputs; damaged files as clean errors.
+
+mod common;
+
+use aim::npz::{read_npz, write_npz};
+use aim::Tensor;
+use common::*;
+use std::process::{Command, Output};
+
+fn aim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aim")).args(args).output().expect("running aim")
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A conv net with a weight large enough to land in the data section, written as ONNX.
+fn conv_model(dir: &std::path::Path, batch: &str) -> std::path::PathBuf {
+    let w: Vec<String> = (0..8 * 3 * 9).map(|i| format!("{:.3}", ((i * 37) % 17) as f32 / 17.0 - 0.5)).collect();
+    let text = format!(
+        "opset 17\nproducer \"tests\"\ndoc \"a test net\"\nmeta \"labels\" = \"a,b\"\ngraph \"g\" {{\n  input %x: f32[{batch},3,8,8]\n  init %w = f32[8,3,3,3] [{}]\n  init %b = f32[8] [0.1, -0.1, 0.2, -0.2, 0.3, -0.3, 0.0, 0.5]\n  %c = Conv(%x, %w, %b) {{pads=[1, 1, 1, 1]}}  # conv\n  %r = Relu(%c)  # relu\n  %p = GlobalAveragePool(%r)  # gap\n  %y = Flatten(%p)  # flat\n  output %y: f32[{batch},8]\n}}\n",
+        w.join(", ")
+    );
+    let p = dir.join(format!("net_{batch}.onnx"));
+    std::fs::write(&p, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    p
+}
+
+fn input(n: usize) -> Tensor {
+    let v: Vec<f32> = (0..n * 3 * 64).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+    Tensor::from_slice(&[n, 3, 8, 8], &v)
+}
+
+fn outputs(model: &std::path::Path, inputs: &std::path::Path, out: &std::path::Path) -> Vec<(String, Tensor)> {
+    ok(&aim(&[
+        "run",
+        model.to_str().unwrap(),
+        "--inputs",
+        inputs.to_str().unwrap(),
+        "--outputs",
+        out.to_str().unwrap(),
+    ]));
+    read_npz(out).unwrap()
+}
+
+#[test]
+fn an_optimized_aim_file_runs_like_its_onnx_model() {
+    let d = tempdir("aim-static");
+    let onnx = conv_model(&d, "2");
+    let file = d.join("net.aim");
+    let said = ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    assert!(said.contains("optimized program"), "{said}");
+    write_npz(&d.join("in.npz"), &[("x".into(), input(2))]).unwrap();
+    let want = outputs(&onnx, &d.join("in.npz"), &d.join("a.npz"));
+    let got = outputs(&file, &d.join("in.npz"), &d.join("b.npz"));
+    assert_eq!(got[0].0, want[0].0);
+    assert_eq!(got[0].1.bytes(), want[0].1.bytes(), "bit for bit the JIT's outputs");
+    let info = ok(&aim(&["info", file.to_str().unwrap(), "--verify"]));
+    for s in [
+        "aim file: optimized program from net_2.onnx",
+        "checksums: all 1 constants verified",
+        "metadata: labels = a,b",
+        "doc: a test net",
+    ] {
+        assert!(info.contains(s), "{s:?} not in:\n{info}");
+    }
+    let explored = ok(&aim(&["explore", file.to_str().unwrap(), "--stage", "optimized"]));
+    assert!(explored.contains("aim:Conv"), "{explored}");
+    // The library loads it too, and says what the reference backend cannot do with it.
+    let m = aim::Model::load(&file).unwrap();
+    assert_eq!(m.run(vec![("x".into(), input(2))]).unwrap()[0].1.bytes(), want[0].1.bytes());
+    let e = aim::Model::load_with(&file, aim::Backend::Reference).err().expect("refused");
+    assert!(e.to_string().contains("the reference backend needs the ONNX model"), "{e}");
+}
+
+#[test]
+fn symbolic_dims_are_stored_as_source_or_specialised_with_a_shape() {
+    let d = tempdir("aim-symbolic");
+    let onnx = conv_model(&d, "N");
+    let (src, one) = (d.join("src.aim"), d.join("one.aim"));
+    assert!(ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", src.to_str().unwrap()])).contains("source program"));
+    let said = ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", one.to_str().unwrap(), "--shape", "x=3x3x8x8"]));
+    assert!(said.contains("optimized program"), "{said}");
+    for n in [1usize, 3] {
+        write_npz(&d.join("in.npz"), &[("x".into(), input(n))]).unwrap();
+        let want = outputs(&onnx, &d.join("in.npz"), &d.join("a.npz"));
+        let got = outputs(&src, &d.join("in.npz"), &d.join("b.npz"));
+        assert_eq!(got[0].1.bytes(), want[0].1.bytes(), "batch {n}");
+    }
+    // The specialised file takes its shape and refuses others, naming the input.
+    let want = outputs(&onnx, &d.join("in.npz"), &d.join("a.npz"));
+    assert_eq!(outputs(&one, &d.join("in.npz"), &d.join("c.npz"))[0].1.bytes(), want[0].1.bytes());
+    write_npz(&d.join("in1.npz"), &[("x".into(), input(1))]).unwrap();
+    let o = aim(&["run", one.to_str().unwrap(), "--inputs", d.join("in1.npz").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains('x'), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn damaged_aim_files_are_one_line_errors() {
+    let d = tempdir("aim-damaged");
+    let onnx = conv_model(&d, "2");
+    let file = d.join("net.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = d.join("cut.aim");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x40;
+    let bad = d.join("flipped.aim");
+    std::fs::write(&bad, &flipped).unwrap();
+    for (args, want) in [
+        (vec!["run", cut.to_str().unwrap()], "truncated"),
+        (vec!["info", cut.to_str().unwrap()], "truncated"),
+        (vec!["info", bad.to_str().unwrap(), "--verify"], "does not match its checksum"),
+        (vec!["info", onnx.to_str().unwrap(), "--verify"], "is not one"),
+    ] {
+        let o = aim(&args);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
+        assert!(e.contains(want) && !e.contains("panicked"), "{args:?}: wanted {want:?} in {e}");
+    }
+}
