@@ -122,8 +122,7 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) 
     for (d, dw) in weights.dirs.iter().enumerate() {
         let mut xp = vec![0f32; rows * g3];
         let ep = Epilogue { col_bias: Some(&dw.bias_x), ..Epilogue::default() };
-        let proj_par: &dyn crate::gemm::Parallel =
-            if rows * q.input * g3 < STEP_PARALLEL_MACS { &crate::gemm::Sequential } else { cx.par };
+        let proj_par = super::sequence::parallel_for(rows * q.input * g3, cx.par);
         gemm_rows(xd, rows, q.input, cx.blocking, &dw.w, &mut xp, g3, &ep, proj_par);
         let mut h = q.initial(h0, d);
         let job = Direction { dw, xp: &xp, q: &q, d, linear_before_reset, blocking: cx.blocking, par: cx.par };
@@ -139,9 +138,6 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) 
     }
     Some(Ok(outs))
 }
-
-/// The multiply-adds of a step below which its products run on the calling thread.
-const STEP_PARALLEL_MACS: usize = 1 << 20;
 
 /// The recurrence of one direction: `h` (batch × hidden) updated step by step, each step's
 /// state written to `y`.
@@ -187,10 +183,8 @@ impl Direction<'_> {
         let (mut zr, mut cand, mut rh) =
             (vec![0f32; batch * 2 * hidden], vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
         let bias_rh = Epilogue { col_bias: Some(&dw.bias_rh), ..Epilogue::default() };
-        // A step's products are small (one row per sequence): below a million multiply-adds
-        // waking the other threads costs more than it saves.
-        let par: &dyn crate::gemm::Parallel =
-            if batch * hidden * g3 < STEP_PARALLEL_MACS { &crate::gemm::Sequential } else { self.par };
+        // A step's products are small (one row per sequence).
+        let par = super::sequence::parallel_for(batch * hidden * g3, self.par);
         for s in 0..t_len {
             let t = if q.reverse(self.d) { t_len - 1 - s } else { s };
             let xrow = |bi: usize| {

@@ -194,8 +194,19 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
         // The input projection of every step: rows in X's own order.
         let mut xp = vec![0f32; rows * g4];
         let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
-        gemm_rows(xd, rows, input, cx.blocking, pw, &mut xp, g4, &ep, cx.par);
+        gemm_rows(
+            xd,
+            rows,
+            input,
+            cx.blocking,
+            pw,
+            &mut xp,
+            g4,
+            &ep,
+            super::sequence::parallel_for(rows * input * g4, cx.par),
+        );
         let (mut h, mut c) = (q.initial(h0, d), q.initial(c0, d));
+        let step_par = super::sequence::parallel_for(batch * hidden * g4, cx.par);
         let mut g = vec![0f32; batch * g4];
         let mut xt = vec![0f32; batch * g4];
         for s in 0..t_len {
@@ -206,7 +217,7 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
                 xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
             }
             let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
-            gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, cx.par);
+            gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, step_par);
             gates(cx.isa, &g, &mut c, &mut h, hidden);
             for bi in 0..batch {
                 let at = q.y_at(t, bi, d);

@@ -8,13 +8,9 @@ use super::math;
 use super::output::Output;
 use super::sequence::Seq;
 use super::Ctx;
-use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel, Sequential};
+use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB};
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
-
-/// The multiply-adds of a product (a step's, or a short sequence's input projection)
-/// below which it runs on the calling thread: waking the others costs more.
-const STEP_PARALLEL_MACS: usize = 1 << 20;
 
 /// An RNN's weights packed for the microkernels, per direction: `Wᵀ`, `Rᵀ` and `Wb + Rb`.
 pub struct RnnWeights {
@@ -122,11 +118,11 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&RnnWeights>) 
     let mut yh = vec![0f32; q.dirs * batch * hidden];
     let (xd, yd) = (q.x.data::<f32>(), y.bits_mut());
     let rows = q.t_len * batch;
-    let par: &dyn Parallel = if batch * hidden * hidden < STEP_PARALLEL_MACS { &Sequential } else { cx.par };
+    let par = super::sequence::parallel_for(batch * hidden * hidden, cx.par);
     for (d, (pw, pr, b)) in weights.dirs.iter().enumerate() {
         let mut xp = vec![0f32; rows * hidden];
         let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
-        let proj_par: &dyn Parallel = if rows * input * hidden < STEP_PARALLEL_MACS { &Sequential } else { cx.par };
+        let proj_par = super::sequence::parallel_for(rows * input * hidden, cx.par);
         gemm_rows(xd, rows, input, cx.blocking, pw, &mut xp, hidden, &ep, proj_par);
         let mut h = q.initial(h0, d);
         let (mut g, mut xt) = (vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
