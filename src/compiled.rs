@@ -85,7 +85,7 @@ pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<Compi
             }
         };
         if stage == "optimized" {
-            ir.graph = crate::optimize(ir.graph, &target, &p)?;
+            ir.graph = prepack(crate::optimize(ir.graph, &target, &p)?, &target, &p)?;
         }
         let nodes = ir.graph.nodes.len();
         let header = Header {
@@ -107,6 +107,34 @@ pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<Compi
         let file_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
         Ok(CompileSummary { stage: stage.to_string(), level: target.level.name().to_string(), file_bytes, nodes })
     })
+}
+
+/// The optimized graph with the weights of its convolutions and dense layers replaced by
+/// the packed floats their kernels read on `target` (see `runtime/src/cpu/prepacked.rs`):
+/// what loading then reads in place instead of packing. The unpacked weights nothing else
+/// reads are dropped.
+fn prepack(mut g: aim_ir::Graph, target: &Target, path: &str) -> Result<aim_ir::Graph, Error> {
+    let threads = target.physical_cores.max(1);
+    let pool = aim_runtime::pool::ThreadPool::new(threads)
+        .map(std::sync::Arc::new)
+        .map_err(|e| aim_runtime::RunError::Threads { threads, reason: e.to_string() })?;
+    let prog = crate::build_program(g.clone(), target, &pool, path)?;
+    for (i, kind, packed) in prog.prepacked() {
+        let n = &mut g.nodes[i];
+        let Some(dims) = n.inputs.get(1).and_then(|w| g.initializers.get(w)).map(|w| w.shape().to_vec()) else {
+            continue;
+        };
+        let name = format!("{}/packed_{kind}", n.name);
+        n.inputs[1] = name.clone();
+        n.attrs.insert("prepacked".into(), aim_ir::Attr::String(kind.into()));
+        n.attrs.insert("weight_shape".into(), aim_ir::Attr::Ints(dims.iter().map(|&d| d as i64).collect()));
+        g.initializers.insert(name, packed);
+    }
+    let mut read = Vec::new();
+    g.names_read(&mut read);
+    let read: std::collections::HashSet<String> = read.into_iter().collect();
+    g.initializers.retain(|k, _| read.contains(k));
+    Ok(g)
 }
 
 /// The target an optimized `.aim` file was compiled for, on this host: the same ISA level

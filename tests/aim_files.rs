@@ -126,3 +126,62 @@ fn damaged_aim_files_are_one_line_errors() {
         assert!(e.contains(want) && !e.contains("panicked"), "{args:?}: wanted {want:?} in {e}");
     }
 }
+
+/// The benchmark models (in `AIM_MODELS`, set by tests/run.sh) as `.aim` files: their
+/// direct, Winograd, depthwise and dense kernels read the prepacked weights in place and
+/// give the JIT's outputs bit for bit.
+#[test]
+fn benchmark_models_run_from_aim_files_bit_for_bit() {
+    let Ok(dir) = std::env::var("AIM_MODELS") else {
+        eprintln!("AIM_MODELS not set: skipping the benchmark models (tests/run.sh sets it)");
+        return;
+    };
+    let d = tempdir("aim-models");
+    for name in ["mobilenetv2", "resnet50", "bert_l6", "mlp_b64"] {
+        let onnx = std::path::Path::new(&dir).join(format!("{name}.onnx"));
+        let inputs = read_npz(&std::path::Path::new(&dir).join(format!("{name}.inputs.npz"))).unwrap();
+        let file = d.join(format!("{name}.aim"));
+        ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+        let jit = aim::Model::load(&onnx).unwrap().run(inputs.clone()).unwrap();
+        let m = aim::Model::load(&file).unwrap();
+        assert_eq!(
+            m.run(inputs).unwrap().iter().map(|(_, t)| t.bytes().to_vec()).collect::<Vec<_>>(),
+            jit.iter().map(|(_, t)| t.bytes().to_vec()).collect::<Vec<_>>(),
+            "{name}"
+        );
+        let kinds: Vec<String> = aim_ir::aim_file::read(&file)
+            .unwrap()
+            .model
+            .graph
+            .nodes
+            .iter()
+            .filter_map(|n| match n.attrs.get("prepacked") {
+                Some(aim_ir::Attr::String(k)) => Some(k.clone()),
+                _ => None,
+            })
+            .collect();
+        let want = if name.starts_with("bert") || name.starts_with("mlp") { "dense" } else { "direct" };
+        assert!(kinds.iter().any(|k| k == want), "{name}: {kinds:?}");
+        if name == "resnet50" {
+            assert!(kinds.iter().any(|k| k == "winograd"), "{kinds:?}");
+        }
+    }
+}
+
+/// A prepacked weight that does not fit its node (a file edited, or written by a buggy
+/// aim) is an error naming the node, not wrong numbers.
+#[test]
+fn prepacked_weights_that_do_not_fit_are_errors() {
+    let d = tempdir("aim-prepacked");
+    let onnx = conv_model(&d, "2");
+    let file = d.join("net.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    let (mut model, header) = (f.model.clone(), f.header.clone());
+    let conv = model.graph.nodes.iter_mut().find(|n| n.attrs.contains_key("prepacked")).expect("a prepacked conv");
+    conv.attrs.insert("weight_shape".into(), aim_ir::Attr::Ints(vec![8, 5, 3, 3]));
+    let edited = d.join("edited.aim");
+    aim_ir::aim_file::write(&edited, &model, &header).unwrap();
+    let e = aim::Model::load(&edited).err().expect("refused").to_string();
+    assert!(e.contains("conv") && e.contains("prepacked weights"), "{e}");
+}

@@ -164,6 +164,10 @@ pub fn read(path: &Path) -> Result<AimFile, AimFileError> {
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
     // Registered so that the pages of weights once packed are handed back
     // (`mapped::release_pages`), as for an ONNX file's.
+    // Weights are read where the program needs them (a few rows of an embedding table, say),
+    // not front to back: reading ahead would make the whole file resident.
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::Random);
     from_map(crate::mapped::register(map)).map_err(err)
 }
 

@@ -14,6 +14,7 @@
 #![allow(clippy::redundant_locals)]
 
 pub mod fast;
+pub mod floats;
 pub mod gemm;
 pub mod nchwc;
 pub mod num;

@@ -35,7 +35,7 @@ pub struct PackedB {
     /// Columns.
     pub n: usize,
     pub(crate) kc: usize,
-    data: Vec<f32>,
+    data: crate::floats::Floats,
 }
 
 /// Offset of k block `kb` in a packed operand with `panels` panels of `width`.
@@ -161,7 +161,7 @@ impl PackedB {
                 fill(kb * kc + p, pj * nr, &mut panel[p * nr..p * nr + cols]);
             }
         });
-        PackedB { isa, k, n, kc, data }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data) }
     }
 
     /// Packs a row-major matrix (`trans`: B is stored transposed, n×k), copying rows of
@@ -187,7 +187,7 @@ impl PackedB {
                 }
             }
         }
-        PackedB { isa, k, n, kc, data }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data) }
     }
 
     /// Packs a row-major matrix given as little-endian f32 bytes at any alignment (`trans`:
@@ -205,6 +205,33 @@ impl PackedB {
                 *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         })
+    }
+
+    /// Floats a packed k×n B holds for `isa`.
+    pub fn packed_len(isa: Isa, k: usize, n: usize) -> usize {
+        n.div_ceil(isa.nr()) * isa.nr() * k.max(1)
+    }
+
+    /// The packed floats, as [`PackedB::with_packed`] takes them back (for a program
+    /// written with its weights prepacked).
+    pub fn packed(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// A packed B over floats packed before for the same `isa` and `blocking` (read in
+    /// place); an error when their count does not fit k×n.
+    pub fn with_packed(
+        isa: Isa,
+        blocking: Blocking,
+        k: usize,
+        n: usize,
+        data: crate::floats::Floats,
+    ) -> Result<PackedB, String> {
+        let want = PackedB::packed_len(isa, k, n);
+        if data.len() != want {
+            return Err(format!("a packed {k}×{n} weight holds {want} floats, not {}", data.len()));
+        }
+        Ok(PackedB { isa, k, n, kc: blocking.kc.max(1), data })
     }
 
     pub(crate) fn panel(&self, kb: usize, j: usize) -> *const f32 {

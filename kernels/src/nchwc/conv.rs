@@ -24,7 +24,7 @@ pub struct Conv {
     /// Input channels as the kernel sees them: `cin`, rounded up to a block when blocked.
     cin_eff: usize,
     /// `[pair of output blocks][k][2 · lanes]`, zero where a channel is padding.
-    weights: Vec<f32>,
+    weights: crate::floats::Floats,
     /// `[pair][2 · lanes]`.
     bias: Vec<f32>,
     act: Activation,
@@ -97,11 +97,71 @@ impl Conv {
                 panel[d] = v;
             }
         }
-        let mut b = vec![0f32; pairs * 2 * lanes];
+        Conv::assemble(isa, crate::floats::Floats::owned(packed), bias, cout, cin, geo, input, act, kc)
+    }
+
+    /// Floats of the packed weights of a convolution of this shape for `isa`.
+    pub fn packed_len(isa: Isa, cout: usize, cin: usize, geo: Geometry, input: Layout) -> usize {
+        let lanes = super::lanes(isa);
+        let cin_eff = match input {
+            Layout::Nchw => cin,
+            Layout::Blocked => cin.div_ceil(lanes) * lanes,
+        };
+        cout.div_ceil(2 * lanes) * geo.kernel[0] * geo.kernel[1] * cin_eff * 2 * lanes
+    }
+
+    /// The packed weights, as [`Conv::with_packed`] takes them back.
+    pub fn packed_weights(&self) -> &[f32] {
+        &self.weights
+    }
+
+    /// A convolution over weights packed before by [`Conv::new`] for the same `isa` and
+    /// shape (read in place); an error when their count does not fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_packed(
+        isa: Isa,
+        packed: crate::floats::Floats,
+        bias: Option<&[f32]>,
+        cout: usize,
+        cin: usize,
+        geo: Geometry,
+        input: Layout,
+        act: Activation,
+        kc: usize,
+    ) -> Result<Conv, String> {
+        let want = Conv::packed_len(isa, cout, cin, geo, input);
+        if packed.len() != want {
+            return Err(format!(
+                "packed weights of {cout}×{cin}×{:?} hold {want} floats, not {}",
+                geo.kernel,
+                packed.len()
+            ));
+        }
+        Ok(Conv::assemble(isa, packed, bias, cout, cin, geo, input, act, kc))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        isa: Isa,
+        weights: crate::floats::Floats,
+        bias: Option<&[f32]>,
+        cout: usize,
+        cin: usize,
+        geo: Geometry,
+        input: Layout,
+        act: Activation,
+        kc: usize,
+    ) -> Conv {
+        let lanes = super::lanes(isa);
+        let cin_eff = match input {
+            Layout::Nchw => cin,
+            Layout::Blocked => cin.div_ceil(lanes) * lanes,
+        };
+        let mut b = vec![0f32; cout.div_ceil(2 * lanes) * 2 * lanes];
         if let Some(bias) = bias {
             b[..cout].copy_from_slice(&bias[..cout]);
         }
-        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights: packed, bias: b, act, kc: kc.max(1) }
+        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights, bias: b, act, kc: kc.max(1) }
     }
 
     /// The channel block (floats per pixel of a block).

@@ -37,6 +37,9 @@ pub struct Winograd {
     act: Activation,
 }
 
+/// The geometry of each of the 36 products: a 1×1 convolution.
+const ONE: Geometry = Geometry { kernel: [1, 1], strides: [1, 1], dilations: [1, 1] };
+
 /// G (6×3): the filter transform.
 const G: [[f64; 3]; T] = [
     [0.25, 0.0, 0.0],
@@ -62,7 +65,7 @@ impl Winograd {
         let lanes = super::lanes(isa);
         // U[ξν][co][ci] = (G g Gᵀ)[ξ][ν], in f64, one row ξ at a time (the six products of
         // that row packed from one buffer, so the whole transform is never held at once).
-        let one = Geometry { kernel: [1, 1], strides: [1, 1], dilations: [1, 1] };
+        let one = ONE;
         let mut products = Vec::with_capacity(T * T);
         let mut u = vec![0f32; T * cout * cin];
         for gx in &G {
@@ -82,6 +85,53 @@ impl Winograd {
             b[..cout].copy_from_slice(&bias[..cout]);
         }
         Winograd { isa, lanes, cin, cout, products, bias: b, act }
+    }
+
+    /// Floats of the transformed, packed weights of a `cout × cin` 3×3 convolution.
+    pub fn packed_len(isa: Isa, cout: usize, cin: usize) -> usize {
+        T * T * Conv::packed_len(isa, cout, cin, ONE, Layout::Blocked)
+    }
+
+    /// The transformed, packed weights (the 36 products' in order), as
+    /// [`Winograd::with_packed`] takes them back.
+    pub fn packed_weights(&self) -> Vec<f32> {
+        self.products.iter().flat_map(|p| p.packed_weights().iter().copied()).collect()
+    }
+
+    /// A Winograd convolution over weights transformed and packed before for the same `isa`
+    /// and shape: `packed` (an f32 tensor of [`Winograd::packed_len`] floats) is read in
+    /// place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_packed(
+        isa: Isa,
+        packed: &aim_ir::Tensor,
+        bias: Option<&[f32]>,
+        cout: usize,
+        cin: usize,
+        act: Activation,
+        kc: usize,
+    ) -> Result<Winograd, String> {
+        let per = Conv::packed_len(isa, cout, cin, ONE, Layout::Blocked);
+        if packed.dtype() != aim_ir::DType::F32 || packed.len() != T * T * per {
+            return Err(format!(
+                "Winograd weights of {cout}×{cin} hold {} f32 values, not {} {}",
+                T * T * per,
+                packed.len(),
+                packed.dtype()
+            ));
+        }
+        let products = (0..T * T)
+            .map(|i| {
+                let view = crate::floats::Floats::view(packed, i * per, per).expect("checked above");
+                Conv::with_packed(isa, view, None, cout, cin, ONE, Layout::Blocked, Activation::Identity, kc)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let lanes = super::lanes(isa);
+        let mut b = vec![0f32; cout.div_ceil(lanes) * lanes];
+        if let Some(bias) = bias {
+            b[..cout].copy_from_slice(&bias[..cout]);
+        }
+        Ok(Winograd { isa, lanes, cin, cout, products, bias: b, act })
     }
 
     /// The loop nest [`Winograd::run`] runs, as lines of text (for `aim explore`).

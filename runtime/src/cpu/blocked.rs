@@ -69,10 +69,8 @@ fn block_of(n: &Node, isa: Isa) -> Result<usize, RunError> {
 /// Packs a blocked `aim:Conv`.
 pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
     let lanes = block_of(n, isa)?;
-    let w = const_f32(g, n.input(1))
-        .filter(|w| w.rank() == 4)
-        .ok_or_else(|| prep_err(n, "weights must be constant 4-D f32"))?;
-    let (cout, cg, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
+    let (w, dims, prepacked) = super::prepacked::weight(g, n, 4)?;
+    let (cout, cg, kh, kw) = (dims[0], dims[1], dims[2], dims[3]);
     let group = n.int("group", 1).max(1) as usize;
     let bias = match n.input(2) {
         Some(b) => Some(
@@ -95,7 +93,24 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         "NCHWc" => Layout::Blocked,
         other => return Err(prep_err(n, format!("unknown input layout '{other}'"))),
     };
-    let (kernel, cin) = if use_winograd(kh, kw, &geo, group, input, cg, cout, lanes) {
+    let bad = |e: String| prep_err(n, format!("prepacked weights: {e}"));
+    let (kernel, cin) = if let Some(kind) = prepacked {
+        // Weights packed when the program was compiled for this target: the kernel they
+        // were packed for, read in place.
+        match kind {
+            "winograd" if (kh, kw) == (3, 3) && group == 1 && input == Layout::Blocked => (
+                Kernel::Winograd(nchwc::Winograd::with_packed(isa, w, bias, cout, cg, act, blocking.kc).map_err(bad)?),
+                cg,
+            ),
+            "direct" if group == 1 => {
+                let floats = aim_kernels::floats::Floats::view(w, 0, w.len())
+                    .ok_or_else(|| bad("the weights are not f32".into()))?;
+                let conv = nchwc::Conv::with_packed(isa, floats, bias, cout, cg, kgeo, input, act, blocking.kc);
+                (Kernel::Conv(conv.map_err(bad)?), cg)
+            }
+            other => return Err(bad(format!("'{other}' weights do not fit this convolution"))),
+        }
+    } else if use_winograd(kh, kw, &geo, group, input, cg, cout, lanes) {
         (Kernel::Winograd(nchwc::Winograd::new(isa, w.data::<f32>(), bias, cout, cg, act, blocking.kc)), cg)
     } else if group == 1 {
         (Kernel::Conv(nchwc::Conv::new(isa, w.data::<f32>(), bias, cout, cg, kgeo, input, act, blocking.kc)), cg)
@@ -105,6 +120,16 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         return Err(prep_err(n, "blocked convolutions are plain (group 1) or depthwise"));
     };
     Ok(Prepared::Blocked(Box::new(BlockedConv { kernel, geo, cin, cout, input, lanes })))
+}
+
+/// The weights of a blocked convolution in the packed form its kernel reads (`None` for
+/// kernels that are quick to prepare), with the kind `prepare` takes back.
+pub(super) fn packed(c: &BlockedConv) -> Option<(&'static str, Vec<f32>)> {
+    match &c.kernel {
+        Kernel::Winograd(w) => Some(("winograd", w.packed_weights())),
+        Kernel::Conv(k) => Some(("direct", k.packed_weights().to_vec())),
+        Kernel::Depthwise(_) => None,
+    }
 }
 
 /// Whether the convolution can overwrite its residual in place (the direct kernel starts

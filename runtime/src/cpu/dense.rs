@@ -16,10 +16,8 @@ pub(super) struct DensePrep {
 }
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
-    let w = const_f32(g, n.input(1))
-        .filter(|t| t.rank() == 2)
-        .ok_or_else(|| prep_err(n, "weight must be a constant 2-D f32"))?;
-    let (k, nn) = (w.shape()[0], w.shape()[1]);
+    let (w, dims, prepacked) = super::prepacked::weight(g, n, 2)?;
+    let (k, nn) = (dims[0], dims[1]);
     let bias = match n.input(2) {
         Some(b) => Some(
             const_f32(g, Some(b))
@@ -30,7 +28,19 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         ),
         None => None,
     };
-    let weight = super::shared::packed_b(w, isa, blocking, k, nn, false);
+    let weight = match prepacked {
+        Some("dense") => {
+            let floats = aim_kernels::floats::Floats::view(w, 0, w.len())
+                .ok_or_else(|| prep_err(n, "prepacked weights are not f32"))?;
+            let packed = PackedB::with_packed(isa, blocking, k, nn, floats)
+                .map_err(|e| prep_err(n, format!("prepacked weights: {e}")))?;
+            std::sync::Arc::new(packed)
+        }
+        Some(other) => {
+            return Err(prep_err(n, format!("prepacked weights: '{other}' weights are not a dense layer's")))
+        }
+        None => super::shared::packed_b(w, isa, blocking, k, nn, false),
+    };
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
 

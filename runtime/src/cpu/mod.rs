@@ -20,6 +20,7 @@ mod depthwise;
 mod elementwise;
 mod kind;
 mod phases;
+mod prepacked;
 mod run;
 mod schedule;
 mod shared;
@@ -233,6 +234,29 @@ impl CpuProgram {
             recurrent,
             _code: code.owner,
         })
+    }
+
+    /// The weights this program's kernels hold packed, by node index: the kind of kernel
+    /// (`direct`, `winograd`, `dense`) and the packed floats, which a graph given back to
+    /// [`CpuProgram::new`] with them as the node's weight (and the attributes `prepacked` =
+    /// kind and `weight_shape` = the weight's dims; see `prepacked.rs`) reads in place
+    /// instead of packing again. Only valid for the same ISA and blocking.
+    pub fn prepacked(&self) -> Vec<(usize, &'static str, Tensor)> {
+        let mut out: Vec<(usize, &'static str, Tensor)> = self
+            .prepared
+            .iter()
+            .filter_map(|(&i, p)| match p {
+                Prepared::Blocked(c) => blocked::packed(c).map(|(kind, v)| (i, kind, v)),
+                Prepared::Dense(d) => Some((i, "dense", d.weight.packed().to_vec())),
+                _ => None,
+            })
+            .map(|(i, kind, v)| {
+                let n = v.len();
+                (i, kind, Tensor::from_vec(&[n], v))
+            })
+            .collect();
+        out.sort_by_key(|(i, _, _)| *i);
+        out
     }
 
     /// The optimised graph this program runs.
