@@ -136,8 +136,9 @@ uint32_t aim_abi_version(void);
 // the next failing call on this thread.
 const char *aim_last_error(void);
 
-// Loads and compiles the ONNX model at `path` (UTF-8) into `*out`. `options` may be null
-// (every default). On failure `*out` is set to null.
+// Loads the model at `path` (UTF-8): an ONNX file, compiled now for this CPU, or a `.aim`
+// file from `aim compile` (told apart by their first bytes), into `*out`. `options` may
+// be null (every default). On failure `*out` is set to null.
 enum AimStatus aim_model_load(const char *path,
                               const struct AimLoadOptions *options,
                               struct AimModel **out);

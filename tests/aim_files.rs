@@ -185,3 +185,31 @@ fn prepacked_weights_that_do_not_fit_are_errors() {
     let e = aim::Model::load(&edited).err().expect("refused").to_string();
     assert!(e.contains("conv") && e.contains("prepacked weights"), "{e}");
 }
+
+/// A file compiled for a lower ISA level runs with that level's kernels, as the JIT capped
+/// to it does; a file for another machine is refused, saying what it was compiled for.
+#[test]
+fn aim_files_run_at_their_recorded_level_or_say_why_not() {
+    let d = tempdir("aim-level");
+    let onnx = conv_model(&d, "2");
+    let host = aim_compiler::target::Target::host();
+    if host.level >= aim_compiler::target::Level::X86V3 && host.arch == "x86_64" {
+        let file = d.join("v3.aim");
+        let said = ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap(), "--cpu", "x86-64-v3"]));
+        assert!(said.contains("for x86-64-v3"), "{said}");
+        let opts = aim::Options { cpu: "x86-64-v3".into(), ..aim::Options::default() };
+        let want = aim::Model::load_with_options(&onnx, &opts).unwrap().run(vec![("x".into(), input(2))]).unwrap();
+        let got = aim::Model::load(&file).unwrap().run(vec![("x".into(), input(2))]).unwrap();
+        assert_eq!(got[0].1.bytes(), want[0].1.bytes());
+    }
+    let file = d.join("net.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    let mut header = f.header.clone();
+    let other = if host.arch == "x86_64" { "aarch64" } else { "x86_64" };
+    header.target.insert("arch".into(), other.into());
+    let moved = d.join("moved.aim");
+    aim_ir::aim_file::write(&moved, &f.model, &header).unwrap();
+    let e = aim::Model::load(&moved).err().expect("refused").to_string();
+    assert!(e.contains(&format!("compiled for {other}; this machine is {}", host.arch)), "{e}");
+}

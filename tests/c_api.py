@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The C API from C: builds examples/c/run_model.c with gcc against libaim.so and
-include/aim.h, runs it on benchmark models, and checks that its output is bit for bit what
-`aim run` gives for the same input (same threads, same program).
+include/aim.h, runs it on benchmark models — each from its ONNX file and from the `.aim`
+file `aim compile` makes of it — and checks that its output is bit for bit what `aim run`
+gives the ONNX model for the same input (same threads, same program).
 
 Usage: c_api.py AIM_BINARY LIBDIR MODELS_DIR NAME... [--threads N]
 
@@ -33,11 +34,19 @@ def main():
                     os.path.join(root, "examples", "c", "run_model.c"), "-L", libdir, "-laim",
                     "-Wl,-rpath," + os.path.abspath(libdir), "-o", exe], check=True)
     failed = 0
+    # Each model twice: its ONNX file, and the .aim file `aim compile` makes of it (the
+    # same outputs, bit for bit).
+    runs = []
     for name in names:
-        model = os.path.join(models, name + ".onnx")
+        runs.append((name, os.path.join(models, name + ".onnx")))
+        compiled = os.path.join(work, name + ".aim")
+        subprocess.run([aim, "compile", runs[-1][1], "-o", compiled], check=True, capture_output=True)
+        runs.append((name + ".aim", compiled))
+    for label, model in runs:
+        name = label.removesuffix(".aim")
         feeds = dict(np.load(os.path.join(models, name + ".inputs.npz")))
         if len(feeds) != 1:
-            sys.exit(f"{name}: has {len(feeds)} inputs; run_model feeds one")
+            sys.exit(f"{label}: has {len(feeds)} inputs; run_model feeds one")
         (x,) = feeds.values()
         x = np.ascontiguousarray(x)
         bin_in, bin_out = os.path.join(work, name + ".in.bin"), os.path.join(work, name + ".out.bin")
@@ -45,11 +54,11 @@ def main():
         dims = "x".join(str(d) for d in x.shape)
         r = subprocess.run([exe, model, bin_in, bin_out, dims, threads], capture_output=True, text=True)
         if r.returncode != 0:
-            print(f"FAIL {name}: run_model exited {r.returncode}\n{r.stdout}{r.stderr}")
+            print(f"FAIL {label}: run_model exited {r.returncode}\n{r.stdout}{r.stderr}")
             failed += 1
             continue
-        outs = os.path.join(work, name + ".aim.npz")
-        subprocess.run([aim, "run", model, "--inputs", os.path.join(models, name + ".inputs.npz"), "--outputs", outs,
+        outs = os.path.join(work, name + ".aim-run.npz")
+        subprocess.run([aim, "run", os.path.join(models, name + ".onnx"), "--inputs", os.path.join(models, name + ".inputs.npz"), "--outputs", outs,
                         "--threads", threads], check=True, capture_output=True)
         with np.load(outs) as z:
             want = z[z.files[0]] if len(z.files) == 1 else None
@@ -60,11 +69,11 @@ def main():
         got = np.fromfile(bin_out, dtype=want.dtype).reshape(want.shape)
         if got.tobytes() != want.tobytes():
             diff = np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))
-            print(f"FAIL {name}: the C API's output differs from aim run's (max abs diff {diff:.3g})")
+            print(f"FAIL {label}: the C API's output differs from aim run's (max abs diff {diff:.3g})")
             failed += 1
         else:
             refused = [line for line in r.stdout.splitlines() if line.startswith("a half-sized input is refused")]
-            print(f"ok   {name}: {want.dtype} {list(want.shape)} identical to aim run; {refused[0] if refused else ''}")
+            print(f"ok   {label}: {want.dtype} {list(want.shape)} identical to aim run; {refused[0] if refused else ''}")
     if failed:
         sys.exit(f"{failed} of {len(names)} models failed")
 

@@ -1,7 +1,7 @@
 //! The C ABI of aim's JIT: `libaim.so`, declared by the committed header `include/aim.h`
 //! (generated from this file by cbindgen; a test checks it is current).
 //!
-//! A C host loads a model (`.onnx`) into an opaque [`AimModel`], asks for its inputs and
+//! A C host loads a model (`.onnx`, or `.aim` from `aim compile`) into an opaque [`AimModel`], asks for its inputs and
 //! outputs (name, ONNX dtype code, shape with -1 for a dynamic dim), and runs it either into
 //! an owned [`AimOutputs`] list (freed with [`aim_outputs_free`]) or into buffers it
 //! provides ([`aim_model_run_into`]). Every call returns an [`AimStatus`]; on failure
@@ -251,8 +251,9 @@ pub extern "C" fn aim_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// Loads and compiles the ONNX model at `path` (UTF-8) into `*out`. `options` may be null
-/// (every default). On failure `*out` is set to null.
+/// Loads the model at `path` (UTF-8): an ONNX file, compiled now for this CPU, or a `.aim`
+/// file from `aim compile` (told apart by their first bytes), into `*out`. `options` may
+/// be null (every default). On failure `*out` is set to null.
 #[no_mangle]
 pub unsafe extern "C" fn aim_model_load(
     path: *const c_char,

@@ -4,6 +4,8 @@ Two ways in:
 
 - ``aim.Model(path)``: ``.run({"input": array})`` returns a dict of NumPy arrays by output
   name; ``.inputs`` / ``.outputs`` describe what the model takes and gives.
+- ``aim.compile(onnx_path, aim_path)``: the model compiled ahead of time into a ``.aim``
+  file, which both of the above load (with no compile step) in place of the ONNX file.
 - ``aim.InferenceSession(path, sess_options=None, providers=None)``: ONNX Runtime's API
   (``get_inputs()``, ``get_outputs()``, ``run(output_names, input_feed)``, ``SessionOptions``
   with ``intra_op_num_threads``), so code written for ``onnxruntime`` runs on aim by
@@ -21,9 +23,20 @@ import numpy as np
 
 from ._aim import AimError, __version__
 from ._aim import Model as _NativeModel
+from ._aim import compile as _compile
 
-__all__ = ["AimError", "InferenceSession", "Model", "NodeArg", "SessionOptions", "get_available_providers",
-           "__version__"]
+__all__ = ["AimError", "InferenceSession", "Model", "NodeArg", "SessionOptions", "compile",
+           "get_available_providers", "__version__"]
+
+
+def compile(model, output, cpu=None, shapes=None):
+    """Compiles the ONNX model at ``model`` into the ``.aim`` file ``output``, as ``aim
+    compile`` does: the optimised program for this CPU (or the ``cpu`` level, such as
+    ``"x86-64-v3"``) with its weights prepacked, loaded by ``Model`` and
+    ``InferenceSession`` in place of the ONNX file. ``shapes`` ({input name: dims})
+    specialises a model with symbolic dims to those shapes. Returns a dict: ``stage``,
+    ``level``, ``file_bytes``, ``nodes``."""
+    return _compile(str(model), str(output), cpu=cpu, shapes=shapes)
 
 # ONNX Runtime's type strings, by NumPy dtype name.
 _ORT_TYPES = {

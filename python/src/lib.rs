@@ -245,10 +245,39 @@ impl Model {
     }
 }
 
+/// Compiles the ONNX model at `model` into the `.aim` file `output` (as `aim compile`
+/// does), for this CPU or the `cpu` level, specialised to `shapes` ({input: dims}) when
+/// given; returns what was written as a dict.
+#[pyfunction]
+#[pyo3(signature = (model, output, cpu=None, shapes=None))]
+fn compile<'py>(
+    py: Python<'py>,
+    model: std::path::PathBuf,
+    output: std::path::PathBuf,
+    cpu: Option<String>,
+    shapes: Option<std::collections::BTreeMap<String, Vec<usize>>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut opts = Options::default();
+    if let Some(c) = cpu {
+        opts.cpu = c;
+    }
+    if let Some(s) = shapes {
+        opts.shapes = vec![s.into_iter().collect()];
+    }
+    let s = py.detach(|| aim_facade::compiled::compile_to_file(&model, &output, &opts)).map_err(aim_err)?;
+    let d = PyDict::new(py);
+    d.set_item("stage", s.stage)?;
+    d.set_item("level", s.level)?;
+    d.set_item("file_bytes", s.file_bytes)?;
+    d.set_item("nodes", s.nodes)?;
+    Ok(d)
+}
+
 /// The native module.
 #[pymodule]
 fn _aim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("AimError", m.py().get_type::<AimError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

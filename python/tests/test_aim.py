@@ -177,3 +177,21 @@ def test_the_gil_is_released_during_a_run():
         longest, last = max(longest, now - last), now
     t.join()
     assert longest < 0.5 * one_run, f"the main thread stalled {longest * 1e3:.1f} ms; one run takes {one_run * 1e3:.1f} ms"
+
+
+@needs_models
+def test_compiled_aim_files_load_in_place_of_onnx(tmp_path):
+    x = feeds("mobilenetv2")
+    onnx_out = aim.InferenceSession(path("mobilenetv2")).run(None, x)
+    info = aim.compile(path("mobilenetv2"), tmp_path / "m.aim")
+    assert info["stage"] == "optimized" and info["file_bytes"] > 0
+    got = aim.InferenceSession(str(tmp_path / "m.aim")).run(None, x)
+    np.testing.assert_array_equal(got[0], onnx_out[0])
+    # A model with symbolic dims, specialised to one shape.
+    y = feeds("yolo_like")
+    assert aim.compile(path("yolo_like"), tmp_path / "y.aim", shapes={"images": [1, 3, 320, 320]})["stage"] == "optimized"
+    want = aim.Model(path("yolo_like")).run(y)
+    for k, v in aim.Model(tmp_path / "y.aim").run(y).items():
+        np.testing.assert_array_equal(v, want[k])
+    with pytest.raises(aim.AimError, match="no input named 'nope'"):
+        aim.compile(path("yolo_like"), tmp_path / "z.aim", shapes={"nope": [1]})
