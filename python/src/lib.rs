@@ -64,21 +64,8 @@ fn numpy_name(d: DType) -> &'static str {
 
 /// The aim dtype of a NumPy array's dtype, if aim has one.
 fn aim_dtype(py: Python<'_>, d: &Bound<'_, PyArrayDescr>) -> Option<DType> {
-    const CANDIDATES: [DType; 12] = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::I8,
-        DType::I16,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::U16,
-        DType::U32,
-        DType::U64,
-        DType::Bool,
-    ];
-    CANDIDATES.into_iter().find(|&c| d.is_equiv_to(&numpy_dtype(py, c)))
+    // bf16 has no NumPy dtype of its own (numpy_dtype stands float32 in for it).
+    DType::ALL.into_iter().filter(|&c| c != DType::BF16).find(|&c| d.is_equiv_to(&numpy_dtype(py, c)))
 }
 
 /// A NumPy array holding a copy of `t`.

@@ -61,6 +61,15 @@ pub struct ConvIo<'a> {
     pub y: &'a mut [f32],
 }
 
+/// Input channels as the kernel sees them: `cin`, rounded up to a block of `lanes` when the
+/// input is blocked.
+fn cin_eff(input: Layout, cin: usize, lanes: usize) -> usize {
+    match input {
+        Layout::Nchw => cin,
+        Layout::Blocked => cin.div_ceil(lanes) * lanes,
+    }
+}
+
 impl Conv {
     /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block; `kc`
     /// is the k block (see [`crate::gemm::Blocking`]: its `kc` is sized for the same tile).
@@ -79,10 +88,7 @@ impl Conv {
         let lanes = super::lanes(isa);
         let [kh, kw] = geo.kernel;
         assert_eq!(weights.len(), cout * cin * kh * kw, "weights do not match the shape");
-        let cin_eff = match input {
-            Layout::Nchw => cin,
-            Layout::Blocked => cin.div_ceil(lanes) * lanes,
-        };
+        let cin_eff = cin_eff(input, cin, lanes);
         let k = kh * kw * cin_eff;
         let pairs = cout.div_ceil(2 * lanes);
         let mut packed = vec![0f32; pairs * k * 2 * lanes];
@@ -103,10 +109,7 @@ impl Conv {
     /// Floats of the packed weights of a convolution of this shape for `isa`.
     pub fn packed_len(isa: Isa, cout: usize, cin: usize, geo: Geometry, input: Layout) -> usize {
         let lanes = super::lanes(isa);
-        let cin_eff = match input {
-            Layout::Nchw => cin,
-            Layout::Blocked => cin.div_ceil(lanes) * lanes,
-        };
+        let cin_eff = cin_eff(input, cin, lanes);
         cout.div_ceil(2 * lanes) * geo.kernel[0] * geo.kernel[1] * cin_eff * 2 * lanes
     }
 
@@ -153,10 +156,7 @@ impl Conv {
         kc: usize,
     ) -> Conv {
         let lanes = super::lanes(isa);
-        let cin_eff = match input {
-            Layout::Nchw => cin,
-            Layout::Blocked => cin.div_ceil(lanes) * lanes,
-        };
+        let cin_eff = cin_eff(input, cin, lanes);
         let mut b = vec![0f32; cout.div_ceil(2 * lanes) * 2 * lanes];
         if let Some(bias) = bias {
             b[..cout].copy_from_slice(&bias[..cout]);
