@@ -213,3 +213,22 @@ fn aim_files_run_at_their_recorded_level_or_say_why_not() {
     let e = aim::Model::load(&moved).err().expect("refused").to_string();
     assert!(e.contains(&format!("compiled for {other}; this machine is {}", host.arch)), "{e}");
 }
+
+/// The kernel the compiler chose is checked against the node at load: one that cannot run
+/// it is an error naming the node.
+#[test]
+fn a_recorded_kernel_that_does_not_fit_is_an_error() {
+    let d = tempdir("aim-kernel");
+    let onnx = conv_model(&d, "2");
+    let file = d.join("net.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    let (mut model, header) = (f.model.clone(), f.header.clone());
+    let conv = model.graph.nodes.iter_mut().find(|n| n.attrs.contains_key("kernel")).expect("a selected kernel");
+    assert_eq!(conv.attrs.get("kernel"), Some(&aim_ir::Attr::String("direct".into())));
+    conv.attrs.insert("kernel".into(), aim_ir::Attr::String("winograd".into()));
+    let edited = d.join("edited.aim");
+    aim_ir::aim_file::write(&edited, &model, &header).unwrap();
+    let e = aim::Model::load(&edited).err().expect("refused").to_string();
+    assert!(e.contains("conv") && e.contains("kernel 'winograd' cannot run this convolution"), "{e}");
+}

@@ -12,4 +12,5 @@ pub mod ewprog;
 pub mod memory_plan;
 pub mod onnx;
 pub mod passes;
+pub mod select;
 pub mod target;

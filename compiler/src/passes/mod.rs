@@ -73,6 +73,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("fuse-softmax", softmax::run),
         Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide)),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
+        Pass::new("select-kernels", move |g| crate::select::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("infer-types", infer),
     ]

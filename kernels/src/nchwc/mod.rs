@@ -9,6 +9,7 @@ mod conv;
 mod depthwise;
 mod pool;
 mod reorder;
+mod select;
 mod shared;
 mod simd;
 mod winograd;
@@ -17,6 +18,7 @@ pub use conv::{Conv, ConvIo};
 pub use depthwise::Depthwise;
 pub use pool::{global_average, Pool};
 pub use reorder::{from_blocked, to_blocked};
+pub use select::{BlockedKernel, ConvShape};
 pub use winograd::Winograd;
 
 use crate::gemm::IsaKind;

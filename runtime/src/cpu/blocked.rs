@@ -26,36 +26,6 @@ enum Kernel {
     Winograd(nchwc::Winograd),
 }
 
-/// The largest transformed filter (36/9 of the 3×3 one) that Winograd may use, in bytes:
-/// larger layers (ResNet-50's 512-channel ones, 7×7 images) gain little and would hold
-/// 38 MB each.
-const WINOGRAD_MAX_BYTES: usize = 16 << 20;
-
-/// Whether a convolution runs as Winograd F(4×4, 3×3): 3×3, stride 1, no dilation, one
-/// group, blocked input, a filter whose transform fits [`WINOGRAD_MAX_BYTES`], and enough
-/// input channels for the 36 products to be real matrix products. `AIM_NO_WINOGRAD` (set
-/// to anything) turns it off, for comparisons.
-#[allow(clippy::too_many_arguments)]
-fn use_winograd(
-    kh: usize,
-    kw: usize,
-    geo: &Geometry,
-    group: usize,
-    input: Layout,
-    cin: usize,
-    cout: usize,
-    lanes: usize,
-) -> bool {
-    let off = std::env::var_os("AIM_NO_WINOGRAD").is_some();
-    !off && (kh, kw) == (3, 3)
-        && geo.strides.iter().all(|&s| s == 1)
-        && geo.dilations.iter().all(|&d| d == 1)
-        && group == 1
-        && input == Layout::Blocked
-        && cin >= 2 * lanes
-        && 36 * cin * cout * 4 <= WINOGRAD_MAX_BYTES
-}
-
 /// Checks that the graph's block is this CPU program's.
 fn block_of(n: &Node, isa: Isa) -> Result<usize, RunError> {
     let lanes = nchwc::lanes(isa);
@@ -93,31 +63,50 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         "NCHWc" => Layout::Blocked,
         other => return Err(prep_err(n, format!("unknown input layout '{other}'"))),
     };
+    let shape = nchwc::ConvShape {
+        kernel: [kh, kw],
+        strides: kgeo.strides,
+        dilations: kgeo.dilations,
+        group,
+        blocked_input: input == Layout::Blocked,
+        cin: cg,
+        cout,
+        lanes,
+    };
+    // The compiler's choice (`select-kernels`), checked; the same rule where it made none.
+    let choice = match n.attrs.get("kernel") {
+        Some(aim_ir::Attr::String(k)) => match nchwc::BlockedKernel::parse(k) {
+            Some(c) if shape.fits(c) => c,
+            _ => return Err(prep_err(n, format!("kernel '{k}' cannot run this convolution"))),
+        },
+        Some(_) => return Err(prep_err(n, "the kernel attribute must be a string")),
+        None => shape.choose().ok_or_else(|| prep_err(n, "blocked convolutions are plain (group 1) or depthwise"))?,
+    };
     let bad = |e: String| prep_err(n, format!("prepacked weights: {e}"));
-    let (kernel, cin) = if let Some(kind) = prepacked {
-        // Weights packed when the program was compiled for this target: the kernel they
-        // were packed for, read in place.
-        match kind {
-            "winograd" if (kh, kw) == (3, 3) && group == 1 && input == Layout::Blocked => (
-                Kernel::Winograd(nchwc::Winograd::with_packed(isa, w, bias, cout, cg, act, blocking.kc).map_err(bad)?),
-                cg,
-            ),
-            "direct" if group == 1 => {
-                let floats = aim_kernels::floats::Floats::view(w, 0, w.len())
-                    .ok_or_else(|| bad("the weights are not f32".into()))?;
-                let conv = nchwc::Conv::with_packed(isa, floats, bias, cout, cg, kgeo, input, act, blocking.kc);
-                (Kernel::Conv(conv.map_err(bad)?), cg)
-            }
-            other => return Err(bad(format!("'{other}' weights do not fit this convolution"))),
+    if let Some(kind) = prepacked.filter(|&k| k != choice.name()) {
+        return Err(bad(format!("packed for the {kind} kernel, but the node runs the {} one", choice.name())));
+    }
+    let packed = |w: &aim_ir::Tensor| {
+        aim_kernels::floats::Floats::view(w, 0, w.len()).ok_or_else(|| bad("the weights are not f32".into()))
+    };
+    let (kernel, cin) = match (choice, prepacked.is_some()) {
+        (nchwc::BlockedKernel::Winograd, true) => {
+            (Kernel::Winograd(nchwc::Winograd::with_packed(isa, w, bias, cout, cg, act, blocking.kc).map_err(bad)?), cg)
         }
-    } else if use_winograd(kh, kw, &geo, group, input, cg, cout, lanes) {
-        (Kernel::Winograd(nchwc::Winograd::new(isa, w.data::<f32>(), bias, cout, cg, act, blocking.kc)), cg)
-    } else if group == 1 {
-        (Kernel::Conv(nchwc::Conv::new(isa, w.data::<f32>(), bias, cout, cg, kgeo, input, act, blocking.kc)), cg)
-    } else if group == cout && cg == 1 && input == Layout::Blocked {
-        (Kernel::Depthwise(nchwc::Depthwise::new(isa, w.data::<f32>(), bias, cout, kgeo, act)), cout)
-    } else {
-        return Err(prep_err(n, "blocked convolutions are plain (group 1) or depthwise"));
+        (nchwc::BlockedKernel::Winograd, false) => {
+            (Kernel::Winograd(nchwc::Winograd::new(isa, w.data::<f32>(), bias, cout, cg, act, blocking.kc)), cg)
+        }
+        (nchwc::BlockedKernel::Direct, true) => {
+            let conv = nchwc::Conv::with_packed(isa, packed(w)?, bias, cout, cg, kgeo, input, act, blocking.kc);
+            (Kernel::Conv(conv.map_err(bad)?), cg)
+        }
+        (nchwc::BlockedKernel::Direct, false) => {
+            (Kernel::Conv(nchwc::Conv::new(isa, w.data::<f32>(), bias, cout, cg, kgeo, input, act, blocking.kc)), cg)
+        }
+        (nchwc::BlockedKernel::Depthwise, true) => return Err(bad("depthwise weights are not stored packed".into())),
+        (nchwc::BlockedKernel::Depthwise, false) => {
+            (Kernel::Depthwise(nchwc::Depthwise::new(isa, w.data::<f32>(), bias, cout, kgeo, act)), cout)
+        }
     };
     Ok(Prepared::Blocked(Box::new(BlockedConv { kernel, geo, cin, cout, input, lanes })))
 }
