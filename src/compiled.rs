@@ -61,13 +61,7 @@ pub fn header(path: &Path, verify: bool) -> Result<(Header, usize, Option<usize>
 pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<CompileSummary, Error> {
     let p = model.display().to_string();
     crate::guard::contain(&format!("compiling {p}"), || {
-        let mut ir = aim_compiler::onnx::import_file(model)?;
-        aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
-        let ops = aim_runtime::unsupported_ops(&ir.graph);
-        if !ops.is_empty() {
-            return Err(Error::Unsupported { path: p, ops });
-        }
-        aim_ir::infer::infer_types(&mut ir.graph).map_err(|cause| Error::Infer { path: p.clone(), cause })?;
+        let mut ir = import_checked(model)?;
         let target = Target::host().with_cpu(&opts.cpu)?;
         let sigs = crate::signatures(&ir.graph, &opts.shapes, &p)?;
         let stage = match sigs.as_slice() {
@@ -88,32 +82,52 @@ pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<Compi
             ir.graph = prepack(crate::optimize(ir.graph, &target, &p)?, &target, &p)?;
         }
         let nodes = ir.graph.nodes.len();
-        let header = Header {
-            stage: stage.to_string(),
-            target: [
-                ("arch", target.arch.to_string()),
-                ("level", target.level.name().to_string()),
-                ("l1d", target.l1d.to_string()),
-                ("l2", target.l2.to_string()),
-                ("l3", target.l3.to_string()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-            writer: format!("aim {}", env!("CARGO_PKG_VERSION")),
-            source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        };
+        let header = header_for(stage, &target, model, None);
         aim_file::write(out, &ir, &header)?;
         let file_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
         Ok(CompileSummary { stage: stage.to_string(), level: target.level.name().to_string(), file_bytes, nodes })
     })
 }
 
+/// Imports the ONNX model at `model`, verifies it, checks that aim can run its ops and
+/// infers its types: what compiling it ahead of time starts from.
+pub(crate) fn import_checked(model: &Path) -> Result<aim_ir::Model, Error> {
+    let p = model.display().to_string();
+    let mut ir = aim_compiler::onnx::import_file(model)?;
+    aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
+    let ops = aim_runtime::unsupported_ops(&ir.graph);
+    if !ops.is_empty() {
+        return Err(Error::Unsupported { path: p, ops });
+    }
+    aim_ir::infer::infer_types(&mut ir.graph).map_err(|cause| Error::Infer { path: p, cause })?;
+    Ok(ir)
+}
+
+/// The header of a program of `stage` compiled from `model` for `target`.
+pub(crate) fn header_for(stage: &str, target: &Target, model: &Path, plan: Option<aim_file::ArenaPlan>) -> Header {
+    Header {
+        stage: stage.to_string(),
+        target: [
+            ("arch", target.arch.to_string()),
+            ("level", target.level.name().to_string()),
+            ("l1d", target.l1d.to_string()),
+            ("l2", target.l2.to_string()),
+            ("l3", target.l3.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        writer: format!("aim {}", env!("CARGO_PKG_VERSION")),
+        source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        plan,
+    }
+}
+
 /// The optimized graph with the weights of its convolutions and dense layers replaced by
 /// the packed floats their kernels read on `target` (see `runtime/src/cpu/prepacked.rs`):
 /// what loading then reads in place instead of packing. The unpacked weights nothing else
 /// reads are dropped.
-fn prepack(mut g: aim_ir::Graph, target: &Target, path: &str) -> Result<aim_ir::Graph, Error> {
+pub(crate) fn prepack(mut g: aim_ir::Graph, target: &Target, path: &str) -> Result<aim_ir::Graph, Error> {
     let threads = target.physical_cores.max(1);
     let pool = aim_runtime::pool::ThreadPool::new(threads)
         .map(std::sync::Arc::new)

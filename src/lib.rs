@@ -10,6 +10,7 @@
 //! `Model::load` imports the ONNX file, verifies the graph, infers types and refuses a model
 //! whose ops aim cannot run (naming all of them). `run` executes it on the selected backend.
 
+pub mod aot;
 pub mod compare;
 pub mod compiled;
 pub mod conformance;

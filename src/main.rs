@@ -149,21 +149,35 @@ enum Cmd {
         #[arg(long)]
         profile: Option<PathBuf>,
     },
-    /// Compile a model ahead of time into a `.aim` file: the optimised program for this CPU
-    /// (or the --cpu level) with its weights aligned for memory-mapping, loaded by every
-    /// command and API in place of the ONNX file.
+    /// Compile a model ahead of time: into a `.aim` file (the optimised program for this
+    /// CPU, or the --cpu level, with its weights aligned for memory-mapping, loaded by every
+    /// command and API in place of the ONNX file), or with --target into a shared object
+    /// with a C ABI that runs with libaim_runtime alone.
     Compile {
         /// The ONNX model.
         model: PathBuf,
-        /// The `.aim` file to write.
+        /// The `.aim` file, or with --target the shared object (`libNAME.so`), to write.
         #[arg(short, long)]
         output: PathBuf,
+        /// Compile a shared object for TRIPLE[,LEVEL]: x86_64-unknown-linux-gnu (levels
+        /// x86-64-v3, x86-64-v4, ...; default the host's) or aarch64-unknown-linux-gnu.
+        #[arg(long, value_name = "TRIPLE[,LEVEL]")]
+        target: Option<String>,
+        /// With --target: the prefix of the exported symbols (NAME_load); default from the
+        /// output's file name.
+        #[arg(long)]
+        name: Option<String>,
+        /// With --target: the linker driver (default $CC or cc, or ARCH-linux-gnu-gcc for
+        /// another architecture).
+        #[arg(long)]
+        linker: Option<String>,
         /// Cap the ISA level the program is compiled for (also AIM_CPU).
         #[arg(long, env = "AIM_CPU", default_value = "native")]
         cpu: String,
         /// Specialise a model with symbolic dims to these input shapes (NAME=DIMS, one per
         /// such input); without it such a model is stored as its source graph and
-        /// specialised at load.
+        /// specialised at load. With --target, repeatable: a name given again starts
+        /// another signature, and inputs of other shapes run the shape-generic program.
         #[arg(long, value_name = "NAME=DIMS")]
         shape: Vec<String>,
     },
@@ -310,6 +324,34 @@ fn compile_cmd(
         s.stage,
         s.nodes,
         s.level,
+        s.file_bytes as f64 / (1 << 20) as f64,
+        t0.elapsed().as_secs_f64() * 1e3
+    )?;
+    Ok(())
+}
+
+fn compile_so(
+    out: &mut dyn Write,
+    model: &std::path::Path,
+    output: &std::path::Path,
+    target: String,
+    name: Option<String>,
+    linker: Option<String>,
+    shape: &[String],
+) -> Result<()> {
+    let opts = aim::aot::AotOptions { target, name, shapes: parse_shapes(shape)?, linker };
+    let t0 = std::time::Instant::now();
+    let s = aim::aot::compile_shared_object(model, output, &opts)?;
+    writeln!(
+        out,
+        "{}: {} program{} for {} ({}), weights {}, entry {}, {:.1} MiB, in {:.0} ms",
+        output.display(),
+        s.programs,
+        if s.programs == 1 { "" } else { "s" },
+        s.triple,
+        s.level,
+        if s.prepacked { "prepacked" } else { "packed at load" },
+        s.entry,
         s.file_bytes as f64 / (1 << 20) as f64,
         t0.elapsed().as_secs_f64() * 1e3
     )?;
@@ -753,8 +795,19 @@ fn dispatch(cli: Cli) -> Result<bool> {
         Cmd::Info { model, verify, target, cpu, shape } => {
             info_cmd(&mut out, model, verify, target, &cpu, &shape).map(|_| true)
         }
-        Cmd::Compile { model, output, cpu, shape } => {
-            compile_cmd(&mut out, &model, &output, &cpu, &shape).map(|_| true)
+        Cmd::Compile { model, output, cpu, shape, target: Some(target), name, linker } => {
+            if cpu != "native" {
+                Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
+            } else {
+                compile_so(&mut out, &model, &output, target, name, linker, &shape).map(|_| true)
+            }
+        }
+        Cmd::Compile { model, output, cpu, shape, target: None, name, linker } => {
+            if name.is_some() || linker.is_some() {
+                Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
+            } else {
+                compile_cmd(&mut out, &model, &output, &cpu, &shape).map(|_| true)
+            }
         }
         Cmd::Compare { model, inputs, against, tolerance, json, load } => {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))

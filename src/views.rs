@@ -1,20 +1,8 @@
-//! Running on memory the caller owns: the C and Python APIs hand aim the host's buffers
-//! (a C array, a NumPy array) without copying them into tensors first.
+//! Running on memory the caller owns (see `aim_runtime::views`): the C and Python APIs
+//! hand aim the host's buffers without copying them into tensors first.
 
 use crate::{Error, Model, Tensor};
-use aim_ir::DType;
-
-/// An input tensor over bytes the caller owns: its element type, its shape and its
-/// little-endian bytes (exactly `shape`'s element count times the dtype's size).
-#[derive(Clone, Copy, Debug)]
-pub struct TensorView<'a> {
-    /// Element type.
-    pub dtype: DType,
-    /// Dimensions.
-    pub shape: &'a [usize],
-    /// The elements, densely packed in row-major order.
-    pub bytes: &'a [u8],
-}
+pub use aim_runtime::views::TensorView;
 
 impl Model {
     /// Runs the model on inputs that borrow the caller's memory: bytes aligned for their
@@ -22,40 +10,11 @@ impl Model {
     /// returned tensors (an output that is one of the inputs, or a view of one, is copied
     /// out), so nothing returned refers to the borrowed memory.
     pub fn run_views(&self, inputs: &[(&str, TensorView<'_>)]) -> Result<Vec<(String, Tensor)>, Error> {
-        let mut tensors = Vec::with_capacity(inputs.len());
-        for (name, v) in inputs {
-            let bad =
-                |e: aim_ir::SizeMismatch| Error::BadOption { option: "inputs", reason: format!("input '{name}': {e}") };
-            let t = if (v.bytes.as_ptr() as usize).is_multiple_of(v.dtype.size().max(1)) {
-                // SAFETY: the bytes are aligned for the dtype, and `v.bytes` is borrowed for
-                // the whole call: every tensor made from it is dropped before this function
-                // returns (the run consumes them; outputs over them are copied below).
-                unsafe { Tensor::borrowed(v.dtype, v.shape, v.bytes.as_ptr(), v.bytes.len()) }.map_err(bad)?
-            } else {
-                Tensor::from_bytes(v.dtype, v.shape, v.bytes).map_err(bad)?
-            };
-            tensors.push((name.to_string(), t));
-        }
-        let outputs = self.run(tensors)?;
-        let lent = |t: &Tensor| {
-            let (start, end) = (t.bytes().as_ptr() as usize, t.bytes().as_ptr() as usize + t.bytes().len());
-            inputs.iter().any(|(_, v)| {
-                let (s, e) = (v.bytes.as_ptr() as usize, v.bytes.as_ptr() as usize + v.bytes.len());
-                start < e && s < end
-            })
-        };
-        Ok(outputs
-            .into_iter()
-            .map(|(name, t)| {
-                if t.is_borrowed() && !t.is_empty() && lent(&t) {
-                    let owned =
-                        Tensor::from_bytes(t.dtype(), t.shape(), t.bytes()).expect("a tensor's own bytes fit it");
-                    (name, owned)
-                } else {
-                    (name, t)
-                }
-            })
-            .collect())
+        aim_runtime::views::run_on_views(
+            inputs,
+            |reason| Error::BadOption { option: "inputs", reason },
+            |tensors| self.run(tensors),
+        )
     }
 }
 

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """The C API from C: builds examples/c/run_model.c with gcc against libaim.so and
-include/aim.h, runs it on benchmark models — each from its ONNX file and from the `.aim`
-file `aim compile` makes of it — and checks that its output is bit for bit what `aim run`
-gives the ONNX model for the same input (same threads, same program).
+include/aim.h, and once more against libaim_runtime.so alone, runs it on benchmark
+models — each from its ONNX file, from the `.aim` file `aim compile` makes of it, and from
+the shared object `aim compile --target` makes of it (through both libraries) — and checks
+that its output is bit for bit what `aim run` gives the ONNX model for the same input (same
+threads, same program). With --timed N, it also times N runs of the ONNX model (JIT) and of
+the shared object in the same C host, alternating, and prints the ratio.
 
-Usage: c_api.py AIM_BINARY LIBDIR MODELS_DIR NAME... [--threads N]
+Usage: c_api.py AIM_BINARY LIBDIR MODELS_DIR NAME... [--threads N] [--timed N]
 
-LIBDIR holds libaim.so (cargo build --release -p aim-capi puts it in target/release).
-Models are what tests/models/make_models.py writes; each must have one input.
+LIBDIR holds libaim.so and libaim_runtime.so (cargo build --release -p aim-capi -p
+aim-runtime-capi puts them in target/release). Models are what tests/models/make_models.py
+writes; each must have one input.
 """
 import os
 import subprocess
@@ -19,31 +23,45 @@ import numpy as np
 
 def main():
     args = sys.argv[1:]
-    threads = "1"
+    threads, timed = "1", "0"
     if "--threads" in args:
         i = args.index("--threads")
         threads = args[i + 1]
+        del args[i:i + 2]
+    if "--timed" in args:
+        i = args.index("--timed")
+        timed = args[i + 1]
         del args[i:i + 2]
     if len(args) < 4:
         sys.exit(__doc__)
     aim, libdir, models, names = args[0], args[1], args[2], args[3:]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     work = tempfile.mkdtemp(prefix="aim-c-api-")
-    exe = os.path.join(work, "run_model")
-    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-I", os.path.join(root, "include"),
-                    os.path.join(root, "examples", "c", "run_model.c"), "-L", libdir, "-laim",
-                    "-Wl,-rpath," + os.path.abspath(libdir), "-o", exe], check=True)
+    exe, exe_rt = os.path.join(work, "run_model"), os.path.join(work, "run_model_rt")
+    for out, flags, lib in [(exe, [], "-laim"), (exe_rt, ["-DAIM_RUNTIME_ONLY"], "-laim_runtime")]:
+        subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", *flags, "-I", os.path.join(root, "include"),
+                        os.path.join(root, "examples", "c", "run_model.c"), "-L", libdir, lib, "-ldl",
+                        "-Wl,-rpath," + os.path.abspath(libdir), "-o", out], check=True)
     failed = 0
-    # Each model twice: its ONNX file, and the .aim file `aim compile` makes of it (the
-    # same outputs, bit for bit).
+    # Each model four times: its ONNX file, the .aim file `aim compile` makes of it, and the
+    # shared object `aim compile --target` makes of it through libaim and through
+    # libaim_runtime (the same outputs, bit for bit).
     runs = []
+    host = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu"}[os.uname().machine]
     for name in names:
-        runs.append((name, os.path.join(models, name + ".onnx")))
+        onnx = os.path.join(models, name + ".onnx")
+        runs.append((name, onnx, exe))
         compiled = os.path.join(work, name + ".aim")
-        subprocess.run([aim, "compile", runs[-1][1], "-o", compiled], check=True, capture_output=True)
-        runs.append((name + ".aim", compiled))
-    for label, model in runs:
-        name = label.removesuffix(".aim")
+        subprocess.run([aim, "compile", onnx, "-o", compiled], check=True, capture_output=True)
+        runs.append((name + ".aim", compiled, exe))
+        so = os.path.join(work, "lib" + name + ".so")
+        r = subprocess.run([aim, "compile", onnx, "--target", host, "-o", so], check=True, capture_output=True, text=True)
+        print(r.stdout.strip())
+        runs.append((name + ".so", so, exe))
+        runs.append((name + ".so (libaim_runtime)", so, exe_rt))
+    times = {}
+    for label, model, program in runs:
+        name = label.split(".")[0]
         feeds = dict(np.load(os.path.join(models, name + ".inputs.npz")))
         if len(feeds) != 1:
             sys.exit(f"{label}: has {len(feeds)} inputs; run_model feeds one")
@@ -52,7 +70,7 @@ def main():
         bin_in, bin_out = os.path.join(work, name + ".in.bin"), os.path.join(work, name + ".out.bin")
         x.tofile(bin_in)
         dims = "x".join(str(d) for d in x.shape)
-        r = subprocess.run([exe, model, bin_in, bin_out, dims, threads], capture_output=True, text=True)
+        r = subprocess.run([program, model, bin_in, bin_out, dims, threads], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"FAIL {label}: run_model exited {r.returncode}\n{r.stdout}{r.stderr}")
             failed += 1
@@ -74,8 +92,24 @@ def main():
         else:
             refused = [line for line in r.stdout.splitlines() if line.startswith("a half-sized input is refused")]
             print(f"ok   {label}: {want.dtype} {list(want.shape)} identical to aim run; {refused[0] if refused else ''}")
+    if int(timed) > 0:
+        # JIT and shared object in the same C host, alternating rounds; medians of medians.
+        for name in names:
+            onnx, so = os.path.join(models, name + ".onnx"), os.path.join(work, "lib" + name + ".so")
+            bin_in, bin_out = os.path.join(work, name + ".in.bin"), os.path.join(work, name + ".t.bin")
+            dims = "x".join(str(d) for d in np.load(os.path.join(models, name + ".inputs.npz"))[
+                np.load(os.path.join(models, name + ".inputs.npz")).files[0]].shape)
+            got = {"jit": [], "so": []}
+            for _ in range(5):
+                for kind, model, program in [("jit", onnx, exe), ("so", so, exe_rt)]:
+                    r = subprocess.run([program, model, bin_in, bin_out, dims, threads, timed],
+                                       capture_output=True, text=True, check=True)
+                    got[kind].append(float(r.stdout.split("median ", 1)[1].split(" ms")[0]))
+            jit, so_ms = sorted(got["jit"])[2], sorted(got["so"])[2]
+            print(f"time {name}: JIT {jit:.3f} ms, shared object {so_ms:.3f} ms, so/JIT {so_ms / jit:.3f} "
+                  f"({threads} threads, median of 5 rounds of {timed} runs); {os.path.getsize(so) / 2**20:.1f} MiB")
     if failed:
-        sys.exit(f"{failed} of {len(names)} models failed")
+        sys.exit(f"{failed} of {len(runs)} runs failed")
 
 
 if __name__ == "__main__":

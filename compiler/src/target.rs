@@ -116,22 +116,6 @@ fn level_of(f: &Features, arch: &str) -> Level {
     }
 }
 
-/// Counts physical cores from Linux's topology files: distinct (package, core) pairs.
-fn physical_cores(logical: usize) -> usize {
-    let mut cores = std::collections::BTreeSet::new();
-    for cpu in 0..logical {
-        let base = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
-        let read = |f: &str| std::fs::read_to_string(format!("{base}/{f}")).ok().map(|s| s.trim().to_string());
-        match (read("physical_package_id"), read("core_id")) {
-            (Some(p), Some(c)) => {
-                cores.insert((p, c));
-            }
-            _ => return logical,
-        }
-    }
-    cores.len().max(1)
-}
-
 #[cfg(target_arch = "x86_64")]
 fn detect_x86(t: &mut Target) {
     use raw_cpuid::{CacheType, CpuId};
@@ -203,7 +187,7 @@ impl Target {
             l1d: 0,
             l2: 0,
             l3: 0,
-            physical_cores: physical_cores(logical),
+            physical_cores: aim_runtime::pool::physical_cores(logical),
             logical_cores: logical,
             capped_to: None,
         };
@@ -259,6 +243,63 @@ impl Target {
         Ok(self)
     }
 
+    /// The machine code compiled ahead of time runs on: architecture `arch` (`x86_64`,
+    /// `aarch64`) at ISA level `cpu` (`native` or empty: the host's level when `arch` is the
+    /// host's, else `x86-64-v3` or `aarch64-neon`). Where `arch` is the host's, the host's
+    /// caches and, when it has them, features; otherwise the level's features and common
+    /// cache sizes (32 KiB L1d, 1 MiB L2).
+    pub fn for_arch(arch: &str, cpu: &str) -> Result<Target, UnknownCpu> {
+        let host = Target::host();
+        let native = matches!(cpu, "native" | "");
+        let level = match (arch, cpu) {
+            ("x86_64", "native" | "") if host.arch == "x86_64" => return Ok(host),
+            ("x86_64", "native" | "") => Level::X86V3,
+            ("x86_64", "x86-64-v4") => Level::X86V4,
+            ("x86_64", "x86-64-v3") => Level::X86V3,
+            ("x86_64", "x86-64-v2") => Level::X86V2,
+            ("x86_64", "baseline" | "x86-64") => Level::Baseline,
+            ("aarch64", "native" | "" | "aarch64-neon" | "neon") => Level::Neon,
+            ("aarch64", "baseline") => Level::Baseline,
+            (_, other) => return Err(UnknownCpu(if native { arch.to_string() } else { other.to_string() })),
+        };
+        if host.arch == arch {
+            let capped = host.clone().with_cpu(level.name())?;
+            if capped.level == level || arch == "aarch64" {
+                return Ok(capped);
+            }
+        }
+        let v2 = level >= Level::X86V2 && level != Level::Neon;
+        let v3 = level >= Level::X86V3 && level != Level::Neon;
+        let v4 = level == Level::X86V4;
+        let features = Features {
+            sse41: v2,
+            sse42: v2,
+            avx: v3,
+            avx2: v3,
+            fma: v3,
+            avx512f: v4,
+            avx512bw: v4,
+            avx512dq: v4,
+            avx512vl: v4,
+            neon: level == Level::Neon,
+            ..Features::default()
+        };
+        let same = host.arch == arch;
+        Ok(Target {
+            arch: if arch == "aarch64" { "aarch64" } else { "x86_64" },
+            vendor: String::new(),
+            brand: String::new(),
+            features,
+            level,
+            l1d: if same { host.l1d } else { 32 << 10 },
+            l2: if same { host.l2 } else { 1 << 20 },
+            l3: if same { host.l3 } else { 0 },
+            physical_cores: 1,
+            logical_cores: 1,
+            capped_to: Some(level),
+        })
+    }
+
     /// The host, capped by the `AIM_CPU` environment variable when it is set.
     pub fn from_env() -> Result<Target, UnknownCpu> {
         let t = Target::host();
@@ -283,6 +324,40 @@ impl Target {
         Isa::new(kind)
             .or_else(|| Isa::new(IsaKind::Avx2).filter(|_| self.level == Level::X86V4))
             .unwrap_or(Isa::PORTABLE)
+    }
+
+    /// The microkernel family code for this target uses, whether or not this machine has it
+    /// (what decides layouts such as the blocked convolutions' channel block).
+    pub fn isa_kind(&self) -> IsaKind {
+        match self.level {
+            Level::X86V4 => IsaKind::Avx512,
+            Level::X86V3 => IsaKind::Avx2,
+            Level::Neon => IsaKind::Neon,
+            _ => IsaKind::Portable,
+        }
+    }
+
+    /// Whether this machine can run code compiled for this target (what packing the weights
+    /// ahead of time needs).
+    pub fn runs_here(&self) -> bool {
+        self.arch == std::env::consts::ARCH && aim_kernels::gemm::Isa::new(self.isa_kind()).is_some() && {
+            let host = Target::host();
+            let f = &self.features;
+            let h = &host.features;
+            [
+                (f.sse41, h.sse41),
+                (f.sse42, h.sse42),
+                (f.avx, h.avx),
+                (f.avx2, h.avx2),
+                (f.fma, h.fma),
+                (f.avx512f, h.avx512f),
+                (f.avx512bw, h.avx512bw),
+                (f.avx512dq, h.avx512dq),
+                (f.avx512vl, h.avx512vl),
+            ]
+            .iter()
+            .all(|&(need, have)| !need || have)
+        }
     }
 
     /// This target with other cache sizes (bytes): to plan for another machine, or to make

@@ -1,21 +1,32 @@
 /* Runs a model through aim's C API, as a host application would.
  *
- *   run_model MODEL INPUT.bin OUTPUT.bin [DIMS] [THREADS]
+ *   run_model MODEL INPUT.bin OUTPUT.bin [DIMS] [THREADS] [TIMED_RUNS]
  *
- * Loads MODEL (.onnx) with libaim, prints its inputs and outputs, reads the first input's
- * elements from INPUT.bin (raw little-endian, dense), runs the model twice (once into an
- * owned output list, once into a buffer of our own) and writes the first output's bytes
- * to OUTPUT.bin after checking both runs agree. DIMS (like 1x3x224x224) gives the input's
- * shape where the model leaves dims dynamic. Exit status 0 on success, 1 with aim's
- * message on stderr otherwise.
+ * Loads MODEL — an ONNX or .aim file with libaim's JIT (aim_model_load), or a shared
+ * object from `aim compile --target ... -o libNAME.so`, opened with dlopen and loaded by
+ * its NAME_load — prints its inputs and outputs, reads the first input's elements from
+ * INPUT.bin (raw little-endian, dense), runs the model twice (once into an owned output
+ * list, once into a buffer of our own) and writes the first output's bytes to OUTPUT.bin
+ * after checking both runs agree. DIMS (like 1x3x224x224) gives the input's shape where
+ * the model leaves dims dynamic. With TIMED_RUNS, it then runs that many more times and
+ * prints the median latency. Exit status 0 on success, 1 with aim's message on stderr
+ * otherwise.
  *
- * Build: gcc -O2 -Iinclude examples/c/run_model.c -Ltarget/release -laim -o run_model
+ * Build against the JIT (every kind of MODEL):
+ *   gcc -O2 -Iinclude examples/c/run_model.c -Ltarget/release -laim -ldl -o run_model
+ * or against the runtime alone (compiled shared objects only):
+ *   gcc -O2 -DAIM_RUNTIME_ONLY -Iinclude examples/c/run_model.c -Ltarget/release \
+ *       -laim_runtime -ldl -o run_model_rt
  */
+#define _POSIX_C_SOURCE 200809L
 #include "aim.h"
 
+#include <ctype.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int fail(const char *what) {
     fprintf(stderr, "run_model: %s: %s\n", what, aim_last_error());
@@ -37,6 +48,55 @@ static void print_info(const char *kind, const AimTensorInfo *info) {
     printf("]\n");
 }
 
+/* The entry a compiled object exports: libresnet-50.so gives resnet_50_load (aim compile's
+ * default --name). */
+typedef AimStatus (*EntryFn)(const AimLoadOptions *, AimModel **);
+
+static int ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), m = strlen(tail);
+    return n >= m && strcmp(s + n - m, tail) == 0;
+}
+
+static AimStatus load_shared_object(const char *path, const AimLoadOptions *options, AimModel **model) {
+    /* dlopen searches the library path for a bare file name: name the file itself. */
+    char local[4096];
+    if (!strchr(path, '/') && strlen(path) + 3 < sizeof local) {
+        snprintf(local, sizeof local, "./%s", path);
+    } else {
+        snprintf(local, sizeof local, "%s", path);
+    }
+    void *lib = dlopen(local, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        fprintf(stderr, "run_model: %s\n", dlerror());
+        return AIM_STATUS_LOAD_FAILED;
+    }
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (strncmp(base, "lib", 3) == 0) base += 3;
+    char entry[256];
+    size_t n = 0;
+    if (isdigit((unsigned char)*base)) n = (size_t)snprintf(entry, sizeof entry, "model_");
+    for (; *base && *base != '.' && n + 6 < sizeof entry; base++) entry[n++] = isalnum((unsigned char)*base) ? *base : '_';
+    strcpy(entry + n, "_load");
+    EntryFn load;
+    *(void **)&load = dlsym(lib, entry);
+    if (!load) {
+        fprintf(stderr, "run_model: %s has no %s\n", path, entry);
+        return AIM_STATUS_LOAD_FAILED;
+    }
+    return load(options, model);
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 static void *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -51,7 +111,7 @@ static void *read_file(const char *path, size_t *len) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL INPUT.bin OUTPUT.bin [DIMS] [THREADS]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL INPUT.bin OUTPUT.bin [DIMS] [THREADS] [TIMED_RUNS]\n", argv[0]);
         return 2;
     }
     printf("libaim %s (ABI %u)\n", aim_version(), aim_abi_version());
@@ -62,7 +122,18 @@ int main(int argc, char **argv) {
     AimLoadOptions options = {0};
     options.threads = argc > 5 ? (uint32_t)atoi(argv[5]) : 0;
     AimModel *model = NULL;
-    if (aim_model_load(argv[1], &options, &model) != AIM_STATUS_OK) return fail("load");
+    AimStatus loaded;
+    if (ends_with(argv[1], ".so")) {
+        loaded = load_shared_object(argv[1], &options, &model);
+    } else {
+#ifdef AIM_RUNTIME_ONLY
+        fprintf(stderr, "run_model: built against libaim_runtime, which runs compiled shared objects only\n");
+        return 2;
+#else
+        loaded = aim_model_load(argv[1], &options, &model);
+#endif
+    }
+    if (loaded != AIM_STATUS_OK) return fail("load");
 
     AimTensorInfo in_info, out_info;
     for (size_t i = 0; i < aim_model_input_count(model); i++) {
@@ -136,6 +207,19 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("a half-sized input is refused: %s\n", aim_last_error());
+
+    int timed = argc > 6 ? atoi(argv[6]) : 0;
+    if (timed > 0) {
+        double *ms = malloc(sizeof(double) * (size_t)timed);
+        for (int i = 0; i < timed; i++) {
+            double t0 = now_ms();
+            if (aim_model_run_into(model, &input, 1, &buffer, 1) != AIM_STATUS_OK) return fail("timed run");
+            ms[i] = now_ms() - t0;
+        }
+        qsort(ms, (size_t)timed, sizeof(double), by_value);
+        printf("median %.4f ms over %d runs\n", ms[timed / 2], timed);
+        free(ms);
+    }
 
     aim_outputs_free(outputs);
     free(mine);

@@ -49,6 +49,20 @@ pub struct Header {
     pub writer: String,
     /// The file it was compiled from.
     pub source: String,
+    /// The arena layout the compiler planned for the program, where it recorded one (a
+    /// runtime without the compiler — a shared object from `aim compile --target` — runs
+    /// the program with it; loaders with the compiler plan again).
+    pub plan: Option<ArenaPlan>,
+}
+
+/// Where the intermediates of a program live in its arena: the arena's size and each
+/// placed value's offset and size in bytes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ArenaPlan {
+    /// Bytes of the arena.
+    pub arena_bytes: usize,
+    /// `(value, offset, bytes)` for every placed value.
+    pub slots: Vec<(String, usize, usize)>,
 }
 
 /// An opened `.aim` file: the model (constants viewing the mapped file) and its header.
@@ -58,8 +72,26 @@ pub struct AimFile {
     /// The stage, target and provenance.
     pub header: Header,
     constants: Vec<Constant>,
-    map: Arc<memmap2::Mmap>,
+    backing: Backing,
     data_off: usize,
+}
+
+/// The bytes a file's constants view.
+#[derive(Clone)]
+enum Backing {
+    /// A memory map (a file on disk, or a copy made by [`parse_bytes`]).
+    Map(Arc<memmap2::Mmap>),
+    /// Bytes that live as long as the process: the read-only data of a loaded shared object.
+    Static(&'static [u8]),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Static(b) => b,
+        }
+    }
 }
 
 /// One entry of the constant table.
@@ -96,6 +128,24 @@ fn align(x: usize, a: usize) -> usize {
 /// larger constants in the data section.
 pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileError> {
     let err = |reason: String| AimFileError { path: path.display().to_string(), reason };
+    let tmp = path.with_extension("aim.partial");
+    let file = std::fs::File::create(&tmp).map_err(|e| err(format!("cannot create {}: {e}", tmp.display())))?;
+    let mut w = std::io::BufWriter::new(file);
+    write_to(&mut w, model, header).map_err(err)?;
+    w.flush().map_err(|e| err(format!("write failed: {e}")))?;
+    drop(w);
+    std::fs::rename(&tmp, path).map_err(|e| err(format!("cannot move {} into place: {e}", tmp.display())))
+}
+
+/// The bytes of the `.aim` file [`write`] would write: what a shared object embeds.
+pub fn to_bytes(model: &Model, header: &Header) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    write_to(&mut out, model, header)?;
+    Ok(out)
+}
+
+/// Writes the file's bytes to `w`.
+fn write_to(w: &mut impl Write, model: &Model, header: &Header) -> Result<(), String> {
     let (text, tensors) = crate::text::print_model_with_data(model);
     let mut offset = 0usize;
     let mut table = Vec::with_capacity(tensors.len());
@@ -111,7 +161,7 @@ pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileE
         }));
         offset = o + bytes.len();
     }
-    let index = serde_json::json!({
+    let mut index = serde_json::json!({
         "stage": header.stage,
         "target": header.target,
         "writer": header.writer,
@@ -119,7 +169,13 @@ pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileE
         "constants": table,
         "program": text,
     });
-    let index = serde_json::to_vec(&index).map_err(|e| err(format!("cannot encode the index: {e}")))?;
+    if let Some(plan) = &header.plan {
+        index["plan"] = serde_json::json!({
+            "arena_bytes": plan.arena_bytes,
+            "slots": plan.slots.iter().map(|(n, o, b)| serde_json::json!([n, o, b])).collect::<Vec<_>>(),
+        });
+    }
+    let index = serde_json::to_vec(&index).map_err(|e| format!("cannot encode the index: {e}"))?;
     let index_off = HEADER_BYTES;
     let data_off = align(index_off + index.len(), DATA_ALIGN);
     let mut head = Vec::with_capacity(HEADER_BYTES);
@@ -131,10 +187,7 @@ pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileE
     }
     head.extend_from_slice(&fnv1a64(&index).to_le_bytes());
     head.extend_from_slice(&0u64.to_le_bytes());
-    let tmp = path.with_extension("aim.partial");
-    let file = std::fs::File::create(&tmp).map_err(|e| err(format!("cannot create {}: {e}", tmp.display())))?;
-    let mut w = std::io::BufWriter::new(file);
-    let io = |e: std::io::Error| err(format!("write failed: {e}"));
+    let io = |e: std::io::Error| format!("write failed: {e}");
     w.write_all(&head).map_err(io)?;
     w.write_all(&index).map_err(io)?;
     w.write_all(&vec![0u8; data_off - index_off - index.len()]).map_err(io)?;
@@ -145,9 +198,7 @@ pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileE
         w.write_all(t.bytes()).map_err(io)?;
         at = o + t.bytes().len();
     }
-    w.flush().map_err(io)?;
-    drop(w);
-    std::fs::rename(&tmp, path).map_err(|e| err(format!("cannot move {} into place: {e}", tmp.display())))
+    Ok(())
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -168,7 +219,17 @@ pub fn read(path: &Path) -> Result<AimFile, AimFileError> {
     // not front to back: reading ahead would make the whole file resident.
     #[cfg(unix)]
     let _ = map.advise(memmap2::Advice::Random);
-    from_map(crate::mapped::register(map)).map_err(err)
+    from_backing(Backing::Map(crate::mapped::register(map))).map_err(err)
+}
+
+/// Parses a `.aim` image that lives as long as the process (the read-only data of a shared
+/// object from `aim compile --target`): its constants view `bytes` in place. The image
+/// must start on a page boundary for the data section's alignment to hold.
+pub fn parse_static(bytes: &'static [u8]) -> Result<AimFile, String> {
+    if !(bytes.as_ptr() as usize).is_multiple_of(DATA_ALIGN) {
+        return Err(format!("the image at {:p} does not start on a {DATA_ALIGN}-byte boundary", bytes.as_ptr()));
+    }
+    from_backing(Backing::Static(bytes))
 }
 
 /// Parses a `.aim` file held in memory (what [`read`] does after mapping; the fuzz target's
@@ -177,16 +238,16 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<AimFile, String> {
     let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| format!("cannot allocate: {e}"))?;
     anon[..bytes.len()].copy_from_slice(bytes);
     let map = anon.make_read_only().map_err(|e| format!("cannot seal: {e}"))?;
-    from_map_len(Arc::new(map), bytes.len())
+    from_backing_len(Backing::Map(Arc::new(map)), bytes.len())
 }
 
-fn from_map(map: Arc<memmap2::Mmap>) -> Result<AimFile, String> {
-    let len = map.len();
-    from_map_len(map, len)
+fn from_backing(backing: Backing) -> Result<AimFile, String> {
+    let len = backing.bytes().len();
+    from_backing_len(backing, len)
 }
 
-fn from_map_len(map: Arc<memmap2::Mmap>, len: usize) -> Result<AimFile, String> {
-    let b = &map[..len];
+fn from_backing_len(backing: Backing, len: usize) -> Result<AimFile, String> {
+    let b = &backing.bytes()[..len];
     if b.len() < HEADER_BYTES {
         return Err(format!("truncated: {} bytes, shorter than the {HEADER_BYTES}-byte header", b.len()));
     }
@@ -234,7 +295,12 @@ fn from_map_len(map: Arc<memmap2::Mmap>, len: usize) -> Result<AimFile, String> 
             target.insert(k.clone(), v.as_str().ok_or_else(|| format!("target '{k}' is not a string"))?.to_string());
         }
     }
-    let header = Header { stage: text_of("stage")?, target, writer: text_of("writer")?, source: text_of("source")? };
+    let plan = match index.get("plan") {
+        None => None,
+        Some(p) => Some(plan_of(p).ok_or("corrupt: the index's 'plan' is malformed")?),
+    };
+    let header =
+        Header { stage: text_of("stage")?, target, writer: text_of("writer")?, source: text_of("source")?, plan };
     let entries = index.get("constants").and_then(|c| c.as_array()).ok_or("the index has no 'constants' list")?;
     let mut constants = Vec::with_capacity(entries.len());
     for (k, e) in entries.iter().enumerate() {
@@ -281,11 +347,37 @@ fn from_map_len(map: Arc<memmap2::Mmap>, len: usize) -> Result<AimFile, String> 
                 dtype.name()
             ));
         }
-        Tensor::from_mmap(dtype, shape, map.clone(), data_off + c.offset, c.bytes).map_err(|e| e.to_string())
+        match &backing {
+            Backing::Map(map) => Tensor::from_mmap(dtype, shape, map.clone(), data_off + c.offset, c.bytes),
+            Backing::Static(all) => {
+                let bytes: &'static [u8] = &all[data_off + c.offset..data_off + c.offset + c.bytes];
+                // SAFETY: the bytes live for the rest of the process and are never written
+                // (a shared object's read-only data), and their alignment (64 within a
+                // page-aligned image) suits every dtype.
+                unsafe { Tensor::borrowed(dtype, shape, bytes.as_ptr(), bytes.len()) }
+            }
+        }
+        .map_err(|e| e.to_string())
     };
     let model = crate::text::parse_model_with_data(&program, &resolve)
         .map_err(|e| format!("corrupt: the program text does not parse: {e}"))?;
-    Ok(AimFile { model, header, constants, map, data_off })
+    Ok(AimFile { model, header, constants, backing, data_off })
+}
+
+/// An arena plan from its JSON form, `{"arena_bytes": n, "slots": [[name, offset, bytes]]}`.
+fn plan_of(v: &serde_json::Value) -> Option<ArenaPlan> {
+    let arena_bytes = usize::try_from(v.get("arena_bytes")?.as_u64()?).ok()?;
+    let slots = v
+        .get("slots")?
+        .as_array()?
+        .iter()
+        .map(|s| {
+            let a = s.as_array().filter(|a| a.len() == 3)?;
+            let num = |x: &serde_json::Value| x.as_u64().and_then(|n| usize::try_from(n).ok());
+            Some((a[0].as_str()?.to_string(), num(&a[1])?, num(&a[2])?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(ArenaPlan { arena_bytes, slots })
 }
 
 impl AimFile {
@@ -294,7 +386,7 @@ impl AimFile {
     pub fn verify(&self) -> Result<usize, String> {
         for (k, c) in self.constants.iter().enumerate() {
             let start = self.data_off + c.offset;
-            if fnv1a64(&self.map[start..start + c.bytes]) != c.fnv1a64 {
+            if fnv1a64(&self.backing.bytes()[start..start + c.bytes]) != c.fnv1a64 {
                 return Err(format!(
                     "constant {k} ({} {:?}, {} bytes at {}) does not match its checksum",
                     c.dtype.name(),

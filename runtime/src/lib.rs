@@ -17,9 +17,11 @@
 mod claims;
 mod control;
 pub mod cpu;
+pub mod embedded;
 mod exec;
 pub mod pool;
 mod support;
+pub mod views;
 
 pub use aim_ir::Tensor;
 pub use exec::{

@@ -191,6 +191,24 @@ impl Drop for ThreadPool {
     }
 }
 
+/// The physical cores of this machine (the default thread count): distinct (package, core)
+/// pairs in Linux's topology files for the first `logical` processors, or `logical` where
+/// those files cannot be read.
+pub fn physical_cores(logical: usize) -> usize {
+    let mut cores = std::collections::BTreeSet::new();
+    for cpu in 0..logical {
+        let base = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
+        let read = |f: &str| std::fs::read_to_string(format!("{base}/{f}")).ok().map(|s| s.trim().to_string());
+        match (read("physical_package_id"), read("core_id")) {
+            (Some(p), Some(c)) => {
+                cores.insert((p, c));
+            }
+            _ => return logical,
+        }
+    }
+    cores.len().max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,13 +4,15 @@
 //! It generates the fused elementwise loops (`elementwise.rs`), row reductions
 //! (`reduce.rs`), transposes (`transpose.rs`) and the portable GEMM microkernel
 //! (`micro.rs`), written against the `cranelift_module::Module` trait: the JIT module here,
-//! an object module for ahead-of-time compilation (tested; `aim compile` is not built yet).
+//! an object module for ahead-of-time compilation (`aot.rs`: `aim compile --target`).
 
+mod aot;
 mod elementwise;
 mod micro;
 mod reduce;
 mod transpose;
 
+pub use aot::{emit_object, isa_for_triple, ObjectProgram};
 pub use elementwise::{compile_elementwise, lower_elementwise};
 pub use reduce::{compile_reduce, lower_reduce, ReduceMode};
 pub use transpose::{compile_transpose, lower_transpose};
@@ -84,41 +86,57 @@ pub fn transpose_form(n: &aim_ir::Node) -> Option<Result<(usize, bool), CodegenE
     }
 }
 
-/// Generates machine code for every `aim:Elementwise`, `aim:Reduce` and `aim:Transpose`
-/// node of an optimised graph.
-pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::Generated, CodegenError> {
+/// Whether `n` is a node code generation makes a function for.
+fn generated(n: &aim_ir::Node) -> bool {
+    n.domain == "aim" && matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose")
+}
+
+/// Defines in `module` a function for every node of `g` that [`generated`] names, each
+/// named `prefix` + kind + a counter and exported when `export`: the same code for the JIT
+/// and for an object file. Returns each function's node index, kind and id.
+fn define_kernels<M: cranelift_module::Module>(
+    module: &mut M,
+    g: &aim_ir::Graph,
+    prefix: &str,
+    export: bool,
+) -> Result<Vec<(usize, Kind, cranelift_module::FuncId)>, CodegenError> {
     let mut ids = Vec::new();
-    let mut jit: Option<Jit> = None;
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim" || !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose") {
+        if !generated(n) {
             continue;
         }
         let err = |msg: String| CodegenError { node: n.name.clone(), msg };
-        let j = match &mut jit {
-            Some(j) => j,
-            None => jit.insert(Jit::new(target)?),
-        };
         if let Some(form) = transpose_form(n) {
             let (rank, contiguous) = form?;
-            let name = format!("aim_transpose_{}", ids.len());
-            ids.push((i, Kind::Transpose, compile_transpose(j.module(), &n.name, &name, false, rank, contiguous)?));
+            let name = format!("{prefix}transpose_{}", ids.len());
+            ids.push((i, Kind::Transpose, compile_transpose(module, &n.name, &name, export, rank, contiguous)?));
         } else if n.op == "Reduce" {
             let mode = ReduceMode::parse(n.string("mode", ""))
                 .ok_or_else(|| err(format!("unknown reduction '{}'", n.string("mode", ""))))?;
-            let name = format!("aim_reduce_{}", ids.len());
-            ids.push((i, Kind::Reduce, compile_reduce(j.module(), &n.name, &name, false, mode)?));
+            let name = format!("{prefix}reduce_{}", ids.len());
+            ids.push((i, Kind::Reduce, compile_reduce(module, &n.name, &name, export, mode)?));
         } else {
             let prog =
                 crate::ewprog::parse(n.strings("program").ok_or_else(|| err("no program".into()))?).map_err(err)?;
-            let name = format!("aim_ew_{}", ids.len());
+            let name = format!("{prefix}ew_{}", ids.len());
             ids.push((
                 i,
                 Kind::Elementwise,
-                compile_elementwise(j.module(), &n.name, &name, false, &prog, n.inputs.len())?,
+                compile_elementwise(module, &n.name, &name, export, &prog, n.inputs.len())?,
             ));
         }
     }
-    let Some(mut jit) = jit else { return Ok(aim_runtime::cpu::Generated::default()) };
+    Ok(ids)
+}
+
+/// Generates machine code for every `aim:Elementwise`, `aim:Reduce` and `aim:Transpose`
+/// node of an optimised graph.
+pub fn generate(g: &aim_ir::Graph, target: &Target) -> Result<aim_runtime::cpu::Generated, CodegenError> {
+    if !g.nodes.iter().any(generated) {
+        return Ok(aim_runtime::cpu::Generated::default());
+    }
+    let mut jit = Jit::new(target)?;
+    let ids = define_kernels(jit.module(), g, "aim_", false)?;
     jit.module().finalize_definitions().map_err(|e| CodegenError { node: String::new(), msg: e.to_string() })?;
     let mut out = aim_runtime::cpu::Generated::default();
     for (i, kind, id) in ids {

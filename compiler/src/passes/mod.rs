@@ -56,7 +56,7 @@ impl Pass {
 /// 16-lane kernels than inside a 4-lane fused loop (measured on bert_l6: 3.7 ms vs 2 ms for
 /// its GELUs), so there only the arithmetic around them is fused.
 pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
-    let lanes = aim_kernels::nchwc::lanes(target.gemm_isa());
+    let lanes = aim_kernels::nchwc::lanes_of(target.isa_kind());
     let wide = target.level >= crate::target::Level::X86V3 && target.level != crate::target::Level::Neon;
     vec![
         Pass::new("infer-types", infer),

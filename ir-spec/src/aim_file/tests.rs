@@ -36,6 +36,7 @@ fn header() -> Header {
         target: target.into_iter().collect(),
         writer: "aim test".into(),
         source: "m.onnx".into(),
+        plan: Some(ArenaPlan { arena_bytes: 128, slots: vec![("t".into(), 64, 16)] }),
     }
 }
 
@@ -130,4 +131,25 @@ fn inconsistent_indexes_are_clear_errors() {
         let e = parse_bytes(&b).err().unwrap_or_else(|| panic!("{from} -> {to} accepted"));
         assert!(e.contains(want), "{from} -> {to}: wanted '{want}' in: {e}");
     }
+}
+
+/// An image in memory that lives for the process (a shared object's read-only data) is
+/// read in place: its constants point into it, and the header (with the arena plan) and
+/// the program come back as written. A misaligned image is refused.
+#[test]
+fn static_images_are_read_in_place() {
+    let (_, bytes) = written("static");
+    let pages = bytes.len().div_ceil(DATA_ALIGN) + 1;
+    let buf: &'static mut [u8] = Vec::leak(vec![0u8; pages * DATA_ALIGN]);
+    let start = (DATA_ALIGN - (buf.as_ptr() as usize) % DATA_ALIGN) % DATA_ALIGN;
+    buf[start..start + bytes.len()].copy_from_slice(&bytes);
+    let image: &'static [u8] = &buf[start..start + bytes.len()];
+    let f = parse_static(image).expect("reads");
+    assert_eq!(f.header, header());
+    let range = image.as_ptr_range();
+    let big = f.model.graph.initializers.values().max_by_key(|t| t.bytes().len()).expect("constants");
+    assert!(range.contains(&big.bytes().as_ptr()), "the largest constant is a view of the image");
+    assert_eq!(f.verify().expect("checksums match"), f.constants.len());
+    let shifted: &'static [u8] = &buf[start + 1..start + 1 + bytes.len() - 1];
+    assert!(parse_static(shifted).err().expect("refused").contains("boundary"));
 }

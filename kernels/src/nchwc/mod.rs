@@ -27,7 +27,12 @@ use crate::gemm::Isa;
 
 /// The channel block for an ISA: one vector of floats.
 pub fn lanes(isa: Isa) -> usize {
-    match isa.kind() {
+    lanes_of(isa.kind())
+}
+
+/// [`lanes`] of a family, whether or not this CPU has it (for code compiled for another).
+pub fn lanes_of(kind: IsaKind) -> usize {
+    match kind {
         IsaKind::Avx512 => 16,
         IsaKind::Avx2 | IsaKind::Portable | IsaKind::Neon => 8,
     }
