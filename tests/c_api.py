@@ -11,7 +11,7 @@ Usage: c_api.py AIM_BINARY LIBDIR MODELS_DIR NAME... [--threads N] [--timed N]
 
 LIBDIR holds libaim.so and libaim_runtime.so (cargo build --release -p aim-capi -p
 aim-runtime-capi puts them in target/release). Models are what tests/models/make_models.py
-writes; each must have one input.
+writes.
 """
 import os
 import subprocess
@@ -19,6 +19,24 @@ import sys
 import tempfile
 
 import numpy as np
+import onnx
+
+
+def feed(models, name, work):
+    """The model's inputs as run_model takes them: comma-separated .bin files and dims, in
+    the model's input order."""
+    feeds = dict(np.load(os.path.join(models, name + ".inputs.npz")))
+    m = onnx.load(os.path.join(models, name + ".onnx"), load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    order = [i.name for i in m.graph.input if i.name not in inits]
+    files, dims = [], []
+    for k, input_name in enumerate(order):
+        x = np.ascontiguousarray(feeds[input_name])
+        path = os.path.join(work, f"{name}.in{k}.bin")
+        x.tofile(path)
+        files.append(path)
+        dims.append("x".join(str(d) for d in x.shape))
+    return ",".join(files), ",".join(dims)
 
 
 def main():
@@ -62,14 +80,8 @@ def main():
     times = {}
     for label, model, program in runs:
         name = label.split(".")[0]
-        feeds = dict(np.load(os.path.join(models, name + ".inputs.npz")))
-        if len(feeds) != 1:
-            sys.exit(f"{label}: has {len(feeds)} inputs; run_model feeds one")
-        (x,) = feeds.values()
-        x = np.ascontiguousarray(x)
-        bin_in, bin_out = os.path.join(work, name + ".in.bin"), os.path.join(work, name + ".out.bin")
-        x.tofile(bin_in)
-        dims = "x".join(str(d) for d in x.shape)
+        bin_in, dims = feed(models, name, work)
+        bin_out = os.path.join(work, name + ".out.bin")
         r = subprocess.run([program, model, bin_in, bin_out, dims, threads], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"FAIL {label}: run_model exited {r.returncode}\n{r.stdout}{r.stderr}")
@@ -96,9 +108,8 @@ def main():
         # JIT and shared object in the same C host, alternating rounds; medians of medians.
         for name in names:
             onnx, so = os.path.join(models, name + ".onnx"), os.path.join(work, "lib" + name + ".so")
-            bin_in, bin_out = os.path.join(work, name + ".in.bin"), os.path.join(work, name + ".t.bin")
-            dims = "x".join(str(d) for d in np.load(os.path.join(models, name + ".inputs.npz"))[
-                np.load(os.path.join(models, name + ".inputs.npz")).files[0]].shape)
+            bin_in, dims = feed(models, name, work)
+            bin_out = os.path.join(work, name + ".t.bin")
             got = {"jit": [], "so": []}
             for _ in range(5):
                 for kind, model, program in [("jit", onnx, exe), ("so", so, exe_rt)]:

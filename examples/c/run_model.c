@@ -4,11 +4,12 @@
  *
  * Loads MODEL — an ONNX or .aim file with libaim's JIT (aim_model_load), or a shared
  * object from `aim compile --target ... -o libNAME.so`, opened with dlopen and loaded by
- * its NAME_load — prints its inputs and outputs, reads the first input's elements from
- * INPUT.bin (raw little-endian, dense), runs the model twice (once into an owned output
- * list, once into a buffer of our own) and writes the first output's bytes to OUTPUT.bin
- * after checking both runs agree. DIMS (like 1x3x224x224) gives the input's shape where
- * the model leaves dims dynamic. With TIMED_RUNS, it then runs that many more times and
+ * its NAME_load — prints its inputs and outputs, reads each input's elements from INPUT.bin
+ * (raw little-endian, dense; several inputs: files separated by commas, in the model's
+ * input order), runs the model twice (once into an owned output list, once into a buffer
+ * of our own) and writes the first output's bytes to OUTPUT.bin after checking both runs
+ * agree. DIMS (like 1x3x224x224; several inputs: separated by commas) gives the inputs'
+ * shapes where the model leaves dims dynamic. With TIMED_RUNS, it then runs that many more times and
  * prints the median latency. Exit status 0 on success, 1 with aim's message on stderr
  * otherwise.
  *
@@ -18,7 +19,7 @@
  *   gcc -O2 -DAIM_RUNTIME_ONLY -Iinclude examples/c/run_model.c -Ltarget/release \
  *       -laim_runtime -ldl -o run_model_rt
  */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* strsep, strdup, clock_gettime */
 #include "aim.h"
 
 #include <ctype.h>
@@ -144,39 +145,57 @@ int main(int argc, char **argv) {
         if (aim_model_output(model, i, &out_info) != AIM_STATUS_OK) return fail("output");
         print_info("output", &out_info);
     }
-    if (aim_model_input(model, 0, &in_info) != AIM_STATUS_OK) return fail("input 0");
-
-    int64_t shape[16];
-    size_t rank = 0;
-    if (argc > 4) {
-        for (char *p = argv[4]; *p && rank < 16; rank++) {
-            shape[rank] = strtoll(p, &p, 10);
-            if (*p == 'x') p++;
-        }
-    } else {
-        if (in_info.rank < 0 || in_info.rank > 16) {
-            fprintf(stderr, "run_model: the input's rank is not declared: give DIMS\n");
+    /* INPUT.bin and DIMS list one entry per input, separated by commas. */
+    size_t n_inputs = aim_model_input_count(model);
+    if (n_inputs > 8) {
+        fprintf(stderr, "run_model: the model has %zu inputs; this example feeds at most 8\n", n_inputs);
+        return 2;
+    }
+    AimTensor inputs[8];
+    int64_t shapes[8][16];
+    void *datas[8] = {0};
+    char *files = strdup(argv[2]), *dims = argc > 4 ? strdup(argv[4]) : NULL;
+    char *file_next = files, *dims_next = dims;
+    for (size_t i = 0; i < n_inputs; i++) {
+        if (aim_model_input(model, i, &in_info) != AIM_STATUS_OK) return fail("input");
+        char *file = strsep(&file_next, ",");
+        if (!file) {
+            fprintf(stderr, "run_model: no INPUT.bin for input %zu ('%s')\n", i, in_info.name);
             return 2;
         }
-        rank = (size_t)in_info.rank;
-        for (size_t d = 0; d < rank; d++) {
-            if (in_info.shape[d] < 0) {
-                fprintf(stderr, "run_model: dim %zu of '%s' is dynamic: give DIMS\n", d, in_info.name);
+        char *dim = dims_next ? strsep(&dims_next, ",") : NULL;
+        size_t rank = 0;
+        if (dim) {
+            for (char *p = dim; *p && rank < 16; rank++) {
+                shapes[i][rank] = strtoll(p, &p, 10);
+                if (*p == 'x') p++;
+            }
+        } else {
+            if (in_info.rank < 0 || in_info.rank > 16) {
+                fprintf(stderr, "run_model: the rank of '%s' is not declared: give DIMS\n", in_info.name);
                 return 2;
             }
-            shape[d] = in_info.shape[d];
+            rank = (size_t)in_info.rank;
+            for (size_t d = 0; d < rank; d++) {
+                if (in_info.shape[d] < 0) {
+                    fprintf(stderr, "run_model: dim %zu of '%s' is dynamic: give DIMS\n", d, in_info.name);
+                    return 2;
+                }
+                shapes[i][d] = in_info.shape[d];
+            }
         }
+        size_t len = 0;
+        datas[i] = read_file(file, &len);
+        if (!datas[i]) {
+            perror(file);
+            return 1;
+        }
+        AimTensor t = {in_info.name, in_info.dtype, rank, shapes[i], datas[i], len};
+        inputs[i] = t;
     }
-    size_t len = 0;
-    void *data = read_file(argv[2], &len);
-    if (!data) {
-        perror(argv[2]);
-        return 1;
-    }
-    AimTensor input = {in_info.name, in_info.dtype, rank, shape, data, len};
 
     AimOutputs *outputs = NULL;
-    if (aim_model_run(model, &input, 1, &outputs) != AIM_STATUS_OK) return fail("run");
+    if (aim_model_run(model, inputs, n_inputs, &outputs) != AIM_STATUS_OK) return fail("run");
     AimTensor first;
     if (aim_outputs_get(outputs, 0, &first) != AIM_STATUS_OK) return fail("outputs");
     size_t elems = first.byte_len / dtype_size(first.dtype);
@@ -185,7 +204,7 @@ int main(int argc, char **argv) {
     /* The same run into a buffer the host owns. */
     void *mine = malloc(first.byte_len ? first.byte_len : 1);
     AimBuffer buffer = {first.name, mine, first.byte_len};
-    if (aim_model_run_into(model, &input, 1, &buffer, 1) != AIM_STATUS_OK) return fail("run_into");
+    if (aim_model_run_into(model, inputs, n_inputs, &buffer, 1) != AIM_STATUS_OK) return fail("run_into");
     if (memcmp(mine, first.data, first.byte_len) != 0) {
         fprintf(stderr, "run_model: the two runs differ\n");
         return 1;
@@ -199,10 +218,11 @@ int main(int argc, char **argv) {
     fclose(f);
 
     /* A wrong input is an error with a message, not a crash. */
-    AimTensor wrong = input;
-    wrong.byte_len = len / 2;
+    AimTensor wrong[8];
+    memcpy(wrong, inputs, sizeof(AimTensor) * n_inputs);
+    wrong[0].byte_len /= 2;
     AimOutputs *none = NULL;
-    if (aim_model_run(model, &wrong, 1, &none) == AIM_STATUS_OK || none != NULL) {
+    if (aim_model_run(model, wrong, n_inputs, &none) == AIM_STATUS_OK || none != NULL) {
         fprintf(stderr, "run_model: a half-sized input was accepted\n");
         return 1;
     }
@@ -213,7 +233,7 @@ int main(int argc, char **argv) {
         double *ms = malloc(sizeof(double) * (size_t)timed);
         for (int i = 0; i < timed; i++) {
             double t0 = now_ms();
-            if (aim_model_run_into(model, &input, 1, &buffer, 1) != AIM_STATUS_OK) return fail("timed run");
+            if (aim_model_run_into(model, inputs, n_inputs, &buffer, 1) != AIM_STATUS_OK) return fail("timed run");
             ms[i] = now_ms() - t0;
         }
         qsort(ms, (size_t)timed, sizeof(double), by_value);
@@ -223,7 +243,9 @@ int main(int argc, char **argv) {
 
     aim_outputs_free(outputs);
     free(mine);
-    free(data);
+    for (size_t i = 0; i < n_inputs; i++) free(datas[i]);
+    free(files);
+    free(dims);
     aim_model_free(model);
     return 0;
 }
