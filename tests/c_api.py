@@ -7,7 +7,12 @@ that its output is bit for bit what `aim run` gives the ONNX model for the same 
 threads, same program). With --timed N, it also times N runs of the ONNX model (JIT) and of
 the shared object in the same C host, alternating, and prints the ratio.
 
-Usage: c_api.py AIM_BINARY LIBDIR MODELS_DIR NAME... [--threads N] [--timed N]
+With --cross aarch64, it builds the runtime-only example with aarch64-linux-gnu-gcc
+against LIBDIR's AArch64 libaim_runtime.so, compiles each model with `aim compile --target
+aarch64-unknown-linux-gnu`, runs it under qemu-aarch64, and compares the output with `aim
+run` on this machine within a tolerance (other kernels, so other rounding).
+
+Usage: c_api.py AIM_BINARY LIBDIR MODELS_DIR NAME... [--threads N] [--timed N] [--cross aarch64]
 
 LIBDIR holds libaim.so and libaim_runtime.so (cargo build --release -p aim-capi -p
 aim-runtime-capi puts them in target/release). Models are what tests/models/make_models.py
@@ -50,11 +55,18 @@ def main():
         i = args.index("--timed")
         timed = args[i + 1]
         del args[i:i + 2]
+    cross = None
+    if "--cross" in args:
+        i = args.index("--cross")
+        cross = args[i + 1]
+        del args[i:i + 2]
     if len(args) < 4:
         sys.exit(__doc__)
     aim, libdir, models, names = args[0], args[1], args[2], args[3:]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     work = tempfile.mkdtemp(prefix="aim-c-api-")
+    if cross:
+        sys.exit(run_cross(cross, aim, libdir, models, names, threads, root, work))
     exe, exe_rt = os.path.join(work, "run_model"), os.path.join(work, "run_model_rt")
     for out, flags, lib in [(exe, [], "-laim"), (exe_rt, ["-DAIM_RUNTIME_ONLY"], "-laim_runtime")]:
         subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", *flags, "-I", os.path.join(root, "include"),
@@ -121,6 +133,48 @@ def main():
                   f"({threads} threads, median of 5 rounds of {timed} runs); {os.path.getsize(so) / 2**20:.1f} MiB")
     if failed:
         sys.exit(f"{failed} of {len(runs)} runs failed")
+
+
+def run_cross(arch, aim, libdir, models, names, threads, root, work):
+    """Compiles each model for `arch`, runs it from C under QEMU, compares with aim run here."""
+    if arch != "aarch64":
+        return f"--cross {arch}: only aarch64 is supported"
+    exe = os.path.join(work, "run_model_rt")
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-DAIM_RUNTIME_ONLY",
+                    "-I", os.path.join(root, "include"), os.path.join(root, "examples", "c", "run_model.c"),
+                    "-L", libdir, "-laim_runtime", "-ldl", "-Wl,-rpath," + os.path.abspath(libdir), "-o", exe],
+                   check=True)
+    failed = 0
+    for name in names:
+        onnx = os.path.join(models, name + ".onnx")
+        so = os.path.join(work, "lib" + name + ".so")
+        r = subprocess.run([aim, "compile", onnx, "--target", "aarch64-unknown-linux-gnu", "-o", so],
+                           check=True, capture_output=True, text=True)
+        print(r.stdout.strip())
+        bin_in, dims = feed(models, name, work)
+        bin_out = os.path.join(work, name + ".out.bin")
+        r = subprocess.run(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", exe, so, bin_in, bin_out, dims, threads],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"FAIL {name} (aarch64): run_model exited {r.returncode}\n{r.stdout}{r.stderr}")
+            failed += 1
+            continue
+        outs = os.path.join(work, name + ".aim-run.npz")
+        subprocess.run([aim, "run", onnx, "--inputs", os.path.join(models, name + ".inputs.npz"), "--outputs", outs],
+                       check=True, capture_output=True)
+        first = r.stdout.split("output ", 1)[1].split(":", 1)[0]
+        with np.load(outs) as z:
+            want = z[first]
+        got = np.fromfile(bin_out, dtype=want.dtype).reshape(want.shape)
+        scale = max(1.0, float(np.max(np.abs(want))))
+        diff = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+        if not np.isfinite(got).all() or diff > 1e-4 * scale:
+            print(f"FAIL {name} (aarch64): max abs diff {diff:.3g} from aim run here (scale {scale:.3g})")
+            failed += 1
+        else:
+            print(f"ok   {name} (aarch64, QEMU): {want.dtype} {list(want.shape)}, max abs diff {diff:.3g} "
+                  f"from aim run on this machine; {os.path.getsize(so) / 2**20:.1f} MiB")
+    return f"{failed} of {len(names)} models failed" if failed else None
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The AArch64 build (NEON microkernels, portable kernels, Cranelift's AArch64 backend) under
 # user-mode QEMU: the kernel, runtime and compiler unit tests, ONNX conformance on both
-# backends, the differential tests (under the NEON and baseline caps) and the fuzz corpus.
-# Installs the AArch64 Rust standard library (rustup), Debian's cross linker and qemu-user
-# where they are missing. Usage: bash tests/cross_aarch64.sh [ONNX_CASES_DIR]
+# backends, the differential tests (under the NEON and baseline caps) and the fuzz corpus;
+# then, given MODELS_DIR, shared objects cross-compiled on this machine by `aim compile
+# --target aarch64-unknown-linux-gnu` (target/release/aim) run from the C example against
+# the AArch64 libaim_runtime.so. Installs the AArch64 Rust standard library (rustup),
+# Debian's cross linker and qemu-user where they are missing.
+# Usage: bash tests/cross_aarch64.sh [ONNX_CASES_DIR [MODELS_DIR]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cases="${1:-$PWD/target/onnx-cases}"
+models="${2:-}"
 
 rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
 if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
@@ -19,3 +23,8 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch
 target=(--release --locked --target aarch64-unknown-linux-gnu)
 cargo test "${target[@]}" -p aim-ir -p aim-kernels -p aim-runtime -p aim-compiler
 AIM_ONNX_CASES="$cases" AIM_REQUIRE_CONFORMANCE=1 cargo test "${target[@]}" --test conformance --test differential --test fuzz_corpus
+if [ -n "$models" ]; then
+    cargo build "${target[@]}" -p aim-runtime-capi
+    python3 tests/c_api.py target/release/aim target/aarch64-unknown-linux-gnu/release "$models" \
+        resnet50 mobilenetv2 bert_l6 mlp --threads 2 --cross aarch64
+fi

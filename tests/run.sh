@@ -40,9 +40,10 @@ CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln m
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend cpu
 
-echo "== the C API: examples/c/run_model.c built with gcc against libaim.so, outputs identical to aim run"
-cargo build --release --locked -p aim-capi
-python3 tests/c_api.py target/release/aim target/release target/models resnet50 mobilenetv2 mlp yolo_like dbnet_like --threads 2
+echo "== the C API: examples/c/run_model.c built with gcc against libaim.so and libaim_runtime.so; .onnx, .aim and"
+echo "   compiled shared objects (aim compile --target), outputs identical to aim run"
+cargo build --release --locked -p aim-capi -p aim-runtime-capi
+python3 tests/c_api.py target/release/aim target/release target/models resnet50 mobilenetv2 bert_l6 mlp yolo_like dbnet_like --threads 2
 
 echo "== the Python package: pip install ./python in a fresh virtualenv, pytest against ONNX Runtime"
 rm -rf target/pyenv
@@ -60,6 +61,7 @@ AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQU
 echo "== the thread pool's handshake under loom's memory model"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p aim-runtime --release --locked --lib loom
 
-echo "== the AArch64 build (NEON) under QEMU: unit, conformance, differential and fuzz-corpus tests"
-bash tests/cross_aarch64.sh "$PWD/target/onnx-cases"
+echo "== the AArch64 build (NEON) under QEMU: unit, conformance, differential and fuzz-corpus tests, and"
+echo "   shared objects cross-compiled by aim compile --target aarch64-unknown-linux-gnu run from C"
+bash tests/cross_aarch64.sh "$PWD/target/onnx-cases" "$PWD/target/models"
 
