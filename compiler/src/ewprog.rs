@@ -30,6 +30,8 @@ pub enum Unary {
     Tanh,
     Sigmoid,
     Reciprocal,
+    /// Round to the nearest integer, ties to even (ONNX Round).
+    Round,
 }
 
 /// Binary operations.
@@ -68,6 +70,7 @@ const UNARY: &[(&str, Unary)] = &[
     ("tanh", Unary::Tanh),
     ("sigmoid", Unary::Sigmoid),
     ("recip", Unary::Reciprocal),
+    ("round", Unary::Round),
 ];
 const BINARY: &[(&str, Binary)] = &[
     ("add", Binary::Add),

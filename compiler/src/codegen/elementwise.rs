@@ -217,6 +217,7 @@ impl Emit<'_, '_> {
                             let one = self.f(1.0);
                             self.b.ins().fdiv(one, a)
                         }
+                        Unary::Round => self.b.ins().nearest(a),
                     }
                 }
                 Inst::Binary(op, x, y) => {

@@ -12,8 +12,9 @@ fn transcendental(op: &str) -> bool {
     matches!(op, "Exp" | "Erf" | "Tanh" | "Sigmoid")
 }
 
-fn unary(op: &str) -> Option<Unary> {
+fn unary(op: &str, round: bool) -> Option<Unary> {
     Some(match op {
+        "Round" if round => Unary::Round,
         "Neg" => Unary::Neg,
         "Abs" => Unary::Abs,
         "Sqrt" => Unary::Sqrt,
@@ -44,6 +45,8 @@ struct Builder<'g> {
     g: &'g Graph,
     /// Whether exp/erf/tanh/sigmoid may join a fused loop.
     transcendental: bool,
+    /// Whether Round may (the target rounds vectors: SSE4.1 or NEON).
+    round: bool,
     /// The common shape (symbolic dims allowed: equal names are equal sizes).
     shape: Vec<Dim>,
     insts: Vec<Inst>,
@@ -97,7 +100,7 @@ impl Builder<'_> {
         if !out_ok {
             return false;
         }
-        let inst = if let Some(u) = unary(&n.op) {
+        let inst = if let Some(u) = unary(&n.op, self.round) {
             match n.input(0).and_then(|v| self.operand(v)) {
                 Some(a) if n.inputs.len() == 1 => Inst::Unary(u, a),
                 _ => return false,
@@ -141,12 +144,12 @@ impl Builder<'_> {
 }
 
 /// Fuses chains of two or more elementwise nodes (with transcendental functions only when
-/// `transcendental`).
+/// `transcendental`, and Round only when `round`).
 ///
 /// One reader index serves the whole pass: a fused node takes its last member's place and the
 /// other members become tombstones, removed at the end, so node indices stay valid and the
 /// index needs only the fused node's inputs redirected. Linear in the graph size.
-pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, transcendental: bool, round: bool) -> Result<(), PassError> {
     let mut r = readers(g);
     let mut removed = vec![false; g.nodes.len()];
     for i in 0..g.nodes.len() {
@@ -163,7 +166,8 @@ pub fn run(g: &mut Graph, transcendental: bool) -> Result<(), PassError> {
         else {
             continue;
         };
-        let mut b = Builder { g, transcendental, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
+        let mut b =
+            Builder { g, transcendental, round, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
         if !b.push(start) {
             continue;
         }

@@ -10,6 +10,7 @@ mod fuse_elementwise;
 mod gelu;
 pub mod layout;
 mod layout_ops;
+mod qdq;
 mod reduce;
 mod rename;
 mod simplify;
@@ -58,12 +59,15 @@ impl Pass {
 pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let lanes = aim_kernels::nchwc::lanes_of(target.isa_kind());
     let wide = target.level >= crate::target::Level::X86V3 && target.level != crate::target::Level::Neon;
+    // Cranelift rounds vectors with SSE4.1's roundps or NEON's frintn.
+    let round = target.features.sse41 || target.level == crate::target::Level::Neon;
     vec![
         Pass::new("infer-types", infer),
         Pass::new("constant-folding", const_fold::run),
         Pass::new("simplify", simplify::run),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
+        Pass::new("quantize-dequantize", qdq::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),
         Pass::new("fuse-epilogues", fuse::run),
@@ -71,7 +75,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("lower-reductions", reduce::run),
         Pass::new("lower-transposes", transpose::run),
         Pass::new("fuse-softmax", softmax::run),
-        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide)),
+        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide, round)),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("select-kernels", move |g| crate::select::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),
