@@ -11,6 +11,15 @@
 //!
 //! Pairs with per-axis or blocked parameters, non-f32 inputs or non-constant parameters
 //! are left to the reference kernels.
+//!
+//! The integer ops of QOperator models are first written the same way (`dequantize_ops`):
+//! `QLinearConv` as DequantizeLinear → Conv → QuantizeLinear (the bias dequantized with the
+//! product of the input and weight scales), `QLinearMatMul` likewise, and a
+//! `MatMulInteger` whose only reader casts it to f32 (what `quantize_dynamic` writes) as an
+//! f32 MatMul of the zero-point-shifted operands — exact while its sums stay below 2²⁴ in
+//! magnitude, rounded to f32's 24 bits beyond (where ONNX Runtime's own int32 result is
+//! rounded the same way by the Cast that follows). Then the weights' dequantization
+//! folds, and the activations' pairs become the f32 loops above.
 
 use super::fuse::{sources_of, SOURCES};
 use super::PassError;
@@ -63,8 +72,200 @@ fn is(n: &Node, op: &str) -> bool {
     n.domain.is_empty() && n.op == op
 }
 
-/// Rewrites every matching pair (see the module doc).
+/// Rewrites the integer ops, then every matching pair (see the module doc).
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    dequantize_ops(g);
+    rewrite_pairs(g)
+}
+
+/// Appends new nodes and constants with names no value or node of the graph has.
+struct Emit {
+    names: std::collections::HashSet<String>,
+    nodes: Vec<Node>,
+    sources: Vec<String>,
+    base: String,
+}
+
+impl Emit {
+    fn fresh(&mut self, tag: &str) -> String {
+        let mut k = 0;
+        loop {
+            let name = format!("{}/{tag}{}", self.base, if k == 0 { String::new() } else { format!("_{k}") });
+            k += 1;
+            if self.names.insert(name.clone()) {
+                return name;
+            }
+        }
+    }
+
+    fn op_to(&mut self, op: &str, ins: &[&str], out: &str, attrs: Vec<(&str, Attr)>) {
+        let mut a: std::collections::BTreeMap<String, Attr> =
+            attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        a.insert(SOURCES.into(), Attr::Strings(self.sources.clone()));
+        let name = self.fresh(&op.to_lowercase());
+        self.nodes.push(Node {
+            name,
+            op: op.into(),
+            domain: String::new(),
+            inputs: ins.iter().map(|s| s.to_string()).collect(),
+            outputs: vec![out.to_string()],
+            attrs: a,
+        });
+    }
+
+    fn op(&mut self, op: &str, ins: &[&str], attrs: Vec<(&str, Attr)>) -> String {
+        let out = self.fresh(&format!("{}_out", op.to_lowercase()));
+        self.op_to(op, ins, &out, attrs);
+        out
+    }
+}
+
+/// The per-axis axis of a weight's scale: `Some(axis)` for a 1-D scale of more than one
+/// element, `None` (per tensor) otherwise; `Err` when it is not constant.
+fn scale_axis(g: &Graph, scale: &str, axis: i64) -> Result<Option<i64>, ()> {
+    let t = g.initializers.get(scale).ok_or(())?;
+    Ok((t.len() > 1).then_some(axis))
+}
+
+/// Writes QLinearConv, QLinearMatMul and cast MatMulInteger nodes as f32 ops between
+/// dequantize and quantize nodes (see the module doc). Nodes whose parameters are not
+/// constants, or whose forms this does not cover, stay.
+fn dequantize_ops(g: &mut Graph) {
+    if !g
+        .nodes
+        .iter()
+        .any(|n| n.domain.is_empty() && matches!(n.op.as_str(), "QLinearConv" | "QLinearMatMul" | "MatMulInteger"))
+    {
+        return;
+    }
+    let mut names: std::collections::HashSet<String> = g.nodes.iter().map(|n| n.name.clone()).collect();
+    names.extend(g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()));
+    names.extend(g.initializers.keys().cloned());
+    names.extend(g.inputs.iter().map(|v| v.name.clone()));
+    let r = super::uses::readers(g);
+    let mut skip = vec![false; g.nodes.len()];
+    let mut out: Vec<Node> = Vec::with_capacity(g.nodes.len());
+    for i in 0..g.nodes.len() {
+        if skip[i] {
+            continue;
+        }
+        let n = &g.nodes[i];
+        let mut e =
+            Emit { names: std::mem::take(&mut names), nodes: Vec::new(), sources: sources_of(n), base: n.name.clone() };
+        let done = match (n.domain.as_str(), n.op.as_str()) {
+            ("", "QLinearConv") => qlinear_conv(g, n, &mut e).is_ok(),
+            ("", "QLinearMatMul") => qlinear_matmul(g, n, &mut e).is_ok(),
+            ("", "MatMulInteger") => match r.get(&n.outputs[0]).map(|v| v.as_slice()) {
+                Some(&[c]) if c != usize::MAX && is(&g.nodes[c], "Cast") && g.nodes[c].int("to", 0) == 1 => {
+                    let ok = matmul_integer(g, n, &g.nodes[c].outputs[0], &mut e).is_ok();
+                    if ok {
+                        e.sources.extend(sources_of(&g.nodes[c]));
+                        for node in &mut e.nodes {
+                            node.attrs.insert(SOURCES.into(), Attr::Strings(e.sources.clone()));
+                        }
+                        skip[c] = true;
+                    }
+                    ok
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        names = std::mem::take(&mut e.names);
+        if done {
+            out.extend(e.nodes);
+        } else {
+            out.push(n.clone());
+        }
+    }
+    g.nodes = out;
+}
+
+/// `DequantizeLinear(x, scale, zero_point[, axis])`.
+fn dq(e: &mut Emit, x: &str, scale: &str, zero: Option<&str>, axis: Option<i64>) -> String {
+    let mut ins = vec![x, scale];
+    if let Some(z) = zero {
+        ins.push(z);
+    }
+    e.op("DequantizeLinear", &ins, axis.map(|a| vec![("axis", Attr::Int(a))]).unwrap_or_default())
+}
+
+/// `QuantizeLinear(x, scale, zero_point)` into `y`.
+fn q_to(e: &mut Emit, x: &str, scale: &str, zero: Option<&str>, y: &str) {
+    let mut ins = vec![x, scale];
+    if let Some(z) = zero {
+        ins.push(z);
+    }
+    e.op_to("QuantizeLinear", &ins, y, vec![]);
+}
+
+fn qlinear_conv(g: &Graph, n: &Node, e: &mut Emit) -> Result<(), ()> {
+    let inp = |k: usize| n.input(k).ok_or(());
+    let (x, xs, xz, w, ws, wz, ys, yz) =
+        (inp(0)?, inp(1)?, n.input(2), inp(3)?, inp(4)?, n.input(5), inp(6)?, n.input(7));
+    let xf = dq(e, x, xs, xz, None);
+    let wf = dq(e, w, ws, wz, scale_axis(g, ws, 0)?);
+    let mut ins = vec![xf, wf];
+    if let Some(b) = n.input(8) {
+        // The int32 bias has the scale x_scale · w_scale (per output channel) and no zero point.
+        let bs = e.op("Mul", &[xs, ws], vec![]);
+        ins.push(dq(e, b, &bs, None, scale_axis(g, ws, 0)?));
+    }
+    let attrs: Vec<(&str, Attr)> = ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"]
+        .into_iter()
+        .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
+        .collect();
+    let refs: Vec<&str> = ins.iter().map(|s| s.as_str()).collect();
+    let y = e.op("Conv", &refs, attrs);
+    q_to(e, &y, ys, yz, &n.outputs[0]);
+    Ok(())
+}
+
+fn qlinear_matmul(g: &Graph, n: &Node, e: &mut Emit) -> Result<(), ()> {
+    let inp = |k: usize| n.input(k).ok_or(());
+    let (a, as_, az, b, bs, bz, ys, yz) =
+        (inp(0)?, inp(1)?, n.input(2), inp(3)?, inp(4)?, n.input(5), inp(6)?, n.input(7));
+    // Per-column scales of a 2-D B: axis 1.
+    let b_rank = g.value_type(b).and_then(|t| t.shape).map(|s| s.len()).ok_or(())?;
+    let af = dq(e, a, as_, az, None);
+    if g.initializers.get(as_).ok_or(())?.len() != 1 {
+        return Err(());
+    }
+    let bf = dq(e, b, bs, bz, scale_axis(g, bs, b_rank as i64 - 1)?);
+    let y = e.op("MatMul", &[&af, &bf], vec![]);
+    q_to(e, &y, ys, yz, &n.outputs[0]);
+    Ok(())
+}
+
+/// `MatMulInteger(A, B, a_zero, b_zero)` read only by a Cast to f32 (writing `y`).
+fn matmul_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
+    let (a, b) = (n.input(0).ok_or(())?, n.input(1).ok_or(())?);
+    // A per-row zero point of A does not broadcast as a Sub over A's columns would.
+    if let Some(az) = n.input(2) {
+        let scalar = g.initializers.get(az).map(|t| t.len() == 1).unwrap_or_else(|| {
+            g.value_type(az).and_then(|t| t.shape).is_some_and(|s| s.iter().all(|d| *d == aim_ir::Dim::Known(1)))
+        });
+        if !scalar {
+            return Err(());
+        }
+    }
+    let float = |e: &mut Emit, v: &str| e.op("Cast", &[v], vec![("to", Attr::Int(1))]);
+    let mut af = float(e, a);
+    if let Some(az) = n.input(2) {
+        let z = float(e, az);
+        af = e.op("Sub", &[&af, &z], vec![]);
+    }
+    let mut bf = float(e, b);
+    if let Some(bz) = n.input(3) {
+        let z = float(e, bz);
+        bf = e.op("Sub", &[&bf, &z], vec![]);
+    }
+    e.op_to("MatMul", &[&af, &bf], y, vec![]);
+    Ok(())
+}
+
+/// Rewrites every matching quantize-dequantize pair (see the module doc).
+fn rewrite_pairs(g: &mut Graph) -> Result<(), PassError> {
     let by_output: std::collections::HashMap<&str, usize> =
         g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
     // For each DequantizeLinear to rewrite: its index, x and the parameters.
