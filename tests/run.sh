@@ -34,10 +34,13 @@ echo "== benchmark models: aim against ONNX Runtime (reference and cpu backends)
 MODELS="mlp mlp_b64 mobilenetv2 bert_l6 resnet50 yolo_like dbnet_like crnn_like crnn_unrolled vad_like mobilenetv3 bert_hf gpt2_step"
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu
-echo "== quantized models (ONNX Runtime's quantize_static QDQ and quantize_dynamic): aim within ORT's own spread"
-QUANT="resnet50_qdq mobilenetv2_qdq bert_l6_dyn"
+echo "== quantized models (ONNX Runtime's quantize_static QDQ and QOperator, quantize_dynamic): aim within ORT's own spread"
+QUANT="resnet50_qdq mobilenetv2_qdq resnet50_qop mobilenetv2_qop bert_l6_dyn"
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend reference --quantized
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend cpu --quantized
+QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul"
+python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend reference --one-quantum
+python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend cpu --one-quantum
 echo "== com.microsoft ops (ONNX Runtime's transformer optimizer output and one model per op form)"
 CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln ms_attention ms_attention_causal
   ms_attention_sizes ms_mha ms_mha_causal ms_gqa ms_gqa_rotary ms_rotary ms_fused_conv ms_fused_matmul"

@@ -20,22 +20,23 @@ pub const DOMAIN: &str = "com.microsoft";
 
 /// Whether this module expands `op` of [`DOMAIN`].
 pub fn expands(op: &str) -> bool {
-    matches!(
-        op,
-        "Gelu"
-            | "BiasGelu"
-            | "FastGelu"
-            | "QuickGelu"
-            | "FusedMatMul"
-            | "FusedConv"
-            | "SkipLayerNormalization"
-            | "SkipSimplifiedLayerNormalization"
-            | "EmbedLayerNormalization"
-            | "Attention"
-            | "MultiHeadAttention"
-            | "RotaryEmbedding"
-            | "GroupQueryAttention"
-    )
+    super::contrib_quant::expands(op)
+        || matches!(
+            op,
+            "Gelu"
+                | "BiasGelu"
+                | "FastGelu"
+                | "QuickGelu"
+                | "FusedMatMul"
+                | "FusedConv"
+                | "SkipLayerNormalization"
+                | "SkipSimplifiedLayerNormalization"
+                | "EmbedLayerNormalization"
+                | "Attention"
+                | "MultiHeadAttention"
+                | "RotaryEmbedding"
+                | "GroupQueryAttention"
+        )
 }
 
 /// Replaces every [`DOMAIN`] node of `g` by its expansion, in place (graph order kept).
@@ -84,18 +85,19 @@ pub fn expand(g: &mut Graph) -> Result<(), ImportError> {
             "MultiHeadAttention" => multi_head_attention(&mut e, &n)?,
             "RotaryEmbedding" => rotary(&mut e, &n)?,
             "GroupQueryAttention" => group_query_attention(&mut e, &n)?,
+            op if super::contrib_quant::expands(op) => super::contrib_quant::expand(&mut e, &n)?,
             _ => unreachable!("expands() lists the ops matched here"),
         }
     }
     Ok(())
 }
 
-fn bad(n: &Node, reason: impl Into<String>) -> ImportError {
+pub(super) fn bad(n: &Node, reason: impl Into<String>) -> ImportError {
     ImportError::BadNode { node: n.name.clone(), op: format!("{DOMAIN}.{}", n.op), reason: reason.into() }
 }
 
 /// Input `i` of `n`, which must be given.
-fn input(n: &Node, i: usize) -> Result<&str, ImportError> {
+pub(super) fn input(n: &Node, i: usize) -> Result<&str, ImportError> {
     n.input(i).ok_or_else(|| bad(n, format!("input {i} is required")))
 }
 
@@ -105,7 +107,7 @@ fn output(n: &Node, i: usize) -> Option<&str> {
 }
 
 /// Appends the nodes of one expansion to the graph, with fresh names.
-struct Emit<'a> {
+pub(super) struct Emit<'a> {
     g: &'a mut Graph,
     names: &'a mut HashSet<String>,
     /// The contrib node expanded.
@@ -114,7 +116,7 @@ struct Emit<'a> {
 }
 
 impl Emit<'_> {
-    fn fresh(&mut self, tag: &str) -> String {
+    pub(super) fn fresh(&mut self, tag: &str) -> String {
         loop {
             let name = format!("{}::{tag}{}", self.src, self.k);
             self.k += 1;
@@ -125,7 +127,7 @@ impl Emit<'_> {
     }
 
     /// Adds `op(ins)` with attributes, writing `outs`.
-    fn op_to(&mut self, op: &str, ins: &[&str], outs: &[String], attrs: Vec<(&str, Attr)>) {
+    pub(super) fn op_to(&mut self, op: &str, ins: &[&str], outs: &[String], attrs: Vec<(&str, Attr)>) {
         let name = self.fresh(op);
         let mut a: BTreeMap<String, Attr> = attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
         a.insert("sources".into(), Attr::Strings(vec![self.src.clone()]));
@@ -140,7 +142,7 @@ impl Emit<'_> {
     }
 
     /// Adds `op(ins)` with one new output, returned.
-    fn op(&mut self, op: &str, ins: &[&str], attrs: Vec<(&str, Attr)>) -> String {
+    pub(super) fn op(&mut self, op: &str, ins: &[&str], attrs: Vec<(&str, Attr)>) -> String {
         let out = self.fresh(&op.to_lowercase());
         self.op_to(op, ins, std::slice::from_ref(&out), attrs);
         out
@@ -162,7 +164,7 @@ impl Emit<'_> {
 
     /// The rank of `name` if known from an initializer, a declared type or inference over
     /// the nodes added so far.
-    fn rank(&mut self, name: &str) -> Option<usize> {
+    pub(super) fn rank(&mut self, name: &str) -> Option<usize> {
         let known = |g: &Graph| g.value_type(name).and_then(|t| t.shape).map(|s| s.len());
         if let Some(r) = known(self.g) {
             return Some(r);
@@ -170,6 +172,19 @@ impl Emit<'_> {
         // Inference over the graph so far (errors are the verifier's to report later).
         let _ = aim_ir::infer::infer_types(self.g);
         known(self.g)
+    }
+
+    /// Adds `op(ins)` writing several new outputs `outs`.
+    pub(super) fn op_multi(&mut self, op: &str, ins: &[&str], outs: &[String]) {
+        self.op_to(op, ins, outs, vec![]);
+    }
+
+    /// The element count of `name` if its shape is known and static.
+    pub(super) fn len(&mut self, name: &str) -> Option<usize> {
+        if let Some(t) = self.g.initializers.get(name) {
+            return Some(t.len());
+        }
+        self.g.value_type(name).and_then(|t| t.concrete_shape()).map(|s| s.iter().product())
     }
 
     /// `x` reshaped to `[d0, d1, heads, -1]` and transposed by `perm`.

@@ -75,6 +75,8 @@ fn is(n: &Node, op: &str) -> bool {
 /// Rewrites the integer ops, then every matching pair (see the module doc).
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     dequantize_ops(g);
+    // Once more for the value-moving ops whose input the first round made a QuantizeLinear.
+    dequantize_ops(g);
     rewrite_pairs(g)
 }
 
@@ -131,11 +133,11 @@ fn scale_axis(g: &Graph, scale: &str, axis: i64) -> Result<Option<i64>, ()> {
 /// dequantize and quantize nodes (see the module doc). Nodes whose parameters are not
 /// constants, or whose forms this does not cover, stay.
 fn dequantize_ops(g: &mut Graph) {
-    if !g
-        .nodes
-        .iter()
-        .any(|n| n.domain.is_empty() && matches!(n.op.as_str(), "QLinearConv" | "QLinearMatMul" | "MatMulInteger"))
-    {
+    let integer = |n: &Node| {
+        n.domain.is_empty()
+            && (matches!(n.op.as_str(), "QLinearConv" | "QLinearMatMul" | "MatMulInteger") || moves_values(&n.op))
+    };
+    if !g.nodes.iter().any(integer) {
         return;
     }
     let mut names: std::collections::HashSet<String> = g.nodes.iter().map(|n| n.name.clone()).collect();
@@ -143,6 +145,8 @@ fn dequantize_ops(g: &mut Graph) {
     names.extend(g.initializers.keys().cloned());
     names.extend(g.inputs.iter().map(|v| v.name.clone()));
     let r = super::uses::readers(g);
+    let by_output: std::collections::HashMap<&str, usize> =
+        g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
     let mut skip = vec![false; g.nodes.len()];
     let mut out: Vec<Node> = Vec::with_capacity(g.nodes.len());
     for i in 0..g.nodes.len() {
@@ -169,6 +173,10 @@ fn dequantize_ops(g: &mut Graph) {
                 }
                 _ => false,
             },
+            ("", op) if moves_values(op) => match n.input(0).and_then(|v| by_output.get(v)) {
+                Some(&p) if is(&g.nodes[p], "QuantizeLinear") => lift(g, n, &g.nodes[p], &mut e).is_ok(),
+                _ => false,
+            },
             _ => false,
         };
         names = std::mem::take(&mut e.names);
@@ -179,6 +187,31 @@ fn dequantize_ops(g: &mut Graph) {
         }
     }
     g.nodes = out;
+}
+
+/// Ops that move or select values without computing new ones: on quantized data they
+/// commute with dequantization (by a positive scale), so they can run in f32 between a
+/// dequantize and a quantize with the same parameters, exactly.
+fn moves_values(op: &str) -> bool {
+    matches!(op, "MaxPool" | "Reshape" | "Flatten" | "Transpose" | "Squeeze" | "Unsqueeze" | "Identity")
+}
+
+/// `op(q)` on the integer output `q` of a per-tensor QuantizeLinear `qn`, as
+/// `QuantizeLinear(op(DequantizeLinear(q)))` with `qn`'s parameters.
+fn lift(g: &Graph, n: &Node, qn: &Node, e: &mut Emit) -> Result<(), ()> {
+    let p = params(g, qn).ok_or(())?;
+    if p.scale <= 0.0 || n.outputs.len() != 1 || (n.op == "MaxPool" && n.outputs.len() > 1) {
+        return Err(());
+    }
+    let (s, z) = (qn.input(1).ok_or(())?, qn.input(2));
+    let x = dq(e, n.input(0).ok_or(())?, s, z, None);
+    let mut ins: Vec<&str> = vec![&x];
+    ins.extend(n.inputs.iter().skip(1).map(|s| s.as_str()));
+    let attrs: Vec<(&str, Attr)> =
+        n.attrs.iter().filter(|(k, _)| k.as_str() != SOURCES).map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let y = e.op(&n.op, &ins, attrs);
+    q_to(e, &y, s, z, &n.outputs[0]);
+    Ok(())
 }
 
 /// `DequantizeLinear(x, scale, zero_point[, axis])`.
@@ -280,8 +313,36 @@ fn rewrite_pairs(g: &mut Graph) -> Result<(), PassError> {
             continue;
         }
         let Some(x) = qn.input(0) else { continue };
-        let f32_in = g.value_type(x).and_then(|t| t.dtype) == Some(DType::F32);
-        let f32_out = dq.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.dtype) == Some(DType::F32);
+        let f32_in = match g.value_type(x).and_then(|t| t.dtype) {
+            Some(d) => d == DType::F32,
+            // A value a rewrite above just made: f32 when its producer is one of the f32 ops
+            // those rewrites emit.
+            None => by_output.get(x).is_some_and(|&p| {
+                g.nodes[p].domain.is_empty()
+                    && matches!(
+                        g.nodes[p].op.as_str(),
+                        "Conv"
+                            | "MatMul"
+                            | "Gemm"
+                            | "Add"
+                            | "Mul"
+                            | "Sigmoid"
+                            | "LeakyRelu"
+                            | "GlobalAveragePool"
+                            | "AveragePool"
+                            | "Concat"
+                            | "MaxPool"
+                            | "Reshape"
+                            | "Flatten"
+                            | "Transpose"
+                            | "Squeeze"
+                            | "Unsqueeze"
+                            | "DequantizeLinear"
+                    )
+            }),
+        };
+        // The output has the scale's type (f32, checked by `params`) unless told otherwise.
+        let f32_out = !dq.attrs.contains_key("output_dtype");
         let (Some(pq), Some(pd)) = (params(g, qn), params(g, dq)) else { continue };
         // Other readers of the integer tensor (a graph output, another node) keep the
         // QuantizeLinear; dead-code elimination removes it otherwise.
@@ -395,5 +456,29 @@ mod tests {
         let mut g = m.graph.clone();
         run(&mut g).expect("runs");
         assert_eq!(g, m.graph);
+    }
+}
+
+#[cfg(test)]
+mod lift_tests {
+    use super::*;
+
+    /// A MaxPool on the integer output of a QuantizeLinear runs in f32 between a dequantize
+    /// and a quantize of the same parameters, and gives the integer MaxPool's values.
+    #[test]
+    fn value_moving_ops_run_in_f32() {
+        let text = "opset 21\ngraph \"g\" {\n  input %x: f32[1,1,4,4]\n  init %s = f32[] [0.5]\n  init %z = u8[] [10]\n  %q = QuantizeLinear(%x, %s, %z)  # q\n  %p = MaxPool(%q) {kernel_shape=[2, 2], strides=[2, 2]}  # pool\n  %y = DequantizeLinear(%p, %s, %z)  # dq\n  output %y: f32[1,1,2,2]\n}\n";
+        let mut m = aim_ir::text::parse_model(text).expect("parses");
+        aim_ir::infer::infer_types(&mut m.graph).expect("infers");
+        let x: Vec<f32> = (0..16).map(|i| (i as f32 - 7.3) * 0.7).collect();
+        let input = || [("x".to_string(), Tensor::from_slice(&[1, 1, 4, 4], &x))].into_iter().collect();
+        let want = aim_runtime::run_graph(&m.graph, input()).expect("runs");
+        let mut g = m.graph.clone();
+        run(&mut g).expect("rewrites");
+        crate::passes::dce::run(&mut g).expect("dce");
+        let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
+        assert!(!ops.contains(&"QuantizeLinear") && !ops.contains(&"DequantizeLinear"), "{ops:?}");
+        let got = aim_runtime::run_graph(&g, input()).expect("runs");
+        assert_eq!(want[0].data::<f32>(), got[0].data::<f32>());
     }
 }

@@ -1,0 +1,187 @@
+//! The quantized `com.microsoft` ops ONNX Runtime's quantizer writes in QOperator format
+//! (QLinearAdd, QLinearMul, QGemm, QLinearGlobalAveragePool, QLinearAveragePool,
+//! QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and its dynamic forms
+//! (DynamicQuantizeMatMul, MatMulIntegerToFloat), expanded at import into default-domain
+//! DequantizeLinear → f32 op → QuantizeLinear, which is ONNX Runtime's definition of them up
+//! to the rounding of its fixed-point arithmetic. Both backends then run them; the cpu
+//! pipeline turns the quantize-dequantize pairs between them into f32 loops
+//! (`passes/qdq.rs`). Forms not covered (channels-last pooling) are import errors naming
+//! the node.
+
+use super::contrib::{bad, input, Emit};
+use super::ImportError;
+use aim_ir::{Attr, Node};
+
+/// Whether this module expands `op` of the contrib domain.
+pub fn expands(op: &str) -> bool {
+    matches!(
+        op,
+        "QLinearAdd"
+            | "QLinearMul"
+            | "QGemm"
+            | "QLinearGlobalAveragePool"
+            | "QLinearAveragePool"
+            | "QLinearConcat"
+            | "QLinearSigmoid"
+            | "QLinearLeakyRelu"
+            | "DynamicQuantizeMatMul"
+            | "MatMulIntegerToFloat"
+    )
+}
+
+/// Expands `n` (one of [`expands`]).
+pub fn expand(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    match n.op.as_str() {
+        "QLinearAdd" | "QLinearMul" => {
+            let a = dq(e, n, 0, None)?;
+            let b = dq(e, n, 3, None)?;
+            let y = e.op(&n.op["QLinear".len()..], &[&a, &b], vec![]);
+            q_out(e, n, &y, 6)
+        }
+        "QLinearSigmoid" => {
+            let x = dq(e, n, 0, None)?;
+            let y = e.op("Sigmoid", &[&x], vec![]);
+            q_out(e, n, &y, 3)
+        }
+        "QLinearLeakyRelu" => {
+            let x = dq(e, n, 0, None)?;
+            let y = e.op("LeakyRelu", &[&x], vec![("alpha", Attr::Float(n.float("alpha", 0.01)))]);
+            q_out(e, n, &y, 3)
+        }
+        "QLinearGlobalAveragePool" | "QLinearAveragePool" => {
+            if n.int("channels_last", 0) != 0 {
+                return Err(bad(n, "channels_last pooling is not supported"));
+            }
+            let x = dq(e, n, 0, None)?;
+            let attrs: Vec<(&str, Attr)> =
+                ["auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides"]
+                    .into_iter()
+                    .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
+                    .collect();
+            let y = e.op(&n.op["QLinear".len()..], &[&x], attrs);
+            q_out(e, n, &y, 3)
+        }
+        "QLinearConcat" => {
+            // Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input.
+            if n.inputs.len() < 5 || (n.inputs.len() - 2) % 3 != 0 {
+                return Err(bad(n, format!("{} inputs: expected 2 + 3 per concatenated tensor", n.inputs.len())));
+            }
+            let mut parts = Vec::new();
+            for k in (2..n.inputs.len()).step_by(3) {
+                parts.push(dq(e, n, k, None)?);
+            }
+            let refs: Vec<&str> = parts.iter().map(|s| s.as_str()).collect();
+            let y = e.op("Concat", &refs, vec![("axis", Attr::Int(n.int("axis", 0)))]);
+            let (s, z) = (input(n, 0)?, n.input(1));
+            quantize_to(e, &y, s, z, &n.outputs[0]);
+            Ok(())
+        }
+        "QGemm" => qgemm(e, n),
+        "DynamicQuantizeMatMul" => {
+            // A (f32) is quantized per run to u8 (DynamicQuantizeLinear), B with its scale and
+            // zero point, then an f32 product plus the optional bias.
+            let a = input(n, 0)?;
+            let (aq, as_, az) = (e.fresh("a_quantized"), e.fresh("a_scale"), e.fresh("a_zero_point"));
+            e.op_multi("DynamicQuantizeLinear", &[a], &[aq.clone(), as_.clone(), az.clone()]);
+            let af = e.op("DequantizeLinear", &[&aq, &as_, &az], vec![]);
+            let bf = dq_weight(e, n, input(n, 1)?, input(n, 2)?, n.input(3))?;
+            matmul_bias(e, n, &af, &bf, n.input(4))
+        }
+        "MatMulIntegerToFloat" => {
+            // A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias.
+            let af = {
+                let mut ins = vec![input(n, 0)?, input(n, 2)?];
+                if let Some(z) = n.input(4) {
+                    ins.push(z);
+                }
+                e.op("DequantizeLinear", &ins, vec![])
+            };
+            let bf = dq_weight(e, n, input(n, 1)?, input(n, 3)?, n.input(5))?;
+            matmul_bias(e, n, &af, &bf, n.input(6))
+        }
+        _ => unreachable!("expands() lists the ops matched here"),
+    }
+}
+
+/// DequantizeLinear of input `k` of `n` with its scale and zero point at `k + 1`, `k + 2`.
+fn dq(e: &mut Emit, n: &Node, k: usize, axis: Option<i64>) -> Result<String, ImportError> {
+    let mut ins = vec![input(n, k)?, input(n, k + 1)?];
+    if let Some(z) = n.input(k + 2) {
+        ins.push(z);
+    }
+    Ok(e.op("DequantizeLinear", &ins, axis.map(|a| vec![("axis", Attr::Int(a))]).unwrap_or_default()))
+}
+
+/// `y` quantized with the scale and zero point at inputs `k`, `k + 1` of `n` into its output.
+fn q_out(e: &mut Emit, n: &Node, y: &str, k: usize) -> Result<(), ImportError> {
+    let (s, z) = (input(n, k)?, n.input(k + 1));
+    quantize_to(e, y, s, z, &n.outputs[0]);
+    Ok(())
+}
+
+fn quantize_to(e: &mut Emit, y: &str, scale: &str, zero: Option<&str>, out: &str) {
+    let mut ins = vec![y, scale];
+    if let Some(z) = zero {
+        ins.push(z);
+    }
+    e.op_to("QuantizeLinear", &ins, &[out.to_string()], vec![]);
+}
+
+/// A weight B of a matrix product dequantized: per tensor, or per column (a 1-D scale of
+/// B's last dim) for a 2-D B.
+fn dq_weight(e: &mut Emit, n: &Node, b: &str, scale: &str, zero: Option<&str>) -> Result<String, ImportError> {
+    let rank = e.rank(b).ok_or_else(|| bad(n, "the rank of B is not known"))?;
+    let per_column = e.rank(scale).is_some_and(|r| r == 1) && e.len(scale).is_none_or(|l| l > 1);
+    let mut ins = vec![b, scale];
+    if let Some(z) = zero {
+        ins.push(z);
+    }
+    let attrs = if per_column { vec![("axis", Attr::Int(rank as i64 - 1))] } else { vec![] };
+    Ok(e.op("DequantizeLinear", &ins, attrs))
+}
+
+/// `a @ b (+ bias)` into the node's output.
+fn matmul_bias(e: &mut Emit, n: &Node, a: &str, b: &str, bias: Option<&str>) -> Result<(), ImportError> {
+    match bias {
+        Some(c) => {
+            let y = e.op("MatMul", &[a, b], vec![]);
+            e.op_to("Add", &[&y, c], &n.outputs[..1], vec![]);
+        }
+        None => e.op_to("MatMul", &[a, b], &n.outputs[..1], vec![]),
+    }
+    Ok(())
+}
+
+/// `QGemm(A, a_scale, a_zp, B, b_scale, b_zp, C, y_scale, y_zp)`: `alpha · (A'B' + C')` with
+/// the int32 bias C at scale a_scale · b_scale (added before alpha scales the sum, as ONNX
+/// Runtime does: Gemm's beta is alpha), quantized when y_scale is given (f32 otherwise).
+fn qgemm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    let a = dq(e, n, 0, None)?;
+    let trans_b = n.int("transB", 0);
+    // Per output channel: the columns of B, or its rows when B is transposed.
+    let per_channel = e.len(input(n, 4)?).is_none_or(|l| l > 1) && e.rank(input(n, 4)?) == Some(1);
+    let b_axis = per_channel.then_some(if trans_b != 0 { 0 } else { 1 });
+    let b = dq(e, n, 3, b_axis)?;
+    let mut ins = vec![a, b];
+    if let Some(c) = n.input(6) {
+        let scale = e.op("Mul", &[input(n, 1)?, input(n, 4)?], vec![]);
+        let attrs = if per_channel { vec![("axis", Attr::Int(0))] } else { vec![] };
+        ins.push(e.op("DequantizeLinear", &[c, &scale], attrs));
+    }
+    let refs: Vec<&str> = ins.iter().map(|s| s.as_str()).collect();
+    let alpha = n.float("alpha", 1.0);
+    let attrs = vec![
+        ("alpha", Attr::Float(alpha)),
+        ("beta", Attr::Float(alpha)),
+        ("transA", Attr::Int(n.int("transA", 0))),
+        ("transB", Attr::Int(trans_b)),
+    ];
+    match n.input(7) {
+        Some(ys) => {
+            let y = e.op("Gemm", &refs, attrs);
+            quantize_to(e, &y, ys, n.input(8), &n.outputs[0]);
+        }
+        None => e.op_to("Gemm", &refs, &n.outputs[..1], attrs),
+    }
+    Ok(())
+}
