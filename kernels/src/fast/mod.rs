@@ -13,6 +13,7 @@ mod logic;
 pub mod math;
 mod ops;
 mod output;
+mod quant;
 mod recurrent;
 mod rnn;
 mod sequence;

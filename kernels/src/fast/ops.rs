@@ -47,6 +47,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Not" => super::logic::not,
         "Cast" => super::logic::cast,
         "Expand" => super::logic::expand,
+        "DynamicQuantizeLinear" => super::quant::dynamic_quantize_linear,
         "Range" => super::logic::range,
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => super::reduce::reduce,
         _ => return None,

@@ -179,3 +179,16 @@ fn reductions_over_consecutive_axes() {
         }
     }
 }
+
+/// DynamicQuantizeLinear gives the reference's u8 values, scale and zero point: mixed
+/// signs, all positive, all negative, all zero (scale 0), and the special values.
+#[test]
+fn dynamic_quantize_linear_matches_the_reference() {
+    let n = node("DynamicQuantizeLinear", &[]);
+    for seed in 1..6 {
+        assert!(same(&n, &[Some(values(DType::F32, &[3, 77], seed))]));
+    }
+    for v in [vec![0.5f32, 3.0, 7.25, 1.0], vec![-0.5, -3.0, -7.25], vec![0.0; 5], vec![1e-30, -1e-30, 2.5e-31]] {
+        assert!(same(&n, &[Some(Tensor::from_slice(&[v.len()], &v))]), "{v:?}");
+    }
+}
