@@ -6,13 +6,14 @@
 
 use super::ops::Ctx;
 use super::output::Output;
+use crate::gemm::{Isa, IsaKind};
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
 
 pub(super) fn dynamic_quantize_linear(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
     let v = x.data::<f32>();
-    let (lo, hi) = v.iter().fold((0.0f32, 0.0f32), |(lo, hi), &a| (lo.min(a), hi.max(a)));
+    let (lo, hi) = range(cx.isa, v);
     let scale = ((hi as f64 - lo as f64) as f32) / 255.0;
     let zp = if scale == 0.0 { 0.0 } else { (0.0 - lo / scale).round_ties_even().clamp(0.0, 255.0) };
     let mut y = match Output::new(cx.out, DType::U8, x.shape()) {
@@ -23,10 +24,82 @@ pub(super) fn dynamic_quantize_linear(_n: &Node, ins: &[Option<Tensor>], cx: &Ct
     if scale == 0.0 {
         dst.fill(zp as u8);
     } else {
+        quantize(cx.isa, v, dst, scale, zp);
+    }
+    Some(Ok(vec![y.finish(), Tensor::scalar(scale), Tensor::from_bytes(DType::U8, &[], &[zp as u8]).ok()?]))
+}
+
+/// `dst = clamp(round(v / scale) + zp, 0, 255)`, vectorised for the ISA (rounding is one
+/// instruction with SSE4.1 / AVX and NEON, a library call without).
+fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
+    #[inline(always)]
+    fn body(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
         for (d, &a) in dst.iter_mut().zip(v) {
             // `as` saturates and sends NaN to 0, as the reference's conversion does.
             *d = ((a / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8;
         }
     }
-    Some(Ok(vec![y.finish(), Tensor::scalar(scale), Tensor::from_bytes(DType::U8, &[], &[zp as u8]).ok()?]))
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v4(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
+            body(v, dst, scale, zp)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
+            body(v, dst, scale, zp)
+        }
+        // SAFETY: the ISA was checked available when the program was built.
+        match isa.kind() {
+            IsaKind::Avx512 => return unsafe { v4(v, dst, scale, zp) },
+            IsaKind::Avx2 => return unsafe { v3(v, dst, scale, zp) },
+            IsaKind::Portable | IsaKind::Neon => {}
+        }
+    }
+    let _ = isa;
+    body(v, dst, scale, zp)
+}
+
+/// `(min(0, min v), max(0, max v))`, NaN ignored (as `f32::min` / `max` do), over 16
+/// independent lanes so that the compiler vectorises it.
+fn range(isa: Isa, v: &[f32]) -> (f32, f32) {
+    #[inline(always)]
+    fn body(v: &[f32]) -> (f32, f32) {
+        let (mut lo, mut hi) = ([0.0f32; 16], [0.0f32; 16]);
+        let chunks = v.chunks_exact(16);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for k in 0..16 {
+                // A comparison that is false for NaN keeps the running value: `minps` /
+                // `maxps` exactly, and `f32::min` / `max`'s result here (the running value
+                // is never NaN).
+                lo[k] = if c[k] < lo[k] { c[k] } else { lo[k] };
+                hi[k] = if c[k] > hi[k] { c[k] } else { hi[k] };
+            }
+        }
+        for &a in tail {
+            lo[0] = lo[0].min(a);
+            hi[0] = hi[0].max(a);
+        }
+        (lo.iter().fold(0.0f32, |a, &b| a.min(b)), hi.iter().fold(0.0f32, |a, &b| a.max(b)))
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v4(v: &[f32]) -> (f32, f32) {
+            body(v)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(v: &[f32]) -> (f32, f32) {
+            body(v)
+        }
+        // SAFETY: the ISA was checked available when the program was built.
+        match isa.kind() {
+            IsaKind::Avx512 => return unsafe { v4(v) },
+            IsaKind::Avx2 => return unsafe { v3(v) },
+            IsaKind::Portable | IsaKind::Neon => {}
+        }
+    }
+    let _ = isa;
+    body(v)
 }
