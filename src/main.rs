@@ -606,6 +606,7 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str, shapes: &[ai
         let more = if nodes.len() > 8 { format!(", ... {} more", nodes.len() - 8) } else { String::new() };
         writeln!(out, "  {:>4}  {}: {}{more}", nodes.len(), kind.label(), shown.join(", "))?;
     }
+    quantized_report(out, &m.ir().graph, g)?;
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let allocated: usize = plan.allocated.iter().map(|a| a.1).sum();
     writeln!(
@@ -619,6 +620,45 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str, shapes: &[ai
         plan.allocated.len(),
         mib(allocated),
         if plan.dynamic.is_empty() { String::new() } else { format!(", {} of dynamic size", plan.dynamic.len()) }
+    )?;
+    Ok(())
+}
+
+/// For a quantized model: which of its quantized nodes run as f32 kernels between a
+/// dequantize and a quantize (aim has no integer kernels yet) and which are left to the
+/// integer reference kernels.
+fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &aim_ir::Graph) -> Result<()> {
+    let quantized = |op: &str| {
+        matches!(
+            op,
+            "QuantizeLinear"
+                | "DequantizeLinear"
+                | "DynamicQuantizeLinear"
+                | "QLinearConv"
+                | "QLinearMatMul"
+                | "MatMulInteger"
+                | "ConvInteger"
+        )
+    };
+    let names: Vec<&str> =
+        imported.nodes.iter().filter(|n| n.domain.is_empty() && quantized(&n.op)).map(|n| n.name.as_str()).collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let left: Vec<&str> = optimized
+        .nodes
+        .iter()
+        .filter(|n| n.domain.is_empty() && quantized(&n.op) && n.op != "DynamicQuantizeLinear")
+        .map(|n| n.name.as_str())
+        .collect();
+    let shown: Vec<&str> = left.iter().take(8).copied().collect();
+    writeln!(
+        out,
+        "quantized: {} quantized nodes run as f32 kernels between dequantization and quantization (no integer kernels yet); {} left to the integer reference kernels{}{}",
+        names.len().saturating_sub(left.len()),
+        left.len(),
+        if left.is_empty() { "" } else { ": " },
+        shown.join(", ")
     )?;
     Ok(())
 }

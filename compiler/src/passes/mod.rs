@@ -68,8 +68,6 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("quantize-dequantize", qdq::run),
-        Pass::new("infer-types", infer),
-        Pass::new("constant-folding", const_fold::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),
         Pass::new("fuse-epilogues", fuse::run),

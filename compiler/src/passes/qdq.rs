@@ -72,12 +72,20 @@ fn is(n: &Node, op: &str) -> bool {
     n.domain.is_empty() && n.op == op
 }
 
-/// Rewrites the integer ops, then every matching pair (see the module doc).
+/// Rewrites the integer ops, then every matching pair (see the module doc); then, if
+/// anything changed, infers the new values' types and folds the weights' dequantization.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    let before = g.nodes.len();
+    let ops: Vec<String> = g.nodes.iter().map(|n| n.op.clone()).collect();
     dequantize_ops(g);
     // Once more for the value-moving ops whose input the first round made a QuantizeLinear.
     dequantize_ops(g);
-    rewrite_pairs(g)
+    rewrite_pairs(g)?;
+    if g.nodes.len() != before || g.nodes.iter().zip(&ops).any(|(n, op)| &n.op != op) {
+        aim_ir::infer::infer_types(g).map_err(|e| PassError { pass: "quantize-dequantize", msg: e.to_string() })?;
+        super::const_fold::run(g)?;
+    }
+    Ok(())
 }
 
 /// Appends new nodes and constants with names no value or node of the graph has.
