@@ -63,7 +63,7 @@ pub fn expand(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         }
         "QLinearConcat" => {
             // Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input.
-            if n.inputs.len() < 5 || (n.inputs.len() - 2) % 3 != 0 {
+            if n.inputs.len() < 5 || !(n.inputs.len() - 2).is_multiple_of(3) {
                 return Err(bad(n, format!("{} inputs: expected 2 + 3 per concatenated tensor", n.inputs.len())));
             }
             let mut parts = Vec::new();
