@@ -83,6 +83,11 @@ fn quantize(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
 fn dequantize(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (x, scale) = (req(ins, 0)?, req(ins, 1)?);
     let block = n.int("block_size", 0).max(0) as usize;
+    if block == 0 && n.opt_int("output_dtype").is_none_or(|c| c == 0 || c == DType::F32.onnx_code() as i64) {
+        if let Some(y) = dequantize_narrow(x, scale, opt(ins, 2), n.int("axis", 1))? {
+            return Ok(vec![y]);
+        }
+    }
     let offs = param_offsets(x.shape(), scale.shape(), n.int("axis", 1), block)?;
     let (xv, sv) = (x.to_f64_vec(), scale.to_f64_vec());
     let zv = opt(ins, 2).map(|z| z.to_f64_vec()).unwrap_or(vec![0.0; sv.len()]);
@@ -92,6 +97,49 @@ fn dequantize(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
         None => scale.dtype(),
     };
     Ok(vec![Tensor::from_f64(out_dt, x.shape(), &y)])
+}
+
+/// DequantizeLinear of 8- and 16-bit integers with an f32 scale, per tensor or per axis,
+/// in f32 — what dequantizing a model's weights at load needs, without the general path's
+/// f64 copies and per-element offsets. The result is the general path's exactly: `q - zp`
+/// is an exact integer and its product with an f32 scale fits in f64's 53 bits, so both
+/// round once, to the same f32. `None` for other forms.
+fn dequantize_narrow(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, ax: i64) -> Result<Option<Tensor>> {
+    let narrow = |d: DType| matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16);
+    if !narrow(x.dtype()) || scale.dtype() != DType::F32 || zp.is_some_and(|z| z.dtype() != x.dtype()) {
+        return Ok(None);
+    }
+    let ints = |t: &Tensor| -> Vec<i32> {
+        match t.dtype() {
+            DType::U8 => t.data::<u8>().iter().map(|&v| v as i32).collect(),
+            DType::I8 => t.data::<i8>().iter().map(|&v| v as i32).collect(),
+            DType::U16 => t.data::<u16>().iter().map(|&v| v as i32).collect(),
+            _ => t.data::<i16>().iter().map(|&v| v as i32).collect(),
+        }
+    };
+    let s = scale.data::<f32>();
+    let z = zp.map(ints).unwrap_or_else(|| vec![0; s.len()]);
+    if z.len() != s.len() {
+        return Ok(None);
+    }
+    let shape = x.shape();
+    // Per tensor: one channel of every element; per axis: channels along `ax`.
+    let (len, inner) = if s.len() == 1 {
+        (1, x.len().max(1))
+    } else {
+        let a = axis(ax, shape.len())?;
+        if scale.rank() != 1 || shape[a] != s.len() {
+            return Ok(None);
+        }
+        (s.len(), shape[a + 1..].iter().product::<usize>().max(1))
+    };
+    let q = ints(x);
+    let mut y = Vec::with_capacity(q.len());
+    for (i, chunk) in q.chunks(inner).enumerate() {
+        let c = i % len;
+        y.extend(chunk.iter().map(|&v| (v - z[c]) as f32 * s[c]));
+    }
+    Ok(Some(Tensor::from_vec(shape, y)))
 }
 
 fn dynamic_quantize(_n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
@@ -205,3 +253,37 @@ pub const OPS: &[(&str, crate::Kernel)] = &[
     ("ConvInteger", conv_integer),
     ("QLinearConv", qlinear_conv),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The narrow path gives the general formula's bits, `(q - zp) · s` in f64 rounded
+    /// once, for every 8- and 16-bit type, per tensor and per axis.
+    #[test]
+    fn narrow_dequantize_is_the_general_formula() {
+        let shape = [3usize, 4, 5];
+        let n: usize = shape.iter().product();
+        let scales = [0.1f32, 0.0371, 3.3e-5, 7.0];
+        for dt in [DType::U8, DType::I8, DType::U16, DType::I16] {
+            let (lo, hi) = range_of(dt).unwrap();
+            let q: Vec<f64> = (0..n).map(|i| lo + ((i * 7919) as f64 % (hi - lo + 1.0))).collect();
+            let x = Tensor::from_f64(dt, &shape, &q);
+            for per_axis in [false, true] {
+                let (s, z) = if per_axis { (&scales[..], 4) } else { (&scales[1..2], 1) };
+                let st = Tensor::from_slice(&[s.len()][..(per_axis as usize)], s);
+                let zv: Vec<f64> = (0..z).map(|c| lo + (c as f64 * 37.0) % (hi - lo)).collect();
+                let zt = Tensor::from_f64(dt, &[z][..(per_axis as usize)], &zv);
+                let got = dequantize_narrow(&x, &st, Some(&zt), 1).unwrap().expect("the narrow path takes it");
+                let want: Vec<f32> = (0..n)
+                    .map(|i| {
+                        let c = if per_axis { (i / 5) % 4 } else { 0 };
+                        ((q[i] - zv[c]) * s[c] as f64) as f32
+                    })
+                    .collect();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got.data::<f32>()), bits(&want), "{dt} per axis {per_axis}");
+            }
+        }
+    }
+}
