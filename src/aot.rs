@@ -131,10 +131,8 @@ pub fn compile_shared_object(model: &Path, out: &Path, opts: &AotOptions) -> Res
                 .map_err(|msg| Error::Compile { path: out.display().to_string(), msg })?;
             programs.push((image, m.graph));
         }
-        let objs: Vec<aim_compiler::codegen::ObjectProgram<'_>> = programs
-            .iter()
-            .map(|(image, graph)| aim_compiler::codegen::ObjectProgram { image: image.clone(), graph })
-            .collect();
+        let objs: Vec<aim_compiler::codegen::ObjectProgram<'_>> =
+            programs.iter().map(|(image, graph)| aim_compiler::codegen::ObjectProgram { image, graph }).collect();
         let object = aim_compiler::codegen::emit_object(&objs, &target, &triple, &name)
             .map_err(|cause| Error::Codegen { path: p.clone(), cause })?;
         link(&object, out, arch, opts.linker.as_deref())?;

@@ -340,24 +340,9 @@ impl Target {
     /// Whether this machine can run code compiled for this target (what packing the weights
     /// ahead of time needs).
     pub fn runs_here(&self) -> bool {
-        self.arch == std::env::consts::ARCH && aim_kernels::gemm::Isa::new(self.isa_kind()).is_some() && {
-            let host = Target::host();
-            let f = &self.features;
-            let h = &host.features;
-            [
-                (f.sse41, h.sse41),
-                (f.sse42, h.sse42),
-                (f.avx, h.avx),
-                (f.avx2, h.avx2),
-                (f.fma, h.fma),
-                (f.avx512f, h.avx512f),
-                (f.avx512bw, h.avx512bw),
-                (f.avx512dq, h.avx512dq),
-                (f.avx512vl, h.avx512vl),
-            ]
-            .iter()
-            .all(|&(need, have)| !need || have)
-        }
+        self.arch == std::env::consts::ARCH
+            && aim_kernels::gemm::Isa::new(self.isa_kind()).is_some()
+            && aim_runtime::embedded::host_supports(self.level.name())
     }
 
     /// This target with other cache sizes (bytes): to plan for another machine, or to make

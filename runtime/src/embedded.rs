@@ -88,8 +88,9 @@ fn level_isa(level: &str) -> Result<IsaKind, String> {
     })
 }
 
-/// Whether this CPU has every feature code compiled for `level` may use.
-fn host_supports(level: &str) -> bool {
+/// Whether this CPU has every feature code compiled for ISA level `level` (`x86-64-v4`,
+/// `aarch64-neon`, ...) may use: what running code compiled ahead of time needs.
+pub fn host_supports(level: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;

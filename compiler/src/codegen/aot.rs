@@ -18,7 +18,7 @@ use target_lexicon::{Architecture, Triple};
 /// graph it holds (whose nodes get generated functions).
 pub struct ObjectProgram<'a> {
     /// The `.aim` bytes.
-    pub image: Vec<u8>,
+    pub image: &'a [u8],
     /// The program's graph, as in the image.
     pub graph: &'a aim_ir::Graph,
 }
@@ -86,7 +86,7 @@ pub fn emit_object(
             .declare_data(&format!("{name}_p{k}_image"), Linkage::Local, false, false)
             .map_err(|e| err(e.to_string()))?;
         let mut d = DataDescription::new();
-        d.define(p.image.clone().into_boxed_slice());
+        d.define(p.image.into());
         d.set_align(aim_ir::aim_file::DATA_ALIGN as u64);
         module.define_data(image, &d).map_err(|e| err(e.to_string()))?;
         // KernelEntry: node (u64), kind (u64), function address.

@@ -77,12 +77,20 @@ fn is(n: &Node, op: &str) -> bool {
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let before = g.nodes.len();
     let ops: Vec<String> = g.nodes.iter().map(|n| n.op.clone()).collect();
+    let changed = |g: &Graph| g.nodes.len() != before || g.nodes.iter().zip(&ops).any(|(n, op)| &n.op != op);
+    let infer = |g: &mut Graph| {
+        aim_ir::infer::infer_types(g).map_err(|e| PassError { pass: "quantize-dequantize", msg: e.to_string() })
+    };
     dequantize_ops(g);
     // Once more for the value-moving ops whose input the first round made a QuantizeLinear.
     dequantize_ops(g);
+    if changed(g) {
+        // The pairs below read the new values' types.
+        infer(g)?;
+    }
     rewrite_pairs(g)?;
-    if g.nodes.len() != before || g.nodes.iter().zip(&ops).any(|(n, op)| &n.op != op) {
-        aim_ir::infer::infer_types(g).map_err(|e| PassError { pass: "quantize-dequantize", msg: e.to_string() })?;
+    if changed(g) {
+        infer(g)?;
         super::const_fold::run(g)?;
     }
     Ok(())
@@ -321,34 +329,7 @@ fn rewrite_pairs(g: &mut Graph) -> Result<(), PassError> {
             continue;
         }
         let Some(x) = qn.input(0) else { continue };
-        let f32_in = match g.value_type(x).and_then(|t| t.dtype) {
-            Some(d) => d == DType::F32,
-            // A value a rewrite above just made: f32 when its producer is one of the f32 ops
-            // those rewrites emit.
-            None => by_output.get(x).is_some_and(|&p| {
-                g.nodes[p].domain.is_empty()
-                    && matches!(
-                        g.nodes[p].op.as_str(),
-                        "Conv"
-                            | "MatMul"
-                            | "Gemm"
-                            | "Add"
-                            | "Mul"
-                            | "Sigmoid"
-                            | "LeakyRelu"
-                            | "GlobalAveragePool"
-                            | "AveragePool"
-                            | "Concat"
-                            | "MaxPool"
-                            | "Reshape"
-                            | "Flatten"
-                            | "Transpose"
-                            | "Squeeze"
-                            | "Unsqueeze"
-                            | "DequantizeLinear"
-                    )
-            }),
-        };
+        let f32_in = g.value_type(x).and_then(|t| t.dtype) == Some(DType::F32);
         // The output has the scale's type (f32, checked by `params`) unless told otherwise.
         let f32_out = !dq.attrs.contains_key("output_dtype");
         let (Some(pq), Some(pd)) = (params(g, qn), params(g, dq)) else { continue };
