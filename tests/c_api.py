@@ -18,7 +18,9 @@ LIBDIR holds libaim.so and libaim_runtime.so (cargo build --release -p aim-capi 
 aim-runtime-capi puts them in target/release). Models are what tests/models/make_models.py
 writes.
 """
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +79,7 @@ def main():
     aim, libdir, models, names = args[0], args[1], args[2], args[3:]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     work = tempfile.mkdtemp(prefix="aim-c-api-")
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     if cross:
         sys.exit(run_cross(cross, aim, libdir, models, names, threads, root, work))
     exe, exe_rt = os.path.join(work, "run_model"), os.path.join(work, "run_model_rt")

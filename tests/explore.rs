@@ -179,11 +179,12 @@ fn assert_items_have_sources(out: &str, what: &str) {
     }
 }
 
-fn write_model(tag: &str, bytes: Vec<u8>) -> std::path::PathBuf {
+/// Writes the model into a fresh directory, which lives as long as the returned guard.
+fn write_model(tag: &str, bytes: Vec<u8>) -> (common::TempDir, std::path::PathBuf) {
     let d = tempdir(&format!("explore-{tag}"));
     let p = d.join(format!("{tag}.onnx"));
     std::fs::write(&p, bytes).unwrap();
-    p
+    (d, p)
 }
 
 #[test]
@@ -192,7 +193,7 @@ fn every_stage_of_a_small_cnn() {
     if !std::arch::is_x86_feature_detected!("avx2") {
         return;
     }
-    let m = write_model("cnn", tiny_cnn());
+    let (_dir, m) = write_model("cnn", tiny_cnn());
     for stage in ["onnx", "graph", "optimized", "scheduled", "clif", "asm"] {
         let out = explore(&m, &["--stage", stage]);
         assert_eq!(out, explore(&m, &["--stage", stage]), "{stage} printed twice differs");
@@ -210,7 +211,7 @@ fn every_stage_of_a_small_transformer_block() {
     if !std::arch::is_x86_feature_detected!("avx2") {
         return;
     }
-    let m = write_model("block", tiny_block());
+    let (_dir, m) = write_model("block", tiny_block());
     for stage in ["optimized", "scheduled", "clif", "asm"] {
         let out = explore(&m, &["--stage", stage]);
         assert_eq!(out, explore(&m, &["--stage", stage]), "{stage} printed twice differs");
@@ -225,7 +226,7 @@ fn one_nodes_journey() {
     if !std::arch::is_x86_feature_detected!("avx2") {
         return;
     }
-    let m = write_model("journey", tiny_cnn());
+    let (_dir, m) = write_model("journey", tiny_cnn());
     let out = explore(&m, &["--node", "dw_clip"]);
     // The Clip was fused into the depthwise conv: it shows in every stage up to the schedule,
     // and every line shown is one of its.
@@ -250,7 +251,7 @@ fn assert_clean_error(o: &Output, contains: &str) {
 
 #[test]
 fn errors_are_one_line() {
-    let m = write_model("errors", tiny_cnn());
+    let (_dir, m) = write_model("errors", tiny_cnn());
     let ms = m.to_str().unwrap();
     assert_clean_error(&aim(&["explore", ms, "--stage", "llvm"]), "unknown stage 'llvm'");
     assert_clean_error(&aim(&["explore", ms, "--node", "nope"]), "no node named 'nope'");
@@ -264,7 +265,7 @@ fn errors_are_one_line() {
 
 #[test]
 fn the_html_page_is_self_contained() {
-    let m = write_model("html", tiny_cnn());
+    let (_dir, m) = write_model("html", tiny_cnn());
     let page = m.with_file_name("cnn.html");
     let o = aim(&["explore", m.to_str().unwrap(), "--html", page.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -399,6 +399,7 @@ fn unnamed_dims_are_independent() {
         let y = m.run(vec![("x".into(), x.clone())]).unwrap();
         assert_eq!(y[0].1.shape(), &[2, 3, 5, 7, 4], "{b:?}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// If branches and Loop bodies compiled by the cpu backend (programs of their own) give

@@ -450,7 +450,7 @@ fn build(dir: &Path) -> Vec<Case> {
     c.bytes("external", "past-the-end", &with_weight(external("w.bin", "24", "16")), When::Load, "past the end");
     c.bytes("external", "bad-offset", &with_weight(external("w.bin", "x", "16")), When::Load, "not a number");
     c.bytes("external", "wrong-length", &with_weight(external("w.bin", "0", "12")), When::Load, "does not match");
-    let outside = std::env::temp_dir().join(format!("aim-malformed-outside-{}", std::process::id()));
+    let outside = outside_dir();
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(outside.join("secret.bin"), &weights).unwrap();
     let _ = std::fs::remove_file(dir.join("link.bin"));
@@ -558,5 +558,11 @@ fn malformed_inputs_are_clean_errors() {
         classes.join(", "),
         failures.len()
     );
+    let _ = std::fs::remove_dir_all(outside_dir());
     assert!(failures.is_empty(), "{} of {checks} checks failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Where the symlink case's target lives: outside the models' directory, removed with it.
+fn outside_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("aim-malformed-outside-{}", std::process::id()))
 }

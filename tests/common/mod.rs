@@ -105,10 +105,33 @@ pub fn tiny_mlp() -> Vec<u8> {
     )
 }
 
-/// A fresh temporary directory for one test.
-pub fn tempdir(tag: &str) -> std::path::PathBuf {
+/// A fresh temporary directory for one test, removed with everything in it when the test
+/// drops it (a suite of thousands of generated cases must not fill the disk).
+pub struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Makes the [`TempDir`] named after `tag` and this process, empty.
+pub fn tempdir(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("aim-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempDir(d)
 }
