@@ -624,9 +624,9 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str, shapes: &[ai
     Ok(())
 }
 
-/// For a quantized model: which of its quantized nodes run as f32 kernels between a
-/// dequantize and a quantize (aim has no integer kernels yet) and which are left to the
-/// integer reference kernels.
+/// For a quantized model: which of its quantized nodes run as integer kernels
+/// (`aim:QDense`), which as f32 kernels between a dequantize and a quantize, and which are
+/// left to the integer reference kernels.
 fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &aim_ir::Graph) -> Result<()> {
     let quantized = |op: &str| {
         matches!(
@@ -645,6 +645,23 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
     if names.is_empty() {
         return Ok(());
     }
+    let integer: Vec<&aim_ir::Node> =
+        optimized.nodes.iter().filter(|n| n.domain == "aim" && n.op == "QDense").collect();
+    // The quantized nodes inside integer kernels: those they name as sources, and the
+    // activation quantizations every reader of which went into one (fused there).
+    let mut inside: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for n in &integer {
+        if let Some(aim_ir::Attr::Strings(s)) = n.attrs.get(aim_compiler::passes::SOURCES) {
+            inside.extend(s.iter().map(|s| s.as_str()).filter(|s| names.contains(s)));
+        }
+    }
+    let remaining: std::collections::HashSet<&str> = optimized.nodes.iter().map(|n| n.name.as_str()).collect();
+    for d in imported.nodes.iter().filter(|n| n.op == "DynamicQuantizeLinear" && !remaining.contains(n.name.as_str())) {
+        let mut readers = imported.nodes.iter().filter(|n| n.inputs.iter().any(|i| d.outputs.contains(i)));
+        if readers.all(|r| inside.contains(r.name.as_str()) || r.op == "Mul") {
+            inside.insert(d.name.as_str());
+        }
+    }
     let left: Vec<&str> = optimized
         .nodes
         .iter()
@@ -654,8 +671,10 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
     let shown: Vec<&str> = left.iter().take(8).copied().collect();
     writeln!(
         out,
-        "quantized: {} quantized nodes run as f32 kernels between dequantization and quantization (no integer kernels yet); {} left to the integer reference kernels{}{}",
-        names.len().saturating_sub(left.len()),
+        "quantized: {} integer kernels (aim:QDense, u8×s8 sums in i32) for {} quantized nodes; {} quantized nodes run as f32 kernels between dequantization and quantization; {} left to the integer reference kernels{}{}",
+        integer.len(),
+        inside.len(),
+        names.len().saturating_sub(left.len() + inside.len()),
         left.len(),
         if left.is_empty() { "" } else { ": " },
         shown.join(", ")

@@ -1,7 +1,7 @@
 //! `aim-kernels`: the reference semantics of every op aim supports, and the fast kernels
 //! the cpu backend runs (`gemm`: packed GEMM with AVX-512 / AVX2 / NEON / portable
 //! microkernels; `nchwc`: blocked-layout convolutions, Winograd, pooling; `fast`:
-//! vectorised f32 kernels and math approximations).
+//! vectorised f32 kernels and math approximations; `qgemm`: u8×s8 integer GEMM with VNNI).
 //!
 //! One function per op, written for clarity over speed and following ONNX semantics
 //! (broadcasting, per-op attributes in their canonical, newest-opset form as produced by
@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod nchwc;
 pub mod num;
 pub mod ops;
+pub mod qgemm;
 pub mod scratch;
 pub mod util;
 

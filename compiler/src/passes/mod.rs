@@ -10,6 +10,7 @@ mod fuse_elementwise;
 mod gelu;
 pub mod layout;
 mod layout_ops;
+mod qdense;
 mod qdq;
 mod reduce;
 mod rename;
@@ -21,6 +22,7 @@ mod uses;
 pub use fuse::{sources_of, ACTIVATION, ACT_ALPHA, ACT_BETA, CLIP_MAX, CLIP_MIN, SOURCES};
 
 use aim_ir::Graph;
+use aim_kernels::gemm::IsaKind;
 use std::time::{Duration, Instant};
 
 /// Why a pass failed (a node it evaluated at compile time failed on its constants).
@@ -61,12 +63,17 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let wide = target.level >= crate::target::Level::X86V3 && target.level != crate::target::Level::Neon;
     // Cranelift rounds vectors with SSE4.1's roundps or NEON's frintn.
     let round = target.features.sse41 || target.level == crate::target::Level::Neon;
+    // Integer kernels where the target has instructions that make them pay (AVX-512 VNNI:
+    // four times the products per instruction of f32); elsewhere quantized layers run as
+    // f32 kernels (the quantize-dequantize pass).
+    let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
     vec![
         Pass::new("infer-types", infer),
         Pass::new("constant-folding", const_fold::run),
         Pass::new("simplify", simplify::run),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
+        Pass::new("quantize-dense", move |g| if int8 { qdense::run(g) } else { Ok(()) }),
         Pass::new("quantize-dequantize", qdq::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),

@@ -13,7 +13,7 @@ mod logic;
 pub mod math;
 mod ops;
 mod output;
-mod quant;
+pub(crate) mod quant;
 mod recurrent;
 mod rnn;
 mod sequence;

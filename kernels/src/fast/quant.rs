@@ -13,9 +13,7 @@ use aim_ir::{DType, Node, Tensor};
 pub(super) fn dynamic_quantize_linear(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = ins.first()?.as_ref().filter(|t| t.dtype() == DType::F32)?;
     let v = x.data::<f32>();
-    let (lo, hi) = range(cx.isa, v);
-    let scale = ((hi as f64 - lo as f64) as f32) / 255.0;
-    let zp = if scale == 0.0 { 0.0 } else { (0.0 - lo / scale).round_ties_even().clamp(0.0, 255.0) };
+    let (scale, zp) = dynamic_params(cx.isa, v);
     let mut y = match Output::new(cx.out, DType::U8, x.shape()) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
@@ -29,9 +27,18 @@ pub(super) fn dynamic_quantize_linear(_n: &Node, ins: &[Option<Tensor>], cx: &Ct
     Some(Ok(vec![y.finish(), Tensor::scalar(scale), Tensor::from_bytes(DType::U8, &[], &[zp as u8]).ok()?]))
 }
 
+/// The u8 scale and zero point DynamicQuantizeLinear picks for `v`: its range widened to
+/// hold 0, over 255 steps.
+pub(crate) fn dynamic_params(isa: Isa, v: &[f32]) -> (f32, f32) {
+    let (lo, hi) = range(isa, v);
+    let scale = ((hi as f64 - lo as f64) as f32) / 255.0;
+    let zp = if scale == 0.0 { 0.0 } else { (0.0 - lo / scale).round_ties_even().clamp(0.0, 255.0) };
+    (scale, zp)
+}
+
 /// `dst = clamp(round(v / scale) + zp, 0, 255)`, vectorised for the ISA (rounding is one
 /// instruction with SSE4.1 / AVX and NEON, a library call without).
-fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
+pub(crate) fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
     #[inline(always)]
     fn body(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
         for (d, &a) in dst.iter_mut().zip(v) {

@@ -21,6 +21,7 @@ mod elementwise;
 mod kind;
 mod phases;
 mod prepacked;
+mod qdense;
 mod run;
 mod schedule;
 mod shared;
@@ -63,6 +64,7 @@ enum Prepared {
     Conv(Box<ConvPrep>),
     Depthwise(Box<DepthwisePrep>),
     Dense(Box<DensePrep>),
+    QDense(Box<qdense::QDensePrep>),
     Deconv(Box<deconv::DeconvPrep>),
     Elementwise(ElementwiseFn),
     Blocked(Box<blocked::BlockedConv>),
@@ -161,6 +163,7 @@ impl CpuProgram {
                     blocked::prepare_pool(n, isa)
                 }
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
+                "QDense" => qdense::prepare(&graph, n),
                 "ConvTranspose" => deconv::prepare(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
@@ -205,7 +208,9 @@ impl CpuProgram {
         for (i, n) in graph.nodes.iter_mut().enumerate() {
             if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "Softmax")
             {
-                for k in 1..3.min(n.inputs.len()) {
+                // A quantized dense layer's inputs after the first are all constants.
+                let last = if n.op == "QDense" { n.inputs.len() } else { 3.min(n.inputs.len()) };
+                for k in 1..last {
                     n.inputs[k].clear();
                 }
             }

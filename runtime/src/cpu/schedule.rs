@@ -65,6 +65,12 @@ impl CpuProgram {
                         }
                         _ => dynamic(),
                     },
+                    Some(Prepared::QDense(d)) => match input {
+                        Some(s) if !s.is_empty() => {
+                            super::qdense::schedule(d, self.isa, s[..s.len() - 1].iter().product(), self.pool.size())
+                        }
+                        _ => dynamic(),
+                    },
                     Some(Prepared::Reduce(r)) => match input {
                         Some(s) if s.len() > r.axis => {
                             let (rows, len): (usize, usize) = (s[..r.axis].iter().product(), s[r.axis..].iter().product());

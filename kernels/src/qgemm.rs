@@ -1,0 +1,348 @@
+//! Integer GEMM for quantized dense layers: u8 activations × s8 weights, exact 32-bit
+//! sums, and an epilogue that takes the sums back to f32 (zero points subtracted, scaled,
+//! bias added, clamped) while each tile is in registers.
+//!
+//! The weights are packed once, at load time, into panels of [`NR`] columns whose rows go
+//! in groups of four: the 64 bytes AVX-512 VNNI's `vpdpbusd` multiplies with one broadcast
+//! group of four activations, accumulating 16 sums at once (four times the products per
+//! instruction of f32 FMAs). Weights stored as u8 are moved to s8 by subtracting 128 (and
+//! their zero point with them), so every form runs on the one instruction. Where the CPU
+//! has no VNNI the same packed layout runs a portable kernel with the same results.
+//!
+//! With `a` and `b` the stored integers and `za`, `zb` their zero points, the product of
+//! the dequantized operands is
+//! `Σk (a − za)(b − zb) = Σk a·b − za·Σk b − zb·Σk a + K·za·zb`: the kernel sums `a·b`, the
+//! column sums of the weights are computed at packing and the row sums of the activations
+//! while they are quantized, so the zero points cost one subtraction per output.
+
+use crate::gemm::{Activation, Isa, IsaKind, Parallel};
+
+/// Columns of a packed weight panel (two 16-lane vectors of sums).
+pub const NR: usize = 32;
+/// Rows of activations per microkernel tile.
+pub const MR: usize = 12;
+
+/// Weights `[K, N]` packed for [`qgemm`]: panels of [`NR`] columns, depth padded to a
+/// multiple of four with zeros.
+#[derive(Clone, Debug)]
+pub struct PackedQB {
+    k: usize,
+    n: usize,
+    /// Per panel, per group of four rows, `NR` columns × 4 bytes (s8).
+    data: Vec<u8>,
+    /// Σk b per column, of the s8 values.
+    colsum: Vec<i32>,
+    /// The zero point per column, in the s8 values' terms.
+    zero: Vec<i32>,
+}
+
+/// Why weights could not be packed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct PackError(pub String);
+
+impl PackedQB {
+    /// Packs the `k × n` row-major weights `b` (s8 when `signed`, else u8) with a zero point
+    /// of one value or one per column.
+    pub fn new(b: &[u8], signed: bool, k: usize, n: usize, zero: &[i32]) -> Result<PackedQB, PackError> {
+        if b.len() != k * n {
+            return Err(PackError(format!("{} weights for a {k}×{n} matrix", b.len())));
+        }
+        if zero.len() != 1 && zero.len() != n {
+            return Err(PackError(format!("{} zero points for {n} columns (one, or one per column)", zero.len())));
+        }
+        // u8 weights become s8 by subtracting 128: (b − zb) = (b − 128) − (zb − 128).
+        let shift = if signed { 0 } else { 128 };
+        let value = |kk: usize, j: usize| -> i32 {
+            let v = b[kk * n + j];
+            if signed {
+                v as i8 as i32
+            } else {
+                v as i32 - shift
+            }
+        };
+        let groups = k.div_ceil(4);
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0u8; panels * groups * NR * 4];
+        let mut colsum = vec![0i32; n];
+        for p in 0..panels {
+            for g in 0..groups {
+                for jj in 0..NR {
+                    let j = p * NR + jj;
+                    if j >= n {
+                        continue;
+                    }
+                    for t in 0..4 {
+                        let kk = g * 4 + t;
+                        if kk < k {
+                            let v = value(kk, j);
+                            data[((p * groups + g) * NR + jj) * 4 + t] = v as i8 as u8;
+                            colsum[j] += v;
+                        }
+                    }
+                }
+            }
+        }
+        let zero = (0..n).map(|j| zero[if zero.len() == 1 { 0 } else { j }] - shift).collect();
+        Ok(PackedQB { k, n, data, colsum, zero })
+    }
+
+    /// Depth (rows of the unpacked weights).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Whether any column has a nonzero zero point (then the activations' row sums are
+    /// needed).
+    pub fn needs_row_sums(&self) -> bool {
+        self.zero.iter().any(|&z| z != 0)
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 8 * self.n
+    }
+}
+
+/// The activation side of one [`qgemm`]: `m` rows of u8, `stride` bytes apart (a multiple
+/// of four, at least K, the padding bytes being anything), their zero point and, when the
+/// weights need them, their row sums.
+pub struct QuantizedA<'a> {
+    /// The rows.
+    pub data: &'a [u8],
+    /// Rows.
+    pub m: usize,
+    /// Bytes from one row to the next.
+    pub stride: usize,
+    /// The zero point of every value.
+    pub zero: i32,
+    /// Σk a per row (empty when the weights' zero points are all zero).
+    pub row_sums: &'a [i32],
+}
+
+/// DynamicQuantizeLinear of the `m × k` rows of `x` into `dst` (rows `stride` bytes apart,
+/// the padding zeroed), with each row's sum in `row_sums` when it is not empty: the same
+/// scale, zero point and values as the op's kernel gives, in one pass over `x` for the
+/// range and one that quantizes while it sums. Returns the scale and the zero point.
+pub fn quantize_dynamic(
+    isa: Isa,
+    x: &[f32],
+    k: usize,
+    dst: &mut [u8],
+    stride: usize,
+    row_sums: &mut [i32],
+) -> (f32, i32) {
+    use crate::fast::quant::{dynamic_params, quantize};
+    let (scale, zp) = dynamic_params(isa, x);
+    let m = if k == 0 { 0 } else { x.len() / k };
+    for (i, row) in x.chunks_exact(k.max(1)).enumerate().take(m) {
+        let d = &mut dst[i * stride..(i + 1) * stride];
+        if scale == 0.0 {
+            d[..k].fill(zp as u8);
+        } else {
+            quantize(isa, row, &mut d[..k], scale, zp);
+        }
+        d[k..].fill(0);
+        if let Some(s) = row_sums.get_mut(i) {
+            *s = d[..k].iter().map(|&v| v as i32).sum();
+        }
+    }
+    (scale, zp as i32)
+}
+
+/// What the sums become: `y = act((sum − zero terms) · scale[j] + bias[j])`.
+pub struct QEpilogue<'a> {
+    /// One scale, or one per column.
+    pub scale: &'a [f32],
+    /// One bias per column.
+    pub bias: Option<&'a [f32]>,
+    /// The activation.
+    pub act: Option<Activation>,
+}
+
+/// `y[m×n] (row stride ldy) = epilogue(A · B)`, over `par`'s threads.
+///
+/// Panics when a buffer is too small for the sizes given (the kernels read and write
+/// through raw pointers).
+pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f32], ldy: usize, par: &dyn Parallel) {
+    let (m, n, k) = (a.m, b.n, b.k);
+    assert!(a.stride >= k && a.stride % 4 == 0, "activation rows of {} bytes for depth {k}", a.stride);
+    assert!(m == 0 || a.data.len() >= (m - 1) * a.stride + k.div_ceil(4) * 4, "activations are too small");
+    assert!(ldy >= n && (m == 0 || y.len() >= (m - 1) * ldy + n), "the output is too small");
+    assert!(ep.scale.len() == 1 || ep.scale.len() == n, "{} scales for {n} columns", ep.scale.len());
+    assert!(ep.bias.is_none_or(|v| v.len() == n), "one bias per column");
+    assert!(!b.needs_row_sums() || a.row_sums.len() >= m, "the weights' zero points need row sums");
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Per call: the activation zero point's term of each column.
+    let corr: Vec<i32> = (0..n)
+        .map(|j| a.zero.wrapping_mul(b.colsum[j]).wrapping_sub((k as i32).wrapping_mul(a.zero).wrapping_mul(b.zero[j])))
+        .collect();
+    let panels = n.div_ceil(NR);
+    let blocks = m.div_ceil(MR);
+    // Split rows too when there are few panels, so that every thread has work.
+    let splits = (par.threads() * 4).div_ceil(panels).clamp(1, blocks);
+    let per = blocks.div_ceil(splits);
+    let out = OutPtr(y.as_mut_ptr());
+    let vnni = use_vnni(isa);
+    par.for_each(panels * splits, &|t| {
+        let out = out;
+        let (p, s) = (t / splits, t % splits);
+        let groups = k.div_ceil(4);
+        let panel = &b.data[p * groups * NR * 4..(p + 1) * groups * NR * 4];
+        let cols = (n - p * NR).min(NR);
+        for blk in s * per..((s + 1) * per).min(blocks) {
+            let r0 = blk * MR;
+            let rows = (m - r0).min(MR);
+            let mut acc = [[0i32; NR]; MR];
+            let ptrs: [*const u8; MR] = std::array::from_fn(|r| a.data[(r0 + r.min(rows - 1)) * a.stride..].as_ptr());
+            // SAFETY: every row pointer has `groups·4` readable bytes (checked above), the
+            // panel `groups·NR·4`; VNNI only when this CPU has it.
+            unsafe {
+                if vnni {
+                    #[cfg(target_arch = "x86_64")]
+                    micro_vnni(&ptrs, panel.as_ptr(), groups, &mut acc);
+                } else {
+                    micro_portable(&ptrs, panel, groups, &mut acc);
+                }
+            }
+            for (r, sums) in acc.iter().enumerate().take(rows) {
+                let row = r0 + r;
+                let rs = a.row_sums.get(row).copied().unwrap_or(0);
+                // SAFETY: row < m and p·NR + cols ≤ n ≤ ldy: inside `y` (checked above);
+                // tasks write disjoint tiles.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row * ldy + p * NR), cols) };
+                let j0 = p * NR;
+                epilogue(isa, sums, rs, &corr[j0..j0 + cols], &b.zero[j0..j0 + cols], ep, j0, dst);
+            }
+        }
+    });
+}
+
+/// A raw pointer to the output that tasks writing disjoint tiles may share.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every task writes its own tiles.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Whether `isa` runs the VNNI kernel here: AVX-512 chosen and VNNI present.
+pub fn use_vnni(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa.kind() == IsaKind::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// One tile's sums to f32 (vectorised for the ISA: the loop is as long as the depth's
+/// quarter for a tile, so a scalar epilogue would cost as much as the products).
+#[allow(clippy::too_many_arguments)]
+fn epilogue(
+    isa: Isa,
+    sums: &[i32; NR],
+    row_sum: i32,
+    corr: &[i32],
+    zero: &[i32],
+    ep: &QEpilogue,
+    j0: usize,
+    dst: &mut [f32],
+) {
+    #[inline(always)]
+    fn body(sums: &[i32; NR], row_sum: i32, corr: &[i32], zero: &[i32], ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
+        let cols = dst.len();
+        let scale = |j: usize| if ep.scale.len() == 1 { ep.scale[0] } else { ep.scale[j0 + j] };
+        for j in 0..cols {
+            let v = sums[j].wrapping_sub(corr[j]).wrapping_sub(zero[j].wrapping_mul(row_sum));
+            let mut y = v as f32 * scale(j);
+            if let Some(b) = ep.bias {
+                y += b[j0 + j];
+            }
+            dst[j] = y;
+        }
+        if let Some(a) = ep.act {
+            match a.clamp_bounds() {
+                Some((lo, hi)) => dst.iter_mut().for_each(|x| *x = crate::gemm::clamp(*x, lo, hi)),
+                None => dst.iter_mut().for_each(|x| *x = a.apply(*x)),
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v4(s: &[i32; NR], r: i32, c: &[i32], z: &[i32], ep: &QEpilogue, j0: usize, d: &mut [f32]) {
+            body(s, r, c, z, ep, j0, d)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(s: &[i32; NR], r: i32, c: &[i32], z: &[i32], ep: &QEpilogue, j0: usize, d: &mut [f32]) {
+            body(s, r, c, z, ep, j0, d)
+        }
+        // SAFETY: an `Isa` exists only for features this CPU has.
+        match isa.kind() {
+            IsaKind::Avx512 => return unsafe { v4(sums, row_sum, corr, zero, ep, j0, dst) },
+            IsaKind::Avx2 => return unsafe { v3(sums, row_sum, corr, zero, ep, j0, dst) },
+            _ => {}
+        }
+    }
+    let _ = isa;
+    body(sums, row_sum, corr, zero, ep, j0, dst)
+}
+
+/// `acc[r][j] = Σ a[r]·b` over `groups` groups of four, with `vpdpbusd`: per group, two
+/// 64-byte loads of the panel and one broadcast of four activation bytes per row.
+///
+/// # Safety
+/// The CPU has AVX-512F and VNNI; each row pointer has `groups·4` readable bytes and
+/// `panel` `groups·NR·4`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn micro_vnni(a: &[*const u8; MR], panel: *const u8, groups: usize, acc: &mut [[i32; NR]; MR]) {
+    use std::arch::x86_64::*;
+    let mut c = [[_mm512_setzero_si512(); 2]; MR];
+    for g in 0..groups {
+        let b0 = _mm512_loadu_si512(panel.add(g * NR * 4) as *const _);
+        let b1 = _mm512_loadu_si512(panel.add(g * NR * 4 + 64) as *const _);
+        for r in 0..MR {
+            let av = _mm512_set1_epi32((a[r].add(g * 4) as *const i32).read_unaligned());
+            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
+            c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
+        }
+    }
+    for r in 0..MR {
+        _mm512_storeu_si512(acc[r].as_mut_ptr() as *mut _, c[r][0]);
+        _mm512_storeu_si512(acc[r][16..].as_mut_ptr() as *mut _, c[r][1]);
+    }
+}
+
+/// The same sums in plain Rust (any CPU; the results are exact, so they equal VNNI's).
+///
+/// # Safety
+/// Each row pointer has `groups·4` readable bytes.
+unsafe fn micro_portable(a: &[*const u8; MR], panel: &[u8], groups: usize, acc: &mut [[i32; NR]; MR]) {
+    for g in 0..groups {
+        let bg = &panel[g * NR * 4..(g + 1) * NR * 4];
+        for r in 0..MR {
+            let av = std::slice::from_raw_parts(a[r].add(g * 4), 4);
+            for j in 0..NR {
+                let mut s = 0i32;
+                for t in 0..4 {
+                    s += av[t] as i32 * bg[j * 4 + t] as i8 as i32;
+                }
+                acc[r][j] += s;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

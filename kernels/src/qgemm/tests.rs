@@ -1,0 +1,125 @@
+//! The packed integer GEMM against the definition, summed in i64: every shape edge
+//! (partial tiles, depths not a multiple of four), both weight signs, scalar and per-column
+//! zero points and scales, on this CPU's kernel and the portable one.
+
+use super::*;
+use crate::gemm::Sequential;
+
+/// Deterministic bytes (an LCG).
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 33) as u8
+        })
+        .collect()
+}
+
+/// Three "threads" run in order: the task split of a parallel run, deterministically.
+struct Three;
+impl Parallel for Three {
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        (0..n).rev().for_each(f)
+    }
+    fn threads(&self) -> usize {
+        3
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn want(a: &[u8], za: i32, b: &[u8], signed: bool, zb: &[i32], m: usize, k: usize, n: usize) -> Vec<i64> {
+    let mut y = vec![0i64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let z = zb[if zb.len() == 1 { 0 } else { j }] as i64;
+            y[i * n + j] = (0..k)
+                .map(|kk| {
+                    let bv = if signed { b[kk * n + j] as i8 as i64 } else { b[kk * n + j] as i64 };
+                    (a[i * k + kk] as i64 - za as i64) * (bv - z)
+                })
+                .sum();
+        }
+    }
+    y
+}
+
+#[test]
+fn matches_the_definition_on_every_edge() {
+    let mut isas = vec![Isa::PORTABLE];
+    if Isa::best() != Isa::PORTABLE {
+        isas.push(Isa::best());
+    }
+    let mut cases = 0;
+    for &(m, k, n) in &[(1, 1, 1), (5, 3, 31), (12, 4, 32), (13, 7, 33), (30, 64, 70), (3, 385, 40), (25, 96, 7)] {
+        for signed in [true, false] {
+            for per_column in [false, true] {
+                let seed = (m * 1000 + k * 10 + n) as u64;
+                let a = bytes(m * k, seed);
+                let b = bytes(k * n, seed + 1);
+                let zb: Vec<i32> = if per_column {
+                    bytes(n, seed + 2).iter().map(|&v| if signed { v as i8 as i32 } else { v as i32 }).collect()
+                } else {
+                    vec![if signed { -3 } else { 131 }]
+                };
+                let za = 117;
+                let packed = PackedQB::new(&b, signed, k, n, &zb).unwrap();
+                // Rows padded to a multiple of four, with junk in the padding.
+                let stride = k.div_ceil(4) * 4 + 4;
+                let mut ad = bytes(m * stride, seed + 3);
+                for i in 0..m {
+                    ad[i * stride..i * stride + k].copy_from_slice(&a[i * k..(i + 1) * k]);
+                }
+                let sums: Vec<i32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().map(|&v| v as i32).sum()).collect();
+                let scale: Vec<f32> =
+                    if per_column { (0..n).map(|j| 0.01 + j as f32 * 1e-3).collect() } else { vec![0.02] };
+                let bias: Vec<f32> = (0..n).map(|j| j as f32 - 3.5).collect();
+                let exact = want(&a, za, &b, signed, &zb, m, k, n);
+                for &isa in &isas {
+                    for par in [&Sequential as &dyn Parallel, &Three] {
+                        let ldy = n + 3;
+                        let mut y = vec![f32::NAN; m * ldy];
+                        let qa = QuantizedA { data: &ad, m, stride, zero: za, row_sums: &sums };
+                        let ep = QEpilogue { scale: &scale, bias: Some(&bias), act: None };
+                        qgemm(isa, &qa, &packed, &ep, &mut y, ldy, par);
+                        for i in 0..m {
+                            for j in 0..n {
+                                let s = scale[if scale.len() == 1 { 0 } else { j }];
+                                let w = exact[i * n + j] as i32 as f32 * s + bias[j];
+                                let got = y[i * ldy + j];
+                                assert_eq!(
+                                    got.to_bits(),
+                                    w.to_bits(),
+                                    "{isa:?} m{m} k{k} n{n} signed {signed} at {i},{j}"
+                                );
+                            }
+                            assert!(y[i * ldy + n..(i + 1) * ldy].iter().all(|v| v.is_nan()), "wrote past the row");
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases >= 56);
+}
+
+#[test]
+fn a_clamping_activation_is_applied() {
+    let (m, k, n) = (2, 8, 3);
+    let a = vec![200u8; m * k];
+    let b: Vec<u8> = (0..k * n).map(|i| if i % 2 == 0 { 1 } else { (-1i8) as u8 }).collect();
+    let packed = PackedQB::new(&b, true, k, n, &[0]).unwrap();
+    assert!(!packed.needs_row_sums());
+    let mut y = vec![0.0; m * n];
+    let qa = QuantizedA { data: &a, m, stride: k, zero: 0, row_sums: &[] };
+    let ep = QEpilogue { scale: &[1.0], bias: Some(&[5.0, -5.0, 0.5]), act: Some(Activation::Relu) };
+    qgemm(Isa::best(), &qa, &packed, &ep, &mut y, n, &Sequential);
+    assert_eq!(y, vec![5.0, 0.0, 0.5, 5.0, 0.0, 0.5]);
+}
+
+#[test]
+fn bad_sizes_are_refused_at_packing() {
+    assert!(PackedQB::new(&[0; 5], true, 2, 3, &[0]).is_err());
+    assert!(PackedQB::new(&[0; 6], true, 2, 3, &[0, 0]).is_err());
+}
