@@ -625,7 +625,7 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str, shapes: &[ai
 }
 
 /// For a quantized model: which of its quantized nodes run as integer kernels
-/// (`aim:QDense`), which as f32 kernels between a dequantize and a quantize, and which are
+/// (`aim:QDense`, `aim:QConv`), which as f32 kernels between a dequantize and a quantize, and which are
 /// left to the integer reference kernels.
 fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &aim_ir::Graph) -> Result<()> {
     let quantized = |op: &str| {
@@ -646,7 +646,7 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
         return Ok(());
     }
     let integer: Vec<&aim_ir::Node> =
-        optimized.nodes.iter().filter(|n| n.domain == "aim" && n.op == "QDense").collect();
+        optimized.nodes.iter().filter(|n| n.domain == "aim" && matches!(n.op.as_str(), "QDense" | "QConv")).collect();
     // The quantized nodes inside integer kernels: those they name as sources, and the
     // activation quantizations every reader of which went into one (fused there).
     let mut inside: std::collections::HashSet<&str> = std::collections::HashSet::new();
@@ -671,7 +671,7 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
     let shown: Vec<&str> = left.iter().take(8).copied().collect();
     writeln!(
         out,
-        "quantized: {} integer kernels (aim:QDense, u8×s8 sums in i32) for {} quantized nodes; {} quantized nodes run as f32 kernels between dequantization and quantization; {} left to the integer reference kernels{}{}",
+        "quantized: {} integer kernels (aim:QDense, aim:QConv: u8×s8 sums in i32) for {} quantized nodes; {} quantized nodes run as f32 kernels between dequantization and quantization; {} left to the integer reference kernels{}{}",
         integer.len(),
         inside.len(),
         names.len().saturating_sub(left.len() + inside.len()),

@@ -1,9 +1,11 @@
 //! The integer kernels of quantized models against the reference interpreter: random
 //! dynamically quantized dense layers (the form `quantize_dynamic` writes) with s8 and u8
-//! weights, scalar and per-column zero points and scales, with and without a bias, run by
-//! the cpu backend at every ISA cap this machine has. Where the CPU has AVX-512 VNNI the
-//! layers must have become `aim:QDense` (the integer kernel); below it they run as f32
-//! kernels. Either way the outputs are the reference's: the integer sums are exact.
+//! weights, scalar and per-column zero points and scales, with and without a bias; and
+//! statically quantized convolutions (the QDQ form: a quantize-dequantize pair on the
+//! input, per-channel s8 weights) with u8 and s8 activations, kernel sizes, strides,
+//! padding, groups and a folded Relu. Each runs on the cpu backend at every ISA cap this
+//! machine has: where the CPU has AVX-512 VNNI the layers must have become `aim:QDense` /
+//! `aim:QConv` (the integer kernels); below it they run as f32 kernels.
 
 mod common;
 
@@ -105,6 +107,53 @@ fn dynamically_quantized_dense_layers_match_the_interpreter() {
                 // sums rounded to 24 bits (and a bias added to a product FMA-free either way).
                 let tol = if fused { 0.0 } else { 1e-5 * b.abs().max(1.0) };
                 assert!((a - b).abs() <= tol, "case {case} [{cpu}] at {i}: {a} vs {b}\n{text}");
+            }
+        }
+    }
+}
+
+#[test]
+fn statically_quantized_convolutions_match_the_interpreter() {
+    let mut r = Rng(11);
+    for case in 0..16 {
+        let (c, m) = (r.pick(&[3, 8, 16]), r.pick(&[4, 13, 32]));
+        let group = if c % 8 == 0 && m % 2 == 0 { r.pick(&[1, 2]) } else { 1 };
+        let (k, s, p) = (r.pick(&[1, 3, 5]), r.pick(&[1, 2]), r.pick(&[0, 1, 2]));
+        let (h, w) = (r.pick(&[6, 9, 14]), r.pick(&[5, 8, 17]));
+        let signed_x = r.pick(&[false, true]);
+        let relu = r.pick(&[false, true]);
+        let cg = c / group;
+        let wv = list((0..m * cg * k * k).map(|_| ((r.next() % 255) as i64 - 127).to_string()));
+        let sw = list((0..m).map(|_| format!("{}", 0.002 + (r.next() % 50) as f32 * 1e-4)));
+        let bias = list((0..m).map(|_| format!("{}", (r.next() % 100) as f32 / 50.0 - 1.0)));
+        let (xt, zx) = if signed_x { ("i8", "-7") } else { ("u8", "121") };
+        let oh = (h + 2 * p - k) / s + 1;
+        let ow = (w + 2 * p - k) / s + 1;
+        let (act, out) = if relu { ("  %y = Relu(%conv)  # relu\n", "y") } else { ("", "conv") };
+        let text = format!(
+            "opset 17\ngraph \"g\" {{\n  input %x: f32[1,{c},{h},{w}]\n  init %sx = f32[] [0.03]\n  init %zx = {xt}[] [{zx}]\n  init %wq = i8[{m},{cg},{k},{k}] [{wv}]\n  init %sw = f32[{m}] [{sw}]\n  init %zw = i8[{m}] [{}]\n  init %b = f32[{m}] [{bias}]\n  %xq = QuantizeLinear(%x, %sx, %zx)  # q\n  %xd = DequantizeLinear(%xq, %sx, %zx)  # dq\n  %wd = DequantizeLinear(%wq, %sw, %zw) {{axis=0}}  # dqw\n  %conv = Conv(%xd, %wd, %b) {{group={group}, kernel_shape=[{k}, {k}], pads=[{p}, {p}, {p}, {p}], strides=[{s}, {s}]}}  # conv\n{act}  output %{out}: f32[1,{m},{oh},{ow}]\n}}\n",
+            list((0..m).map(|_| "0".to_string())),
+        );
+        let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
+        let d = tempdir(&format!("qconv-{case}"));
+        let path = d.join("m.onnx");
+        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        let x: Vec<f32> = (0..c * h * w).map(|_| (r.next() % 2001) as f32 / 300.0 - 3.0).collect();
+        let inputs = vec![("x".to_string(), Tensor::from_vec(&[1, c, h, w], x))];
+        let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
+        let wv = want[0].1.data::<f32>();
+        let scale = wv.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+        for cpu in caps() {
+            let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
+            let m = Model::load_with_options(&path, &opts).unwrap();
+            let fused = m.optimized_graph().unwrap().nodes.iter().any(|n| n.op == "QConv");
+            assert_eq!(fused, integer_kernel(cpu), "case {case} [{cpu}]: the integer kernel is used where it exists");
+            let got = m.run(inputs.clone()).unwrap();
+            assert_eq!(got[0].1.shape(), want[0].1.shape(), "case {case} [{cpu}]");
+            // Exact integer sums against the f32 convolution of the dequantized values: the
+            // difference is that convolution's rounding.
+            for (i, (a, b)) in got[0].1.data::<f32>().iter().zip(wv).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * scale, "case {case} [{cpu}] at {i}: {a} vs {b}\n{text}");
             }
         }
     }

@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod nchwc;
 pub mod num;
 pub mod ops;
+pub mod qconv;
 pub mod qgemm;
 pub mod scratch;
 pub mod util;

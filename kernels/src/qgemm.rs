@@ -15,7 +15,9 @@
 //! column sums of the weights are computed at packing and the row sums of the activations
 //! while they are quantized, so the zero points cost one subtraction per output.
 
-use crate::gemm::{Activation, Isa, IsaKind, Parallel};
+use crate::gemm::{Activation, Isa, Parallel};
+#[cfg(target_arch = "x86_64")]
+use crate::gemm::IsaKind;
 
 /// Columns of a packed weight panel (two 16-lane vectors of sums).
 pub const NR: usize = 32;
@@ -139,7 +141,7 @@ pub fn quantize_dynamic(
 ) -> (f32, i32) {
     use crate::fast::quant::{dynamic_params, quantize};
     let (scale, zp) = dynamic_params(isa, x);
-    let m = if k == 0 { 0 } else { x.len() / k };
+    let m = x.len().checked_div(k).unwrap_or(0);
     for (i, row) in x.chunks_exact(k.max(1)).enumerate().take(m) {
         let d = &mut dst[i * stride..(i + 1) * stride];
         if scale == 0.0 {
@@ -171,20 +173,58 @@ pub struct QEpilogue<'a> {
 /// through raw pointers).
 pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f32], ldy: usize, par: &dyn Parallel) {
     let (m, n, k) = (a.m, b.n, b.k);
-    assert!(a.stride >= k && a.stride % 4 == 0, "activation rows of {} bytes for depth {k}", a.stride);
+    assert!(a.stride >= k && a.stride.is_multiple_of(4), "activation rows of {} bytes for depth {k}", a.stride);
     assert!(m == 0 || a.data.len() >= (m - 1) * a.stride + k.div_ceil(4) * 4, "activations are too small");
     assert!(ldy >= n && (m == 0 || y.len() >= (m - 1) * ldy + n), "the output is too small");
     assert!(ep.scale.len() == 1 || ep.scale.len() == n, "{} scales for {n} columns", ep.scale.len());
     assert!(ep.bias.is_none_or(|v| v.len() == n), "one bias per column");
     assert!(!b.needs_row_sums() || a.row_sums.len() >= m, "the weights' zero points need row sums");
-    if m == 0 || n == 0 {
-        return;
-    }
     // Per call: the activation zero point's term of each column.
     let corr: Vec<i32> = (0..n)
         .map(|j| a.zero.wrapping_mul(b.colsum[j]).wrapping_sub((k as i32).wrapping_mul(a.zero).wrapping_mul(b.zero[j])))
         .collect();
+    let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
+    tiles(isa, &rows, &b.data, k.div_ceil(4), n, y, ldy, par, |row, j0, sums, dst| {
+        let rs = a.row_sums.get(row).copied().unwrap_or(0);
+        let cols = dst.len();
+        epilogue(isa, sums, rs, &corr[j0..j0 + cols], &b.zero[j0..j0 + cols], ep, j0, dst);
+    });
+}
+
+/// The broadcast side of a tiled product: `m` rows `stride` bytes apart, u8 or s8 (the
+/// panels then hold the other kind).
+pub(crate) struct Rows<'a> {
+    pub(crate) data: &'a [u8],
+    pub(crate) stride: usize,
+    pub(crate) m: usize,
+    pub(crate) signed: bool,
+}
+
+/// Runs every MR×NR tile of `rows · panels` (`groups` groups of four deep, `n` columns in
+/// panels of NR) over `par`'s threads and hands each tile row's sums to `store` with its
+/// row, first column and destination in `y` (`ldy` apart).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tiles<F>(
+    isa: Isa,
+    a: &Rows,
+    panels_data: &[u8],
+    groups: usize,
+    n: usize,
+    y: &mut [f32],
+    ldy: usize,
+    par: &dyn Parallel,
+    store: F,
+) where
+    F: Fn(usize, usize, &[i32; NR], &mut [f32]) + Sync,
+{
+    let m = a.m;
+    if m == 0 || n == 0 {
+        return;
+    }
     let panels = n.div_ceil(NR);
+    assert!(panels_data.len() >= panels * groups * NR * 4, "the panels are too small");
+    assert!(a.data.len() >= (m - 1) * a.stride + groups * 4, "the rows are too small");
+    assert!(ldy >= n && y.len() >= (m - 1) * ldy + n, "the output is too small");
     let blocks = m.div_ceil(MR);
     // Split rows too when there are few panels, so that every thread has work.
     let splits = (par.threads() * 4).div_ceil(panels).clamp(1, blocks);
@@ -194,32 +234,36 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
     par.for_each(panels * splits, &|t| {
         let out = out;
         let (p, s) = (t / splits, t % splits);
-        let groups = k.div_ceil(4);
-        let panel = &b.data[p * groups * NR * 4..(p + 1) * groups * NR * 4];
+        let panel = &panels_data[p * groups * NR * 4..(p + 1) * groups * NR * 4];
         let cols = (n - p * NR).min(NR);
         for blk in s * per..((s + 1) * per).min(blocks) {
             let r0 = blk * MR;
             let rows = (m - r0).min(MR);
-            let mut acc = [[0i32; NR]; MR];
+            // Written whole by the microkernel (no zeroing: for shallow products that memset
+            // cost as much as the sums).
+            let mut acc = std::mem::MaybeUninit::<[[i32; NR]; MR]>::uninit();
             let ptrs: [*const u8; MR] = std::array::from_fn(|r| a.data[(r0 + r.min(rows - 1)) * a.stride..].as_ptr());
             // SAFETY: every row pointer has `groups·4` readable bytes (checked above), the
             // panel `groups·NR·4`; VNNI only when this CPU has it.
-            unsafe {
-                if vnni {
+            let acc = unsafe {
+                let out = acc.as_mut_ptr();
+                match (vnni, a.signed) {
                     #[cfg(target_arch = "x86_64")]
-                    micro_vnni(&ptrs, panel.as_ptr(), groups, &mut acc);
-                } else {
-                    micro_portable(&ptrs, panel, groups, &mut acc);
+                    (true, false) => micro_vnni::<false>(&ptrs, panel.as_ptr(), groups, out),
+                    #[cfg(target_arch = "x86_64")]
+                    (true, true) => micro_vnni::<true>(&ptrs, panel.as_ptr(), groups, out),
+                    (_, false) => micro_portable::<false>(&ptrs, panel, groups, out),
+                    (_, true) => micro_portable::<true>(&ptrs, panel, groups, out),
                 }
-            }
+                // SAFETY: every microkernel stores every element.
+                acc.assume_init()
+            };
             for (r, sums) in acc.iter().enumerate().take(rows) {
                 let row = r0 + r;
-                let rs = a.row_sums.get(row).copied().unwrap_or(0);
                 // SAFETY: row < m and p·NR + cols ≤ n ≤ ldy: inside `y` (checked above);
                 // tasks write disjoint tiles.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row * ldy + p * NR), cols) };
-                let j0 = p * NR;
-                epilogue(isa, sums, rs, &corr[j0..j0 + cols], &b.zero[j0..j0 + cols], ep, j0, dst);
+                store(row, p * NR, sums, dst);
             }
         }
     });
@@ -299,14 +343,21 @@ fn epilogue(
 }
 
 /// `acc[r][j] = Σ a[r]·b` over `groups` groups of four, with `vpdpbusd`: per group, two
-/// 64-byte loads of the panel and one broadcast of four activation bytes per row.
+/// 64-byte loads of the panel and one broadcast of four bytes per row. The instruction
+/// multiplies unsigned bytes by signed ones: with `SIGNED_ROWS` the rows are the s8 side
+/// and the panel the u8 one.
 ///
 /// # Safety
-/// The CPU has AVX-512F and VNNI; each row pointer has `groups·4` readable bytes and
-/// `panel` `groups·NR·4`.
+/// The CPU has AVX-512F and VNNI; each row pointer has `groups·4` readable bytes,
+/// `panel` `groups·NR·4`, and `acc` is writable.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn micro_vnni(a: &[*const u8; MR], panel: *const u8, groups: usize, acc: &mut [[i32; NR]; MR]) {
+unsafe fn micro_vnni<const SIGNED_ROWS: bool>(
+    a: &[*const u8; MR],
+    panel: *const u8,
+    groups: usize,
+    acc: *mut [[i32; NR]; MR],
+) {
     use std::arch::x86_64::*;
     let mut c = [[_mm512_setzero_si512(); 2]; MR];
     for g in 0..groups {
@@ -314,21 +365,36 @@ unsafe fn micro_vnni(a: &[*const u8; MR], panel: *const u8, groups: usize, acc: 
         let b1 = _mm512_loadu_si512(panel.add(g * NR * 4 + 64) as *const _);
         for r in 0..MR {
             let av = _mm512_set1_epi32((a[r].add(g * 4) as *const i32).read_unaligned());
-            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
-            c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
+            if SIGNED_ROWS {
+                c[r][0] = _mm512_dpbusd_epi32(c[r][0], b0, av);
+                c[r][1] = _mm512_dpbusd_epi32(c[r][1], b1, av);
+            } else {
+                c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
+                c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
+            }
         }
     }
-    for r in 0..MR {
-        _mm512_storeu_si512(acc[r].as_mut_ptr() as *mut _, c[r][0]);
-        _mm512_storeu_si512(acc[r][16..].as_mut_ptr() as *mut _, c[r][1]);
+    let acc = acc as *mut i32;
+    for (r, c) in c.iter().enumerate() {
+        _mm512_storeu_si512(acc.add(r * NR) as *mut _, c[0]);
+        _mm512_storeu_si512(acc.add(r * NR + 16) as *mut _, c[1]);
     }
 }
 
 /// The same sums in plain Rust (any CPU; the results are exact, so they equal VNNI's).
 ///
 /// # Safety
-/// Each row pointer has `groups·4` readable bytes.
-unsafe fn micro_portable(a: &[*const u8; MR], panel: &[u8], groups: usize, acc: &mut [[i32; NR]; MR]) {
+/// Each row pointer has `groups·4` readable bytes and `out` is writable.
+unsafe fn micro_portable<const SIGNED_ROWS: bool>(
+    a: &[*const u8; MR],
+    panel: &[u8],
+    groups: usize,
+    out: *mut [[i32; NR]; MR],
+) {
+    let mut acc = [[0i32; NR]; MR];
+    type Widen = fn(u8) -> i32;
+    let (ra, pa): (Widen, Widen) =
+        if SIGNED_ROWS { (|v| v as i8 as i32, |v| v as i32) } else { (|v| v as i32, |v| v as i8 as i32) };
     for g in 0..groups {
         let bg = &panel[g * NR * 4..(g + 1) * NR * 4];
         for r in 0..MR {
@@ -336,12 +402,13 @@ unsafe fn micro_portable(a: &[*const u8; MR], panel: &[u8], groups: usize, acc: 
             for j in 0..NR {
                 let mut s = 0i32;
                 for t in 0..4 {
-                    s += av[t] as i32 * bg[j * 4 + t] as i8 as i32;
+                    s += ra(av[t]) * pa(bg[j * 4 + t]);
                 }
                 acc[r][j] += s;
             }
         }
     }
+    out.write(acc);
 }
 
 #[cfg(test)]

@@ -64,6 +64,33 @@ impl Drop for Scratch {
     }
 }
 
+/// A scratch buffer of bytes (the integer kernels' quantized operands), from the same free
+/// list: contents unspecified.
+pub struct ScratchBytes {
+    inner: Scratch,
+    len: usize,
+}
+
+/// Takes a buffer of `len` bytes (contents unspecified).
+pub fn take_bytes(len: usize) -> ScratchBytes {
+    ScratchBytes { inner: take(len.div_ceil(4)), len }
+}
+
+impl std::ops::Deref for ScratchBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the float buffer holds at least `len` bytes; any bytes are valid u8.
+        unsafe { std::slice::from_raw_parts(self.inner.as_ptr() as *const u8, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for ScratchBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`; the buffer is borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.inner.as_mut_ptr() as *mut u8, self.len) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,6 +40,16 @@ fn small_enough(g: &Graph, n: &aim_ir::Node) -> bool {
 /// the limit) is left in place: the run reports its error, naming it, as it would have
 /// without folding.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    fold(g, &[])
+}
+
+/// Folds as [`run`] does, except nodes of the ops in `defer` (left for a later pass to
+/// fold, after passes that read them as they are).
+pub fn run_deferring(g: &mut Graph, defer: &[&str]) -> Result<(), PassError> {
+    fold(g, defer)
+}
+
+fn fold(g: &mut Graph, defer: &[&str]) -> Result<(), PassError> {
     let err = |msg: String| PassError { pass: "constant-folding", msg };
     loop {
         aim_ir::infer::infer_types(g).map_err(|e| err(e.to_string()))?;
@@ -47,7 +57,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let mut i = 0;
         while i < g.nodes.len() {
             let n = &g.nodes[i];
-            if !n.domain.is_empty() || KEEP.contains(&n.op.as_str()) || !small_enough(g, n) {
+            if !n.domain.is_empty()
+                || KEEP.contains(&n.op.as_str())
+                || defer.contains(&n.op.as_str())
+                || !small_enough(g, n)
+            {
                 i += 1;
                 continue;
             }

@@ -104,7 +104,7 @@ fn start(g: &mut Graph, n: &Node) -> Option<Node> {
 /// The activation node `m` (reading `x`) computes, with the nodes it takes (itself first):
 /// one node of the table, or SiLU / HardSwish written out as `x · Sigmoid(x)` /
 /// `x · HardSigmoid(x)` (then `m` is the Sigmoid or the Mul, and both are taken).
-fn activation_at(
+pub(super) fn activation_at(
     g: &Graph,
     index: &HashMap<String, Vec<usize>>,
     x: &str,
@@ -165,7 +165,7 @@ fn activation_at(
 }
 
 /// Records `act` on the fused node `f`.
-fn set_activation(f: &mut Node, act: Activation) {
+pub(super) fn set_activation(f: &mut Node, act: Activation) {
     let (name, a, b) = act.name();
     f.attrs.insert(ACTIVATION.into(), Attr::String(name.into()));
     let (ka, kb) = if name == "clip" { (CLIP_MIN, CLIP_MAX) } else { (ACT_ALPHA, ACT_BETA) };

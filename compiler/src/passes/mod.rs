@@ -10,6 +10,7 @@ mod fuse_elementwise;
 mod gelu;
 pub mod layout;
 mod layout_ops;
+mod qconv;
 mod qdense;
 mod qdq;
 mod reduce;
@@ -69,12 +70,14 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
     vec![
         Pass::new("infer-types", infer),
-        Pass::new("constant-folding", const_fold::run),
+        // The dequantization of constant weights waits for the quantize-dequantize pass,
+        // which reads the integers (and folds them then).
+        Pass::new("constant-folding", |g| const_fold::run_deferring(g, &["DequantizeLinear"])),
         Pass::new("simplify", simplify::run),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("quantize-dense", move |g| if int8 { qdense::run(g) } else { Ok(()) }),
-        Pass::new("quantize-dequantize", qdq::run),
+        Pass::new("quantize-dequantize", move |g| qdq::run(g, int8)),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),
         Pass::new("fuse-epilogues", fuse::run),

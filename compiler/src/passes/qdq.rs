@@ -74,7 +74,7 @@ fn is(n: &Node, op: &str) -> bool {
 
 /// Rewrites the integer ops, then every matching pair (see the module doc); then, if
 /// anything changed, infers the new values' types and folds the weights' dequantization.
-pub fn run(g: &mut Graph) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, int8: bool) -> Result<(), PassError> {
     let before = g.nodes.len();
     let ops: Vec<String> = g.nodes.iter().map(|n| n.op.clone()).collect();
     let changed = |g: &Graph| g.nodes.len() != before || g.nodes.iter().zip(&ops).any(|(n, op)| &n.op != op);
@@ -88,8 +88,15 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         // The pairs below read the new values' types.
         infer(g)?;
     }
+    if int8 {
+        // Before the pairs become f32 loops: the convolutions read them.
+        super::qconv::run(g);
+    }
     rewrite_pairs(g)?;
-    if changed(g) {
+    // The dequantization of constants (weights, biases) was left for here by the first
+    // constant folding: the integer kernels read the integers.
+    let dequantize = g.nodes.iter().any(|n| n.domain.is_empty() && n.op == "DequantizeLinear");
+    if changed(g) || dequantize {
         infer(g)?;
         super::const_fold::run(g)?;
     }
@@ -417,7 +424,7 @@ mod tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[2, 5], x))].into_iter().collect();
         let want = aim_runtime::run_graph(g, input()).expect("runs");
         let mut h = g.clone();
-        run(&mut h).expect("rewrites");
+        run(&mut h, false).expect("rewrites");
         assert!(h.nodes.iter().all(|n| n.op != "DequantizeLinear"), "the pair is rewritten");
         crate::passes::dce::run(&mut h).expect("dce");
         assert!(h.nodes.iter().all(|n| n.op != "QuantizeLinear"), "the quantize is dead");
@@ -443,7 +450,7 @@ mod tests {
         let mut m = aim_ir::text::parse_model(text).expect("parses");
         aim_ir::infer::infer_types(&mut m.graph).expect("infers");
         let mut g = m.graph.clone();
-        run(&mut g).expect("runs");
+        run(&mut g, false).expect("runs");
         assert_eq!(g, m.graph);
     }
 }
@@ -463,7 +470,7 @@ mod lift_tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[1, 1, 4, 4], &x))].into_iter().collect();
         let want = aim_runtime::run_graph(&m.graph, input()).expect("runs");
         let mut g = m.graph.clone();
-        run(&mut g).expect("rewrites");
+        run(&mut g, false).expect("rewrites");
         crate::passes::dce::run(&mut g).expect("dce");
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
         assert!(!ops.contains(&"QuantizeLinear") && !ops.contains(&"DequantizeLinear"), "{ops:?}");

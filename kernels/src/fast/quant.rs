@@ -48,9 +48,24 @@ pub(crate) fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32)
     }
     #[cfg(target_arch = "x86_64")]
     {
+        /// 16 values at a time, the steps written out (the compiler's own vectorisation of
+        /// the saturating conversion measured 2 cycles a value): divide, round to even,
+        /// add, clamp (`max` first: it gives 0 for NaN, as the conversion does), narrow.
         #[target_feature(enable = "avx512f,avx2,fma")]
         unsafe fn v4(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
-            body(v, dst, scale, zp)
+            use std::arch::x86_64::*;
+            let n = v.len().min(dst.len());
+            let (s, z, lo, hi) =
+                (_mm512_set1_ps(scale), _mm512_set1_ps(zp), _mm512_setzero_ps(), _mm512_set1_ps(255.0));
+            let mut i = 0;
+            while i + 16 <= n {
+                let x = _mm512_loadu_ps(v.as_ptr().add(i));
+                let q = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_div_ps(x, s));
+                let q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, z), lo), hi);
+                _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+                i += 16;
+            }
+            body(&v[i..n], &mut dst[i..n], scale, zp)
         }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v3(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {

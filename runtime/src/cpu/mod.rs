@@ -21,6 +21,7 @@ mod elementwise;
 mod kind;
 mod phases;
 mod prepacked;
+mod qconv;
 mod qdense;
 mod run;
 mod schedule;
@@ -65,6 +66,7 @@ enum Prepared {
     Depthwise(Box<DepthwisePrep>),
     Dense(Box<DensePrep>),
     QDense(Box<qdense::QDensePrep>),
+    QConv(Box<qconv::QConvPrep>),
     Deconv(Box<deconv::DeconvPrep>),
     Elementwise(ElementwiseFn),
     Blocked(Box<blocked::BlockedConv>),
@@ -164,6 +166,7 @@ impl CpuProgram {
                 }
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
                 "QDense" => qdense::prepare(&graph, n),
+                "QConv" => qconv::prepare(&graph, n),
                 "ConvTranspose" => deconv::prepare(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
@@ -208,8 +211,9 @@ impl CpuProgram {
         for (i, n) in graph.nodes.iter_mut().enumerate() {
             if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "Softmax")
             {
-                // A quantized dense layer's inputs after the first are all constants.
-                let last = if n.op == "QDense" { n.inputs.len() } else { 3.min(n.inputs.len()) };
+                // A quantized layer's inputs after the first are all constants.
+                let last =
+                    if matches!(n.op.as_str(), "QDense" | "QConv") { n.inputs.len() } else { 3.min(n.inputs.len()) };
                 for k in 1..last {
                     n.inputs[k].clear();
                 }

@@ -79,16 +79,13 @@ pub(super) fn run(d: &QDensePrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPoo
     let mut shape = xs.to_vec();
     *shape.last_mut().expect("checked not empty") = cols;
     let stride = k.div_ceil(4) * 4;
-    // Scratch comes in floats: four bytes each.
-    let mut qbuf = aim_kernels::scratch::take((m * stride).div_ceil(4));
-    // SAFETY: the scratch buffer holds at least m·stride bytes; u8 has no invalid values.
-    let q = unsafe { std::slice::from_raw_parts_mut(qbuf.as_mut_ptr() as *mut u8, m * stride) };
+    let mut q = aim_kernels::scratch::take_bytes(m * stride);
     let mut sums = vec![0i32; if d.weight.needs_row_sums() { m } else { 0 }];
-    let (xscale, zero) = quantize_dynamic(isa, &x.data[..m * k], k, q, stride, &mut sums);
+    let (xscale, zero) = quantize_dynamic(isa, &x.data[..m * k], k, &mut q, stride, &mut sums);
     // The scale of the product, as the graph computes it: the input's times the weights'.
     let scale: Vec<f32> = d.scale.iter().map(|s| xscale * s).collect();
     let out = y.take(&shape)?;
-    let a = QuantizedA { data: q, m, stride, zero, row_sums: &sums };
+    let a = QuantizedA { data: &q, m, stride, zero, row_sums: &sums };
     let ep = QEpilogue { scale: &scale, bias: d.bias.as_deref(), act: d.act };
     qgemm(isa, &a, &d.weight, &ep, out, cols, pool);
     Ok(())

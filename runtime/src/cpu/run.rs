@@ -473,6 +473,7 @@ impl CpuProgram {
                 }
                 Prepared::Dense(d) => dense::run_dense(d, x, residual, &mut y, self.blocking, pool),
                 Prepared::QDense(d) => super::qdense::run(d, self.isa, x, &mut y, pool),
+                Prepared::QConv(q) => super::qconv::run(q, self.isa, x, &mut y, pool),
                 Prepared::Deconv(d) => residual.separate().and_then(|r| deconv::run(d, x, r, &mut y, pool)),
                 Prepared::Blocked(c) => blocked::run(c, x, residual, &mut y, pool),
                 Prepared::Reorder(r) => blocked::run_reorder(r, x, &mut y, pool),

@@ -71,6 +71,10 @@ impl CpuProgram {
                         }
                         _ => dynamic(),
                     },
+                    Some(Prepared::QConv(q)) => match input {
+                        Some(s) if s.len() == 4 => super::qconv::schedule(q, self.isa, s[0], s[2], s[3]),
+                        _ => dynamic(),
+                    },
                     Some(Prepared::Reduce(r)) => match input {
                         Some(s) if s.len() > r.axis => {
                             let (rows, len): (usize, usize) = (s[..r.axis].iter().product(), s[r.axis..].iter().product());

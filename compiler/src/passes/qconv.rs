@@ -1,0 +1,167 @@
+//! Statically quantized convolutions as one integer kernel, where the target has one
+//! (AVX-512 VNNI): a Conv whose input is a quantize-dequantize pair with constant
+//! per-tensor parameters and whose weights are the dequantization of constant s8 weights
+//! with zero point 0 (what ONNX Runtime's QDQ quantizer writes, and what the
+//! quantize-dequantize pass makes of QLinearConv), with a constant bias, becomes
+//! `aim:QConv(x, Wq, sx, zx, sw, bias)`, with a Relu / Clip reading it folded in. The
+//! kernel quantizes `x` exactly as the QuantizeLinear does and sums exactly, so the result
+//! is the f32 convolution of the dequantized values up to that convolution's own rounding.
+//!
+//! Depthwise convolutions (one input channel per group) keep the f32 kernels: their one
+//! row of products per group does not fill the integer tiles.
+
+use super::fuse::{activation_at, set_activation, sources_of, SOURCES};
+use super::uses::{readers, remove_marked};
+use aim_ir::{Attr, DType, Graph, Node, Tensor};
+use std::collections::HashMap;
+
+/// Fuses every matching convolution (see the module doc).
+pub fn run(g: &mut Graph) {
+    if !g.nodes.iter().any(|n| n.domain.is_empty() && n.op == "Conv") {
+        return;
+    }
+    let r = readers(g);
+    let by_output: HashMap<&str, usize> =
+        g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
+    let mut removed = vec![false; g.nodes.len()];
+    let mut replace: Vec<(usize, Node)> = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if let Some((node, at, absorbed)) = match_conv(g, &r, &by_output, n) {
+            for k in absorbed {
+                removed[k] = true;
+            }
+            replace.push((at.unwrap_or(i), node));
+            removed[i] = true;
+        }
+    }
+    for (at, node) in replace {
+        g.nodes[at] = node;
+        removed[at] = false;
+    }
+    remove_marked(g, &removed);
+}
+
+/// A one-element constant.
+fn scalar<'g>(g: &'g Graph, v: Option<&str>) -> Option<&'g Tensor> {
+    g.initializers.get(v?).filter(|t| t.len() == 1)
+}
+
+/// Whether two one-element constants hold the same value of the same type.
+fn same(a: &Tensor, b: &Tensor) -> bool {
+    a.dtype() == b.dtype() && a.bytes() == b.bytes()
+}
+
+/// The node making `v`, if it is `op` of the default domain.
+fn producer<'g>(g: &'g Graph, by_output: &HashMap<&str, usize>, v: &str, op: &str) -> Option<&'g Node> {
+    let n = &g.nodes[*by_output.get(v)?];
+    (n.domain.is_empty() && n.op == op).then_some(n)
+}
+
+/// Whether `v` is computed from constants alone (within `depth` nodes), so that constant
+/// folding makes it one.
+fn constant(g: &Graph, by_output: &HashMap<&str, usize>, v: &str, depth: usize) -> bool {
+    if g.initializers.contains_key(v) {
+        return true;
+    }
+    let Some(&i) = by_output.get(v) else { return false };
+    let n = &g.nodes[i];
+    depth > 0
+        && n.domain.is_empty()
+        && n.attrs.values().all(|a| !matches!(a, Attr::Graph(_)))
+        && n.inputs.iter().filter(|s| !s.is_empty()).all(|s| constant(g, by_output, s, depth - 1))
+}
+
+/// The fused node for Conv `n`, the index it takes when an activation is folded (else the
+/// Conv's), and the activation nodes it absorbs.
+fn match_conv(
+    g: &Graph,
+    r: &HashMap<String, Vec<usize>>,
+    by_output: &HashMap<&str, usize>,
+    n: &Node,
+) -> Option<(Node, Option<usize>, Vec<usize>)> {
+    if !(n.domain.is_empty() && n.op == "Conv") || n.string("auto_pad", "NOTSET") != "NOTSET" {
+        return None;
+    }
+    // The input: DequantizeLinear(QuantizeLinear(x, s, z), s, z), per tensor.
+    let dqx = producer(g, by_output, n.input(0)?, "DequantizeLinear")?;
+    let qx = producer(g, by_output, dqx.input(0)?, "QuantizeLinear")?;
+    let (sx, zx) = (scalar(g, dqx.input(1))?, scalar(g, dqx.input(2))?);
+    let (sq, zq) = (scalar(g, qx.input(1))?, scalar(g, qx.input(2))?);
+    if !(same(sx, sq) && same(zx, zq) && sx.dtype() == DType::F32 && matches!(zx.dtype(), DType::U8 | DType::I8)) {
+        return None;
+    }
+    let x = qx.input(0)?;
+    if g.value_type(x).and_then(|t| t.dtype) != Some(DType::F32) {
+        return None;
+    }
+    // The weights: DequantizeLinear(Wq, sw, 0) of s8 constants, per tensor or per output channel.
+    let dqw = producer(g, by_output, n.input(1)?, "DequantizeLinear")?;
+    let wq = g.initializers.get(dqw.input(0)?).filter(|t| t.dtype() == DType::I8 && t.shape().len() == 4)?;
+    let ws = wq.shape();
+    let sw = g.initializers.get(dqw.input(1)?).filter(|t| t.dtype() == DType::F32)?;
+    let per_channel = sw.len() > 1;
+    if (per_channel && (sw.len() != ws[0] || !matches!(dqw.int("axis", 1), 0 | -4))) || sw.is_empty() {
+        return None;
+    }
+    if let Some(zw) = dqw.input(2) {
+        let z = g.initializers.get(zw)?;
+        if z.dtype() != DType::I8 || z.data::<i8>().iter().any(|&v| v != 0) {
+            return None;
+        }
+    }
+    let group = n.int("group", 1);
+    if group < 1 || (group > 1 && ws[1] < 4) {
+        return None;
+    }
+    // The bias: an f32 constant, or a dequantization of constants (folded before the kernels
+    // are prepared).
+    let bias = match n.input(2) {
+        None => "",
+        Some(b) if g.initializers.get(b).is_some_and(|t| t.dtype() == DType::F32) => b,
+        Some(b) if constant(g, by_output, b, 3) => b,
+        Some(_) => return None,
+    };
+    let mut attrs: std::collections::BTreeMap<String, Attr> = n
+        .attrs
+        .iter()
+        .filter(|(k, _)| matches!(k.as_str(), "strides" | "pads" | "dilations" | "group"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    // The kernel does the quantization and both dequantizations.
+    let mut sources = sources_of(qx);
+    sources.extend(sources_of(dqx));
+    sources.extend(sources_of(dqw));
+    sources.extend(sources_of(n));
+    let mut out = n.outputs[0].clone();
+    let (mut at, mut absorbed) = (None, Vec::new());
+    if let Some((act, taken)) = r.get(&out).and_then(|rd| activation_at(g, r, &out, rd)) {
+        let mut f = n.clone();
+        f.attrs.clear();
+        set_activation(&mut f, act);
+        attrs.extend(f.attrs);
+        for &k in &taken {
+            sources.extend(sources_of(&g.nodes[k]));
+        }
+        let last = *taken.iter().max().expect("an activation takes a node");
+        out = g.nodes[last].outputs[0].clone();
+        at = Some(last);
+        absorbed = taken;
+    }
+    attrs.insert(SOURCES.into(), Attr::Strings(sources));
+    let node = Node {
+        name: format!("{}/qconv", n.name),
+        op: "QConv".into(),
+        domain: "aim".into(),
+        inputs: vec![
+            x.to_string(),
+            dqw.inputs[0].clone(),
+            dqx.inputs[1].clone(),
+            dqx.inputs[2].clone(),
+            dqw.inputs[1].clone(),
+            bias.to_string(),
+        ],
+        outputs: vec![out],
+        attrs,
+    };
+    Some((node, at, absorbed))
+}
