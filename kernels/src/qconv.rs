@@ -102,6 +102,22 @@ pub struct QConvInput<'a> {
     pub bias: Option<&'a [f32]>,
     /// The activation.
     pub act: Option<Activation>,
+    /// A quantize-dequantize of the result, computed as the f32 pair does.
+    pub requant: Option<Requant>,
+}
+
+/// A quantize-dequantize applied to the result: `(clip(round(y / scale) + zero, lo, hi) −
+/// zero) · scale`, the additions skipped for a zero point of 0 (as the f32 form of the pair
+/// does).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Requant {
+    /// Scale.
+    pub scale: f32,
+    /// Zero point.
+    pub zero: f32,
+    /// The integer range.
+    pub lo: f32,
+    pub hi: f32,
 }
 
 /// `y = act(conv(quantize(x), w) · scale + bias)`, NCHW, over `par`'s threads.
@@ -143,7 +159,7 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
                 let corr = zx.wrapping_mul(p.sums[o]);
                 let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
                 let bias = a.bias.map_or(0.0, |b| b[o]);
-                epilogue(isa, sums, corr, scale, bias, a.act, dst);
+                epilogue(isa, sums, corr, scale, bias, a.act, a.requant, dst);
             });
         }
     }
@@ -303,33 +319,61 @@ fn gather(
     }
 }
 
-/// One tile row of sums to f32: `act((sum − corr) · scale + bias)`.
-fn epilogue(isa: Isa, sums: &[i32; NR], corr: i32, scale: f32, bias: f32, act: Option<Activation>, dst: &mut [f32]) {
+/// One tile row of sums to f32: `act((sum − corr) · scale + bias)`, then the requantization.
+#[allow(clippy::too_many_arguments)]
+fn epilogue(
+    isa: Isa,
+    sums: &[i32; NR],
+    corr: i32,
+    scale: f32,
+    bias: f32,
+    act: Option<Activation>,
+    requant: Option<Requant>,
+    dst: &mut [f32],
+) {
     #[inline(always)]
-    fn body(sums: &[i32; NR], corr: i32, scale: f32, bias: f32, act: Option<Activation>, dst: &mut [f32]) {
+    fn body(
+        sums: &[i32; NR],
+        corr: i32,
+        scale: f32,
+        bias: f32,
+        act: Option<Activation>,
+        rq: Option<Requant>,
+        dst: &mut [f32],
+    ) {
+        use crate::gemm::clamp;
         for (d, &v) in dst.iter_mut().zip(sums) {
             *d = v.wrapping_sub(corr) as f32 * scale + bias;
         }
         if let Some(a) = act {
             match a.clamp_bounds() {
-                Some((lo, hi)) => dst.iter_mut().for_each(|x| *x = crate::gemm::clamp(*x, lo, hi)),
+                Some((lo, hi)) => dst.iter_mut().for_each(|x| *x = clamp(*x, lo, hi)),
                 None => dst.iter_mut().for_each(|x| *x = a.apply(*x)),
             }
+        }
+        match rq {
+            Some(q) if q.zero == 0.0 => {
+                dst.iter_mut().for_each(|x| *x = clamp((*x / q.scale).round_ties_even(), q.lo, q.hi) * q.scale)
+            }
+            Some(q) => dst
+                .iter_mut()
+                .for_each(|x| *x = (clamp((*x / q.scale).round_ties_even() + q.zero, q.lo, q.hi) - q.zero) * q.scale),
+            None => {}
         }
     }
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(s: &[i32; NR], c: i32, sc: f32, b: f32, a: Option<Activation>, d: &mut [f32]) {
-            body(s, c, sc, b, a, d)
+        unsafe fn v4(s: &[i32; NR], c: i32, sc: f32, b: f32, a: Option<Activation>, q: Option<Requant>, d: &mut [f32]) {
+            body(s, c, sc, b, a, q, d)
         }
         // SAFETY: an `Isa` exists only for features this CPU has.
         if isa.kind() == crate::gemm::IsaKind::Avx512 {
-            return unsafe { v4(sums, corr, scale, bias, act, dst) };
+            return unsafe { v4(sums, corr, scale, bias, act, requant, dst) };
         }
     }
     let _ = isa;
-    body(sums, corr, scale, bias, act, dst)
+    body(sums, corr, scale, bias, act, requant, dst)
 }
 
 #[cfg(test)]

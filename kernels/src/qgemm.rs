@@ -15,9 +15,9 @@
 //! column sums of the weights are computed at packing and the row sums of the activations
 //! while they are quantized, so the zero points cost one subtraction per output.
 
-use crate::gemm::{Activation, Isa, Parallel};
 #[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
+use crate::gemm::{Activation, Isa, Parallel};
 
 /// Columns of a packed weight panel (two 16-lane vectors of sums).
 pub const NR: usize = 32;

@@ -34,12 +34,34 @@ pub fn run(g: &mut Graph) {
             removed[i] = true;
         }
     }
-    for (at, node) in replace {
+    // A value whose quantize-dequantize pair a fused node took in is gone: the integer
+    // convolutions that quantized it read the pair's output instead (quantizing that with
+    // the same parameters gives the same integers).
+    let mut renamed: HashMap<String, String> = HashMap::new();
+    for (_, node) in &replace {
+        if let Some(Attr::String(v)) = node.attrs.get(REQUANTIZED) {
+            renamed.insert(v.clone(), node.outputs[0].clone());
+        }
+    }
+    for (at, mut node) in replace {
+        node.attrs.remove(REQUANTIZED);
         g.nodes[at] = node;
         removed[at] = false;
     }
     remove_marked(g, &removed);
+    if !renamed.is_empty() {
+        for n in &mut g.nodes {
+            for i in n.inputs.iter_mut() {
+                if let Some(to) = renamed.get(i.as_str()) {
+                    *i = to.clone();
+                }
+            }
+        }
+    }
 }
+
+/// Attribute the matcher leaves on a node that took in a pair: the value the pair read.
+const REQUANTIZED: &str = "requantized_value";
 
 /// A one-element constant.
 fn scalar<'g>(g: &'g Graph, v: Option<&str>) -> Option<&'g Tensor> {
@@ -69,6 +91,37 @@ fn constant(g: &Graph, by_output: &HashMap<&str, usize>, v: &str, depth: usize) 
         && n.domain.is_empty()
         && n.attrs.values().all(|a| !matches!(a, Attr::Graph(_)))
         && n.inputs.iter().filter(|s| !s.is_empty()).all(|s| constant(g, by_output, s, depth - 1))
+}
+
+/// Attributes of an `aim:QConv` whose output goes through a quantize-dequantize pair:
+/// the pair's scale, zero point and integer range.
+pub const REQUANT_SCALE: &str = "requant_scale";
+/// See [`REQUANT_SCALE`].
+pub const REQUANT_ZERO: &str = "requant_zero";
+/// See [`REQUANT_SCALE`].
+pub const REQUANT_MIN: &str = "requant_min";
+/// See [`REQUANT_SCALE`].
+pub const REQUANT_MAX: &str = "requant_max";
+
+/// The QuantizeLinear → DequantizeLinear pair (with equal per-tensor parameters) that is
+/// the only reader of `v`, with its parameters and the index of its DequantizeLinear.
+fn requantized(g: &Graph, r: &HashMap<String, Vec<usize>>, v: &str) -> Option<(Vec<usize>, super::qdq::Params, usize)> {
+    let only = |v: &str| match r.get(v).map(|x| x.as_slice()) {
+        Some(&[k]) if k != usize::MAX && g.nodes[k].domain.is_empty() => Some(k),
+        _ => None,
+    };
+    let q = only(v)?;
+    let qn = &g.nodes[q];
+    if qn.op != "QuantizeLinear" || qn.attrs.contains_key("block_size") || qn.input(0) != Some(v) {
+        return None;
+    }
+    let d = only(&qn.outputs[0])?;
+    let dn = &g.nodes[d];
+    if dn.op != "DequantizeLinear" || dn.attrs.contains_key("block_size") || dn.attrs.contains_key("output_dtype") {
+        return None;
+    }
+    let (pq, pd) = (super::qdq::params(g, qn)?, super::qdq::params(g, dn)?);
+    (pq == pd && pq.scale != 0.0 && pq.scale.is_finite()).then_some((vec![q, d], pq, d))
 }
 
 /// The fused node for Conv `n`, the index it takes when an activation is folded (else the
@@ -146,6 +199,20 @@ fn match_conv(
         out = g.nodes[last].outputs[0].clone();
         at = Some(last);
         absorbed = taken;
+    }
+    // A quantize-dequantize pair that alone reads the result rounds it in the epilogue
+    // (the pair's f32 arithmetic, step for step) instead of in a pass over memory.
+    if let Some((pair, p, last)) = requantized(g, r, &out) {
+        attrs.insert(REQUANTIZED.into(), Attr::String(out.clone()));
+        for (k, v) in [(REQUANT_SCALE, p.scale), (REQUANT_ZERO, p.zero), (REQUANT_MIN, p.lo), (REQUANT_MAX, p.hi)] {
+            attrs.insert(k.into(), Attr::Float(v));
+        }
+        for &k in &pair {
+            sources.extend(sources_of(&g.nodes[k]));
+        }
+        out = g.nodes[last].outputs[0].clone();
+        at = Some(last);
+        absorbed.extend(pair);
     }
     attrs.insert(SOURCES.into(), Attr::Strings(sources));
     let node = Node {

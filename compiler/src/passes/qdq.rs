@@ -27,16 +27,16 @@ use aim_ir::{Attr, DType, Graph, Node, Tensor};
 
 /// A per-tensor quantisation: scale, zero point and the integer range.
 #[derive(Clone, Copy, PartialEq)]
-struct Params {
-    scale: f32,
-    zero: f32,
-    lo: f32,
-    hi: f32,
+pub(super) struct Params {
+    pub(super) scale: f32,
+    pub(super) zero: f32,
+    pub(super) lo: f32,
+    pub(super) hi: f32,
 }
 
 /// The parameters of a QuantizeLinear / DequantizeLinear node, when they are constant and
 /// per tensor (scalar, or of one element) and the integer type is 8 or 16 bits.
-fn params(g: &Graph, n: &Node) -> Option<Params> {
+pub(super) fn params(g: &Graph, n: &Node) -> Option<Params> {
     let scale = g.initializers.get(n.input(1)?)?;
     if scale.dtype() != DType::F32 || scale.len() != 1 {
         return None;

@@ -89,11 +89,30 @@ fn matches_the_definition_bit_for_bit() {
         let p = PackedQConv::new(s, &bytes).unwrap();
         for &isa in &isas {
             let mut y = vec![f32::NAN; exact.len()];
-            let input =
-                QConvInput { x: &x, n, h, w, scale: sx, zero: zx, out_scale: &scale, bias: Some(&bias), act: None };
+            let input = QConvInput {
+                x: &x,
+                n,
+                h,
+                w,
+                scale: sx,
+                zero: zx,
+                out_scale: &scale,
+                bias: Some(&bias),
+                act: None,
+                requant: None,
+            };
             qconv(isa, &p, &input, &mut y, &Sequential);
             for (i, (a, b)) in y.iter().zip(&exact).enumerate() {
                 assert_eq!(a.to_bits(), b.to_bits(), "{isa:?} {s:?} at {i}: {a} vs {b}");
+            }
+            // With a quantize-dequantize of the result: the pair's f32 steps on the same sums.
+            let rq = Requant { scale: 0.05, zero: 7.0, lo: 0.0, hi: 255.0 };
+            let input = QConvInput { requant: Some(rq), ..input };
+            qconv(isa, &p, &input, &mut y, &Sequential);
+            for (i, (a, b)) in y.iter().zip(&exact).enumerate() {
+                let q = ((b / rq.scale).round_ties_even() + rq.zero).clamp(rq.lo, rq.hi);
+                let want = (q - rq.zero) * rq.scale;
+                assert_eq!(a.to_bits(), want.to_bits(), "{isa:?} {s:?} requantized at {i}: {a} vs {want}");
             }
         }
     }

@@ -12,7 +12,7 @@ use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node};
 use aim_kernels::gemm::{Activation, Isa};
-use aim_kernels::qconv::{qconv, PackedQConv, QConvInput, QConvShape};
+use aim_kernels::qconv::{qconv, PackedQConv, QConvInput, QConvShape, Requant};
 
 pub(super) struct QConvPrep {
     pub(super) weight: PackedQConv,
@@ -23,6 +23,9 @@ pub(super) struct QConvPrep {
     pub(super) out_scale: Vec<f32>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
+    /// The quantize-dequantize pair fused after it (`requant_scale`, `requant_zero`,
+    /// `requant_min`, `requant_max`).
+    pub(super) requant: Option<Requant>,
 }
 
 pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
@@ -83,7 +86,16 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
     };
     let weight = PackedQConv::new(shape, w.bytes()).map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
     let out_scale = w_scale.data::<f32>().iter().map(|s| x_scale * s).collect();
-    Ok(Prepared::QConv(Box::new(QConvPrep { weight, x_scale, x_zero, out_scale, bias, act: activation(n) })))
+    let requant = n.attrs.contains_key("requant_scale").then(|| Requant {
+        scale: n.float("requant_scale", 1.0),
+        zero: n.float("requant_zero", 0.0),
+        lo: n.float("requant_min", 0.0),
+        hi: n.float("requant_max", 255.0),
+    });
+    if requant.is_some_and(|q| !(q.scale.is_finite() && q.scale != 0.0 && q.lo <= q.hi)) {
+        return Err(prep_err(n, "the requantization needs a finite nonzero scale and an ordered range"));
+    }
+    Ok(Prepared::QConv(Box::new(QConvPrep { weight, x_scale, x_zero, out_scale, bias, act: activation(n), requant })))
 }
 
 pub(super) fn run(q: &QConvPrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
@@ -108,6 +120,7 @@ pub(super) fn run(q: &QConvPrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool
         out_scale: &q.out_scale,
         bias: q.bias.as_deref(),
         act: q.act,
+        requant: q.requant,
     };
     qconv(isa, &q.weight, &input, out, pool);
     Ok(())
@@ -120,6 +133,9 @@ pub(super) fn schedule(q: &QConvPrep, isa: Isa, n: usize, h: usize, w: usize) ->
     let Some((oh, ow)) = s.output(h, w) else { return vec!["the kernel does not fit the input".into()] };
     let taps = s.c / s.group * s.kernel[0] * s.kernel[1];
     let micro = if aim_kernels::qgemm::use_vnni(isa) { "AVX-512 VNNI vpdpbusd" } else { "portable i32" };
+    let rq = q
+        .requant
+        .map_or(String::new(), |r| format!(", then quantize-dequantize (scale {}, zero point {})", r.scale, r.zero));
     vec![
         format!("for image in 0..{n}: quantize x[{}×{h}×{w}] to u8 (scale {}, zero point {})", s.c, q.x_scale, q.x_zero),
         format!(
@@ -134,7 +150,7 @@ pub(super) fn schedule(q: &QConvPrep, isa: Isa, n: usize, h: usize, w: usize) ->
             s.m / s.group
         ),
         format!(
-            "    epilogue: − zero point × Σw, × scale ({}), {}, {}",
+            "    epilogue: − zero point × Σw, × scale ({}), {}, {}{rq}",
             if q.out_scale.len() == 1 { "per tensor" } else { "per channel" },
             if q.bias.is_some() { "+ bias" } else { "no bias" },
             q.act.map_or("no activation".to_string(), |a| a.text())
