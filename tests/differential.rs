@@ -10,21 +10,6 @@ use aim::{Backend, Model, Options, Tensor};
 use aim_compiler::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
 use common::*;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.next() as usize % v.len()]
-    }
-    fn values(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0).collect()
-    }
-}
-
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),

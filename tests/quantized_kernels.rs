@@ -12,18 +12,6 @@ mod common;
 use aim::{Backend, Model, Options, Tensor};
 use common::*;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.next() as usize % v.len()]
-    }
-}
-
 /// A list of values for the IR text.
 fn list(v: impl Iterator<Item = String>) -> String {
     v.collect::<Vec<_>>().join(", ")

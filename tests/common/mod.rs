@@ -135,3 +135,22 @@ pub fn tempdir(tag: &str) -> TempDir {
     std::fs::create_dir_all(&d).unwrap();
     TempDir(d)
 }
+
+/// A seeded generator (an LCG) for the random-case tests: the same cases on every run.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 31 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    /// One of `v`.
+    pub fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.next() as usize % v.len()]
+    }
+    /// `n` values in [-1, 1], in steps of 0.001.
+    pub fn values(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0).collect()
+    }
+}
