@@ -129,8 +129,9 @@ pub struct QuantizedA<'a> {
 
 /// DynamicQuantizeLinear of the `m × k` rows of `x` into `dst` (rows `stride` bytes apart,
 /// the padding zeroed), with each row's sum in `row_sums` when it is not empty: the same
-/// scale, zero point and values as the op's kernel gives, in one pass over `x` for the
-/// range and one that quantizes while it sums. Returns the scale and the zero point.
+/// scale, zero point and values as the op's kernel gives (min and max combine the same in
+/// any order), in one parallel pass over `x` for the range and one that quantizes while
+/// it sums. Returns the scale and the zero point.
 pub fn quantize_dynamic(
     isa: Isa,
     x: &[f32],
@@ -138,24 +139,60 @@ pub fn quantize_dynamic(
     dst: &mut [u8],
     stride: usize,
     row_sums: &mut [i32],
+    par: &dyn Parallel,
 ) -> (f32, i32) {
-    use crate::fast::quant::{dynamic_params, quantize};
-    let (scale, zp) = dynamic_params(isa, x);
+    use crate::fast::quant::{params_of_range, quantize, range};
     let m = x.len().checked_div(k).unwrap_or(0);
-    for (i, row) in x.chunks_exact(k.max(1)).enumerate().take(m) {
-        let d = &mut dst[i * stride..(i + 1) * stride];
-        if scale == 0.0 {
-            d[..k].fill(zp as u8);
-        } else {
-            quantize(isa, row, &mut d[..k], scale, zp);
+    assert!(stride >= k && dst.len() >= m * stride, "the quantized rows do not fit");
+    // Row chunks of at least 16 K values, a few per thread.
+    let per = (16384 / k.max(1)).max(1).max(m.div_ceil(par.threads() * 4));
+    let chunks = m.div_ceil(per);
+    let ranges: Vec<std::sync::Mutex<(f32, f32)>> = (0..chunks).map(|_| std::sync::Mutex::new((0.0, 0.0))).collect();
+    par.for_each(chunks, &|c| {
+        let r = range(isa, &x[c * per * k..((c + 1) * per).min(m) * k]);
+        *ranges[c].lock().unwrap_or_else(|e| e.into_inner()) = r;
+    });
+    let (lo, hi) = ranges
+        .iter()
+        .map(|r| *r.lock().unwrap_or_else(|e| e.into_inner()))
+        .fold((0.0f32, 0.0f32), |(a, b), (l, h)| (a.min(l), b.max(h)));
+    let (scale, zp) = params_of_range(lo, hi);
+    let out = BytePtr(dst.as_mut_ptr());
+    let sums = SumPtr(row_sums.as_mut_ptr(), row_sums.len());
+    par.for_each(chunks, &|c| {
+        let (out, sums) = (out, sums);
+        for i in c * per..((c + 1) * per).min(m) {
+            // SAFETY: chunks write disjoint rows of `dst` (m·stride bytes, checked above)
+            // and of `row_sums`.
+            let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * stride), stride) };
+            if scale == 0.0 {
+                d[..k].fill(zp as u8);
+            } else {
+                quantize(isa, &x[i * k..(i + 1) * k], &mut d[..k], scale, zp);
+            }
+            d[k..].fill(0);
+            if i < sums.1 {
+                // SAFETY: i < row_sums.len(); one writer per row.
+                unsafe { *sums.0.add(i) = d[..k].iter().map(|&v| v as i32).sum() };
+            }
         }
-        d[k..].fill(0);
-        if let Some(s) = row_sums.get_mut(i) {
-            *s = d[..k].iter().map(|&v| v as i32).sum();
-        }
-    }
+    });
     (scale, zp as i32)
 }
+
+/// A raw pointer to the quantized rows that tasks writing disjoint rows may share.
+#[derive(Clone, Copy)]
+struct BytePtr(*mut u8);
+// SAFETY: every task writes its own rows.
+unsafe impl Send for BytePtr {}
+unsafe impl Sync for BytePtr {}
+
+/// The row sums, likewise (pointer and length).
+#[derive(Clone, Copy)]
+struct SumPtr(*mut i32, usize);
+// SAFETY: every task writes its own rows' sums.
+unsafe impl Send for SumPtr {}
+unsafe impl Sync for SumPtr {}
 
 /// What the sums become: `y = act((sum − zero terms) · scale[j] + bias[j])`.
 pub struct QEpilogue<'a> {

@@ -31,6 +31,11 @@ pub(super) fn dynamic_quantize_linear(_n: &Node, ins: &[Option<Tensor>], cx: &Ct
 /// hold 0, over 255 steps.
 pub(crate) fn dynamic_params(isa: Isa, v: &[f32]) -> (f32, f32) {
     let (lo, hi) = range(isa, v);
+    params_of_range(lo, hi)
+}
+
+/// The scale and zero point of [`dynamic_params`] for the range `(lo, hi)` (which holds 0).
+pub(crate) fn params_of_range(lo: f32, hi: f32) -> (f32, f32) {
     let scale = ((hi as f64 - lo as f64) as f32) / 255.0;
     let zp = if scale == 0.0 { 0.0 } else { (0.0 - lo / scale).round_ties_even().clamp(0.0, 255.0) };
     (scale, zp)
@@ -84,7 +89,7 @@ pub(crate) fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32)
 
 /// `(min(0, min v), max(0, max v))`, NaN ignored (as `f32::min` / `max` do), over 16
 /// independent lanes so that the compiler vectorises it.
-fn range(isa: Isa, v: &[f32]) -> (f32, f32) {
+pub(crate) fn range(isa: Isa, v: &[f32]) -> (f32, f32) {
     #[inline(always)]
     fn body(v: &[f32]) -> (f32, f32) {
         let (mut lo, mut hi) = ([0.0f32; 16], [0.0f32; 16]);

@@ -123,3 +123,28 @@ fn bad_sizes_are_refused_at_packing() {
     assert!(PackedQB::new(&[0; 5], true, 2, 3, &[0]).is_err());
     assert!(PackedQB::new(&[0; 6], true, 2, 3, &[0, 0]).is_err());
 }
+
+/// The parallel DynamicQuantizeLinear gives the one-pass kernel's scale, zero point and
+/// bytes, whatever the chunking, with the padding zeroed and the row sums of the bytes.
+#[test]
+fn dynamic_quantization_in_chunks_matches_one_pass() {
+    let (m, k) = (300, 70);
+    let x: Vec<f32> = bytes(m * k, 9).iter().map(|&b| b as f32 / 20.0 - 4.0).collect();
+    let (scale, zp) = crate::fast::quant::dynamic_params(Isa::PORTABLE, &x);
+    let stride = 72;
+    for par in [&Sequential as &dyn Parallel, &Three] {
+        let mut q = vec![9u8; m * stride];
+        let mut sums = vec![0i32; m];
+        let (s, z) = quantize_dynamic(Isa::best(), &x, k, &mut q, stride, &mut sums, par);
+        assert_eq!((s.to_bits(), z), (scale.to_bits(), zp as i32));
+        for i in 0..m {
+            let row = &q[i * stride..(i + 1) * stride];
+            for j in 0..k {
+                let want = ((x[i * k + j] / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8;
+                assert_eq!(row[j], want, "row {i} col {j}");
+            }
+            assert_eq!(&row[k..], &[0, 0]);
+            assert_eq!(sums[i], row[..k].iter().map(|&v| v as i32).sum::<i32>());
+        }
+    }
+}

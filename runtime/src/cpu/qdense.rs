@@ -81,7 +81,7 @@ pub(super) fn run(d: &QDensePrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPoo
     let stride = k.div_ceil(4) * 4;
     let mut q = aim_kernels::scratch::take_bytes(m * stride);
     let mut sums = vec![0i32; if d.weight.needs_row_sums() { m } else { 0 }];
-    let (xscale, zero) = quantize_dynamic(isa, &x.data[..m * k], k, &mut q, stride, &mut sums);
+    let (xscale, zero) = quantize_dynamic(isa, &x.data[..m * k], k, &mut q, stride, &mut sums, pool);
     // The scale of the product, as the graph computes it: the input's times the weights'.
     let scale: Vec<f32> = d.scale.iter().map(|s| xscale * s).collect();
     let out = y.take(&shape)?;
