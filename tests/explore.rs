@@ -27,6 +27,7 @@ fn ints(name: &str, v: &[i64]) -> AttributeProto {
     }
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn float_attr(name: &str, v: f32) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),
@@ -90,6 +91,7 @@ fn tiny_cnn() -> Vec<u8> {
 /// A transformer-like block: a dense layer, GELU written out with Erf (fused into one Gelu),
 /// layer norm, an arithmetic chain (a generated elementwise loop), a transpose of the
 /// leading dims (a generated copy), softmax, and a row maximum (a generated reduction).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn tiny_block() -> Vec<u8> {
     let nodes = vec![
         node("MatMul", "proj", &["x", "W"], &["h0"], vec![]),

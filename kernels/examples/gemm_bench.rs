@@ -3,7 +3,9 @@
 //! of independent FMAs on registers (enough chains to hide the FMA latency) for each ISA.
 //! Prints medians of repeated runs on one thread.
 
-use aim_kernels::gemm::{gemm_rows, Blocking, Epilogue, Isa, IsaKind, PackedB, Sequential};
+#[cfg(target_arch = "x86_64")]
+use aim_kernels::gemm::IsaKind;
+use aim_kernels::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Sequential};
 use std::time::Instant;
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -172,6 +172,7 @@ impl Direction<'_> {
                 _ => {}
             }
         }
+        let _ = isa;
         self.steps(h, y)
     }
 

@@ -1,5 +1,6 @@
 //! The fast kernels and their dispatch table.
 
+#[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
 
 use super::math;

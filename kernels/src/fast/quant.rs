@@ -6,7 +6,9 @@
 
 use super::ops::Ctx;
 use super::output::Output;
-use crate::gemm::{Isa, IsaKind};
+use crate::gemm::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::gemm::IsaKind;
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
 

@@ -10,7 +10,9 @@ use super::math;
 use super::output::Output;
 use super::sequence::Seq;
 use super::Ctx;
-use crate::gemm::{gemm_rows, Epilogue, Isa, IsaKind, PackedB};
+#[cfg(target_arch = "x86_64")]
+use crate::gemm::IsaKind;
+use crate::gemm::{gemm_rows, Epilogue, Isa, PackedB};
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
 
@@ -66,6 +68,7 @@ fn gates(isa: Isa, g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
             _ => {}
         }
     }
+    let _ = isa;
     gates_generic(g, c, h, hidden)
 }
 

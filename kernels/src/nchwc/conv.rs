@@ -5,6 +5,7 @@
 //! layer with few channels — through a table of per-`k` offsets, so 1×1, k×k, strided and
 //! dilated convolutions share one kernel. Padding is a zero-padded copy of the input.
 
+#[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
 
 use super::shared::OutPtr;

@@ -8,6 +8,7 @@
 //! - by plane, where most groups cross an edge (small images, large kernels): the plane is
 //!   copied once into a zero-padded buffer and every group reads that.
 
+#[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
 
 use super::conv::ConvIo;

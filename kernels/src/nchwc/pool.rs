@@ -2,6 +2,7 @@
 //! blocked region (no reorder before and after): every window step is one vector operation
 //! over a block of channels.
 
+#[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
 
 use super::shared::{In, OutPtr};

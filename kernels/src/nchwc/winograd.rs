@@ -11,6 +11,7 @@
 //! 24² in the filter, so results differ from a direct convolution by a few units in the
 //! 5th–6th significant digit (tested: within 1e-5 of the output's scale on random data).
 
+#[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
 
 use super::conv::{Conv, ConvIo};

@@ -5,7 +5,9 @@ use super::phases::phase_row;
 use super::{check_residual, In, Out, OutPtr};
 use crate::pool::ThreadPool;
 use aim_kernels::fast::copy_short;
-use aim_kernels::gemm::{clamp, relu, Activation, Isa, IsaKind, Parallel};
+#[cfg(target_arch = "x86_64")]
+use aim_kernels::gemm::IsaKind;
+use aim_kernels::gemm::{clamp, relu, Activation, Isa, Parallel};
 
 pub(super) struct DepthwisePrep {
     pub(super) weights: Vec<f32>,
