@@ -65,7 +65,8 @@ fn main() {
         let packed = PackedQB::new(&b, true, k, n, &[0]).unwrap();
         let mut y = vec![0f32; m * n];
         let qa = QuantizedA { data: &a, m, stride: k.div_ceil(4) * 4, zero: 3, row_sums: &[] };
-        let ep = QEpilogue { scale: &[0.01], bias: None, act: None };
+        let bias = vec![0.5f32; n];
+        let ep = QEpilogue { scale: &[0.01], bias: Some(&bias), act: None };
         let mut ts = Vec::new();
         for _ in 0..15 {
             let t = Instant::now();

@@ -341,15 +341,30 @@ fn epilogue(
 ) {
     #[inline(always)]
     fn body(sums: &[i32; NR], row_sum: i32, corr: &[i32], zero: &[i32], ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
+        // The integer terms in one loop, then the scale and bias in one loop per form
+        // (scalar or per-column scale, with or without bias): each a branch-free vector loop.
         let cols = dst.len();
-        let scale = |j: usize| if ep.scale.len() == 1 { ep.scale[0] } else { ep.scale[j0 + j] };
-        for j in 0..cols {
-            let v = sums[j].wrapping_sub(corr[j]).wrapping_sub(zero[j].wrapping_mul(row_sum));
-            let mut y = v as f32 * scale(j);
-            if let Some(b) = ep.bias {
-                y += b[j0 + j];
+        let mut v = [0f32; NR];
+        for (((o, &a), &c), &z) in v.iter_mut().zip(&sums[..cols]).zip(&corr[..cols]).zip(&zero[..cols]) {
+            *o = a.wrapping_sub(c).wrapping_sub(z.wrapping_mul(row_sum)) as f32;
+        }
+        let v = &v[..cols];
+        match (ep.scale.len() == 1, ep.bias) {
+            (true, None) => {
+                let s = ep.scale[0];
+                dst.iter_mut().zip(v).for_each(|(d, &x)| *d = x * s);
             }
-            dst[j] = y;
+            (true, Some(b)) => {
+                let s = ep.scale[0];
+                dst.iter_mut().zip(v).zip(&b[j0..j0 + cols]).for_each(|((d, &x), &b)| *d = x * s + b);
+            }
+            (false, None) => {
+                dst.iter_mut().zip(v).zip(&ep.scale[j0..j0 + cols]).for_each(|((d, &x), &s)| *d = x * s);
+            }
+            (false, Some(b)) => {
+                let (s, b) = (&ep.scale[j0..j0 + cols], &b[j0..j0 + cols]);
+                dst.iter_mut().zip(v).zip(s.iter().zip(b)).for_each(|((d, &x), (&s, &b))| *d = x * s + b);
+            }
         }
         if let Some(a) = ep.act {
             match a.clamp_bounds() {
