@@ -104,11 +104,6 @@ impl PackedQB {
     pub fn needs_row_sums(&self) -> bool {
         self.zero.iter().any(|&z| z != 0)
     }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.data.len() + 8 * self.n
-    }
 }
 
 /// The activation side of one [`qgemm`]: `m` rows of u8, `stride` bytes apart (a multiple
