@@ -56,6 +56,9 @@ pub struct MemoryPlan {
 /// executor checks that they did).
 const VIEWS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"];
 
+/// The `aim` ops that write bytes (`runtime/src/cpu/int8.rs`) into the slot they are given.
+const BYTE_OPS: &[&str] = &["Quantize8", "Conv8", "Add8", "MaxPool8"];
+
 /// Whether `o` is `n`'s first output (the one kernels are offered a slot for).
 fn first_output(n: &aim_ir::Node, o: &str) -> bool {
     n.outputs.first().is_some_and(|f| f == o)
@@ -82,7 +85,10 @@ pub fn plan(g: &Graph) -> MemoryPlan {
                 p.dynamic.push(o.clone());
                 continue;
             };
-            let f32_out = ty.and_then(|t| t.dtype) == Some(aim_ir::DType::F32);
+            let dtype = ty.and_then(|t| t.dtype);
+            // f32 values, and the bytes the byte ops of quantized regions write.
+            let f32_out = dtype == Some(aim_ir::DType::F32)
+                || (dtype == Some(aim_ir::DType::U8) && n.domain == "aim" && BYTE_OPS.contains(&n.op.as_str()));
             let source = n.inputs.first().and_then(|x| index.get(x).copied());
             let view = n.domain.is_empty()
                 && VIEWS.contains(&n.op.as_str())

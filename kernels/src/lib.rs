@@ -16,6 +16,7 @@
 pub mod fast;
 pub mod floats;
 pub mod gemm;
+pub mod int8;
 pub mod nchwc;
 pub mod num;
 pub mod ops;

@@ -8,6 +8,7 @@ mod fold_batchnorm;
 mod fuse;
 mod fuse_elementwise;
 mod gelu;
+mod int8;
 pub mod layout;
 mod layout_ops;
 mod qconv;

@@ -81,7 +81,7 @@ fn producer<'g>(g: &'g Graph, by_output: &HashMap<&str, usize>, v: &str, op: &st
 
 /// Whether `v` is computed from constants alone (within `depth` nodes), so that constant
 /// folding makes it one.
-fn constant(g: &Graph, by_output: &HashMap<&str, usize>, v: &str, depth: usize) -> bool {
+pub(super) fn constant(g: &Graph, by_output: &HashMap<&str, usize>, v: &str, depth: usize) -> bool {
     if g.initializers.contains_key(v) {
         return true;
     }

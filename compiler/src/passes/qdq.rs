@@ -89,7 +89,9 @@ pub fn run(g: &mut Graph, int8: bool) -> Result<(), PassError> {
         infer(g)?;
     }
     if int8 {
-        // Before the pairs become f32 loops: the convolutions read them.
+        // Before the pairs become f32 loops: the byte regions and the convolutions read
+        // them.
+        super::int8::run(g);
         super::qconv::run(g);
     }
     rewrite_pairs(g)?;

@@ -18,6 +18,7 @@ mod deconv;
 mod dense;
 mod depthwise;
 mod elementwise;
+mod int8;
 mod kind;
 mod phases;
 mod prepacked;
@@ -76,6 +77,8 @@ enum Prepared {
     Transpose(transpose::Transpose),
     /// `aim:Softmax` with its scale.
     Softmax(f32),
+    /// The byte ops of quantized regions (`aim:Conv8`, `aim:Quantize8`, ...).
+    Int8(Box<int8::Int8Prep>),
 }
 
 /// Why a node could not be prepared.
@@ -86,18 +89,16 @@ fn prep_err(n: &Node, msg: impl Into<String>) -> RunError {
 /// The activation fused into an `aim:Conv` / `aim:Dense` (`activation` and its parameters:
 /// `clip_min` / `clip_max` for clip, `act_alpha` / `act_beta` for the others).
 fn activation(n: &Node) -> Option<Activation> {
-    let name = n.string("activation", "");
-    let (a, b) = if name == "clip" {
-        (
-            n.attrs.contains_key("clip_min").then(|| n.float("clip_min", 0.0)),
-            n.attrs.contains_key("clip_max").then(|| n.float("clip_max", 0.0)),
-        )
-    } else {
-        (
-            n.attrs.contains_key("act_alpha").then(|| n.float("act_alpha", 0.0)),
-            n.attrs.contains_key("act_beta").then(|| n.float("act_beta", 0.0)),
-        )
-    };
+    activation_with(n, "")
+}
+
+/// The activation whose attributes carry `prefix` (`res_activation`, `res_clip_min`, ...
+/// for the one after a fused residual).
+fn activation_with(n: &Node, prefix: &str) -> Option<Activation> {
+    let key = |k: &str| format!("{prefix}{k}");
+    let name = n.string(&key("activation"), "");
+    let get = |k: &str| n.attrs.contains_key(&key(k)).then(|| n.float(&key(k), 0.0));
+    let (a, b) = if name == "clip" { (get("clip_min"), get("clip_max")) } else { (get("act_alpha"), get("act_beta")) };
     Activation::parse(name, a, b)
 }
 
@@ -171,6 +172,7 @@ impl CpuProgram {
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),
+                "Quantize8" | "Dequantize8" | "Conv8" | "Add8" | "MaxPool8" => int8::prepare(&graph, n),
                 "Elementwise" => code
                     .elementwise
                     .get(&i)
@@ -209,11 +211,16 @@ impl CpuProgram {
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
         for (i, n) in graph.nodes.iter_mut().enumerate() {
-            if prepared.contains_key(&i) && !matches!(n.op.as_str(), "Elementwise" | "Reduce" | "Transpose" | "Softmax")
-            {
-                // A quantized layer's inputs after the first are all constants.
-                let last =
-                    if matches!(n.op.as_str(), "QDense" | "QConv") { n.inputs.len() } else { 3.min(n.inputs.len()) };
+            let computed_operands =
+                ["Elementwise", "Reduce", "Transpose", "Softmax", "Add8", "Quantize8", "Dequantize8", "MaxPool8"];
+            if prepared.contains_key(&i) && !computed_operands.contains(&n.op.as_str()) {
+                // A quantized layer's inputs after the first are all constants; a byte
+                // convolution's up to its residual.
+                let last = match n.op.as_str() {
+                    "QDense" | "QConv" => n.inputs.len(),
+                    "Conv8" => 4.min(n.inputs.len()),
+                    _ => 3.min(n.inputs.len()),
+                };
                 for k in 1..last {
                     n.inputs[k].clear();
                 }

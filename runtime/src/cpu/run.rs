@@ -185,10 +185,11 @@ impl Arena {
 enum Val {
     Empty,
     Tensor(Tensor),
-    /// In the arena at a byte offset (always f32).
+    /// In the arena at a byte offset: f32, or u8 for the byte ops' values.
     Arena {
         off: usize,
         shape: Vec<usize>,
+        dtype: DType,
     },
 }
 
@@ -209,6 +210,24 @@ impl Base {
         // writes no value while another that overlaps it is read, except the in-place
         // elementwise loops, which take raw pointers instead.
         unsafe { std::slice::from_raw_parts(self.ptr.add(off) as *const f32, n) }
+    }
+
+    /// The `len` bytes at `off` (as for [`Base::floats`]).
+    fn bytes<'a>(self, off: usize, len: usize) -> &'a [u8] {
+        assert!(off + len <= self.bytes, "arena value out of bounds");
+        // SAFETY: in bounds (above); not written while the slice lives (as for `floats`).
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
+    }
+
+    /// A copy of the arena value at `off` as a tensor.
+    fn tensor(self, off: usize, shape: &[usize], dtype: DType) -> Tensor {
+        match dtype {
+            DType::F32 => Tensor::from_slice(shape, self.floats(off, shape)),
+            _ => {
+                let len = shape.iter().product::<usize>() * dtype.size();
+                Tensor::from_bytes(dtype, shape, self.bytes(off, len)).expect("shape and bytes agree")
+            }
+        }
     }
 
     /// Whether `t`'s bytes lie in the arena, and at which offset.
@@ -336,8 +355,8 @@ impl CpuProgram {
                 for &o in v.outs[i].iter().flatten() {
                     match &vals[o] {
                         Val::Tensor(t) => c.push((v.names[o].clone(), t.clone())),
-                        Val::Arena { off, shape } => {
-                            c.push((v.names[o].clone(), Tensor::from_slice(shape, base.floats(*off, shape))))
+                        Val::Arena { off, shape, dtype } => {
+                            c.push((v.names[o].clone(), base.tensor(*off, shape, *dtype)))
                         }
                         Val::Empty => {}
                     }
@@ -351,7 +370,7 @@ impl CpuProgram {
             .iter()
             .map(|&o| match &vals[o] {
                 Val::Tensor(t) => Ok(t.clone()),
-                Val::Arena { off, shape } => Ok(Tensor::from_slice(shape, base.floats(*off, shape))),
+                Val::Arena { off, shape, dtype } => Ok(base.tensor(*off, shape, *dtype)),
                 Val::Empty => Err(RunError::Missing { name: v.names[o].clone() }),
             })
             .collect()
@@ -371,12 +390,15 @@ impl CpuProgram {
         let missing = |x: usize| RunError::Missing { name: v.names[x].clone() };
         if let Some(shape) = v.views.get(&i) {
             let (x, o) = (v.ins[i][0].expect("views have an input"), v.outs[i][0].expect("views have an output"));
-            if let Val::Arena { off, .. } = vals[x] {
-                vals[o] = Val::Arena { off, shape: shape.clone() };
+            if let Val::Arena { off, dtype: DType::F32, .. } = vals[x] {
+                vals[o] = Val::Arena { off, shape: shape.clone(), dtype: DType::F32 };
                 return Ok(());
             }
         }
         let Some(p) = self.prepared.get(&i) else { return self.library_node(i, n, vals, base, deadline) };
+        if let Prepared::Int8(p) = p {
+            return self.int8_node(i, n, p, vals, base);
+        }
         let out = v.outs[i].first().copied().flatten().ok_or_else(|| fail("the node has no output".into()))?;
         let slot = v.slot[out];
         let result = if let Prepared::Elementwise(f) = p {
@@ -391,7 +413,10 @@ impl CpuProgram {
                     Val::Tensor(t) => {
                         return Err(fail(format!("input '{}' is {}, expected f32", v.names[x], t.dtype())))
                     }
-                    Val::Arena { off, shape } => (base.floats(*off, shape).as_ptr(), shape.as_slice()),
+                    Val::Arena { off, shape, dtype: DType::F32 } => {
+                        (base.floats(*off, shape).as_ptr(), shape.as_slice())
+                    }
+                    Val::Arena { .. } => return Err(fail(format!("input '{}' is not f32", v.names[x]))),
                 };
                 if shape.is_some_and(|first| first != s) {
                     return Err(fail(format!(
@@ -420,7 +445,7 @@ impl CpuProgram {
                 elementwise::run_elementwise(*f, &ptrs, dst, len, &self.pool)
             }));
             run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?;
-            made.map_or(Val::Arena { off: slot.map_or(0, |s| s.0), shape }, Val::Tensor)
+            made.map_or(Val::Arena { off: slot.map_or(0, |s| s.0), shape, dtype: DType::F32 }, Val::Tensor)
         } else {
             let get = |k: usize| -> Result<Option<In>, RunError> {
                 let Some(x) = v.ins[i].get(k).copied().flatten() else { return Ok(None) };
@@ -430,7 +455,10 @@ impl CpuProgram {
                         Ok(Some(In { data: t.data::<f32>(), shape: t.shape() }))
                     }
                     Val::Tensor(t) => Err(fail(format!("input '{}' is {}, expected f32", v.names[x], t.dtype()))),
-                    Val::Arena { off, shape } => Ok(Some(In { data: base.floats(*off, shape), shape })),
+                    Val::Arena { off, shape, dtype: DType::F32 } => {
+                        Ok(Some(In { data: base.floats(*off, shape), shape }))
+                    }
+                    Val::Arena { .. } => Err(fail(format!("input '{}' is not f32", v.names[x]))),
                 }
             };
             let x = get(0)?.ok_or_else(|| fail("input 0 is missing".into()))?;
@@ -439,7 +467,8 @@ impl CpuProgram {
             // from it do; for the others it is copied out first.
             let res_value = v.ins[i].get(3).copied().flatten();
             let in_place = res_value.is_some_and(|r| {
-                v.slot[r] == slot && matches!(&vals[r], Val::Arena { off, .. } if slot.map(|s| s.0) == Some(*off))
+                v.slot[r] == slot
+                    && matches!(&vals[r], Val::Arena { off, dtype: DType::F32, .. } if slot.map(|s| s.0) == Some(*off))
             });
             let direct = match p {
                 Prepared::Dense(_) => true,
@@ -447,7 +476,7 @@ impl CpuProgram {
                 _ => false,
             };
             let saved: Option<(Vec<f32>, Vec<usize>)> = match (in_place, direct, res_value.map(|r| &vals[r])) {
-                (true, false, Some(Val::Arena { off, shape })) => {
+                (true, false, Some(Val::Arena { off, shape, .. })) => {
                     Some((base.floats(*off, shape).to_vec(), shape.clone()))
                 }
                 _ => None,
@@ -481,16 +510,71 @@ impl CpuProgram {
                 Prepared::Reduce(r) => elementwise::run_reduce(r, x, &mut y, pool),
                 Prepared::Transpose(t) => transpose::run(t, x, &mut y, pool),
                 Prepared::Softmax(scale) => softmax::run(*scale, self.isa, x, mask, &mut y, pool),
-                Prepared::Elementwise(_) => unreachable!("handled above"),
+                Prepared::Elementwise(_) | Prepared::Int8(_) => unreachable!("handled above"),
             }));
             run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?.map_err(fail)?;
             match (y.made, y.slot) {
                 (Some(t), _) => Val::Tensor(t),
-                (None, Some(_)) => Val::Arena { off: slot.map_or(0, |s| s.0), shape: y.shape },
+                (None, Some(_)) => Val::Arena { off: slot.map_or(0, |s| s.0), shape: y.shape, dtype: DType::F32 },
                 (None, None) => return Err(fail("the kernel wrote no output".into())),
             }
         };
         vals[out] = result;
+        Ok(())
+    }
+
+    /// Runs byte op `i` (`int8.rs`): its operands are bytes (u8 or f32) from the arena or
+    /// tensors, its output goes into its slot when that holds it, else into a new tensor.
+    fn int8_node(
+        &self,
+        i: usize,
+        n: &Node,
+        p: &super::int8::Int8Prep,
+        vals: &mut [Val],
+        base: Base,
+    ) -> Result<(), RunError> {
+        let v = &self.values;
+        let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
+        let mut ins = Vec::with_capacity(v.ins[i].len());
+        for x in &v.ins[i] {
+            let Some(x) = *x else {
+                ins.push(None);
+                continue;
+            };
+            ins.push(Some(match &vals[x] {
+                Val::Empty => return Err(RunError::Missing { name: v.names[x].clone() }),
+                Val::Tensor(t) => super::int8::Operand { bytes: t.bytes(), shape: t.shape(), dtype: t.dtype() },
+                Val::Arena { off, shape, dtype } => super::int8::Operand {
+                    bytes: base.bytes(*off, shape.iter().product::<usize>() * dtype.size()),
+                    shape,
+                    dtype: *dtype,
+                },
+            }));
+        }
+        let (dtype, shape) = super::int8::output(p, &ins).map_err(&fail)?;
+        let len = aim_ir::limits::bytes_of(dtype, &shape).map_err(|e| fail(format!("output: {e}")))?;
+        let out = v.outs[i].first().copied().flatten().ok_or_else(|| fail("the node has no output".into()))?;
+        let (dst, made): (*mut u8, Option<Tensor>) = match v.slot[out] {
+            // SAFETY: in the arena (checked at load), and overlapping none of this node's
+            // inputs nor any value alive now.
+            Some((off, bytes)) if bytes >= len => (unsafe { base.ptr.add(off) }, None),
+            _ => {
+                let mut t = Tensor::try_zeros(dtype, &shape).map_err(|e| fail(format!("output: {e}")))?;
+                (t.bytes_mut().as_mut_ptr(), Some(t))
+            }
+        };
+        // SAFETY: `len` bytes at `dst` are the slot's or the new tensor's, written by this
+        // node alone while no input's bytes overlap them.
+        let y = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::int8::run(p, self.isa, &ins, y, &self.pool)
+        }));
+        run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?.map_err(fail)?;
+        drop(ins);
+        vals[out] = match made {
+            Some(t) => Val::Tensor(t),
+            None => Val::Arena { off: v.slot[out].map_or(0, |s| s.0), shape, dtype },
+        };
         Ok(())
     }
 
@@ -509,13 +593,14 @@ impl CpuProgram {
             match &vals[x] {
                 Val::Empty => Err(RunError::Missing { name: v.names[x].clone() }),
                 Val::Tensor(t) => Ok(t.clone()),
-                Val::Arena { off, shape } => {
-                    let data = base.floats(*off, shape);
+                Val::Arena { off, shape, dtype } => {
+                    let len = shape.iter().product::<usize>() * dtype.size();
+                    let data = base.bytes(*off, len);
                     // SAFETY: the value is not written before the node returns (its slot is
                     // taken by no output of this node, and nothing else runs meanwhile); the
                     // tensor and any clone the kernel returns are dropped or copied below
                     // before anything else writes to the arena.
-                    let t = unsafe { Tensor::borrowed(DType::F32, shape, data.as_ptr() as *const u8, 4 * data.len()) };
+                    let t = unsafe { Tensor::borrowed(*dtype, shape, data.as_ptr(), len) };
                     Ok(t.expect("shape and bytes agree"))
                 }
             }
@@ -555,7 +640,7 @@ impl CpuProgram {
             vals[o] = match base.offset_of(&t) {
                 None => Val::Tensor(t),
                 Some(off) if t.dtype() == DType::F32 && v.slot[o] == Some((off, t.bytes().len())) => {
-                    Val::Arena { off, shape: t.shape().to_vec() }
+                    Val::Arena { off, shape: t.shape().to_vec(), dtype: DType::F32 }
                 }
                 Some(_) => Val::Tensor(Tensor::from_bytes(t.dtype(), t.shape(), t.bytes()).expect("same bytes")),
             };

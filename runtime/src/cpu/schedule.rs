@@ -96,6 +96,7 @@ impl CpuProgram {
                         }
                         _ => dynamic(),
                     },
+                    Some(Prepared::Int8(p)) => super::int8::schedule(p, self.isa, input.as_deref(), out.as_deref()),
                     Some(Prepared::Softmax(scale)) => match out {
                         Some(s) if !s.is_empty() => softmax::schedule(*scale, &s, n.input(1).is_some()),
                         _ => dynamic(),

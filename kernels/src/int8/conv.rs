@@ -1,0 +1,292 @@
+//! Quantized 2-D convolution, bytes NHWC in and out: an indirect GEMM whose rows are output
+//! pixels, whose depth is taps × input channels and whose columns are output channels.
+//!
+//! A pixel's channels are contiguous in NHWC, so each tap of each row is a pointer into the
+//! input (or into a row of the input's zero point, the quantized 0, where the window
+//! leaves the image): nothing is gathered or packed per call. The s8 weights are packed
+//! once into panels of [`NR`] output channels, per tap and per group of four input
+//! channels (a tap's channels rounded up to a multiple of four with zero weights, so the
+//! bytes read past a pixel's channels count for nothing). The sums are exact; the input's
+//! zero point costs one subtraction per output (`zx · Σ w`, per output channel), and the
+//! epilogue ([`super::Out8`]) scales, adds the bias, applies the activation and an
+//! optional residual, and quantizes.
+//!
+//! Weights must be symmetric (zero point 0), as ONNX Runtime's quantizer writes s8 weights.
+
+use super::epilogue::{fast_tiles, tile, Columns};
+use super::micro::Micro;
+use super::{Nhwc, Out8, SharedMut, Weights8, Window, Q8};
+use crate::gemm::{Isa, Parallel};
+use crate::qgemm::{MR, NR};
+
+/// Taps × channels above which the i32 sums could overflow (255 · 128 per product).
+const MAX_DEPTH: usize = 65_000;
+
+/// Input channels below which a tap is a whole kernel row (see [`Conv8`]).
+const WIDE_BELOW: usize = 16;
+
+/// Weight bytes per task's chunk of panels: a chunk stays in L2 while its rows pass.
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// A convolution prepared for [`Conv8::run`]: packed weights and every per-channel
+/// quantity of the epilogue.
+#[derive(Clone, Debug)]
+pub struct Conv8 {
+    c: usize,
+    m: usize,
+    window: Window,
+    /// Whether a tap is a whole kernel row (`kw` pixels' channels, contiguous in NHWC: few
+    /// input channels and no horizontal dilation) instead of one pixel.
+    wide: bool,
+    /// Taps per output pixel (kernel rows, or kernel positions).
+    taps: usize,
+    /// Groups of four bytes per tap.
+    groups: usize,
+    /// Per panel of NR output channels: per tap, per group, NR × 4 bytes (s8).
+    panels: Vec<u8>,
+    x_zero: u8,
+    /// `zx · Σ w` per output channel.
+    corr: Vec<i32>,
+    /// Input scale × weight scale, per output channel.
+    scale: Vec<f32>,
+    /// Per output channel (zeros without one).
+    bias: Vec<f32>,
+    out: Out8,
+}
+
+impl Conv8 {
+    /// Packs the weights (`[m, c, kh, kw]`) of a convolution from `c` to `m` channels over
+    /// `window`, whose input has quantization `x` and whose result becomes `out`.
+    pub fn new(c: usize, m: usize, window: Window, weights: Weights8, x: Q8, out: Out8) -> Result<Conv8, String> {
+        let Weights8 { w, scale: w_scale, bias } = weights;
+        let taps = window.taps();
+        if c == 0 || m == 0 || taps == 0 {
+            return Err(format!("a convolution from {c} to {m} channels over {taps} taps"));
+        }
+        if taps.saturating_mul(c) > MAX_DEPTH {
+            return Err(format!("{taps} taps × {c} channels is deeper than the integer sums allow ({MAX_DEPTH})"));
+        }
+        if w.len() != m * c * taps {
+            return Err(format!("{} weights for {m} filters of {c}×{taps}", w.len()));
+        }
+        if w_scale.len() != 1 && w_scale.len() != m {
+            return Err(format!("{} weight scales for {m} output channels", w_scale.len()));
+        }
+        if bias.is_some_and(|b| b.len() != m) {
+            return Err(format!("a bias of {} values for {m} output channels", bias.map_or(0, |b| b.len())));
+        }
+        let [kh, kw] = window.kernel;
+        let wide = c < WIDE_BELOW && kw > 1 && window.dilation[1] == 1;
+        // A tap's bytes: one pixel's channels, or a kernel row's pixels' channels.
+        let (ntaps, tap_bytes) = if wide { (kh, kw * c) } else { (taps, c) };
+        let groups = tap_bytes.div_ceil(4);
+        let npanels = m.div_ceil(NR);
+        let panel_bytes = ntaps * groups * NR * 4;
+        let mut panels = vec![0u8; npanels * panel_bytes];
+        let mut colsum = vec![0i32; m];
+        for (o, sum) in colsum.iter_mut().enumerate() {
+            let (p, j) = (o / NR, o % NR);
+            for ci in 0..c {
+                for t in 0..taps {
+                    let v = w[(o * c + ci) * taps + t];
+                    *sum += v as i8 as i32;
+                    let (tap, at) = if wide { (t / kw, (t % kw) * c + ci) } else { (t, ci) };
+                    let (g, i) = (at / 4, at % 4);
+                    panels[p * panel_bytes + ((tap * groups + g) * NR + j) * 4 + i] = v;
+                }
+            }
+        }
+        let corr = colsum.iter().map(|&s| s.wrapping_mul(x.zero as i32)).collect();
+        let scale = (0..m).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
+        let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
+        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, corr, scale, bias, out })
+    }
+
+    /// Output channels.
+    pub fn out_channels(&self) -> usize {
+        self.m
+    }
+
+    /// Input channels.
+    pub fn in_channels(&self) -> usize {
+        self.c
+    }
+
+    /// The window.
+    pub fn window(&self) -> &Window {
+        &self.window
+    }
+
+    /// The epilogue.
+    pub fn out(&self) -> &Out8 {
+        &self.out
+    }
+
+    /// `y` (bytes NHWC, `n × oh × ow × m`) from `x`; `res` is the residual (bytes of `y`'s
+    /// shape) when the epilogue has one.
+    ///
+    /// Panics when a buffer does not fit the shapes given.
+    pub fn run(&self, isa: Isa, x: &Nhwc, res: Option<&[u8]>, y: &mut [u8], par: &dyn Parallel) {
+        let (oh, ow) = self.window.output(x.h, x.w).expect("the window fits the input");
+        let (rows, m, c) = (x.n * oh * ow, self.m, self.c);
+        assert!(x.fits() && x.c == c, "the input does not hold {c} channels NHWC");
+        assert!(y.len() >= rows * m, "the output is too small");
+        assert_eq!(res.is_some(), self.out.residual.is_some(), "a residual exactly when the epilogue adds one");
+        if let Some(r) = res {
+            assert!(r.len() >= rows * m, "the residual is too small");
+        }
+        if rows == 0 {
+            return;
+        }
+        let kc = self.groups * 4;
+        let [kh, kw] = self.window.kernel;
+        // Every tap pointer is read for `kc` bytes: past the last pixel's channels when a
+        // tap's bytes are not a multiple of four, so that input is copied with room to spare.
+        let pixels = x.n * x.h * x.w;
+        let need = if self.wide { (pixels - kw.min(pixels)) * c + kc } else { (pixels - 1) * c + kc };
+        let mut spare = crate::scratch::take_bytes(if x.data.len() < need { need } else { 0 });
+        let data: &[u8] = if x.data.len() < need {
+            spare[..x.data.len()].copy_from_slice(x.data);
+            spare[x.data.len()..].fill(self.x_zero);
+            &spare
+        } else {
+            x.data
+        };
+        let zrow = vec![self.x_zero; kc];
+        let taps = self.taps;
+        let npanels = m.div_ceil(NR);
+        let panel_bytes = taps * self.groups * NR * 4;
+        let per_chunk = (CHUNK_BYTES / panel_bytes).clamp(1, npanels);
+        let chunks = npanels.div_ceil(per_chunk);
+        let blocks = rows.div_ceil(MR);
+        let splits = (par.threads() * 4).div_ceil(chunks).clamp(1, blocks);
+        let per_split = blocks.div_ceil(splits);
+        let micro = Micro::for_isa(isa);
+        let fast = fast_tiles(isa);
+        let yp = SharedMut(y.as_mut_ptr());
+        let geo = Geometry { h: x.h as isize, w: x.w as isize, c, oh, ow, kh, kw, window: self.window };
+        par.for_each(chunks * splits, &|t| {
+            let yp = yp;
+            let (chunk, split) = (t % chunks, t / chunks);
+            let mut ind: Vec<*const u8> = vec![zrow.as_ptr(); taps * MR];
+            // Kernel rows that cross the image's left or right edge, gathered with zero points.
+            let mut edge = vec![self.x_zero; if self.wide { taps * MR * kc } else { 0 }];
+            let mut acc = [[0i32; NR]; MR];
+            for blk in split * per_split..((split + 1) * per_split).min(blocks) {
+                let r0 = blk * MR;
+                let nrows = (rows - r0).min(MR);
+                if self.wide {
+                    geo.rows(data, r0, nrows, &zrow, &mut edge, kc, &mut ind);
+                } else {
+                    geo.pixels(data, r0, nrows, &zrow, &mut ind);
+                }
+                for p in chunk * per_chunk..((chunk + 1) * per_chunk).min(npanels) {
+                    let panel = &self.panels[p * panel_bytes..(p + 1) * panel_bytes];
+                    // SAFETY: every pointer has `kc` readable bytes (the input holds `need`
+                    // bytes; the zero row and the edge rows `kc`); the panel holds
+                    // taps·groups·NR·4 bytes; `micro` is one this CPU runs.
+                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), &mut acc) };
+                    let j0 = p * NR;
+                    let cols = (m - j0).min(NR);
+                    let columns = Columns {
+                        corr: &self.corr[j0..j0 + cols],
+                        scale: &self.scale[j0..j0 + cols],
+                        bias: &self.bias[j0..j0 + cols],
+                    };
+                    let at = r0 * m + j0;
+                    let resp = res.map_or(std::ptr::null(), |r| r[at..].as_ptr());
+                    // SAFETY: rows r0..r0+nrows, columns j0..j0+cols lie inside `y` (and the
+                    // residual: rows·m bytes each, checked above); tasks write disjoint tiles.
+                    unsafe { tile(fast, isa, &acc, nrows, &columns, &self.out, resp, yp.0.add(at), m) };
+                }
+            }
+        });
+    }
+}
+
+/// Where a convolution's taps are: the input's and output's sizes and the window.
+struct Geometry {
+    h: isize,
+    w: isize,
+    c: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    window: Window,
+}
+
+impl Geometry {
+    /// The image, input row and column of output row `row` (before the kernel offsets).
+    #[inline(always)]
+    fn origin(&self, row: usize) -> (usize, isize, isize) {
+        let (img, oy, ox) = (row / (self.oh * self.ow), row / self.ow % self.oh, row % self.ow);
+        let iy = (oy * self.window.stride[0]) as isize - self.window.pads[0] as isize;
+        let ix = (ox * self.window.stride[1]) as isize - self.window.pads[1] as isize;
+        (img, iy, ix)
+    }
+
+    /// Pointers to each kernel position's pixel for rows `r0..r0 + nrows` (the last one
+    /// repeated to fill the tile), the zero row where it is padding.
+    fn pixels(&self, data: &[u8], r0: usize, nrows: usize, zrow: &[u8], ind: &mut [*const u8]) {
+        let [dh, dw] = [self.window.dilation[0] as isize, self.window.dilation[1] as isize];
+        for r in 0..MR {
+            let (img, iy0, ix0) = self.origin(r0 + r.min(nrows - 1));
+            let base = img * (self.h * self.w) as usize;
+            for ky in 0..self.kh {
+                let iy = iy0 + ky as isize * dh;
+                for kx in 0..self.kw {
+                    let ix = ix0 + kx as isize * dw;
+                    let inside = iy >= 0 && iy < self.h && ix >= 0 && ix < self.w;
+                    ind[(ky * self.kw + kx) * MR + r] = if inside {
+                        data[(base + (iy * self.w + ix) as usize) * self.c..].as_ptr()
+                    } else {
+                        zrow.as_ptr()
+                    };
+                }
+            }
+        }
+    }
+
+    /// Pointers to each kernel row's first pixel for rows `r0..r0 + nrows`: in place where
+    /// the row lies inside the image, else gathered into `edge` (`kc` bytes per row and
+    /// tap) with zero points for the padding.
+    #[allow(clippy::too_many_arguments)]
+    fn rows(
+        &self,
+        data: &[u8],
+        r0: usize,
+        nrows: usize,
+        zrow: &[u8],
+        edge: &mut [u8],
+        kc: usize,
+        ind: &mut [*const u8],
+    ) {
+        let dh = self.window.dilation[0] as isize;
+        let zero = zrow[0];
+        for r in 0..MR {
+            let (img, iy0, ix0) = self.origin(r0 + r.min(nrows - 1));
+            let base = img * (self.h * self.w) as usize;
+            for ky in 0..self.kh {
+                let iy = iy0 + ky as isize * dh;
+                let slot = ky * MR + r;
+                ind[slot] = if iy < 0 || iy >= self.h {
+                    zrow.as_ptr()
+                } else if ix0 >= 0 && ix0 + self.kw as isize <= self.w {
+                    data[(base + (iy * self.w + ix0) as usize) * self.c..].as_ptr()
+                } else {
+                    let row = &mut edge[slot * kc..(slot + 1) * kc];
+                    row.fill(zero);
+                    for kx in 0..self.kw {
+                        let ix = ix0 + kx as isize;
+                        if ix >= 0 && ix < self.w {
+                            let at = (base + (iy * self.w + ix) as usize) * self.c;
+                            row[kx * self.c..(kx + 1) * self.c].copy_from_slice(&data[at..at + self.c]);
+                        }
+                    }
+                    row.as_ptr()
+                };
+            }
+        }
+    }
+}

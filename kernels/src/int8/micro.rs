@@ -1,0 +1,97 @@
+//! The indirect microkernels: one tile of [`MR`] output pixels × [`NR`] output channels,
+//! summed over taps whose bytes each row reads through its own pointer (the input pixel
+//! a window tap lands on, or a row of zero points in the padding), so a convolution's
+//! operand is never gathered into a copy.
+
+use crate::qgemm::{MR, NR};
+
+/// Which microkernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Micro {
+    /// AVX-512 VNNI: `vpdpbusd` on zmm registers, 24 accumulators.
+    #[cfg(target_arch = "x86_64")]
+    Vnni512,
+    /// Plain Rust (exact, like every kernel here: the sums are integers).
+    Portable,
+}
+
+impl Micro {
+    /// The best microkernel for `isa` on this CPU.
+    pub(crate) fn for_isa(isa: crate::gemm::Isa) -> Micro {
+        #[cfg(target_arch = "x86_64")]
+        if crate::qgemm::use_vnni(isa) {
+            return Micro::Vnni512;
+        }
+        let _ = isa;
+        Micro::Portable
+    }
+
+    /// `acc[r][j] = Σ_t Σ_k a[t][r][k] · panel[t][k][j]` for `taps` taps of `groups·4`
+    /// bytes: `ind[t·MR + r]` points at row `r`'s bytes for tap `t` (u8), the panel holds,
+    /// per tap and group of four bytes, NR columns × 4 bytes (s8).
+    ///
+    /// # Safety
+    /// `ind` holds `taps·MR` pointers, each to `groups·4` readable bytes; `panel` holds
+    /// `taps·groups·NR·4` bytes; this CPU has the microkernel's instructions.
+    pub(crate) unsafe fn tile(
+        self,
+        ind: &[*const u8],
+        taps: usize,
+        groups: usize,
+        panel: *const u8,
+        acc: &mut [[i32; NR]; MR],
+    ) {
+        debug_assert!(ind.len() >= taps * MR);
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Micro::Vnni512 => vnni512(ind.as_ptr(), taps, groups, panel, acc),
+            Micro::Portable => portable(ind.as_ptr(), taps, groups, panel, acc),
+        }
+    }
+}
+
+/// See [`Micro::tile`]: per group of four bytes, two 64-byte loads of the panel, one
+/// broadcast per row and 24 `vpdpbusd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn vnni512(ind: *const *const u8, taps: usize, groups: usize, panel: *const u8, acc: &mut [[i32; NR]; MR]) {
+    use std::arch::x86_64::*;
+    let mut c = [[_mm512_setzero_si512(); 2]; MR];
+    let mut pb = panel;
+    for t in 0..taps {
+        let a: [*const u8; MR] = std::array::from_fn(|r| *ind.add(t * MR + r));
+        for g in 0..groups {
+            let b0 = _mm512_loadu_si512(pb as *const _);
+            let b1 = _mm512_loadu_si512(pb.add(64) as *const _);
+            pb = pb.add(NR * 4);
+            for r in 0..MR {
+                let av = _mm512_set1_epi32((a[r].add(g * 4) as *const i32).read_unaligned());
+                c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
+                c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
+            }
+        }
+    }
+    for (r, c) in c.iter().enumerate() {
+        _mm512_storeu_si512(acc[r].as_mut_ptr() as *mut _, c[0]);
+        _mm512_storeu_si512(acc[r].as_mut_ptr().add(16) as *mut _, c[1]);
+    }
+}
+
+/// See [`Micro::tile`], in plain Rust.
+unsafe fn portable(ind: *const *const u8, taps: usize, groups: usize, panel: *const u8, acc: &mut [[i32; NR]; MR]) {
+    *acc = [[0; NR]; MR];
+    let mut pb = panel;
+    for t in 0..taps {
+        for g in 0..groups {
+            let b = std::slice::from_raw_parts(pb, NR * 4);
+            pb = pb.add(NR * 4);
+            for (r, row) in acc.iter_mut().enumerate() {
+                let a = std::slice::from_raw_parts((*ind.add(t * MR + r)).add(g * 4), 4);
+                for (j, s) in row.iter_mut().enumerate() {
+                    let w = &b[j * 4..j * 4 + 4];
+                    *s += (0..4).map(|i| a[i] as i32 * w[i] as i8 as i32).sum::<i32>();
+                }
+            }
+        }
+    }
+}

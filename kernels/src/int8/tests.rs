@@ -1,0 +1,265 @@
+//! The byte kernels against their definitions, bit for bit: integer sums in i64, then the
+//! epilogue's f32 steps written out one value at a time; on this CPU's kernels and the
+//! portable ones, over kernel sizes, strides, dilations, asymmetric padding, channel counts
+//! that are not multiples of four, several images, residuals and activations.
+
+use super::add::add;
+use super::conv::Conv8;
+use super::convert::{dequantize_nhwc, quantize_nchw};
+use super::depthwise::Depthwise8;
+use super::pool::max_pool;
+use super::*;
+use crate::gemm::{Activation, Isa, Sequential};
+
+fn lcg(seed: &mut u64) -> u64 {
+    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed >> 33
+}
+
+fn bytes(seed: &mut u64, n: usize) -> Vec<u8> {
+    (0..n).map(|_| lcg(seed) as u8).collect()
+}
+
+/// The epilogue of one value, as [`Out8`] defines it (reciprocals for the scales, as the
+/// kernels multiply by them).
+fn epilogue(sum: i64, scale: f32, bias: f32, out: &Out8, res: Option<u8>) -> u8 {
+    let act = |a: Option<Activation>, x: f32| a.map_or(x, |a| a.apply(x));
+    let q = |q: Q8, x: f32| (x * (1.0 / q.scale)).round_ties_even() + q.zero as f32;
+    let mut v = act(out.act, sum as i32 as f32 * scale + bias);
+    if let Some(r) = out.residual {
+        let m = q(r.mid, v).clamp(0.0, 255.0) - r.mid.zero as f32;
+        v = act(r.act, m * r.mid.scale + (res.unwrap() as i32 - r.res.zero as i32) as f32 * r.res.scale);
+    }
+    q(out.q, v).clamp(0.0, 255.0) as u8
+}
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::best()];
+    if Isa::best() != Isa::PORTABLE {
+        v.push(Isa::PORTABLE);
+    }
+    v
+}
+
+struct Case {
+    n: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+    m: usize,
+    window: Window,
+    residual: bool,
+    act: Option<Activation>,
+}
+
+fn out_of(case: &Case, seed: &mut u64) -> Out8 {
+    let q = |seed: &mut u64| Q8 { scale: 0.02 + (lcg(seed) % 100) as f32 * 0.003, zero: (lcg(seed) % 256) as u8 };
+    Out8 {
+        act: case.act,
+        residual: case.residual.then(|| Residual8 { mid: q(seed), res: q(seed), act: Some(Activation::Relu) }),
+        q: q(seed),
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let win = |k: usize, s: usize, d: usize, pads: [usize; 4]| Window {
+        kernel: [k, k],
+        stride: [s, s],
+        dilation: [d, d],
+        pads,
+    };
+    vec![
+        Case { n: 1, h: 7, w: 9, c: 64, m: 40, window: win(1, 1, 1, [0; 4]), residual: false, act: None },
+        Case { n: 2, h: 9, w: 8, c: 3, m: 16, window: win(7, 2, 1, [3; 4]), residual: false, act: None },
+        Case {
+            n: 1,
+            h: 10,
+            w: 11,
+            c: 13,
+            m: 70,
+            window: win(3, 1, 1, [1, 0, 2, 1]),
+            residual: true,
+            act: Some(Activation::Relu),
+        },
+        Case { n: 1, h: 12, w: 12, c: 32, m: 33, window: win(3, 2, 2, [2; 4]), residual: false, act: None },
+        Case {
+            n: 3,
+            h: 5,
+            w: 6,
+            c: 8,
+            m: 64,
+            window: win(1, 2, 1, [0; 4]),
+            residual: true,
+            act: Some(Activation::Clip(-0.5, 2.0)),
+        },
+        Case {
+            n: 1,
+            h: 4,
+            w: 4,
+            c: 260,
+            m: 17,
+            window: win(3, 1, 1, [1; 4]),
+            residual: false,
+            act: Some(Activation::Sigmoid),
+        },
+    ]
+}
+
+#[test]
+fn conv_equals_its_definition() {
+    let mut seed = 7u64;
+    for case in cases() {
+        let Case { n, h, w, c, m, window, .. } = case;
+        let taps = window.taps();
+        let x = bytes(&mut seed, n * h * w * c);
+        let wt = bytes(&mut seed, m * c * taps);
+        let xq = Q8 { scale: 0.05, zero: (lcg(&mut seed) % 256) as u8 };
+        let w_scale: Vec<f32> = (0..m).map(|o| 0.001 + o as f32 * 1e-4).collect();
+        let bias: Vec<f32> = (0..m).map(|o| (o as f32 - 20.0) * 0.1).collect();
+        let out = out_of(&case, &mut seed);
+        let (oh, ow) = window.output(h, w).unwrap();
+        let res = bytes(&mut seed, n * oh * ow * m);
+        let mut want = vec![0u8; n * oh * ow * m];
+        for b in 0..n {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    for o in 0..m {
+                        let mut acc = 0i64;
+                        for ci in 0..c {
+                            for ky in 0..window.kernel[0] {
+                                for kx in 0..window.kernel[1] {
+                                    let v = match window.source(oy, ox, ky, kx, h, w) {
+                                        Some((iy, ix)) => x[((b * h + iy) * w + ix) * c + ci],
+                                        None => xq.zero,
+                                    } as i64;
+                                    let k = wt[((o * c + ci) * window.kernel[0] + ky) * window.kernel[1] + kx] as i8;
+                                    acc += (v - xq.zero as i64) * k as i64;
+                                }
+                            }
+                        }
+                        let at = ((b * oh + oy) * ow + ox) * m + o;
+                        want[at] = epilogue(acc, xq.scale * w_scale[o], bias[o], &out, Some(res[at]));
+                    }
+                }
+            }
+        }
+        let k = Conv8::new(c, m, window, Weights8 { w: &wt, scale: &w_scale, bias: Some(&bias) }, xq, out).unwrap();
+        for isa in isas() {
+            let mut y = vec![0u8; want.len()];
+            let input = Nhwc { data: &x, n, h, w, c };
+            k.run(isa, &input, case.residual.then_some(&res[..]), &mut y, &Sequential);
+            assert_eq!(y, want, "{isa:?} c {c} m {m} {window:?}");
+        }
+    }
+}
+
+#[test]
+fn depthwise_equals_its_definition() {
+    let mut seed = 11u64;
+    for case in cases() {
+        let Case { n, h, w, c, window, .. } = case;
+        let taps = window.taps();
+        let x = bytes(&mut seed, n * h * w * c);
+        let wt = bytes(&mut seed, c * taps);
+        let xq = Q8 { scale: 0.03, zero: (lcg(&mut seed) % 256) as u8 };
+        let w_scale = [0.01f32];
+        let bias: Vec<f32> = (0..c).map(|o| (o as f32 - 5.0) * 0.2).collect();
+        let out = out_of(&case, &mut seed);
+        let (oh, ow) = window.output(h, w).unwrap();
+        let res = bytes(&mut seed, n * oh * ow * c);
+        let mut want = vec![0u8; n * oh * ow * c];
+        for b in 0..n {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    for ch in 0..c {
+                        let mut acc = 0i64;
+                        for ky in 0..window.kernel[0] {
+                            for kx in 0..window.kernel[1] {
+                                if let Some((iy, ix)) = window.source(oy, ox, ky, kx, h, w) {
+                                    let v = x[((b * h + iy) * w + ix) * c + ch] as i64 - xq.zero as i64;
+                                    acc += v * wt[(ch * window.kernel[0] + ky) * window.kernel[1] + kx] as i8 as i64;
+                                }
+                            }
+                        }
+                        let at = ((b * oh + oy) * ow + ox) * c + ch;
+                        want[at] = epilogue(acc, xq.scale * w_scale[0], bias[ch], &out, Some(res[at]));
+                    }
+                }
+            }
+        }
+        let k = Depthwise8::new(c, window, Weights8 { w: &wt, scale: &w_scale, bias: Some(&bias) }, xq, out).unwrap();
+        for isa in isas() {
+            let mut y = vec![0u8; want.len()];
+            let input = Nhwc { data: &x, n, h, w, c };
+            k.run(isa, &input, case.residual.then_some(&res[..]), &mut y, &Sequential);
+            assert_eq!(y, want, "{isa:?} c {c} {window:?}");
+        }
+    }
+}
+
+#[test]
+fn max_pool_takes_the_largest_byte() {
+    let mut seed = 3u64;
+    for case in cases() {
+        let Case { n, h, w, c, window, .. } = case;
+        let x = bytes(&mut seed, n * h * w * c);
+        let (oh, ow) = window.output(h, w).unwrap();
+        let mut y = vec![0u8; n * oh * ow * c];
+        max_pool(&window, &Nhwc { data: &x, n, h, w, c }, (oh, ow), &mut y, &Sequential);
+        for b in 0..n {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    for ch in 0..c {
+                        let mut best = 0u8;
+                        for ky in 0..window.kernel[0] {
+                            for kx in 0..window.kernel[1] {
+                                if let Some((iy, ix)) = window.source(oy, ox, ky, kx, h, w) {
+                                    best = best.max(x[((b * h + iy) * w + ix) * c + ch]);
+                                }
+                            }
+                        }
+                        assert_eq!(y[((b * oh + oy) * ow + ox) * c + ch], best);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn add_is_the_qdq_graph() {
+    let mut seed = 5u64;
+    let (a, b) = (bytes(&mut seed, 1000), bytes(&mut seed, 1000));
+    let (qa, qb, q) = (Q8 { scale: 0.1, zero: 128 }, Q8 { scale: 0.037, zero: 3 }, Q8 { scale: 0.07, zero: 0 });
+    for act in [None, Some(Activation::Relu), Some(Activation::Tanh)] {
+        for isa in isas() {
+            let mut y = vec![0u8; 1000];
+            add(isa, &a, qa, &b, qb, act, q, &mut y, &Sequential);
+            for i in 0..1000 {
+                let v = qa.dequantize(a[i]) + qb.dequantize(b[i]);
+                let v = act.map_or(v, |a| a.apply(v));
+                assert_eq!(y[i], q.quantize(v), "{isa:?} {act:?} at {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn conversions_are_quantize_and_dequantize_linear() {
+    let (n, c, hw) = (2, 70, 130);
+    let x: Vec<f32> = (0..n * c * hw).map(|i| ((i * 37 % 1001) as f32 - 500.0) * 0.013).collect();
+    let q = Q8 { scale: 0.021, zero: 117 };
+    let mut y = vec![0u8; x.len()];
+    quantize_nchw(Isa::best(), &x, n, c, hw, q, &mut y, &Sequential);
+    let mut back = vec![0f32; x.len()];
+    dequantize_nhwc(&y, n, c, hw, q, &mut back, &Sequential);
+    for b in 0..n {
+        for ch in 0..c {
+            for p in 0..hw {
+                let want = q.quantize(x[(b * c + ch) * hw + p]);
+                assert_eq!(y[(b * hw + p) * c + ch], want);
+                assert_eq!(back[(b * c + ch) * hw + p], q.dequantize(want));
+            }
+        }
+    }
+}

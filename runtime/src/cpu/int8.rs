@@ -1,0 +1,329 @@
+//! The byte ops of quantized regions (the compiler's `int8` pass; kernels in
+//! `aim_kernels::int8`): values as bytes NHWC between `aim:Quantize8` and `aim:Dequantize8`.
+//!
+//! - `aim:Quantize8(x)` — f32 NCHW to bytes NHWC: `scale`, `zero` (in u8 terms).
+//! - `aim:Dequantize8(x)` — bytes NHWC to f32 NCHW: `scale`, `zero`.
+//! - `aim:Conv8(x, W, w_scale, B?, R?)` — a convolution: `x_scale` / `x_zero` the input's
+//!   quantization, W s8 `[M, C, kh, kw]` (`[C, 1, kh, kw]` with `depthwise = 1`), its
+//!   scale (one or per output channel), an f32 bias, `activation` (and its parameters),
+//!   and the output's `y_scale` / `y_zero`; with a residual R (bytes of the output's
+//!   shape), the result first takes `mid_scale` / `mid_zero`, then R (`res_scale`,
+//!   `res_zero`) is added and `res_activation` applied.
+//! - `aim:Add8(a, b)` — `a_*`, `b_*`, `y_*` quantizations, `activation`.
+//! - `aim:MaxPool8(x)` — MaxPool's attributes; the output keeps the input's quantization.
+
+use super::{activation_with, const_f32, prep_err, Prepared};
+use crate::exec::RunError;
+use crate::pool::ThreadPool;
+use aim_ir::{DType, Graph, Node};
+use aim_kernels::gemm::{Activation, Isa};
+use aim_kernels::int8::conv::Conv8;
+use aim_kernels::int8::depthwise::Depthwise8;
+use aim_kernels::int8::{Nhwc, Out8, Residual8, Weights8, Window, Q8};
+
+/// A prepared byte op.
+pub(super) enum Int8Prep {
+    Quantize(Q8),
+    Dequantize(Q8),
+    Conv(Box<Conv8>),
+    Depthwise(Box<Depthwise8>),
+    Add { a: Q8, b: Q8, act: Option<Activation>, y: Q8 },
+    MaxPool { window: Window, ceil: bool },
+}
+
+/// The quantization `{prefix}_scale`, `{prefix}_zero` (or `scale`, `zero` for an empty
+/// prefix) of `n`.
+fn q8(n: &Node, prefix: &str) -> Result<Q8, RunError> {
+    let key = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}_{k}") };
+    let scale = match n.attrs.get(&key("scale")) {
+        Some(aim_ir::Attr::Float(s)) if *s > 0.0 && s.is_finite() => *s,
+        _ => return Err(prep_err(n, format!("{} must be a positive finite float", key("scale")))),
+    };
+    let zero = match n.attrs.get(&key("zero")) {
+        Some(aim_ir::Attr::Int(z)) if (0..=255).contains(z) => *z as u8,
+        _ => return Err(prep_err(n, format!("{} must be an integer from 0 to 255", key("zero")))),
+    };
+    Ok(Q8 { scale, zero })
+}
+
+/// A 2-D window from `kernel` and the node's strides, dilations and pads.
+fn window(n: &Node, kernel: [usize; 2]) -> Result<Window, RunError> {
+    let pair = |name: &str| -> Result<[usize; 2], RunError> {
+        match n.ints(name) {
+            None => Ok([1, 1]),
+            Some([a, b]) if *a > 0 && *b > 0 => Ok([*a as usize, *b as usize]),
+            Some(v) => Err(prep_err(n, format!("{name} {v:?}: two positive values expected"))),
+        }
+    };
+    let pads = match n.ints("pads") {
+        None => [0; 4],
+        Some(p) if p.len() == 4 && p.iter().all(|&v| v >= 0) => {
+            [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
+        }
+        Some(p) => return Err(prep_err(n, format!("pads {p:?}: four non-negative values expected"))),
+    };
+    Ok(Window { kernel, stride: pair("strides")?, dilation: pair("dilations")?, pads })
+}
+
+/// Prepares a byte op.
+pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
+    let p = match n.op.as_str() {
+        "Quantize8" => Int8Prep::Quantize(q8(n, "")?),
+        "Dequantize8" => Int8Prep::Dequantize(q8(n, "")?),
+        "Add8" => Int8Prep::Add { a: q8(n, "a")?, b: q8(n, "b")?, act: activation_with(n, ""), y: q8(n, "y")? },
+        "MaxPool8" => {
+            let k = match n.ints("kernel_shape") {
+                Some([a, b]) if *a > 0 && *b > 0 => [*a as usize, *b as usize],
+                _ => return Err(prep_err(n, "kernel_shape must hold two positive values")),
+            };
+            Int8Prep::MaxPool { window: window(n, k)?, ceil: n.int("ceil_mode", 0) != 0 }
+        }
+        "Conv8" => prepare_conv(g, n)?,
+        _ => return Err(prep_err(n, "unknown byte op")),
+    };
+    Ok(Prepared::Int8(Box::new(p)))
+}
+
+fn prepare_conv(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
+    let w = n
+        .input(1)
+        .and_then(|w| g.initializers.get(w))
+        .filter(|t| t.dtype() == DType::I8 && t.rank() == 4)
+        .ok_or_else(|| prep_err(n, "the weights must be a constant s8 [M, C, kh, kw] tensor"))?;
+    let ws = w.shape();
+    let depthwise = n.int("depthwise", 0) != 0;
+    let m = ws[0];
+    if depthwise && ws[1] != 1 {
+        return Err(prep_err(n, "depthwise weights must be [C, 1, kh, kw]"));
+    }
+    let w_scale = const_f32(g, n.input(2))
+        .filter(|t| t.len() == 1 || t.len() == m)
+        .ok_or_else(|| prep_err(n, "the weights' scale must be constant f32, one or one per output channel"))?;
+    let bias = match n.input(3) {
+        Some(b) => Some(
+            const_f32(g, Some(b))
+                .filter(|t| t.len() == m)
+                .ok_or_else(|| prep_err(n, "the bias must be constant f32 with one value per output channel"))?
+                .data::<f32>(),
+        ),
+        None => None,
+    };
+    let residual = match n.input(4) {
+        Some(_) => Some(Residual8 { mid: q8(n, "mid")?, res: q8(n, "res")?, act: activation_with(n, "res_") }),
+        None => None,
+    };
+    let out = Out8 { act: activation_with(n, ""), residual, q: q8(n, "y")? };
+    let window = window(n, [ws[2], ws[3]])?;
+    let (x, bytes) = (q8(n, "x")?, w.bytes());
+    let ws_f = w_scale.data::<f32>();
+    let weights = Weights8 { w: bytes, scale: ws_f, bias };
+    let made = if depthwise {
+        Depthwise8::new(m, window, weights, x, out).map(|k| Int8Prep::Depthwise(Box::new(k)))
+    } else {
+        if n.int("group", 1) != 1 {
+            return Err(prep_err(n, "byte convolutions have one group, or are depthwise"));
+        }
+        Conv8::new(ws[1], m, window, weights, x, out).map(|k| Int8Prep::Conv(Box::new(k)))
+    };
+    made.map_err(|e| prep_err(n, e))
+}
+
+/// One operand of a byte op: its bytes, shape and type.
+pub(super) struct Operand<'a> {
+    pub(super) bytes: &'a [u8],
+    pub(super) shape: &'a [usize],
+    pub(super) dtype: DType,
+}
+
+/// The type and shape of the op's output for these operands (checked against what the
+/// kernel needs).
+pub(super) fn output(p: &Int8Prep, ins: &[Option<Operand>]) -> Result<(DType, Vec<usize>), String> {
+    let x = ins.first().and_then(|x| x.as_ref()).ok_or("input 0 is missing")?;
+    let want = |dtype: DType| -> Result<[usize; 4], String> {
+        match (x.dtype == dtype, x.shape) {
+            (true, &[a, b, c, d]) => Ok([a, b, c, d]),
+            _ => Err(format!("the input must be 4-D {dtype}, got {} {:?}", x.dtype, x.shape)),
+        }
+    };
+    match p {
+        Int8Prep::Quantize(_) => {
+            let [n, c, h, w] = want(DType::F32)?;
+            Ok((DType::U8, vec![n, h, w, c]))
+        }
+        Int8Prep::Dequantize(_) => {
+            let [n, h, w, c] = want(DType::U8)?;
+            Ok((DType::F32, vec![n, c, h, w]))
+        }
+        Int8Prep::Conv(k) => {
+            let [n, h, w, c] = want(DType::U8)?;
+            conv_output(k.window(), k.in_channels(), k.out_channels(), [n, h, w, c])
+        }
+        Int8Prep::Depthwise(k) => {
+            let [n, h, w, c] = want(DType::U8)?;
+            conv_output(k.window(), k.channels(), k.channels(), [n, h, w, c])
+        }
+        Int8Prep::Add { .. } => {
+            want(DType::U8)?;
+            let b = ins.get(1).and_then(|b| b.as_ref()).ok_or("input 1 is missing")?;
+            if b.dtype != DType::U8 || b.shape != x.shape {
+                return Err(format!("the operands differ: {:?} and {} {:?}", x.shape, b.dtype, b.shape));
+            }
+            Ok((DType::U8, x.shape.to_vec()))
+        }
+        Int8Prep::MaxPool { window, ceil } => {
+            let [n, h, w, c] = want(DType::U8)?;
+            let (out, _, _) = aim_kernels::ops::window::resolve(
+                &window.kernel,
+                &window.stride,
+                &window.dilation,
+                &window.pads,
+                "NOTSET",
+                &[h, w],
+                *ceil,
+            )
+            .map_err(|e| e.0)?;
+            Ok((DType::U8, vec![n, out[0], out[1], c]))
+        }
+    }
+}
+
+fn conv_output(window: &Window, c: usize, m: usize, [n, h, w, xc]: [usize; 4]) -> Result<(DType, Vec<usize>), String> {
+    if xc != c {
+        return Err(format!("the input has {xc} channels, the weights {c}"));
+    }
+    let (oh, ow) = window.output(h, w).ok_or_else(|| format!("the window {window:?} does not fit a {h}×{w} input"))?;
+    Ok((DType::U8, vec![n, oh, ow, m]))
+}
+
+/// Runs the op into `y` (the output's bytes, of the type and shape [`output`] gave, 64-byte
+/// aligned).
+pub(super) fn run(
+    p: &Int8Prep,
+    isa: Isa,
+    ins: &[Option<Operand>],
+    y: &mut [u8],
+    pool: &ThreadPool,
+) -> Result<(), String> {
+    let x = ins.first().and_then(|x| x.as_ref()).ok_or("input 0 is missing")?;
+    let residual = || -> Result<Option<&[u8]>, String> {
+        match ins.get(4).and_then(|r| r.as_ref()) {
+            None => Ok(None),
+            Some(r) if r.dtype == DType::U8 && r.bytes.len() == y.len() => Ok(Some(r.bytes)),
+            Some(r) => Err(format!("the residual {} {:?} does not match the output", r.dtype, r.shape)),
+        }
+    };
+    match p {
+        Int8Prep::Quantize(q) => {
+            let [n, c, h, w] = *x.shape else { return Err("a 4-D input expected".into()) };
+            aim_kernels::int8::convert::quantize_nchw(isa, floats(x.bytes)?, n, c, h * w, *q, y, pool);
+        }
+        Int8Prep::Dequantize(q) => {
+            let [n, h, w, c] = *x.shape else { return Err("a 4-D input expected".into()) };
+            aim_kernels::int8::convert::dequantize_nhwc(x.bytes, n, c, h * w, *q, floats_mut(y)?, pool);
+        }
+        Int8Prep::Conv(k) => {
+            let r = residual()?;
+            k.run(isa, &nhwc(x)?, r, y, pool)
+        }
+        Int8Prep::Depthwise(k) => {
+            let r = residual()?;
+            k.run(isa, &nhwc(x)?, r, y, pool)
+        }
+        Int8Prep::Add { a, b, act, y: qy } => {
+            let bv = ins.get(1).and_then(|b| b.as_ref()).ok_or("input 1 is missing")?;
+            aim_kernels::int8::add::add(isa, x.bytes, *a, bv.bytes, *b, *act, *qy, y, pool)
+        }
+        Int8Prep::MaxPool { window, .. } => {
+            let xn = nhwc(x)?;
+            let (_, shape) = output(p, ins)?;
+            aim_kernels::int8::pool::max_pool(window, &xn, (shape[1], shape[2]), y, pool)
+        }
+    }
+    Ok(())
+}
+
+/// A 4-D byte operand as NHWC.
+fn nhwc<'a>(o: &Operand<'a>) -> Result<Nhwc<'a>, String> {
+    match *o.shape {
+        [n, h, w, c] => Ok(Nhwc { data: o.bytes, n, h, w, c }),
+        _ => Err(format!("a 4-D input expected, got {:?}", o.shape)),
+    }
+}
+
+/// What runs for the op, as `aim explore --stage scheduled` prints it (`input` and `out`
+/// are the shapes when static).
+pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Option<&[usize]>) -> Vec<String> {
+    let micro = if aim_kernels::qgemm::use_vnni(isa) { "AVX-512 VNNI vpdpbusd" } else { "portable" };
+    let q = |q: &Q8| format!("scale {} zero {}", q.scale, q.zero);
+    let ep = |o: &Out8| {
+        let mut s = String::from("epilogue: (Σ − zx·Σw)·sx·sw + bias");
+        if let Some(a) = o.act {
+            s += &format!(", {a:?}");
+        }
+        if let Some(r) = o.residual {
+            s += &format!(", quantized ({}), + residual bytes ({})", q(&r.mid), q(&r.res));
+            if let Some(a) = r.act {
+                s += &format!(", {a:?}");
+            }
+        }
+        s + &format!(", quantized to bytes ({})", q(&o.q))
+    };
+    match (p, input, out) {
+        (Int8Prep::Quantize(qq), Some(&[n, c, h, w]), _) => vec![format!(
+            "quantize f32 NCHW [{n},{c},{h},{w}] into bytes NHWC ({}): parallel for image × 64-pixel tile, 64×64 transposes",
+            q(qq)
+        )],
+        (Int8Prep::Dequantize(qq), Some(&[n, h, w, c]), _) => vec![format!(
+            "dequantize bytes NHWC [{n},{h},{w},{c}] into f32 NCHW ({}): parallel for image × 64-channel tile, 64×64 transposes",
+            q(qq)
+        )],
+        (Int8Prep::Conv(k), Some(&[_, _, _, c]), Some(&[n, oh, ow, m])) => {
+            let taps = k.window().taps();
+            vec![
+                format!(
+                    "indirect GEMM: Y[{} px × {m} ch] = X[px × {taps} taps·{} ch] · W[{}×{m}] (s8, packed at load in panels of {} channels), each tile row reading its taps through pointers into the NHWC input or a zero-point row",
+                    n * oh * ow, c.div_ceil(4) * 4, taps * c.div_ceil(4) * 4, aim_kernels::qgemm::NR
+                ),
+                format!("  microkernel {}×{} ({micro}), exact i32 sums; parallel for (pixel rows × weight chunks of ≤256 KiB)", aim_kernels::qgemm::MR, aim_kernels::qgemm::NR),
+                format!("  {}", ep(k.out())),
+            ]
+        }
+        (Int8Prep::Depthwise(k), _, Some(&[n, oh, _, c])) => vec![
+            format!(
+                "depthwise over bytes NHWC: parallel for output row in 0..{}, per pixel {} taps × {c} channels, (x − zx)·w summed exactly in f32 vectors",
+                n * oh, k.window().taps()
+            ),
+            format!("  {}", ep(k.out())),
+        ],
+        (Int8Prep::Add { a, b, y, act }, _, Some(s)) => vec![format!(
+            "bytes + bytes ({} + {}, {act:?}) quantized ({}), exactly as the QDQ graph: parallel chunks of {} values",
+            q(a),
+            q(b),
+            q(y),
+            s.iter().product::<usize>()
+        )],
+        (Int8Prep::MaxPool { window, .. }, _, Some(&[n, oh, ..])) => vec![format!(
+            "max pool {:?} over bytes NHWC (the input's quantization): parallel for output row in 0..{}, byte max across each pixel's channels",
+            window.kernel,
+            n * oh
+        )],
+        _ => vec!["byte op: shapes known only at run time".to_string()],
+    }
+}
+
+/// Bytes of f32 values as floats (aligned: arena slots and tensors are).
+fn floats(b: &[u8]) -> Result<&[f32], String> {
+    if !(b.as_ptr() as usize).is_multiple_of(4) || !b.len().is_multiple_of(4) {
+        return Err("the f32 input is not aligned".into());
+    }
+    // SAFETY: aligned and whole (checked), any bits are a valid f32.
+    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len() / 4) })
+}
+
+fn floats_mut(b: &mut [u8]) -> Result<&mut [f32], String> {
+    if !(b.as_ptr() as usize).is_multiple_of(4) || !b.len().is_multiple_of(4) {
+        return Err("the f32 output is not aligned".into());
+    }
+    // SAFETY: as for `floats`; borrowed mutably through `b`.
+    Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut f32, b.len() / 4) })
+}
