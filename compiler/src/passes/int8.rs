@@ -395,18 +395,17 @@ fn int_node(
     attrs.insert("y_scale".into(), float(qv.scale));
     attrs.insert("y_zero".into(), Attr::Int(qv.zero));
     let mut sources = Vec::new();
-    let set_act =
-        |attrs: &mut BTreeMap<String, Attr>, sources: &mut Vec<String>, act: &Act| {
-            if let Some((a, taken)) = act {
-                let mut f = g.nodes[taken[0]].clone();
-                f.attrs.clear();
-                super::fuse::set_activation(&mut f, *a);
-                attrs.extend(f.attrs);
-                for &k in taken {
-                    sources.extend(sources_of(&g.nodes[k]));
-                }
+    let set_act = |attrs: &mut BTreeMap<String, Attr>, sources: &mut Vec<String>, act: &Act| {
+        if let Some((a, taken)) = act {
+            let mut f = g.nodes[taken[0]].clone();
+            f.attrs.clear();
+            super::fuse::set_activation(&mut f, *a);
+            attrs.extend(f.attrs);
+            for &k in taken {
+                sources.extend(sources_of(&g.nodes[k]));
             }
-        };
+        }
+    };
     let input_attrs = |attrs: &mut BTreeMap<String, Attr>, prefix: &str, v: &str| {
         attrs.insert(format!("{prefix}_scale"), float(quantized[v].scale));
         attrs.insert(format!("{prefix}_zero"), Attr::Int(quantized[v].zero));

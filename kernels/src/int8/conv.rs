@@ -13,7 +13,7 @@
 //!
 //! Weights must be symmetric (zero point 0), as ONNX Runtime's quantizer writes s8 weights.
 
-use super::epilogue::{fast_tiles, tile, Columns};
+use super::epilogue::Epilogue8;
 use super::micro::Micro;
 use super::{Nhwc, Out8, SharedMut, Weights8, Window, Q8};
 use crate::gemm::{Isa, Parallel};
@@ -47,11 +47,8 @@ pub struct Conv8 {
     x_zero: u8,
     /// `zx · Σ w` per output channel.
     corr: Vec<i32>,
-    /// Input scale × weight scale, per output channel.
-    scale: Vec<f32>,
-    /// Per output channel (zeros without one).
-    bias: Vec<f32>,
-    out: Out8,
+    /// The epilogue, with each output channel's scale (input × weight) and bias.
+    ep: Epilogue8,
 }
 
 impl Conv8 {
@@ -99,7 +96,8 @@ impl Conv8 {
         let corr = colsum.iter().map(|&s| s.wrapping_mul(x.zero as i32)).collect();
         let scale = (0..m).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
         let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
-        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, corr, scale, bias, out })
+        let ep = Epilogue8::new(out, scale, bias);
+        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, corr, ep })
     }
 
     /// Output channels.
@@ -119,7 +117,7 @@ impl Conv8 {
 
     /// The epilogue.
     pub fn out(&self) -> &Out8 {
-        &self.out
+        self.ep.out()
     }
 
     /// `y` (bytes NHWC, `n × oh × ow × m`) from `x`; `res` is the residual (bytes of `y`'s
@@ -131,7 +129,7 @@ impl Conv8 {
         let (rows, m, c) = (x.n * oh * ow, self.m, self.c);
         assert!(x.fits() && x.c == c, "the input does not hold {c} channels NHWC");
         assert!(y.len() >= rows * m, "the output is too small");
-        assert_eq!(res.is_some(), self.out.residual.is_some(), "a residual exactly when the epilogue adds one");
+        assert_eq!(res.is_some(), self.out().residual.is_some(), "a residual exactly when the epilogue adds one");
         if let Some(r) = res {
             assert!(r.len() >= rows * m, "the residual is too small");
         }
@@ -162,9 +160,10 @@ impl Conv8 {
         let splits = (par.threads() * 4).div_ceil(chunks).clamp(1, blocks);
         let per_split = blocks.div_ceil(splits);
         let micro = Micro::for_isa(isa);
-        let fast = fast_tiles(isa);
+        let fast = self.ep.fast(isa);
         let yp = SharedMut(y.as_mut_ptr());
-        let geo = Geometry { h: x.h as isize, w: x.w as isize, c, oh, ow, kh, kw, window: self.window };
+        let pointwise = self.window.kernel == [1, 1] && self.window.stride == [1, 1] && self.window.pads == [0; 4];
+        let geo = Geometry { h: x.h as isize, w: x.w as isize, c, oh, ow, kh, kw, window: self.window, pointwise };
         par.for_each(chunks * splits, &|t| {
             let yp = yp;
             let (chunk, split) = (t % chunks, t / chunks);
@@ -188,16 +187,14 @@ impl Conv8 {
                     unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), &mut acc) };
                     let j0 = p * NR;
                     let cols = (m - j0).min(NR);
-                    let columns = Columns {
-                        corr: &self.corr[j0..j0 + cols],
-                        scale: &self.scale[j0..j0 + cols],
-                        bias: &self.bias[j0..j0 + cols],
-                    };
                     let at = r0 * m + j0;
                     let resp = res.map_or(std::ptr::null(), |r| r[at..].as_ptr());
                     // SAFETY: rows r0..r0+nrows, columns j0..j0+cols lie inside `y` (and the
                     // residual: rows·m bytes each, checked above); tasks write disjoint tiles.
-                    unsafe { tile(fast, isa, &acc, nrows, &columns, &self.out, resp, yp.0.add(at), m) };
+                    unsafe {
+                        let corr = &self.corr[j0..j0 + cols];
+                        self.ep.tile(fast, isa, &acc, nrows, j0, corr, resp, yp.0.add(at), m)
+                    };
                 }
             }
         });
@@ -214,24 +211,49 @@ struct Geometry {
     kh: usize,
     kw: usize,
     window: Window,
+    /// 1×1, stride 1, no padding: output pixel `p` reads input pixel `p`.
+    pointwise: bool,
 }
 
 impl Geometry {
-    /// The image, input row and column of output row `row` (before the kernel offsets).
+    /// The image, input row and column (before the kernel offsets) of output rows
+    /// `r0..r0 + nrows`, the last repeated to fill a tile: one division, then steps.
     #[inline(always)]
-    fn origin(&self, row: usize) -> (usize, isize, isize) {
-        let (img, oy, ox) = (row / (self.oh * self.ow), row / self.ow % self.oh, row % self.ow);
-        let iy = (oy * self.window.stride[0]) as isize - self.window.pads[0] as isize;
-        let ix = (ox * self.window.stride[1]) as isize - self.window.pads[1] as isize;
-        (img, iy, ix)
+    fn origins(&self, r0: usize, nrows: usize) -> [(usize, isize, isize); MR] {
+        let (mut img, mut oy, mut ox) = (r0 / (self.oh * self.ow), r0 / self.ow % self.oh, r0 % self.ow);
+        let at = |img: usize, oy: usize, ox: usize| {
+            let iy = (oy * self.window.stride[0]) as isize - self.window.pads[0] as isize;
+            let ix = (ox * self.window.stride[1]) as isize - self.window.pads[1] as isize;
+            (img, iy, ix)
+        };
+        let mut out = [(0, 0, 0); MR];
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = at(img, oy, ox);
+            if r + 1 < nrows {
+                ox += 1;
+                if ox == self.ow {
+                    (ox, oy) = (0, oy + 1);
+                    if oy == self.oh {
+                        (oy, img) = (0, img + 1);
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Pointers to each kernel position's pixel for rows `r0..r0 + nrows` (the last one
     /// repeated to fill the tile), the zero row where it is padding.
     fn pixels(&self, data: &[u8], r0: usize, nrows: usize, zrow: &[u8], ind: &mut [*const u8]) {
+        if self.pointwise {
+            // Output pixel = input pixel.
+            for (r, p) in ind.iter_mut().take(MR).enumerate() {
+                *p = data[(r0 + r.min(nrows - 1)) * self.c..].as_ptr();
+            }
+            return;
+        }
         let [dh, dw] = [self.window.dilation[0] as isize, self.window.dilation[1] as isize];
-        for r in 0..MR {
-            let (img, iy0, ix0) = self.origin(r0 + r.min(nrows - 1));
+        for (r, &(img, iy0, ix0)) in self.origins(r0, nrows).iter().enumerate() {
             let base = img * (self.h * self.w) as usize;
             for ky in 0..self.kh {
                 let iy = iy0 + ky as isize * dh;
@@ -264,8 +286,7 @@ impl Geometry {
     ) {
         let dh = self.window.dilation[0] as isize;
         let zero = zrow[0];
-        for r in 0..MR {
-            let (img, iy0, ix0) = self.origin(r0 + r.min(nrows - 1));
+        for (r, &(img, iy0, ix0)) in self.origins(r0, nrows).iter().enumerate() {
             let base = img * (self.h * self.w) as usize;
             for ky in 0..self.kh {
                 let iy = iy0 + ky as isize * dh;

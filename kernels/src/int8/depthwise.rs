@@ -1,17 +1,20 @@
 //! Quantized depthwise convolution, bytes NHWC in and out: per output pixel, each channel
-//! sums its taps `(x − zx) · w` across the pixel's channels as one vector loop.
+//! sums its taps `x · w` across the pixel's channels as one vector loop, starting from
+//! `−zx · Σw` (a tap in the padding reads a row of zero points, so the correction is the
+//! same for every pixel).
 //!
 //! The sums are integers computed in f32: each product is an integer of magnitude at most
-//! 255 · 128 and there are at most [`MAX_TAPS`] of them, so every partial sum is below 2²⁴
-//! and exact — the integer sum, without the widening steps an i32 accumulator needs for
+//! 255 · 128, the correction at most that times the taps, and there are at most
+//! [`MAX_TAPS`] taps, so every partial sum is below 2²⁴ and exact — the integer sum,
+//! fused multiply-adds or not, without the widening steps an i32 accumulator needs for
 //! byte operands. The epilogue is the one every byte-writing kernel shares.
 
-use super::epilogue::finish_inline;
+use super::epilogue::Epilogue8;
 use super::{Nhwc, Out8, SharedMut, Weights8, Window, Q8};
 use crate::gemm::{Isa, Parallel};
 
-/// Taps per window up to which the f32 sums are exact (514 · 255 · 128 < 2²⁴).
-pub const MAX_TAPS: usize = 514;
+/// Taps per window up to which the f32 sums are exact (2 · 257 · 255 · 128 < 2²⁴).
+pub const MAX_TAPS: usize = 257;
 
 /// A depthwise convolution prepared for [`Depthwise8::run`].
 #[derive(Clone, Debug)]
@@ -20,11 +23,11 @@ pub struct Depthwise8 {
     window: Window,
     /// Per tap, one weight per channel (the s8 values, as f32).
     w: Vec<f32>,
-    x_zero: f32,
-    /// Input scale × weight scale, per channel.
-    scale: Vec<f32>,
-    bias: Vec<f32>,
-    out: Out8,
+    x_zero: u8,
+    /// `−zx · Σw` per channel: where each channel's sum starts.
+    start: Vec<f32>,
+    /// The epilogue, with each channel's scale (input × weight) and bias.
+    ep: Epilogue8,
 }
 
 impl Depthwise8 {
@@ -46,14 +49,19 @@ impl Depthwise8 {
             return Err(format!("a bias of {} values for {c} channels", bias.map_or(0, |b| b.len())));
         }
         let mut wt = vec![0f32; taps * c];
+        let mut start = vec![0f32; c];
         for ch in 0..c {
+            let mut sum = 0i32;
             for t in 0..taps {
-                wt[t * c + ch] = w[ch * taps + t] as i8 as f32;
+                let v = w[ch * taps + t] as i8;
+                wt[t * c + ch] = v as f32;
+                sum += v as i32;
             }
+            start[ch] = -(x.zero as i32 * sum) as f32;
         }
         let scale = (0..c).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
         let bias = bias.map_or_else(|| vec![0.0; c], |b| b.to_vec());
-        Ok(Depthwise8 { c, window, w: wt, x_zero: x.zero as f32, scale, bias, out })
+        Ok(Depthwise8 { c, window, w: wt, x_zero: x.zero, start, ep: Epilogue8::new(out, scale, bias) })
     }
 
     /// Channels.
@@ -68,7 +76,7 @@ impl Depthwise8 {
 
     /// The epilogue.
     pub fn out(&self) -> &Out8 {
-        &self.out
+        self.ep.out()
     }
 
     /// `y` (bytes NHWC) from `x`, with the residual `res` when the epilogue has one.
@@ -80,162 +88,197 @@ impl Depthwise8 {
         assert!(x.fits() && x.c == c, "the input does not hold {c} channels NHWC");
         let out_len = x.n * oh * ow * c;
         assert!(y.len() >= out_len, "the output is too small");
-        assert_eq!(res.is_some(), self.out.residual.is_some(), "a residual exactly when the epilogue adds one");
+        assert_eq!(res.is_some(), self.out().residual.is_some(), "a residual exactly when the epilogue adds one");
         if let Some(r) = res {
             assert!(r.len() >= out_len, "the residual is too small");
         }
         let lines = x.n * oh;
         let per = lines.div_ceil(par.threads() * 4).max(1);
         let yp = SharedMut(y.as_mut_ptr());
+        let zrow = vec![self.x_zero; c];
+        let [kh, kw] = self.window.kernel;
+        let rel: Vec<usize> = (0..kh * kw)
+            .map(|t| ((t / kw) * self.window.dilation[0] * x.w + (t % kw) * self.window.dilation[1]) * c)
+            .collect();
         par.for_each(lines.div_ceil(per), &|t| {
             let yp = yp;
+            let mut taps = vec![zrow.as_ptr(); self.window.taps()];
             let mut acc = vec![0f32; c];
             for line in t * per..((t + 1) * per).min(lines) {
                 let at = line * ow * c;
                 // SAFETY: inside `y` (checked above); tasks write disjoint lines.
                 let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(at), ow * c) };
                 let res = res.map_or(&[][..], |r| &r[at..at + ow * c]);
-                self.line(isa, x, line / oh, line % oh, ow, &mut acc, res, dst);
+                let row = Row { x, img: line / oh, oy: line % oh, ow, zrow: &zrow, rel: &rel };
+                self.line(isa, &row, &mut taps, &mut acc, res, dst);
             }
         });
     }
 
     /// One output row: `dst` (and the residual `res`, when there is one) its `ow · c`
     /// bytes; one dispatch on the ISA for the whole row.
-    #[allow(clippy::too_many_arguments)]
-    fn line(&self, isa: Isa, x: &Nhwc, img: usize, oy: usize, ow: usize, acc: &mut [f32], res: &[u8], dst: &mut [u8]) {
+    fn line(&self, isa: Isa, row: &Row, taps: &mut [*const u8], acc: &mut [f32], res: &[u8], dst: &mut [u8]) {
         #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
-        fn body(
-            k: &Depthwise8,
-            x: &Nhwc,
-            img: usize,
-            oy: usize,
-            ow: usize,
-            acc: &mut [f32],
-            res: &[u8],
-            dst: &mut [u8],
-        ) {
-            let (c, [kh, kw]) = (k.c, k.window.kernel);
-            for ox in 0..ow {
-                acc.fill(0.0);
-                for ky in 0..kh {
-                    for kx in 0..kw {
-                        if let Some((iy, ix)) = k.window.source(oy, ox, ky, kx, x.h, x.w) {
-                            let at = ((img * x.h + iy) * x.w + ix) * c;
-                            let t = ky * kw + kx;
-                            let (xs, ws) = (&x.data[at..at + c], &k.w[t * c..(t + 1) * c]);
-                            for ((a, &v), &w) in acc.iter_mut().zip(xs).zip(ws) {
-                                *a += (v as f32 - k.x_zero) * w;
-                            }
-                        }
+        fn body(k: &Depthwise8, row: &Row, taps: &mut [*const u8], acc: &mut [f32], res: &[u8], dst: &mut [u8]) {
+            let c = k.c;
+            for ox in 0..row.ow {
+                k.taps(row, ox, taps);
+                acc.copy_from_slice(&k.start);
+                for (t, &p) in taps.iter().enumerate() {
+                    // SAFETY: every tap points at `c` readable bytes (a pixel or the zero row).
+                    let xs = unsafe { std::slice::from_raw_parts(p, c) };
+                    for ((a, &v), &w) in acc.iter_mut().zip(xs).zip(&k.w[t * c..(t + 1) * c]) {
+                        *a += v as f32 * w;
                     }
                 }
                 let r = if res.is_empty() { res } else { &res[ox * c..(ox + 1) * c] };
-                finish_inline(acc, &k.scale, &k.bias, &k.out, r, &mut dst[ox * c..(ox + 1) * c]);
+                k.ep.row(acc, 0, r, &mut dst[ox * c..(ox + 1) * c]);
             }
         }
         #[cfg(target_arch = "x86_64")]
         {
             use crate::gemm::IsaKind;
-            if crate::int8::epilogue::fast_tiles(isa) {
+            if self.ep.fast(isa) {
                 // SAFETY: AVX-512 F, BW and VL checked.
-                if let Some(e) = unsafe { super::epilogue::Epi16::new(&self.out) } {
-                    return unsafe { line_v4(self, &e, x, img, oy, ow, res, dst) };
-                }
+                return unsafe { line_v4(self, row, taps, res, dst) };
             }
             #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn v4(
-                k: &Depthwise8,
-                x: &Nhwc,
-                img: usize,
-                oy: usize,
-                ow: usize,
-                a: &mut [f32],
-                r: &[u8],
-                d: &mut [u8],
-            ) {
-                body(k, x, img, oy, ow, a, r, d)
+            unsafe fn v4(k: &Depthwise8, row: &Row, t: &mut [*const u8], a: &mut [f32], r: &[u8], d: &mut [u8]) {
+                body(k, row, t, a, r, d)
             }
             #[target_feature(enable = "avx2,fma")]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn v3(
-                k: &Depthwise8,
-                x: &Nhwc,
-                img: usize,
-                oy: usize,
-                ow: usize,
-                a: &mut [f32],
-                r: &[u8],
-                d: &mut [u8],
-            ) {
-                body(k, x, img, oy, ow, a, r, d)
+            unsafe fn v3(k: &Depthwise8, row: &Row, t: &mut [*const u8], a: &mut [f32], r: &[u8], d: &mut [u8]) {
+                body(k, row, t, a, r, d)
             }
             // SAFETY: an `Isa` exists only for features this CPU has (BW checked here).
             match isa.kind() {
                 IsaKind::Avx512 if std::arch::is_x86_feature_detected!("avx512bw") => {
-                    return unsafe { v4(self, x, img, oy, ow, acc, res, dst) }
+                    return unsafe { v4(self, row, taps, acc, res, dst) }
                 }
-                IsaKind::Avx512 | IsaKind::Avx2 => return unsafe { v3(self, x, img, oy, ow, acc, res, dst) },
+                IsaKind::Avx512 | IsaKind::Avx2 => return unsafe { v3(self, row, taps, acc, res, dst) },
                 _ => {}
             }
         }
         let _ = isa;
-        body(self, x, img, oy, ow, acc, res, dst)
+        body(self, row, taps, acc, res, dst)
+    }
+
+    /// Points `taps` at the pixel each tap of output `(row, ox)` reads, or at the zero row.
+    #[inline(always)]
+    fn taps(&self, row: &Row, ox: usize, taps: &mut [*const u8]) {
+        let (x, c, win) = (row.x, self.c, &self.window);
+        let [kh, kw] = win.kernel;
+        let iy0 = (row.oy * win.stride[0]) as isize - win.pads[0] as isize;
+        let ix0 = (ox * win.stride[1]) as isize - win.pads[1] as isize;
+        let (dh, dw) = (win.dilation[0] as isize, win.dilation[1] as isize);
+        let (h, w) = (x.h as isize, x.w as isize);
+        let image = row.img * x.h * x.w;
+        let (last_y, last_x) = (iy0 + (kh as isize - 1) * dh, ix0 + (kw as isize - 1) * dw);
+        if iy0 >= 0 && ix0 >= 0 && last_y < h && last_x < w {
+            // The whole window inside: one pixel's offset plus each tap's.
+            let base = x.data[(image + (iy0 * w + ix0) as usize) * c..].as_ptr();
+            for (p, &r) in taps.iter_mut().zip(row.rel) {
+                // SAFETY: the tap's pixel is inside the input (checked above).
+                *p = unsafe { base.add(r) };
+            }
+            return;
+        }
+        for ky in 0..kh {
+            let iy = iy0 + ky as isize * dh;
+            for kx in 0..kw {
+                let ix = ix0 + kx as isize * dw;
+                taps[ky * kw + kx] = if iy >= 0 && iy < h && ix >= 0 && ix < w {
+                    x.data[(image + (iy * w + ix) as usize) * c..].as_ptr()
+                } else {
+                    row.zrow.as_ptr()
+                };
+            }
+        }
     }
 }
 
-/// [`Depthwise8::line`] with AVX-512: per pixel and block of 16 channels, the taps summed in
-/// one register and the epilogue applied there ([`super::epilogue::Epi16`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn line_v4(
-    k: &Depthwise8,
-    e: &super::epilogue::Epi16,
-    x: &Nhwc,
+/// One output row's place: the input, image, output row and width, and the zero row.
+struct Row<'a> {
+    x: &'a Nhwc<'a>,
     img: usize,
     oy: usize,
     ow: usize,
+    zrow: &'a [u8],
+    /// Each tap's byte offset from the window's first pixel.
+    rel: &'a [usize],
+}
+
+/// [`Depthwise8::line`] with AVX-512: four pixels at a time (four independent chains of
+/// fused multiply-adds sharing each weight load; exact: see the module doc), per block of
+/// 16 channels, the epilogue applied in registers ([`super::epilogue::Epi16`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn line_v4(k: &Depthwise8, row: &Row, taps: &mut [*const u8], res: &[u8], dst: &mut [u8]) {
+    let c = k.c;
+    assert!(dst.len() >= row.ow * c && (res.is_empty() || res.len() >= row.ow * c), "the line does not fit");
+    let (Some(e), Some((qs, qb))) = (super::epilogue::Epi16::new(&k.ep), k.ep.grid_columns()) else { return };
+    let nt = k.window.taps();
+    // Tap pointers of four pixels, tap-major.
+    let mut quad = vec![std::ptr::null::<u8>(); 4 * nt];
+    let mut ox = 0;
+    while ox + 4 <= row.ow {
+        for p in 0..4 {
+            k.taps(row, ox + p, taps);
+            for t in 0..nt {
+                quad[t * 4 + p] = taps[t];
+            }
+        }
+        pixels_v4::<4>(k, &e, qs, qb, &quad, ox, res, dst);
+        ox += 4;
+    }
+    while ox < row.ow {
+        k.taps(row, ox, taps);
+        pixels_v4::<1>(k, &e, qs, qb, taps, ox, res, dst);
+        ox += 1;
+    }
+}
+
+/// `P` pixels from `ox` on: `ptrs[t·P + p]` is pixel `p`'s tap `t`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pixels_v4<const P: usize>(
+    k: &Depthwise8,
+    e: &super::epilogue::Epi16,
+    qs: &[f32],
+    qb: &[f32],
+    ptrs: &[*const u8],
+    ox: usize,
     res: &[u8],
     dst: &mut [u8],
 ) {
     use super::epilogue::lanes;
     use std::arch::x86_64::*;
-    let (c, [kh, kw]) = (k.c, k.window.kernel);
-    assert!(dst.len() >= ow * c && (res.is_empty() || res.len() >= ow * c), "the line does not fit");
-    let zx = _mm512_set1_ps(k.x_zero);
-    // Per tap inside the input: the offsets of its pixel and of its weights.
-    let mut taps: Vec<(usize, usize)> = Vec::with_capacity(kh * kw);
-    for ox in 0..ow {
-        taps.clear();
-        for ky in 0..kh {
-            for kx in 0..kw {
-                if let Some((iy, ix)) = k.window.source(oy, ox, ky, kx, x.h, x.w) {
-                    taps.push((((img * x.h + iy) * x.w + ix) * c, (ky * kw + kx) * c));
-                }
+    let c = k.c;
+    let nt = k.window.taps();
+    for cb in (0..c).step_by(16) {
+        let m = lanes(c - cb);
+        let start = _mm512_maskz_loadu_ps(m, k.start.as_ptr().add(cb));
+        let mut acc = [start; P];
+        for t in 0..nt {
+            // In bounds: every tap points at `c` bytes, each tap's weights are `c` floats.
+            let w = _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb));
+            for (p, a) in acc.iter_mut().enumerate() {
+                let xb = _mm_maskz_loadu_epi8(m, ptrs[t * P + p].add(cb) as *const i8);
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb)), w, *a);
             }
         }
-        for cb in (0..c).step_by(16) {
-            let m = lanes(c - cb);
-            let mut acc = _mm512_setzero_ps();
-            for &(xo, wo) in &taps {
-                // In bounds: a pixel of the input and a tap's weights hold `c` values.
-                let xb = _mm_maskz_loadu_epi8(m, x.data.as_ptr().add(xo + cb) as *const i8);
-                let xv = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb)), zx);
-                let wv = _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(wo + cb));
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(xv, wv));
-            }
-            let scale = _mm512_maskz_loadu_ps(m, k.scale.as_ptr().add(cb));
-            let bias = _mm512_maskz_loadu_ps(m, k.bias.as_ptr().add(cb));
+        let s = _mm512_maskz_loadu_ps(m, qs.as_ptr().add(cb));
+        let b = _mm512_maskz_loadu_ps(m, qb.as_ptr().add(cb));
+        for (p, a) in acc.iter().enumerate() {
+            let at = (ox + p) * c + cb;
             let rb = if res.is_empty() {
                 _mm_setzero_si128()
             } else {
-                _mm_maskz_loadu_epi8(m, res.as_ptr().add(ox * c + cb) as *const i8)
+                _mm_maskz_loadu_epi8(m, res.as_ptr().add(at) as *const i8)
             };
-            let q = e.apply(acc, scale, bias, rb);
-            _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(ox * c + cb) as *mut i8, m, q);
+            let q = e.apply(*a, s, b, rb);
+            _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, q);
         }
     }
 }

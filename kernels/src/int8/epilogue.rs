@@ -1,8 +1,17 @@
 //! The end of every integer kernel that writes bytes: exact sums to f32, scaled, the bias
 //! added, the activation applied, optionally a residual added (the `Add` of two quantized
 //! values that the QDQ form writes after a convolution, fused), and the quantization to
-//! bytes — on a row of at most a few hundred values that is still in cache, in a few
-//! passes the compiler vectorises for the ISA.
+//! bytes.
+//!
+//! Where the activations are clamps (none, Relu, Clip: what quantized CNNs use) the steps
+//! run in the output's quantized units, as integer kernels do: one fused multiply-add per
+//! value by `scale / s_out` and `bias / s_out`, a rounding (ties to even), the zero point,
+//! and one clamp that is both the activation's bounds (rounded to the grid: rounding is
+//! monotonic) and the byte range. With a residual, the result first takes its own grid
+//! (`mid`), then `(q − z_mid) · s_mid / s_out + (r − z_res) · s_res / s_out` is rounded the
+//! same way. Other activations need the f32 value: there the steps are the graph's own
+//! (scale, bias, activation, then QuantizeLinear by the reciprocal of the scale). The
+//! AVX-512 path computes exactly what the scalar one does.
 
 use super::Q8;
 use crate::gemm::{Activation, Isa};
@@ -33,62 +42,198 @@ pub struct Out8 {
     pub q: Q8,
 }
 
-/// `dst = quantize(residual(act(v · scale + bias)))`: `v`, `scale`, `bias`, `dst` (and the
-/// residual's bytes `res`, when `out` has one) are one row of the same length; `v` is
-/// overwritten.
-pub(crate) fn finish(isa: Isa, v: &mut [f32], scale: &[f32], bias: &[f32], out: &Out8, res: &[u8], dst: &mut [u8]) {
-    use finish_inline as body;
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::gemm::IsaKind;
-        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-        unsafe fn v4(v: &mut [f32], s: &[f32], b: &[f32], o: &Out8, r: &[u8], d: &mut [u8]) {
-            body(v, s, b, o, r, d)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(v: &mut [f32], s: &[f32], b: &[f32], o: &Out8, r: &[u8], d: &mut [u8]) {
-            body(v, s, b, o, r, d)
-        }
-        // SAFETY: an `Isa` exists only for features this CPU has (AVX-512BW checked here:
-        // every AVX-512 CPU with VNNI has it, but the family only promises F).
-        match isa.kind() {
-            IsaKind::Avx512 if std::arch::is_x86_feature_detected!("avx512bw") => {
-                return unsafe { v4(v, scale, bias, out, res, dst) }
-            }
-            IsaKind::Avx512 | IsaKind::Avx2 => return unsafe { v3(v, scale, bias, out, res, dst) },
-            _ => {}
-        }
-    }
-    let _ = isa;
-    body(v, scale, bias, out, res, dst)
+/// The clamp steps' constants (see the module doc): the first grid's zero point and byte
+/// bounds, and with a residual its coefficients and the output grid's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Clamped {
+    z1: f32,
+    lo1: f32,
+    hi1: f32,
+    /// `z_mid`, `s_mid / s_out`, `s_res / s_out`, `z_res`.
+    res: Option<[f32; 4]>,
+    z2: f32,
+    lo2: f32,
+    hi2: f32,
 }
 
-/// [`finish`] without the dispatch, for kernels that call it from their own ISA-specific
-/// code (inlined there, so it is compiled for their features).
-#[inline(always)]
-pub(crate) fn finish_inline(v: &mut [f32], scale: &[f32], bias: &[f32], out: &Out8, res: &[u8], dst: &mut [u8]) {
-    let n = v.len();
-    let (scale, bias, dst) = (&scale[..n], &bias[..n], &mut dst[..n]);
-    for ((x, &s), &b) in v.iter_mut().zip(scale).zip(bias) {
-        *x = *x * s + b;
+impl Clamped {
+    /// The constants for `out`, when its activations are clamps.
+    fn new(out: &Out8) -> Option<Clamped> {
+        let bounds = |a: Option<Activation>, q: Q8| -> Option<(f32, f32)> {
+            let (lo, hi) = a.map_or(Some((f32::NEG_INFINITY, f32::INFINITY)), |a| a.clamp_bounds())?;
+            let z = q.zero as f32;
+            let grid = |v: f32| (v / q.scale).round_ties_even() + z;
+            Some((grid(lo).max(0.0), grid(hi).min(255.0)))
+        };
+        let first = out.residual.map_or(out.q, |r| r.mid);
+        let (lo1, hi1) = bounds(out.act, first)?;
+        let (res, (lo2, hi2)) = match out.residual {
+            Some(r) => {
+                let k = [r.mid.zero as f32, r.mid.scale / out.q.scale, r.res.scale / out.q.scale, r.res.zero as f32];
+                (Some(k), bounds(r.act, out.q)?)
+            }
+            None => (None, (lo1, hi1)),
+        };
+        Some(Clamped { z1: first.zero as f32, lo1, hi1, res, z2: out.q.zero as f32, lo2, hi2 })
     }
-    activate(v, out.act);
-    if let Some(r) = out.residual {
-        let res = &res[..n];
-        let (inv, z) = (1.0 / r.mid.scale, r.mid.zero as f32);
-        let (sm, sr, zr) = (r.mid.scale, r.res.scale, r.res.zero as i32);
-        for (x, &q) in v.iter_mut().zip(res) {
-            // The result on its own grid (its QuantizeLinear, with the reciprocal), then
-            // both dequantized and added.
-            let m = requant(*x, inv, z) - z;
-            *x = m * sm + (q as i32 - zr) as f32 * sr;
+
+    /// One value: `y` the sum already scaled to the first grid, `r` the residual's byte.
+    #[inline(always)]
+    fn value(&self, y: f32, r: u8) -> f32 {
+        let q = (y.round_ties_even() + self.z1).max(self.lo1).min(self.hi1);
+        match self.res {
+            Some([zm, a, b, zr]) => {
+                let y = (q - zm).mul_add(a, (r as f32 - zr) * b);
+                (y.round_ties_even() + self.z2).max(self.lo2).min(self.hi2)
+            }
+            None => q,
         }
-        activate(v, r.act);
     }
-    let (inv, z) = (1.0 / out.q.scale, out.q.zero as f32);
-    for (d, &x) in dst.iter_mut().zip(v.iter()) {
-        // SAFETY: in [0, 255] (NaN became 0): exactly representable.
-        *d = unsafe { requant(x, inv, z).to_int_unchecked::<i32>() } as u8;
+}
+
+/// A kernel's epilogue, prepared with its per-channel quantities.
+#[derive(Clone, Debug)]
+pub(crate) struct Epilogue8 {
+    out: Out8,
+    /// Per channel: the product's scale and the bias.
+    scale: Vec<f32>,
+    bias: Vec<f32>,
+    /// With clamps: the scale and bias divided by the first grid's scale.
+    clamped: Option<(Clamped, Vec<f32>, Vec<f32>)>,
+}
+
+impl Epilogue8 {
+    /// The epilogue of `out` for channels of product scale `scale` and bias `bias`.
+    pub(crate) fn new(out: Out8, scale: Vec<f32>, bias: Vec<f32>) -> Epilogue8 {
+        let clamped = Clamped::new(&out).map(|c| {
+            let s1 = out.residual.map_or(out.q.scale, |r| r.mid.scale);
+            (c, scale.iter().map(|s| s / s1).collect(), bias.iter().map(|b| b / s1).collect())
+        });
+        Epilogue8 { out, scale, bias, clamped }
+    }
+
+    /// With clamps, each channel's scale and bias over the first grid's scale.
+    pub(crate) fn grid_columns(&self) -> Option<(&[f32], &[f32])> {
+        self.clamped.as_ref().map(|(_, s, b)| (s.as_slice(), b.as_slice()))
+    }
+
+    /// What the result becomes.
+    pub(crate) fn out(&self) -> &Out8 {
+        &self.out
+    }
+
+    /// Whether [`Epilogue8::tile`] and [`Epilogue8::row`] take the AVX-512 path on this CPU.
+    pub(crate) fn fast(&self, isa: Isa) -> bool {
+        self.clamped.is_some() && fast_tiles(isa)
+    }
+
+    /// `dst = epilogue(v)` for channels `c0..c0 + v.len()` (`v` the exact sums as f32, `res`
+    /// the residual's bytes when there is one); `v` is overwritten.
+    #[inline(always)]
+    pub(crate) fn row(&self, v: &mut [f32], c0: usize, res: &[u8], dst: &mut [u8]) {
+        let n = v.len();
+        let dst = &mut dst[..n];
+        if let Some((k, qs, qb)) = &self.clamped {
+            let (qs, qb) = (&qs[c0..c0 + n], &qb[c0..c0 + n]);
+            if self.out.residual.is_some() {
+                for ((((d, &x), &s), &b), &r) in dst.iter_mut().zip(v.iter()).zip(qs).zip(qb).zip(&res[..n]) {
+                    // SAFETY: in [0, 255]: exactly representable.
+                    *d = unsafe { k.value(x.mul_add(s, b), r).to_int_unchecked::<i32>() } as u8;
+                }
+            } else {
+                for (((d, &x), &s), &b) in dst.iter_mut().zip(v.iter()).zip(qs).zip(qb) {
+                    // SAFETY: as above.
+                    *d = unsafe { k.value(x.mul_add(s, b), 0).to_int_unchecked::<i32>() } as u8;
+                }
+            }
+            return;
+        }
+        let (scale, bias) = (&self.scale[c0..c0 + n], &self.bias[c0..c0 + n]);
+        for ((x, &s), &b) in v.iter_mut().zip(scale).zip(bias) {
+            *x = *x * s + b;
+        }
+        activate(v, self.out.act);
+        if let Some(r) = self.out.residual {
+            let res = &res[..n];
+            let (inv, z) = (1.0 / r.mid.scale, r.mid.zero as f32);
+            let (sm, sr, zr) = (r.mid.scale, r.res.scale, r.res.zero as i32);
+            for (x, &q) in v.iter_mut().zip(res) {
+                // The result on its own grid (its QuantizeLinear, with the reciprocal), then
+                // both dequantized and added.
+                let m = requant(*x, inv, z) - z;
+                *x = m * sm + (q as i32 - zr) as f32 * sr;
+            }
+            activate(v, r.act);
+        }
+        let (inv, z) = (1.0 / self.out.q.scale, self.out.q.zero as f32);
+        for (d, &x) in dst.iter_mut().zip(v.iter()) {
+            // SAFETY: in [0, 255] (NaN became 0): exactly representable.
+            *d = unsafe { requant(x, inv, z).to_int_unchecked::<i32>() } as u8;
+        }
+    }
+
+    /// [`Epilogue8::row`] compiled for the ISA (one dispatch per call).
+    pub(crate) fn row_for(&self, isa: Isa, v: &mut [f32], c0: usize, res: &[u8], dst: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::gemm::IsaKind;
+            #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+            unsafe fn v4(e: &Epilogue8, v: &mut [f32], c0: usize, r: &[u8], d: &mut [u8]) {
+                e.row(v, c0, r, d)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn v3(e: &Epilogue8, v: &mut [f32], c0: usize, r: &[u8], d: &mut [u8]) {
+                e.row(v, c0, r, d)
+            }
+            // SAFETY: an `Isa` exists only for features this CPU has (BW checked here).
+            match isa.kind() {
+                IsaKind::Avx512 if std::arch::is_x86_feature_detected!("avx512bw") => {
+                    return unsafe { v4(self, v, c0, res, dst) }
+                }
+                IsaKind::Avx512 | IsaKind::Avx2 => return unsafe { v3(self, v, c0, res, dst) },
+                _ => {}
+            }
+        }
+        let _ = isa;
+        self.row(v, c0, res, dst)
+    }
+
+    /// The epilogue of a whole tile of integer sums: rows `0..rows` of `acc`, columns
+    /// `c0..c0 + corr.len()` (`corr` the zero-point correction of each), row `r` written to
+    /// `y[r·ldy..]` and its residual read at the same offset of `res`.
+    ///
+    /// # Safety
+    /// `y` (and `res`, when the epilogue has a residual) hold `(rows − 1)·ldy + cols` bytes;
+    /// at most [`crate::qgemm::NR`] columns; `fast` only where [`Epilogue8::fast`] holds.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn tile(
+        &self,
+        fast: bool,
+        isa: Isa,
+        acc: &[[i32; crate::qgemm::NR]; crate::qgemm::MR],
+        rows: usize,
+        c0: usize,
+        corr: &[i32],
+        res: *const u8,
+        y: *mut u8,
+        ldy: usize,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            return tile_v4(self, acc, rows, c0, corr, res, y, ldy);
+        }
+        let _ = fast;
+        let n = corr.len();
+        let mut v = [0f32; crate::qgemm::NR];
+        for (r, sums) in acc.iter().enumerate().take(rows) {
+            for ((v, &s), &k) in v.iter_mut().zip(&sums[..n]).zip(corr) {
+                *v = s.wrapping_sub(k) as f32;
+            }
+            let dst = std::slice::from_raw_parts_mut(y.add(r * ldy), n);
+            let rr =
+                if self.out.residual.is_some() { std::slice::from_raw_parts(res.add(r * ldy), n) } else { &[][..] };
+            self.row_for(isa, &mut v[..n], c0, rr, dst);
+        }
     }
 }
 
@@ -109,52 +254,7 @@ fn activate(v: &mut [f32], act: Option<Activation>) {
     }
 }
 
-/// The per-column quantities of one tile's epilogue: the zero-point correction, scale and
-/// bias of its columns.
-pub(crate) struct Columns<'a> {
-    pub(crate) corr: &'a [i32],
-    pub(crate) scale: &'a [f32],
-    pub(crate) bias: &'a [f32],
-}
-
-/// The epilogue of a whole tile of integer sums: rows `0..rows` of `acc`, columns
-/// `0..cols.corr.len()`, written to `y` (row `r` at `y[r·ldy..]`), the residual read at the
-/// same offsets of `res` (when `out` has one).
-///
-/// # Safety
-/// `y` (and `res`) hold `(rows − 1)·ldy + cols` bytes; the columns are at most [`NR`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile(
-    fast: bool,
-    isa: Isa,
-    acc: &[[i32; crate::qgemm::NR]; crate::qgemm::MR],
-    rows: usize,
-    cols: &Columns,
-    out: &Out8,
-    res: *const u8,
-    y: *mut u8,
-    ldy: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if fast {
-        if let Some(e) = Epi16::new(out) {
-            return tile_v4(acc, rows, cols, &e, out, res, y, ldy);
-        }
-    }
-    let _ = fast;
-    let n = cols.corr.len();
-    let mut v = [0f32; crate::qgemm::NR];
-    for (r, sums) in acc.iter().enumerate().take(rows) {
-        for ((v, &s), &k) in v.iter_mut().zip(&sums[..n]).zip(cols.corr) {
-            *v = s.wrapping_sub(k) as f32;
-        }
-        let dst = std::slice::from_raw_parts_mut(y.add(r * ldy), n);
-        let rr = if out.residual.is_some() { std::slice::from_raw_parts(res.add(r * ldy), n) } else { &[][..] };
-        finish(isa, &mut v[..n], cols.scale, cols.bias, out, rr, dst);
-    }
-}
-
-/// Whether [`tile`]'s AVX-512 path runs on this CPU (F, BW and VL).
+/// Whether the AVX-512 epilogues run on this CPU (F, BW and VL).
 pub(crate) fn fast_tiles(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -169,79 +269,62 @@ pub(crate) fn fast_tiles(isa: Isa) -> bool {
     }
 }
 
-/// The epilogue's constants broadcast for AVX-512: the activations' bounds, the residual's
-/// and the output's quantizations.
+/// [`Clamped`] broadcast for AVX-512.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(crate) struct Epi16 {
+    z1: std::arch::x86_64::__m512,
     lo1: std::arch::x86_64::__m512,
     hi1: std::arch::x86_64::__m512,
+    res: Option<[std::arch::x86_64::__m512; 4]>,
+    z2: std::arch::x86_64::__m512,
     lo2: std::arch::x86_64::__m512,
     hi2: std::arch::x86_64::__m512,
-    /// Reciprocal scale, zero point and scale of `mid`; the residual's zero point and scale.
-    mid: Option<[std::arch::x86_64::__m512; 5]>,
-    inv: std::arch::x86_64::__m512,
-    z: std::arch::x86_64::__m512,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Epi16 {
-    /// The constants for `out`, when its activations are clamps (else the scalar path runs).
+    /// The broadcast constants of `e`'s clamp steps (`None` without them).
     #[target_feature(enable = "avx512f")]
-    pub(crate) fn new(out: &Out8) -> Option<Epi16> {
+    pub(crate) fn new(e: &Epilogue8) -> Option<Epi16> {
         use std::arch::x86_64::*;
-        let clamp = |a: Option<Activation>| match a {
-            None => Some((f32::NEG_INFINITY, f32::INFINITY)),
-            Some(a) => a.clamp_bounds(),
-        };
-        let a1 = clamp(out.act)?;
-        let a2 = out.residual.map_or(Some((f32::NEG_INFINITY, f32::INFINITY)), |r| clamp(r.act))?;
-        let mid = out.residual.map(|r| {
-            [
-                _mm512_set1_ps(1.0 / r.mid.scale),
-                _mm512_set1_ps(r.mid.zero as f32),
-                _mm512_set1_ps(r.mid.scale),
-                _mm512_set1_ps(r.res.zero as f32),
-                _mm512_set1_ps(r.res.scale),
-            ]
-        });
+        let (k, _, _) = e.clamped.as_ref()?;
+        let b = |v: f32| _mm512_set1_ps(v);
         Some(Epi16 {
-            lo1: _mm512_set1_ps(a1.0),
-            hi1: _mm512_set1_ps(a1.1),
-            lo2: _mm512_set1_ps(a2.0),
-            hi2: _mm512_set1_ps(a2.1),
-            mid,
-            inv: _mm512_set1_ps(1.0 / out.q.scale),
-            z: _mm512_set1_ps(out.q.zero as f32),
+            z1: b(k.z1),
+            lo1: b(k.lo1),
+            hi1: b(k.hi1),
+            res: k.res.map(|r| r.map(b)),
+            z2: b(k.z2),
+            lo2: b(k.lo2),
+            hi2: b(k.hi2),
         })
     }
 
-    /// The output bytes (as i32 lanes) of 16 exact sums `v`: [`finish`]'s steps, bit for
-    /// bit; `res` the residual's 16 bytes when there is one.
+    /// The output bytes (as i32 lanes) of 16 sums `v` scaled by `qs`, `qb` (the channels'
+    /// scale and bias over the first grid's scale): [`Clamped::value`] per lane; `res` the
+    /// residual's 16 bytes when there is one.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,fma")]
     pub(crate) fn apply(
         &self,
         v: std::arch::x86_64::__m512,
-        scale: std::arch::x86_64::__m512,
-        bias: std::arch::x86_64::__m512,
+        qs: std::arch::x86_64::__m512,
+        qb: std::arch::x86_64::__m512,
         res: std::arch::x86_64::__m128i,
     ) -> std::arch::x86_64::__m512i {
         use std::arch::x86_64::*;
         const R: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        let quant = |v: __m512, inv: __m512, z: __m512| {
-            let q = _mm512_add_ps(_mm512_roundscale_ps::<R>(_mm512_mul_ps(v, inv)), z);
-            _mm512_min_ps(_mm512_max_ps(q, _mm512_setzero_ps()), _mm512_set1_ps(255.0))
+        let grid = |y: __m512, z: __m512, lo: __m512, hi: __m512| {
+            _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_roundscale_ps::<R>(y), z), lo), hi)
         };
-        let mut v = _mm512_add_ps(_mm512_mul_ps(v, scale), bias);
-        v = _mm512_min_ps(_mm512_max_ps(v, self.lo1), self.hi1);
-        if let Some([im, zm, sm, zr, sr]) = self.mid {
-            let m = _mm512_sub_ps(quant(v, im, zm), zm);
+        let mut q = grid(_mm512_fmadd_ps(v, qs, qb), self.z1, self.lo1, self.hi1);
+        if let Some([zm, a, b, zr]) = self.res {
             let rf = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(res)), zr);
-            v = _mm512_add_ps(_mm512_mul_ps(m, sm), _mm512_mul_ps(rf, sr));
-            v = _mm512_min_ps(_mm512_max_ps(v, self.lo2), self.hi2);
+            let y = _mm512_fmadd_ps(_mm512_sub_ps(q, zm), a, _mm512_mul_ps(rf, b));
+            q = grid(y, self.z2, self.lo2, self.hi2);
         }
-        _mm512_cvtps_epi32(quant(v, self.inv, self.z))
+        _mm512_cvtps_epi32(q)
     }
 }
 
@@ -256,39 +339,41 @@ pub(crate) fn lanes(k: usize) -> u16 {
     }
 }
 
-/// [`tile`] with AVX-512 for clamp-like activations: 16 columns at a time, each tile's
-/// column quantities loaded once.
+/// [`Epilogue8::tile`] with AVX-512: 16 columns at a time, the tile's column quantities
+/// loaded once.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_v4(
+    e: &Epilogue8,
     acc: &[[i32; crate::qgemm::NR]; crate::qgemm::MR],
     rows: usize,
-    cols: &Columns,
-    e: &Epi16,
-    out: &Out8,
+    c0: usize,
+    corr: &[i32],
     res: *const u8,
     y: *mut u8,
     ldy: usize,
 ) {
     use std::arch::x86_64::*;
-    let n = cols.corr.len();
+    let (Some(k), Some((_, qs, qb))) = (Epi16::new(e), e.clamped.as_ref()) else { return };
+    let n = corr.len();
     let halves = n.div_ceil(16);
     let masks: [__mmask16; 2] = std::array::from_fn(|h| lanes(n.saturating_sub(16 * h)));
     let at = |h: usize| (16 * h).min(n);
-    let corr: [__m512i; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_epi32(masks[h], cols.corr.as_ptr().add(at(h))));
-    let scale: [__m512; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_ps(masks[h], cols.scale.as_ptr().add(at(h))));
-    let bias: [__m512; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_ps(masks[h], cols.bias.as_ptr().add(at(h))));
+    let corr: [__m512i; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_epi32(masks[h], corr.as_ptr().add(at(h))));
+    let qs: [__m512; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_ps(masks[h], qs.as_ptr().add(c0 + at(h))));
+    let qb: [__m512; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_ps(masks[h], qb.as_ptr().add(c0 + at(h))));
+    let residual = e.out.residual.is_some();
     for (r, sums) in acc.iter().enumerate().take(rows) {
         for h in 0..halves {
             let s = _mm512_loadu_si512(sums.as_ptr().add(16 * h) as *const _);
             let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, corr[h]));
-            let rb = if out.residual.is_some() {
+            let rb = if residual {
                 _mm_maskz_loadu_epi8(masks[h], res.add(r * ldy + 16 * h) as *const i8)
             } else {
                 _mm_setzero_si128()
             };
-            let q = e.apply(v, scale[h], bias[h], rb);
+            let q = k.apply(v, qs[h], qb[h], rb);
             _mm512_mask_cvtepi32_storeu_epi8(y.add(r * ldy + 16 * h) as *mut i8, masks[h], q);
         }
     }

@@ -20,12 +20,37 @@ fn bytes(seed: &mut u64, n: usize) -> Vec<u8> {
     (0..n).map(|_| lcg(seed) as u8).collect()
 }
 
-/// The epilogue of one value, as [`Out8`] defines it (reciprocals for the scales, as the
-/// kernels multiply by them).
+/// The epilogue of one value, as `epilogue.rs` defines it: with clamp activations, in the
+/// output's quantized units (one fused multiply-add, a rounding, one clamp per grid); with
+/// others, the graph's steps (QuantizeLinear by the reciprocal of the scale).
 fn epilogue(sum: i64, scale: f32, bias: f32, out: &Out8, res: Option<u8>) -> u8 {
+    let bounds = |a: Option<Activation>, q: Q8| {
+        let (lo, hi) = a.map_or(Some((f32::NEG_INFINITY, f32::INFINITY)), |a| a.clamp_bounds())?;
+        let grid = |v: f32| (v / q.scale).round_ties_even() + q.zero as f32;
+        Some((grid(lo).max(0.0), grid(hi).min(255.0)))
+    };
+    let first = out.residual.map_or(out.q, |r| r.mid);
+    let b1 = bounds(out.act, first);
+    let b2 = out.residual.map_or(b1, |r| bounds(r.act, out.q));
+    let v = sum as i32 as f32;
+    if let (Some((lo1, hi1)), Some((lo2, hi2))) = (b1, b2) {
+        let (s1, b1) = (scale / first.scale, bias / first.scale);
+        let q = (v.mul_add(s1, b1).round_ties_even() + first.zero as f32).clamp(lo1, hi1);
+        let q = match out.residual {
+            Some(r) => {
+                let y = (q - r.mid.zero as f32).mul_add(
+                    r.mid.scale / out.q.scale,
+                    (res.unwrap() as f32 - r.res.zero as f32) * (r.res.scale / out.q.scale),
+                );
+                (y.round_ties_even() + out.q.zero as f32).clamp(lo2, hi2)
+            }
+            None => q,
+        };
+        return q as u8;
+    }
     let act = |a: Option<Activation>, x: f32| a.map_or(x, |a| a.apply(x));
     let q = |q: Q8, x: f32| (x * (1.0 / q.scale)).round_ties_even() + q.zero as f32;
-    let mut v = act(out.act, sum as i32 as f32 * scale + bias);
+    let mut v = act(out.act, v * scale + bias);
     if let Some(r) = out.residual {
         let m = q(r.mid, v).clamp(0.0, 255.0) - r.mid.zero as f32;
         v = act(r.act, m * r.mid.scale + (res.unwrap() as i32 - r.res.zero as i32) as f32 * r.res.scale);
