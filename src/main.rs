@@ -645,12 +645,16 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
     if names.is_empty() {
         return Ok(());
     }
-    let integer: Vec<&aim_ir::Node> =
-        optimized.nodes.iter().filter(|n| n.domain == "aim" && matches!(n.op.as_str(), "QDense" | "QConv")).collect();
-    // The quantized nodes inside integer kernels: those they name as sources, and the
-    // activation quantizations every reader of which went into one (fused there).
+    const INTEGER: &[&str] = &["QDense", "QConv", "Conv8", "Add8", "MaxPool8"];
+    const EDGES: &[&str] = &["Quantize8", "Dequantize8"];
+    let aim_op = |n: &&aim_ir::Node, ops: &[&str]| n.domain == "aim" && ops.contains(&n.op.as_str());
+    let integer: Vec<&aim_ir::Node> = optimized.nodes.iter().filter(|n| aim_op(n, INTEGER)).collect();
+    let edges = optimized.nodes.iter().filter(|n| aim_op(n, EDGES)).count();
+    // The quantized nodes inside integer kernels and at the edges of byte regions: those
+    // they name as sources, and the activation quantizations every reader of which went
+    // into one (fused there).
     let mut inside: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for n in &integer {
+    for n in optimized.nodes.iter().filter(|n| aim_op(n, INTEGER) || aim_op(n, EDGES)) {
         if let Some(aim_ir::Attr::Strings(s)) = n.attrs.get(aim_compiler::passes::SOURCES) {
             inside.extend(s.iter().map(|s| s.as_str()).filter(|s| names.contains(s)));
         }
@@ -669,10 +673,17 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
         .map(|n| n.name.as_str())
         .collect();
     let shown: Vec<&str> = left.iter().take(8).copied().collect();
+    let mut kinds: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for n in &integer {
+        *kinds.entry(n.op.as_str()).or_default() += 1;
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(op, k)| format!("{k} aim:{op}")).collect();
     writeln!(
         out,
-        "quantized: {} integer kernels (aim:QDense, aim:QConv: u8×s8 sums in i32) for {} quantized nodes; {} quantized nodes run as f32 kernels between dequantization and quantization; {} left to the integer reference kernels{}{}",
+        "quantized: {} integer kernels ({}: u8×s8 sums in i32{}) for {} quantized nodes; {} quantized nodes run as f32 kernels between dequantization and quantization; {} left to the integer reference kernels{}{}",
         integer.len(),
+        if kinds.is_empty() { "none".to_string() } else { kinds.join(", ") },
+        if edges > 0 { format!("; activations kept as bytes NHWC between them, {edges} region edges") } else { String::new() },
         inside.len(),
         names.len().saturating_sub(left.len() + inside.len()),
         left.len(),

@@ -426,6 +426,10 @@ fn int_node(
             }
             sources.extend(producer(n.input(0)).map(sources_of).unwrap_or_default());
             sources.extend(sources_of(dqw));
+            // A dequantized int32 bias folds into the epilogue's constants.
+            if let Some(d) = producer(n.input(2)).filter(|d| d.domain.is_empty() && d.op == "DequantizeLinear") {
+                sources.extend(sources_of(d));
+            }
             sources.extend(sources_of(n));
             set_act(&mut attrs, &mut sources, act);
             let ins = vec![
