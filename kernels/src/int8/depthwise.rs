@@ -122,7 +122,7 @@ impl Depthwise8 {
         fn body(k: &Depthwise8, row: &Row, taps: &mut [*const u8], acc: &mut [f32], res: &[u8], dst: &mut [u8]) {
             let c = k.c;
             for ox in 0..row.ow {
-                k.taps(row, ox, taps);
+                k.taps(row, ox, taps, 1, 0);
                 acc.copy_from_slice(&k.start);
                 for (t, &p) in taps.iter().enumerate() {
                     // SAFETY: every tap points at `c` readable bytes (a pixel or the zero row).
@@ -163,9 +163,28 @@ impl Depthwise8 {
         body(self, row, taps, acc, res, dst)
     }
 
-    /// Points `taps` at the pixel each tap of output `(row, ox)` reads, or at the zero row.
+    /// The output columns `lo..hi` of `row` whose windows lie wholly inside the input
+    /// (empty when the row's do not).
+    fn interior(&self, row: &Row) -> (usize, usize) {
+        let win = &self.window;
+        let span = |k: usize, d: usize| (k - 1) * d;
+        let (h, w) = (row.x.h, row.x.w);
+        let iy0 = (row.oy * win.stride[0]) as isize - win.pads[0] as isize;
+        if iy0 < 0 || iy0 as usize + span(win.kernel[0], win.dilation[0]) >= h {
+            return (0, 0);
+        }
+        let lo = win.pads[1].div_ceil(win.stride[1]);
+        let reach = w + win.pads[1];
+        let last = span(win.kernel[1], win.dilation[1]);
+        // ox·sx − pl + last ≤ w − 1.
+        let hi = if reach > last { ((reach - last - 1) / win.stride[1] + 1).min(row.ow) } else { 0 };
+        (lo, hi.max(lo))
+    }
+
+    /// Points `taps[t·stride + at]` at the pixel tap `t` of output `(row, ox)` reads, or at
+    /// the zero row.
     #[inline(always)]
-    fn taps(&self, row: &Row, ox: usize, taps: &mut [*const u8]) {
+    fn taps(&self, row: &Row, ox: usize, taps: &mut [*const u8], stride: usize, at: usize) {
         let (x, c, win) = (row.x, self.c, &self.window);
         let [kh, kw] = win.kernel;
         let iy0 = (row.oy * win.stride[0]) as isize - win.pads[0] as isize;
@@ -177,9 +196,9 @@ impl Depthwise8 {
         if iy0 >= 0 && ix0 >= 0 && last_y < h && last_x < w {
             // The whole window inside: one pixel's offset plus each tap's.
             let base = x.data[(image + (iy0 * w + ix0) as usize) * c..].as_ptr();
-            for (p, &r) in taps.iter_mut().zip(row.rel) {
+            for (t, &r) in row.rel.iter().enumerate() {
                 // SAFETY: the tap's pixel is inside the input (checked above).
-                *p = unsafe { base.add(r) };
+                taps[t * stride + at] = unsafe { base.add(r) };
             }
             return;
         }
@@ -187,7 +206,7 @@ impl Depthwise8 {
             let iy = iy0 + ky as isize * dh;
             for kx in 0..kw {
                 let ix = ix0 + kx as isize * dw;
-                taps[ky * kw + kx] = if iy >= 0 && iy < h && ix >= 0 && ix < w {
+                taps[(ky * kw + kx) * stride + at] = if iy >= 0 && iy < h && ix >= 0 && ix < w {
                     x.data[(image + (iy * w + ix) as usize) * c..].as_ptr()
                 } else {
                     row.zrow.as_ptr()
@@ -208,9 +227,9 @@ struct Row<'a> {
     rel: &'a [usize],
 }
 
-/// [`Depthwise8::line`] with AVX-512: four pixels at a time (four independent chains of
-/// fused multiply-adds sharing each weight load; exact: see the module doc), per block of
-/// 16 channels, the epilogue applied in registers ([`super::epilogue::Epi16`]).
+/// [`Depthwise8::line`] with AVX-512: the pixels whose windows lie inside the input as runs
+/// ([`interior_v4`]), the others one by one; sums by fused multiply-adds (exact: see the
+/// module doc), the epilogue applied in registers ([`super::epilogue::Epi16`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
 unsafe fn line_v4(k: &Depthwise8, row: &Row, taps: &mut [*const u8], res: &[u8], dst: &mut [u8]) {
@@ -218,67 +237,133 @@ unsafe fn line_v4(k: &Depthwise8, row: &Row, taps: &mut [*const u8], res: &[u8],
     assert!(dst.len() >= row.ow * c && (res.is_empty() || res.len() >= row.ow * c), "the line does not fit");
     let (Some(e), Some((qs, qb))) = (super::epilogue::Epi16::new(&k.ep), k.ep.grid_columns()) else { return };
     let nt = k.window.taps();
-    // Tap pointers of four pixels, tap-major.
-    let mut quad = vec![std::ptr::null::<u8>(); 4 * nt];
-    let mut ox = 0;
-    while ox + 4 <= row.ow {
-        for p in 0..4 {
-            k.taps(row, ox + p, taps);
-            for t in 0..nt {
-                quad[t * 4 + p] = taps[t];
-            }
+    let residual = !res.is_empty();
+    // A pixel whose window leaves the input: its taps one by one (the padding's read the
+    // zero row).
+    let edge = |ox: usize, taps: &mut [*const u8], dst: &mut [u8]| {
+        k.taps(row, ox, taps, 1, 0);
+        let cx = Pixel { k, e: &e, qs, qb, ptrs: taps, ox, res };
+        if residual {
+            pixel_v4::<true>(&cx, dst)
+        } else {
+            pixel_v4::<false>(&cx, dst)
         }
-        pixels_v4::<4>(k, &e, qs, qb, &quad, ox, res, dst);
-        ox += 4;
+    };
+    let (lo, hi) = k.interior(row);
+    let mut ox = 0;
+    while ox < lo.min(row.ow) {
+        edge(ox, taps, dst);
+        ox += 1;
+    }
+    if lo < hi {
+        // Whole windows inside the image: pixel `ox`'s taps are at fixed offsets from its
+        // window's first pixel, one stride apart from pixel to pixel.
+        let win = &k.window;
+        let iy0 = row.oy * win.stride[0] - win.pads[0];
+        let ix0 = ox * win.stride[1] - win.pads[1];
+        let first = row.x.data[((row.img * row.x.h + iy0) * row.x.w + ix0) * c..].as_ptr();
+        let run = Run { k, e: &e, qs, qb, first, step: win.stride[1] * c, rel: row.rel, ox, count: hi - ox, res };
+        match (nt, residual) {
+            (9, false) => interior_v4::<9, false>(&run, dst),
+            (9, true) => interior_v4::<9, true>(&run, dst),
+            (_, false) => interior_v4::<0, false>(&run, dst),
+            (_, true) => interior_v4::<0, true>(&run, dst),
+        }
+        ox = hi;
     }
     while ox < row.ow {
-        k.taps(row, ox, taps);
-        pixels_v4::<1>(k, &e, qs, qb, taps, ox, res, dst);
+        edge(ox, taps, dst);
         ox += 1;
     }
 }
 
-/// `P` pixels from `ox` on: `ptrs[t·P + p]` is pixel `p`'s tap `t`.
+/// What [`interior_v4`] reads: `count` pixels from `ox` on whose windows are inside the
+/// input, the first one's window starting at `first`, the next ones `step` bytes apart.
+#[cfg(target_arch = "x86_64")]
+struct Run<'a> {
+    k: &'a Depthwise8,
+    e: &'a super::epilogue::Epi16,
+    qs: &'a [f32],
+    qb: &'a [f32],
+    first: *const u8,
+    step: usize,
+    rel: &'a [usize],
+    ox: usize,
+    count: usize,
+    res: &'a [u8],
+}
+
+/// A run of inside pixels (`NT` taps when not 0; a residual when `RES`): per block of 16
+/// channels, the taps' weights held in registers while the pixels pass.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pixels_v4<const P: usize>(
-    k: &Depthwise8,
-    e: &super::epilogue::Epi16,
-    qs: &[f32],
-    qb: &[f32],
-    ptrs: &[*const u8],
-    ox: usize,
-    res: &[u8],
-    dst: &mut [u8],
-) {
+unsafe fn interior_v4<const NT: usize, const RES: bool>(r: &Run, dst: &mut [u8]) {
     use super::epilogue::lanes;
     use std::arch::x86_64::*;
+    let k = r.k;
     let c = k.c;
-    let nt = k.window.taps();
+    let nt = if NT > 0 { NT } else { r.rel.len() };
+    let mut w = [_mm512_setzero_ps(); 32];
     for cb in (0..c).step_by(16) {
         let m = lanes(c - cb);
         let start = _mm512_maskz_loadu_ps(m, k.start.as_ptr().add(cb));
-        let mut acc = [start; P];
-        for t in 0..nt {
-            // In bounds: every tap points at `c` bytes, each tap's weights are `c` floats.
-            let w = _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb));
-            for (p, a) in acc.iter_mut().enumerate() {
-                let xb = _mm_maskz_loadu_epi8(m, ptrs[t * P + p].add(cb) as *const i8);
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb)), w, *a);
-            }
+        let s = _mm512_maskz_loadu_ps(m, r.qs.as_ptr().add(cb));
+        let b = _mm512_maskz_loadu_ps(m, r.qb.as_ptr().add(cb));
+        let held = nt.min(w.len());
+        for (t, wt) in w.iter_mut().enumerate().take(held) {
+            *wt = _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb));
         }
-        let s = _mm512_maskz_loadu_ps(m, qs.as_ptr().add(cb));
-        let b = _mm512_maskz_loadu_ps(m, qb.as_ptr().add(cb));
-        for (p, a) in acc.iter().enumerate() {
-            let at = (ox + p) * c + cb;
-            let rb = if res.is_empty() {
-                _mm_setzero_si128()
-            } else {
-                _mm_maskz_loadu_epi8(m, res.as_ptr().add(at) as *const i8)
-            };
-            let q = e.apply(*a, s, b, rb);
+        for i in 0..r.count {
+            // In bounds: every tap of these pixels is inside the input.
+            let px = r.first.add(i * r.step + cb);
+            let mut acc = start;
+            for (t, &rel) in r.rel.iter().enumerate().take(nt) {
+                let xb = _mm_maskz_loadu_epi8(m, px.add(rel) as *const i8);
+                let wt = if t < held { w[t] } else { _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb)) };
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb)), wt, acc);
+            }
+            let at = (r.ox + i) * c + cb;
+            let rb =
+                if RES { _mm_maskz_loadu_epi8(m, r.res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
+            let q = r.e.apply(acc, s, b, rb);
             _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, q);
         }
+    }
+}
+
+/// What [`pixel_v4`] reads: `ptrs[t]` is the pixel's tap `t`.
+#[cfg(target_arch = "x86_64")]
+struct Pixel<'a> {
+    k: &'a Depthwise8,
+    e: &'a super::epilogue::Epi16,
+    qs: &'a [f32],
+    qb: &'a [f32],
+    ptrs: &'a [*const u8],
+    ox: usize,
+    res: &'a [u8],
+}
+
+/// One pixel's output (a residual when `RES`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn pixel_v4<const RES: bool>(cx: &Pixel, dst: &mut [u8]) {
+    use super::epilogue::lanes;
+    use std::arch::x86_64::*;
+    let (k, c) = (cx.k, cx.k.c);
+    for cb in (0..c).step_by(16) {
+        let m = lanes(c - cb);
+        let mut acc = _mm512_maskz_loadu_ps(m, k.start.as_ptr().add(cb));
+        for (t, &p) in cx.ptrs.iter().enumerate() {
+            // In bounds: every tap points at `c` bytes, each tap's weights are `c` floats.
+            let w = _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb));
+            let xb = _mm_maskz_loadu_epi8(m, p.add(cb) as *const i8);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb)), w, acc);
+        }
+        let s = _mm512_maskz_loadu_ps(m, cx.qs.as_ptr().add(cb));
+        let b = _mm512_maskz_loadu_ps(m, cx.qb.as_ptr().add(cb));
+        let at = cx.ox * c + cb;
+        let rb = if RES { _mm_maskz_loadu_epi8(m, cx.res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
+        let q = cx.e.apply(acc, s, b, rb);
+        _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, q);
     }
 }
