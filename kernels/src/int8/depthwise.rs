@@ -263,11 +263,16 @@ unsafe fn line_v4(k: &Depthwise8, row: &Row, taps: &mut [*const u8], res: &[u8],
         let ix0 = ox * win.stride[1] - win.pads[1];
         let first = row.x.data[((row.img * row.x.h + iy0) * row.x.w + ix0) * c..].as_ptr();
         let run = Run { k, e: &e, qs, qb, first, step: win.stride[1] * c, rel: row.rel, ox, count: hi - ox, res };
-        match (nt, residual) {
-            (9, false) => interior_v4::<9, false>(&run, dst),
-            (9, true) => interior_v4::<9, true>(&run, dst),
-            (_, false) => interior_v4::<0, false>(&run, dst),
-            (_, true) => interior_v4::<0, true>(&run, dst),
+        let rolled = win.kernel == [3, 3] && win.dilation == [1, 1];
+        match (nt, residual, win.stride[1]) {
+            (_, true, 1) if rolled => rolled_v4::<1, true>(&run, dst),
+            (_, false, 1) if rolled => rolled_v4::<1, false>(&run, dst),
+            (_, true, 2) if rolled => rolled_v4::<2, true>(&run, dst),
+            (_, false, 2) if rolled => rolled_v4::<2, false>(&run, dst),
+            (9, false, _) => interior_v4::<9, false>(&run, dst),
+            (9, true, _) => interior_v4::<9, true>(&run, dst),
+            (_, false, _) => interior_v4::<0, false>(&run, dst),
+            (_, true, _) => interior_v4::<0, true>(&run, dst),
         }
         ox = hi;
     }
@@ -321,6 +326,58 @@ unsafe fn interior_v4<const NT: usize, const RES: bool>(r: &Run, dst: &mut [u8])
                 let xb = _mm_maskz_loadu_epi8(m, px.add(rel) as *const i8);
                 let wt = if t < held { w[t] } else { _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb)) };
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb)), wt, acc);
+            }
+            let at = (r.ox + i) * c + cb;
+            let rb =
+                if RES { _mm_maskz_loadu_epi8(m, r.res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
+            let q = r.e.apply(acc, s, b, rb);
+            _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, q);
+        }
+    }
+}
+
+/// [`interior_v4`] for 3×3 windows of horizontal stride `S` (1 or 2): along the run each
+/// input column (three rows of 16 channels) is widened to f32 once and serves every pixel
+/// whose window holds it (three, or two at stride 2), kept in registers from pixel to pixel.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn rolled_v4<const S: usize, const RES: bool>(r: &Run, dst: &mut [u8]) {
+    use super::epilogue::lanes;
+    use std::arch::x86_64::*;
+    let k = r.k;
+    let c = k.c;
+    // The offsets of the window's three rows (taps 0, 3 and 6).
+    let rows = [r.rel[0], r.rel[3], r.rel[6]];
+    for cb in (0..c).step_by(16) {
+        let m = lanes(c - cb);
+        let start = _mm512_maskz_loadu_ps(m, k.start.as_ptr().add(cb));
+        let s = _mm512_maskz_loadu_ps(m, r.qs.as_ptr().add(cb));
+        let b = _mm512_maskz_loadu_ps(m, r.qb.as_ptr().add(cb));
+        let w: [__m512; 9] = std::array::from_fn(|t| _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb)));
+        // In bounds: every window of the run is inside the input, so are its columns.
+        let col = |j: usize, ky: usize| {
+            let xb = _mm_maskz_loadu_epi8(m, r.first.add(j * c + rows[ky] + cb) as *const i8);
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb))
+        };
+        // Pixel i's window is columns S·i .. S·i + 2: the first (and at stride 1 the
+        // second) is carried over from pixel i − 1.
+        let mut a: [__m512; 3] = std::array::from_fn(|ky| col(0, ky));
+        let mut bcol: [__m512; 3] = std::array::from_fn(|ky| col(1, ky));
+        for i in 0..r.count {
+            if S == 2 && i > 0 {
+                bcol = std::array::from_fn(|ky| col(S * i + 1, ky));
+            }
+            let next: [__m512; 3] = std::array::from_fn(|ky| col(S * i + 2, ky));
+            let mut acc = start;
+            for ky in 0..3 {
+                acc = _mm512_fmadd_ps(a[ky], w[ky * 3], acc);
+                acc = _mm512_fmadd_ps(bcol[ky], w[ky * 3 + 1], acc);
+                acc = _mm512_fmadd_ps(next[ky], w[ky * 3 + 2], acc);
+            }
+            if S == 1 {
+                (a, bcol) = (bcol, next);
+            } else {
+                a = next;
             }
             let at = (r.ox + i) * c + cb;
             let rb =

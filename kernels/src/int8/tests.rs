@@ -118,6 +118,16 @@ fn cases() -> Vec<Case> {
             act: Some(Activation::Clip(-0.5, 2.0)),
         },
         Case {
+            n: 2,
+            h: 13,
+            w: 16,
+            c: 40,
+            m: 24,
+            window: win(3, 2, 1, [1; 4]),
+            residual: true,
+            act: Some(Activation::Clip(0.0, 6.0)),
+        },
+        Case {
             n: 1,
             h: 4,
             w: 4,
