@@ -27,6 +27,15 @@ pub fn quantize_nchw(isa: Isa, x: &[f32], n: usize, c: usize, hw: usize, q: Q8, 
         let mut buf = [0u8; TILE];
         // SAFETY: inside `y` (checked above); tasks write disjoint pixel ranges.
         let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add((b * hw + p0) * c), np * c) };
+        #[cfg(target_arch = "x86_64")]
+        if c <= 4 && crate::int8::epilogue::fast_tiles(isa) {
+            let planes: [&[f32]; 4] = std::array::from_fn(|ch| {
+                let ch = ch.min(c - 1);
+                &x[(b * c + ch) * hw + p0..(b * c + ch) * hw + p1]
+            });
+            // SAFETY: AVX-512 F, BW and VL checked.
+            return unsafe { few_channels_v4(&planes, c, q, dst) };
+        }
         for ch in 0..c {
             let src = &x[(b * c + ch) * hw + p0..(b * c + ch) * hw + p1];
             crate::fast::quant::quantize(isa, src, &mut buf[..np], q.scale, q.zero as f32);
@@ -35,6 +44,51 @@ pub fn quantize_nchw(isa: Isa, x: &[f32], n: usize, c: usize, hw: usize, q: Q8, 
             }
         }
     });
+}
+
+/// [`quantize_nchw`] of one tile for 1 to 4 channels (a network's RGB input): 16 pixels at
+/// a time, each channel quantized as QuantizeLinear does (division, ties to even), the
+/// pixel's bytes gathered into one 32-bit lane and the lanes' first `c` bytes packed.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn few_channels_v4(planes: &[&[f32]; 4], c: usize, q: Q8, dst: &mut [u8]) {
+    use std::arch::x86_64::*;
+    const R: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    let n = planes[0].len();
+    assert!(dst.len() >= n * c, "the tile does not fit");
+    let (scale, z, lo, hi) =
+        (_mm512_set1_ps(q.scale), _mm512_set1_ps(q.zero as f32), _mm512_setzero_ps(), _mm512_set1_ps(255.0));
+    // Per 128-bit lane, its four pixels' first `c` bytes, packed to the front.
+    let pick: [i8; 16] = std::array::from_fn(|i| if i < 4 * c { ((i / c) * 4 + i % c) as i8 } else { -1 });
+    let pick = _mm512_broadcast_i32x4(_mm_loadu_si128(pick.as_ptr() as *const __m128i));
+    let mut i = 0;
+    while i + 16 <= n {
+        let mut lanes = _mm512_setzero_si512();
+        for (ch, plane) in planes.iter().enumerate().take(c) {
+            let v = _mm512_div_ps(_mm512_loadu_ps(plane.as_ptr().add(i)), scale);
+            let v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_roundscale_ps::<R>(v), z), lo), hi);
+            let byte = _mm512_sllv_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(8 * ch as i32));
+            lanes = _mm512_or_si512(lanes, byte);
+        }
+        let packed = _mm512_shuffle_epi8(lanes, pick);
+        let out = dst.as_mut_ptr().add(i * c);
+        for l in 0..4 {
+            let part = match l {
+                0 => _mm512_castsi512_si128(packed),
+                1 => _mm512_extracti32x4_epi32::<1>(packed),
+                2 => _mm512_extracti32x4_epi32::<2>(packed),
+                _ => _mm512_extracti32x4_epi32::<3>(packed),
+            };
+            // The lane's 4·c bytes (the masked store writes no more).
+            _mm_mask_storeu_epi8(out.add(l * 4 * c) as *mut i8, ((1u32 << (4 * c)) - 1) as u16, part);
+        }
+        i += 16;
+    }
+    for p in i..n {
+        for (ch, plane) in planes.iter().enumerate().take(c) {
+            dst[p * c + ch] = q.quantize(plane[p]);
+        }
+    }
 }
 
 /// `y[(b, ch, p)] = q.dequantize(x[(b, p, ch)])` for `n` images of `c` channels × `hw`

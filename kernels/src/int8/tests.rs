@@ -281,11 +281,19 @@ fn add_is_the_qdq_graph() {
 
 #[test]
 fn conversions_are_quantize_and_dequantize_linear() {
-    let (n, c, hw) = (2, 70, 130);
+    for (n, c, hw) in [(2, 70, 130), (1, 3, 150), (2, 1, 37), (1, 2, 64), (1, 4, 33)] {
+        conversions(n, c, hw);
+    }
+}
+
+fn conversions(n: usize, c: usize, hw: usize) {
     let x: Vec<f32> = (0..n * c * hw).map(|i| ((i * 37 % 1001) as f32 - 500.0) * 0.013).collect();
     let q = Q8 { scale: 0.021, zero: 117 };
     let mut y = vec![0u8; x.len()];
     quantize_nchw(Isa::best(), &x, n, c, hw, q, &mut y, &Sequential);
+    let mut portable = vec![0u8; x.len()];
+    quantize_nchw(Isa::PORTABLE, &x, n, c, hw, q, &mut portable, &Sequential);
+    assert_eq!(y, portable, "{c} channels");
     let mut back = vec![0f32; x.len()];
     dequantize_nhwc(&y, n, c, hw, q, &mut back, &Sequential);
     for b in 0..n {
