@@ -260,3 +260,70 @@ fn byte_regions_match_the_interpreter() {
         }
     }
 }
+
+/// Statically quantized dense layers (the QDQ form: a quantize-dequantize pair on the
+/// input, dequantized 8-bit weights, per tensor or per column, with zero points; MatMul
+/// with a following bias Add, or Gemm with transposed weights and a bias) against the
+/// interpreter: where the CPU has AVX-512 VNNI they run as `aim:QDense` with the pair's
+/// parameters, the sums exact, so the result differs from the f32 product of the
+/// dequantized values only by that product's rounding.
+#[test]
+fn statically_quantized_dense_layers_match_the_interpreter() {
+    let mut r = Rng(31);
+    for case in 0..16 {
+        let (rows, k, n) = (r.pick(&[1, 5, 13]), r.pick(&[3, 16, 64, 130]), r.pick(&[1, 7, 32, 70]));
+        let (signed_w, signed_x, per_col, gemm, trans_b) = (
+            r.pick(&[true, false]),
+            r.pick(&[true, false]),
+            r.pick(&[true, false]),
+            r.pick(&[true, false]),
+            r.pick(&[true, false]),
+        );
+        let wt = if signed_w { "i8" } else { "u8" };
+        let int = |r: &mut Rng, signed: bool| {
+            let v = r.next() % 256;
+            if signed {
+                (v as i64 - 128).to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        let w = list((0..k * n).map(|_| int(&mut r, signed_w)));
+        let cols = if per_col { n } else { 1 };
+        let zs = list((0..cols).map(|_| int(&mut r, signed_w)));
+        let ss = list((0..cols).map(|_| format!("{}", 0.001 + (r.next() % 100) as f32 * 1e-4)));
+        let b = list((0..n).map(|_| format!("{}", (r.next() % 200) as f32 / 50.0 - 2.0)));
+        let dims = if per_col { format!("[{n}]") } else { "[]".to_string() };
+        let (xt, zx) = if signed_x { ("i8", "-5") } else { ("u8", "130") };
+        let (wdims, axis, tb) =
+            if gemm && trans_b { (format!("[{n},{k}]"), 0, 1) } else { (format!("[{k},{n}]"), 1, 0) };
+        let body = if gemm {
+            format!("  %y = Gemm(%xd, %wd, %b) {{transB={tb}}}  # gemm\n")
+        } else {
+            "  %m = MatMul(%xd, %wd)  # matmul\n  %y = Add(%m, %b)  # bias\n".to_string()
+        };
+        let text = format!(
+            "opset 17\ngraph \"g\" {{\n  input %x: f32[{rows},{k}]\n  init %sx = f32[] [0.02]\n  init %zx = {xt}[] [{zx}]\n  init %w = {wt}{wdims} [{w}]\n  init %wz = {wt}{dims} [{zs}]\n  init %ws = f32{dims} [{ss}]\n  init %b = f32[{n}] [{b}]\n  %xq = QuantizeLinear(%x, %sx, %zx)  # q\n  %xd = DequantizeLinear(%xq, %sx, %zx)  # dq\n  %wd = DequantizeLinear(%w, %ws, %wz) {{axis={axis}}}  # dqw\n{body}  output %y: f32[{rows},{n}]\n}}\n"
+        );
+        let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
+        let d = tempdir(&format!("qdense-static-{case}"));
+        let path = d.join("m.onnx");
+        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        let x: Vec<f32> = (0..rows * k).map(|_| (r.next() % 2001) as f32 / 500.0 - 2.0).collect();
+        let inputs = vec![("x".to_string(), Tensor::from_vec(&[rows, k], x))];
+        let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
+        let wv = want[0].1.data::<f32>();
+        let scale = wv.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+        for cpu in caps() {
+            let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
+            let m = Model::load_with_options(&path, &opts).unwrap();
+            let fused = m.optimized_graph().unwrap().nodes.iter().any(|n| n.op == "QDense");
+            assert_eq!(fused, integer_kernel(cpu), "case {case} [{cpu}]: the integer kernel is used where it exists");
+            let got = m.run(inputs.clone()).unwrap();
+            assert_eq!(got[0].1.shape(), want[0].1.shape(), "case {case} [{cpu}]");
+            for (i, (a, b)) in got[0].1.data::<f32>().iter().zip(wv).enumerate() {
+                assert!((a - b).abs() <= 2e-5 * scale, "case {case} [{cpu}] at {i}: {a} vs {b}\n{text}");
+            }
+        }
+    }
+}

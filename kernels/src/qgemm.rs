@@ -136,7 +136,7 @@ pub fn quantize_dynamic(
     row_sums: &mut [i32],
     par: &dyn Parallel,
 ) -> (f32, i32) {
-    use crate::fast::quant::{params_of_range, quantize, range};
+    use crate::fast::quant::{params_of_range, range};
     let m = x.len().checked_div(k).unwrap_or(0);
     assert!(stride >= k && dst.len() >= m * stride, "the quantized rows do not fit");
     // Row chunks of at least 16 K values, a few per thread.
@@ -152,6 +152,30 @@ pub fn quantize_dynamic(
         .map(|r| *r.lock().unwrap_or_else(|e| e.into_inner()))
         .fold((0.0f32, 0.0f32), |(a, b), (l, h)| (a.min(l), b.max(h)));
     let (scale, zp) = params_of_range(lo, hi);
+    quantize_rows(isa, x, k, dst, stride, row_sums, scale, zp, par);
+    (scale, zp as i32)
+}
+
+/// QuantizeLinear of the `m × k` rows of `x` to u8 with a known `scale` and zero point `zp`
+/// (a statically quantized layer's input) into `dst` as [`quantize_dynamic`] lays them out,
+/// with the row sums when `row_sums` is not empty.
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_rows(
+    isa: Isa,
+    x: &[f32],
+    k: usize,
+    dst: &mut [u8],
+    stride: usize,
+    row_sums: &mut [i32],
+    scale: f32,
+    zp: f32,
+    par: &dyn Parallel,
+) {
+    use crate::fast::quant::quantize;
+    let m = x.len().checked_div(k).unwrap_or(0);
+    assert!(stride >= k && dst.len() >= m * stride, "the quantized rows do not fit");
+    let per = (16384 / k.max(1)).max(1).max(m.div_ceil(par.threads() * 4));
+    let chunks = m.div_ceil(per);
     let out = BytePtr(dst.as_mut_ptr());
     let sums = SumPtr(row_sums.as_mut_ptr(), row_sums.len());
     par.for_each(chunks, &|c| {
@@ -172,7 +196,6 @@ pub fn quantize_dynamic(
             }
         }
     });
-    (scale, zp as i32)
 }
 
 /// A raw pointer to the quantized rows that tasks writing disjoint rows may share.

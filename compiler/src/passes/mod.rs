@@ -13,6 +13,7 @@ pub mod layout;
 mod layout_ops;
 mod qconv;
 mod qdense;
+mod qdense_static;
 mod qdq;
 mod reduce;
 mod rename;

@@ -93,6 +93,7 @@ pub fn run(g: &mut Graph, int8: bool) -> Result<(), PassError> {
         // them.
         super::int8::run(g);
         super::qconv::run(g);
+        super::qdense_static::run(g);
     }
     rewrite_pairs(g)?;
     // The dequantization of constants (weights, biases) was left for here by the first

@@ -11,9 +11,9 @@
 use super::{activation, const_f32, prep_err, In, Out, Prepared};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
-use aim_ir::{DType, Graph, Node};
+use aim_ir::{Attr, DType, Graph, Node};
 use aim_kernels::gemm::{Activation, Isa};
-use aim_kernels::qgemm::{qgemm, quantize_dynamic, PackedQB, QEpilogue, QuantizedA};
+use aim_kernels::qgemm::{qgemm, quantize_dynamic, quantize_rows, PackedQB, QEpilogue, QuantizedA};
 
 pub(super) struct QDensePrep {
     pub(super) weight: PackedQB,
@@ -21,6 +21,10 @@ pub(super) struct QDensePrep {
     pub(super) scale: Vec<f32>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
+    /// A statically quantized input's scale and zero point (in u8 terms: an s8 zero point
+    /// plus 128), from `x_scale` / `x_zero`; without them the input is quantized per run
+    /// (DynamicQuantizeLinear).
+    pub(super) fixed: Option<(f32, u8)>,
 }
 
 pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
@@ -63,7 +67,14 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
     };
     let weight = PackedQB::new(w.bytes(), w.dtype() == DType::I8, k, cols, &zero)
         .map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
-    Ok(Prepared::QDense(Box::new(QDensePrep { weight, scale, bias, act: activation(n) })))
+    let fixed = match (n.attrs.get("x_scale"), n.attrs.get("x_zero")) {
+        (None, None) => None,
+        (Some(Attr::Float(s)), Some(Attr::Int(z))) if *s > 0.0 && s.is_finite() && (0..=255).contains(z) => {
+            Some((*s, *z as u8))
+        }
+        _ => return Err(prep_err(n, "x_scale and x_zero must be a positive scale and a zero point from 0 to 255")),
+    };
+    Ok(Prepared::QDense(Box::new(QDensePrep { weight, scale, bias, act: activation(n), fixed })))
 }
 
 pub(super) fn run(d: &QDensePrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
@@ -81,7 +92,13 @@ pub(super) fn run(d: &QDensePrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPoo
     let stride = k.div_ceil(4) * 4;
     let mut q = aim_kernels::scratch::take_bytes(m * stride);
     let mut sums = vec![0i32; if d.weight.needs_row_sums() { m } else { 0 }];
-    let (xscale, zero) = quantize_dynamic(isa, &x.data[..m * k], k, &mut q, stride, &mut sums, pool);
+    let (xscale, zero) = match d.fixed {
+        Some((s, z)) => {
+            quantize_rows(isa, &x.data[..m * k], k, &mut q, stride, &mut sums, s, z as f32, pool);
+            (s, z as i32)
+        }
+        None => quantize_dynamic(isa, &x.data[..m * k], k, &mut q, stride, &mut sums, pool),
+    };
     // The scale of the product, as the graph computes it: the input's times the weights'.
     let scale: Vec<f32> = d.scale.iter().map(|s| xscale * s).collect();
     let out = y.take(&shape)?;
@@ -100,7 +117,12 @@ pub(super) fn schedule(d: &QDensePrep, isa: Isa, m: usize, threads: usize) -> Ve
     let blocks = m.div_ceil(MR);
     let splits = (threads * 4).div_ceil(panels).clamp(1, blocks.max(1));
     vec![
-        format!("quantize A[{m}×{k}] to u8 (DynamicQuantizeLinear: range, then one pass with row sums)"),
+        match d.fixed {
+            Some((s, z)) => {
+                format!("quantize A[{m}×{k}] to u8 (QuantizeLinear, scale {s} zero {z}: one pass with row sums)")
+            }
+            None => format!("quantize A[{m}×{k}] to u8 (DynamicQuantizeLinear: range, then one pass with row sums)"),
+        },
         format!("C[{m}×{n}] = A·W in i32 (W s8, packed at load time in panels of {NR} columns × groups of 4 rows)"),
         format!("  parallel for column panel × row split in 0..{} ({panels} panels, {splits} splits)", panels * splits),
         format!(
