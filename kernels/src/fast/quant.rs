@@ -116,7 +116,24 @@ pub(crate) fn range(isa: Isa, v: &[f32]) -> (f32, f32) {
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
         unsafe fn v4(v: &[f32]) -> (f32, f32) {
-            body(v)
+            use std::arch::x86_64::*;
+            // Four independent pairs of accumulators (`minps`/`maxps` keep the accumulator,
+            // their second operand, when the value is NaN: NaN ignored, as in `body`).
+            let mut lo = [_mm512_setzero_ps(); 4];
+            let mut hi = [_mm512_setzero_ps(); 4];
+            let chunks = v.chunks_exact(64);
+            let tail = chunks.remainder();
+            for c in chunks {
+                for k in 0..4 {
+                    let x = _mm512_loadu_ps(c.as_ptr().add(16 * k));
+                    lo[k] = _mm512_min_ps(x, lo[k]);
+                    hi[k] = _mm512_max_ps(x, hi[k]);
+                }
+            }
+            let (l, h) = body(tail);
+            let lo = _mm512_min_ps(_mm512_min_ps(lo[0], lo[1]), _mm512_min_ps(lo[2], lo[3]));
+            let hi = _mm512_max_ps(_mm512_max_ps(hi[0], hi[1]), _mm512_max_ps(hi[2], hi[3]));
+            (_mm512_reduce_min_ps(lo).min(l), _mm512_reduce_max_ps(hi).max(h))
         }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v3(v: &[f32]) -> (f32, f32) {

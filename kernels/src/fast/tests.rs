@@ -212,3 +212,21 @@ fn quantize_matches_the_scalar_formula() {
         }
     }
 }
+
+/// The range DynamicQuantizeLinear takes is the same on every ISA: NaN ignored, infinities
+/// kept, 0 always inside, at lengths around the vector loops' widths.
+#[test]
+fn quantization_range_is_the_same_on_every_isa() {
+    let mut v: Vec<f32> = (0..300).map(|i| ((i * 37 % 101) as f32 - 40.0) * 0.3).collect();
+    v[70] = f32::NAN;
+    v[200] = f32::NAN;
+    for len in [0, 1, 15, 63, 64, 65, 129, 300] {
+        let want = super::quant::range(crate::gemm::Isa::PORTABLE, &v[..len]);
+        assert_eq!(super::quant::range(crate::gemm::Isa::best(), &v[..len]), want, "len {len}");
+    }
+    let mut w = vec![1.0f32; 130];
+    w[100] = f32::INFINITY;
+    w[3] = f32::NEG_INFINITY;
+    assert_eq!(super::quant::range(crate::gemm::Isa::best(), &w), (f32::NEG_INFINITY, f32::INFINITY));
+    assert_eq!(super::quant::range(crate::gemm::Isa::best(), &[2.0; 70]), (0.0, 2.0));
+}
