@@ -17,6 +17,7 @@ pub mod conformance;
 pub mod explore;
 mod guard;
 pub mod npz;
+pub mod quantize;
 mod random;
 mod specialize;
 mod views;

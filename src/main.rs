@@ -181,6 +181,43 @@ enum Cmd {
         #[arg(long, value_name = "NAME=DIMS")]
         shape: Vec<String>,
     },
+    /// Quantize a model to 8 bits, as ONNX that ONNX Runtime runs too: static (QDQ: the
+    /// ranges of the activations Conv, MatMul and Gemm read calibrated over a directory of
+    /// .npz input sets) or dynamic (MatMul and Gemm with s8 weights, activations quantized
+    /// per run); then print each output's error against the f32 model.
+    Quantize {
+        /// The f32 ONNX model.
+        model: PathBuf,
+        /// The quantized ONNX model to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// static or dynamic.
+        #[arg(long, default_value = "static")]
+        mode: String,
+        /// A directory of .npz input sets (keyed by input name), as np.savez writes them:
+        /// the calibration set (static), and the inputs the accuracy is measured on.
+        #[arg(long)]
+        calibration: Option<PathBuf>,
+        /// How each activation's range is chosen: minmax, entropy (least KL divergence, as
+        /// TensorRT's calibrator) or percentile (99.999%).
+        #[arg(long, default_value = "minmax")]
+        method: String,
+        /// s8 activations around 0 (zero point 0).
+        #[arg(long, conflicts_with = "asymmetric")]
+        symmetric: bool,
+        /// u8 activations with a zero point (the default).
+        #[arg(long)]
+        asymmetric: bool,
+        /// One weight scale per output channel instead of one per tensor.
+        #[arg(long)]
+        per_channel: bool,
+        /// Nodes to leave in f32, by name (repeatable).
+        #[arg(long, num_args = 1..)]
+        exclude: Vec<String>,
+        /// Threads for the calibration and accuracy runs.
+        #[arg(long)]
+        threads: Option<usize>,
+    },
     /// Show a model's inputs, outputs, opset, op histogram and unsupported ops, and/or
     /// the target description of this CPU.
     Info {
@@ -327,6 +364,60 @@ fn compile_cmd(
         s.file_bytes as f64 / (1 << 20) as f64,
         t0.elapsed().as_secs_f64() * 1e3
     )?;
+    Ok(())
+}
+
+fn quantize_cmd(
+    out: &mut dyn Write,
+    model: &std::path::Path,
+    output: &std::path::Path,
+    opts: &aim::quantize::Options,
+) -> Result<()> {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    let mut progress = |phase: &str, done: usize, total: usize| {
+        if tty {
+            let filled = (done * 30).checked_div(total).unwrap_or(30);
+            eprint!("\r{phase:12} [{}{}] {done}/{total}", "#".repeat(filled), ".".repeat(30 - filled));
+            if done == total {
+                eprintln!();
+            }
+        }
+    };
+    let s = aim::quantize::quantize(model, output, opts, &mut progress)?;
+    let mut ops: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for (_, op) in &s.quantized {
+        *ops.entry(op.as_str()).or_default() += 1;
+    }
+    let ops: Vec<String> = ops.iter().map(|(op, k)| format!("{k} {op}")).collect();
+    let how = match opts.mode {
+        aim::quantize::Mode::Static => format!(
+            "static QDQ, {} activations calibrated by {:?} over {} input sets, s8 weights {}",
+            if opts.symmetric { "s8 symmetric" } else { "u8 asymmetric" },
+            opts.method,
+            s.calibration_sets,
+            if opts.per_channel { "per channel" } else { "per tensor" }
+        ),
+        aim::quantize::Mode::Dynamic => {
+            format!("dynamic, s8 weights {}", if opts.per_channel { "per channel" } else { "per tensor" })
+        }
+    };
+    writeln!(out, "{}: quantized {} nodes ({}): {how}", output.display(), s.quantized.len(), ops.join(", "))?;
+    let (sets, random) = s.accuracy_sets;
+    if sets == 0 {
+        writeln!(out, "accuracy not measured: the inputs have symbolic dims; pass --calibration DIR with input sets")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "accuracy against the f32 model over {sets} {}input sets:",
+        if random { "seeded random " } else { "calibration " }
+    )?;
+    writeln!(out, "  {:24} {:>12} {:>14} {:>16}", "output", "max |diff|", "RMS diff / RMS", "top-1 agreement")?;
+    for e in &s.accuracy {
+        let top1 = e.top1.map_or("-".to_string(), |(a, n)| format!("{a}/{n} ({:.1}%)", 100.0 * a as f64 / n as f64));
+        writeln!(out, "  {:24} {:>12.4e} {:>13.3}% {:>16}", e.name, e.max_abs, 100.0 * e.rel_rms, top1)?;
+    }
     Ok(())
 }
 
@@ -878,6 +969,31 @@ fn dispatch(cli: Cli) -> Result<bool> {
             } else {
                 compile_cmd(&mut out, &model, &output, &cpu, &shape).map(|_| true)
             }
+        }
+        Cmd::Quantize {
+            model,
+            output,
+            mode,
+            calibration,
+            method,
+            symmetric,
+            asymmetric: _,
+            per_channel,
+            exclude,
+            threads,
+        } => {
+            let opts = (|| -> Result<aim::quantize::Options> {
+                Ok(aim::quantize::Options {
+                    mode: mode.parse().map_err(anyhow::Error::msg)?,
+                    calibration,
+                    method: method.parse().map_err(anyhow::Error::msg)?,
+                    symmetric,
+                    per_channel,
+                    exclude,
+                    threads,
+                })
+            })();
+            opts.and_then(|o| quantize_cmd(&mut out, &model, &output, &o)).map(|_| true)
         }
         Cmd::Compare { model, inputs, against, tolerance, json, load } => {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))

@@ -310,3 +310,41 @@ fn explore_and_info_show_the_program_specialised_to_a_shape() {
     assert!(text.contains("specialised to input shapes") && !text.contains("reference kernels"), "{text}");
     assert_clean_error(&aim(&["explore", m, "--shape", "x=3x2", "--shape", "x=4x2"]), "one program");
 }
+
+/// `aim quantize`: a static quantization of the small MLP with a calibration set writes a
+/// QDQ model aim runs, with the accuracy table; the user's mistakes are one clear line.
+#[test]
+fn quantize_writes_a_model_and_refuses_bad_options() {
+    let d = tempdir("quantize");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let cal = d.join("cal");
+    std::fs::create_dir(&cal).unwrap();
+    for (k, v) in [[1.0f32, 2.0, -1.0, 0.5], [0.25, -3.0, 2.0, 1.0]].iter().enumerate() {
+        write_npz(&cal.join(format!("{k}.npz")), &[("x".into(), Tensor::from_slice(&[2, 2], v))]).unwrap();
+    }
+    let (m, q) = (d.join("m.onnx"), d.join("q.onnx"));
+    let (m, q, c) = (m.to_str().unwrap(), q.to_str().unwrap(), cal.to_str().unwrap());
+    let out = aim(&["quantize", m, "-o", q, "--calibration", c]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("quantized 1 nodes (1 MatMul)") && text.contains("RMS diff / RMS"), "{text}");
+    let run = aim(&["run", q, "--inputs", cal.join("0.npz").to_str().unwrap()]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let ops = aim(&["info", q]);
+    assert!(String::from_utf8_lossy(&ops.stdout).contains("QuantizeLinear"), "the model holds QDQ pairs");
+    let dynamic = aim(&["quantize", m, "-o", q, "--mode", "dynamic"]);
+    assert!(dynamic.status.success(), "{}", stderr(&dynamic));
+    assert_clean_error(&aim(&["quantize", m, "-o", q]), "static quantization needs --calibration DIR");
+    assert_clean_error(
+        &aim(&["quantize", m, "-o", q, "--calibration", c, "--method", "mse"]),
+        "unknown calibration method 'mse'",
+    );
+    assert_clean_error(&aim(&["quantize", m, "-o", q, "--mode", "int4"]), "unknown mode 'int4'");
+    let empty = d.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert_clean_error(&aim(&["quantize", m, "-o", q, "--calibration", empty.to_str().unwrap()]), "no .npz input sets");
+    assert_clean_error(
+        &aim(&["quantize", m, "-o", q, "--exclude", "mm", "--calibration", c]),
+        "no Conv, MatMul or Gemm node",
+    );
+}

@@ -41,6 +41,8 @@ python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend c
 QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul"
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend reference --one-quantum
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend cpu --one-quantum
+echo "== aim quantize: static (each calibration method) and dynamic, run by ONNX Runtime and by aim's integer kernels"
+python3 tests/aim_quantize.py target/release/aim target/models
 echo "== com.microsoft ops (ONNX Runtime's transformer optimizer output and one model per op form)"
 CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln ms_attention ms_attention_causal
   ms_attention_sizes ms_mha ms_mha_causal ms_gqa ms_gqa_rotary ms_rotary ms_fused_conv ms_fused_matmul"

@@ -35,20 +35,22 @@ pub fn export(m: &Model) -> ModelProto {
 fn graph(g: &Graph) -> GraphProto {
     GraphProto {
         name: Some(g.name.clone()),
-        node: g.nodes.iter().map(node).collect(),
-        input: g.inputs.iter().map(value_info).collect(),
-        output: g.outputs.iter().map(value_info).collect(),
-        initializer: g.initializers.iter().map(|(k, t)| tensor(k, t)).collect(),
+        node: g.nodes.iter().map(node_proto).collect(),
+        input: g.inputs.iter().map(value_info_proto).collect(),
+        output: g.outputs.iter().map(value_info_proto).collect(),
+        initializer: g.initializers.iter().map(|(k, t)| tensor_proto(k, t)).collect(),
         value_info: g
             .value_types
             .iter()
-            .map(|(k, t)| value_info(&ValueInfo { name: k.clone(), ty: t.clone() }))
+            .map(|(k, t)| value_info_proto(&ValueInfo { name: k.clone(), ty: t.clone() }))
             .collect(),
         ..Default::default()
     }
 }
 
-fn node(n: &Node) -> NodeProto {
+/// One node as a `NodeProto` (for tools that edit a model's protobuf directly, such as
+/// `aim quantize`).
+pub fn node_proto(n: &Node) -> NodeProto {
     NodeProto {
         name: Some(n.name.clone()),
         op_type: Some(n.op.clone()),
@@ -76,7 +78,7 @@ fn attr(name: &str, v: &Attr) -> AttributeProto {
             AttributeType::String
         }
         Attr::Tensor(t) => {
-            a.t = Some(tensor("", t));
+            a.t = Some(tensor_proto("", t));
             AttributeType::Tensor
         }
         Attr::Graph(g) => {
@@ -100,7 +102,8 @@ fn attr(name: &str, v: &Attr) -> AttributeProto {
     a
 }
 
-fn tensor(name: &str, t: &Tensor) -> TensorProto {
+/// A tensor as a `TensorProto` with its bytes inline.
+pub fn tensor_proto(name: &str, t: &Tensor) -> TensorProto {
     TensorProto {
         name: (!name.is_empty()).then(|| name.to_string()),
         dims: t.shape().iter().map(|&d| d as i64).collect(),
@@ -110,7 +113,8 @@ fn tensor(name: &str, t: &Tensor) -> TensorProto {
     }
 }
 
-fn value_info(v: &ValueInfo) -> ValueInfoProto {
+/// A value's name and type as a `ValueInfoProto`.
+pub fn value_info_proto(v: &ValueInfo) -> ValueInfoProto {
     ValueInfoProto { name: Some(v.name.clone()), r#type: value_type(&v.ty), ..Default::default() }
 }
 

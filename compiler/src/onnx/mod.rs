@@ -14,7 +14,7 @@ mod tensor;
 
 pub use aim_ir::mapped::release_pages;
 pub use error::ImportError;
-pub use export::{export, export_bytes};
+pub use export::{export, export_bytes, node_proto, tensor_proto, value_info_proto};
 pub use import::{import_bytes, import_file};
 pub use print::{print_onnx, OnnxLine};
 pub use tensor::{decode_tensor_proto, tensor_from_proto};
