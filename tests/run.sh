@@ -41,6 +41,9 @@ python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend c
 QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul"
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend reference --one-quantum
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend cpu --one-quantum
+echo "== half-precision models (f16 weights and activations): computed in f32 by the cpu backend, per op in f16 by the reference"
+python3 tests/compare_ort.py target/release/aim target/models mobilenetv2_f16 bert_l6_f16 --backend reference --half
+python3 tests/compare_ort.py target/release/aim target/models mobilenetv2_f16 bert_l6_f16 --backend cpu --half
 echo "== aim quantize: static (each calibration method) and dynamic, run by ONNX Runtime and by aim's integer kernels"
 python3 tests/aim_quantize.py target/release/aim target/models
 echo "== com.microsoft ops (ONNX Runtime's transformer optimizer output and one model per op form)"

@@ -8,6 +8,7 @@ mod fold_batchnorm;
 mod fuse;
 mod fuse_elementwise;
 mod gelu;
+mod half;
 mod int8;
 pub mod layout;
 mod layout_ops;
@@ -71,6 +72,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // f32 kernels (the quantize-dequantize pass).
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
     vec![
+        Pass::new("half-to-float", half::run),
         Pass::new("infer-types", infer),
         // The dequantization of constant weights waits for the quantize-dequantize pass,
         // which reads the integers (and folds them then).
