@@ -180,6 +180,22 @@ enum Cmd {
         /// another signature, and inputs of other shapes run the shape-generic program.
         #[arg(long, value_name = "NAME=DIMS")]
         shape: Vec<String>,
+        /// Quantize the model first (static or dynamic, as `aim quantize` does, with its
+        /// --calibration, --method, --symmetric and --per-channel) and compile the result.
+        #[arg(long, value_name = "MODE")]
+        quantize: Option<String>,
+        /// With --quantize: the directory of .npz input sets.
+        #[arg(long, requires = "quantize")]
+        calibration: Option<PathBuf>,
+        /// With --quantize: minmax, entropy or percentile.
+        #[arg(long, requires = "quantize", default_value = "minmax")]
+        method: String,
+        /// With --quantize: s8 activations around 0.
+        #[arg(long, requires = "quantize")]
+        symmetric: bool,
+        /// With --quantize: one weight scale per output channel.
+        #[arg(long, requires = "quantize")]
+        per_channel: bool,
     },
     /// Quantize a model to 8 bits, as ONNX that ONNX Runtime runs too: static (QDQ: the
     /// ranges of the activations Conv, MatMul and Gemm read calibrated over a directory of
@@ -956,14 +972,54 @@ fn dispatch(cli: Cli) -> Result<bool> {
         Cmd::Info { model, verify, target, cpu, shape } => {
             info_cmd(&mut out, model, verify, target, &cpu, &shape).map(|_| true)
         }
-        Cmd::Compile { model, output, cpu, shape, target: Some(target), name, linker } => {
+        Cmd::Compile {
+            model,
+            output,
+            cpu,
+            shape,
+            target,
+            name,
+            linker,
+            quantize: Some(mode),
+            calibration,
+            method,
+            symmetric,
+            per_channel,
+        } => {
+            // Quantized first, next to the output, then compiled like any model.
+            let q = output.with_extension("quantized.onnx");
+            let opts = (|| -> Result<aim::quantize::Options> {
+                Ok(aim::quantize::Options {
+                    mode: mode.parse().map_err(anyhow::Error::msg)?,
+                    calibration,
+                    method: method.parse().map_err(anyhow::Error::msg)?,
+                    symmetric,
+                    per_channel,
+                    exclude: Vec::new(),
+                    threads: None,
+                })
+            })();
+            let done = opts.and_then(|o| quantize_cmd(&mut out, &model, &q, &o)).and_then(|_| match target {
+                Some(_) if cpu != "native" => {
+                    Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
+                }
+                Some(t) => compile_so(&mut out, &q, &output, t, name, linker, &shape),
+                None if name.is_some() || linker.is_some() => {
+                    Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
+                }
+                None => compile_cmd(&mut out, &q, &output, &cpu, &shape),
+            });
+            let _ = std::fs::remove_file(&q);
+            done.map(|_| true)
+        }
+        Cmd::Compile { model, output, cpu, shape, target: Some(target), name, linker, .. } => {
             if cpu != "native" {
                 Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
             } else {
                 compile_so(&mut out, &model, &output, target, name, linker, &shape).map(|_| true)
             }
         }
-        Cmd::Compile { model, output, cpu, shape, target: None, name, linker } => {
+        Cmd::Compile { model, output, cpu, shape, target: None, name, linker, .. } => {
             if name.is_some() || linker.is_some() {
                 Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
             } else {

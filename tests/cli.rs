@@ -334,6 +334,13 @@ fn quantize_writes_a_model_and_refuses_bad_options() {
     assert!(String::from_utf8_lossy(&ops.stdout).contains("QuantizeLinear"), "the model holds QDQ pairs");
     let dynamic = aim(&["quantize", m, "-o", q, "--mode", "dynamic"]);
     assert!(dynamic.status.success(), "{}", stderr(&dynamic));
+    // Quantized and compiled in one go: a .aim file that runs, no intermediate left.
+    let a = d.join("q.aim");
+    let compiled = aim(&["compile", m, "-o", a.to_str().unwrap(), "--quantize", "static", "--calibration", c]);
+    assert!(compiled.status.success(), "{}", stderr(&compiled));
+    assert!(!d.join("q.quantized.onnx").exists());
+    let run = aim(&["run", a.to_str().unwrap(), "--inputs", cal.join("1.npz").to_str().unwrap()]);
+    assert!(run.status.success(), "{}", stderr(&run));
     assert_clean_error(&aim(&["quantize", m, "-o", q]), "static quantization needs --calibration DIR");
     assert_clean_error(
         &aim(&["quantize", m, "-o", q, "--calibration", c, "--method", "mse"]),
