@@ -38,7 +38,7 @@ echo "== quantized models (ONNX Runtime's quantize_static QDQ and QOperator, qua
 QUANT="resnet50_qdq mobilenetv2_qdq resnet50_qop mobilenetv2_qop bert_l6_dyn bert_l6_qdq"
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend reference --quantized
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend cpu --quantized
-QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul"
+QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul ms_matmul_nbits"
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend reference --one-quantum
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend cpu --one-quantum
 echo "== half-precision models (f16 weights and activations): computed in f32 by the cpu backend, per op in f16 by the reference"

@@ -148,7 +148,12 @@ impl Emit<'_> {
         out
     }
 
-    fn konst(&mut self, t: Tensor) -> String {
+    /// The constant `name`, if it is one.
+    pub(super) fn constant(&self, name: &str) -> Option<&Tensor> {
+        self.g.initializers.get(name)
+    }
+
+    pub(super) fn konst(&mut self, t: Tensor) -> String {
         let name = self.fresh("const");
         self.g.initializers.insert(name.clone(), t);
         name

@@ -3,7 +3,9 @@
 //! QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and its dynamic forms
 //! (DynamicQuantizeMatMul, MatMulIntegerToFloat), expanded at import into default-domain
 //! DequantizeLinear → f32 op → QuantizeLinear, which is ONNX Runtime's definition of them up
-//! to the rounding of its fixed-point arithmetic. Both backends then run them; the cpu
+//! to the rounding of its fixed-point arithmetic. MatMulNBits (blockwise 2- to 8-bit
+//! weights, as LLM exports write them) has its constant weights dequantized at import into
+//! an f32 (or f16) MatMul weight. Both backends then run them; the cpu
 //! pipeline turns the quantize-dequantize pairs between them into f32 loops
 //! (`passes/qdq.rs`). Forms not covered (channels-last pooling) are import errors naming
 //! the node.
@@ -26,6 +28,7 @@ pub fn expands(op: &str) -> bool {
             | "QLinearLeakyRelu"
             | "DynamicQuantizeMatMul"
             | "MatMulIntegerToFloat"
+            | "MatMulNBits"
     )
 }
 
@@ -77,6 +80,7 @@ pub fn expand(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
             Ok(())
         }
         "QGemm" => qgemm(e, n),
+        "MatMulNBits" => matmul_nbits(e, n),
         "DynamicQuantizeMatMul" => {
             // A (f32) is quantized per run to u8 (DynamicQuantizeLinear), B with its scale and
             // zero point, then an f32 product plus the optional bias.
@@ -184,4 +188,99 @@ fn qgemm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         None => e.op_to("Gemm", &refs, &n.outputs[..1], attrs),
     }
     Ok(())
+}
+
+/// `MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?)`: `A · W + bias` where `W[k][n]`
+/// is the `bits`-bit value `q` at position k of column n's blocks of `block_size` (packed
+/// low bits first, `B` shaped `[N, blocks, block_size·bits/8]`), `(q − zero_point) · scale`
+/// of its block (the block `g_idx[k]` when given, else `k / block_size`; zero points packed
+/// like B or of the scales' type, `2^(bits−1)` without them). With constant B, scales, zero
+/// points and g_idx the weight is dequantized here, once, into a constant of the scales'
+/// type; other forms are import errors naming the node.
+fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    use aim_ir::{DType, Tensor};
+    let (k, cols, bits, block) = (n.int("K", 0), n.int("N", 0), n.int("bits", 4), n.int("block_size", 0));
+    if k <= 0 || cols <= 0 || !(2..=8).contains(&bits) || block < 16 || (block & (block - 1)) != 0 {
+        return Err(bad(n, format!("K={k}, N={cols}, bits={bits}, block_size={block}: K and N positive, bits 2 to 8, block_size a power of two from 16")));
+    }
+    let (k, cols, bits, block) = (k as usize, cols as usize, bits as usize, block as usize);
+    let blocks = k.div_ceil(block);
+    let blob = block * bits / 8;
+    let constant = |e: &Emit, i: usize, what: &str| -> Result<Tensor, ImportError> {
+        let name = input(n, i)?;
+        e.constant(name).cloned().ok_or_else(|| bad(n, format!("{what} ('{name}') must be a constant")))
+    };
+    let b = constant(e, 1, "the packed weights B")?;
+    if b.dtype() != DType::U8 || b.len() != cols * blocks * blob {
+        return Err(bad(
+            n,
+            format!("B is {} of {} values, expected u8 [{cols}, {blocks}, {blob}]", b.dtype(), b.len()),
+        ));
+    }
+    let scales = constant(e, 2, "the scales")?;
+    let sdtype = scales.dtype();
+    if !matches!(sdtype, DType::F32 | DType::F16) || scales.len() != cols * blocks {
+        return Err(bad(
+            n,
+            format!("the scales are {sdtype} of {} values, expected f32 or f16 [{}]", scales.len(), cols * blocks),
+        ));
+    }
+    let scale: Vec<f64> = scales.to_f64_vec();
+    // Zero points: packed like B (u8), or one per block of the scales' type.
+    let zero: Vec<f64> = match n.input(3) {
+        None => vec![(1u32 << (bits - 1)) as f64; cols * blocks],
+        Some(_) => {
+            let z = constant(e, 3, "the zero points")?;
+            let per_col = (blocks * bits).div_ceil(8);
+            if z.dtype() == DType::U8 && z.len() == cols * per_col {
+                let zb = z.bytes();
+                (0..cols * blocks).map(|i| unpack(&zb[(i / blocks) * per_col..], i % blocks, bits) as f64).collect()
+            } else if z.dtype() == sdtype && z.len() == cols * blocks {
+                z.to_f64_vec()
+            } else {
+                return Err(bad(
+                    n,
+                    format!(
+                        "the zero points are {} of {} values: u8 packed [{}] or {sdtype} [{}] expected",
+                        z.dtype(),
+                        z.len(),
+                        cols * per_col,
+                        cols * blocks
+                    ),
+                ));
+            }
+        }
+    };
+    let g_idx: Option<Vec<usize>> = match n.input(4) {
+        None => None,
+        Some(_) => {
+            let g = constant(e, 4, "g_idx")?;
+            let v = g.to_f64_vec();
+            if v.len() != k || v.iter().any(|&x| x < 0.0 || x as usize >= blocks) {
+                return Err(bad(n, format!("g_idx must hold {k} block indices below {blocks}")));
+            }
+            Some(v.iter().map(|&x| x as usize).collect())
+        }
+    };
+    let bytes = b.bytes();
+    let mut w = vec![0f32; k * cols];
+    for c in 0..cols {
+        for kk in 0..k {
+            let (blk, at) = (kk / block, kk % block);
+            let q = unpack(&bytes[(c * blocks + blk) * blob..], at, bits) as f64;
+            let g = g_idx.as_ref().map_or(blk, |g| g[kk]);
+            w[kk * cols + c] = ((q - zero[c * blocks + g]) * scale[c * blocks + g]) as f32;
+        }
+    }
+    let w = Tensor::from_vec(&[k, cols], w);
+    let w = if sdtype == DType::F16 { aim_kernels::cast(&w, DType::F16) } else { w };
+    let wn = e.konst(w);
+    matmul_bias(e, n, input(n, 0)?, &wn, n.input(5))
+}
+
+/// The `bits`-bit value at position `i` of `packed` (low bits first).
+fn unpack(packed: &[u8], i: usize, bits: usize) -> u32 {
+    let bit = i * bits;
+    let word = packed[bit / 8] as u32 | (packed.get(bit / 8 + 1).copied().unwrap_or(0) as u32) << 8;
+    (word >> (bit % 8)) & ((1 << bits) - 1)
 }
