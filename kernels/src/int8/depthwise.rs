@@ -165,6 +165,7 @@ impl Depthwise8 {
 
     /// The output columns `lo..hi` of `row` whose windows lie wholly inside the input
     /// (empty when the row's do not).
+    #[cfg(target_arch = "x86_64")]
     fn interior(&self, row: &Row) -> (usize, usize) {
         let win = &self.window;
         let span = |k: usize, d: usize| (k - 1) * d;

@@ -113,6 +113,7 @@ impl Epilogue8 {
     }
 
     /// With clamps, each channel's scale and bias over the first grid's scale.
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn grid_columns(&self) -> Option<(&[f32], &[f32])> {
         self.clamped.as_ref().map(|(_, s, b)| (s.as_slice(), b.as_slice()))
     }
