@@ -132,6 +132,7 @@ pub fn run(g: &mut Graph) {
     }
     rewrite(g, &r, &quantized, ops);
     fuse_residuals(g);
+    fuse_global_pools(g);
 }
 
 /// Every per-tensor 8-bit QuantizeLinear output of a rank-4 f32 value, by name.
@@ -559,6 +560,41 @@ fn fuse_residuals(g: &mut Graph) {
         conv.outputs = add.outputs.clone();
         conv.name = format!("{}+add", conv.name);
         g.nodes[i] = conv;
+    }
+    super::uses::remove_marked(g, &removed);
+}
+
+/// A GlobalAveragePool that alone reads an `aim:Dequantize8` averages the bytes themselves:
+/// `aim:GlobalAveragePool8` (bytes NHWC in, the f32 NCHW means out: exact integer sums,
+/// then dequantized), one pass where the dequantization and the pool were two.
+fn fuse_global_pools(g: &mut Graph) {
+    let r = readers(g);
+    let by_output: HashMap<String, usize> =
+        g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
+    let mut removed = vec![false; g.nodes.len()];
+    let mut fused: Vec<(usize, Node)> = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if !(n.domain.is_empty() && n.op == "GlobalAveragePool") {
+            continue;
+        }
+        let Some(&d) = n.input(0).and_then(|x| by_output.get(x)) else { continue };
+        let dq = &g.nodes[d];
+        let alone = r.get(&dq.outputs[0]).is_some_and(|rd| rd.as_slice() == [i]);
+        if !(dq.domain == "aim" && dq.op == "Dequantize8" && alone) {
+            continue;
+        }
+        let mut node = dq.clone();
+        node.name = format!("{}/globalaveragepool8", n.name);
+        node.op = "GlobalAveragePool8".into();
+        node.outputs = n.outputs.clone();
+        let mut sources = sources_of(dq);
+        sources.extend(sources_of(n));
+        node.attrs.insert(SOURCES.into(), Attr::Strings(sources));
+        removed[d] = true;
+        fused.push((i, node));
+    }
+    for (i, node) in fused {
+        g.nodes[i] = node;
     }
     super::uses::remove_marked(g, &removed);
 }

@@ -38,3 +38,26 @@ pub fn max_pool(window: &Window, x: &Nhwc, (oh, ow): (usize, usize), y: &mut [u8
         }
     });
 }
+
+/// GlobalAveragePool of bytes NHWC into f32 `[n, c]` (NCHW `[n, c, 1, 1]`): each channel's
+/// `hw` bytes summed exactly as integers, the mean of their dequantized values
+/// `(Σx / hw − zero) · scale` computed in f64 and rounded once.
+///
+/// Panics when a buffer does not fit the shapes given.
+pub fn global_mean(x: &[u8], n: usize, hw: usize, c: usize, q: super::Q8, y: &mut [f32], par: &dyn Parallel) {
+    assert!(x.len() >= n * hw * c && y.len() >= n * c, "the buffers do not fit {n}×{hw}×{c}");
+    let yp = SharedMut(y.as_mut_ptr());
+    par.for_each(n, &|b| {
+        let yp = yp;
+        let mut sums = vec![0u32; c];
+        for p in 0..hw {
+            let px = &x[(b * hw + p) * c..(b * hw + p + 1) * c];
+            sums.iter_mut().zip(px).for_each(|(s, &v)| *s += v as u32);
+        }
+        // SAFETY: image b's c outputs, written by this task alone.
+        let out = unsafe { std::slice::from_raw_parts_mut(yp.0.add(b * c), c) };
+        for (o, &s) in out.iter_mut().zip(&sums) {
+            *o = ((s as f64 / hw.max(1) as f64 - q.zero as f64) * q.scale as f64) as f32;
+        }
+    });
+}

@@ -306,3 +306,19 @@ fn conversions(n: usize, c: usize, hw: usize) {
         }
     }
 }
+
+#[test]
+fn global_mean_is_the_mean_of_the_dequantized_bytes() {
+    let mut seed = 9u64;
+    let (n, hw, c) = (2, 49, 37);
+    let x = bytes(&mut seed, n * hw * c);
+    let q = Q8 { scale: 0.013, zero: 77 };
+    let mut y = vec![0f32; n * c];
+    super::pool::global_mean(&x, n, hw, c, q, &mut y, &Sequential);
+    for b in 0..n {
+        for ch in 0..c {
+            let mean = (0..hw).map(|p| q.dequantize(x[(b * hw + p) * c + ch]) as f64).sum::<f64>() / hw as f64;
+            assert!((y[b * c + ch] as f64 - mean).abs() <= 1e-6 * mean.abs().max(1.0), "{b} {ch}");
+        }
+    }
+}

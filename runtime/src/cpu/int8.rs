@@ -11,6 +11,7 @@
 //!   `res_zero`) is added and `res_activation` applied.
 //! - `aim:Add8(a, b)` — `a_*`, `b_*`, `y_*` quantizations, `activation`.
 //! - `aim:MaxPool8(x)` — MaxPool's attributes; the output keeps the input's quantization.
+//! - `aim:GlobalAveragePool8(x)` — the f32 NCHW means of bytes NHWC (`scale`, `zero`).
 
 use super::{activation_with, const_f32, prep_err, Prepared};
 use crate::exec::RunError;
@@ -25,6 +26,7 @@ use aim_kernels::int8::{Nhwc, Out8, Residual8, Weights8, Window, Q8};
 pub(super) enum Int8Prep {
     Quantize(Q8),
     Dequantize(Q8),
+    GlobalMean(Q8),
     Conv(Box<Conv8>),
     Depthwise(Box<Depthwise8>),
     Add { a: Q8, b: Q8, act: Option<Activation>, y: Q8 },
@@ -70,6 +72,7 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
     let p = match n.op.as_str() {
         "Quantize8" => Int8Prep::Quantize(q8(n, "")?),
         "Dequantize8" => Int8Prep::Dequantize(q8(n, "")?),
+        "GlobalAveragePool8" => Int8Prep::GlobalMean(q8(n, "")?),
         "Add8" => Int8Prep::Add { a: q8(n, "a")?, b: q8(n, "b")?, act: activation_with(n, ""), y: q8(n, "y")? },
         "MaxPool8" => {
             let k = match n.ints("kernel_shape") {
@@ -154,6 +157,10 @@ pub(super) fn output(p: &Int8Prep, ins: &[Option<Operand>]) -> Result<(DType, Ve
             let [n, h, w, c] = want(DType::U8)?;
             Ok((DType::F32, vec![n, c, h, w]))
         }
+        Int8Prep::GlobalMean(_) => {
+            let [n, _, _, c] = want(DType::U8)?;
+            Ok((DType::F32, vec![n, c, 1, 1]))
+        }
         Int8Prep::Conv(k) => {
             let [n, h, w, c] = want(DType::U8)?;
             conv_output(k.window(), k.in_channels(), k.out_channels(), [n, h, w, c])
@@ -221,6 +228,10 @@ pub(super) fn run(
             let [n, h, w, c] = *x.shape else { return Err("a 4-D input expected".into()) };
             aim_kernels::int8::convert::dequantize_nhwc(x.bytes, n, c, h * w, *q, floats_mut(y)?, pool);
         }
+        Int8Prep::GlobalMean(q) => {
+            let [n, h, w, c] = *x.shape else { return Err("a 4-D input expected".into()) };
+            aim_kernels::int8::pool::global_mean(x.bytes, n, h * w, c, *q, floats_mut(y)?, pool);
+        }
         Int8Prep::Conv(k) => {
             let r = residual()?;
             k.run(isa, &nhwc(x)?, r, y, pool)
@@ -271,6 +282,10 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
     match (p, input, out) {
         (Int8Prep::Quantize(qq), Some(&[n, c, h, w]), _) => vec![format!(
             "quantize f32 NCHW [{n},{c},{h},{w}] into bytes NHWC ({}): parallel for image × 64-pixel tile, 64×64 transposes",
+            q(qq)
+        )],
+        (Int8Prep::GlobalMean(qq), Some(&[n, h, w, c]), _) => vec![format!(
+            "global average of bytes NHWC [{n},{h},{w},{c}] ({}): exact integer sums per channel, dequantized into f32 [N, C, 1, 1]",
             q(qq)
         )],
         (Int8Prep::Dequantize(qq), Some(&[n, h, w, c]), _) => vec![format!(

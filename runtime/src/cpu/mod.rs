@@ -172,7 +172,9 @@ impl CpuProgram {
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),
-                "Quantize8" | "Dequantize8" | "Conv8" | "Add8" | "MaxPool8" => int8::prepare(&graph, n),
+                "Quantize8" | "Dequantize8" | "GlobalAveragePool8" | "Conv8" | "Add8" | "MaxPool8" => {
+                    int8::prepare(&graph, n)
+                }
                 "Elementwise" => code
                     .elementwise
                     .get(&i)
@@ -211,8 +213,17 @@ impl CpuProgram {
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
         for (i, n) in graph.nodes.iter_mut().enumerate() {
-            let computed_operands =
-                ["Elementwise", "Reduce", "Transpose", "Softmax", "Add8", "Quantize8", "Dequantize8", "MaxPool8"];
+            let computed_operands = [
+                "Elementwise",
+                "Reduce",
+                "Transpose",
+                "Softmax",
+                "Add8",
+                "Quantize8",
+                "Dequantize8",
+                "GlobalAveragePool8",
+                "MaxPool8",
+            ];
             if prepared.contains_key(&i) && !computed_operands.contains(&n.op.as_str()) {
                 // A quantized layer's inputs after the first are all constants; a byte
                 // convolution's up to its residual.
