@@ -383,6 +383,27 @@ fn compile_cmd(
     Ok(())
 }
 
+/// `aim quantize`'s options from the command line's words.
+fn quantize_options(
+    mode: &str,
+    calibration: Option<PathBuf>,
+    method: &str,
+    symmetric: bool,
+    per_channel: bool,
+    exclude: Vec<String>,
+    threads: Option<usize>,
+) -> Result<aim::quantize::Options> {
+    Ok(aim::quantize::Options {
+        mode: mode.parse().map_err(anyhow::Error::msg)?,
+        calibration,
+        method: method.parse().map_err(anyhow::Error::msg)?,
+        symmetric,
+        per_channel,
+        exclude,
+        threads,
+    })
+}
+
 fn quantize_cmd(
     out: &mut dyn Write,
     model: &std::path::Path,
@@ -988,17 +1009,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
         } => {
             // Quantized first, next to the output, then compiled like any model.
             let q = output.with_extension("quantized.onnx");
-            let opts = (|| -> Result<aim::quantize::Options> {
-                Ok(aim::quantize::Options {
-                    mode: mode.parse().map_err(anyhow::Error::msg)?,
-                    calibration,
-                    method: method.parse().map_err(anyhow::Error::msg)?,
-                    symmetric,
-                    per_channel,
-                    exclude: Vec::new(),
-                    threads: None,
-                })
-            })();
+            let opts = quantize_options(&mode, calibration, &method, symmetric, per_channel, Vec::new(), None);
             let done = opts.and_then(|o| quantize_cmd(&mut out, &model, &q, &o)).and_then(|_| match target {
                 Some(_) if cpu != "native" => {
                     Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
@@ -1038,17 +1049,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
             exclude,
             threads,
         } => {
-            let opts = (|| -> Result<aim::quantize::Options> {
-                Ok(aim::quantize::Options {
-                    mode: mode.parse().map_err(anyhow::Error::msg)?,
-                    calibration,
-                    method: method.parse().map_err(anyhow::Error::msg)?,
-                    symmetric,
-                    per_channel,
-                    exclude,
-                    threads,
-                })
-            })();
+            let opts = quantize_options(&mode, calibration, &method, symmetric, per_channel, exclude, threads);
             opts.and_then(|o| quantize_cmd(&mut out, &model, &output, &o)).map(|_| true)
         }
         Cmd::Compare { model, inputs, against, tolerance, json, load } => {

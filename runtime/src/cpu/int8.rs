@@ -48,8 +48,9 @@ fn q8(n: &Node, prefix: &str) -> Result<Q8, RunError> {
     Ok(Q8 { scale, zero })
 }
 
-/// A 2-D window from `kernel` and the node's strides, dilations and pads.
-fn window(n: &Node, kernel: [usize; 2]) -> Result<Window, RunError> {
+/// A 2-D window from `kernel` and the node's strides, dilations and pads (checked: two
+/// positive strides and dilations, four non-negative pads).
+pub(super) fn window(n: &Node, kernel: [usize; 2]) -> Result<Window, RunError> {
     let pair = |name: &str| -> Result<[usize; 2], RunError> {
         match n.ints(name) {
             None => Ok([1, 1]),

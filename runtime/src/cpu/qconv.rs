@@ -57,20 +57,7 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
         ),
         None => None,
     };
-    let pair = |name: &str| -> Result<[usize; 2], RunError> {
-        match n.ints(name) {
-            None => Ok([1, 1]),
-            Some([a, b]) if *a > 0 && *b > 0 => Ok([*a as usize, *b as usize]),
-            Some(v) => Err(prep_err(n, format!("{name} {v:?}: two positive values expected"))),
-        }
-    };
-    let pads = match n.ints("pads") {
-        None => [0; 4],
-        Some(p) if p.len() == 4 && p.iter().all(|&v| v >= 0) => {
-            [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
-        }
-        Some(p) => return Err(prep_err(n, format!("pads {p:?}: four non-negative values expected"))),
-    };
+    let win = super::int8::window(n, [ws[2], ws[3]])?;
     let group = usize::try_from(n.int("group", 1))
         .ok()
         .filter(|&g| g > 0)
@@ -79,10 +66,10 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
         c: ws[1] * group,
         m: ws[0],
         group,
-        kernel: [ws[2], ws[3]],
-        stride: pair("strides")?,
-        dilation: pair("dilations")?,
-        pads,
+        kernel: win.kernel,
+        stride: win.stride,
+        dilation: win.dilation,
+        pads: win.pads,
     };
     let weight = PackedQConv::new(shape, w.bytes()).map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
     let out_scale = w_scale.data::<f32>().iter().map(|s| x_scale * s).collect();
