@@ -139,8 +139,7 @@ pub fn quantize_dynamic(
     use crate::fast::quant::{params_of_range, range};
     let m = x.len().checked_div(k).unwrap_or(0);
     assert!(stride >= k && dst.len() >= m * stride, "the quantized rows do not fit");
-    // Row chunks of at least 16 K values, a few per thread.
-    let per = (16384 / k.max(1)).max(1).max(m.div_ceil(par.threads() * 4));
+    let per = rows_per_chunk(m, k, par);
     let chunks = m.div_ceil(per);
     let ranges: Vec<std::sync::Mutex<(f32, f32)>> = (0..chunks).map(|_| std::sync::Mutex::new((0.0, 0.0))).collect();
     par.for_each(chunks, &|c| {
@@ -174,7 +173,7 @@ pub fn quantize_rows(
     use crate::fast::quant::quantize;
     let m = x.len().checked_div(k).unwrap_or(0);
     assert!(stride >= k && dst.len() >= m * stride, "the quantized rows do not fit");
-    let per = (16384 / k.max(1)).max(1).max(m.div_ceil(par.threads() * 4));
+    let per = rows_per_chunk(m, k, par);
     let chunks = m.div_ceil(per);
     let out = BytePtr(dst.as_mut_ptr());
     let sums = SumPtr(row_sums.as_mut_ptr(), row_sums.len());
@@ -196,6 +195,12 @@ pub fn quantize_rows(
             }
         }
     });
+}
+
+/// Rows per task of the quantizing passes over `m` rows of `k`: at least 16 K values, a
+/// few tasks per thread.
+fn rows_per_chunk(m: usize, k: usize, par: &dyn Parallel) -> usize {
+    (16384 / k.max(1)).max(1).max(m.div_ceil(par.threads() * 4))
 }
 
 /// A raw pointer to the quantized rows that tasks writing disjoint rows may share.

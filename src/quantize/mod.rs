@@ -351,14 +351,24 @@ fn calibrate(
         let vi = aim_ir::ValueInfo { name: v.clone(), ty };
         ag.output.push(aim_compiler::onnx::value_info_proto(&vi));
     }
-    // A model with external data is loaded from its own directory, where its data is.
+    let external = g
+        .initializer
+        .iter()
+        .any(|t| t.data_location() == aim_compiler::onnx::proto::tensor_proto::DataLocation::External);
     let exported = augmented.encode_to_vec();
-    let dir = model.parent().unwrap_or(Path::new("."));
-    let temp = dir.join(format!(".{}.aim-calibration.onnx", std::process::id()));
-    std::fs::write(&temp, &exported).map_err(|e| err(format!("writing {}: {e}", temp.display())))?;
-    let loaded = Model::load_with_options(&temp, &load_options(opts));
-    let _ = std::fs::remove_file(&temp);
-    let m = loaded?;
+    let m = if external {
+        // Its external data is found relative to the model: loaded from its directory.
+        let dir = model.parent().unwrap_or(Path::new("."));
+        let temp = dir.join(format!(".{}.aim-calibration.onnx", std::process::id()));
+        std::fs::write(&temp, &exported).map_err(|e| err(format!("writing {}: {e}", temp.display())))?;
+        let loaded = Model::load_with_options(&temp, &load_options(opts));
+        let _ = std::fs::remove_file(&temp);
+        loaded?
+    } else {
+        let what = format!("{} (with the calibrated values as outputs)", model.display());
+        let ir = aim_compiler::onnx::import_bytes(&exported, &what).map_err(|e| err(e.to_string()))?;
+        Model::from_ir_with(ir, model, &load_options(opts))?
+    };
     let mut stats: HashMap<String, calibrate::Stats> = wanted.iter().map(|v| (v.clone(), Default::default())).collect();
     let passes: &[bool] = if opts.method == Method::MinMax { &[false] } else { &[false, true] };
     for (pass, &histogram) in passes.iter().enumerate() {

@@ -328,11 +328,7 @@ unsafe fn interior_v4<const NT: usize, const RES: bool>(r: &Run, dst: &mut [u8])
                 let wt = if t < held { w[t] } else { _mm512_maskz_loadu_ps(m, k.w.as_ptr().add(t * c + cb)) };
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(xb)), wt, acc);
             }
-            let at = (r.ox + i) * c + cb;
-            let rb =
-                if RES { _mm_maskz_loadu_epi8(m, r.res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
-            let q = r.e.apply(acc, s, b, rb);
-            _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, q);
+            store::<RES>(r.e, acc, s, b, m, r.res, dst, (r.ox + i) * c + cb);
         }
     }
 }
@@ -380,11 +376,7 @@ unsafe fn rolled_v4<const S: usize, const RES: bool>(r: &Run, dst: &mut [u8]) {
             } else {
                 a = next;
             }
-            let at = (r.ox + i) * c + cb;
-            let rb =
-                if RES { _mm_maskz_loadu_epi8(m, r.res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
-            let q = r.e.apply(acc, s, b, rb);
-            _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, q);
+            store::<RES>(r.e, acc, s, b, m, r.res, dst, (r.ox + i) * c + cb);
         }
     }
 }
@@ -419,9 +411,30 @@ unsafe fn pixel_v4<const RES: bool>(cx: &Pixel, dst: &mut [u8]) {
         }
         let s = _mm512_maskz_loadu_ps(m, cx.qs.as_ptr().add(cb));
         let b = _mm512_maskz_loadu_ps(m, cx.qb.as_ptr().add(cb));
-        let at = cx.ox * c + cb;
-        let rb = if RES { _mm_maskz_loadu_epi8(m, cx.res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
-        let q = cx.e.apply(acc, s, b, rb);
-        _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, q);
+        store::<RES>(cx.e, acc, s, b, m, cx.res, dst, cx.ox * c + cb);
     }
+}
+
+/// The epilogue of 16 channels' sums `acc` (scales `s`, biases `b`, lanes `m`) stored at
+/// `dst[at..]`, the residual read at `res[at..]` when `RES`.
+///
+/// # Safety
+/// The lanes of `m` lie inside `dst` (and `res`) from `at`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store<const RES: bool>(
+    e: &super::epilogue::Epi16,
+    acc: std::arch::x86_64::__m512,
+    s: std::arch::x86_64::__m512,
+    b: std::arch::x86_64::__m512,
+    m: u16,
+    res: &[u8],
+    dst: &mut [u8],
+    at: usize,
+) {
+    use std::arch::x86_64::*;
+    let rb = if RES { _mm_maskz_loadu_epi8(m, res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
+    _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, e.apply(acc, s, b, rb));
 }
