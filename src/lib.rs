@@ -19,6 +19,8 @@ mod guard;
 pub mod npz;
 pub mod quantize;
 mod random;
+#[cfg(feature = "serve")]
+pub mod serve;
 mod specialize;
 mod views;
 

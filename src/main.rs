@@ -311,6 +311,47 @@ enum Cmd {
         #[command(flatten)]
         load: LoadArgs,
     },
+    /// Serve models over HTTP with the KServe v2 / Open Inference Protocol (JSON and binary
+    /// tensors, as Triton's clients send them), with dynamic batching per model and
+    /// Prometheus metrics; SIGTERM finishes the requests received, then stops.
+    #[cfg(feature = "serve")]
+    Serve {
+        /// A model to serve as NAME=PATH (ONNX or .aim; repeatable).
+        #[arg(long = "model", value_name = "NAME=PATH", conflicts_with = "config")]
+        models: Vec<String>,
+        /// A deploy.yml: models (name, path or versions, batching), devices (type x86, arm64
+        /// or cuda, weight, fallback, threads) and scheduler (policy latency-aware or
+        /// round-robin, batching defaults).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The address to listen on.
+        #[arg(long, default_value = "0.0.0.0")]
+        host: String,
+        /// The inference API's port (0: any free one, printed).
+        #[arg(long, default_value_t = 8000)]
+        http_port: u16,
+        /// The Prometheus metrics' port (0: any free one, printed).
+        #[arg(long, default_value_t = 8002)]
+        metrics_port: u16,
+        /// Threads each model instance runs on (default: the physical core count).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// The most rows one batched run takes, for models whose inputs have a symbolic
+        /// leading dim (0: no batching; default 8; deploy.yml's scheduler and models
+        /// override it).
+        #[arg(long)]
+        max_batch_size: Option<usize>,
+        /// How long the first request of a batch waits for more, in microseconds (default
+        /// 500).
+        #[arg(long)]
+        max_queue_delay_us: Option<u64>,
+        /// The most requests waiting per model; more are refused with 503 (default: no limit).
+        #[arg(long)]
+        max_queue_size: Option<usize>,
+        /// The largest request body taken (bytes, or with a K, M or G suffix).
+        #[arg(long, default_value = "64M")]
+        max_request_bytes: String,
+    },
     /// Run ONNX backend test cases (directories with model.onnx and test_data_set_N/).
     TestOnnx {
         /// Case directories, or directories holding them.
@@ -983,6 +1024,41 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> Result<bool> {
     let mut out = std::io::stdout().lock();
     match cli.cmd {
+        #[cfg(feature = "serve")]
+        Cmd::Serve {
+            models,
+            config,
+            host,
+            http_port,
+            metrics_port,
+            threads,
+            max_batch_size,
+            max_queue_delay_us,
+            max_queue_size,
+            max_request_bytes,
+        } => {
+            use aim::serve::config::{BatchingFlags, ServeConfig};
+            if threads.is_some_and(|t| t == 0 || t > aim::MAX_THREADS) {
+                bail!("--threads must be between 1 and {}", aim::MAX_THREADS);
+            }
+            let max_body = aim_ir::limits::parse_bytes(&max_request_bytes).filter(|&n| n > 0).ok_or_else(|| {
+                anyhow::anyhow!("--max-request-bytes {max_request_bytes}: expected a size such as 4096, 64M or 1G")
+            })?;
+            let cfg = match config {
+                Some(path) => {
+                    if max_batch_size.is_some() || max_queue_delay_us.is_some() || max_queue_size.is_some() {
+                        bail!("with --config, batching is set in deploy.yml (scheduler: or per model)");
+                    }
+                    ServeConfig::from_file(&path, threads)?
+                }
+                None => {
+                    let flags = BatchingFlags { max_batch_size, max_queue_delay_us, max_queue_size };
+                    ServeConfig::from_flags(&models, &flags, threads)?
+                }
+            };
+            let listen = aim::serve::Listen { host, http_port, metrics_port, max_body };
+            aim::serve::serve(cfg, &listen).map(|_| true)
+        }
         Cmd::Run { model, inputs, outputs, backend, seed, load } => {
             load.options(backend).and_then(|o| run(&mut out, model, inputs, outputs, o, seed)).map(|_| true)
         }

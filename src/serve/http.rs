@@ -1,0 +1,316 @@
+//! The REST endpoints of the KServe v2 / Open Inference Protocol (health, server and model
+//! metadata, readiness, inference), Triton's `/config`, and `/metrics` on its own port.
+
+use super::config::ServeConfig;
+use super::metrics::{self, DeviceStats, Labelled};
+use super::protocol::{self, ApiError, OutputRequest};
+use super::served::{Port, Served};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the handlers share: the models, the devices and the server's limits.
+pub struct Shared {
+    /// Every model version served, grouped by model, versions ascending.
+    pub models: Vec<Arc<Served>>,
+    /// The configuration they came from (devices and fallbacks for `/v2`).
+    pub config: ServeConfig,
+    /// The serving devices' counters.
+    pub devices: Vec<Arc<DeviceStats>>,
+    /// The largest request body taken, in bytes.
+    pub max_body: usize,
+    /// False once shutdown began.
+    pub ready: AtomicBool,
+}
+
+type St = State<Arc<Shared>>;
+
+/// The binary extension's header naming the JSON part's length.
+pub const HEADER_LEN: &str = "inference-header-content-length";
+
+impl Shared {
+    /// A model's version (the latest when none is named).
+    fn find(&self, model: &str, version: Option<&str>) -> Result<&Arc<Served>, ApiError> {
+        let versions: Vec<&Arc<Served>> = self.models.iter().filter(|s| s.model == model).collect();
+        if versions.is_empty() {
+            let names: Vec<&str> = self.config.models.iter().map(|m| m.name.as_str()).collect();
+            return Err(ApiError::bad(format!("unknown model '{model}' (served: {})", names.join(", "))));
+        }
+        match version {
+            None => Ok(versions[versions.len() - 1]),
+            Some(v) => versions
+                .into_iter()
+                .find(|s| s.version.to_string() == v)
+                .ok_or_else(|| ApiError::bad(format!("model '{model}' has no version '{v}'"))),
+        }
+    }
+}
+
+/// A JSON response.
+fn json_response(status: u16, v: &Value) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, [("content-type", "application/json")], v.to_string()).into_response()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        json_response(self.status, &json!({ "error": self.message }))
+    }
+}
+
+/// The inference API's routes.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/models/{model}", get(|s: St, Path(m): Path<String>| async move { metadata(s, m, None) }))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(|s: St, Path((m, v)): Path<(String, String)>| async move { metadata(s, m, Some(v)) }),
+        )
+        .route("/v2/models/{model}/ready", get(|s: St, Path(m): Path<String>| async move { model_ready(s, m, None) }))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(|s: St, Path((m, v)): Path<(String, String)>| async move { model_ready(s, m, Some(v)) }),
+        )
+        .route("/v2/models/{model}/config", get(|s: St, Path(m): Path<String>| async move { config(s, m, None) }))
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(|s: St, Path((m, v)): Path<(String, String)>| async move { config(s, m, Some(v)) }),
+        )
+        .route(
+            "/v2/models/{model}/infer",
+            post(|s: St, Path(m): Path<String>, h: HeaderMap, b: Body| async move { infer(s, m, None, h, b).await }),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/infer",
+            post(|s: St, Path((m, v)): Path<(String, String)>, h: HeaderMap, b: Body| async move {
+                infer(s, m, Some(v), h, b).await
+            }),
+        )
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::new(404, format!("no endpoint {uri} (the KServe v2 API is under /v2)"))
+        })
+        .with_state(shared)
+}
+
+/// The metrics port's one route.
+pub fn metrics_router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): St| async move {
+                let labelled: Vec<Labelled<'_>> = s
+                    .models
+                    .iter()
+                    .map(|m| Labelled { model: &m.model, version: m.version, stats: &m.stats })
+                    .collect();
+                let devices: Vec<&DeviceStats> = s.devices.iter().map(|d| &**d).collect();
+                let versions: Vec<(&str, usize)> =
+                    s.config.models.iter().map(|m| (m.name.as_str(), m.versions.len())).collect();
+                let text = metrics::render(&labelled, &devices, &versions);
+                ([("content-type", "text/plain; version=0.0.4")], text)
+            }),
+        )
+        .with_state(shared)
+}
+
+async fn ready(State(s): St) -> StatusCode {
+    if s.ready.load(Relaxed) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn server_metadata(State(s): St) -> Response {
+    let devices: Vec<Value> = s
+        .config
+        .devices
+        .iter()
+        .map(|d| {
+            let mut v = json!({ "name": d.name, "type": d.kind.name(), "weight": d.weight });
+            match &d.unavailable {
+                None => v["serving"] = json!(true),
+                Some(why) => {
+                    v["serving"] = json!(false);
+                    v["reason"] = json!(why);
+                    v["traffic_to"] = json!(d.serves_on);
+                }
+            }
+            v
+        })
+        .collect();
+    json_response(
+        200,
+        &json!({
+            "name": "aim",
+            "version": env!("CARGO_PKG_VERSION"),
+            "extensions": ["binary_tensor_data", "model_configuration"],
+            "devices": devices,
+            "scheduler": s.config.policy.name(),
+        }),
+    )
+}
+
+fn ports(p: &[Port]) -> Vec<Value> {
+    p.iter()
+        .map(|p| {
+            let shape: Vec<i64> = p.dims.iter().map(|d| d.map_or(-1, |n| n as i64)).collect();
+            json!({ "name": p.name, "datatype": protocol::datatype_name(p.dtype), "shape": shape })
+        })
+        .collect()
+}
+
+fn metadata(State(s): St, model: String, version: Option<String>) -> Response {
+    match s.find(&model, version.as_deref()) {
+        Err(e) => e.into_response(),
+        Ok(m) => {
+            let versions: Vec<String> =
+                s.models.iter().filter(|x| x.model == model).map(|x| x.version.to_string()).collect();
+            json_response(
+                200,
+                &json!({
+                    "name": m.model,
+                    "versions": versions,
+                    "platform": "aim",
+                    "inputs": ports(&m.inputs),
+                    "outputs": ports(&m.outputs),
+                }),
+            )
+        }
+    }
+}
+
+fn model_ready(State(s): St, model: String, version: Option<String>) -> Response {
+    match s.find(&model, version.as_deref()) {
+        Err(e) => e.into_response(),
+        Ok(_) if s.ready.load(Relaxed) => StatusCode::OK.into_response(),
+        Ok(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// Triton's model configuration (what its clients and perf tools read).
+fn config(State(s): St, model: String, version: Option<String>) -> Response {
+    match s.find(&model, version.as_deref()) {
+        Err(e) => e.into_response(),
+        Ok(m) => {
+            let b = &m.batching;
+            let batched = b.max_batch_size > 0;
+            // Triton's dims leave out the batch dim of a batched model.
+            let dims = |p: &[Port]| -> Vec<Value> {
+                p.iter()
+                    .map(|p| {
+                        let d: Vec<i64> =
+                            p.dims.iter().skip(batched as usize).map(|d| d.map_or(-1, |n| n as i64)).collect();
+                        json!({ "name": p.name, "data_type": format!("TYPE_{}", protocol::datatype_name(p.dtype)), "dims": d })
+                    })
+                    .collect()
+            };
+            let mut c = json!({
+                "name": m.model,
+                "platform": "aim",
+                "max_batch_size": b.max_batch_size,
+                "input": dims(&m.inputs),
+                "output": dims(&m.outputs),
+            });
+            if batched {
+                c["dynamic_batching"] = json!({
+                    "preferred_batch_size": b.preferred_batch_size,
+                    "max_queue_delay_microseconds": b.max_queue_delay.as_micros() as u64,
+                    "default_queue_policy": {
+                        "max_queue_size": b.max_queue_size,
+                        "default_timeout_microseconds": b.default_timeout.map_or(0, |t| t.as_micros() as u64),
+                    },
+                });
+            }
+            json_response(200, &c)
+        }
+    }
+}
+
+async fn infer(State(s): St, model: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
+    let start = Instant::now();
+    let m = match s.find(&model, version.as_deref()) {
+        Ok(m) => m.clone(),
+        Err(e) => return e.into_response(),
+    };
+    m.stats.pending.fetch_add(1, Relaxed);
+    let result = infer_on(&s, &m, headers, body).await;
+    m.stats.pending.fetch_sub(1, Relaxed);
+    m.stats.answered(result.is_ok(), start.elapsed());
+    match result {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let too_big = || ApiError::new(413, format!("the request body is over the server's limit of {} bytes", s.max_body));
+    if let Some(n) = headers.get("content-length").and_then(|v| v.to_str().ok()?.parse::<usize>().ok()) {
+        if n > s.max_body {
+            return Err(too_big());
+        }
+    }
+    let bytes = axum::body::to_bytes(body, s.max_body).await.map_err(|e| {
+        if format!("{e:?}").contains("LengthLimit") {
+            too_big()
+        } else {
+            ApiError::bad(format!("reading the request body: {e}"))
+        }
+    })?;
+    let header_len = match headers.get(HEADER_LEN) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| ApiError::bad(format!("{HEADER_LEN} must be a byte count, got {v:?}")))?,
+        ),
+    };
+    let req = protocol::parse_infer(bytes, header_len)?;
+    let wanted: Vec<(usize, bool)> = match &req.outputs {
+        None => (0..m.outputs.len()).map(|i| (i, req.binary_output)).collect(),
+        Some(list) => list
+            .iter()
+            .map(|OutputRequest { name, binary }| {
+                let i = m.outputs.iter().position(|p| &p.name == name).ok_or_else(|| {
+                    let known: Vec<&str> = m.outputs.iter().map(|p| p.name.as_str()).collect();
+                    ApiError::bad(format!(
+                        "model '{}' has no output named '{name}' (its outputs: {})",
+                        m.model,
+                        known.join(", ")
+                    ))
+                })?;
+                Ok((i, *binary))
+            })
+            .collect::<Result<_, ApiError>>()?,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = m.job(req.inputs, req.timeout, tx)?;
+    m.submit(job).map_err(|(_, e)| e)?;
+    let done = rx.await.map_err(|_| ApiError::new(500, "internal error: the request's batch was lost"))??;
+    let outputs: Vec<(String, aim_ir::Tensor, bool)> =
+        wanted.iter().map(|&(i, b)| (m.outputs[i].name.clone(), done.outputs[i].clone(), b)).collect();
+    let enc = protocol::encode_response(&m.model, m.version, req.id.as_deref(), &outputs);
+    let mut r = Response::new(Body::from(enc.body));
+    let h = r.headers_mut();
+    match enc.header_len {
+        Some(n) => {
+            h.insert("content-type", HeaderValue::from_static("application/octet-stream"));
+            h.insert(HEADER_LEN, HeaderValue::from(n));
+        }
+        None => {
+            h.insert("content-type", HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok(r)
+}

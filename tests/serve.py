@@ -1,0 +1,369 @@
+"""aim serve against Triton's own HTTP client (tritonclient[http]), on loopback only.
+
+    python3 tests/serve.py AIM MODELS_DIR
+
+Starts `aim serve` with mlp_batch and bert_l6_batch (symbolic batch dims: dynamically
+batched) and mobilenetv2 (fixed batch: served alone), then checks: health, server and model
+metadata; binary and JSON inference equal to `aim run`'s outputs; malformed requests
+answered with 400/413 and an error naming the problem; a load test of 16 concurrent clients
+(every response right, none lost, batching visible in the metrics, the metrics consistent
+with the requests sent); SIGTERM with requests in flight answering all of them; and
+deploy.yml (a cuda device falling back to the cpu, and a bad key refused before start).
+Every loop is bounded; the servers are stopped on exit.
+"""
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tritonclient.http as triton
+
+RESULTS = {"passed": 0, "failed": 0}
+
+
+def check(name, ok, detail=""):
+    RESULTS["passed" if ok else "failed"] += 1
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail and not ok else ''}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An `aim serve` process on free loopback ports, stopped on exit."""
+
+    def __init__(self, aim, args, log):
+        self.http, self.metrics = free_port(), free_port()
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([aim, "serve", "--host", "127.0.0.1", "--http-port", str(self.http),
+                                      "--metrics-port", str(self.metrics), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"127.0.0.1:{self.http}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"aim serve exited with {self.proc.returncode}: {open(log).read()}")
+            try:
+                if urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=2).status == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("aim serve did not become ready in 120 s")
+
+    def metric(self, name, model):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith(f'{name}{{model="{model}",version="1"}} '):
+                return float(line.split()[-1])
+        raise KeyError(f"{name} for {model} not in /metrics")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+        return self.proc.returncode
+
+
+def post(url, body, headers=None):
+    """POSTs raw bytes; returns (status, parsed JSON or None)."""
+    req = urllib.request.Request(url, data=body, headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def aim_run(aim, model, inputs, tmp):
+    out = os.path.join(tmp, os.path.basename(model) + ".out.npz")
+    subprocess.run([aim, "run", model, "--inputs", inputs, "--outputs", out], check=True, capture_output=True)
+    return dict(np.load(out))
+
+
+def infer(client, model, feeds, binary=True):
+    ins = []
+    for name, a in feeds.items():
+        dt = {np.float32: "FP32", np.int64: "INT64"}[a.dtype.type]
+        i = triton.InferInput(name, list(a.shape), dt)
+        i.set_data_from_numpy(a, binary_data=binary)
+        ins.append(i)
+    outs = None if binary else [triton.InferRequestedOutput(n, binary_data=False) for n in OUTPUTS[model]]
+    r = client.infer(model, ins, outputs=outs)
+    return {n: r.as_numpy(n) for n in OUTPUTS[model]}
+
+
+OUTPUTS = {}
+
+
+def mlp_numpy(path):
+    """The mlp's three Gemms in numpy: expected outputs for any batch."""
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(path)
+    w = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    gemms = [n for n in m.graph.node if n.op_type == "Gemm"]
+
+    def run(x):
+        for k, n in enumerate(gemms):
+            x = x.astype(np.float64) @ w[n.input[1]].T.astype(np.float64) + w[n.input[2]]
+            if k < len(gemms) - 1:
+                x = np.maximum(x, 0)
+        return x
+    return run
+
+
+def main():
+    aim, models = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix="aim-serve-")
+    paths = {"mlp": f"{models}/mlp_batch.onnx", "bert": f"{models}/bert_l6_batch.onnx",
+             "mobilenetv2": f"{models}/mobilenetv2.onnx"}
+    feeds_of = {"mlp": f"{models}/mlp_batch.inputs.npz", "bert": f"{models}/bert_l6_batch.inputs.npz",
+                "mobilenetv2": f"{models}/mobilenetv2.inputs.npz"}
+    expected = {m: aim_run(aim, paths[m], feeds_of[m], tmp) for m in paths}
+    feeds = {m: dict(np.load(f)) for m, f in feeds_of.items()}
+    args = [a for m, p in paths.items() for a in ("--model", f"{m}={p}")]
+    srv = Server(aim, args + ["--threads", "1", "--max-request-bytes", "4M", "--max-queue-delay-us", "2000"],
+                 os.path.join(tmp, "serve.log"))
+    try:
+        client = triton.InferenceServerClient(srv.url, concurrency=16)
+        check("live and ready", client.is_server_live() and client.is_server_ready())
+        meta = client.get_server_metadata()
+        check("server metadata names the binary extension", "binary_tensor_data" in meta["extensions"], str(meta))
+        mm = client.get_model_metadata("mlp")
+        check("model metadata: -1 for the batch dim, FP32",
+              mm["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 784]}], str(mm))
+        bm = client.get_model_metadata("bert")
+        check("model metadata: INT64 inputs", [i["datatype"] for i in bm["inputs"]] == ["INT64", "INT64"], str(bm))
+        check("model ready", client.is_model_ready("bert") and client.is_model_ready("mobilenetv2"))
+        for m in paths:
+            meta = client.get_model_metadata(m)
+            OUTPUTS[m] = [o["name"] for o in meta["outputs"]]
+        # Inference, binary (the client's default) and JSON: equal to aim run's outputs.
+        for m in paths:
+            for binary in (True, False):
+                got = infer(client, m, feeds[m], binary)
+                same = all(np.array_equal(got[n], expected[m][n]) for n in OUTPUTS[m])
+                check(f"{m}: {'binary' if binary else 'JSON'} outputs identical to aim run", same,
+                      str({n: float(np.abs(got[n] - expected[m][n]).max()) for n in OUTPUTS[m]}))
+        errors = error_cases(srv, feeds)
+        load_test(srv, feeds, expected, mlp_numpy(paths["mlp"]), errors)
+        shutdown_in_flight(srv, feeds["bert"])
+    finally:
+        srv.stop()
+    deploy_file(aim, models, tmp)
+    print(f"serve: {RESULTS['passed']} passed, {RESULTS['failed']} failed")
+    sys.exit(1 if RESULTS["failed"] else 0)
+
+
+def error_cases(srv, feeds):
+    """Malformed requests: 400s (413 for an oversized body) naming the problem; returns how
+    many requests to the mlp failed (for the metrics check)."""
+    base = f"http://{srv.url}/v2/models"
+    x = feeds["mlp"]["input"]
+    good = {"name": "input", "shape": [1, 784], "datatype": "FP32", "data": x.ravel().tolist()}
+
+    def req(inputs):
+        return json.dumps({"inputs": inputs}).encode()
+    cases = [
+        ("bad JSON", "mlp", b'{"inputs": [', {}, 400, "not valid JSON"),
+        ("wrong datatype", "mlp", req([dict(good, datatype="INT64", data=[0] * 784)]), {}, 400, "takes FP32"),
+        ("wrong shape", "mlp", req([dict(good, shape=[1, 783], data=[0.0] * 783)]), {}, 400, "expected [-1, 784]"),
+        ("unknown model", "nope", req([good]), {}, 400, "unknown model 'nope'"),
+        ("unknown input", "mlp", req([good, dict(good, name="extra")]), {}, 400, "no input named 'extra'"),
+        ("missing input", "mlp", req([]), {}, 400, "'input' is missing"),
+        ("batch over max_batch_size", "mlp", req([dict(good, shape=[9, 784], data=[0.0] * 9 * 784)]), {}, 400,
+         "max_batch_size"),
+    ]
+    head = json.dumps({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 784 * 4}}]}).encode()
+    cases.append(("binary size mismatch", "mlp", head + x.tobytes()[:-4],
+                  {"Inference-Header-Content-Length": str(len(head))}, 400, "past the end"))
+    for name, model, body, headers, status, words in cases:
+        code, text = post(f"{base}/{model}/infer", body, headers)
+        try:
+            msg = json.loads(text)["error"]
+        except (ValueError, KeyError):
+            msg = text[:200]
+        check(f"error: {name} -> {status}", code == status and words in msg, f"{code} {msg}")
+    # Bodies over --max-request-bytes (4 MiB here): refused from the Content-Length before
+    # they are read, and when sent chunked, once the limit is passed.
+    for chunked in (False, True):
+        code, msg = oversized(srv, chunked)
+        check(f"error: a body over --max-request-bytes{' (chunked)' if chunked else ''} -> 413",
+              code == 413 and "over the server's limit" in msg, f"{code} {msg}")
+    return sum(1 for c in cases if c[1] == "mlp") + 2
+
+
+def oversized(srv, chunked):
+    """Sends the start of a 5 MiB body on a raw socket and reads the answer (the server answers
+    without reading it all, as HTTP allows)."""
+    size = 5 << 20
+    with socket.create_connection(("127.0.0.1", srv.http), timeout=30) as s:
+        framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}"
+        s.sendall(f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n".encode())
+        try:
+            if chunked:
+                s.sendall(f"{size:x}\r\n".encode())
+            for _ in range(size // 65536):
+                s.sendall(b" " * 65536)
+        except OSError:
+            pass  # the server answered and closed: read what it said
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data or len(data) < data.find(b"\r\n\r\n") + 4 + 10:
+                part = s.recv(65536)
+                if not part:
+                    break
+                data += part
+        except OSError:
+            pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    code = int(head.split()[1]) if head.startswith(b"HTTP/") else 0
+    if b"transfer-encoding: chunked" in head.lower():
+        body = body.split(b"\r\n", 1)[-1]
+    return code, body.decode(errors="replace")
+
+
+def load_test(srv, feeds, expected, mlp_ref, mlp_failures):
+    """16 concurrent clients x bounded requests against mlp and bert: every response right,
+    none lost, batching visible, metrics consistent."""
+    rng = np.random.default_rng(5)
+    mlp_inputs = [rng.standard_normal((1 + (i % 3), 784)).astype(np.float32) for i in range(16)]
+    ids = feeds["bert"]["input_ids"]
+    bert_inputs = [{"input_ids": np.roll(ids, k, axis=1), "attention_mask": feeds["bert"]["attention_mask"]}
+                   for k in range(4)]
+    bert_expected = [None] * 4
+    client0 = triton.InferenceServerClient(srv.url)
+    for k in range(4):
+        bert_expected[k] = infer(client0, "bert", bert_inputs[k])
+    before = {m: (srv.metric("nv_inference_request_success", m), srv.metric("nv_inference_count", m),
+                  srv.metric("nv_inference_exec_count", m)) for m in ("mlp", "bert")}
+    per_client = {"mlp": 24, "bert": 3}
+    sent = {"mlp": 0, "bert": 0}
+    rows = {"mlp": 0, "bert": 0}
+    lock = threading.Lock()
+    problems = []
+
+    def client_loop(c):
+        cl = triton.InferenceServerClient(srv.url)
+        for r in range(per_client["mlp"]):
+            x = mlp_inputs[(c + r) % 16]
+            got = infer(cl, "mlp", {"input": x})["gemm_15"]
+            if not np.allclose(got, mlp_ref(x), rtol=1e-4, atol=1e-4):
+                problems.append(f"mlp client {c} request {r}: off by {np.abs(got - mlp_ref(x)).max()}")
+            with lock:
+                sent["mlp"] += 1
+                rows["mlp"] += x.shape[0]
+        for r in range(per_client["bert"]):
+            k = (c + r) % 4
+            got = infer(cl, "bert", bert_inputs[k])
+            for n, v in got.items():
+                if not np.allclose(v, bert_expected[k][n], rtol=1e-4, atol=1e-4):
+                    problems.append(f"bert client {c} request {r}: off by {np.abs(v - bert_expected[k][n]).max()}")
+            with lock:
+                sent["bert"] += 1
+                rows["bert"] += 1
+    t = time.time()
+    with cf.ThreadPoolExecutor(16) as ex:
+        for f in [ex.submit(client_loop, c) for c in range(16)]:
+            try:
+                f.result(timeout=600)
+            except Exception as e:  # noqa: BLE001 (any client failure is a lost request)
+                problems.append(f"a client failed: {e!r}")
+    took = time.time() - t
+    check(f"load: 16 clients, {sent['mlp']} mlp and {sent['bert']} bert requests in {took:.1f} s, all correct",
+          not problems and sent == {"mlp": 16 * per_client["mlp"], "bert": 16 * per_client["bert"]},
+          "; ".join(problems[:5]))
+    for m in ("mlp", "bert"):
+        ok0, count0, exec0 = before[m]
+        ok = srv.metric("nv_inference_request_success", m) - ok0
+        count = srv.metric("nv_inference_count", m) - count0
+        execs = srv.metric("nv_inference_exec_count", m) - exec0
+        check(f"load: {m} metrics count every request ({int(ok)}) and row ({int(count)})",
+              ok == sent[m] and count == rows[m], f"success {ok} vs {sent[m]}, count {count} vs {rows[m]}")
+        check(f"load: {m} batched ({int(execs)} runs for {int(count)} rows)", 0 < execs < count)
+        check(f"load: {m} nothing pending afterwards", srv.metric("nv_inference_pending_request_count", m) == 0)
+    check("metrics: the failed mlp requests are counted",
+          srv.metric("nv_inference_request_failure", "mlp") == mlp_failures,
+          f"{srv.metric('nv_inference_request_failure', 'mlp')} vs {mlp_failures}")
+
+
+def shutdown_in_flight(srv, bert_feeds):
+    """SIGTERM while requests are in flight: every one is answered, then the server exits."""
+    body = json.dumps({"inputs": [
+        {"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
+        for n, a in bert_feeds.items()]}).encode()
+    url = f"http://{srv.url}/v2/models/bert/infer"
+    with cf.ThreadPoolExecutor(12) as ex:
+        futures = [ex.submit(post, url, body, {"Content-Type": "application/json"}) for _ in range(12)]
+        # Wait until the server holds every request not yet answered (so none is still
+        # connecting), then stop it.
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            pending = srv.metric("nv_inference_pending_request_count", "bert")
+            if pending > 0 and pending + sum(f.done() for f in futures) >= 12:
+                break
+            time.sleep(0.002)
+        srv.proc.send_signal(signal.SIGTERM)
+        codes = [f.result(timeout=120)[0] for f in futures]
+    rc = srv.proc.wait(120)
+    check(f"shutdown: {int(pending)} requests in flight at SIGTERM, all answered 200, exit 0",
+          pending > 0 and codes == [200] * 12 and rc == 0, f"codes {codes}, exit {rc}")
+
+
+def deploy_file(aim, models, tmp):
+    """deploy.yml: a cuda device's traffic goes to its cpu fallback, said in /v2 and the log;
+    an unknown key is refused before the server starts, naming it."""
+    models = os.path.abspath(models)
+    cfg = os.path.join(tmp, "deploy.yml")
+    with open(cfg, "w") as f:
+        f.write(f"models:\n  - name: mlp\n    versions:\n      - {{version: 1, path: {models}/mlp_batch.onnx}}\n"
+                f"      - {{version: 2, path: {models}/mlp_batch.onnx}}\n    max_batch_size: 4\n"
+                "devices:\n  - {name: gpu0, type: cuda, weight: 3, fallback: cpu0}\n  - {name: cpu0, type: x86}\n"
+                "scheduler:\n  policy: round-robin\n  max_queue_delay_microseconds: 100\n")
+    log = os.path.join(tmp, "deploy.log")
+    srv = Server(aim, ["--config", cfg], log)
+    try:
+        meta = json.loads(urllib.request.urlopen(f"http://{srv.url}/v2", timeout=10).read())
+        gpu = [d for d in meta["devices"] if d["name"] == "gpu0"][0]
+        check("deploy.yml: the cuda device falls back to cpu0 (/v2)",
+              gpu["serving"] is False and gpu["traffic_to"] == "cpu0", str(meta["devices"]))
+        versions = json.loads(urllib.request.urlopen(f"http://{srv.url}/v2/models/mlp", timeout=10).read())["versions"]
+        client = triton.InferenceServerClient(srv.url)
+        x = np.ones((2, 784), np.float32)
+        i = triton.InferInput("input", [2, 784], "FP32")
+        i.set_data_from_numpy(x)
+        r = client.infer("mlp", [i], model_version="1")
+        check("deploy.yml: two versions served", versions == ["1", "2"] and r.as_numpy("gemm_15").shape == (2, 10),
+              str(versions))
+    finally:
+        srv.stop()
+    check("deploy.yml: the log says where the cuda traffic goes", "its traffic goes to 'cpu0'" in open(log).read())
+    bad = os.path.join(tmp, "bad.yml")
+    with open(bad, "w") as f:
+        f.write(f"models:\n  - name: mlp\n    path: {models}/mlp_batch.onnx\n    max_batch: 4\n")
+    r = subprocess.run([aim, "serve", "--config", bad, "--http-port", "0", "--metrics-port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    check("deploy.yml: an unknown key is refused before start, naming it",
+          r.returncode != 0 and "max_batch" in r.stderr, r.stderr.strip())
+
+
+if __name__ == "__main__":
+    main()
