@@ -14,6 +14,8 @@ Every loop is bounded; the servers are stopped on exit.
 import concurrent.futures as cf
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -300,6 +302,12 @@ def load_test(srv, feeds, expected, mlp_ref, mlp_failures):
               ok == sent[m] and count == rows[m], f"success {ok} vs {sent[m]}, count {count} vs {rows[m]}")
         check(f"load: {m} batched ({int(execs)} runs for {int(count)} rows)", 0 < execs < count)
         check(f"load: {m} nothing pending afterwards", srv.metric("nv_inference_pending_request_count", m) == 0)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics}/metrics", timeout=10).read().decode()
+    exposed = {l.split("{")[0].split()[0] for l in text.splitlines() if l and not l.startswith("#")}
+    dashboard = open(os.path.join(os.path.dirname(__file__), "..", "deploy", "dashboard.json")).read()
+    used = set(re.findall(r"\b(nv_inference_\w+|aim_\w+)", dashboard))
+    check("deploy/dashboard.json reads only metrics the server exposes", used and used <= exposed,
+          str(sorted(used - exposed)))
     check("metrics: the failed mlp requests are counted",
           srv.metric("nv_inference_request_failure", "mlp") == mlp_failures,
           f"{srv.metric('nv_inference_request_failure', 'mlp')} vs {mlp_failures}")
@@ -333,9 +341,13 @@ def deploy_file(aim, models, tmp):
     an unknown key is refused before the server starts, naming it."""
     models = os.path.abspath(models)
     cfg = os.path.join(tmp, "deploy.yml")
+    # Version 2 is a directory holding one model file, as KServe mounts one.
+    v2 = os.path.join(tmp, "v2")
+    os.makedirs(v2, exist_ok=True)
+    shutil.copy(f"{models}/mlp_batch.onnx", os.path.join(v2, "model.onnx"))
     with open(cfg, "w") as f:
         f.write(f"models:\n  - name: mlp\n    versions:\n      - {{version: 1, path: {models}/mlp_batch.onnx}}\n"
-                f"      - {{version: 2, path: {models}/mlp_batch.onnx}}\n    max_batch_size: 4\n"
+                f"      - {{version: 2, path: v2}}\n    max_batch_size: 4\n"
                 "devices:\n  - {name: gpu0, type: cuda, weight: 3, fallback: cpu0}\n  - {name: cpu0, type: x86}\n"
                 "scheduler:\n  policy: round-robin\n  max_queue_delay_microseconds: 100\n")
     log = os.path.join(tmp, "deploy.log")

@@ -53,6 +53,26 @@ fn port(v: &aim_ir::ValueInfo, path: &Path) -> Result<Port> {
     Ok(Port { name: v.name.clone(), dtype, dims })
 }
 
+/// The model file a path names: the path itself, or the one `.onnx` or `.aim` file in a
+/// directory (as KServe mounts a model under `/mnt/models`).
+fn model_file(path: &Path) -> Result<std::path::PathBuf> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
+        let p = e.with_context(|| format!("reading {}", path.display()))?.path();
+        if p.is_file() && p.extension().is_some_and(|x| x == "onnx" || x == "aim") {
+            found.push(p);
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => bail!("{}: a directory with no .onnx or .aim file in it", path.display()),
+        _ => bail!("{}: a directory with {} model files in it; name one", path.display(), found.len()),
+    }
+}
+
 /// Why a model cannot be batched along its first dim, if it cannot: every input and output
 /// needs a symbolic leading dim, the same one where they are named.
 fn unbatchable(model: &crate::Model) -> Option<String> {
@@ -81,6 +101,7 @@ impl Served {
         policy: Policy,
         weights: &[u32],
     ) -> Result<Served> {
+        let path = &model_file(path).with_context(|| format!("model '{}' version {version}", cfg.name))?;
         let at = format!("model '{}' version {version} ({})", cfg.name, path.display());
         let mut batching = cfg.batching.clone();
         let mut instances = Vec::new();
