@@ -7,7 +7,7 @@
 //! once into panels of [`NR`] output channels, per tap and per group of four input
 //! channels (a tap's channels rounded up to a multiple of four with zero weights, so the
 //! bytes read past a pixel's channels count for nothing). The sums are exact; the input's
-//! zero point costs one subtraction per output (`zx · Σ w`, per output channel), and the
+//! zero point costs nothing per output (the sums start from `−zx · Σ w`), and the
 //! epilogue ([`super::Out8`]) scales, adds the bias, applies the activation and an
 //! optional residual, and quantizes.
 //!
@@ -45,8 +45,9 @@ pub struct Conv8 {
     /// Per panel of NR output channels: per tap, per group, NR × 4 bytes (s8).
     panels: Vec<u8>,
     x_zero: u8,
-    /// `zx · Σ w` per output channel.
-    corr: Vec<i32>,
+    /// Per panel, what its sums start from: `−zx · Σ w` per output channel (the input's zero
+    /// point taken out), 0 past the last channel.
+    init: Vec<[i32; NR]>,
     /// The epilogue, with each output channel's scale (input × weight) and bias.
     ep: Epilogue8,
 }
@@ -93,11 +94,14 @@ impl Conv8 {
                 }
             }
         }
-        let corr = colsum.iter().map(|&s| s.wrapping_mul(x.zero as i32)).collect();
+        let mut init = vec![[0i32; NR]; npanels];
+        for (o, &s) in colsum.iter().enumerate() {
+            init[o / NR][o % NR] = s.wrapping_mul(x.zero as i32).wrapping_neg();
+        }
         let scale = (0..m).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
         let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
         let ep = Epilogue8::new(out, scale, bias);
-        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, corr, ep })
+        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, init, ep })
     }
 
     /// Output channels.
@@ -184,17 +188,14 @@ impl Conv8 {
                     // SAFETY: every pointer has `kc` readable bytes (the input holds `need`
                     // bytes; the zero row and the edge rows `kc`); the panel holds
                     // taps·groups·NR·4 bytes; `micro` is one this CPU runs.
-                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), &mut acc) };
+                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), &self.init[p], &mut acc) };
                     let j0 = p * NR;
                     let cols = (m - j0).min(NR);
                     let at = r0 * m + j0;
                     let resp = res.map_or(std::ptr::null(), |r| r[at..].as_ptr());
                     // SAFETY: rows r0..r0+nrows, columns j0..j0+cols lie inside `y` (and the
                     // residual: rows·m bytes each, checked above); tasks write disjoint tiles.
-                    unsafe {
-                        let corr = &self.corr[j0..j0 + cols];
-                        self.ep.tile(fast, isa, &acc, nrows, j0, corr, resp, yp.0.add(at), m)
-                    };
+                    unsafe { self.ep.tile(fast, isa, &acc, nrows, j0, cols, resp, yp.0.add(at), m) };
                 }
             }
         });

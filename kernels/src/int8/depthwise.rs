@@ -436,5 +436,5 @@ unsafe fn store<const RES: bool>(
 ) {
     use std::arch::x86_64::*;
     let rb = if RES { _mm_maskz_loadu_epi8(m, res.as_ptr().add(at) as *const i8) } else { _mm_setzero_si128() };
-    _mm512_mask_cvtepi32_storeu_epi8(dst.as_mut_ptr().add(at) as *mut i8, m, e.apply(acc, s, b, rb));
+    super::epilogue::store16(dst.as_mut_ptr().add(at), m, e.apply(acc, s, b, rb));
 }

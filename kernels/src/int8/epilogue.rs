@@ -5,9 +5,9 @@
 //!
 //! Where the activations are clamps (none, Relu, Clip: what quantized CNNs use) the steps
 //! run in the output's quantized units, as integer kernels do: one fused multiply-add per
-//! value by `scale / s_out` and `bias / s_out`, a rounding (ties to even), the zero point,
-//! and one clamp that is both the activation's bounds (rounded to the grid: rounding is
-//! monotonic) and the byte range. With a residual, the result first takes its own grid
+//! value by `scale / s_out` and `bias / s_out + z_out`, one clamp that is both the
+//! activation's bounds (rounded to the grid: rounding is monotonic) and the byte range, and
+//! a rounding (ties to even; clamping first to integer bounds gives the same bytes). With a residual, the result first takes its own grid
 //! (`mid`), then `(q − z_mid) · s_mid / s_out + (r − z_res) · s_res / s_out` is rounded the
 //! same way. Other activations need the f32 value: there the steps are the graph's own
 //! (scale, bias, activation, then QuantizeLinear by the reciprocal of the scale). The
@@ -42,8 +42,9 @@ pub struct Out8 {
     pub q: Q8,
 }
 
-/// The clamp steps' constants (see the module doc): the first grid's zero point and byte
-/// bounds, and with a residual its coefficients and the output grid's.
+/// The clamp steps' constants (see the module doc): the first grid's zero point (added
+/// with the bias) and byte bounds, and with a residual its coefficients and the output
+/// grid's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Clamped {
     z1: f32,
@@ -77,10 +78,12 @@ impl Clamped {
         Some(Clamped { z1: first.zero as f32, lo1, hi1, res, z2: out.q.zero as f32, lo2, hi2 })
     }
 
-    /// One value: `y` the sum already scaled to the first grid, `r` the residual's byte.
+    /// One value: `y` the sum already scaled to the first grid with its zero point added,
+    /// `r` the residual's byte. Clamped, then rounded: the bounds are integers, so this is
+    /// the rounding clamped (and a NaN becomes the lower bound).
     #[inline(always)]
     fn value(&self, y: f32, r: u8) -> f32 {
-        let q = (y.round_ties_even() + self.z1).max(self.lo1).min(self.hi1);
+        let q = y.max(self.lo1).min(self.hi1).round_ties_even();
         match self.res {
             Some([zm, a, b, zr]) => {
                 let y = (q - zm).mul_add(a, (r as f32 - zr) * b);
@@ -98,7 +101,8 @@ pub(crate) struct Epilogue8 {
     /// Per channel: the product's scale and the bias.
     scale: Vec<f32>,
     bias: Vec<f32>,
-    /// With clamps: the scale and bias divided by the first grid's scale.
+    /// With clamps: the scale and bias divided by the first grid's scale (the bias plus
+    /// that grid's zero point).
     clamped: Option<(Clamped, Vec<f32>, Vec<f32>)>,
 }
 
@@ -107,12 +111,13 @@ impl Epilogue8 {
     pub(crate) fn new(out: Out8, scale: Vec<f32>, bias: Vec<f32>) -> Epilogue8 {
         let clamped = Clamped::new(&out).map(|c| {
             let s1 = out.residual.map_or(out.q.scale, |r| r.mid.scale);
-            (c, scale.iter().map(|s| s / s1).collect(), bias.iter().map(|b| b / s1).collect())
+            (c, scale.iter().map(|s| s / s1).collect(), bias.iter().map(|b| b / s1 + c.z1).collect())
         });
         Epilogue8 { out, scale, bias, clamped }
     }
 
-    /// With clamps, each channel's scale and bias over the first grid's scale.
+    /// With clamps, each channel's scale and bias over the first grid's scale (the bias
+    /// with the grid's zero point added).
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn grid_columns(&self) -> Option<(&[f32], &[f32])> {
         self.clamped.as_ref().map(|(_, s, b)| (s.as_slice(), b.as_slice()))
@@ -199,9 +204,9 @@ impl Epilogue8 {
         self.row(v, c0, res, dst)
     }
 
-    /// The epilogue of a whole tile of integer sums: rows `0..rows` of `acc`, columns
-    /// `c0..c0 + corr.len()` (`corr` the zero-point correction of each), row `r` written to
-    /// `y[r·ldy..]` and its residual read at the same offset of `res`.
+    /// The epilogue of a whole tile of integer sums (the zero points already taken out):
+    /// rows `0..rows` of `acc`, columns `c0..c0 + cols`, row `r` written to `y[r·ldy..]` and
+    /// its residual read at the same offset of `res`.
     ///
     /// # Safety
     /// `y` (and `res`, when the epilogue has a residual) hold `(rows − 1)·ldy + cols` bytes;
@@ -214,21 +219,21 @@ impl Epilogue8 {
         acc: &[[i32; crate::qgemm::NR]; crate::qgemm::MR],
         rows: usize,
         c0: usize,
-        corr: &[i32],
+        cols: usize,
         res: *const u8,
         y: *mut u8,
         ldy: usize,
     ) {
         #[cfg(target_arch = "x86_64")]
         if fast {
-            return tile_v4(self, acc, rows, c0, corr, res, y, ldy);
+            return tile_v4(self, acc, rows, c0, cols, res, y, ldy);
         }
         let _ = fast;
-        let n = corr.len();
+        let n = cols;
         let mut v = [0f32; crate::qgemm::NR];
         for (r, sums) in acc.iter().enumerate().take(rows) {
-            for ((v, &s), &k) in v.iter_mut().zip(&sums[..n]).zip(corr) {
-                *v = s.wrapping_sub(k) as f32;
+            for (v, &s) in v.iter_mut().zip(&sums[..n]) {
+                *v = s as f32;
             }
             let dst = std::slice::from_raw_parts_mut(y.add(r * ldy), n);
             let rr =
@@ -274,7 +279,6 @@ pub(crate) fn fast_tiles(isa: Isa) -> bool {
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(crate) struct Epi16 {
-    z1: std::arch::x86_64::__m512,
     lo1: std::arch::x86_64::__m512,
     hi1: std::arch::x86_64::__m512,
     res: Option<[std::arch::x86_64::__m512; 4]>,
@@ -292,7 +296,6 @@ impl Epi16 {
         let (k, _, _) = e.clamped.as_ref()?;
         let b = |v: f32| _mm512_set1_ps(v);
         Some(Epi16 {
-            z1: b(k.z1),
             lo1: b(k.lo1),
             hi1: b(k.hi1),
             res: k.res.map(|r| r.map(b)),
@@ -319,13 +322,13 @@ impl Epi16 {
         let grid = |y: __m512, z: __m512, lo: __m512, hi: __m512| {
             _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_roundscale_ps::<R>(y), z), lo), hi)
         };
-        let mut q = grid(_mm512_fmadd_ps(v, qs, qb), self.z1, self.lo1, self.hi1);
-        if let Some([zm, a, b, zr]) = self.res {
-            let rf = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(res)), zr);
-            let y = _mm512_fmadd_ps(_mm512_sub_ps(q, zm), a, _mm512_mul_ps(rf, b));
-            q = grid(y, self.z2, self.lo2, self.hi2);
-        }
-        _mm512_cvtps_epi32(q)
+        // Clamped, then rounded (the bounds are integers; a NaN becomes the lower bound).
+        let q = _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(v, qs, qb), self.lo1), self.hi1);
+        let Some([zm, a, b, zr]) = self.res else { return _mm512_cvt_roundps_epi32::<R>(q) };
+        let q = _mm512_roundscale_ps::<R>(q);
+        let rf = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(res)), zr);
+        let y = _mm512_fmadd_ps(_mm512_sub_ps(q, zm), a, _mm512_mul_ps(rf, b));
+        _mm512_cvt_roundps_epi32::<R>(grid(y, self.z2, self.lo2, self.hi2))
     }
 }
 
@@ -340,6 +343,21 @@ pub(crate) fn lanes(k: usize) -> u16 {
     }
 }
 
+/// Stores the low bytes of 16 lanes (each in [0, 255]) under a mask: narrowed in a register
+/// and stored whole where the mask is full (the narrowing store to memory is slower).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn store16(dst: *mut u8, mask: u16, q: std::arch::x86_64::__m512i) {
+    use std::arch::x86_64::*;
+    let b = _mm512_cvtepi32_epi8(q);
+    if mask == 0xFFFF {
+        _mm_storeu_si128(dst as *mut __m128i, b);
+    } else {
+        _mm_mask_storeu_epi8(dst as *mut i8, mask, b);
+    }
+}
+
 /// [`Epilogue8::tile`] with AVX-512: 16 columns at a time, the tile's column quantities
 /// loaded once.
 #[cfg(target_arch = "x86_64")]
@@ -350,32 +368,31 @@ unsafe fn tile_v4(
     acc: &[[i32; crate::qgemm::NR]; crate::qgemm::MR],
     rows: usize,
     c0: usize,
-    corr: &[i32],
+    cols: usize,
     res: *const u8,
     y: *mut u8,
     ldy: usize,
 ) {
     use std::arch::x86_64::*;
     let (Some(k), Some((_, qs, qb))) = (Epi16::new(e), e.clamped.as_ref()) else { return };
-    let n = corr.len();
+    let n = cols;
     let halves = n.div_ceil(16);
     let masks: [__mmask16; 2] = std::array::from_fn(|h| lanes(n.saturating_sub(16 * h)));
     let at = |h: usize| (16 * h).min(n);
-    let corr: [__m512i; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_epi32(masks[h], corr.as_ptr().add(at(h))));
     let qs: [__m512; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_ps(masks[h], qs.as_ptr().add(c0 + at(h))));
     let qb: [__m512; 2] = std::array::from_fn(|h| _mm512_maskz_loadu_ps(masks[h], qb.as_ptr().add(c0 + at(h))));
     let residual = e.out.residual.is_some();
     for (r, sums) in acc.iter().enumerate().take(rows) {
         for h in 0..halves {
             let s = _mm512_loadu_si512(sums.as_ptr().add(16 * h) as *const _);
-            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, corr[h]));
+            let v = _mm512_cvtepi32_ps(s);
             let rb = if residual {
                 _mm_maskz_loadu_epi8(masks[h], res.add(r * ldy + 16 * h) as *const i8)
             } else {
                 _mm_setzero_si128()
             };
             let q = k.apply(v, qs[h], qb[h], rb);
-            _mm512_mask_cvtepi32_storeu_epi8(y.add(r * ldy + 16 * h) as *mut i8, masks[h], q);
+            store16(y.add(r * ldy + 16 * h), masks[h], q);
         }
     }
 }

@@ -26,7 +26,7 @@ impl Micro {
         Micro::Portable
     }
 
-    /// `acc[r][j] = Σ_t Σ_k a[t][r][k] · panel[t][k][j]` for `taps` taps of `groups·4`
+    /// `acc[r][j] = init[j] + Σ_t Σ_k a[t][r][k] · panel[t][k][j]` for `taps` taps of `groups·4`
     /// bytes: `ind[t·MR + r]` points at row `r`'s bytes for tap `t` (u8), the panel holds,
     /// per tap and group of four bytes, NR columns × 4 bytes (s8).
     ///
@@ -39,13 +39,14 @@ impl Micro {
         taps: usize,
         groups: usize,
         panel: *const u8,
+        init: &[i32; NR],
         acc: &mut [[i32; NR]; MR],
     ) {
         debug_assert!(ind.len() >= taps * MR);
         match self {
             #[cfg(target_arch = "x86_64")]
-            Micro::Vnni512 => vnni512(ind.as_ptr(), taps, groups, panel, acc),
-            Micro::Portable => portable(ind.as_ptr(), taps, groups, panel, acc),
+            Micro::Vnni512 => vnni512(ind.as_ptr(), taps, groups, panel, init, acc),
+            Micro::Portable => portable(ind.as_ptr(), taps, groups, panel, init, acc),
         }
     }
 }
@@ -54,9 +55,18 @@ impl Micro {
 /// broadcast per row and 24 `vpdpbusd`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn vnni512(ind: *const *const u8, taps: usize, groups: usize, panel: *const u8, acc: &mut [[i32; NR]; MR]) {
+unsafe fn vnni512(
+    ind: *const *const u8,
+    taps: usize,
+    groups: usize,
+    panel: *const u8,
+    init: &[i32; NR],
+    acc: &mut [[i32; NR]; MR],
+) {
     use std::arch::x86_64::*;
-    let mut c = [[_mm512_setzero_si512(); 2]; MR];
+    let i0 = _mm512_loadu_si512(init.as_ptr() as *const _);
+    let i1 = _mm512_loadu_si512(init.as_ptr().add(16) as *const _);
+    let mut c = [[i0, i1]; MR];
     let mut pb = panel;
     for t in 0..taps {
         let a: [*const u8; MR] = std::array::from_fn(|r| *ind.add(t * MR + r));
@@ -78,8 +88,15 @@ unsafe fn vnni512(ind: *const *const u8, taps: usize, groups: usize, panel: *con
 }
 
 /// See [`Micro::tile`], in plain Rust.
-unsafe fn portable(ind: *const *const u8, taps: usize, groups: usize, panel: *const u8, acc: &mut [[i32; NR]; MR]) {
-    *acc = [[0; NR]; MR];
+unsafe fn portable(
+    ind: *const *const u8,
+    taps: usize,
+    groups: usize,
+    panel: *const u8,
+    init: &[i32; NR],
+    acc: &mut [[i32; NR]; MR],
+) {
+    *acc = [*init; MR];
     let mut pb = panel;
     for t in 0..taps {
         for g in 0..groups {
@@ -89,7 +106,7 @@ unsafe fn portable(ind: *const *const u8, taps: usize, groups: usize, panel: *co
                 let a = std::slice::from_raw_parts((*ind.add(t * MR + r)).add(g * 4), 4);
                 for (j, s) in row.iter_mut().enumerate() {
                     let w = &b[j * 4..j * 4 + 4];
-                    *s += (0..4).map(|i| a[i] as i32 * w[i] as i8 as i32).sum::<i32>();
+                    *s = s.wrapping_add((0..4).map(|i| a[i] as i32 * w[i] as i8 as i32).sum::<i32>());
                 }
             }
         }
