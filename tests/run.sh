@@ -35,7 +35,7 @@ MODELS="mlp mlp_b64 mobilenetv2 bert_l6 resnet50 yolo_like dbnet_like crnn_like 
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu
 echo "== quantized models (ONNX Runtime's quantize_static QDQ and QOperator, quantize_dynamic): aim within ORT's own spread"
-QUANT="resnet50_qdq mobilenetv2_qdq resnet50_qop mobilenetv2_qop bert_l6_dyn bert_l6_qdq"
+QUANT="resnet50_qdq mobilenetv2_qdq resnet50_qop mobilenetv2_qop bert_l6_dyn bert_l6_qdq dq_int4"
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend reference --quantized
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend cpu --quantized
 QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul ms_matmul_nbits"

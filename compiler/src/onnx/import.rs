@@ -7,7 +7,7 @@ use super::ImportError;
 use aim_ir::{Attr, DType, Dim, Graph, Model, Node, ValueInfo, ValueType};
 use bytes::Bytes;
 use prost::Message;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 /// The default-domain opsets aim reads: 7 up to the newest that onnx 1.23 defines.
@@ -79,6 +79,35 @@ struct Importer<'a> {
     used_names: HashSet<String>,
 }
 
+/// The values of a graph that ONNX types as 4-bit integers (initializers, declared values,
+/// Constant outputs), with their type code.
+fn four_bit_values(g: &proto::GraphProto) -> HashMap<String, i32> {
+    let code = |v: &proto::ValueInfoProto| match &v.r#type.as_ref()?.value {
+        Some(type_proto::Value::TensorType(tt)) => Some(tt.elem_type()),
+        _ => None,
+    };
+    let mut out = HashMap::new();
+    let mut note = |name: &str, c: i32| {
+        if super::tensor::four_bit(c).is_some() {
+            out.insert(name.to_string(), c);
+        }
+    };
+    for t in &g.initializer {
+        note(t.name(), t.data_type());
+    }
+    for v in g.input.iter().chain(&g.output).chain(&g.value_info) {
+        if let Some(c) = code(v) {
+            note(v.name(), c);
+        }
+    }
+    for n in g.node.iter().filter(|n| n.op_type() == "Constant") {
+        if let (Some(t), Some(y)) = (n.attribute.iter().find_map(|a| a.t.as_ref()), n.output.first()) {
+            note(y, t.data_type());
+        }
+    }
+    out
+}
+
 fn value_type(v: &proto::ValueInfoProto) -> Result<ValueType, ImportError> {
     let Some(t) = &v.r#type else { return Ok(ValueType::unknown()) };
     match &t.value {
@@ -86,10 +115,12 @@ fn value_type(v: &proto::ValueInfoProto) -> Result<ValueType, ImportError> {
             let code = tt.elem_type();
             let dtype = match code {
                 0 => None,
-                c => Some(DType::from_onnx_code(c).ok_or_else(|| ImportError::DType {
-                    what: format!("value '{}'", v.name()),
-                    dtype: DType::onnx_code_name(c).to_string(),
-                })?),
+                c => {
+                    Some(super::tensor::four_bit(c).or(DType::from_onnx_code(c)).ok_or_else(|| ImportError::DType {
+                        what: format!("value '{}'", v.name()),
+                        dtype: DType::onnx_code_name(c).to_string(),
+                    })?)
+                }
             };
             let shape = tt.shape.as_ref().map(|s| {
                 s.dim
@@ -159,8 +190,26 @@ impl Importer<'_> {
                 out.value_types.insert(v.name().to_string(), ty);
             }
         }
+        let four_bit = four_bit_values(g);
         for (i, n) in g.node.iter().enumerate() {
-            let node = self.node(n, i)?;
+            let mut node = self.node(n, i)?;
+            // A QuantizeLinear to a 4-bit zero point writes 4-bit values (held one a byte):
+            // said explicitly, so the kernel saturates to their range.
+            // Casting to one would need the 4-bit wrap-around Cast defines: refused (Cast's
+            // `to` of 21 or 22 is refused by the verifier).
+            if node.op == "CastLike" {
+                if let Some(&code) = node.input(1).and_then(|z| four_bit.get(z)) {
+                    return Err(ImportError::DType {
+                        what: format!("node '{}' (CastLike to '{}')", node.name, node.input(1).unwrap_or_default()),
+                        dtype: DType::onnx_code_name(code).to_string(),
+                    });
+                }
+            }
+            if node.op == "QuantizeLinear" && !node.attrs.contains_key("output_dtype") {
+                if let Some(&code) = node.input(2).and_then(|z| four_bit.get(z)) {
+                    node.attrs.insert("output_dtype".into(), Attr::Int(code as i64));
+                }
+            }
             if matches!(node.domain.as_str(), "" | "ai.onnx") {
                 canonicalize(node, self.opset, &mut out)?;
             } else {

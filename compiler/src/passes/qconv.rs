@@ -112,7 +112,11 @@ fn requantized(g: &Graph, r: &HashMap<String, Vec<usize>>, v: &str) -> Option<(V
     };
     let q = only(v)?;
     let qn = &g.nodes[q];
-    if qn.op != "QuantizeLinear" || qn.attrs.contains_key("block_size") || qn.input(0) != Some(v) {
+    if qn.op != "QuantizeLinear"
+        || qn.attrs.contains_key("block_size")
+        || super::qdq::four_bit(qn)
+        || qn.input(0) != Some(v)
+    {
         return None;
     }
     let d = only(&qn.outputs[0])?;

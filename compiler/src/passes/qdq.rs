@@ -37,6 +37,9 @@ pub(super) struct Params {
 /// The parameters of a QuantizeLinear / DequantizeLinear node, when they are constant and
 /// per tensor (scalar, or of one element) and the integer type is 8 or 16 bits.
 pub(super) fn params(g: &Graph, n: &Node) -> Option<Params> {
+    if four_bit(n) {
+        return None;
+    }
     let scale = g.initializers.get(n.input(1)?)?;
     if scale.dtype() != DType::F32 || scale.len() != 1 {
         return None;
@@ -60,6 +63,12 @@ pub(super) fn params(g: &Graph, n: &Node) -> Option<Params> {
         _ => return None,
     };
     Some(Params { scale: scale.data::<f32>()[0], zero, lo, hi })
+}
+
+/// Whether a QuantizeLinear writes 4-bit values (held one per byte, saturating to the
+/// 4-bit range): no pass rewrites those.
+pub(super) fn four_bit(n: &Node) -> bool {
+    matches!(n.attrs.get("output_dtype"), Some(Attr::Int(c)) if [aim_kernels::ops::quant::INT4, aim_kernels::ops::quant::UINT4].contains(c))
 }
 
 /// The integer type of a Q/DQ node's quantised side, from the value's recorded type.
@@ -338,7 +347,7 @@ fn rewrite_pairs(g: &mut Graph) -> Result<(), PassError> {
         }
         let Some(&q) = dq.input(0).and_then(|v| by_output.get(v)) else { continue };
         let qn = &g.nodes[q];
-        if !is(qn, "QuantizeLinear") || qn.attrs.contains_key("block_size") {
+        if !is(qn, "QuantizeLinear") || qn.attrs.contains_key("block_size") || four_bit(qn) {
             continue;
         }
         let Some(x) = qn.input(0) else { continue };

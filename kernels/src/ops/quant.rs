@@ -38,6 +38,11 @@ fn param_offsets(shape: &[usize], pshape: &[usize], ax: i64, block: usize) -> Re
         .collect())
 }
 
+/// ONNX's code of the 4-bit signed integer type.
+pub const INT4: i64 = 22;
+/// ONNX's code of the 4-bit unsigned integer type.
+pub const UINT4: i64 = 21;
+
 fn range_of(dt: DType) -> Result<(f64, f64)> {
     Ok(match dt {
         DType::U8 => (0.0, 255.0),
@@ -62,14 +67,21 @@ fn div(a: f64, b: f64, single: bool) -> f64 {
 fn quantize(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let (x, scale) = (req(ins, 0)?, req(ins, 1)?);
     let zp = opt(ins, 2);
-    let out_dt = match (zp, n.opt_int("output_dtype").filter(|&c| c != 0)) {
-        (Some(z), _) => z.dtype(),
-        (None, Some(code)) => DType::from_onnx_code(code as i32).ok_or_else(|| {
-            crate::KernelError(format!("output_dtype {} is not supported", DType::onnx_code_name(code as i32)))
-        })?,
-        (None, None) => DType::U8,
+    let code = n.opt_int("output_dtype").filter(|&c| c != 0);
+    let (out_dt, (lo, hi)) = match (zp, code) {
+        // 4-bit outputs (ONNX's INT4 / UINT4) are held one per byte, as the importer holds
+        // 4-bit tensors: the values saturate to the 4-bit range.
+        (_, Some(INT4)) => (DType::I8, (-8.0, 7.0)),
+        (_, Some(UINT4)) => (DType::U8, (0.0, 15.0)),
+        (Some(z), _) => (z.dtype(), range_of(z.dtype())?),
+        (None, Some(code)) => {
+            let d = DType::from_onnx_code(code as i32).ok_or_else(|| {
+                crate::KernelError(format!("output_dtype {} is not supported", DType::onnx_code_name(code as i32)))
+            })?;
+            (d, range_of(d)?)
+        }
+        (None, None) => (DType::U8, range_of(DType::U8)?),
     };
-    let (lo, hi) = range_of(out_dt)?;
     let block = n.int("block_size", 0).max(0) as usize;
     let offs = param_offsets(x.shape(), scale.shape(), n.int("axis", 1), block)?;
     let (xv, sv) = (x.to_f64_vec(), scale.to_f64_vec());
