@@ -127,6 +127,9 @@ impl Served {
                 batching.preferred_batch_size.clear();
             }
         }
+        for model in &instances {
+            warm_up(model, &inputs, batching.max_batch_size, &at);
+        }
         let stats = Arc::new(ModelStats::default());
         let shared = policy == Policy::LatencyAware;
         let queues: Vec<Arc<Queue>> = (0..if shared { 1 } else { devices.len() })
@@ -239,6 +242,42 @@ impl Served {
             let _ = w.join();
         }
     }
+}
+
+/// Runs the model once per batch size it can be sent (1 to `max_batch`, or once when it is
+/// not batched) on zeros, so that the program specialised to each shape is compiled before
+/// the first request rather than during it. Only where every other dim is fixed (other
+/// shapes are not known in advance); a failed run (zeros a model cannot take) is logged,
+/// not fatal: requests are what the model is for.
+fn warm_up(model: &crate::Model, inputs: &[Port], max_batch: usize, at: &str) {
+    let batched = max_batch > 0;
+    if inputs.iter().any(|p| p.dims.iter().skip(batched as usize).any(|d| d.is_none())) {
+        return;
+    }
+    let t = Instant::now();
+    for rows in 1..=max_batch.max(1) {
+        let feeds: Result<Vec<(String, Tensor)>, String> = inputs
+            .iter()
+            .map(|p| {
+                let shape: Vec<usize> = p
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| if batched && i == 0 { rows } else { d.unwrap_or(1) })
+                    .collect();
+                Ok((p.name.clone(), Tensor::try_zeros(p.dtype, &shape).map_err(|e| e.to_string())?))
+            })
+            .collect();
+        if let Err(e) = feeds.and_then(|f| model.run(f).map_err(|e| e.to_string())) {
+            eprintln!("aim serve: {at}: warm-up at batch size {rows} failed (requests will compile on first use): {e}");
+            return;
+        }
+    }
+    eprintln!(
+        "aim serve: {at}: warmed up {} in {:.0} ms",
+        if batched { format!("batch sizes 1 to {max_batch}") } else { "one run".to_string() },
+        t.elapsed().as_secs_f64() * 1e3
+    );
 }
 
 /// A tensor against the port it is fed to: dtype, rank and fixed dims.
