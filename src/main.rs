@@ -809,8 +809,19 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
                 | "ConvInteger"
         )
     };
-    let names: Vec<&str> =
-        imported.nodes.iter().filter(|n| n.domain.is_empty() && quantized(&n.op)).map(|n| n.name.as_str()).collect();
+    // Counted by ONNX node: a com.microsoft op expanded at import (QLinearAdd into
+    // dequantize, add, quantize) is its one source node.
+    let source = |n: &'_ aim_ir::Node| -> String {
+        match n.attrs.get(aim_compiler::passes::SOURCES) {
+            Some(aim_ir::Attr::Strings(s)) if !s.is_empty() => s[0].clone(),
+            _ => n.name.clone(),
+        }
+    };
+    let mut names: Vec<String> =
+        imported.nodes.iter().filter(|n| n.domain.is_empty() && quantized(&n.op)).map(source).collect();
+    names.sort();
+    names.dedup();
+    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
     if names.is_empty() {
         return Ok(());
     }
@@ -822,10 +833,15 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
     // The quantized nodes inside integer kernels and at the edges of byte regions: those
     // they name as sources, and the activation quantizations every reader of which went
     // into one (fused there).
+    // A source names an imported node, or a node a pass made from one (`NAME/...`, as
+    // the QOperator ops become quantize-dequantize pairs around f32 ops).
     let mut inside: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for n in optimized.nodes.iter().filter(|n| aim_op(n, INTEGER) || aim_op(n, EDGES)) {
         if let Some(aim_ir::Attr::Strings(s)) = n.attrs.get(aim_compiler::passes::SOURCES) {
-            inside.extend(s.iter().map(|s| s.as_str()).filter(|s| names.contains(s)));
+            for src in s {
+                let of = |name: &&str| src == name || src.strip_prefix(name).is_some_and(|r| r.starts_with('/'));
+                inside.extend(names.iter().copied().filter(|n| of(n)));
+            }
         }
     }
     let remaining: std::collections::HashSet<&str> = optimized.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -835,12 +851,16 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
             inside.insert(d.name.as_str());
         }
     }
-    let left: Vec<&str> = optimized
+    let mut left: Vec<String> = optimized
         .nodes
         .iter()
         .filter(|n| n.domain.is_empty() && quantized(&n.op) && n.op != "DynamicQuantizeLinear")
-        .map(|n| n.name.as_str())
+        .map(source)
+        .filter(|s| !inside.contains(s.as_str()))
         .collect();
+    left.sort();
+    left.dedup();
+    let left: Vec<&str> = left.iter().map(|s| s.as_str()).collect();
     let shown: Vec<&str> = left.iter().take(8).copied().collect();
     let mut kinds: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
     for n in &integer {
