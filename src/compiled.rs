@@ -62,7 +62,8 @@ pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<Compi
     let p = model.display().to_string();
     crate::guard::contain(&format!("compiling {p}"), || {
         let mut ir = import_checked(model)?;
-        let target = Target::host().with_cpu(&opts.cpu)?;
+        let mut target = Target::host().with_cpu(&opts.cpu)?;
+        target.half_weights = opts.half_weights;
         let sigs = crate::signatures(&ir.graph, &opts.shapes, &p)?;
         let stage = match sigs.as_slice() {
             [] if specialize::worthwhile(&ir.graph) => "source",

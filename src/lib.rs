@@ -133,6 +133,10 @@ pub struct Options {
     /// How many specialised programs the cpu backend keeps (the most recently used);
     /// `None`: 8.
     pub shape_cache: Option<usize>,
+    /// Keep dense layers' (MatMul / Gemm) weights as f16 on the cpu backend: half their
+    /// memory, widened to f32 panel by panel inside the GEMM; each weight rounded to the
+    /// nearest f16 (relative error at most 2^-11).
+    pub half_weights: bool,
 }
 
 /// The shapes of a model's inputs by name: one signature to specialise for.
@@ -151,6 +155,7 @@ impl Default for Options {
             max_tensor_bytes: None,
             shapes: Vec::new(),
             shape_cache: None,
+            half_weights: false,
         }
     }
 }
@@ -442,7 +447,8 @@ impl Model {
         let exec = match opts.backend {
             Backend::Reference => Exec::Reference,
             Backend::Cpu => {
-                let target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
+                let mut target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
+                target.half_weights = opts.half_weights;
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
                 let pool = aim_runtime::pool::ThreadPool::new(threads)
                     .map(std::sync::Arc::new)

@@ -41,6 +41,10 @@ struct LoadArgs {
     /// How many shape-specialised programs to keep (the most recently used; default 8).
     #[arg(long, value_name = "N")]
     shape_cache: Option<usize>,
+    /// How dense layers (MatMul / Gemm) hold their weights: f32, or f16 (half the memory,
+    /// widened inside the GEMM; each weight rounded to the nearest f16).
+    #[arg(long, value_name = "f32|f16", default_value = "f32")]
+    weights: String,
 }
 
 /// `--shape` values as signatures: a name given again starts the next one.
@@ -86,6 +90,11 @@ impl LoadArgs {
         if self.shape_cache == Some(0) {
             bail!("--shape-cache must be at least 1");
         }
+        let half_weights = match self.weights.as_str() {
+            "f32" => false,
+            "f16" => true,
+            w => bail!("--weights {w}: expected f32 or f16"),
+        };
         Ok(aim::Options {
             backend,
             threads: self.threads,
@@ -94,6 +103,7 @@ impl LoadArgs {
             max_tensor_bytes,
             shapes: parse_shapes(&self.shape)?,
             shape_cache: self.shape_cache,
+            half_weights,
         })
     }
 }

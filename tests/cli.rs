@@ -355,3 +355,41 @@ fn quantize_writes_a_model_and_refuses_bad_options() {
         "no Conv, MatMul or Gemm node",
     );
 }
+
+#[test]
+fn half_weights_round_each_weight_to_f16() {
+    let d = tempdir("half-weights");
+    // 0.1, 0.2, 0.3 are not f16 values: the f16 run differs, within f16's 2^-11.
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "W"], &["h"], vec![]), node("Add", "bias", &["h", "b"], &["y"], vec![])],
+        vec![value("x", 1, &[Err("N"), Ok(2)])],
+        vec![value("y", 1, &[Err("N"), Ok(2)])],
+        vec![f32_tensor("W", &[2, 2], &[0.1, 0.2, 0.3, 1.0]), f32_tensor("b", &[2], &[0.5, -1.0])],
+        17,
+    );
+    std::fs::write(d.join("m.onnx"), m).unwrap();
+    let x = Tensor::from_slice(&[3, 2], &[1.0f32, 1.0, 2.0, -3.0, -1.0, 2.0]);
+    write_npz(&d.join("in.npz"), &[("x".into(), x)]).unwrap();
+    let run = |w: &str| {
+        let o = d.join(format!("out-{w}.npz"));
+        let out = aim(&[
+            "run",
+            d.join("m.onnx").to_str().unwrap(),
+            "--inputs",
+            d.join("in.npz").to_str().unwrap(),
+            "--outputs",
+            o.to_str().unwrap(),
+            "--weights",
+            w,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        read_npz(&o).unwrap()[0].1.data::<f32>().to_vec()
+    };
+    let (full, half) = (run("f32"), run("f16"));
+    assert_ne!(full, half, "the f16 weights are rounded");
+    for (a, b) in full.iter().zip(&half) {
+        // |x|·|w| sums to at most 7.6 here: each product off by at most 2^-11 of itself.
+        assert!((a - b).abs() <= 7.6 / 2048.0, "{a} vs {b}");
+    }
+    assert_clean_error(&aim(&["run", d.join("m.onnx").to_str().unwrap(), "--weights", "f8"]), "--weights f8");
+}

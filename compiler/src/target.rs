@@ -100,6 +100,9 @@ pub struct Target {
     pub logical_cores: usize,
     /// What capped the level, if anything (`--cpu x86-64-v3`).
     pub capped_to: Option<Level>,
+    /// Whether dense layers keep their weights as f16 (`--weights f16`): a choice of the
+    /// user's that travels with the target the program is compiled for, like `capped_to`.
+    pub half_weights: bool,
 }
 
 fn level_of(f: &Features, arch: &str) -> Level {
@@ -190,6 +193,7 @@ impl Target {
             physical_cores: aim_runtime::pool::physical_cores(logical),
             logical_cores: logical,
             capped_to: None,
+            half_weights: false,
         };
         #[cfg(target_arch = "x86_64")]
         detect_x86(&mut t);
@@ -297,6 +301,7 @@ impl Target {
             physical_cores: 1,
             logical_cores: 1,
             capped_to: Some(level),
+            half_weights: false,
         })
     }
 

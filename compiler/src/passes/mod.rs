@@ -71,7 +71,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // four times the products per instruction of f32); elsewhere quantized layers run as
     // f32 kernels (the quantize-dequantize pass).
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
-    vec![
+    let mut passes = vec![
         Pass::new("half-to-float", half::run),
         Pass::new("infer-types", infer),
         // The dequantization of constant weights waits for the quantize-dequantize pass,
@@ -94,7 +94,11 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("select-kernels", move |g| crate::select::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("infer-types", infer),
-    ]
+    ];
+    if target.half_weights {
+        passes.push(Pass::new("half-weights", half::mark_weights));
+    }
+    passes
 }
 
 fn infer(g: &mut Graph) -> Result<(), PassError> {

@@ -445,11 +445,12 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
         let cp = cp;
         let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);
         let mut buf = vec![0f32; mr * nr];
+        let mut widened = Vec::new();
         for kb in 0..kblocks {
             let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
             for i0 in (0..mp).step_by(mc_panels) {
                 for j in j0..j1 {
-                    let bp = b.panel(kb, j);
+                    let bp = b.panel(kb, j, &mut widened);
                     for i in i0..(i0 + mc_panels).min(mp) {
                         let (rows, cols) = ((m - i * mr).min(mr), (n - j * nr).min(nr));
                         // SAFETY: tile (i, j) lies inside C (checked by the callers) and
@@ -599,11 +600,12 @@ fn small_m(a: ARows, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn
         // in memory order, one sequential stream.
         let width = (j1 - j0) * nr;
         let mut acc = vec![0f32; m * width];
+        let mut widened = Vec::new();
         for kb in 0..kblocks {
             let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
             for j in j0..j1 {
                 // SAFETY: the panels hold kc_len×NR (B) floats.
-                let bp = unsafe { std::slice::from_raw_parts(b.panel(kb, j), kc_len * nr) };
+                let bp = unsafe { std::slice::from_raw_parts(b.panel(kb, j, &mut widened), kc_len * nr) };
                 for i in 0..m {
                     let at = i * width + (j - j0) * nr;
                     match a {

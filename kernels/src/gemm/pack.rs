@@ -36,6 +36,9 @@ pub struct PackedB {
     pub n: usize,
     pub(crate) kc: usize,
     data: crate::floats::Floats,
+    /// The same panels stored as f16 (then `data` is empty): half the memory, each panel
+    /// widened to f32 as the GEMM reads it (see [`PackedB::to_half`]).
+    half: Option<Vec<half::f16>>,
 }
 
 /// Offset of k block `kb` in a packed operand with `panels` panels of `width`.
@@ -161,7 +164,7 @@ impl PackedB {
                 fill(kb * kc + p, pj * nr, &mut panel[p * nr..p * nr + cols]);
             }
         });
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data) }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None }
     }
 
     /// Packs a row-major matrix (`trans`: B is stored transposed, n×k), copying rows of
@@ -187,7 +190,7 @@ impl PackedB {
                 }
             }
         }
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data) }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None }
     }
 
     /// Packs a row-major matrix given as little-endian f32 bytes at any alignment (`trans`:
@@ -212,10 +215,44 @@ impl PackedB {
         n.div_ceil(isa.nr()) * isa.nr() * k.max(1)
     }
 
-    /// The packed floats, as [`PackedB::with_packed`] takes them back (for a program
-    /// written with its weights prepacked).
-    pub fn packed(&self) -> &[f32] {
-        &self.data
+    /// The packed floats, in panel order (what a `.aim` file stores prepacked); widened
+    /// from f16 when the weights are held as f16.
+    pub fn packed(&self) -> std::borrow::Cow<'_, [f32]> {
+        match &self.half {
+            Some(h) => std::borrow::Cow::Owned(h.iter().map(|v| v.to_f32()).collect()),
+            None => std::borrow::Cow::Borrowed(&self.data),
+        }
+    }
+
+    /// The same weights stored as f16, half the memory: each panel is widened to f32 (F16C
+    /// where the CPU has it) into a per-task buffer as the GEMM reads it. Every weight is
+    /// rounded to the nearest f16 (relative error at most 2^-11, for magnitudes in f16's
+    /// normal range, 6.1e-5 to 65504; smaller ones lose precision, larger ones become
+    /// infinite).
+    pub fn to_half(&self) -> PackedB {
+        let half = self.packed().iter().map(|&v| half::f16::from_f32(v)).collect();
+        PackedB { data: crate::floats::Floats::owned(Vec::new()), half: Some(half), ..self.clone_shape() }
+    }
+
+    /// Whether the weights are held as f16.
+    pub fn is_half(&self) -> bool {
+        self.half.is_some()
+    }
+
+    /// Bytes the packed weights take.
+    pub fn bytes(&self) -> usize {
+        self.half.as_ref().map_or(self.data.len() * 4, |h| h.len() * 2)
+    }
+
+    fn clone_shape(&self) -> PackedB {
+        PackedB {
+            isa: self.isa,
+            k: self.k,
+            n: self.n,
+            kc: self.kc,
+            data: crate::floats::Floats::owned(Vec::new()),
+            half: None,
+        }
     }
 
     /// A packed B over floats packed before for the same `isa` and `blocking` (read in
@@ -231,13 +268,24 @@ impl PackedB {
         if data.len() != want {
             return Err(format!("a packed {k}×{n} weight holds {want} floats, not {}", data.len()));
         }
-        Ok(PackedB { isa, k, n, kc: blocking.kc.max(1), data })
+        Ok(PackedB { isa, k, n, kc: blocking.kc.max(1), data, half: None })
     }
 
-    pub(crate) fn panel(&self, kb: usize, j: usize) -> *const f32 {
+    /// Panel `j` of k block `kb` (`kc_len × NR` floats): in place, or widened from f16 into
+    /// `scratch` (the caller's, reused from panel to panel).
+    pub(crate) fn panel(&self, kb: usize, j: usize, scratch: &mut Vec<f32>) -> *const f32 {
+        use half::slice::HalfFloatSliceExt;
         let nr = self.isa.nr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
-        let base = block_offset(kb, self.kc, self.n.div_ceil(nr), nr);
-        self.data[base + j * kc_len * nr..].as_ptr()
+        let at = block_offset(kb, self.kc, self.n.div_ceil(nr), nr) + j * kc_len * nr;
+        match &self.half {
+            None => self.data[at..].as_ptr(),
+            Some(h) => {
+                let len = kc_len * nr;
+                scratch.resize(len, 0.0);
+                h[at..at + len].convert_to_f32_slice(&mut scratch[..len]);
+                scratch.as_ptr()
+            }
+        }
     }
 }

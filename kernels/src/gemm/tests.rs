@@ -178,3 +178,31 @@ fn lazy_b_matches_packed_b() {
         }
     }
 }
+
+#[test]
+fn half_weights_compute_what_their_f16_values_give() {
+    for isa in isas() {
+        for &(m, k, n) in &[(1, 300, 70), (2, 129, 33), (40, 129, 17), (64, 300, 64)] {
+            let (a, b) = (values(m * k, 3), values(k * n, 4));
+            // The f16 rounding of every weight, as f32.
+            let b16: Vec<f32> = b.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+            let blocking = Blocking { kc: 64, mc: 2 * isa.mr() };
+            let pa = PackedA::from_slice(isa, blocking, &a, m, k, false);
+            let half = PackedB::from_slice(isa, blocking, &b, k, n, false).to_half();
+            assert!(half.is_half());
+            assert_eq!(half.bytes() * 2, PackedB::from_slice(isa, blocking, &b, k, n, false).bytes());
+            let exact16 = PackedB::from_slice(isa, blocking, &b16, k, n, false);
+            let (mut c, mut want) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            gemm(&pa, &half, &mut c, n, &Epilogue::default(), &Sequential);
+            gemm(&pa, &exact16, &mut want, n, &Epilogue::default(), &Sequential);
+            assert_eq!(c, want, "{isa:?} {m}x{k}x{n}");
+            // Rows read in place (the small-m path) too.
+            let (mut c, mut want) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            gemm_rows(&a, m, k, blocking, &half, &mut c, n, &Epilogue::default(), &Sequential);
+            gemm_rows(&a, m, k, blocking, &exact16, &mut want, n, &Epilogue::default(), &Sequential);
+            assert_eq!(c, want, "{isa:?} {m}x{k}x{n} (rows)");
+            // Packed back to f32 (what a .aim file stores): the f16 values.
+            assert_eq!(&*half.packed(), &*exact16.packed());
+        }
+    }
+}

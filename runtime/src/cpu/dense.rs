@@ -28,18 +28,25 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         ),
         None => None,
     };
+    // `weights = "f16"` (the `half-weights` pass): held as f16, widened per panel.
+    let half = match n.attrs.get("weights") {
+        None => false,
+        Some(aim_ir::Attr::String(s)) if s == "f16" => true,
+        Some(aim_ir::Attr::String(s)) if s == "f32" => false,
+        Some(other) => return Err(prep_err(n, format!("weights must be \"f32\" or \"f16\", not {other:?}"))),
+    };
     let weight = match prepacked {
         Some("dense") => {
             let floats = aim_kernels::floats::Floats::view(w, 0, w.len())
                 .ok_or_else(|| prep_err(n, "prepacked weights are not f32"))?;
             let packed = PackedB::with_packed(isa, blocking, k, nn, floats)
                 .map_err(|e| prep_err(n, format!("prepacked weights: {e}")))?;
-            std::sync::Arc::new(packed)
+            std::sync::Arc::new(if half { packed.to_half() } else { packed })
         }
         Some(other) => {
             return Err(prep_err(n, format!("prepacked weights: '{other}' weights are not a dense layer's")))
         }
-        None => super::shared::packed_b(w, isa, blocking, k, nn, false),
+        None => super::shared::packed_b(w, isa, blocking, (k, nn), false, half),
     };
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
