@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -260,13 +261,20 @@ async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Res
             return Err(too_big());
         }
     }
-    let bytes = axum::body::to_bytes(body, s.max_body).await.map_err(|e| {
-        if format!("{e:?}").contains("LengthLimit") {
-            too_big()
-        } else {
-            ApiError::bad(format!("reading the request body: {e}"))
+    // Read frame by frame, refused as soon as it passes the limit (a chunked body has no
+    // length to check first).
+    let mut body = body;
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::bad(format!("reading the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > s.max_body {
+                return Err(too_big());
+            }
+            buf.extend_from_slice(&data);
         }
-    })?;
+    }
+    let bytes = axum::body::Bytes::from(buf);
     let header_len = match headers.get(HEADER_LEN) {
         None => None,
         Some(v) => Some(

@@ -240,7 +240,7 @@ fn from_json(dtype: DType, shape: &[usize], flat: &[&Value]) -> Result<Tensor, S
         return Ok(Tensor::from_f64(dtype, shape, &v));
     }
     let (lo, hi) = int_range(dtype);
-    let v: Vec<f64> = flat
+    let ints: Vec<i128> = flat
         .iter()
         .enumerate()
         .map(|(i, v)| {
@@ -248,20 +248,15 @@ fn from_json(dtype: DType, shape: &[usize], flat: &[&Value]) -> Result<Tensor, S
             if x < lo || x > hi {
                 return Err(bad(i));
             }
-            Ok(x as f64)
+            Ok(x)
         })
         .collect::<Result<_, _>>()?;
-    if dtype == DType::I64 || dtype == DType::U64 {
-        // Exact past 2^53: build from the integers themselves.
-        let ints: Vec<i64> =
-            flat.iter().map(|v| v.as_i64().unwrap_or_else(|| v.as_u64().unwrap_or(0) as i64)).collect();
-        let mut t = Tensor::from_i64(shape, ints);
-        if dtype == DType::U64 {
-            t = Tensor::from_bytes(DType::U64, shape, t.bytes()).map_err(|e| e.to_string())?;
-        }
-        return Ok(t);
-    }
-    Ok(Tensor::from_f64(dtype, shape, &v))
+    Ok(match dtype {
+        // Exact past 2^53: from the integers themselves.
+        DType::I64 => Tensor::from_i64(shape, ints.iter().map(|&x| x as i64).collect()),
+        DType::U64 => Tensor::from_slice(shape, &ints.iter().map(|&x| x as u64).collect::<Vec<_>>()),
+        _ => Tensor::from_f64(dtype, shape, &ints.iter().map(|&x| x as f64).collect::<Vec<_>>()),
+    })
 }
 
 /// The values an integer dtype holds.

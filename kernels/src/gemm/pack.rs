@@ -231,7 +231,8 @@ impl PackedB {
     /// infinite).
     pub fn to_half(&self) -> PackedB {
         let half = self.packed().iter().map(|&v| half::f16::from_f32(v)).collect();
-        PackedB { data: crate::floats::Floats::owned(Vec::new()), half: Some(half), ..self.clone_shape() }
+        let (isa, k, n, kc) = (self.isa, self.k, self.n, self.kc);
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(Vec::new()), half: Some(half) }
     }
 
     /// Whether the weights are held as f16.
@@ -242,17 +243,6 @@ impl PackedB {
     /// Bytes the packed weights take.
     pub fn bytes(&self) -> usize {
         self.half.as_ref().map_or(self.data.len() * 4, |h| h.len() * 2)
-    }
-
-    fn clone_shape(&self) -> PackedB {
-        PackedB {
-            isa: self.isa,
-            k: self.k,
-            n: self.n,
-            kc: self.kc,
-            data: crate::floats::Floats::owned(Vec::new()),
-            half: None,
-        }
     }
 
     /// A packed B over floats packed before for the same `isa` and `blocking` (read in
