@@ -9,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+# ptxas (from NVIDIA's PyPI package, no CUDA toolkit or GPU needed) checks every PTX kernel
+# the cuda backend generates, for sm_80 and sm_90 (compiler/src/cuda/tests.rs).
+python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvcc-cu12
+PTXAS="$(python3 -c 'import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas"))')"
+export PTXAS
 if ! command -v chromium >/dev/null; then
     echo "== installing chromium (for the explore page test)"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -72,7 +77,7 @@ echo "== aim explore: the HTML page in headless Chromium (hover, highlight, sear
 python3 tests/explore_html.py target/release/aim target/models/mobilenetv2.onnx target/explore
 
 echo "== unit, snapshot, fuzz-corpus, explore and conformance tests"
-AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQUIRE_CONFORMANCE=1 cargo test --workspace --release --locked
+AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQUIRE_CONFORMANCE=1 AIM_REQUIRE_PTXAS=1 cargo test --workspace --release --locked
 
 echo "== the thread pool's handshake under loom's memory model"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p aim-runtime --release --locked --lib loom

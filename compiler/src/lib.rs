@@ -8,6 +8,7 @@
 //! ([`memory_plan`]).
 
 pub mod codegen;
+pub mod cuda;
 pub mod ewprog;
 pub mod memory_plan;
 pub mod onnx;

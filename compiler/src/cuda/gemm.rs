@@ -1,0 +1,422 @@
+//! Dense layers (`aim:Dense`: `Y = act(A · W + B + R)`, A `[M, K]`, W `[K, N]`) as tiled
+//! PTX GEMMs: 64×64 output tiles per block, 16-deep slices of A and W copied into shared
+//! memory with `cp.async` (double-buffered: the next slice loads while this one is
+//! multiplied; elements past the matrices' edges are zero-filled, so no read leaves
+//! them), and the epilogue (bias, residual, activation) applied to the tile in registers
+//! before its one store.
+//!
+//! Two inner products:
+//! - f32 FFMA: 256 threads, each a 4×4 register tile fed by vector loads from shared
+//!   memory (A is stored k-major there);
+//! - TF32 tensor cores (when the target allows TF32): 4 warps, each a 32×32 warp tile of
+//!   2×4 `mma.sync.m16n8k8` with f32 accumulators; operands rounded to TF32
+//!   (`cvt.rna.tf32.f32`) as they leave shared memory, whose rows are padded so the
+//!   fragment loads hit 32 distinct banks.
+
+use super::elementwise::program;
+use super::ptx::{Class, Kernel as Builder, Reg};
+use super::{GpuTarget, Kernel};
+use crate::ewprog::{Binary, Inst, Operand, Unary};
+use aim_kernels::gemm::Activation;
+
+/// Output tile rows and columns per block, and the depth of a shared slice.
+const BM: u32 = 64;
+const BN: u32 = 64;
+const BK: u32 = 16;
+
+/// The GEMM a dense layer computes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dense {
+    /// Rows of A and Y.
+    pub m: u32,
+    /// Columns of W and Y.
+    pub n: u32,
+    /// Columns of A, rows of W.
+    pub k: u32,
+    /// A bias per output column (`b` parameter).
+    pub bias: bool,
+    /// A residual of Y's shape (`r` parameter).
+    pub residual: bool,
+    /// The activation applied last.
+    pub activation: Activation,
+}
+
+/// The activation as an elementwise program over the pre-activation value.
+pub fn activation_program(act: Activation) -> Vec<Inst> {
+    use Operand::{Const as C, Ref as R};
+    let x = Inst::Input(0);
+    let un = |u, a| Inst::Unary(u, R(a));
+    let bin = |b, a, c| Inst::Binary(b, a, c);
+    match act {
+        Activation::Identity => vec![x],
+        Activation::Relu => vec![x, un(Unary::Relu, 0)],
+        Activation::Clip(lo, hi) => vec![x, Inst::Clip(R(0), lo, hi)],
+        Activation::LeakyRelu(a) => vec![x, Inst::LeakyRelu(R(0), a)],
+        Activation::HardSigmoid(a, b) => {
+            vec![x, bin(Binary::Mul, R(0), C(a)), bin(Binary::Add, R(1), C(b)), Inst::Clip(R(2), 0.0, 1.0)]
+        }
+        Activation::HardSwish => vec![
+            x,
+            bin(Binary::Mul, R(0), C(1.0 / 6.0)),
+            bin(Binary::Add, R(1), C(0.5)),
+            Inst::Clip(R(2), 0.0, 1.0),
+            bin(Binary::Mul, R(0), R(3)),
+        ],
+        Activation::Sigmoid => vec![x, un(Unary::Sigmoid, 0)],
+        Activation::Silu => vec![x, un(Unary::Sigmoid, 0), bin(Binary::Mul, R(0), R(1))],
+        Activation::Tanh => vec![x, un(Unary::Tanh, 0)],
+        Activation::Gelu => vec![
+            x,
+            bin(Binary::Mul, R(0), C(std::f32::consts::FRAC_1_SQRT_2)),
+            un(Unary::Erf, 1),
+            bin(Binary::Add, R(2), C(1.0)),
+            bin(Binary::Mul, R(0), R(3)),
+            bin(Binary::Mul, R(4), C(0.5)),
+        ],
+        Activation::GeluTanh => vec![
+            x,
+            bin(Binary::Mul, R(0), R(0)),
+            bin(Binary::Mul, R(1), R(0)),
+            bin(Binary::Mul, R(2), C(0.044_715)),
+            bin(Binary::Add, R(0), R(3)),
+            bin(Binary::Mul, R(4), C(0.797_884_6)),
+            un(Unary::Tanh, 5),
+            bin(Binary::Add, R(6), C(1.0)),
+            bin(Binary::Mul, R(0), R(7)),
+            bin(Binary::Mul, R(8), C(0.5)),
+        ],
+        // relu(x) + α·(e^min(x,0) − 1): x above 0, α(eˣ − 1) at or below.
+        Activation::Elu(a) => vec![
+            x,
+            bin(Binary::Min, R(0), C(0.0)),
+            un(Unary::Exp, 1),
+            bin(Binary::Sub, R(2), C(1.0)),
+            bin(Binary::Mul, R(3), C(a)),
+            un(Unary::Relu, 0),
+            bin(Binary::Add, R(5), R(4)),
+        ],
+    }
+}
+
+/// Which inner product a kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inner {
+    Ffma,
+    Tf32,
+}
+
+impl Inner {
+    fn threads(self) -> u32 {
+        match self {
+            Inner::Ffma => 256,
+            Inner::Tf32 => 128,
+        }
+    }
+
+    /// Floats per row of the A slice in shared memory and what a row is: FFMA keeps A
+    /// k-major (`[BK][BM]`), TF32 m-major with 4 floats of padding (`[BM][BK + 4]`).
+    fn a_stride(self) -> u32 {
+        match self {
+            Inner::Ffma => BM,
+            Inner::Tf32 => BK + 4,
+        }
+    }
+
+    /// Floats per row of the W slice (`[BK][..]`).
+    fn b_stride(self) -> u32 {
+        match self {
+            Inner::Ffma => BN,
+            Inner::Tf32 => BN + 8,
+        }
+    }
+
+    fn a_bytes(self) -> u32 {
+        4 * match self {
+            Inner::Ffma => BK * BM,
+            Inner::Tf32 => BM * (BK + 4),
+        }
+    }
+
+    fn b_bytes(self) -> u32 {
+        4 * BK * self.b_stride()
+    }
+}
+
+/// Why a dense layer has no GPU kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge(pub String);
+
+/// The kernel `name(a, w, y[, b][, r])` for `d` on `target`.
+pub fn kernel(name: &str, d: &Dense, target: &GpuTarget, sources: Vec<String>) -> Result<Kernel, TooLarge> {
+    if d.m == 0 || d.n == 0 || d.k == 0 {
+        return Err(TooLarge(format!("empty GEMM {}×{}×{}", d.m, d.n, d.k)));
+    }
+    // Element indices are 32-bit: every matrix must have fewer than 2^32 elements.
+    let (m, n, kk) = (u64::from(d.m), u64::from(d.n), u64::from(d.k));
+    if [m * kk, kk * n, m * n].iter().any(|&e| e >= 1 << 32) {
+        return Err(TooLarge(format!("a {}×{}×{} GEMM has a matrix of 2^32 elements or more", d.m, d.n, d.k)));
+    }
+    let grid = [d.n.div_ceil(BN), d.m.div_ceil(BM), 1];
+    if grid[1] > 65_535 {
+        return Err(TooLarge(format!("{} rows need more than 65535 row tiles", d.m)));
+    }
+    let inner = if target.allow_tf32 { Inner::Tf32 } else { Inner::Ffma };
+    let b = build(name, d, inner);
+    Ok(Kernel {
+        name: name.to_string(),
+        shared_bytes: b.shared_bytes(),
+        ptx: b.finish(),
+        grid,
+        block: [inner.threads(), 1, 1],
+        sources,
+    })
+}
+
+/// One element of a slice copy: the thread's source address before the slice offset, the
+/// predicate that its row (A) or column (W) is inside the matrix, its k within the slice,
+/// and its shared destination before the buffer offset.
+struct Copy {
+    src: Reg,
+    inside: Reg,
+    k: Reg,
+    dst: Reg,
+}
+
+fn build(name: &str, d: &Dense, inner: Inner) -> Builder {
+    let mut k = Builder::new(name);
+    let a = k.ptr_param("a");
+    let w = k.ptr_param("w");
+    let y = k.ptr_param("y");
+    let bias = d.bias.then(|| k.ptr_param("b"));
+    let res = d.residual.then(|| k.ptr_param("r"));
+    let buf_bytes = inner.a_bytes() + inner.b_bytes();
+    let smem = k.shared("tiles", 2 * buf_bytes as usize);
+    let b_smem = k.op2(Class::B32, "add.u32", smem, inner.a_bytes());
+    let tid = k.op1(Class::B32, "mov.u32", "%tid.x");
+    let bx = k.op1(Class::B32, "mov.u32", "%ctaid.x");
+    let by = k.op1(Class::B32, "mov.u32", "%ctaid.y");
+    let bm = k.op2(Class::B32, "mul.lo.u32", by, BM);
+    let bn = k.op2(Class::B32, "mul.lo.u32", bx, BN);
+    let threads = inner.threads();
+
+    // Slice copies: A's BM×BK and W's BK×BN elements spread over the threads.
+    k.comment("slice copies: each thread's elements of A and W");
+    let mut copies_a = Vec::new();
+    for j in 0..(BM * BK) / threads {
+        let e = k.op2(Class::B32, "add.u32", tid, j * threads);
+        let ml = k.op2(Class::B32, "shr.u32", e, BK.trailing_zeros());
+        let kl = k.op2(Class::B32, "and.b32", e, BK - 1);
+        let row = k.op2(Class::B32, "add.u32", bm, ml);
+        let inside = k.op2(Class::Pred, "setp.lt.u32", row, d.m);
+        let idx = k.op3(Class::B32, "mad.lo.u32", row, d.k, kl);
+        let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+        let src = k.op2(Class::B64, "add.s64", a, off);
+        let sidx = match inner {
+            Inner::Ffma => k.op3(Class::B32, "mad.lo.u32", kl, inner.a_stride(), ml),
+            Inner::Tf32 => k.op3(Class::B32, "mad.lo.u32", ml, inner.a_stride(), kl),
+        };
+        let dst = k.op3(Class::B32, "mad.lo.u32", sidx, 4, smem);
+        copies_a.push(Copy { src, inside, k: kl, dst });
+    }
+    let mut copies_b = Vec::new();
+    for j in 0..(BK * BN) / threads {
+        let e = k.op2(Class::B32, "add.u32", tid, j * threads);
+        let kl = k.op2(Class::B32, "shr.u32", e, BN.trailing_zeros());
+        let nl = k.op2(Class::B32, "and.b32", e, BN - 1);
+        let col = k.op2(Class::B32, "add.u32", bn, nl);
+        let inside = k.op2(Class::Pred, "setp.lt.u32", col, d.n);
+        let idx = k.op3(Class::B32, "mad.lo.u32", kl, d.n, col);
+        let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+        let src = k.op2(Class::B64, "add.s64", w, off);
+        let sidx = k.op3(Class::B32, "mad.lo.u32", kl, inner.b_stride(), nl);
+        let dst = k.op3(Class::B32, "mad.lo.u32", sidx, 4, b_smem);
+        copies_b.push(Copy { src, inside, k: kl, dst });
+    }
+    // Issues the copies of the slice starting at k0 into the buffer at byte offset `buf`.
+    let issue = |k: &mut Builder, k0: Reg, buf: Reg| {
+        let a_step = k.op2(Class::B64, "mul.wide.u32", k0, 4);
+        let b_step = k.op2(Class::B64, "mul.wide.u32", k0, 4 * d.n);
+        for (copies, step, base) in [(&copies_a, a_step, a), (&copies_b, b_step, w)] {
+            for c in copies {
+                let kk = k.op2(Class::B32, "add.u32", k0, c.k);
+                let in_k = k.op2(Class::Pred, "setp.lt.u32", kk, d.k);
+                let ok = k.op2(Class::Pred, "and.pred", in_k, c.inside);
+                let src = k.op2(Class::B64, "add.s64", c.src, step);
+                // Outside the matrix nothing is read (size 0) from an address inside it.
+                let src = k.op3(Class::B64, "selp.b64", src, base, ok);
+                let size = k.op3(Class::B32, "selp.b32", 4, 0, ok);
+                let dst = k.op2(Class::B32, "add.u32", c.dst, buf);
+                k.ins(format!("cp.async.ca.shared.global [{dst}], [{src}], 4, {size};"));
+            }
+        }
+        k.ins("cp.async.commit_group;");
+    };
+
+    // Accumulators and the thread's place in the tile.
+    let (accs, places, frag) = match inner {
+        Inner::Ffma => {
+            let ty = k.op2(Class::B32, "shr.u32", tid, 4);
+            let tx = k.op2(Class::B32, "and.b32", tid, 15);
+            let row0 = k.op2(Class::B32, "shl.b32", ty, 2);
+            let col0 = k.op2(Class::B32, "shl.b32", tx, 2);
+            let a_rd = k.op3(Class::B32, "mad.lo.u32", row0, 4, smem);
+            let b_rd = k.op3(Class::B32, "mad.lo.u32", col0, 4, b_smem);
+            let accs: Vec<Reg> = (0..16).map(|_| k.fconst(0.0)).collect();
+            let places: Vec<(u32, u32)> = (0..16).map(|e| (e / 4, e % 4)).collect();
+            (accs, places, (row0, col0, a_rd, b_rd))
+        }
+        Inner::Tf32 => {
+            let warp = k.op2(Class::B32, "shr.u32", tid, 5);
+            let lane = k.op2(Class::B32, "and.b32", tid, 31);
+            let g = k.op2(Class::B32, "shr.u32", lane, 2);
+            let q = k.op2(Class::B32, "and.b32", lane, 3);
+            let wm = k.op2(Class::B32, "shr.u32", warp, 1);
+            let wm = k.op2(Class::B32, "shl.b32", wm, 5);
+            let wn = k.op2(Class::B32, "and.b32", warp, 1);
+            let wn = k.op2(Class::B32, "shl.b32", wn, 5);
+            let row0 = k.op2(Class::B32, "add.u32", wm, g);
+            let q2 = k.op2(Class::B32, "shl.b32", q, 1);
+            let col0 = k.op2(Class::B32, "add.u32", wn, q2);
+            // Fragment bases: A[row0][q], W[q][wn + g].
+            let ai = k.op3(Class::B32, "mad.lo.u32", row0, inner.a_stride(), q);
+            let a_rd = k.op3(Class::B32, "mad.lo.u32", ai, 4, smem);
+            let bcol = k.op2(Class::B32, "add.u32", wn, g);
+            let bi = k.op3(Class::B32, "mad.lo.u32", q, inner.b_stride(), bcol);
+            let b_rd = k.op3(Class::B32, "mad.lo.u32", bi, 4, b_smem);
+            let accs: Vec<Reg> = (0..32).map(|_| k.fconst(0.0)).collect();
+            // Tile (i, j), register r: row i·16 + 8·(r/2), column j·8 + r%2.
+            let places: Vec<(u32, u32)> =
+                (0..32).map(|e| ((e / 16) * 16 + 8 * ((e % 4) / 2), ((e / 4) % 4) * 8 + e % 2)).collect();
+            (accs, places, (row0, col0, a_rd, b_rd))
+        }
+    };
+    let (row0, col0, a_rd, b_rd) = frag;
+
+    // The k loop over slices, double-buffered.
+    let tiles = d.k.div_ceil(BK);
+    let t = k.op1(Class::B32, "mov.u32", 0);
+    let zero = k.op1(Class::B32, "mov.u32", 0);
+    issue(&mut k, zero, zero);
+    let (head, last, sync) = (k.label("slice"), k.label("last_slice"), k.label("slice_ready"));
+    k.place(&head);
+    let t1 = k.op2(Class::B32, "add.u32", t, 1);
+    let cur_sel = k.op2(Class::B32, "and.b32", t, 1);
+    let cur = k.op2(Class::B32, "mul.lo.u32", cur_sel, buf_bytes);
+    let more = k.op2(Class::Pred, "setp.lt.u32", t1, tiles);
+    k.ins(format!("@!{more} bra {last};"));
+    let nxt_sel = k.op2(Class::B32, "and.b32", t1, 1);
+    let nxt = k.op2(Class::B32, "mul.lo.u32", nxt_sel, buf_bytes);
+    let k0 = k.op2(Class::B32, "mul.lo.u32", t1, BK);
+    issue(&mut k, k0, nxt);
+    k.ins("cp.async.wait_group 1;");
+    k.ins(format!("bra.uni {sync};"));
+    k.place(&last);
+    k.ins("cp.async.wait_group 0;");
+    k.place(&sync);
+    k.ins("bar.sync 0;");
+    let a_cur = k.op2(Class::B32, "add.u32", a_rd, cur);
+    let b_cur = k.op2(Class::B32, "add.u32", b_rd, cur);
+    match inner {
+        Inner::Ffma => {
+            for kk in 0..BK {
+                let av: Vec<Reg> = (0..4).map(|_| k.reg(Class::F32)).collect();
+                let bv: Vec<Reg> = (0..4).map(|_| k.reg(Class::F32)).collect();
+                let list = |v: &[Reg]| v.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+                k.ins(format!("ld.shared.v4.f32 {{{}}}, [{a_cur}+{}];", list(&av), 4 * kk * BM));
+                k.ins(format!("ld.shared.v4.f32 {{{}}}, [{b_cur}+{}];", list(&bv), 4 * kk * BN));
+                for i in 0..4 {
+                    for j in 0..4 {
+                        let c = accs[i * 4 + j];
+                        k.ins(format!("fma.rn.f32 {c}, {}, {}, {c};", av[i], bv[j]));
+                    }
+                }
+            }
+        }
+        Inner::Tf32 => {
+            let (sa, sb) = (inner.a_stride(), inner.b_stride());
+            for kk in (0..BK).step_by(8) {
+                let mut afr = Vec::new();
+                for i in 0..2 {
+                    let base = 4 * (i * 16 * sa + kk);
+                    let offs = [base, base + 4 * 8 * sa, base + 16, base + 4 * 8 * sa + 16];
+                    let regs: Vec<Reg> = offs
+                        .iter()
+                        .map(|o| {
+                            let f = k.reg(Class::F32);
+                            k.ins(format!("ld.shared.f32 {f}, [{a_cur}+{o}];"));
+                            k.op1(Class::B32, "cvt.rna.tf32.f32", f)
+                        })
+                        .collect();
+                    afr.push(regs);
+                }
+                let mut bfr = Vec::new();
+                for j in 0..4 {
+                    let base = 4 * (kk * sb + j * 8);
+                    let regs: Vec<Reg> = [base, base + 4 * 4 * sb]
+                        .iter()
+                        .map(|o| {
+                            let f = k.reg(Class::F32);
+                            k.ins(format!("ld.shared.f32 {f}, [{b_cur}+{o}];"));
+                            k.op1(Class::B32, "cvt.rna.tf32.f32", f)
+                        })
+                        .collect();
+                    bfr.push(regs);
+                }
+                let list = |v: &[Reg]| v.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+                for i in 0..2 {
+                    for j in 0..4 {
+                        let c = &accs[(i * 4 + j) * 4..(i * 4 + j) * 4 + 4];
+                        k.ins(format!(
+                            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{{}}}, {{{}}}, {{{}}}, {{{}}};",
+                            list(c),
+                            list(&afr[i]),
+                            list(&bfr[j]),
+                            list(c)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    k.ins("bar.sync 0;");
+    k.ins(format!("mov.u32 {t}, {t1};"));
+    let again = k.op2(Class::Pred, "setp.lt.u32", t, tiles);
+    k.ins(format!("@{again} bra {head};"));
+
+    // Epilogue: bias, residual, activation, one store per element inside Y.
+    k.comment("epilogue");
+    let row_base = k.op2(Class::B32, "add.u32", bm, row0);
+    let col_base = k.op2(Class::B32, "add.u32", bn, col0);
+    let act = activation_program(d.activation);
+    for (acc, &(dr, dc)) in accs.iter().zip(&places) {
+        let skip = k.label("skip");
+        let row = k.op2(Class::B32, "add.u32", row_base, dr);
+        let col = k.op2(Class::B32, "add.u32", col_base, dc);
+        let out_r = k.op2(Class::Pred, "setp.ge.u32", row, d.m);
+        k.ins(format!("@{out_r} bra {skip};"));
+        let out_c = k.op2(Class::Pred, "setp.ge.u32", col, d.n);
+        k.ins(format!("@{out_c} bra {skip};"));
+        let mut v = *acc;
+        if let Some(bp) = bias {
+            let off = k.op2(Class::B64, "mul.wide.u32", col, 4);
+            let addr = k.op2(Class::B64, "add.s64", bp, off);
+            let bv = k.reg(Class::F32);
+            k.ins(format!("ld.global.nc.f32 {bv}, [{addr}];"));
+            v = k.op2(Class::F32, "add.rn.f32", v, bv);
+        }
+        let idx = k.op3(Class::B32, "mad.lo.u32", row, d.n, col);
+        let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+        if let Some(rp) = res {
+            let addr = k.op2(Class::B64, "add.s64", rp, off);
+            let rv = k.reg(Class::F32);
+            k.ins(format!("ld.global.f32 {rv}, [{addr}];"));
+            v = k.op2(Class::F32, "add.rn.f32", v, rv);
+        }
+        let v = program(&mut k, &act, &[v]);
+        let addr = k.op2(Class::B64, "add.s64", y, off);
+        k.ins(format!("st.global.f32 [{addr}], {v};"));
+        k.place(&skip);
+    }
+    k.ins("ret;");
+    k
+}
