@@ -24,21 +24,106 @@ const BM: u32 = 64;
 const BN: u32 = 64;
 const BK: u32 = 16;
 
-/// The GEMM a dense layer computes.
+/// How the kernel reads A (`[M, K]` per batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ALayout {
+    /// Row-major, `batch_stride` elements between batches (0: shared by all).
+    Rows { batch_stride: u64 },
+    /// The implicit im2col matrix of an NCHW convolution input: row `m` = (image, output
+    /// pixel), column `k` = (input channel, kernel row, kernel column); taps in the padding
+    /// read as zero (nothing is loaded for them).
+    Im2col(ConvGeom),
+}
+
+/// How the kernel reads B (`[K, N]` per batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BLayout {
+    /// Row-major `[K, N]`.
+    Rows { batch_stride: u64 },
+    /// Stored transposed, `[N, K]` row-major (a convolution's `[OC, IC·KH·KW]` weights).
+    Cols { batch_stride: u64 },
+}
+
+/// Where the kernel writes Y (and reads the residual).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum YLayout {
+    /// Row-major `[M, N]` per batch.
+    Rows { batch_stride: u64 },
+    /// NCHW: row `m` = image `m / hw`, pixel `m % hw`; column = channel.
+    Nchw { hw: u32 },
+}
+
+/// A 2-D convolution's geometry (NCHW, one group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvGeom {
+    /// Input channels, height, width.
+    pub c: u32,
+    pub h: u32,
+    pub w: u32,
+    /// Kernel height and width.
+    pub kh: u32,
+    pub kw: u32,
+    /// Output height and width.
+    pub oh: u32,
+    pub ow: u32,
+    /// Strides, dilations and leading pads (height, width).
+    pub stride: [u32; 2],
+    pub dilation: [u32; 2],
+    pub pad: [u32; 2],
+}
+
+/// A GEMM with its epilogue: `Y[b] = act(A[b] · B[b] + bias + R[b])` for `b < batch`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Dense {
+pub struct Gemm {
     /// Rows of A and Y.
     pub m: u32,
-    /// Columns of W and Y.
+    /// Columns of B and Y.
     pub n: u32,
-    /// Columns of A, rows of W.
+    /// Columns of A, rows of B.
     pub k: u32,
-    /// A bias per output column (`b` parameter).
+    /// Independent products (the grid's z).
+    pub batch: u32,
+    pub a: ALayout,
+    pub b: BLayout,
+    pub y: YLayout,
+    /// A bias per output column (`bias` parameter).
     pub bias: bool,
-    /// A residual of Y's shape (`r` parameter).
+    /// A residual laid out as Y (`r` parameter).
     pub residual: bool,
     /// The activation applied last.
     pub activation: Activation,
+}
+
+/// The GEMM a dense layer computes: A `[M, K]`, W `[K, N]`, Y `[M, N]`, one batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dense {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    /// A bias per output column.
+    pub bias: bool,
+    /// A residual of Y's shape.
+    pub residual: bool,
+    /// The activation applied last.
+    pub activation: Activation,
+}
+
+impl Dense {
+    /// The general form.
+    pub fn gemm(&self) -> Gemm {
+        Gemm {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            batch: 1,
+            a: ALayout::Rows { batch_stride: 0 },
+            b: BLayout::Rows { batch_stride: 0 },
+            y: YLayout::Rows { batch_stride: 0 },
+            bias: self.bias,
+            residual: self.residual,
+            activation: self.activation,
+        }
+    }
 }
 
 /// The activation as an elementwise program over the pre-activation value.
@@ -142,26 +227,55 @@ impl Inner {
     }
 }
 
-/// Why a dense layer has no GPU kernel.
+/// Why a GEMM has no GPU kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TooLarge(pub String);
 
-/// The kernel `name(a, w, y[, b][, r])` for `d` on `target`.
+/// The kernel `name(a, w, y[, bias][, r])` for a dense layer.
 pub fn kernel(name: &str, d: &Dense, target: &GpuTarget, sources: Vec<String>) -> Result<Kernel, TooLarge> {
-    if d.m == 0 || d.n == 0 || d.k == 0 {
-        return Err(TooLarge(format!("empty GEMM {}×{}×{}", d.m, d.n, d.k)));
+    gemm_kernel(name, &d.gemm(), target, sources)
+}
+
+/// The highest element index (+ 1) each operand is read or written at.
+fn extents(g: &Gemm) -> [u64; 3] {
+    let (m, n, k, batch) = (u64::from(g.m), u64::from(g.n), u64::from(g.k), u64::from(g.batch));
+    let a = match g.a {
+        ALayout::Rows { batch_stride } => (batch - 1) * batch_stride + m * k,
+        ALayout::Im2col(c) => {
+            let images = m / (u64::from(c.oh) * u64::from(c.ow)).max(1);
+            images * u64::from(c.c) * u64::from(c.h) * u64::from(c.w)
+        }
+    };
+    let b = match g.b {
+        BLayout::Rows { batch_stride } | BLayout::Cols { batch_stride } => (batch - 1) * batch_stride + k * n,
+    };
+    let y = match g.y {
+        YLayout::Rows { batch_stride } => (batch - 1) * batch_stride + m * n,
+        YLayout::Nchw { .. } => m * n,
+    };
+    [a, b, y]
+}
+
+/// The kernel `name(a, w, y[, bias][, r])` for `g` on `target`.
+pub fn gemm_kernel(name: &str, g: &Gemm, target: &GpuTarget, sources: Vec<String>) -> Result<Kernel, TooLarge> {
+    if g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0 {
+        return Err(TooLarge(format!("empty GEMM {}×{}×{} (batch {})", g.m, g.n, g.k, g.batch)));
     }
-    // Element indices are 32-bit: every matrix must have fewer than 2^32 elements.
-    let (m, n, kk) = (u64::from(d.m), u64::from(d.n), u64::from(d.k));
-    if [m * kk, kk * n, m * n].iter().any(|&e| e >= 1 << 32) {
-        return Err(TooLarge(format!("a {}×{}×{} GEMM has a matrix of 2^32 elements or more", d.m, d.n, d.k)));
+    // Element indices are 32-bit: every operand must have fewer than 2^32 elements.
+    if extents(g).iter().any(|&e| e >= 1 << 32) {
+        return Err(TooLarge(format!("a {}×{}×{} GEMM has an operand of 2^32 elements or more", g.m, g.n, g.k)));
     }
-    let grid = [d.n.div_ceil(BN), d.m.div_ceil(BM), 1];
-    if grid[1] > 65_535 {
-        return Err(TooLarge(format!("{} rows need more than 65535 row tiles", d.m)));
+    if let (ALayout::Im2col(c), YLayout::Nchw { hw }) = (g.a, g.y) {
+        if c.oh * c.ow != hw || g.k != c.c * c.kh * c.kw || !g.m.is_multiple_of(hw) {
+            return Err(TooLarge(format!("inconsistent convolution GEMM {g:?}")));
+        }
+    }
+    let grid = [g.n.div_ceil(BN), g.m.div_ceil(BM), g.batch];
+    if grid[1] > 65_535 || grid[2] > 65_535 {
+        return Err(TooLarge(format!("{} rows × {} batches need more than 65535 tiles in y or z", g.m, g.batch)));
     }
     let inner = if target.allow_tf32 { Inner::Tf32 } else { Inner::Ffma };
-    let b = build(name, d, inner);
+    let b = build(name, g, inner);
     Ok(Kernel {
         name: name.to_string(),
         shared_bytes: b.shared_bytes(),
@@ -172,51 +286,93 @@ pub fn kernel(name: &str, d: &Dense, target: &GpuTarget, sources: Vec<String>) -
     })
 }
 
-/// One element of a slice copy: the thread's source address before the slice offset, the
-/// predicate that its row (A) or column (W) is inside the matrix, its k within the slice,
-/// and its shared destination before the buffer offset.
-struct Copy {
-    src: Reg,
-    inside: Reg,
-    k: Reg,
-    dst: Reg,
+/// One element of a slice copy.
+enum Copy {
+    /// Contiguous along k: the thread's source address before the slice offset, whether
+    /// its row (A) or column (W) is inside the matrix, its k within the slice, its shared
+    /// destination before the buffer offset, and the slice's byte step per unit of k0.
+    Linear { src: Reg, inside: Reg, k: Reg, dst: Reg, step: u32 },
+    /// An im2col element: whether its row is inside, its image's first input element, the
+    /// top-left input row and column of its window, its k within the slice, its
+    /// destination.
+    Im2col { inside: Reg, base: Reg, ih0: Reg, iw0: Reg, k: Reg, dst: Reg },
 }
 
-fn build(name: &str, d: &Dense, inner: Inner) -> Builder {
+fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
     let mut k = Builder::new(name);
     let a = k.ptr_param("a");
     let w = k.ptr_param("w");
     let y = k.ptr_param("y");
-    let bias = d.bias.then(|| k.ptr_param("b"));
-    let res = d.residual.then(|| k.ptr_param("r"));
+    let bias = g.bias.then(|| k.ptr_param("bias"));
+    let res = g.residual.then(|| k.ptr_param("r"));
     let buf_bytes = inner.a_bytes() + inner.b_bytes();
     let smem = k.shared("tiles", 2 * buf_bytes as usize);
     let b_smem = k.op2(Class::B32, "add.u32", smem, inner.a_bytes());
     let tid = k.op1(Class::B32, "mov.u32", "%tid.x");
     let bx = k.op1(Class::B32, "mov.u32", "%ctaid.x");
     let by = k.op1(Class::B32, "mov.u32", "%ctaid.y");
+    let bz = k.op1(Class::B32, "mov.u32", "%ctaid.z");
     let bm = k.op2(Class::B32, "mul.lo.u32", by, BM);
     let bn = k.op2(Class::B32, "mul.lo.u32", bx, BN);
     let threads = inner.threads();
+    // This batch's operands.
+    let offset = |k: &mut Builder, base: Reg, stride: u64| -> Reg {
+        if stride == 0 {
+            return base;
+        }
+        let e = k.op2(Class::B32, "mul.lo.u32", bz, stride as u32);
+        let bytes = k.op2(Class::B64, "mul.wide.u32", e, 4);
+        k.op2(Class::B64, "add.s64", base, bytes)
+    };
+    let a = match g.a {
+        ALayout::Rows { batch_stride } => offset(&mut k, a, batch_stride),
+        ALayout::Im2col(_) => a,
+    };
+    let w = match g.b {
+        BLayout::Rows { batch_stride } | BLayout::Cols { batch_stride } => offset(&mut k, w, batch_stride),
+    };
+    let (y, res) = match g.y {
+        YLayout::Rows { batch_stride } => {
+            (offset(&mut k, y, batch_stride), res.map(|r| offset(&mut k, r, batch_stride)))
+        }
+        YLayout::Nchw { .. } => (y, res),
+    };
 
-    // Slice copies: A's BM×BK and W's BK×BN elements spread over the threads.
-    k.comment("slice copies: each thread's elements of A and W");
+    // Slice copies: A's BM×BK and B's BK×BN elements spread over the threads.
+    k.comment("slice copies: each thread's elements of A and B");
     let mut copies_a = Vec::new();
     for j in 0..(BM * BK) / threads {
         let e = k.op2(Class::B32, "add.u32", tid, j * threads);
         let ml = k.op2(Class::B32, "shr.u32", e, BK.trailing_zeros());
         let kl = k.op2(Class::B32, "and.b32", e, BK - 1);
         let row = k.op2(Class::B32, "add.u32", bm, ml);
-        let inside = k.op2(Class::Pred, "setp.lt.u32", row, d.m);
-        let idx = k.op3(Class::B32, "mad.lo.u32", row, d.k, kl);
-        let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
-        let src = k.op2(Class::B64, "add.s64", a, off);
+        let inside = k.op2(Class::Pred, "setp.lt.u32", row, g.m);
         let sidx = match inner {
             Inner::Ffma => k.op3(Class::B32, "mad.lo.u32", kl, inner.a_stride(), ml),
             Inner::Tf32 => k.op3(Class::B32, "mad.lo.u32", ml, inner.a_stride(), kl),
         };
         let dst = k.op3(Class::B32, "mad.lo.u32", sidx, 4, smem);
-        copies_a.push(Copy { src, inside, k: kl, dst });
+        copies_a.push(match g.a {
+            ALayout::Rows { .. } => {
+                let idx = k.op3(Class::B32, "mad.lo.u32", row, g.k, kl);
+                let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+                let src = k.op2(Class::B64, "add.s64", a, off);
+                Copy::Linear { src, inside, k: kl, dst, step: 4 }
+            }
+            ALayout::Im2col(c) => {
+                let hw = c.oh * c.ow;
+                let img = k.op2(Class::B32, "div.u32", row, hw);
+                let p = k.op2(Class::B32, "rem.u32", row, hw);
+                let oh = k.op2(Class::B32, "div.u32", p, c.ow);
+                let ow = k.op2(Class::B32, "rem.u32", p, c.ow);
+                let ih = k.op2(Class::B32, "mul.lo.s32", oh, c.stride[0]);
+                let ih0 = k.op2(Class::B32, "sub.s32", ih, c.pad[0]);
+                let iw = k.op2(Class::B32, "mul.lo.s32", ow, c.stride[1]);
+                let iw0 = k.op2(Class::B32, "sub.s32", iw, c.pad[1]);
+                let base = k.op2(Class::B32, "mul.lo.u32", img, c.c * c.h * c.w);
+                Copy::Im2col { inside, base, ih0, iw0, k: kl, dst }
+            }
+        });
     }
     let mut copies_b = Vec::new();
     for j in 0..(BK * BN) / threads {
@@ -224,34 +380,62 @@ fn build(name: &str, d: &Dense, inner: Inner) -> Builder {
         let kl = k.op2(Class::B32, "shr.u32", e, BN.trailing_zeros());
         let nl = k.op2(Class::B32, "and.b32", e, BN - 1);
         let col = k.op2(Class::B32, "add.u32", bn, nl);
-        let inside = k.op2(Class::Pred, "setp.lt.u32", col, d.n);
-        let idx = k.op3(Class::B32, "mad.lo.u32", kl, d.n, col);
+        let inside = k.op2(Class::Pred, "setp.lt.u32", col, g.n);
+        let (idx, step) = match g.b {
+            BLayout::Rows { .. } => (k.op3(Class::B32, "mad.lo.u32", kl, g.n, col), 4 * g.n),
+            BLayout::Cols { .. } => (k.op3(Class::B32, "mad.lo.u32", col, g.k, kl), 4),
+        };
         let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
         let src = k.op2(Class::B64, "add.s64", w, off);
         let sidx = k.op3(Class::B32, "mad.lo.u32", kl, inner.b_stride(), nl);
         let dst = k.op3(Class::B32, "mad.lo.u32", sidx, 4, b_smem);
-        copies_b.push(Copy { src, inside, k: kl, dst });
+        copies_b.push(Copy::Linear { src, inside, k: kl, dst, step });
     }
     // Issues the copies of the slice starting at k0 into the buffer at byte offset `buf`.
     let issue = |k: &mut Builder, k0: Reg, buf: Reg| {
-        let a_step = k.op2(Class::B64, "mul.wide.u32", k0, 4);
-        let b_step = k.op2(Class::B64, "mul.wide.u32", k0, 4 * d.n);
-        for (copies, step, base) in [(&copies_a, a_step, a), (&copies_b, b_step, w)] {
+        for (copies, base) in [(&copies_a, a), (&copies_b, w)] {
             for c in copies {
-                let kk = k.op2(Class::B32, "add.u32", k0, c.k);
-                let in_k = k.op2(Class::Pred, "setp.lt.u32", kk, d.k);
-                let ok = k.op2(Class::Pred, "and.pred", in_k, c.inside);
-                let src = k.op2(Class::B64, "add.s64", c.src, step);
+                let (ok, src, dst) = match *c {
+                    Copy::Linear { src, inside, k: kl, dst, step } => {
+                        let kk = k.op2(Class::B32, "add.u32", k0, kl);
+                        let in_k = k.op2(Class::Pred, "setp.lt.u32", kk, g.k);
+                        let ok = k.op2(Class::Pred, "and.pred", in_k, inside);
+                        let delta = k.op2(Class::B64, "mul.wide.u32", k0, step);
+                        (ok, k.op2(Class::B64, "add.s64", src, delta), dst)
+                    }
+                    Copy::Im2col { inside, base: img_base, ih0, iw0, k: kl, dst } => {
+                        let ALayout::Im2col(cg) = g.a else { unreachable!("im2col copies come from im2col layouts") };
+                        let taps = cg.kh * cg.kw;
+                        let kk = k.op2(Class::B32, "add.u32", k0, kl);
+                        let in_k = k.op2(Class::Pred, "setp.lt.u32", kk, g.k);
+                        let ok = k.op2(Class::Pred, "and.pred", in_k, inside);
+                        let ic = k.op2(Class::B32, "div.u32", kk, taps);
+                        let t = k.op2(Class::B32, "rem.u32", kk, taps);
+                        let kh = k.op2(Class::B32, "div.u32", t, cg.kw);
+                        let kw = k.op2(Class::B32, "rem.u32", t, cg.kw);
+                        let ih = k.op3(Class::B32, "mad.lo.s32", kh, cg.dilation[0], ih0);
+                        let iw = k.op3(Class::B32, "mad.lo.s32", kw, cg.dilation[1], iw0);
+                        // Negative rows and columns compare as large unsigned values.
+                        let in_h = k.op2(Class::Pred, "setp.lt.u32", ih, cg.h);
+                        let in_w = k.op2(Class::Pred, "setp.lt.u32", iw, cg.w);
+                        let ok = k.op2(Class::Pred, "and.pred", ok, in_h);
+                        let ok = k.op2(Class::Pred, "and.pred", ok, in_w);
+                        let row = k.op3(Class::B32, "mad.lo.u32", ic, cg.h, ih);
+                        let idx = k.op3(Class::B32, "mad.lo.u32", row, cg.w, iw);
+                        let idx = k.op2(Class::B32, "add.u32", idx, img_base);
+                        let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+                        (ok, k.op2(Class::B64, "add.s64", a, off), dst)
+                    }
+                };
                 // Outside the matrix nothing is read (size 0) from an address inside it.
                 let src = k.op3(Class::B64, "selp.b64", src, base, ok);
                 let size = k.op3(Class::B32, "selp.b32", 4, 0, ok);
-                let dst = k.op2(Class::B32, "add.u32", c.dst, buf);
+                let dst = k.op2(Class::B32, "add.u32", dst, buf);
                 k.ins(format!("cp.async.ca.shared.global [{dst}], [{src}], 4, {size};"));
             }
         }
         k.ins("cp.async.commit_group;");
     };
-
     // Accumulators and the thread's place in the tile.
     let (accs, places, frag) = match inner {
         Inner::Ffma => {
@@ -293,7 +477,7 @@ fn build(name: &str, d: &Dense, inner: Inner) -> Builder {
     let (row0, col0, a_rd, b_rd) = frag;
 
     // The k loop over slices, double-buffered.
-    let tiles = d.k.div_ceil(BK);
+    let tiles = g.k.div_ceil(BK);
     let t = k.op1(Class::B32, "mov.u32", 0);
     let zero = k.op1(Class::B32, "mov.u32", 0);
     issue(&mut k, zero, zero);
@@ -387,14 +571,14 @@ fn build(name: &str, d: &Dense, inner: Inner) -> Builder {
     k.comment("epilogue");
     let row_base = k.op2(Class::B32, "add.u32", bm, row0);
     let col_base = k.op2(Class::B32, "add.u32", bn, col0);
-    let act = activation_program(d.activation);
+    let act = activation_program(g.activation);
     for (acc, &(dr, dc)) in accs.iter().zip(&places) {
         let skip = k.label("skip");
         let row = k.op2(Class::B32, "add.u32", row_base, dr);
         let col = k.op2(Class::B32, "add.u32", col_base, dc);
-        let out_r = k.op2(Class::Pred, "setp.ge.u32", row, d.m);
+        let out_r = k.op2(Class::Pred, "setp.ge.u32", row, g.m);
         k.ins(format!("@{out_r} bra {skip};"));
-        let out_c = k.op2(Class::Pred, "setp.ge.u32", col, d.n);
+        let out_c = k.op2(Class::Pred, "setp.ge.u32", col, g.n);
         k.ins(format!("@{out_c} bra {skip};"));
         let mut v = *acc;
         if let Some(bp) = bias {
@@ -404,7 +588,15 @@ fn build(name: &str, d: &Dense, inner: Inner) -> Builder {
             k.ins(format!("ld.global.nc.f32 {bv}, [{addr}];"));
             v = k.op2(Class::F32, "add.rn.f32", v, bv);
         }
-        let idx = k.op3(Class::B32, "mad.lo.u32", row, d.n, col);
+        let idx = match g.y {
+            YLayout::Rows { .. } => k.op3(Class::B32, "mad.lo.u32", row, g.n, col),
+            YLayout::Nchw { hw } => {
+                let img = k.op2(Class::B32, "div.u32", row, hw);
+                let p = k.op2(Class::B32, "rem.u32", row, hw);
+                let ch = k.op3(Class::B32, "mad.lo.u32", img, g.n, col);
+                k.op3(Class::B32, "mad.lo.u32", ch, hw, p)
+            }
+        };
         let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
         if let Some(rp) = res {
             let addr = k.op2(Class::B64, "add.s64", rp, off);

@@ -11,12 +11,18 @@
 //! - [`math`]: exp, erf, tanh and sigmoid with the cpu backend's algorithms;
 //! - [`elementwise`], [`reduce`], [`softmax`], [`gemm`]: the kernel families.
 
+pub mod conv;
 pub mod elementwise;
+pub mod gather;
 pub mod gemm;
+pub mod layernorm;
+pub mod lower;
 pub mod math;
 pub mod ptx;
+pub mod ptxas;
 pub mod reduce;
 pub mod softmax;
+pub mod strided;
 
 #[cfg(test)]
 mod tests;

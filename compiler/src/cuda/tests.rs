@@ -329,28 +329,9 @@ fn all_kernels() -> Vec<String> {
     out
 }
 
-/// ptxas: `$PTXAS`, else on `PATH`, else in the `nvidia-cuda-nvcc-cu12` Python package.
-fn find_ptxas() -> Option<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os("PTXAS") {
-        return Some(p.into());
-    }
-    if std::process::Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return Some("ptxas".into());
-    }
-    let py = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], 'bin', 'ptxas'))",
-        ])
-        .output()
-        .ok()?;
-    let p = String::from_utf8(py.stdout).ok()?.trim().to_string();
-    (py.status.success() && std::path::Path::new(&p).exists()).then(|| p.into())
-}
-
 #[test]
 fn every_kernel_passes_ptxas_without_spills() {
-    let Some(ptxas) = find_ptxas() else {
+    let Some(ptxas) = super::ptxas::find() else {
         // tests/run.sh installs ptxas and requires the check.
         assert!(
             std::env::var_os("AIM_REQUIRE_PTXAS").is_none(),
@@ -360,22 +341,11 @@ fn every_kernel_passes_ptxas_without_spills() {
         return;
     };
     let dir = std::env::temp_dir().join(format!("aim-ptxas-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     for sm in [80, 90] {
-        let path = dir.join(format!("all_sm{sm}.ptx"));
-        std::fs::write(&path, ptx::module(sm, &all_kernels())).unwrap();
-        let out = std::process::Command::new(&ptxas)
-            .args(["-v", &format!("-arch=sm_{sm}"), "-o"])
-            .arg(dir.join(format!("all_sm{sm}.cubin")))
-            .arg(&path)
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "ptxas sm_{sm} failed:\n{log}");
-        for line in log.lines().filter(|l| l.contains("spill")) {
-            assert!(line.contains("0 bytes spill stores, 0 bytes spill loads"), "sm_{sm}: {line}");
-        }
-        assert!(log.contains("spill"), "ptxas -v printed no register report:\n{log}");
+        let r =
+            super::ptxas::check(&ptxas, &ptx::module(sm, &all_kernels()), sm, &dir).unwrap_or_else(|e| panic!("{e}"));
+        assert!(r.spills.is_empty(), "sm_{sm}: spills in {:?}\n{}", r.spills, r.log);
+        assert_eq!(r.kernels, all_kernels().len(), "{}", r.log);
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -101,6 +101,32 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     passes
 }
 
+/// The passes for the cuda backend: the cpu pipeline's graph optimisations (folding,
+/// fusion of epilogues, reductions, transposes, softmax), with every elementwise chain
+/// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
+/// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
+pub fn cuda_pipeline() -> Vec<Pass> {
+    vec![
+        Pass::new("half-to-float", half::run),
+        Pass::new("infer-types", infer),
+        Pass::new("constant-folding", |g| const_fold::run_deferring(g, &["DequantizeLinear"])),
+        Pass::new("simplify", simplify::run),
+        Pass::new("common-subexpressions", cse::run),
+        Pass::new("dead-code-elimination", dce::run),
+        Pass::new("quantize-dequantize", |g| qdq::run(g, false)),
+        Pass::new("fold-batchnorm", fold_batchnorm::run),
+        Pass::new("fuse-gelu", gelu::run),
+        Pass::new("fuse-epilogues", fuse::run),
+        Pass::new("infer-types", infer),
+        Pass::new("lower-reductions", reduce::run),
+        Pass::new("lower-transposes", transpose::run),
+        Pass::new("fuse-softmax", softmax::run),
+        Pass::new("fuse-elementwise", |g| fuse_elementwise::run(g, true, true)),
+        Pass::new("dead-code-elimination", dce::run),
+        Pass::new("infer-types", infer),
+    ]
+}
+
 fn infer(g: &mut Graph) -> Result<(), PassError> {
     aim_ir::infer::infer_types(g).map_err(|e| PassError { pass: "infer-types", msg: e.to_string() })
 }

@@ -78,6 +78,27 @@ impl Memory {
         a
     }
 
+    /// A buffer holding `bytes`; its address.
+    pub fn upload_bytes(&mut self, bytes: &[u8]) -> u64 {
+        let a = self.alloc(bytes.len());
+        self.bufs.last_mut().expect("just pushed").copy_from_slice(bytes);
+        a
+    }
+
+    /// `len` bytes from `addr` (an address inside a buffer), or why not.
+    pub fn read_bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        let mut out = vec![0; len];
+        if len > 0 {
+            let (b, off) = self.range(addr, len.min(1))?;
+            let buf = &self.bufs[b];
+            if off + len > buf.len() {
+                return Err(format!("{len} bytes at {addr:#x} run past the buffer"));
+            }
+            out.copy_from_slice(&buf[off..off + len]);
+        }
+        Ok(out)
+    }
+
     /// The f32 contents of the buffer at `addr`.
     pub fn download(&self, addr: u64) -> Vec<f32> {
         let b = &self.bufs[((addr >> SHIFT) - 1) as usize];
@@ -138,14 +159,17 @@ struct Block<'a> {
     steps: u64,
 }
 
+#[inline(always)]
 fn lo(v: u64) -> u32 {
     v as u32
 }
 
+#[inline(always)]
 fn f(v: u64) -> f32 {
     f32::from_bits(v as u32)
 }
 
+#[inline(always)]
 fn fb(x: f32) -> u64 {
     u64::from(x.to_bits())
 }
@@ -201,6 +225,7 @@ impl Block<'_> {
         ExecError::Fault { kernel: self.name.to_string(), block: self.ctaid, thread: t.tid, line: inst.line, msg }
     }
 
+    #[inline(always)]
     fn special(&self, t: &Thread, s: Special) -> u64 {
         u64::from(match s {
             Special::Tid(d) => t.tid[d as usize],
@@ -211,11 +236,13 @@ impl Block<'_> {
         })
     }
 
+    #[inline(always)]
     fn linear(&self, tid: [u32; 3]) -> u32 {
         let b = self.launch.block;
         tid[0] + b[0] * (tid[1] + b[1] * tid[2])
     }
 
+    #[inline(always)]
     fn value(&self, t: &Thread, o: &Operand) -> u64 {
         match o {
             Operand::Reg(r) => t.regs[*r as usize],
@@ -226,6 +253,7 @@ impl Block<'_> {
         }
     }
 
+    #[inline(always)]
     fn address(&self, t: &Thread, o: &Operand) -> u64 {
         match o {
             Operand::Addr(Base::Reg(r), off) => t.regs[*r as usize].wrapping_add(*off as u64),
@@ -322,9 +350,13 @@ impl Block<'_> {
                         buf[..n].copy_from_slice(&self.shared[s..s + n]);
                     }
                 }
-                let regs: Vec<u32> = match d {
-                    Operand::Vec(r) => r.clone(),
-                    Operand::Reg(r) => vec![*r],
+                let one;
+                let regs: &[u32] = match d {
+                    Operand::Vec(r) => r,
+                    Operand::Reg(r) => {
+                        one = [*r];
+                        &one
+                    }
                     _ => return Err("load into a non-register".into()),
                 };
                 if regs.len() != width as usize {
@@ -334,29 +366,31 @@ impl Block<'_> {
                     let s = ty.bytes();
                     let mut x = [0u8; 8];
                     x[..s].copy_from_slice(&buf[k * s..k * s + s]);
-                    t.regs[*r as usize] = u64::from_le_bytes(x);
+                    let v = u64::from_le_bytes(x);
+                    t.regs[*r as usize] = if ty == Ty::S8 { v as u8 as i8 as i32 as u32 as u64 } else { v };
                 }
                 return Ok(());
             }
             Op::St { space, ty, width } => {
                 let addr = self.address(t, &a[0]);
                 let s = ty.bytes();
-                let vals: Vec<u64> = match &a[1] {
-                    Operand::Vec(r) => r.iter().map(|r| t.regs[*r as usize]).collect(),
-                    o => vec![self.value(t, o)],
+                let mut buf = [0u8; 32];
+                let mut len = 0;
+                let mut put = |x: u64| {
+                    buf[len..len + s].copy_from_slice(&x.to_le_bytes()[..s]);
+                    len += s;
                 };
-                if vals.len() != width as usize {
-                    return Err("vector width and registers differ".into());
+                match &a[1] {
+                    Operand::Vec(r) if r.len() == width as usize => r.iter().for_each(|r| put(t.regs[*r as usize])),
+                    o if width == 1 => put(self.value(t, o)),
+                    _ => return Err("vector width and registers differ".into()),
                 }
-                let mut buf = Vec::with_capacity(s * vals.len());
-                for x in vals {
-                    buf.extend_from_slice(&x.to_le_bytes()[..s]);
-                }
+                let buf = &buf[..len];
                 match space {
-                    Space::Global => mem.write(addr, &buf)?,
+                    Space::Global => mem.write(addr, buf)?,
                     Space::Shared => {
                         let o = self.shared_range(addr, buf.len())?;
-                        self.shared[o..o + buf.len()].copy_from_slice(&buf);
+                        self.shared[o..o + buf.len()].copy_from_slice(buf);
                     }
                 }
                 return Ok(());
@@ -562,6 +596,7 @@ impl Block<'_> {
     }
 }
 
+#[inline(always)]
 fn mask(v: u64, ty: Ty) -> u64 {
     match ty {
         Ty::Pred => u64::from(v != 0),
@@ -570,6 +605,7 @@ fn mask(v: u64, ty: Ty) -> u64 {
     }
 }
 
+#[inline(always)]
 fn sext(v: u64, ty: Ty) -> i64 {
     if ty.wide() {
         v as i64

@@ -26,6 +26,8 @@ pub(crate) enum Ty {
     F32,
     Pred,
     Tf32,
+    U8,
+    S8,
 }
 
 impl Ty {
@@ -40,6 +42,8 @@ impl Ty {
             "f32" => Ty::F32,
             "pred" => Ty::Pred,
             "tf32" => Ty::Tf32,
+            "u8" => Ty::U8,
+            "s8" => Ty::S8,
             _ => return None,
         })
     }
@@ -48,6 +52,7 @@ impl Ty {
     pub(crate) fn bytes(self) -> usize {
         match self {
             Ty::U64 | Ty::S64 | Ty::B64 => 8,
+            Ty::U8 | Ty::S8 => 1,
             _ => 4,
         }
     }
@@ -57,7 +62,7 @@ impl Ty {
     }
 
     pub(crate) fn signed(self) -> bool {
-        matches!(self, Ty::S32 | Ty::S64)
+        matches!(self, Ty::S32 | Ty::S64 | Ty::S8)
     }
 }
 

@@ -1,0 +1,186 @@
+//! Direct convolution and pooling kernels over NCHW tensors: one thread per output
+//! element, the window's taps unrolled (their offsets constants), taps in the padding
+//! skipped. The direct convolution serves grouped and depthwise convolutions, where each
+//! output reads few inputs and a GEMM tile would be mostly empty; it applies the same
+//! epilogue as the GEMMs (bias, residual, activation).
+
+use super::elementwise::program;
+use super::gemm::{activation_program, ConvGeom};
+use super::ptx::{fimm, Class, Kernel, Reg};
+use aim_kernels::gemm::Activation;
+
+/// Threads per block.
+pub const BLOCK: u32 = 256;
+
+/// Most taps a window may have (they are unrolled).
+pub const MAX_TAPS: u32 = 64;
+
+/// Where this thread's output element is: `(i, total, n, c, oh, ow)` with the loop head
+/// placed and the exit branch emitted (`done` is placed by the caller after the loop).
+fn output_coords(k: &mut Kernel, count: u64, c: u32, oh: u32, ow: u32, head: &str, done: &str) -> [Reg; 6] {
+    let (i, total) = k.global_index();
+    k.place(head);
+    let past = k.op2(Class::Pred, "setp.ge.u64", i, count);
+    k.ins(format!("@{past} bra {done};"));
+    let i32_ = k.op1(Class::B32, "cvt.u32.u64", i);
+    let x = k.op2(Class::B32, "rem.u32", i32_, ow);
+    let r = k.op2(Class::B32, "div.u32", i32_, ow);
+    let y = k.op2(Class::B32, "rem.u32", r, oh);
+    let r = k.op2(Class::B32, "div.u32", r, oh);
+    let ch = k.op2(Class::B32, "rem.u32", r, c);
+    let n = k.op2(Class::B32, "div.u32", r, c);
+    [i, total, n, ch, y, x]
+}
+
+/// Emits, for each tap of the window, `visit(tap_kh, tap_kw, input_index)` under a
+/// branch that skips taps in the padding. `plane` is the index of the input plane's
+/// first element.
+fn taps(k: &mut Kernel, g: &ConvGeom, oh: Reg, ow: Reg, plane: Reg, visit: &mut dyn FnMut(&mut Kernel, u32, u32, Reg)) {
+    let ih0 = k.op2(Class::B32, "mul.lo.s32", oh, g.stride[0]);
+    let ih0 = k.op2(Class::B32, "sub.s32", ih0, g.pad[0]);
+    let iw0 = k.op2(Class::B32, "mul.lo.s32", ow, g.stride[1]);
+    let iw0 = k.op2(Class::B32, "sub.s32", iw0, g.pad[1]);
+    for kh in 0..g.kh {
+        let ih = k.op2(Class::B32, "add.s32", ih0, kh * g.dilation[0]);
+        let in_h = k.op2(Class::Pred, "setp.lt.u32", ih, g.h);
+        for kw in 0..g.kw {
+            let skip = k.label("tap");
+            let iw = k.op2(Class::B32, "add.s32", iw0, kw * g.dilation[1]);
+            let in_w = k.op2(Class::Pred, "setp.lt.u32", iw, g.w);
+            let ok = k.op2(Class::Pred, "and.pred", in_h, in_w);
+            k.ins(format!("@!{ok} bra {skip};"));
+            let row = k.op3(Class::B32, "mad.lo.u32", ih, g.w, iw);
+            let idx = k.op2(Class::B32, "add.u32", plane, row);
+            visit(k, kh, kw, idx);
+            k.place(&skip);
+        }
+    }
+}
+
+/// A grouped 2-D convolution: `g.c` input channels in `groups` groups, `oc` outputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DirectConv {
+    pub geom: ConvGeom,
+    pub images: u32,
+    pub oc: u32,
+    pub groups: u32,
+    pub bias: bool,
+    pub residual: bool,
+    pub activation: Activation,
+}
+
+/// The kernel `name(x, w, y[, bias][, r], n)`.
+pub fn direct(name: &str, d: &DirectConv) -> Kernel {
+    let g = d.geom;
+    let (icg, ocg) = (g.c / d.groups, d.oc / d.groups);
+    let mut k = Kernel::new(name);
+    let x = k.ptr_param("x");
+    let w = k.ptr_param("w");
+    let y = k.ptr_param("y");
+    let bias = d.bias.then(|| k.ptr_param("bias"));
+    let res = d.residual.then(|| k.ptr_param("r"));
+    let count = u64::from(d.images) * u64::from(d.oc) * u64::from(g.oh) * u64::from(g.ow);
+    let (head, done) = (k.label("loop"), k.label("done"));
+    let [i, total, n, oc, oh, ow] = output_coords(&mut k, count, d.oc, g.oh, g.ow, &head, &done);
+    let grp = k.op2(Class::B32, "div.u32", oc, ocg);
+    let acc = k.fconst(0.0);
+    // for ic in 0..icg (a loop: channels per group can be many)
+    let ic = k.op1(Class::B32, "mov.u32", 0);
+    let (ch_head, ch_done) = (k.label("ch"), k.label("ch_done"));
+    k.place(&ch_head);
+    let c_in = k.op3(Class::B32, "mad.lo.u32", grp, icg, ic);
+    let nc = k.op3(Class::B32, "mad.lo.u32", n, g.c, c_in);
+    let plane = k.op2(Class::B32, "mul.lo.u32", nc, g.h * g.w);
+    let wrow = k.op3(Class::B32, "mad.lo.u32", oc, icg, ic);
+    let wbase = k.op2(Class::B32, "mul.lo.u32", wrow, g.kh * g.kw);
+    taps(&mut k, &g, oh, ow, plane, &mut |k, kh, kw, idx| {
+        let a = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+        let a = k.op2(Class::B64, "add.s64", x, a);
+        let xv = k.reg(Class::F32);
+        k.ins(format!("ld.global.nc.f32 {xv}, [{a}];"));
+        let widx = k.op2(Class::B32, "add.u32", wbase, kh * g.kw + kw);
+        let wa = k.op2(Class::B64, "mul.wide.u32", widx, 4);
+        let wa = k.op2(Class::B64, "add.s64", w, wa);
+        let wv = k.reg(Class::F32);
+        k.ins(format!("ld.global.nc.f32 {wv}, [{wa}];"));
+        k.ins(format!("fma.rn.f32 {acc}, {xv}, {wv}, {acc};"));
+    });
+    k.ins(format!("add.u32 {ic}, {ic}, 1;"));
+    let more = k.op2(Class::Pred, "setp.lt.u32", ic, icg);
+    k.ins(format!("@{more} bra {ch_head};"));
+    k.place(&ch_done);
+    let mut v = acc;
+    if let Some(bp) = bias {
+        let a = k.op2(Class::B64, "mul.wide.u32", oc, 4);
+        let a = k.op2(Class::B64, "add.s64", bp, a);
+        let bv = k.reg(Class::F32);
+        k.ins(format!("ld.global.nc.f32 {bv}, [{a}];"));
+        v = k.op2(Class::F32, "add.rn.f32", v, bv);
+    }
+    if let Some(rp) = res {
+        let a = k.f32_addr(rp, i);
+        let rv = k.reg(Class::F32);
+        k.ins(format!("ld.global.f32 {rv}, [{a}];"));
+        v = k.op2(Class::F32, "add.rn.f32", v, rv);
+    }
+    let v = program(&mut k, &activation_program(d.activation), &[v]);
+    let a = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{a}], {v};"));
+    k.ins(format!("add.s64 {i}, {i}, {total};"));
+    k.ins(format!("bra.uni {head};"));
+    k.place(&done);
+    k.ins("ret;");
+    k
+}
+
+/// A 2-D pooling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pool {
+    pub geom: ConvGeom,
+    pub images: u32,
+    /// Max (else average).
+    pub max: bool,
+    /// Average pooling divides by the whole window, padding included.
+    pub count_include_pad: bool,
+}
+
+/// The kernel `name(x, y)`: MaxPool or AveragePool of NCHW x.
+pub fn pool(name: &str, p: &Pool) -> Kernel {
+    let g = p.geom;
+    let mut k = Kernel::new(name);
+    let x = k.ptr_param("x");
+    let y = k.ptr_param("y");
+    let count = u64::from(p.images) * u64::from(g.c) * u64::from(g.oh) * u64::from(g.ow);
+    let (head, done) = (k.label("loop"), k.label("done"));
+    let [i, total, n, c, oh, ow] = output_coords(&mut k, count, g.c, g.oh, g.ow, &head, &done);
+    let nc = k.op3(Class::B32, "mad.lo.u32", n, g.c, c);
+    let plane = k.op2(Class::B32, "mul.lo.u32", nc, g.h * g.w);
+    let acc = k.fconst(if p.max { f32::NEG_INFINITY } else { 0.0 });
+    let cnt = k.fconst(0.0);
+    taps(&mut k, &g, oh, ow, plane, &mut |k, _, _, idx| {
+        let a = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+        let a = k.op2(Class::B64, "add.s64", x, a);
+        let xv = k.reg(Class::F32);
+        k.ins(format!("ld.global.nc.f32 {xv}, [{a}];"));
+        if p.max {
+            k.ins(format!("max.NaN.f32 {acc}, {acc}, {xv};"));
+        } else {
+            k.ins(format!("add.rn.f32 {acc}, {acc}, {xv};"));
+            k.ins(format!("add.rn.f32 {cnt}, {cnt}, {};", fimm(1.0)));
+        }
+    });
+    let v = if p.max {
+        acc
+    } else if p.count_include_pad {
+        k.op2(Class::F32, "div.rn.f32", acc, fimm((g.kh * g.kw) as f32))
+    } else {
+        k.op2(Class::F32, "div.rn.f32", acc, cnt)
+    };
+    let a = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{a}], {v};"));
+    k.ins(format!("add.s64 {i}, {i}, {total};"));
+    k.ins(format!("bra.uni {head};"));
+    k.place(&done);
+    k.ins("ret;");
+    k
+}

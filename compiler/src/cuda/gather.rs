@@ -1,0 +1,158 @@
+//! Index and type kernels: Gather along any axis with int64 or int32 indices (negative
+//! ones counted from the end; an index outside the axis writes 0 and raises the launch's
+//! error flag, which the runtime reports naming the node — nothing is read outside the
+//! data), and Cast between f32 and the integer types models feed (int64, int32, bool).
+
+use super::ptx::{Class, Kernel};
+
+/// Threads per block.
+pub const BLOCK: u32 = 256;
+
+/// Gather's geometry: data viewed as `[outer, axis, inner]`, `indices` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatherGeom {
+    pub outer: u64,
+    pub axis: u64,
+    pub inner: u64,
+    pub indices: u64,
+    /// Whether indices are int64 (else int32).
+    pub i64: bool,
+}
+
+/// The kernel `name(data, indices, y, err, n)`: `y[o, q, i] = data[o, indices[q], i]`.
+pub fn gather(name: &str, g: GatherGeom) -> Kernel {
+    let mut k = Kernel::new(name);
+    let data = k.ptr_param("data");
+    let idx = k.ptr_param("indices");
+    let y = k.ptr_param("y");
+    let err = k.ptr_param("err");
+    let n = k.u64_param("n");
+    let (i, total) = k.global_index();
+    let (head, done, bad, store) = (k.label("loop"), k.label("done"), k.label("bad"), k.label("store"));
+    k.place(&head);
+    let past = k.op2(Class::Pred, "setp.ge.u64", i, n);
+    k.ins(format!("@{past} bra {done};"));
+    let inner = k.op2(Class::B64, "rem.u64", i, g.inner);
+    let rest = k.op2(Class::B64, "div.u64", i, g.inner);
+    let q = k.op2(Class::B64, "rem.u64", rest, g.indices);
+    let outer = k.op2(Class::B64, "div.u64", rest, g.indices);
+    let v = k.reg(Class::B64);
+    if g.i64 {
+        let off = k.op2(Class::B64, "shl.b64", q, 3);
+        let a = k.op2(Class::B64, "add.s64", idx, off);
+        k.ins(format!("ld.global.nc.s64 {v}, [{a}];"));
+    } else {
+        let off = k.op2(Class::B64, "shl.b64", q, 2);
+        let a = k.op2(Class::B64, "add.s64", idx, off);
+        let r = k.reg(Class::B32);
+        k.ins(format!("ld.global.nc.s32 {r}, [{a}];"));
+        k.ins(format!("cvt.s64.s32 {v}, {r};"));
+    }
+    let neg = k.op2(Class::Pred, "setp.lt.s64", v, 0);
+    let wrapped = k.op2(Class::B64, "add.s64", v, g.axis);
+    k.ins(format!("selp.b64 {v}, {wrapped}, {v}, {neg};"));
+    // Still negative, or past the axis: one unsigned comparison.
+    let out = k.op2(Class::Pred, "setp.ge.u64", v, g.axis);
+    k.ins(format!("@{out} bra {bad};"));
+    let row = k.op3(Class::B64, "mad.lo.u64", outer, g.axis, v);
+    let src = k.op3(Class::B64, "mad.lo.u64", row, g.inner, inner);
+    let a = k.f32_addr(data, src);
+    let x = k.reg(Class::F32);
+    k.ins(format!("ld.global.nc.f32 {x}, [{a}];"));
+    k.ins(format!("bra.uni {store};"));
+    k.place(&bad);
+    k.ins(format!("st.global.u32 [{err}], 1;"));
+    k.ins(format!("mov.f32 {x}, 0f00000000;"));
+    k.place(&store);
+    let a = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{a}], {x};"));
+    k.ins(format!("add.s64 {i}, {i}, {total};"));
+    k.ins(format!("bra.uni {head};"));
+    k.place(&done);
+    k.ins("ret;");
+    k
+}
+
+/// An element type a Cast kernel reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    I64,
+    I32,
+    Bool,
+}
+
+impl Elem {
+    fn bytes(self) -> u32 {
+        match self {
+            Elem::F32 | Elem::I32 => 4,
+            Elem::I64 => 8,
+            Elem::Bool => 1,
+        }
+    }
+}
+
+/// The kernel `name(x, y, n)` converting `n` elements from `from` to `to` (integers to f32
+/// rounding to nearest; f32 to integers truncating as ONNX Cast does, NaN to 0; to bool:
+/// nonzero). `None` for pairs it does not convert.
+pub fn cast(name: &str, from: Elem, to: Elem) -> Option<Kernel> {
+    let mut k = Kernel::new(name);
+    let x = k.ptr_param("x");
+    let y = k.ptr_param("y");
+    let n = k.u64_param("n");
+    let (i, total) = k.global_index();
+    let (head, done) = (k.label("loop"), k.label("done"));
+    k.place(&head);
+    let past = k.op2(Class::Pred, "setp.ge.u64", i, n);
+    k.ins(format!("@{past} bra {done};"));
+    let addr = |k: &mut Kernel, base, e: Elem| {
+        let off = k.op2(Class::B64, "mul.lo.u64", i, e.bytes());
+        k.op2(Class::B64, "add.s64", base, off)
+    };
+    let src = addr(&mut k, x, from);
+    let dst = addr(&mut k, y, to);
+    match (from, to) {
+        (Elem::I64, Elem::F32) => {
+            let v = k.reg(Class::B64);
+            k.ins(format!("ld.global.nc.s64 {v}, [{src}];"));
+            let f = k.op1(Class::F32, "cvt.rn.f32.s64", v);
+            k.ins(format!("st.global.f32 [{dst}], {f};"));
+        }
+        (Elem::I32, Elem::F32) => {
+            let v = k.reg(Class::B32);
+            k.ins(format!("ld.global.nc.s32 {v}, [{src}];"));
+            let f = k.op1(Class::F32, "cvt.rn.f32.s32", v);
+            k.ins(format!("st.global.f32 [{dst}], {f};"));
+        }
+        (Elem::Bool, Elem::F32) => {
+            let v = k.reg(Class::B32);
+            k.ins(format!("ld.global.nc.u8 {v}, [{src}];"));
+            let nz = k.op2(Class::Pred, "setp.ne.u32", v, 0);
+            let f = k.op3(Class::F32, "selp.f32", "0f3F800000", "0f00000000", nz);
+            k.ins(format!("st.global.f32 [{dst}], {f};"));
+        }
+        (Elem::F32, Elem::I64) => {
+            let f = k.reg(Class::F32);
+            k.ins(format!("ld.global.nc.f32 {f}, [{src}];"));
+            let v = k.op1(Class::B64, "cvt.rzi.s64.f32", f);
+            k.ins(format!("st.global.s64 [{dst}], {v};"));
+        }
+        (Elem::F32, Elem::I32) => {
+            let f = k.reg(Class::F32);
+            k.ins(format!("ld.global.nc.f32 {f}, [{src}];"));
+            let v = k.op1(Class::B32, "cvt.rzi.s32.f32", f);
+            k.ins(format!("st.global.s32 [{dst}], {v};"));
+        }
+        (Elem::F32, Elem::F32) => {
+            let f = k.reg(Class::F32);
+            k.ins(format!("ld.global.nc.f32 {f}, [{src}];"));
+            k.ins(format!("st.global.f32 [{dst}], {f};"));
+        }
+        _ => return None,
+    }
+    k.ins(format!("add.s64 {i}, {i}, {total};"));
+    k.ins(format!("bra.uni {head};"));
+    k.place(&done);
+    k.ins("ret;");
+    Some(k)
+}

@@ -1,0 +1,759 @@
+//! Lowering an optimised graph (the cuda pipeline's output, every shape known) to a
+//! [`CudaProgram`]: one kernel launch per node that computes something, views (Reshape,
+//! Flatten, ...) as aliases of their input's bytes, constants uploaded once, and every
+//! intermediate placed in one device arena by lifetime. A node without a GPU kernel is an
+//! error naming it and its op.
+
+use super::gemm::{ALayout, BLayout, ConvGeom, Gemm, YLayout};
+use super::{conv, elementwise, gather, gemm, grid_for, layernorm, reduce, softmax, strided, GpuTarget, Kernel};
+use crate::codegen::ReduceMode;
+use crate::ewprog::{self, Binary, Inst, Operand, Unary};
+use aim_ir::{DType, Graph, Node, Tensor};
+use aim_kernels::gemm::Activation;
+use std::collections::HashMap;
+
+/// Why a graph could not be lowered.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("cuda backend: node '{node}' ({op}): {msg}")]
+pub struct LowerError {
+    pub node: String,
+    pub op: String,
+    pub msg: String,
+}
+
+/// Where a value lives on the device.
+#[derive(Clone, Debug)]
+pub enum Storage {
+    /// A graph input, copied in before the launches.
+    Input,
+    /// A constant, uploaded once at load.
+    Constant(Tensor),
+    /// Bytes of the arena from this offset.
+    Arena(usize),
+    /// The same bytes as another value (a view).
+    Alias(usize),
+}
+
+/// A tensor the program reads or writes on the device.
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub storage: Storage,
+}
+
+impl Value {
+    /// Bytes of the tensor.
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+/// A kernel argument.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arg {
+    /// The device address of a value.
+    Value(usize),
+    /// A 64-bit count.
+    U64(u64),
+    /// The program's error flag (a device u32 that kernels set to report bad indices).
+    ErrorFlag,
+}
+
+/// One launch.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Index into [`CudaProgram::kernels`].
+    pub kernel: usize,
+    pub args: Vec<Arg>,
+    /// The graph node it computes.
+    pub node: String,
+}
+
+/// A graph lowered for a GPU.
+#[derive(Clone, Debug)]
+pub struct CudaProgram {
+    pub target: GpuTarget,
+    pub kernels: Vec<Kernel>,
+    pub values: Vec<Value>,
+    pub launches: Vec<Launch>,
+    /// Values of the graph's inputs and outputs, in order.
+    pub inputs: Vec<usize>,
+    pub outputs: Vec<usize>,
+    /// Bytes of the device arena.
+    pub arena_bytes: usize,
+}
+
+impl CudaProgram {
+    /// The module text holding every kernel.
+    pub fn module(&self) -> String {
+        super::ptx::module(self.target.sm, &self.kernels.iter().map(|k| k.ptx.clone()).collect::<Vec<_>>())
+    }
+
+    /// The value an alias chain ends at.
+    pub fn root(&self, mut v: usize) -> usize {
+        while let Storage::Alias(a) = self.values[v].storage {
+            v = a;
+        }
+        v
+    }
+}
+
+struct Lowering<'g> {
+    g: &'g Graph,
+    target: GpuTarget,
+    values: Vec<Value>,
+    index: HashMap<String, usize>,
+    kernels: Vec<Kernel>,
+    launches: Vec<Launch>,
+}
+
+/// The activation fused into an `aim:Dense` / `aim:Conv` (as the cpu runtime reads it).
+fn activation(n: &Node) -> Result<Activation, String> {
+    let name = n.string("activation", "");
+    if name.is_empty() || name == "none" {
+        return Ok(Activation::Identity);
+    }
+    let get = |k: &str| n.attrs.contains_key(k).then(|| n.float(k, 0.0));
+    let (a, b) = if name == "clip" { (get("clip_min"), get("clip_max")) } else { (get("act_alpha"), get("act_beta")) };
+    if n.attrs.contains_key("res_activation") {
+        return Err("an activation before the residual is not supported on the GPU yet".into());
+    }
+    Activation::parse(name, a, b).ok_or_else(|| format!("unknown activation '{name}'"))
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32, String> {
+    u32::try_from(v).map_err(|_| format!("{what} {v} does not fit 32 bits"))
+}
+
+impl Lowering<'_> {
+    fn fail(&self, n: &Node, msg: impl Into<String>) -> LowerError {
+        let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
+        LowerError { node: n.name.clone(), op, msg: msg.into() }
+    }
+
+    /// The value `name` (constants are added on first use).
+    fn value(&mut self, name: &str) -> Result<usize, String> {
+        if let Some(&v) = self.index.get(name) {
+            return Ok(v);
+        }
+        let t = self.g.initializers.get(name).ok_or_else(|| format!("value '{name}' is not computed before use"))?;
+        let v = self.values.len();
+        self.values.push(Value {
+            name: name.to_string(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            storage: Storage::Constant(t.clone()),
+        });
+        self.index.insert(name.to_string(), v);
+        Ok(v)
+    }
+
+    fn input(&mut self, n: &Node, k: usize) -> Result<usize, String> {
+        let name = n.input(k).filter(|s| !s.is_empty()).ok_or_else(|| format!("input {k} is missing"))?;
+        self.value(name)
+    }
+
+    fn opt_input(&mut self, n: &Node, k: usize) -> Result<Option<usize>, String> {
+        match n.input(k).filter(|s| !s.is_empty()) {
+            Some(name) => self.value(name).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn shape(&self, v: usize) -> Vec<usize> {
+        self.values[v].shape.clone()
+    }
+
+    /// Declares output `k` of `n` (its type from inference) as an arena value.
+    fn output(&mut self, n: &Node, k: usize) -> Result<usize, String> {
+        let name = n.outputs.get(k).filter(|s| !s.is_empty()).ok_or_else(|| format!("output {k} is missing"))?;
+        let t = self.g.value_type(name).ok_or_else(|| format!("output '{name}' has no type"))?;
+        let shape = t
+            .concrete_shape()
+            .ok_or_else(|| format!("output '{name}' has shape {t}: the GPU needs every dim known"))?;
+        let dtype = t.dtype.ok_or_else(|| format!("output '{name}' has no element type"))?;
+        let v = self.values.len();
+        self.values.push(Value { name: name.clone(), dtype, shape, storage: Storage::Arena(0) });
+        self.index.insert(name.clone(), v);
+        Ok(v)
+    }
+
+    fn f32_value(&self, v: usize) -> Result<(), String> {
+        match self.values[v].dtype {
+            DType::F32 => Ok(()),
+            d => Err(format!("'{}' is {d}; this kernel reads f32", self.values[v].name)),
+        }
+    }
+
+    fn launch(&mut self, n: &Node, k: super::ptx::Kernel, grid: [u32; 3], block: u32, args: Vec<Arg>) {
+        let name = format!("k{}_{}", self.kernels.len(), sanitize(&n.name));
+        let text = k.finish().replacen(&format!(".entry {}(", k.name()), &format!(".entry {name}("), 1);
+        self.push(
+            n,
+            Kernel { name, ptx: text, grid, block: [block, 1, 1], shared_bytes: k.shared_bytes(), sources: vec![] },
+            args,
+        );
+    }
+
+    fn push(&mut self, n: &Node, mut kernel: Kernel, args: Vec<Arg>) {
+        kernel.sources = crate::passes::sources_of(n);
+        self.launches.push(Launch { kernel: self.kernels.len(), args, node: n.name.clone() });
+        self.kernels.push(kernel);
+    }
+
+    fn kernel_name(&self, n: &Node) -> String {
+        format!("k{}_{}", self.kernels.len(), sanitize(&n.name))
+    }
+
+    /// A strided elementwise launch: output `y` of `out` shape from `xs` at `strides`.
+    fn strided(&mut self, n: &Node, y: usize, xs: &[usize], strides: Vec<Vec<u64>>, prog: &[Inst]) {
+        let out = self.shape(y);
+        let count: usize = out.iter().product();
+        let k = strided::kernel("strided", &out, &strides, prog);
+        let mut args = vec![Arg::Value(y)];
+        args.extend(xs.iter().map(|&x| Arg::Value(x)));
+        args.push(Arg::U64(count as u64));
+        let grid = grid_for(count, strided::BLOCK, &self.target);
+        self.launch(n, k, [grid, 1, 1], strided::BLOCK, args);
+    }
+
+    fn node(&mut self, n: &Node) -> Result<(), String> {
+        let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
+        match op.as_str() {
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" => {
+                let x = self.input(n, 0)?;
+                let y = self.output(n, 0)?;
+                if self.values[x].bytes() != self.values[y].bytes() {
+                    return Err("a view of another size".into());
+                }
+                self.values[y].storage = Storage::Alias(x);
+            }
+            "aim:Elementwise" => {
+                let lines = n.strings("program").ok_or("no program")?;
+                let prog = ewprog::parse(lines)?;
+                let xs = (0..n.inputs.len()).map(|k| self.input(n, k)).collect::<Result<Vec<_>, _>>()?;
+                let y = self.output(n, 0)?;
+                for &x in &xs {
+                    self.f32_value(x)?;
+                    if self.shape(x) != self.shape(y) {
+                        return Err("inputs of another shape than the output".into());
+                    }
+                }
+                let count: usize = self.shape(y).iter().product();
+                let k = elementwise::kernel("ew", &prog, xs.len());
+                let mut args = vec![Arg::Value(y)];
+                args.extend(xs.iter().map(|&x| Arg::Value(x)));
+                args.push(Arg::U64(count as u64));
+                let grid = grid_for(count, elementwise::BLOCK, &self.target);
+                self.launch(n, k, [grid, 1, 1], elementwise::BLOCK, args);
+            }
+            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" => {
+                let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
+                self.f32_value(a)?;
+                self.f32_value(b)?;
+                let y = self.output(n, 0)?;
+                let out = self.shape(y);
+                let sa = strided::broadcast_strides(&self.shape(a), &out).ok_or("shapes do not broadcast")?;
+                let sb = strided::broadcast_strides(&self.shape(b), &out).ok_or("shapes do not broadcast")?;
+                let bin = match n.op.as_str() {
+                    "Add" => Binary::Add,
+                    "Sub" => Binary::Sub,
+                    "Mul" => Binary::Mul,
+                    "Div" => Binary::Div,
+                    "Max" => Binary::Max,
+                    _ => Binary::Min,
+                };
+                let prog = [Inst::Input(0), Inst::Input(1), Inst::Binary(bin, Operand::Ref(0), Operand::Ref(1))];
+                self.strided(n, y, &[a, b], vec![sa, sb], &prog);
+            }
+            "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Erf" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let y = self.output(n, 0)?;
+                let u = match n.op.as_str() {
+                    "Relu" => Unary::Relu,
+                    "Sigmoid" => Unary::Sigmoid,
+                    "Tanh" => Unary::Tanh,
+                    "Exp" => Unary::Exp,
+                    "Erf" => Unary::Erf,
+                    "Sqrt" => Unary::Sqrt,
+                    "Neg" => Unary::Neg,
+                    "Abs" => Unary::Abs,
+                    _ => Unary::Reciprocal,
+                };
+                let strides = strided::broadcast_strides(&self.shape(x), &self.shape(y)).ok_or("shape mismatch")?;
+                self.strided(n, y, &[x], vec![strides], &[Inst::Input(0), Inst::Unary(u, Operand::Ref(0))]);
+            }
+            "aim:Transpose" | "Transpose" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let y = self.output(n, 0)?;
+                let shape = self.shape(x);
+                let perm: Vec<usize> = match n.ints("perm") {
+                    Some(p) => p.iter().map(|&d| d as usize).collect(),
+                    None => (0..shape.len()).rev().collect(),
+                };
+                if perm.len() != shape.len() || perm.iter().any(|&p| p >= shape.len()) {
+                    return Err(format!("perm {perm:?} for rank {}", shape.len()));
+                }
+                let strides = strided::transpose_strides(&shape, &perm);
+                self.strided(n, y, &[x], vec![strides], &[Inst::Input(0)]);
+            }
+            "aim:Reduce" | "GlobalAveragePool" | "GlobalMaxPool" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let y = self.output(n, 0)?;
+                let shape = self.shape(x);
+                let (mode, axis) = match n.op.as_str() {
+                    "Reduce" => (
+                        ReduceMode::parse(n.string("mode", "")).ok_or("unknown reduction mode")?,
+                        n.int("axis", 0) as usize,
+                    ),
+                    "GlobalAveragePool" => (ReduceMode::Mean, 2),
+                    _ => (ReduceMode::Max, 2),
+                };
+                if axis > shape.len() {
+                    return Err(format!("axis {axis} of rank {}", shape.len()));
+                }
+                let rows: usize = shape[..axis].iter().product();
+                let len: usize = shape[axis..].iter().product();
+                let k = reduce::kernel("reduce", mode);
+                let args = vec![Arg::Value(x), Arg::Value(y), Arg::U64(rows as u64), Arg::U64(len as u64)];
+                let grid = grid_for(rows * 32, reduce::BLOCK, &self.target);
+                self.launch(n, k, [grid, 1, 1], reduce::BLOCK, args);
+            }
+            "aim:Softmax" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let mask = self.opt_input(n, 1)?;
+                let y = self.output(n, 0)?;
+                let shape = self.shape(x);
+                let len = *shape.last().ok_or("a scalar")?;
+                let rows: usize = shape[..shape.len() - 1].iter().product();
+                let mr = match mask {
+                    Some(m) => {
+                        self.f32_value(m)?;
+                        let ms = self.shape(m);
+                        if ms.len() > shape.len() || ms.last() != Some(&len) {
+                            return Err(format!("mask {ms:?} does not run along x {shape:?}"));
+                        }
+                        strided::broadcast_strides(&ms, &shape).ok_or("the mask does not broadcast")?;
+                        Some(softmax::MaskRows::new(&shape, &ms))
+                    }
+                    None => None,
+                };
+                let k = softmax::kernel("softmax", rows as u64, len as u64, n.float("scale", 1.0), mr.as_ref());
+                let mut args = vec![Arg::Value(x), Arg::Value(y)];
+                args.extend(mask.map(Arg::Value));
+                let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);
+                self.launch(n, k, [grid, 1, 1], softmax::BLOCK, args);
+            }
+            "LayerNormalization" => {
+                let x = self.input(n, 0)?;
+                let scale = self.input(n, 1)?;
+                let bias = self.opt_input(n, 2)?;
+                self.f32_value(x)?;
+                if n.outputs.iter().skip(1).any(|o| !o.is_empty()) {
+                    return Err("the Mean and InvStdDev outputs are not computed on the GPU".into());
+                }
+                let y = self.output(n, 0)?;
+                let shape = self.shape(x);
+                let r = shape.len() as i64;
+                let axis = n.int("axis", -1);
+                let axis = if axis < 0 { axis + r } else { axis };
+                if !(0..r).contains(&axis) {
+                    return Err(format!("axis {axis} of rank {r}"));
+                }
+                let rows: usize = shape[..axis as usize].iter().product();
+                let len: usize = shape[axis as usize..].iter().product();
+                for v in std::iter::once(scale).chain(bias) {
+                    self.f32_value(v)?;
+                    if self.values[v].bytes() != 4 * len {
+                        return Err(format!("scale or bias of {:?}: one value per normalised element", self.shape(v)));
+                    }
+                }
+                let k =
+                    layernorm::kernel("layernorm", rows as u64, len as u64, n.float("epsilon", 1e-5), bias.is_some());
+                let mut args = vec![Arg::Value(x), Arg::Value(scale), Arg::Value(y)];
+                args.extend(bias.map(Arg::Value));
+                let grid = grid_for(rows * 32, layernorm::BLOCK, &self.target);
+                self.launch(n, k, [grid, 1, 1], layernorm::BLOCK, args);
+            }
+            "aim:Dense" => {
+                let a = self.input(n, 0)?;
+                let w = self.input(n, 1)?;
+                let bias = self.opt_input(n, 2)?;
+                let res = self.opt_input(n, 3)?;
+                let y = self.output(n, 0)?;
+                for v in [Some(a), Some(w), bias, res].into_iter().flatten() {
+                    self.f32_value(v)?;
+                }
+                let (ash, wsh) = (self.shape(a), self.shape(w));
+                let [kw, nw] = wsh[..] else { return Err(format!("weights {wsh:?} are not a matrix")) };
+                let k = *ash.last().ok_or("a scalar input")?;
+                if k != kw {
+                    return Err(format!("input {ash:?} and weights {wsh:?} do not chain"));
+                }
+                let m: usize = ash[..ash.len() - 1].iter().product();
+                if let Some(b) = bias {
+                    if self.values[b].bytes() != 4 * nw {
+                        return Err("the bias is not one value per output feature".into());
+                    }
+                }
+                if let Some(r) = res {
+                    if self.shape(r) != self.shape(y) {
+                        return Err("the residual's shape is not the output's".into());
+                    }
+                }
+                let g = Gemm {
+                    m: u32_of(m, "rows")?,
+                    n: u32_of(nw, "columns")?,
+                    k: u32_of(k, "depth")?,
+                    batch: 1,
+                    a: ALayout::Rows { batch_stride: 0 },
+                    b: BLayout::Rows { batch_stride: 0 },
+                    y: YLayout::Rows { batch_stride: 0 },
+                    bias: bias.is_some(),
+                    residual: res.is_some(),
+                    activation: activation(n)?,
+                };
+                self.gemm(n, &g, a, w, y, bias, res)?;
+            }
+            "MatMul" => {
+                let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
+                self.f32_value(a)?;
+                self.f32_value(b)?;
+                let y = self.output(n, 0)?;
+                let (sa, sb) = (self.shape(a), self.shape(b));
+                if sa.len() < 2 || sb.len() < 2 {
+                    return Err("matrix products of vectors are not supported on the GPU yet".into());
+                }
+                let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+                let (kb, nn) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+                if k != kb {
+                    return Err(format!("{sa:?} and {sb:?} do not chain"));
+                }
+                let (ba, bb): (usize, usize) =
+                    (sa[..sa.len() - 2].iter().product(), sb[..sb.len() - 2].iter().product());
+                let batch = ba.max(bb);
+                let yb: usize = self.shape(y)[..self.shape(y).len() - 2].iter().product();
+                let same = sa[..sa.len() - 2].iter().rev().zip(sb[..sb.len() - 2].iter().rev()).all(|(x, y)| x == y);
+                if yb != batch || !((ba == bb && same) || ba == 1 || bb == 1) {
+                    return Err(format!("batch dims of {sa:?} and {sb:?} broadcast in a way not supported yet"));
+                }
+                let stride = |own: usize, per: usize| if own == 1 { 0 } else { per as u64 };
+                let g = Gemm {
+                    m: u32_of(m, "rows")?,
+                    n: u32_of(nn, "columns")?,
+                    k: u32_of(k, "depth")?,
+                    batch: u32_of(batch, "batch")?,
+                    a: ALayout::Rows { batch_stride: stride(ba, m * k) },
+                    b: BLayout::Rows { batch_stride: stride(bb, k * nn) },
+                    y: YLayout::Rows { batch_stride: (m * nn) as u64 },
+                    bias: false,
+                    residual: false,
+                    activation: Activation::Identity,
+                };
+                self.gemm(n, &g, a, b, y, None, None)?;
+            }
+            "aim:Conv" => self.conv(n)?,
+            "MaxPool" | "AveragePool" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                if n.outputs.iter().skip(1).any(|o| !o.is_empty()) {
+                    return Err("MaxPool's indices output is not computed on the GPU".into());
+                }
+                let y = self.output(n, 0)?;
+                let ks = n.ints("kernel_shape").ok_or("no kernel_shape")?.to_vec();
+                let geom = self.geom(n, &self.shape(x), &self.shape(y), &ks)?;
+                if n.op == "AveragePool" && n.int("ceil_mode", 0) != 0 {
+                    return Err("AveragePool with ceil_mode is not supported on the GPU yet".into());
+                }
+                let images = u32_of(self.shape(x)[0], "images")?;
+                let p = conv::Pool {
+                    geom,
+                    images,
+                    max: n.op == "MaxPool",
+                    count_include_pad: n.int("count_include_pad", 0) != 0,
+                };
+                let count: usize = self.shape(y).iter().product();
+                let grid = grid_for(count, conv::BLOCK, &self.target);
+                self.launch(n, conv::pool("pool", &p), [grid, 1, 1], conv::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
+            }
+            "Gather" => {
+                let data = self.input(n, 0)?;
+                let idx = self.input(n, 1)?;
+                self.f32_value(data)?;
+                let i64 = match self.values[idx].dtype {
+                    DType::I64 => true,
+                    DType::I32 => false,
+                    d => return Err(format!("indices of {d}")),
+                };
+                let y = self.output(n, 0)?;
+                let shape = self.shape(data);
+                let r = shape.len() as i64;
+                let axis = n.int("axis", 0);
+                let axis = if axis < 0 { axis + r } else { axis };
+                if !(0..r).contains(&axis) {
+                    return Err(format!("axis {axis} of rank {r}"));
+                }
+                let a = axis as usize;
+                let geom = gather::GatherGeom {
+                    outer: shape[..a].iter().product::<usize>() as u64,
+                    axis: shape[a] as u64,
+                    inner: shape[a + 1..].iter().product::<usize>() as u64,
+                    indices: self.shape(idx).iter().product::<usize>() as u64,
+                    i64,
+                };
+                let count: usize = self.shape(y).iter().product();
+                let args =
+                    vec![Arg::Value(data), Arg::Value(idx), Arg::Value(y), Arg::ErrorFlag, Arg::U64(count as u64)];
+                let grid = grid_for(count, gather::BLOCK, &self.target);
+                self.launch(n, gather::gather("gather", geom), [grid, 1, 1], gather::BLOCK, args);
+            }
+            "Cast" => {
+                let x = self.input(n, 0)?;
+                let y = self.output(n, 0)?;
+                let elem = |d: DType| match d {
+                    DType::F32 => Some(gather::Elem::F32),
+                    DType::I64 => Some(gather::Elem::I64),
+                    DType::I32 => Some(gather::Elem::I32),
+                    DType::Bool => Some(gather::Elem::Bool),
+                    _ => None,
+                };
+                let (from, to) = (self.values[x].dtype, self.values[y].dtype);
+                let k = elem(from)
+                    .zip(elem(to))
+                    .and_then(|(f, t)| gather::cast("cast", f, t))
+                    .ok_or_else(|| format!("Cast from {from} to {to} is not supported on the GPU yet"))?;
+                let count: usize = self.shape(y).iter().product();
+                let grid = grid_for(count, gather::BLOCK, &self.target);
+                self.launch(
+                    n,
+                    k,
+                    [grid, 1, 1],
+                    gather::BLOCK,
+                    vec![Arg::Value(x), Arg::Value(y), Arg::U64(count as u64)],
+                );
+            }
+            _ => return Err("no GPU kernel for this op yet".into()),
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        n: &Node,
+        g: &Gemm,
+        a: usize,
+        w: usize,
+        y: usize,
+        bias: Option<usize>,
+        res: Option<usize>,
+    ) -> Result<(), String> {
+        let name = self.kernel_name(n);
+        let k = gemm::gemm_kernel(&name, g, &self.target, vec![]).map_err(|e| e.0)?;
+        let mut args = vec![Arg::Value(a), Arg::Value(w), Arg::Value(y)];
+        args.extend(bias.map(Arg::Value));
+        args.extend(res.map(Arg::Value));
+        self.push(n, k, args);
+        Ok(())
+    }
+
+    /// A 2-D window's geometry from the node's attributes and the NCHW shapes.
+    fn geom(&self, n: &Node, x: &[usize], y: &[usize], ks: &[i64]) -> Result<ConvGeom, String> {
+        if x.len() != 4 || y.len() != 4 || ks.len() != 2 {
+            return Err("only 2-D windows over NCHW are supported on the GPU yet".into());
+        }
+        if !matches!(n.string("auto_pad", "NOTSET"), "NOTSET" | "VALID") {
+            return Err("auto_pad SAME_* is not supported on the GPU yet".into());
+        }
+        let two = |name: &str, default: i64| -> Result<[u32; 2], String> {
+            match n.ints(name) {
+                Some(v) if v.len() >= 2 => Ok([
+                    u32::try_from(v[0]).map_err(|_| name.to_string())?,
+                    u32::try_from(v[1]).map_err(|_| name.to_string())?,
+                ]),
+                Some(_) => Err(format!("{name} needs two values")),
+                None => Ok([default as u32; 2]),
+            }
+        };
+        Ok(ConvGeom {
+            c: u32_of(x[1], "channels")?,
+            h: u32_of(x[2], "height")?,
+            w: u32_of(x[3], "width")?,
+            kh: u32_of(ks[0] as usize, "kernel height")?,
+            kw: u32_of(ks[1] as usize, "kernel width")?,
+            oh: u32_of(y[2], "output height")?,
+            ow: u32_of(y[3], "output width")?,
+            stride: two("strides", 1)?,
+            dilation: two("dilations", 1)?,
+            pad: two("pads", 0)?,
+        })
+    }
+
+    fn conv(&mut self, n: &Node) -> Result<(), String> {
+        if n.attrs.contains_key("layout") {
+            return Err("blocked layouts are the cpu backend's".into());
+        }
+        let x = self.input(n, 0)?;
+        let w = self.input(n, 1)?;
+        let bias = self.opt_input(n, 2)?;
+        let res = self.opt_input(n, 3)?;
+        let y = self.output(n, 0)?;
+        for v in [Some(x), Some(w), bias, res].into_iter().flatten() {
+            self.f32_value(v)?;
+        }
+        let (xs, ws, ys) = (self.shape(x), self.shape(w), self.shape(y));
+        if ws.len() != 4 {
+            return Err("only 2-D convolutions are supported on the GPU yet".into());
+        }
+        let geom = self.geom(n, &xs, &ys, &[ws[2] as i64, ws[3] as i64])?;
+        let groups = n.int("group", 1).max(1) as u32;
+        let oc = u32_of(ws[0], "output channels")?;
+        if geom.c % groups != 0 || oc % groups != 0 || ws[1] as u32 * groups != geom.c {
+            return Err(format!("weights {ws:?} for {} channels in {groups} groups", geom.c));
+        }
+        if res.is_some_and(|r| self.shape(r) != ys) {
+            return Err("the residual's shape is not the output's".into());
+        }
+        let act = activation(n)?;
+        let images = u32_of(xs[0], "images")?;
+        if groups == 1 {
+            let hw = geom.oh * geom.ow;
+            let g = Gemm {
+                m: u32_of(xs[0] * hw as usize, "rows")?,
+                n: oc,
+                k: geom.c * geom.kh * geom.kw,
+                batch: 1,
+                a: ALayout::Im2col(geom),
+                b: BLayout::Cols { batch_stride: 0 },
+                y: YLayout::Nchw { hw },
+                bias: bias.is_some(),
+                residual: res.is_some(),
+                activation: act,
+            };
+            return self.gemm(n, &g, x, w, y, bias, res);
+        }
+        if geom.kh * geom.kw > conv::MAX_TAPS {
+            return Err(format!(
+                "grouped windows of more than {} taps are not supported on the GPU yet",
+                conv::MAX_TAPS
+            ));
+        }
+        let d = conv::DirectConv {
+            geom,
+            images,
+            oc,
+            groups,
+            bias: bias.is_some(),
+            residual: res.is_some(),
+            activation: act,
+        };
+        let mut args = vec![Arg::Value(x), Arg::Value(w), Arg::Value(y)];
+        args.extend(bias.map(Arg::Value));
+        args.extend(res.map(Arg::Value));
+        let count: usize = ys.iter().product();
+        let grid = grid_for(count, conv::BLOCK, &self.target);
+        self.launch(n, conv::direct("conv", &d), [grid, 1, 1], conv::BLOCK, args);
+        Ok(())
+    }
+}
+
+/// A node name as a PTX identifier part.
+fn sanitize(s: &str) -> String {
+    let t: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+    t.chars().take(48).collect()
+}
+
+/// Lowers `g` (the cuda pipeline's output, shapes static) for `target`.
+pub fn lower(g: &Graph, target: &GpuTarget) -> Result<CudaProgram, LowerError> {
+    let mut l = Lowering {
+        g,
+        target: *target,
+        values: Vec::new(),
+        index: HashMap::new(),
+        kernels: Vec::new(),
+        launches: Vec::new(),
+    };
+    let mut inputs = Vec::new();
+    for i in &g.inputs {
+        let fail = |msg: String| LowerError { node: g.name.clone(), op: "input".into(), msg };
+        let shape =
+            i.ty.concrete_shape().ok_or_else(|| fail(format!("'{}' has shape {}: give every dim", i.name, i.ty)))?;
+        let dtype = i.ty.dtype.ok_or_else(|| fail(format!("'{}' has no element type", i.name)))?;
+        inputs.push(l.values.len());
+        l.index.insert(i.name.clone(), l.values.len());
+        l.values.push(Value { name: i.name.clone(), dtype, shape, storage: Storage::Input });
+    }
+    let mut defined_at: Vec<usize> = Vec::new();
+    for n in &g.nodes {
+        let before = l.values.len();
+        l.node(n).map_err(|m| l.fail(n, m))?;
+        defined_at.resize(l.values.len(), usize::MAX);
+        for d in defined_at.iter_mut().skip(before) {
+            *d = l.launches.len();
+        }
+    }
+    let mut outputs = Vec::new();
+    for o in &g.outputs {
+        let v = l.value(&o.name).map_err(|m| LowerError { node: g.name.clone(), op: "output".into(), msg: m })?;
+        outputs.push(v);
+    }
+    let mut p = CudaProgram {
+        target: *target,
+        kernels: l.kernels,
+        values: l.values,
+        launches: l.launches,
+        inputs,
+        outputs,
+        arena_bytes: 0,
+    };
+    plan_arena(&mut p);
+    Ok(p)
+}
+
+/// Places every arena value by lifetime (first fit, 256-byte aligned): a value lives from
+/// the launch that writes it to the last launch reading it (or one of its views); graph
+/// outputs live to the end.
+fn plan_arena(p: &mut CudaProgram) {
+    let nv = p.values.len();
+    let end = p.launches.len();
+    let mut first = vec![usize::MAX; nv];
+    let mut last = vec![0usize; nv];
+    for (t, l) in p.launches.iter().enumerate() {
+        for a in &l.args {
+            if let Arg::Value(v) = a {
+                let r = p.root(*v);
+                first[r] = first[r].min(t);
+                last[r] = last[r].max(t);
+            }
+        }
+    }
+    for &o in &p.outputs {
+        last[p.root(o)] = end;
+    }
+    let mut order: Vec<usize> = (0..nv).filter(|&v| matches!(p.values[v].storage, Storage::Arena(_))).collect();
+    order.sort_by_key(|&v| (first[v], v));
+    let mut live: Vec<(usize, usize, usize)> = Vec::new(); // (offset, bytes, last)
+    let mut arena = 0;
+    for v in order {
+        live.retain(|&(_, _, l)| l >= first[v]);
+        live.sort_unstable();
+        let bytes = p.values[v].bytes().next_multiple_of(256).max(256);
+        let mut off = 0;
+        for &(o, b, _) in &live {
+            if off + bytes <= o {
+                break;
+            }
+            off = off.max(o + b);
+        }
+        live.push((off, bytes, last[v]));
+        p.values[v].storage = Storage::Arena(off);
+        arena = arena.max(off + bytes);
+    }
+    p.arena_bytes = arena;
+}

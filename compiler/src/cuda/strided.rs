@@ -1,0 +1,98 @@
+//! Elementwise kernels over strided inputs: each output element's coordinates are taken
+//! apart (divisions by the output dims, constants in the code) and every input is read at
+//! its own strides — 0 along broadcast dims, permuted for a transpose — then an
+//! elementwise program combines the values. One generator covers broadcasting binary ops
+//! (Add, Mul, ... with numpy broadcasting), Transpose, Expand and plain copies.
+
+use super::elementwise::program;
+use super::ptx::{Class, Kernel, Reg};
+use crate::ewprog::Inst;
+
+/// Threads per block.
+pub const BLOCK: u32 = 256;
+
+/// The element strides of an input of `shape` read at output coordinates of `out`
+/// (aligned from the right; 0 where the input's dim is 1 or missing), or `None` when the
+/// shapes do not broadcast.
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Option<Vec<u64>> {
+    if shape.len() > out.len() {
+        return None;
+    }
+    let pad = out.len() - shape.len();
+    let mut strides = vec![0u64; out.len()];
+    let mut s = 1u64;
+    for d in (0..shape.len()).rev() {
+        let (dim, o) = (shape[d], out[pad + d]);
+        if dim == o {
+            strides[pad + d] = if dim == 1 { 0 } else { s };
+        } else if dim != 1 {
+            return None;
+        }
+        s *= dim as u64;
+    }
+    Some(strides)
+}
+
+/// The strides of an input of `shape` read through the permutation `perm`
+/// (`out[d] = in[perm[d]]`).
+pub fn transpose_strides(shape: &[usize], perm: &[usize]) -> Vec<u64> {
+    let mut own = vec![0u64; shape.len()];
+    let mut s = 1u64;
+    for d in (0..shape.len()).rev() {
+        own[d] = s;
+        s *= shape[d] as u64;
+    }
+    perm.iter().map(|&p| own[p]).collect()
+}
+
+/// The kernel `name(y, x0, .., n)`: for each of the `n` elements of an output of shape
+/// `out`, loads input j at `Σ coord_d · strides[j][d]` and stores `program(loads)`.
+/// Element indices are 64-bit.
+pub fn kernel(name: &str, out: &[usize], strides: &[Vec<u64>], prog: &[Inst]) -> Kernel {
+    let mut k = Kernel::new(name);
+    let y = k.ptr_param("y");
+    let xs: Vec<Reg> = (0..strides.len()).map(|j| k.ptr_param(&format!("x{j}"))).collect();
+    let n = k.u64_param("n");
+    let (i, total) = k.global_index();
+    let (head, done) = (k.label("loop"), k.label("done"));
+    k.place(&head);
+    let past = k.op2(Class::Pred, "setp.ge.u64", i, n);
+    k.ins(format!("@{past} bra {done};"));
+    let offs: Vec<Reg> = strides.iter().map(|_| k.op1(Class::B64, "mov.u64", 0)).collect();
+    let rest = k.op1(Class::B64, "mov.u64", i);
+    for d in (0..out.len()).rev() {
+        if strides.iter().all(|s| s[d] == 0) || out[d] == 1 {
+            if d > 0 {
+                k.ins(format!("div.u64 {rest}, {rest}, {};", out[d]));
+            }
+            continue;
+        }
+        let c = if d > 0 { k.op2(Class::B64, "rem.u64", rest, out[d]) } else { rest };
+        for (j, s) in strides.iter().enumerate() {
+            if s[d] != 0 {
+                k.ins(format!("mad.lo.u64 {o}, {c}, {}, {o};", s[d], o = offs[j]));
+            }
+        }
+        if d > 0 {
+            k.ins(format!("div.u64 {rest}, {rest}, {};", out[d]));
+        }
+    }
+    let vals: Vec<Reg> = xs
+        .iter()
+        .zip(&offs)
+        .map(|(&x, &o)| {
+            let a = k.f32_addr(x, o);
+            let v = k.reg(Class::F32);
+            k.ins(format!("ld.global.nc.f32 {v}, [{a}];"));
+            v
+        })
+        .collect();
+    let v = program(&mut k, prog, &vals);
+    let a = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{a}], {v};"));
+    k.ins(format!("add.s64 {i}, {i}, {total};"));
+    k.ins(format!("bra.uni {head};"));
+    k.place(&done);
+    k.ins("ret;");
+    k
+}
