@@ -270,8 +270,9 @@ enum Cmd {
     Explore {
         /// The ONNX model.
         model: PathBuf,
-        /// Stages to print: onnx, graph, optimized, scheduled, clif, asm or all (repeatable,
-        /// or comma-separated).
+        /// Stages to print: onnx, graph, optimized, scheduled, clif, asm, ptx or all
+        /// (repeatable, or comma-separated). `ptx` (the cuda backend's kernels) is printed
+        /// when named or when `--gpu` is given.
         #[arg(long, value_delimiter = ',', default_value = "all")]
         stage: Vec<String>,
         /// Only the lines of this ONNX node (its journey through every stage).
@@ -297,6 +298,12 @@ enum Cmd {
         /// symbolic dims), as a run with them compiles it, instead of the shape-generic one.
         #[arg(long, value_name = "NAME=DIMS")]
         shape: Vec<String>,
+        /// The GPU the ptx stage is generated for: sm_80 or sm_90 (default sm_80).
+        #[arg(long, value_name = "ARCH")]
+        gpu: Option<String>,
+        /// Let the ptx stage's f32 GEMMs use TF32 tensor cores (mma.sync).
+        #[arg(long)]
+        allow_tf32: bool,
     },
     /// Find where the cpu backend's numbers part from the reference: run both keeping every
     /// intermediate value and print, per node output in graph order, max abs error, max
@@ -980,6 +987,21 @@ fn parse_size(s: &str) -> Result<usize> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// The GPU of `aim explore`'s ptx stage: when `--gpu` is given or the stage is named.
+fn gpu_for_explore(
+    stages: &[String],
+    gpu: Option<&str>,
+    allow_tf32: bool,
+) -> Result<Option<aim_compiler::cuda::GpuTarget>> {
+    if gpu.is_none() && !stages.iter().any(|s| s == "ptx") {
+        return Ok(None);
+    }
+    let arch = gpu.unwrap_or("sm_80");
+    let t = aim_compiler::cuda::GpuTarget::parse(arch)
+        .with_context(|| format!("--gpu {arch}: expected sm_80, sm_86, sm_89 or sm_90"))?;
+    Ok(Some(t.with_tf32(allow_tf32)))
+}
+
 fn explore(
     out: &mut dyn Write,
     model: &std::path::Path,
@@ -991,6 +1013,7 @@ fn explore(
     cpu: String,
     caches: Option<String>,
     shape: &[String],
+    gpu: Option<aim_compiler::cuda::GpuTarget>,
 ) -> Result<()> {
     let shapes = parse_shapes(shape)?;
     let caches = match caches {
@@ -1007,7 +1030,7 @@ fn explore(
             bail!("unknown stage '{s}' (expected one of {}, all)", aim::explore::STAGES.join(", "));
         }
     }
-    let e = aim::explore::explore(model, &aim::explore::Options { cpu, caches, passes, profile, shapes })?;
+    let e = aim::explore::explore(model, &aim::explore::Options { cpu, caches, passes, profile, shapes, gpu })?;
     aim::explore::check_request(&e, stages, node)?;
     match html {
         Some(path) => {
@@ -1162,8 +1185,10 @@ fn dispatch(cli: Cli) -> Result<bool> {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))
         }
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
-        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches, shape } => {
-            explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches, &shape).map(|_| true)
+        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches, shape, gpu, allow_tf32 } => {
+            let gpu = gpu_for_explore(&stage, gpu.as_deref(), allow_tf32)?;
+            explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches, &shape, gpu)
+                .map(|_| true)
         }
     }
 }

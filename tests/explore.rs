@@ -172,6 +172,10 @@ fn is_structure(l: &str) -> bool {
         || t.starts_with("model ir_version")
         || t.starts_with("; arena:")
         || t.starts_with("; no generated functions")
+        || t.starts_with(".version")
+        || t.starts_with(".target")
+        || t.starts_with(".address_size")
+        || t.starts_with("// device program:")
 }
 
 fn assert_items_have_sources(out: &str, what: &str) {
@@ -196,7 +200,7 @@ fn every_stage_of_a_small_cnn() {
         return;
     }
     let (_dir, m) = write_model("cnn", tiny_cnn());
-    for stage in ["onnx", "graph", "optimized", "scheduled", "clif", "asm"] {
+    for stage in ["onnx", "graph", "optimized", "scheduled", "clif", "asm", "ptx"] {
         let out = explore(&m, &["--stage", stage]);
         assert_eq!(out, explore(&m, &["--stage", stage]), "{stage} printed twice differs");
         assert_items_have_sources(&out, stage);
@@ -214,7 +218,7 @@ fn every_stage_of_a_small_transformer_block() {
         return;
     }
     let (_dir, m) = write_model("block", tiny_block());
-    for stage in ["optimized", "scheduled", "clif", "asm"] {
+    for stage in ["optimized", "scheduled", "clif", "asm", "ptx"] {
         let out = explore(&m, &["--stage", stage]);
         assert_eq!(out, explore(&m, &["--stage", stage]), "{stage} printed twice differs");
         assert_items_have_sources(&out, stage);

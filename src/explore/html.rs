@@ -152,8 +152,8 @@ pub fn render(e: &Exploration) -> String {
     h.push_str("</span><span>");
     h.push_str(&escape(&e.target));
     h.push_str("</span><span>stages:");
-    for s in STAGES {
-        let on = if SHOWN.contains(&s) { " checked" } else { "" };
+    for s in STAGES.iter().filter(|k| e.stages.iter().any(|s| s.key == **k)) {
+        let on = if SHOWN.contains(s) { " checked" } else { "" };
         let _ = write!(h, " <label><input type=\"checkbox\" data-stage=\"{s}\"{on}>{s}</label>");
     }
     h.push_str("</span><input id=\"search\" type=\"search\" placeholder=\"search all panes\"><span id=\"count\"></span></header>\n<div id=\"wrap\"><main id=\"panes\">\n");

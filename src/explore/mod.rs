@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The stages, in pipeline order.
-pub const STAGES: [&str; 6] = ["onnx", "graph", "optimized", "scheduled", "clif", "asm"];
+pub const STAGES: [&str; 7] = ["onnx", "graph", "optimized", "scheduled", "clif", "asm", "ptx"];
 
 /// One printed line and the ONNX nodes it came from (empty for structure: headers, braces).
 #[derive(Clone, Debug, PartialEq)]
@@ -96,6 +96,9 @@ pub struct Options {
     /// Input shapes to specialise for (at most one signature), as the JIT does on a run with
     /// them: the stages after import show that program instead of the shape-generic one.
     pub shapes: Vec<crate::InputShapes>,
+    /// The GPU to show the cuda backend's PTX for (the `ptx` stage; computed only when
+    /// asked, as it runs the cuda pipeline too).
+    pub gpu: Option<aim_compiler::cuda::GpuTarget>,
 }
 
 /// The node line of the IR printer without its `# name` comment and `sources` attribute
@@ -246,6 +249,11 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         _ => bail!("explore shows one program: give each input one --shape"),
     }
     let bound = opts.passes.then(|| g.clone());
+    let ptx = match opts.gpu {
+        Some(gpu) if !optimized_file => ptx_lines(&g, &gpu),
+        Some(_) => vec![Line { text: format!("; {p} holds the cpu backend's program: no PTX"), sources: vec![] }],
+        None => Vec::new(),
+    };
     let records = if optimized_file {
         Vec::new()
     } else {
@@ -384,6 +392,14 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         Stage { key: "clif", title: "Cranelift IR of each generated function", lines: clif },
         Stage { key: "asm", title: "machine code of each generated function (Cranelift's disassembly)", lines: asm },
     ];
+    let mut stages = stages;
+    if opts.gpu.is_some() {
+        stages.push(Stage {
+            key: "ptx",
+            title: "the cuda backend's PTX: each kernel with its launch geometry",
+            lines: ptx,
+        });
+    }
     Ok(Exploration {
         model: p,
         target: target.to_string().lines().take(3).collect::<Vec<_>>().join("; "),
@@ -391,6 +407,44 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         passes,
         figures,
     })
+}
+
+/// The cuda backend's kernels for `g` (before any cpu pass): the module header, the arena,
+/// then each launch's kernel with its geometry; a graph the backend cannot lower gets the
+/// reason as its one line.
+fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_compiler::cuda::GpuTarget) -> Vec<Line> {
+    let mut g = g.clone();
+    if let Err(e) = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false) {
+        return vec![Line { text: format!("; {e}"), sources: vec![] }];
+    }
+    let p = match aim_compiler::cuda::lower::lower(&g, gpu) {
+        Ok(p) => p,
+        Err(e) => {
+            // The node's ONNX sources, when the failing node is one of the graph's.
+            let src = g.nodes.iter().find(|n| n.name == e.node).map(sources).unwrap_or_default();
+            return vec![Line { text: format!("; {e}"), sources: src }];
+        }
+    };
+    let mut out: Vec<Line> = aim_compiler::cuda::ptx::module(gpu.sm, &[])
+        .lines()
+        .map(|l| Line { text: l.to_string(), sources: vec![] })
+        .collect();
+    out.push(Line {
+        text: format!(
+            "// device program: {} launches; arena {} bytes; TF32 tensor cores {}",
+            p.launches.len(),
+            p.arena_bytes,
+            if gpu.allow_tf32 { "on" } else { "off" }
+        ),
+        sources: vec![],
+    });
+    for l in &p.launches {
+        let k = &p.kernels[l.kernel];
+        out.push(Line { text: String::new(), sources: vec![] });
+        out.push(Line { text: k.header(), sources: k.sources.clone() });
+        out.extend(k.ptx.lines().map(|t| Line { text: t.to_string(), sources: k.sources.clone() }));
+    }
+    out
 }
 
 /// The graph after each pass, with the node lines each pass added, changed or removed.

@@ -324,6 +324,22 @@ impl Lowering<'_> {
                 let grid = grid_for(rows * 32, reduce::BLOCK, &self.target);
                 self.launch(n, k, [grid, 1, 1], reduce::BLOCK, args);
             }
+            "Softmax" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let y = self.output(n, 0)?;
+                let shape = self.shape(x);
+                let r = shape.len() as i64;
+                let axis = n.int("axis", -1);
+                if axis != -1 && axis != r - 1 {
+                    return Err("a softmax over another axis than the last is not supported on the GPU yet".into());
+                }
+                let len = *shape.last().ok_or("a scalar")?;
+                let rows: usize = shape[..shape.len() - 1].iter().product();
+                let k = softmax::kernel("softmax", rows as u64, len as u64, 1.0, None);
+                let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);
+                self.launch(n, k, [grid, 1, 1], softmax::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
+            }
             "aim:Softmax" => {
                 let x = self.input(n, 0)?;
                 self.f32_value(x)?;
@@ -682,8 +698,12 @@ pub fn lower(g: &Graph, target: &GpuTarget) -> Result<CudaProgram, LowerError> {
     let mut inputs = Vec::new();
     for i in &g.inputs {
         let fail = |msg: String| LowerError { node: g.name.clone(), op: "input".into(), msg };
-        let shape =
-            i.ty.concrete_shape().ok_or_else(|| fail(format!("'{}' has shape {}: give every dim", i.name, i.ty)))?;
+        let shape = i.ty.concrete_shape().ok_or_else(|| {
+            fail(format!(
+                "'{}' has shape {}: the GPU program needs every dim known (bind them with --shape NAME=DIMS)",
+                i.name, i.ty
+            ))
+        })?;
         let dtype = i.ty.dtype.ok_or_else(|| fail(format!("'{}' has no element type", i.name)))?;
         inputs.push(l.values.len());
         l.index.insert(i.name.clone(), l.values.len());

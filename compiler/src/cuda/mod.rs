@@ -88,7 +88,7 @@ impl Kernel {
     /// The launch line `aim explore --stage ptx` prints above the kernel.
     pub fn header(&self) -> String {
         format!(
-            "// kernel {}: grid ({}, {}, {}) × block ({}, {}, {}), {} B shared; from {}",
+            "// kernel {}: grid ({}, {}, {}) × block ({}, {}, {}), {} B shared",
             self.name,
             self.grid[0],
             self.grid[1],
@@ -97,7 +97,6 @@ impl Kernel {
             self.block[1],
             self.block[2],
             self.shared_bytes,
-            self.sources.join(", ")
         )
     }
 }
