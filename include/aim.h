@@ -79,8 +79,9 @@ typedef struct AimLoadOptions {
   uint32_t threads;
   // ISA cap (`"native"`, `"x86-64-v3"`, `"x86-64-v4"`, ...); null: the host's full ISA.
   const char *cpu;
-  // `"cpu"` (compiled, the default when null) or `"reference"` (the reference kernels,
-  // interpreted).
+  // `"cpu"` (compiled, the default when null), `"reference"` (the reference kernels,
+  // interpreted) or `"cuda"` (aim's PTX on an NVIDIA GPU, sm_80 or later; a load error
+  // says what is missing on a host without one).
   const char *backend;
 } AimLoadOptions;
 

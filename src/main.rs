@@ -45,6 +45,9 @@ struct LoadArgs {
     /// widened inside the GEMM; each weight rounded to the nearest f16).
     #[arg(long, value_name = "f32|f16", default_value = "f32")]
     weights: String,
+    /// On the cuda backend, let f32 GEMMs and convolutions use TF32 tensor cores.
+    #[arg(long)]
+    allow_tf32: bool,
 }
 
 /// `--shape` values as signatures: a name given again starts the next one.
@@ -104,6 +107,7 @@ impl LoadArgs {
             shapes: parse_shapes(&self.shape)?,
             shape_cache: self.shape_cache,
             half_weights,
+            allow_tf32: self.allow_tf32,
         })
     }
 }
@@ -120,8 +124,8 @@ enum Cmd {
         /// Where to write the outputs, keyed by graph output name.
         #[arg(long)]
         outputs: Option<PathBuf>,
-        /// cpu (compiled and optimised for this CPU, the default) or reference (the reference
-        /// kernels, interpreted: the oracle).
+        /// cpu (compiled and optimised for this CPU, the default), reference (the reference
+        /// kernels, interpreted: the oracle) or cuda (aim's PTX on an NVIDIA GPU, sm_80+).
         #[arg(long, default_value = "cpu")]
         backend: Backend,
         /// Seed of the random inputs used when --inputs is not given.
@@ -1002,19 +1006,15 @@ fn gpu_for_explore(
     Ok(Some(t.with_tf32(allow_tf32)))
 }
 
-fn explore(
-    out: &mut dyn Write,
-    model: &std::path::Path,
-    stages: &[String],
-    node: Option<&str>,
+/// `aim explore`'s options from its flags.
+fn explore_options(
     passes: bool,
-    html: Option<PathBuf>,
     profile: Option<PathBuf>,
     cpu: String,
     caches: Option<String>,
     shape: &[String],
     gpu: Option<aim_compiler::cuda::GpuTarget>,
-) -> Result<()> {
+) -> Result<aim::explore::Options> {
     let shapes = parse_shapes(shape)?;
     let caches = match caches {
         None => None,
@@ -1024,13 +1024,24 @@ fn explore(
             Some([l1, l2, l3])
         }
     };
+    Ok(aim::explore::Options { cpu, caches, passes, profile, shapes, gpu })
+}
+
+fn explore(
+    out: &mut dyn Write,
+    model: &std::path::Path,
+    stages: &[String],
+    node: Option<&str>,
+    html: Option<PathBuf>,
+    opts: &aim::explore::Options,
+) -> Result<()> {
     // Refuse an unknown stage before the (slower) work.
     for s in stages {
         if s != "all" && !aim::explore::STAGES.contains(&s.as_str()) {
             bail!("unknown stage '{s}' (expected one of {}, all)", aim::explore::STAGES.join(", "));
         }
     }
-    let e = aim::explore::explore(model, &aim::explore::Options { cpu, caches, passes, profile, shapes, gpu })?;
+    let e = aim::explore::explore(model, opts)?;
     aim::explore::check_request(&e, stages, node)?;
     match html {
         Some(path) => {
@@ -1038,7 +1049,7 @@ fn explore(
             std::fs::write(&path, &page).with_context(|| format!("writing {}", path.display()))?;
             writeln!(out, "wrote {} ({} bytes)", path.display(), page.len())?;
         }
-        None => out.write_all(aim::explore::render_text(&e, stages, node, passes).as_bytes())?,
+        None => out.write_all(aim::explore::render_text(&e, stages, node, opts.passes).as_bytes())?,
     }
     Ok(())
 }
@@ -1187,8 +1198,8 @@ fn dispatch(cli: Cli) -> Result<bool> {
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
         Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches, shape, gpu, allow_tf32 } => {
             let gpu = gpu_for_explore(&stage, gpu.as_deref(), allow_tf32)?;
-            explore(&mut out, &model, &stage, node.as_deref(), passes, html, profile, cpu, caches, &shape, gpu)
-                .map(|_| true)
+            let opts = explore_options(passes, profile, cpu, caches, &shape, gpu)?;
+            explore(&mut out, &model, &stage, node.as_deref(), html, &opts).map(|_| true)
         }
     }
 }

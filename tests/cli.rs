@@ -393,3 +393,32 @@ fn half_weights_round_each_weight_to_f16() {
     }
     assert_clean_error(&aim(&["run", d.join("m.onnx").to_str().unwrap(), "--weights", "f8"]), "--weights f8");
 }
+
+/// `--backend cuda`: on a machine with an NVIDIA GPU the outputs are the cpu backend's;
+/// without one, one line saying what is missing (driver, device or architecture).
+#[test]
+fn the_cuda_backend_runs_or_says_what_is_missing() {
+    let d = tempdir("cuda");
+    std::fs::write(d.join("m.onnx"), tiny_mlp()).unwrap();
+    let x = Tensor::from_slice(&[3, 2], &[1.0f32, 1.0, 0.0, 0.0, -1.0, 2.0]);
+    write_npz(&d.join("in.npz"), &[("x".into(), x)]).unwrap();
+    let (m, i, o) = (d.join("m.onnx"), d.join("in.npz"), d.join("out.npz"));
+    let out = aim(&[
+        "run",
+        m.to_str().unwrap(),
+        "--backend",
+        "cuda",
+        "--inputs",
+        i.to_str().unwrap(),
+        "--outputs",
+        o.to_str().unwrap(),
+    ]);
+    if out.status.success() {
+        assert_eq!(read_npz(&o).unwrap()[0].1.data::<f32>(), &[4.5, 0.0, 0.5, 0.0, 5.5, 0.0]);
+        return;
+    }
+    let e = stderr(&out);
+    let said = ["no NVIDIA driver found", "reports no GPU", "aim's PTX needs sm_80", "too old for PTX"];
+    let Some(reason) = said.iter().find(|s| e.contains(*s)) else { panic!("{e}") };
+    assert_clean_error(&out, reason);
+}

@@ -88,8 +88,9 @@ pub struct AimLoadOptions {
     pub threads: u32,
     /// ISA cap (`"native"`, `"x86-64-v3"`, `"x86-64-v4"`, ...); null: the host's full ISA.
     pub cpu: *const c_char,
-    /// `"cpu"` (compiled, the default when null) or `"reference"` (the reference kernels,
-    /// interpreted).
+    /// `"cpu"` (compiled, the default when null), `"reference"` (the reference kernels,
+    /// interpreted) or `"cuda"` (aim's PTX on an NVIDIA GPU, sm_80 or later; a load error
+    /// says what is missing on a host without one).
     pub backend: *const c_char,
 }
 

@@ -72,8 +72,9 @@ class Model:
     backend=None)``.
 
     ``threads``: worker threads per run (default: one per physical core); ``cpu``: an ISA
-    cap such as ``"x86-64-v3"``; ``backend``: ``"cpu"`` (default) or ``"reference"`` (the
-    reference kernels, interpreted).
+    cap such as ``"x86-64-v3"``; ``backend``: ``"cpu"`` (default), ``"reference"`` (the
+    reference kernels, interpreted) or ``"cuda"`` (aim's PTX on an NVIDIA GPU, sm_80 or
+    later; an AimError says what is missing on a host without one).
     """
 
     def __init__(self, model, threads=None, cpu=None, backend=None):

@@ -17,6 +17,7 @@
 mod claims;
 mod control;
 pub mod cpu;
+pub mod cuda;
 pub mod embedded;
 mod exec;
 pub mod pool;

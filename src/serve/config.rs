@@ -56,7 +56,8 @@ pub enum DeviceKind {
     X86,
     /// An AArch64 CPU: aim's cpu backend.
     Arm64,
-    /// An NVIDIA GPU: aim has no CUDA backend yet, so its traffic goes to its fallback.
+    /// An NVIDIA GPU, served by the cuda backend where this host has one (and the build
+    /// has the `cuda` feature); elsewhere its traffic goes to its fallback.
     Cuda,
 }
 
@@ -332,7 +333,10 @@ fn unavailable(kind: DeviceKind) -> Option<String> {
         DeviceKind::X86 if cfg!(target_arch = "x86_64") => None,
         DeviceKind::Arm64 if cfg!(target_arch = "aarch64") => None,
         DeviceKind::X86 | DeviceKind::Arm64 => Some(format!("this host is {}", std::env::consts::ARCH)),
-        DeviceKind::Cuda => Some("aim has no CUDA backend yet".into()),
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => aim_runtime::cuda::device::Device::open(0).err().map(|e| e.to_string()),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => Some("this build of aim has no cuda backend".into()),
     }
 }
 
@@ -415,11 +419,13 @@ mod tests {
         assert_eq!(c.models[1].batching.max_batch_size, 16);
         assert!(!c.models[1].batching.explicit);
         assert_eq!(c.models[1].batching.max_queue_delay, Duration::from_micros(100));
-        if cfg!(target_arch = "x86_64") {
+        // On a host with an NVIDIA GPU the cuda device serves itself.
+        if cfg!(target_arch = "x86_64") && c.devices[0].unavailable.is_some() {
             let gpu = &c.devices[0];
             assert_eq!(gpu.serves_on, "cpu0");
             assert_eq!(gpu.threads, Some(2));
-            assert!(gpu.unavailable.as_deref().unwrap().contains("CUDA"));
+            let why = gpu.unavailable.as_deref().unwrap();
+            assert!(why.contains("NVIDIA") || why.contains("GPU") || why.contains("cuda backend"), "{why}");
             assert_eq!(c.serving_devices().count(), 1);
             assert_eq!(c.traffic_weight("cpu0"), 5);
         }

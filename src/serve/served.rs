@@ -106,7 +106,10 @@ impl Served {
         let mut batching = cfg.batching.clone();
         let mut instances = Vec::new();
         for (d, _) in devices {
+            let backend =
+                if d.kind == super::config::DeviceKind::Cuda { crate::Backend::Cuda } else { crate::Backend::Cpu };
             let opts = crate::Options {
+                backend,
                 threads: d.threads,
                 // Every batch size gets its program: keep them all, and a few other shapes.
                 shape_cache: Some((2 * batching.max_batch_size).max(8)),

@@ -8,8 +8,9 @@ use super::gemm::{ALayout, BLayout, ConvGeom, Gemm, YLayout};
 use super::{conv, elementwise, gather, gemm, grid_for, layernorm, reduce, softmax, strided, GpuTarget, Kernel};
 use crate::codegen::ReduceMode;
 use crate::ewprog::{self, Binary, Inst, Operand, Unary};
-use aim_ir::{DType, Graph, Node, Tensor};
+use aim_ir::{DType, Graph, Node};
 use aim_kernels::gemm::Activation;
+pub use aim_runtime::cuda::{Arg, CudaProgram, Launch, Storage, Value};
 use std::collections::HashMap;
 
 /// Why a graph could not be lowered.
@@ -19,85 +20,6 @@ pub struct LowerError {
     pub node: String,
     pub op: String,
     pub msg: String,
-}
-
-/// Where a value lives on the device.
-#[derive(Clone, Debug)]
-pub enum Storage {
-    /// A graph input, copied in before the launches.
-    Input,
-    /// A constant, uploaded once at load.
-    Constant(Tensor),
-    /// Bytes of the arena from this offset.
-    Arena(usize),
-    /// The same bytes as another value (a view).
-    Alias(usize),
-}
-
-/// A tensor the program reads or writes on the device.
-#[derive(Clone, Debug)]
-pub struct Value {
-    pub name: String,
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-    pub storage: Storage,
-}
-
-impl Value {
-    /// Bytes of the tensor.
-    pub fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
-    }
-}
-
-/// A kernel argument.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Arg {
-    /// The device address of a value.
-    Value(usize),
-    /// A 64-bit count.
-    U64(u64),
-    /// The program's error flag (a device u32 that kernels set to report bad indices).
-    ErrorFlag,
-}
-
-/// One launch.
-#[derive(Clone, Debug)]
-pub struct Launch {
-    /// Index into [`CudaProgram::kernels`].
-    pub kernel: usize,
-    pub args: Vec<Arg>,
-    /// The graph node it computes.
-    pub node: String,
-}
-
-/// A graph lowered for a GPU.
-#[derive(Clone, Debug)]
-pub struct CudaProgram {
-    pub target: GpuTarget,
-    pub kernels: Vec<Kernel>,
-    pub values: Vec<Value>,
-    pub launches: Vec<Launch>,
-    /// Values of the graph's inputs and outputs, in order.
-    pub inputs: Vec<usize>,
-    pub outputs: Vec<usize>,
-    /// Bytes of the device arena.
-    pub arena_bytes: usize,
-}
-
-impl CudaProgram {
-    /// The module text holding every kernel.
-    pub fn module(&self) -> String {
-        super::ptx::module(self.target.sm, &self.kernels.iter().map(|k| k.ptx.clone()).collect::<Vec<_>>())
-    }
-
-    /// The value an alias chain ends at.
-    pub fn root(&self, mut v: usize) -> usize {
-        while let Storage::Alias(a) = self.values[v].storage {
-            v = a;
-        }
-        v
-    }
 }
 
 struct Lowering<'g> {
@@ -724,7 +646,7 @@ pub fn lower(g: &Graph, target: &GpuTarget) -> Result<CudaProgram, LowerError> {
         outputs.push(v);
     }
     let mut p = CudaProgram {
-        target: *target,
+        sm: target.sm,
         kernels: l.kernels,
         values: l.values,
         launches: l.launches,

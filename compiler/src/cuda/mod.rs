@@ -67,39 +67,7 @@ impl GpuTarget {
     }
 }
 
-/// A generated kernel with how to launch it.
-#[derive(Clone, Debug)]
-pub struct Kernel {
-    /// The `.entry` symbol.
-    pub name: String,
-    /// Its PTX text (one `.entry`; [`ptx::module`] adds the header).
-    pub ptx: String,
-    /// Blocks in x, y, z.
-    pub grid: [u32; 3],
-    /// Threads per block in x, y, z.
-    pub block: [u32; 3],
-    /// Static shared memory in bytes.
-    pub shared_bytes: usize,
-    /// The ONNX nodes it computes.
-    pub sources: Vec<String>,
-}
-
-impl Kernel {
-    /// The launch line `aim explore --stage ptx` prints above the kernel.
-    pub fn header(&self) -> String {
-        format!(
-            "// kernel {}: grid ({}, {}, {}) × block ({}, {}, {}), {} B shared",
-            self.name,
-            self.grid[0],
-            self.grid[1],
-            self.grid[2],
-            self.block[0],
-            self.block[1],
-            self.block[2],
-            self.shared_bytes,
-        )
-    }
-}
+pub use aim_runtime::cuda::Kernel;
 
 /// Blocks for a grid-stride loop over `n` items with `block` threads each: enough to fill
 /// every SM several times, no more than the items need.

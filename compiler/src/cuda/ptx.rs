@@ -245,16 +245,5 @@ impl Kernel {
 
 /// A PTX module: the header for `sm` and the kernels' text.
 pub fn module(sm: u32, kernels: &[String]) -> String {
-    let mut s = format!(".version {}\n.target sm_{sm}\n.address_size 64\n", ptx_version(sm));
-    for k in kernels {
-        s.push('\n');
-        s.push_str(k);
-    }
-    s
-}
-
-/// The PTX ISA version a module for `sm` declares: 7.8 is the first with sm_90, and
-/// every driver for sm_80 and later since CUDA 11.8 reads it.
-pub fn ptx_version(_sm: u32) -> &'static str {
-    "7.8"
+    aim_runtime::cuda::module(sm, &kernels.iter().map(String::as_str).collect::<Vec<_>>())
 }

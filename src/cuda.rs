@@ -1,0 +1,89 @@
+//! The cuda backend behind [`crate::Model`]: the model's graph specialised to each input
+//! shape signature it meets (as the cpu backend does for symbolic dims), run through the
+//! cuda pipeline and lowering, loaded on the GPU once per signature (weights uploaded,
+//! arena allocated), and run there with copies only at the graph's edges.
+
+use crate::specialize::{bind, fits, Signature};
+use crate::Error;
+use aim_compiler::cuda::GpuTarget;
+use aim_ir::{Graph, Tensor};
+use aim_runtime::cuda::device::{Device, Loaded};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A model on a GPU.
+pub(crate) struct CudaExec {
+    device: Device,
+    target: GpuTarget,
+    /// The type-inferred graph, weights kept, specialised per signature.
+    graph: Graph,
+    path: String,
+    programs: Mutex<HashMap<Signature, Arc<Loaded>>>,
+}
+
+fn compile_error(path: &str, msg: impl ToString) -> Error {
+    Error::Compile { path: path.to_string(), msg: msg.to_string() }
+}
+
+impl CudaExec {
+    /// Opens GPU 0 and, for a model whose inputs are all static, compiles and loads it.
+    pub(crate) fn new(graph: Graph, path: &str, allow_tf32: bool) -> Result<CudaExec, Error> {
+        let device = Device::open(0).map_err(|e| compile_error(path, e))?;
+        // PTX for sm_90 runs on later GPUs too (the driver compiles it for them).
+        let base = if device.sm >= 90 { GpuTarget::SM90 } else { GpuTarget { sm: device.sm, ..GpuTarget::SM80 } };
+        let exec = CudaExec {
+            device,
+            target: base.with_tf32(allow_tf32),
+            graph,
+            path: path.to_string(),
+            programs: Mutex::new(HashMap::new()),
+        };
+        let sig: Option<Signature> = exec.graph.inputs.iter().map(|i| i.ty.concrete_shape()).collect();
+        if let Some(sig) = sig {
+            exec.program(&sig)?;
+        }
+        Ok(exec)
+    }
+
+    /// The GPU's name and architecture.
+    pub(crate) fn describe(&self) -> String {
+        format!("{} (sm_{})", self.device.name, self.device.sm)
+    }
+
+    fn program(&self, sig: &Signature) -> Result<Arc<Loaded>, Error> {
+        if let Some(p) = self.programs.lock().unwrap_or_else(|e| e.into_inner()).get(sig) {
+            return Ok(p.clone());
+        }
+        if !fits(&self.graph, sig) {
+            return Err(compile_error(&self.path, format!("input shapes {sig:?} do not fit the model's inputs")));
+        }
+        let mut g = self.graph.clone();
+        bind(&mut g, sig, &self.path)?;
+        aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false)
+            .map_err(|e| compile_error(&self.path, e))?;
+        let p = aim_compiler::cuda::lower::lower(&g, &self.target).map_err(|e| compile_error(&self.path, e))?;
+        let loaded = Arc::new(self.device.load(p).map_err(|e| compile_error(&self.path, e))?);
+        self.programs.lock().unwrap_or_else(|e| e.into_inner()).insert(sig.clone(), loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Runs the model on the inputs by name (outputs in graph order).
+    pub(crate) fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, Error> {
+        let mut sig = Vec::with_capacity(self.graph.inputs.len());
+        for i in &self.graph.inputs {
+            let t = inputs.get(&i.name).ok_or_else(|| aim_runtime::RunError::MissingInput {
+                name: i.name.clone(),
+                expected: i.ty.to_string(),
+            })?;
+            if i.ty.dtype.is_some_and(|d| d != t.dtype()) {
+                return Err(compile_error(
+                    &self.path,
+                    format!("input '{}' is {}, the model takes {}", i.name, t.dtype(), i.ty),
+                ));
+            }
+            sig.push(t.shape().to_vec());
+        }
+        let p = self.program(&sig)?;
+        p.run(inputs).map_err(|e| Error::Compile { path: self.path.clone(), msg: format!("running on the GPU: {e}") })
+    }
+}
