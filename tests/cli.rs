@@ -76,7 +76,7 @@ fn bad_files_are_one_line_errors() {
     // Command-line usage errors are clap's: exit code 2 with the usage line.
     let usage = aim(&["run", d.join("trunc.onnx").to_str().unwrap(), "--backend", "gpu"]);
     assert_eq!(usage.status.code(), Some(2));
-    assert!(stderr(&usage).contains("unknown backend 'gpu' (expected reference or cpu)"));
+    assert!(stderr(&usage).contains("unknown backend 'gpu' (expected reference, cpu or cuda)"));
 }
 
 #[test]
