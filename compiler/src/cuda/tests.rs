@@ -349,3 +349,108 @@ fn every_kernel_passes_ptxas_without_spills() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A naive NCHW convolution (groups, strides, dilations, leading pads; the output size
+/// given), then bias and relu.
+#[allow(clippy::too_many_arguments)]
+fn naive_conv(x: &[f32], w: &[f32], b: &[f32], n: usize, g: &gemm::ConvGeom, oc: usize, groups: usize) -> Vec<f64> {
+    let (c, h, wd) = (g.c as usize, g.h as usize, g.w as usize);
+    let (kh, kw, oh, ow) = (g.kh as usize, g.kw as usize, g.oh as usize, g.ow as usize);
+    let (icg, ocg) = (c / groups, oc / groups);
+    let mut y = vec![0f64; n * oc * oh * ow];
+    for img in 0..n {
+        for o in 0..oc {
+            let grp = o / ocg;
+            for p in 0..oh {
+                for q in 0..ow {
+                    let mut s = f64::from(b[o]);
+                    for ic in 0..icg {
+                        for r in 0..kh {
+                            for t in 0..kw {
+                                let ih = (p * g.stride[0] as usize + r * g.dilation[0] as usize) as isize - g.pad[0] as isize;
+                                let iw = (q * g.stride[1] as usize + t * g.dilation[1] as usize) as isize - g.pad[1] as isize;
+                                if ih < 0 || iw < 0 || ih >= h as isize || iw >= wd as isize {
+                                    continue;
+                                }
+                                let xi = ((img * c + grp * icg + ic) * h + ih as usize) * wd + iw as usize;
+                                let wi = ((o * icg + ic) * kh + r) * kw + t;
+                                s += f64::from(x[xi]) * f64::from(w[wi]);
+                            }
+                        }
+                    }
+                    y[((img * oc + o) * oh + p) * ow + q] = s.max(0.0);
+                }
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn convolutions_match_with_strides_dilations_pads_and_groups() {
+    // (channels, h, w, k, stride, dilation, pad (leading; the trailing pad is 1 less), out channels, groups)
+    let cases = [(3, 11, 9, 3, 2, 1, 1, 8, 1), (4, 10, 10, 3, 1, 2, 2, 6, 1), (6, 9, 7, 3, 2, 1, 1, 6, 6), (4, 8, 8, 5, 1, 1, 2, 4, 2)];
+    for (s, &(c, h, w, k, st, dil, pad, oc, groups)) in cases.iter().enumerate() {
+        let span = dil * (k - 1) + 1;
+        let (oh, ow) = ((h + 2 * pad - 1 - span) / st + 1, (w + 2 * pad - 1 - span) / st + 1);
+        let geom = gemm::ConvGeom {
+            c: c as u32,
+            h: h as u32,
+            w: w as u32,
+            kh: k as u32,
+            kw: k as u32,
+            oh: oh as u32,
+            ow: ow as u32,
+            stride: [st as u32; 2],
+            dilation: [dil as u32; 2],
+            pad: [pad as u32; 2],
+        };
+        let n = 2;
+        let mut rng = Rng(31 + s as u64);
+        let x = rng.vec(n * c * h * w, -1.0, 1.0);
+        let wt = rng.vec(oc * (c / groups) * k * k, -1.0, 1.0);
+        let b = rng.vec(oc, -1.0, 1.0);
+        let kern = if groups == 1 {
+            let g = gemm::Gemm {
+                m: (n * oh * ow) as u32,
+                n: oc as u32,
+                k: (c * k * k) as u32,
+                batch: 1,
+                a: gemm::ALayout::Im2col(geom),
+                b: gemm::BLayout::Cols { batch_stride: 0 },
+                y: gemm::YLayout::Nchw { hw: (oh * ow) as u32 },
+                bias: true,
+                residual: false,
+                activation: Activation::Relu,
+            };
+            gemm::gemm_kernel("conv", &g, &GpuTarget::SM80, vec![]).unwrap()
+        } else {
+            let d = super::conv::DirectConv {
+                geom,
+                images: n as u32,
+                oc: oc as u32,
+                groups: groups as u32,
+                bias: true,
+                residual: false,
+                activation: Activation::Relu,
+            };
+            let count = n * oc * oh * ow;
+            Kernel {
+                name: "conv".into(),
+                ptx: super::conv::direct("conv", &d).finish(),
+                grid: [super::grid_for(count, super::conv::BLOCK, &GpuTarget::SM80), 1, 1],
+                block: [super::conv::BLOCK, 1, 1],
+                shared_bytes: 0,
+                sources: vec![],
+            }
+        };
+        let mut mem = Memory::new();
+        let (xa, wa, ya, ba) = (mem.upload(&x), mem.upload(&wt), mem.alloc(n * oc * oh * ow * 4), mem.upload(&b));
+        launch(&kern, &[Arg::U64(xa), Arg::U64(wa), Arg::U64(ya), Arg::U64(ba)], &mut mem);
+        let got = mem.download(ya);
+        let want = naive_conv(&x, &wt, &b, n, &geom, oc, groups);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            close(g, w, 1e-5, &format!("case {s} element {i}"));
+        }
+    }
+}
