@@ -6,7 +6,7 @@
 
 use super::elementwise::program;
 use super::gemm::{activation_program, ConvGeom};
-use super::ptx::{fimm, Class, Kernel, Reg};
+use super::ptx::{fimm, Class, GridLoop, Kernel, Reg};
 use aim_kernels::gemm::Activation;
 
 /// Threads per block.
@@ -15,21 +15,18 @@ pub const BLOCK: u32 = 256;
 /// Most taps a window may have (they are unrolled).
 pub const MAX_TAPS: u32 = 64;
 
-/// Where this thread's output element is: `(i, total, n, c, oh, ow)` with the loop head
-/// placed and the exit branch emitted (`done` is placed by the caller after the loop).
-fn output_coords(k: &mut Kernel, count: u64, c: u32, oh: u32, ow: u32, head: &str, done: &str) -> [Reg; 6] {
-    let (i, total) = k.global_index();
-    k.place(head);
-    let past = k.op2(Class::Pred, "setp.ge.u64", i, count);
-    k.ins(format!("@{past} bra {done};"));
-    let i32_ = k.op1(Class::B32, "cvt.u32.u64", i);
+/// Opens the grid-stride loop over the `count` output elements: the loop and this
+/// element's `[n, c, oh, ow]`.
+fn output_coords(k: &mut Kernel, count: u64, c: u32, oh: u32, ow: u32) -> (GridLoop, [Reg; 4]) {
+    let lp = k.grid_loop(count);
+    let i32_ = k.op1(Class::B32, "cvt.u32.u64", lp.i);
     let x = k.op2(Class::B32, "rem.u32", i32_, ow);
     let r = k.op2(Class::B32, "div.u32", i32_, ow);
     let y = k.op2(Class::B32, "rem.u32", r, oh);
     let r = k.op2(Class::B32, "div.u32", r, oh);
     let ch = k.op2(Class::B32, "rem.u32", r, c);
     let n = k.op2(Class::B32, "div.u32", r, c);
-    [i, total, n, ch, y, x]
+    (lp, [n, ch, y, x])
 }
 
 /// Emits, for each tap of the window, `visit(tap_kh, tap_kw, input_index)` under a
@@ -80,8 +77,8 @@ pub fn direct(name: &str, d: &DirectConv) -> Kernel {
     let bias = d.bias.then(|| k.ptr_param("bias"));
     let res = d.residual.then(|| k.ptr_param("r"));
     let count = u64::from(d.images) * u64::from(d.oc) * u64::from(g.oh) * u64::from(g.ow);
-    let (head, done) = (k.label("loop"), k.label("done"));
-    let [i, total, n, oc, oh, ow] = output_coords(&mut k, count, d.oc, g.oh, g.ow, &head, &done);
+    let (lp, [n, oc, oh, ow]) = output_coords(&mut k, count, d.oc, g.oh, g.ow);
+    let i = lp.i;
     let grp = k.op2(Class::B32, "div.u32", oc, ocg);
     let acc = k.fconst(0.0);
     // for ic in 0..icg (a loop: channels per group can be many)
@@ -126,10 +123,7 @@ pub fn direct(name: &str, d: &DirectConv) -> Kernel {
     let v = program(&mut k, &activation_program(d.activation), &[v]);
     let a = k.f32_addr(y, i);
     k.ins(format!("st.global.f32 [{a}], {v};"));
-    k.ins(format!("add.s64 {i}, {i}, {total};"));
-    k.ins(format!("bra.uni {head};"));
-    k.place(&done);
-    k.ins("ret;");
+    k.end_grid_loop(lp);
     k
 }
 
@@ -151,8 +145,8 @@ pub fn pool(name: &str, p: &Pool) -> Kernel {
     let x = k.ptr_param("x");
     let y = k.ptr_param("y");
     let count = u64::from(p.images) * u64::from(g.c) * u64::from(g.oh) * u64::from(g.ow);
-    let (head, done) = (k.label("loop"), k.label("done"));
-    let [i, total, n, c, oh, ow] = output_coords(&mut k, count, g.c, g.oh, g.ow, &head, &done);
+    let (lp, [n, c, oh, ow]) = output_coords(&mut k, count, g.c, g.oh, g.ow);
+    let i = lp.i;
     let nc = k.op3(Class::B32, "mad.lo.u32", n, g.c, c);
     let plane = k.op2(Class::B32, "mul.lo.u32", nc, g.h * g.w);
     let acc = k.fconst(if p.max { f32::NEG_INFINITY } else { 0.0 });
@@ -178,9 +172,6 @@ pub fn pool(name: &str, p: &Pool) -> Kernel {
     };
     let a = k.f32_addr(y, i);
     k.ins(format!("st.global.f32 [{a}], {v};"));
-    k.ins(format!("add.s64 {i}, {i}, {total};"));
-    k.ins(format!("bra.uni {head};"));
-    k.place(&done);
-    k.ins("ret;");
+    k.end_grid_loop(lp);
     k
 }

@@ -17,11 +17,8 @@ pub fn kernel(name: &str, prog: &[Inst], n_inputs: usize) -> Kernel {
     let y = k.ptr_param("y");
     let xs: Vec<Reg> = (0..n_inputs).map(|j| k.ptr_param(&format!("x{j}"))).collect();
     let n = k.u64_param("n");
-    let (i, total) = k.global_index();
-    let (head, done) = (k.label("loop"), k.label("done"));
-    k.place(&head);
-    let past = k.op2(Class::Pred, "setp.ge.u64", i, n);
-    k.ins(format!("@{past} bra {done};"));
+    let lp = k.grid_loop(n);
+    let i = lp.i;
     let off = k.op2(Class::B64, "shl.b64", i, 2);
     let ins: Vec<Reg> = xs
         .iter()
@@ -35,10 +32,7 @@ pub fn kernel(name: &str, prog: &[Inst], n_inputs: usize) -> Kernel {
     let v = program(&mut k, prog, &ins);
     let a = k.op2(Class::B64, "add.s64", y, off);
     k.ins(format!("st.global.f32 [{a}], {v};"));
-    k.ins(format!("add.s64 {i}, {i}, {total};"));
-    k.ins(format!("bra.uni {head};"));
-    k.place(&done);
-    k.ins("ret;");
+    k.end_grid_loop(lp);
     k
 }
 

@@ -27,11 +27,9 @@ pub fn gather(name: &str, g: GatherGeom) -> Kernel {
     let y = k.ptr_param("y");
     let err = k.ptr_param("err");
     let n = k.u64_param("n");
-    let (i, total) = k.global_index();
-    let (head, done, bad, store) = (k.label("loop"), k.label("done"), k.label("bad"), k.label("store"));
-    k.place(&head);
-    let past = k.op2(Class::Pred, "setp.ge.u64", i, n);
-    k.ins(format!("@{past} bra {done};"));
+    let lp = k.grid_loop(n);
+    let i = lp.i;
+    let (bad, store) = (k.label("bad"), k.label("store"));
     let inner = k.op2(Class::B64, "rem.u64", i, g.inner);
     let rest = k.op2(Class::B64, "div.u64", i, g.inner);
     let q = k.op2(Class::B64, "rem.u64", rest, g.indices);
@@ -66,10 +64,7 @@ pub fn gather(name: &str, g: GatherGeom) -> Kernel {
     k.place(&store);
     let a = k.f32_addr(y, i);
     k.ins(format!("st.global.f32 [{a}], {x};"));
-    k.ins(format!("add.s64 {i}, {i}, {total};"));
-    k.ins(format!("bra.uni {head};"));
-    k.place(&done);
-    k.ins("ret;");
+    k.end_grid_loop(lp);
     k
 }
 
@@ -100,11 +95,8 @@ pub fn cast(name: &str, from: Elem, to: Elem) -> Option<Kernel> {
     let x = k.ptr_param("x");
     let y = k.ptr_param("y");
     let n = k.u64_param("n");
-    let (i, total) = k.global_index();
-    let (head, done) = (k.label("loop"), k.label("done"));
-    k.place(&head);
-    let past = k.op2(Class::Pred, "setp.ge.u64", i, n);
-    k.ins(format!("@{past} bra {done};"));
+    let lp = k.grid_loop(n);
+    let i = lp.i;
     let addr = |k: &mut Kernel, base, e: Elem| {
         let off = k.op2(Class::B64, "mul.lo.u64", i, e.bytes());
         k.op2(Class::B64, "add.s64", base, off)
@@ -150,9 +142,6 @@ pub fn cast(name: &str, from: Elem, to: Elem) -> Option<Kernel> {
         }
         _ => return None,
     }
-    k.ins(format!("add.s64 {i}, {i}, {total};"));
-    k.ins(format!("bra.uni {head};"));
-    k.place(&done);
-    k.ins("ret;");
+    k.end_grid_loop(lp);
     Some(k)
 }

@@ -397,6 +397,96 @@ impl Lowering<'_> {
                 self.gemm(n, &g, a, b, y, None, None)?;
             }
             "aim:Conv" => self.conv(n)?,
+            "Concat" => {
+                let y = self.output(n, 0)?;
+                let out = self.shape(y);
+                let r = out.len() as i64;
+                let axis = n.int("axis", 0);
+                let a = (if axis < 0 { axis + r } else { axis }) as usize;
+                if a >= out.len() {
+                    return Err(format!("axis {axis} of rank {r}"));
+                }
+                let ys = strided::contiguous(&out);
+                let mut at = 0usize;
+                for k in 0..n.inputs.len() {
+                    let x = self.input(n, k)?;
+                    self.f32_value(x)?;
+                    let xs = self.shape(x);
+                    if xs.len() != out.len() {
+                        return Err("inputs of another rank".into());
+                    }
+                    if xs.iter().product::<usize>() > 0 {
+                        let prog = [Inst::Input(0)];
+                        let k = strided::mapped(
+                            "concat",
+                            &xs,
+                            &[strided::contiguous(&xs)],
+                            &[0],
+                            &ys,
+                            at as u64 * ys[a],
+                            &prog,
+                        );
+                        let count: usize = xs.iter().product();
+                        let grid = grid_for(count, strided::BLOCK, &self.target);
+                        self.launch(
+                            n,
+                            k,
+                            [grid, 1, 1],
+                            strided::BLOCK,
+                            vec![Arg::Value(y), Arg::Value(x), Arg::U64(count as u64)],
+                        );
+                    }
+                    at += xs[a];
+                }
+                if at != out[a] {
+                    return Err(format!("inputs add up to {at} along axis {a}, the output has {}", out[a]));
+                }
+            }
+            "Split" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let xs = self.shape(x);
+                let r = xs.len() as i64;
+                let axis = n.int("axis", 0);
+                let a = (if axis < 0 { axis + r } else { axis }) as usize;
+                if a >= xs.len() {
+                    return Err(format!("axis {axis} of rank {r}"));
+                }
+                let strides = strided::contiguous(&xs);
+                let mut at = 0usize;
+                for k in 0..n.outputs.len() {
+                    if n.outputs[k].is_empty() {
+                        return Err("an omitted Split output is not supported on the GPU yet".into());
+                    }
+                    let y = self.output(n, k)?;
+                    let ys = self.shape(y);
+                    let count: usize = ys.iter().product();
+                    if count > 0 {
+                        let prog = [Inst::Input(0)];
+                        let kern = strided::mapped(
+                            "split",
+                            &ys,
+                            &[strided::contiguous(&xs)],
+                            &[at as u64 * strides[a]],
+                            &strided::contiguous(&ys),
+                            0,
+                            &prog,
+                        );
+                        let grid = grid_for(count, strided::BLOCK, &self.target);
+                        self.launch(
+                            n,
+                            kern,
+                            [grid, 1, 1],
+                            strided::BLOCK,
+                            vec![Arg::Value(y), Arg::Value(x), Arg::U64(count as u64)],
+                        );
+                    }
+                    at += ys.get(a).copied().unwrap_or(0);
+                }
+                if at != xs[a] {
+                    return Err(format!("outputs add up to {at} along axis {a}, the input has {}", xs[a]));
+                }
+            }
             "MaxPool" | "AveragePool" => {
                 let x = self.input(n, 0)?;
                 self.f32_value(x)?;

@@ -61,6 +61,15 @@ pub fn fimm(x: f32) -> String {
     format!("0f{:08X}", x.to_bits())
 }
 
+/// An open grid-stride loop ([`Kernel::grid_loop`]).
+pub struct GridLoop {
+    /// The item this iteration handles (64-bit).
+    pub i: Reg,
+    total: Reg,
+    head: String,
+    done: String,
+}
+
 /// A kernel being built.
 pub struct Kernel {
     name: String,
@@ -211,6 +220,27 @@ impl Kernel {
         let i = self.op1(Class::B64, "cvt.u64.u32", i);
         let total = self.op1(Class::B64, "cvt.u64.u32", total);
         (i, total)
+    }
+
+    /// Opens a grid-stride loop over `n` items (a register or a constant): each thread
+    /// starts at its global index and steps by the grid's thread count; the body follows,
+    /// and [`Kernel::end_grid_loop`] closes it (and the kernel).
+    pub fn grid_loop(&mut self, n: impl fmt::Display) -> GridLoop {
+        let (i, total) = self.global_index();
+        let (head, done) = (self.label("loop"), self.label("done"));
+        self.place(&head);
+        let past = self.op2(Class::Pred, "setp.ge.u64", i, n);
+        self.ins(format!("@{past} bra {done};"));
+        GridLoop { i, total, head, done }
+    }
+
+    /// Closes a grid-stride loop and returns from the kernel.
+    pub fn end_grid_loop(&mut self, l: GridLoop) {
+        let GridLoop { i, total, head, done } = l;
+        self.ins(format!("add.s64 {i}, {i}, {total};"));
+        self.ins(format!("bra.uni {head};"));
+        self.place(&done);
+        self.ins("ret;");
     }
 
     /// The address `base + 4·i` of f32 element `i` (64-bit index).

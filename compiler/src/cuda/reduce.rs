@@ -37,6 +37,20 @@ pub(super) fn warp_all(k: &mut Kernel, v: Reg, op: &str) {
     }
 }
 
+/// Emits the loop `for j in lane..len step 32 { body(j) }`.
+pub(super) fn lane_loop(k: &mut Kernel, lane64: Reg, len: u64, body: &mut dyn FnMut(&mut Kernel, Reg)) {
+    let j = k.reg(Class::B64);
+    k.ins(format!("mov.u64 {j}, {lane64};"));
+    let (head, end) = (k.label("col"), k.label("cols_done"));
+    k.place(&head);
+    let past = k.op2(Class::Pred, "setp.ge.u64", j, len);
+    k.ins(format!("@{past} bra {end};"));
+    body(k, j);
+    k.ins(format!("add.s64 {j}, {j}, 32;"));
+    k.ins(format!("bra.uni {head};"));
+    k.place(&end);
+}
+
 /// The kernel `name(x, y, rows, len)`: `y[r] = reduce(x[r·len .. (r+1)·len])`.
 pub fn kernel(name: &str, mode: ReduceMode) -> Kernel {
     let mut k = Kernel::new(name);

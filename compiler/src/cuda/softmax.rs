@@ -5,7 +5,7 @@
 
 use super::math;
 use super::ptx::{fimm, Class, Kernel, Reg};
-use super::reduce::{warp_all, warp_ids};
+use super::reduce::{lane_loop, warp_all, warp_ids};
 
 /// Threads per block (8 warps).
 pub const BLOCK: u32 = 256;
@@ -33,20 +33,6 @@ impl MaskRows {
         }
         MaskRows { dims: (0..r - 1).map(|d| (x_shape[d] as u32, strides[d])).collect() }
     }
-}
-
-/// Emits the loop `for j in lane..len step 32 { body(j) }`.
-fn lane_loop(k: &mut Kernel, lane64: Reg, len: u64, body: &mut dyn FnMut(&mut Kernel, Reg)) {
-    let j = k.reg(Class::B64);
-    k.ins(format!("mov.u64 {j}, {lane64};"));
-    let (head, end) = (k.label("col"), k.label("cols_done"));
-    k.place(&head);
-    let past = k.op2(Class::Pred, "setp.ge.u64", j, len);
-    k.ins(format!("@{past} bra {end};"));
-    body(k, j);
-    k.ins(format!("add.s64 {j}, {j}, 32;"));
-    k.ins(format!("bra.uni {head};"));
-    k.place(&end);
 }
 
 /// The kernel `name(x, y[, mask])` for `rows` rows of `len`.

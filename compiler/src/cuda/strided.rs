@@ -45,23 +45,45 @@ pub fn transpose_strides(shape: &[usize], perm: &[usize]) -> Vec<u64> {
     perm.iter().map(|&p| own[p]).collect()
 }
 
+/// The row-major strides of `shape`.
+pub fn contiguous(shape: &[usize]) -> Vec<u64> {
+    transpose_strides(shape, &(0..shape.len()).collect::<Vec<_>>())
+}
+
 /// The kernel `name(y, x0, .., n)`: for each of the `n` elements of an output of shape
 /// `out`, loads input j at `Σ coord_d · strides[j][d]` and stores `program(loads)`.
 /// Element indices are 64-bit.
 pub fn kernel(name: &str, out: &[usize], strides: &[Vec<u64>], prog: &[Inst]) -> Kernel {
+    let bases = vec![0; strides.len()];
+    mapped(name, out, strides, &bases, &contiguous(out), 0, prog)
+}
+
+/// As [`kernel`] over the index space `dims`, with input j read from element `bases[j]`
+/// on and the result stored at `y_base + Σ coord_d · y_strides[d]`: a slice of a larger
+/// output (Concat) or of a larger input (Split, Slice).
+pub fn mapped(
+    name: &str,
+    out: &[usize],
+    strides: &[Vec<u64>],
+    bases: &[u64],
+    y_strides: &[u64],
+    y_base: u64,
+    prog: &[Inst],
+) -> Kernel {
     let mut k = Kernel::new(name);
     let y = k.ptr_param("y");
     let xs: Vec<Reg> = (0..strides.len()).map(|j| k.ptr_param(&format!("x{j}"))).collect();
     let n = k.u64_param("n");
-    let (i, total) = k.global_index();
-    let (head, done) = (k.label("loop"), k.label("done"));
-    k.place(&head);
-    let past = k.op2(Class::Pred, "setp.ge.u64", i, n);
-    k.ins(format!("@{past} bra {done};"));
-    let offs: Vec<Reg> = strides.iter().map(|_| k.op1(Class::B64, "mov.u64", 0)).collect();
+    let lp = k.grid_loop(n);
+    let i = lp.i;
+    let offs: Vec<Reg> = bases.iter().map(|&b| k.op1(Class::B64, "mov.u64", b)).collect();
+    // A whole, row-major output is stored at the loop index itself.
+    let whole = y_base == 0 && y_strides == contiguous(out).as_slice();
+    let yoff = if whole { i } else { k.op1(Class::B64, "mov.u64", y_base) };
+    let y_strides: Vec<u64> = if whole { vec![0; out.len()] } else { y_strides.to_vec() };
     let rest = k.op1(Class::B64, "mov.u64", i);
     for d in (0..out.len()).rev() {
-        if strides.iter().all(|s| s[d] == 0) || out[d] == 1 {
+        if (strides.iter().all(|s| s[d] == 0) && y_strides[d] == 0) || out[d] == 1 {
             if d > 0 {
                 k.ins(format!("div.u64 {rest}, {rest}, {};", out[d]));
             }
@@ -72,6 +94,9 @@ pub fn kernel(name: &str, out: &[usize], strides: &[Vec<u64>], prog: &[Inst]) ->
             if s[d] != 0 {
                 k.ins(format!("mad.lo.u64 {o}, {c}, {}, {o};", s[d], o = offs[j]));
             }
+        }
+        if y_strides[d] != 0 {
+            k.ins(format!("mad.lo.u64 {yoff}, {c}, {}, {yoff};", y_strides[d]));
         }
         if d > 0 {
             k.ins(format!("div.u64 {rest}, {rest}, {};", out[d]));
@@ -88,11 +113,8 @@ pub fn kernel(name: &str, out: &[usize], strides: &[Vec<u64>], prog: &[Inst]) ->
         })
         .collect();
     let v = program(&mut k, prog, &vals);
-    let a = k.f32_addr(y, i);
+    let a = k.f32_addr(y, yoff);
     k.ins(format!("st.global.f32 [{a}], {v};"));
-    k.ins(format!("add.s64 {i}, {i}, {total};"));
-    k.ins(format!("bra.uni {head};"));
-    k.place(&done);
-    k.ins("ret;");
+    k.end_grid_loop(lp);
     k
 }

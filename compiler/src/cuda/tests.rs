@@ -319,6 +319,48 @@ fn all_kernels() -> Vec<String> {
     for (i, mode) in [ReduceMode::Sum, ReduceMode::Mean, ReduceMode::Max, ReduceMode::Min].into_iter().enumerate() {
         out.push(reduce::kernel(&format!("reduce_{i}"), mode).finish());
     }
+    let ys = super::strided::contiguous(&[1, 8, 6, 6]);
+    let xs = super::strided::contiguous(&[1, 3, 6, 6]);
+    out.push(super::strided::mapped("concat_slice", &[1, 3, 6, 6], &[xs], &[0], &ys, 36, &[Inst::Input(0)]).finish());
+    out.push(
+        super::gather::gather(
+            "gather",
+            super::gather::GatherGeom { outer: 1, axis: 100, inner: 64, indices: 16, i64: true },
+        )
+        .finish(),
+    );
+    for (f, t) in [
+        (super::gather::Elem::I64, super::gather::Elem::F32),
+        (super::gather::Elem::Bool, super::gather::Elem::F32),
+        (super::gather::Elem::F32, super::gather::Elem::I32),
+    ] {
+        out.push(super::gather::cast(&format!("cast_{}", out.len()), f, t).unwrap().finish());
+    }
+    out.push(super::layernorm::kernel("layernorm", 128, 768, 1e-12, true).finish());
+    let g = gemm::ConvGeom {
+        c: 64,
+        h: 56,
+        w: 56,
+        kh: 3,
+        kw: 3,
+        oh: 56,
+        ow: 56,
+        stride: [1, 1],
+        dilation: [1, 1],
+        pad: [1, 1],
+    };
+    let pool = super::conv::Pool { geom: g, images: 1, max: true, count_include_pad: false };
+    out.push(super::conv::pool("maxpool", &pool).finish());
+    let d = super::conv::DirectConv {
+        geom: g,
+        images: 1,
+        oc: 64,
+        groups: 64,
+        bias: true,
+        residual: true,
+        activation: Activation::Clip(0.0, 6.0),
+    };
+    out.push(super::conv::direct("depthwise", &d).finish());
     let mr = softmax::MaskRows::new(&[2, 12, 128, 128], &[2, 1, 1, 128]);
     out.push(softmax::kernel("softmax_masked", 2 * 12 * 128, 128, 0.125, Some(&mr)).finish());
     for tf32 in [false, true] {
@@ -367,8 +409,10 @@ fn naive_conv(x: &[f32], w: &[f32], b: &[f32], n: usize, g: &gemm::ConvGeom, oc:
                     for ic in 0..icg {
                         for r in 0..kh {
                             for t in 0..kw {
-                                let ih = (p * g.stride[0] as usize + r * g.dilation[0] as usize) as isize - g.pad[0] as isize;
-                                let iw = (q * g.stride[1] as usize + t * g.dilation[1] as usize) as isize - g.pad[1] as isize;
+                                let ih = (p * g.stride[0] as usize + r * g.dilation[0] as usize) as isize
+                                    - g.pad[0] as isize;
+                                let iw = (q * g.stride[1] as usize + t * g.dilation[1] as usize) as isize
+                                    - g.pad[1] as isize;
                                 if ih < 0 || iw < 0 || ih >= h as isize || iw >= wd as isize {
                                     continue;
                                 }
@@ -389,7 +433,12 @@ fn naive_conv(x: &[f32], w: &[f32], b: &[f32], n: usize, g: &gemm::ConvGeom, oc:
 #[test]
 fn convolutions_match_with_strides_dilations_pads_and_groups() {
     // (channels, h, w, k, stride, dilation, pad (leading; the trailing pad is 1 less), out channels, groups)
-    let cases = [(3, 11, 9, 3, 2, 1, 1, 8, 1), (4, 10, 10, 3, 1, 2, 2, 6, 1), (6, 9, 7, 3, 2, 1, 1, 6, 6), (4, 8, 8, 5, 1, 1, 2, 4, 2)];
+    let cases = [
+        (3, 11, 9, 3, 2, 1, 1, 8, 1),
+        (4, 10, 10, 3, 1, 2, 2, 6, 1),
+        (6, 9, 7, 3, 2, 1, 1, 6, 6),
+        (4, 8, 8, 5, 1, 1, 2, 4, 2),
+    ];
     for (s, &(c, h, w, k, st, dil, pad, oc, groups)) in cases.iter().enumerate() {
         let span = dil * (k - 1) + 1;
         let (oh, ow) = ((h + 2 * pad - 1 - span) / st + 1, (w + 2 * pad - 1 - span) / st + 1);
