@@ -1,6 +1,6 @@
 //! The cuda backend end to end without a GPU: the benchmark models at reduced sizes
 //! (`tests/models/make_models.py`: resnet50_tiny, mobilenetv2_tiny, bert_tiny, and
-//! concat_split for sliced copies) go through
+//! concat_split for sliced copies, resizes for Resize) go through
 //! the cuda pipeline and lowering, their PTX runs in the interpreter (tools/ptx-interp),
 //! and the outputs are compared with the reference backend's. Each model runs twice: with
 //! a buffer per value (every access checked against its own tensor) and in the planned
@@ -106,6 +106,11 @@ fn check(name: &str, target: GpuTarget, tol: f32, arenas: &[bool]) {
 #[test]
 fn split_and_concat_on_the_ptx_interpreter() {
     check("concat_split", GpuTarget::SM80, 0.0, &[false, true]);
+}
+
+#[test]
+fn resizes_on_the_ptx_interpreter() {
+    check("resizes", GpuTarget::SM80, 1e-5, &[false, true]);
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! error naming it and its op.
 
 use super::gemm::{ALayout, BLayout, ConvGeom, Gemm, YLayout};
-use super::{conv, elementwise, gather, gemm, grid_for, layernorm, reduce, softmax, strided, GpuTarget, Kernel};
+use super::{
+    conv, elementwise, gather, gemm, grid_for, layernorm, reduce, resize, softmax, strided, GpuTarget, Kernel,
+};
 use crate::codegen::ReduceMode;
 use crate::ewprog::{self, Binary, Inst, Operand, Unary};
 use aim_ir::{DType, Graph, Node};
@@ -397,6 +399,7 @@ impl Lowering<'_> {
                 self.gemm(n, &g, a, b, y, None, None)?;
             }
             "aim:Conv" => self.conv(n)?,
+            "Resize" => self.resize(n)?,
             "Concat" => {
                 let y = self.output(n, 0)?;
                 let out = self.shape(y);
@@ -588,6 +591,109 @@ impl Lowering<'_> {
         args.extend(bias.map(Arg::Value));
         args.extend(res.map(Arg::Value));
         self.push(n, k, args);
+        Ok(())
+    }
+
+    /// A constant table the program uploads (named after its node).
+    fn table(&mut self, n: &Node, what: &str, t: aim_ir::Tensor) -> usize {
+        let v = self.values.len();
+        self.values.push(Value {
+            name: format!("{}:{what}", n.name),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            storage: Storage::Constant(t),
+        });
+        v
+    }
+
+    /// Resize through the reference kernel's plan: its taps as constant tables.
+    fn resize(&mut self, n: &Node) -> Result<(), String> {
+        let x = self.input(n, 0)?;
+        self.f32_value(x)?;
+        let mut ins = vec![Some(aim_ir::Tensor::try_zeros(DType::F32, &self.shape(x)).map_err(|e| e.to_string())?)];
+        for k in 1..n.inputs.len() {
+            ins.push(match n.input(k).filter(|s| !s.is_empty()) {
+                None => None,
+                Some(name) => Some(
+                    self.g
+                        .initializers
+                        .get(name)
+                        .cloned()
+                        .ok_or_else(|| format!("input {k} ('{name}') must be a constant on the GPU"))?,
+                ),
+            });
+        }
+        let plan = aim_kernels::ops::resize::plan(n, &ins).map_err(|e| e.to_string())?;
+        drop(ins);
+        let y = self.output(n, 0)?;
+        let xs = self.shape(x);
+        if plan.out != self.shape(y) {
+            return Err(format!("the plan's output {:?} is not the inferred {:?}", plan.out, self.shape(y)));
+        }
+        // Two adjacent axes: [outer, h, w, inner] (an axis that keeps its size gets identity taps).
+        let (hd, wd) = match plan.axes.as_slice() {
+            [] => (xs.len().saturating_sub(2), xs.len().saturating_sub(1)),
+            [(d, _)] if *d > 0 => (d - 1, *d),
+            [_] => (0, 1.min(xs.len() - 1)),
+            [(a, _), (b, _)] if *b == a + 1 => (*a, *b),
+            _ => return Err("resizing more than two adjacent axes is not supported on the GPU yet".into()),
+        };
+        if xs.len() < 2 || hd == wd {
+            return Err("Resize of a tensor of rank below 2 is not supported on the GPU yet".into());
+        }
+        let taps_of = |d: usize| -> Result<Vec<Vec<(usize, f32)>>, String> {
+            match plan.axes.iter().find(|(a, _)| *a == d) {
+                Some((_, t)) => t
+                    .iter()
+                    .map(|p| {
+                        p.as_ref().map(|p| p.iter().map(|&(i, w)| (i, w as f32)).collect()).ok_or_else(|| {
+                            "tf_crop_and_resize extrapolation is not supported on the GPU yet".to_string()
+                        })
+                    })
+                    .collect(),
+                None => Ok((0..xs[d]).map(|i| vec![(i, 1.0)]).collect()),
+            }
+        };
+        let (ht, wt) = (taps_of(hd)?, taps_of(wd)?);
+        let width = |t: &[Vec<(usize, f32)>]| t.iter().map(Vec::len).max().unwrap_or(1).max(1);
+        let (th, tw) = (width(&ht), width(&wt));
+        if th * tw > 64 {
+            return Err(format!("{th}×{tw} taps per output: too many to unroll"));
+        }
+        // Padded to a fixed tap count with zero weights on index 0.
+        let tables = |t: &[Vec<(usize, f32)>], w: usize| -> (aim_ir::Tensor, aim_ir::Tensor) {
+            let mut idx = Vec::with_capacity(t.len() * w);
+            let mut wt = Vec::with_capacity(t.len() * w);
+            for p in t {
+                for j in 0..w {
+                    let (i, v) = p.get(j).copied().unwrap_or((0, 0.0));
+                    idx.push(i as i32);
+                    wt.push(v);
+                }
+            }
+            (aim_ir::Tensor::from_vec(&[idx.len()], idx), aim_ir::Tensor::from_vec(&[wt.len()], wt))
+        };
+        let (hi, hw) = tables(&ht, th);
+        let (wi, ww) = tables(&wt, tw);
+        let args_t =
+            [self.table(n, "hidx", hi), self.table(n, "hw", hw), self.table(n, "widx", wi), self.table(n, "ww", ww)];
+        let ys = self.shape(y);
+        let geom = resize::ResizeGeom {
+            outer: xs[..hd].iter().product::<usize>() as u64,
+            h: xs[hd] as u64,
+            w: xs[wd] as u64,
+            inner: xs[wd + 1..].iter().product::<usize>() as u64,
+            oh: ys[hd] as u64,
+            ow: ys[wd] as u64,
+            th: th as u32,
+            tw: tw as u32,
+        };
+        let count: usize = ys.iter().product();
+        let mut args = vec![Arg::Value(x), Arg::Value(y)];
+        args.extend(args_t.iter().map(|&v| Arg::Value(v)));
+        args.push(Arg::U64(count as u64));
+        let grid = grid_for(count, resize::BLOCK, &self.target);
+        self.launch(n, resize::kernel("resize", &geom), [grid, 1, 1], resize::BLOCK, args);
         Ok(())
     }
 

@@ -21,6 +21,7 @@ pub mod math;
 pub mod ptx;
 pub mod ptxas;
 pub mod reduce;
+pub mod resize;
 pub mod softmax;
 pub mod strided;
 
