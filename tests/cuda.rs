@@ -104,8 +104,8 @@ fn check(name: &str, target: GpuTarget, tol: f32, arenas: &[bool]) {
 }
 
 #[test]
-fn split_and_concat_on_the_ptx_interpreter() {
-    check("concat_split", GpuTarget::SM80, 0.0, &[false, true]);
+fn split_concat_and_channel_softmax_on_the_ptx_interpreter() {
+    check("concat_split", GpuTarget::SM80, 1e-6, &[false, true]);
 }
 
 #[test]
@@ -134,8 +134,8 @@ fn resnet50_tiny_on_the_ptx_interpreter() {
     check("resnet50_tiny", GpuTarget::SM90, 1e-4, &[true]);
 }
 
-/// Every kernel of the full-size benchmark models (and their TF32 forms) assembles with
-/// ptxas for sm_80 and sm_90 without register spills.
+/// Every kernel of the full-size benchmark models and two real-model look-alikes (and their
+/// TF32 forms) assembles with ptxas for sm_80 and sm_90 without register spills.
 #[test]
 fn full_size_models_pass_ptxas() {
     let Some(ptxas) = aim_compiler::cuda::ptxas::find() else {
@@ -148,7 +148,7 @@ fn full_size_models_pass_ptxas() {
         return;
     };
     let tmp = std::env::temp_dir().join(format!("aim-cuda-ptxas-{}", std::process::id()));
-    for name in ["resnet50", "mobilenetv2", "bert_l6"] {
+    for name in ["resnet50", "mobilenetv2", "bert_l6", "yolo_like", "mobilenetv3"] {
         let path = dir.join(format!("{name}.onnx"));
         let inputs = aim::npz::read_npz(&dir.join(format!("{name}.inputs.npz"))).unwrap();
         let g = cuda_graph(&path, &inputs);

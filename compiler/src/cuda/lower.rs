@@ -255,12 +255,15 @@ impl Lowering<'_> {
                 let shape = self.shape(x);
                 let r = shape.len() as i64;
                 let axis = n.int("axis", -1);
-                if axis != -1 && axis != r - 1 {
-                    return Err("a softmax over another axis than the last is not supported on the GPU yet".into());
+                let a = if axis < 0 { axis + r } else { axis };
+                if !(0..r).contains(&a) {
+                    return Err(format!("axis {axis} of rank {r}"));
                 }
-                let len = *shape.last().ok_or("a scalar")?;
-                let rows: usize = shape[..shape.len() - 1].iter().product();
-                let k = softmax::kernel("softmax", rows as u64, len as u64, 1.0, None);
+                let a = a as usize;
+                let len = shape[a];
+                let inner: usize = shape[a + 1..].iter().product();
+                let rows = shape[..a].iter().product::<usize>() * inner;
+                let k = softmax::kernel("softmax", rows as u64, len as u64, inner as u64, 1.0, None);
                 let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);
                 self.launch(n, k, [grid, 1, 1], softmax::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
             }
@@ -284,7 +287,7 @@ impl Lowering<'_> {
                     }
                     None => None,
                 };
-                let k = softmax::kernel("softmax", rows as u64, len as u64, n.float("scale", 1.0), mr.as_ref());
+                let k = softmax::kernel("softmax", rows as u64, len as u64, 1, n.float("scale", 1.0), mr.as_ref());
                 let mut args = vec![Arg::Value(x), Arg::Value(y)];
                 args.extend(mask.map(Arg::Value));
                 let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);

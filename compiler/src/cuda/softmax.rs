@@ -35,8 +35,10 @@ impl MaskRows {
     }
 }
 
-/// The kernel `name(x, y[, mask])` for `rows` rows of `len`.
-pub fn kernel(name: &str, rows: u64, len: u64, scale: f32, mask: Option<&MaskRows>) -> Kernel {
+/// The kernel `name(x, y[, mask])` for `rows` rows of `len`, a row's elements `inner`
+/// apart (1: the last axis; a softmax over an inner axis of `[outer, len, inner]` has
+/// `outer · inner` rows). A mask needs `inner` = 1.
+pub fn kernel(name: &str, rows: u64, len: u64, inner: u64, scale: f32, mask: Option<&MaskRows>) -> Kernel {
     let mut k = Kernel::new(name);
     let x = k.ptr_param("x");
     let y = k.ptr_param("y");
@@ -47,7 +49,22 @@ pub fn kernel(name: &str, rows: u64, len: u64, scale: f32, mask: Option<&MaskRow
     k.place(&head);
     let past = k.op2(Class::Pred, "setp.ge.u64", row, rows);
     k.ins(format!("@{past} bra {done};"));
-    let start = k.op2(Class::B64, "mul.lo.u64", row, len);
+    let start = if inner == 1 {
+        k.op2(Class::B64, "mul.lo.u64", row, len)
+    } else {
+        let o = k.op2(Class::B64, "div.u64", row, inner);
+        let i = k.op2(Class::B64, "rem.u64", row, inner);
+        let o = k.op2(Class::B64, "mul.lo.u64", o, len * inner);
+        k.op2(Class::B64, "add.s64", o, i)
+    };
+    // Element j of the row.
+    let elem = move |k: &mut Kernel, j: Reg| -> Reg {
+        if inner == 1 {
+            k.op2(Class::B64, "add.s64", start, j)
+        } else {
+            k.op3(Class::B64, "mad.lo.u64", j, inner, start)
+        }
+    };
     // The mask row: Σ coord_d · stride_d over x's leading dims.
     let mrow = match (mask, m) {
         (Some(mr), Some(_)) => {
@@ -65,7 +82,7 @@ pub fn kernel(name: &str, rows: u64, len: u64, scale: f32, mask: Option<&MaskRow
         _ => None,
     };
     let value = |k: &mut Kernel, j: Reg| -> Reg {
-        let e = k.op2(Class::B64, "add.s64", start, j);
+        let e = elem(k, j);
         let a = k.f32_addr(x, e);
         let v = k.reg(Class::F32);
         k.ins(format!("ld.global.nc.f32 {v}, [{a}];"));
@@ -93,14 +110,14 @@ pub fn kernel(name: &str, rows: u64, len: u64, scale: f32, mask: Option<&MaskRow
         let d = k.op2(Class::F32, "sub.rn.f32", v, max);
         let e = math::exp(k, d);
         k.ins(format!("add.rn.f32 {sum}, {sum}, {e};"));
-        let o = k.op2(Class::B64, "add.s64", start, j);
+        let o = elem(k, j);
         let a = k.f32_addr(y, o);
         k.ins(format!("st.global.f32 [{a}], {e};"));
     });
     warp_all(&mut k, sum, "add.rn.f32");
     let inv = k.op2(Class::F32, "div.rn.f32", fimm(1.0), sum);
     lane_loop(&mut k, lane64, len, &mut |k, j| {
-        let o = k.op2(Class::B64, "add.s64", start, j);
+        let o = elem(k, j);
         let a = k.f32_addr(y, o);
         let v = k.reg(Class::F32);
         k.ins(format!("ld.global.f32 {v}, [{a}];"));

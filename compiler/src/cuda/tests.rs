@@ -212,7 +212,7 @@ fn masked_softmax_matches() {
     let scale = 0.125;
     let mr = softmax::MaskRows::new(&shape, &mshape);
     for masked in [false, true] {
-        let k = softmax::kernel("sm", rows as u64, len as u64, scale, masked.then_some(&mr));
+        let k = softmax::kernel("sm", rows as u64, len as u64, 1, scale, masked.then_some(&mr));
         let kern = Kernel {
             name: "sm".into(),
             ptx: k.finish(),
@@ -364,7 +364,7 @@ fn all_kernels() -> Vec<String> {
     };
     out.push(super::conv::direct("depthwise", &d).finish());
     let mr = softmax::MaskRows::new(&[2, 12, 128, 128], &[2, 1, 1, 128]);
-    out.push(softmax::kernel("softmax_masked", 2 * 12 * 128, 128, 0.125, Some(&mr)).finish());
+    out.push(softmax::kernel("softmax_masked", 2 * 12 * 128, 128, 1, 0.125, Some(&mr)).finish());
     for tf32 in [false, true] {
         let d = gemm::Dense { m: 128, n: 768, k: 768, bias: true, residual: true, activation: Activation::Gelu };
         let t = GpuTarget::SM80.with_tf32(tf32);
