@@ -106,6 +106,93 @@ pub fn direct(name: &str, d: &DirectConv) -> Kernel {
     let more = k.op2(Class::Pred, "setp.lt.u32", ic, icg);
     k.ins(format!("@{more} bra {ch_head};"));
     k.place(&ch_done);
+    let v = epilogue(&mut k, acc, oc, i, bias, res, d.activation);
+    let a = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{a}], {v};"));
+    k.end_grid_loop(lp);
+    k
+}
+
+/// The kernel `name(x, w, y[, bias][, r], n)` of a transposed convolution (ConvTranspose):
+/// `d.geom` gives the input (`c`, `h`, `w`), the output size (`oh`, `ow`), the kernel,
+/// strides, dilations and leading pads; weights are `[c, oc / groups, kh, kw]`. Each output
+/// element gathers the input pixels whose taps land on it: tap `(kh, kw)` reads input row
+/// `(oh + pad − kh·dilation) / stride` where that divides exactly and is inside.
+pub fn transposed(name: &str, d: &DirectConv) -> Kernel {
+    let g = d.geom;
+    let (icg, ocg) = (g.c / d.groups, d.oc / d.groups);
+    let mut k = Kernel::new(name);
+    let x = k.ptr_param("x");
+    let w = k.ptr_param("w");
+    let y = k.ptr_param("y");
+    let bias = d.bias.then(|| k.ptr_param("bias"));
+    let res = d.residual.then(|| k.ptr_param("r"));
+    let count = u64::from(d.images) * u64::from(d.oc) * u64::from(g.oh) * u64::from(g.ow);
+    let (lp, [n, oc, oh, ow]) = output_coords(&mut k, count, d.oc, g.oh, g.ow);
+    let i = lp.i;
+    let grp = k.op2(Class::B32, "div.u32", oc, ocg);
+    let oc_in = k.op2(Class::B32, "rem.u32", oc, ocg);
+    let acc = k.fconst(0.0);
+    let ic = k.op1(Class::B32, "mov.u32", 0);
+    let ch_head = k.label("ch");
+    k.place(&ch_head);
+    let c_in = k.op3(Class::B32, "mad.lo.u32", grp, icg, ic);
+    let nc = k.op3(Class::B32, "mad.lo.u32", n, g.c, c_in);
+    let plane = k.op2(Class::B32, "mul.lo.u32", nc, g.h * g.w);
+    let wrow = k.op3(Class::B32, "mad.lo.u32", c_in, ocg, oc_in);
+    let wbase = k.op2(Class::B32, "mul.lo.u32", wrow, g.kh * g.kw);
+    let th = k.op2(Class::B32, "add.s32", oh, g.pad[0]);
+    let tw = k.op2(Class::B32, "add.s32", ow, g.pad[1]);
+    for kh in 0..g.kh {
+        let skip_row = k.label("row");
+        let a = k.op2(Class::B32, "sub.s32", th, kh * g.dilation[0]);
+        let neg = k.op2(Class::Pred, "setp.lt.s32", a, 0);
+        k.ins(format!("@{neg} bra {skip_row};"));
+        let rem = k.op2(Class::B32, "rem.u32", a, g.stride[0]);
+        let off = k.op2(Class::Pred, "setp.ne.u32", rem, 0);
+        k.ins(format!("@{off} bra {skip_row};"));
+        let ih = k.op2(Class::B32, "div.u32", a, g.stride[0]);
+        let out = k.op2(Class::Pred, "setp.ge.u32", ih, g.h);
+        k.ins(format!("@{out} bra {skip_row};"));
+        for kw in 0..g.kw {
+            let skip = k.label("tap");
+            let b = k.op2(Class::B32, "sub.s32", tw, kw * g.dilation[1]);
+            let neg = k.op2(Class::Pred, "setp.lt.s32", b, 0);
+            k.ins(format!("@{neg} bra {skip};"));
+            let rem = k.op2(Class::B32, "rem.u32", b, g.stride[1]);
+            let off = k.op2(Class::Pred, "setp.ne.u32", rem, 0);
+            k.ins(format!("@{off} bra {skip};"));
+            let iw = k.op2(Class::B32, "div.u32", b, g.stride[1]);
+            let out = k.op2(Class::Pred, "setp.ge.u32", iw, g.w);
+            k.ins(format!("@{out} bra {skip};"));
+            let row = k.op3(Class::B32, "mad.lo.u32", ih, g.w, iw);
+            let idx = k.op2(Class::B32, "add.u32", plane, row);
+            let xa = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+            let xa = k.op2(Class::B64, "add.s64", x, xa);
+            let xv = k.reg(Class::F32);
+            k.ins(format!("ld.global.nc.f32 {xv}, [{xa}];"));
+            let widx = k.op2(Class::B32, "add.u32", wbase, kh * g.kw + kw);
+            let wa = k.op2(Class::B64, "mul.wide.u32", widx, 4);
+            let wa = k.op2(Class::B64, "add.s64", w, wa);
+            let wv = k.reg(Class::F32);
+            k.ins(format!("ld.global.nc.f32 {wv}, [{wa}];"));
+            k.ins(format!("fma.rn.f32 {acc}, {xv}, {wv}, {acc};"));
+            k.place(&skip);
+        }
+        k.place(&skip_row);
+    }
+    k.ins(format!("add.u32 {ic}, {ic}, 1;"));
+    let more = k.op2(Class::Pred, "setp.lt.u32", ic, icg);
+    k.ins(format!("@{more} bra {ch_head};"));
+    let v = epilogue(&mut k, acc, oc, i, bias, res, d.activation);
+    let a = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{a}], {v};"));
+    k.end_grid_loop(lp);
+    k
+}
+
+/// Bias per channel, residual at the element, activation: the value to store.
+fn epilogue(k: &mut Kernel, acc: Reg, oc: Reg, i: Reg, bias: Option<Reg>, res: Option<Reg>, act: Activation) -> Reg {
     let mut v = acc;
     if let Some(bp) = bias {
         let a = k.op2(Class::B64, "mul.wide.u32", oc, 4);
@@ -120,11 +207,7 @@ pub fn direct(name: &str, d: &DirectConv) -> Kernel {
         k.ins(format!("ld.global.f32 {rv}, [{a}];"));
         v = k.op2(Class::F32, "add.rn.f32", v, rv);
     }
-    let v = program(&mut k, &activation_program(d.activation), &[v]);
-    let a = k.f32_addr(y, i);
-    k.ins(format!("st.global.f32 [{a}], {v};"));
-    k.end_grid_loop(lp);
-    k
+    program(k, &activation_program(act), &[v])
 }
 
 /// A 2-D pooling.

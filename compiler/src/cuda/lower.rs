@@ -402,6 +402,7 @@ impl Lowering<'_> {
                 self.gemm(n, &g, a, b, y, None, None)?;
             }
             "aim:Conv" => self.conv(n)?,
+            "aim:ConvTranspose" | "ConvTranspose" => self.conv_transpose(n)?,
             "Resize" => self.resize(n)?,
             "Concat" => {
                 let y = self.output(n, 0)?;
@@ -730,6 +731,50 @@ impl Lowering<'_> {
             dilation: two("dilations", 1)?,
             pad: two("pads", 0)?,
         })
+    }
+
+    fn conv_transpose(&mut self, n: &Node) -> Result<(), String> {
+        let x = self.input(n, 0)?;
+        let w = self.input(n, 1)?;
+        let bias = self.opt_input(n, 2)?;
+        let res = if n.domain == "aim" { self.opt_input(n, 3)? } else { None };
+        let y = self.output(n, 0)?;
+        for v in [Some(x), Some(w), bias, res].into_iter().flatten() {
+            self.f32_value(v)?;
+        }
+        let (xs, ws, ys) = (self.shape(x), self.shape(w), self.shape(y));
+        if ws.len() != 4 || xs.len() != 4 || ys.len() != 4 {
+            return Err("only 2-D transposed convolutions are supported on the GPU yet".into());
+        }
+        if n.ints("output_shape").is_some() && n.ints("pads").is_none() {
+            return Err("ConvTranspose with output_shape (pads derived from it) is not supported on the GPU yet".into());
+        }
+        let groups = n.int("group", 1).max(1) as u32;
+        let geom = self.geom(n, &xs, &ys, &[ws[2] as i64, ws[3] as i64])?;
+        let oc = u32_of(ws[1], "output channels per group")? * groups;
+        if ws[0] as u32 != geom.c || geom.c % groups != 0 || ys[1] as u32 != oc {
+            return Err(format!("weights {ws:?} for {} channels in {groups} groups", geom.c));
+        }
+        if geom.kh * geom.kw > conv::MAX_TAPS {
+            return Err(format!("windows of more than {} taps are not supported on the GPU yet", conv::MAX_TAPS));
+        }
+        let act = if n.domain == "aim" { activation(n)? } else { Activation::Identity };
+        let d = conv::DirectConv {
+            geom,
+            images: u32_of(xs[0], "images")?,
+            oc,
+            groups,
+            bias: bias.is_some(),
+            residual: res.is_some(),
+            activation: act,
+        };
+        let mut args = vec![Arg::Value(x), Arg::Value(w), Arg::Value(y)];
+        args.extend(bias.map(Arg::Value));
+        args.extend(res.map(Arg::Value));
+        let count: usize = ys.iter().product();
+        let grid = grid_for(count, conv::BLOCK, &self.target);
+        self.launch(n, conv::transposed("deconv", &d), [grid, 1, 1], conv::BLOCK, args);
+        Ok(())
     }
 
     fn conv(&mut self, n: &Node) -> Result<(), String> {

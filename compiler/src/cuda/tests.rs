@@ -363,6 +363,28 @@ fn all_kernels() -> Vec<String> {
         activation: Activation::Clip(0.0, 6.0),
     };
     out.push(super::conv::direct("depthwise", &d).finish());
+    let t = gemm::ConvGeom {
+        c: 64,
+        h: 40,
+        w: 40,
+        kh: 2,
+        kw: 2,
+        oh: 80,
+        ow: 80,
+        stride: [2, 2],
+        dilation: [1, 1],
+        pad: [0, 0],
+    };
+    let d = super::conv::DirectConv {
+        geom: t,
+        images: 1,
+        oc: 64,
+        groups: 1,
+        bias: true,
+        residual: false,
+        activation: Activation::Relu,
+    };
+    out.push(super::conv::transposed("deconv", &d).finish());
     let mr = softmax::MaskRows::new(&[2, 12, 128, 128], &[2, 1, 1, 128]);
     out.push(softmax::kernel("softmax_masked", 2 * 12 * 128, 128, 1, 0.125, Some(&mr)).finish());
     for tf32 in [false, true] {
@@ -500,6 +522,85 @@ fn convolutions_match_with_strides_dilations_pads_and_groups() {
         launch(&kern, &[Arg::U64(xa), Arg::U64(wa), Arg::U64(ya), Arg::U64(ba)], &mut mem);
         let got = mem.download(ya);
         let want = naive_conv(&x, &wt, &b, n, &geom, oc, groups);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            close(g, w, 1e-5, &format!("case {s} element {i}"));
+        }
+    }
+}
+
+#[test]
+fn transposed_convolutions_match_a_scatter() {
+    // (channels, h, w, k, stride, dilation, pad, out channels, groups)
+    let cases = [(4, 5, 6, 2, 2, 1, 0, 3, 1), (4, 4, 5, 3, 2, 1, 1, 6, 2), (3, 5, 4, 3, 1, 2, 1, 2, 1)];
+    for (s, &(c, h, w, k, st, dil, pad, oc, groups)) in cases.iter().enumerate() {
+        let span = dil * (k - 1) + 1;
+        let (oh, ow) = ((h - 1) * st + span - 2 * pad, (w - 1) * st + span - 2 * pad);
+        let geom = gemm::ConvGeom {
+            c: c as u32,
+            h: h as u32,
+            w: w as u32,
+            kh: k as u32,
+            kw: k as u32,
+            oh: oh as u32,
+            ow: ow as u32,
+            stride: [st as u32; 2],
+            dilation: [dil as u32; 2],
+            pad: [pad as u32; 2],
+        };
+        let n = 2;
+        let (icg, ocg) = (c / groups, oc / groups);
+        let mut rng = Rng(71 + s as u64);
+        let x = rng.vec(n * c * h * w, -1.0, 1.0);
+        let wt = rng.vec(c * ocg * k * k, -1.0, 1.0);
+        let b = rng.vec(oc, -1.0, 1.0);
+        // The scatter form: every input pixel adds its taps into the output.
+        let mut want: Vec<f64> = (0..n * oc * oh * ow).map(|e| f64::from(b[(e / (oh * ow)) % oc])).collect();
+        for img in 0..n {
+            for ic in 0..c {
+                let grp = ic / icg;
+                for o in 0..ocg {
+                    for p in 0..h {
+                        for q in 0..w {
+                            for r in 0..k {
+                                for t in 0..k {
+                                    let y = (p * st + r * dil) as isize - pad as isize;
+                                    let z = (q * st + t * dil) as isize - pad as isize;
+                                    if y < 0 || z < 0 || y >= oh as isize || z >= ow as isize {
+                                        continue;
+                                    }
+                                    let xv = f64::from(x[((img * c + ic) * h + p) * w + q]);
+                                    let wv = f64::from(wt[((ic * ocg + o) * k + r) * k + t]);
+                                    let oc_all = grp * ocg + o;
+                                    want[((img * oc + oc_all) * oh + y as usize) * ow + z as usize] += xv * wv;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let d = super::conv::DirectConv {
+            geom,
+            images: n as u32,
+            oc: oc as u32,
+            groups: groups as u32,
+            bias: true,
+            residual: false,
+            activation: Activation::Identity,
+        };
+        let count = n * oc * oh * ow;
+        let kern = Kernel {
+            name: "deconv".into(),
+            ptx: super::conv::transposed("deconv", &d).finish(),
+            grid: [super::grid_for(count, super::conv::BLOCK, &GpuTarget::SM80), 1, 1],
+            block: [super::conv::BLOCK, 1, 1],
+            shared_bytes: 0,
+            sources: vec![],
+        };
+        let mut mem = Memory::new();
+        let (xa, wa, ya, ba) = (mem.upload(&x), mem.upload(&wt), mem.alloc(count * 4), mem.upload(&b));
+        launch(&kern, &[Arg::U64(xa), Arg::U64(wa), Arg::U64(ya), Arg::U64(ba)], &mut mem);
+        let got = mem.download(ya);
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             close(g, w, 1e-5, &format!("case {s} element {i}"));
         }
