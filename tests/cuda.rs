@@ -132,6 +132,27 @@ fn dbnet_like_at_64_pixels_on_the_ptx_interpreter() {
     check_with("dbnet_like", Some(inputs), GpuTarget::SM80, 1e-4, &[true]);
 }
 
+/// The exported-transformer look-alikes (symbolic batch and sequence; the decoder step's
+/// causal mask through Where) at short sequences.
+#[test]
+fn bert_hf_and_gpt2_step_on_the_ptx_interpreter() {
+    let ids = |n: usize| Tensor::from_vec(&[1, n], (0..n as i64).map(|i| (i * 37 + 5) % 8000).collect::<Vec<i64>>());
+    let bert = vec![
+        ("input_ids".to_string(), ids(8)),
+        ("attention_mask".to_string(), Tensor::from_vec(&[1, 8], vec![1i64, 1, 1, 1, 1, 1, 0, 0])),
+        ("token_type_ids".to_string(), Tensor::from_vec(&[1, 8], vec![0i64; 8])),
+    ];
+    check_with("bert_hf", Some(bert), GpuTarget::SM80, 1e-4, &[true]);
+    let mut gpt = vec![("input_ids".to_string(), ids(1))];
+    for l in 0..4 {
+        for kind in ["key", "value"] {
+            let v: Vec<f32> = (0..4 * 8 * 64).map(|i| (((i + 13 * l) * 7919 % 997) as f32 / 498.0) - 1.0).collect();
+            gpt.push((format!("past_{kind}_{l}"), Tensor::from_vec(&[1, 4, 8, 64], v)));
+        }
+    }
+    check_with("gpt2_step", Some(gpt), GpuTarget::SM90, 1e-4, &[true]);
+}
+
 #[test]
 fn bert_tiny_on_the_ptx_interpreter() {
     check("bert_tiny", GpuTarget::SM80, 1e-4, &[false, true]);

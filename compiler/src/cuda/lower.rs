@@ -402,6 +402,24 @@ impl Lowering<'_> {
                 self.gemm(n, &g, a, b, y, None, None)?;
             }
             "aim:Conv" => self.conv(n)?,
+            "Where" => {
+                let (c, a, b) = (self.input(n, 0)?, self.input(n, 1)?, self.input(n, 2)?);
+                if self.values[c].dtype != DType::Bool {
+                    return Err("the condition must be bool".into());
+                }
+                self.f32_value(a)?;
+                self.f32_value(b)?;
+                let y = self.output(n, 0)?;
+                let out = self.shape(y);
+                let st =
+                    |l: &Self, v: usize| strided::broadcast_strides(&l.shape(v), &out).ok_or("shapes do not broadcast");
+                let strides = [st(self, c)?, st(self, a)?, st(self, b)?];
+                let count: usize = out.iter().product();
+                let k = strided::select("where", &out, &strides);
+                let args = vec![Arg::Value(y), Arg::Value(c), Arg::Value(a), Arg::Value(b), Arg::U64(count as u64)];
+                let grid = grid_for(count, strided::BLOCK, &self.target);
+                self.launch(n, k, [grid, 1, 1], strided::BLOCK, args);
+            }
             "aim:ConvTranspose" | "ConvTranspose" => self.conv_transpose(n)?,
             "Resize" => self.resize(n)?,
             "Concat" => {

@@ -118,3 +118,42 @@ pub fn mapped(
     k.end_grid_loop(lp);
     k
 }
+
+/// The kernel `name(y, cond, a, b, n)`: `y = cond ? a : b` (ONNX Where) over an output of
+/// shape `out`, `cond` bytes (bool) and `a`, `b` f32, each read at its own broadcast
+/// strides.
+pub fn select(name: &str, out: &[usize], strides: &[Vec<u64>; 3]) -> Kernel {
+    let mut k = Kernel::new(name);
+    let y = k.ptr_param("y");
+    let ptrs: Vec<Reg> = ["cond", "a", "b"].iter().map(|p| k.ptr_param(p)).collect();
+    let n = k.u64_param("n");
+    let lp = k.grid_loop(n);
+    let i = lp.i;
+    let offs: Vec<Reg> = (0..3).map(|_| k.op1(Class::B64, "mov.u64", 0)).collect();
+    let rest = k.op1(Class::B64, "mov.u64", i);
+    for d in (0..out.len()).rev() {
+        let c = if d > 0 { k.op2(Class::B64, "rem.u64", rest, out[d]) } else { rest };
+        for (j, s) in strides.iter().enumerate() {
+            if s[d] != 0 {
+                k.ins(format!("mad.lo.u64 {o}, {c}, {}, {o};", s[d], o = offs[j]));
+            }
+        }
+        if d > 0 {
+            k.ins(format!("div.u64 {rest}, {rest}, {};", out[d]));
+        }
+    }
+    let ca = k.op2(Class::B64, "add.s64", ptrs[0], offs[0]);
+    let cv = k.reg(Class::B32);
+    k.ins(format!("ld.global.nc.u8 {cv}, [{ca}];"));
+    let pa = k.f32_addr(ptrs[1], offs[1]);
+    let pb = k.f32_addr(ptrs[2], offs[2]);
+    let (va, vb) = (k.reg(Class::F32), k.reg(Class::F32));
+    k.ins(format!("ld.global.nc.f32 {va}, [{pa}];"));
+    k.ins(format!("ld.global.nc.f32 {vb}, [{pb}];"));
+    let p = k.op2(Class::Pred, "setp.ne.u32", cv, 0);
+    let v = k.op3(Class::F32, "selp.f32", va, vb, p);
+    let a = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{a}], {v};"));
+    k.end_grid_loop(lp);
+    k
+}

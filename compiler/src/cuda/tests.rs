@@ -337,6 +337,10 @@ fn all_kernels() -> Vec<String> {
         out.push(super::gather::cast(&format!("cast_{}", out.len()), f, t).unwrap().finish());
     }
     out.push(super::layernorm::kernel("layernorm", 128, 768, 1e-12, true).finish());
+    let bs = |s: &[usize]| super::strided::broadcast_strides(s, &[1, 4, 8, 8]).unwrap();
+    out.push(
+        super::strided::select("where", &[1, 4, 8, 8], &[bs(&[1, 1, 8, 8]), bs(&[1, 4, 8, 8]), bs(&[1])]).finish(),
+    );
     let rg = super::resize::ResizeGeom { outer: 256, h: 40, w: 40, inner: 1, oh: 80, ow: 80, th: 4, tw: 4 };
     out.push(super::resize::kernel("resize", &rg).finish());
     let g = gemm::ConvGeom {
