@@ -57,12 +57,19 @@ fn taps(k: &mut Kernel, g: &ConvGeom, oh: Reg, ow: Reg, plane: Reg, visit: &mut 
 /// A grouped 2-D convolution: `g.c` input channels in `groups` groups, `oc` outputs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DirectConv {
+    /// The input, window and output geometry.
     pub geom: ConvGeom,
+    /// Images in the batch.
     pub images: u32,
+    /// Output channels.
     pub oc: u32,
+    /// Channel groups (input and output channels split evenly).
     pub groups: u32,
+    /// A bias per output channel (`bias` parameter).
     pub bias: bool,
+    /// A residual of the output's shape (`r` parameter).
     pub residual: bool,
+    /// The activation applied last.
     pub activation: Activation,
 }
 
@@ -213,7 +220,9 @@ fn epilogue(k: &mut Kernel, acc: Reg, oc: Reg, i: Reg, bias: Option<Reg>, res: O
 /// A 2-D pooling.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pool {
+    /// The input, window and output geometry (`c` channels pooled one by one).
     pub geom: ConvGeom,
+    /// Images in the batch.
     pub images: u32,
     /// Max (else average).
     pub max: bool,

@@ -11,9 +11,13 @@ pub const BLOCK: u32 = 256;
 /// Gather's geometry: data viewed as `[outer, axis, inner]`, `indices` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GatherGeom {
+    /// Elements of the dims before the axis.
     pub outer: u64,
+    /// The axis's length.
     pub axis: u64,
+    /// Elements of the dims after the axis.
     pub inner: u64,
+    /// How many indices.
     pub indices: u64,
     /// Whether indices are int64 (else int32).
     pub i64: bool,
@@ -71,9 +75,13 @@ pub fn gather(name: &str, g: GatherGeom) -> Kernel {
 /// An element type a Cast kernel reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
+    /// f32.
     F32,
+    /// int64.
     I64,
+    /// int32.
     I32,
+    /// bool (one byte, nonzero is true).
     Bool,
 }
 

@@ -28,7 +28,10 @@ const BK: u32 = 16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ALayout {
     /// Row-major, `batch_stride` elements between batches (0: shared by all).
-    Rows { batch_stride: u64 },
+    Rows {
+        /// Elements between batches.
+        batch_stride: u64,
+    },
     /// The implicit im2col matrix of an NCHW convolution input: row `m` = (image, output
     /// pixel), column `k` = (input channel, kernel row, kernel column); taps in the padding
     /// read as zero (nothing is loaded for them).
@@ -39,36 +42,54 @@ pub enum ALayout {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BLayout {
     /// Row-major `[K, N]`.
-    Rows { batch_stride: u64 },
+    Rows {
+        /// Elements between batches (0: shared by all).
+        batch_stride: u64,
+    },
     /// Stored transposed, `[N, K]` row-major (a convolution's `[OC, IC·KH·KW]` weights).
-    Cols { batch_stride: u64 },
+    Cols {
+        /// Elements between batches (0: shared by all).
+        batch_stride: u64,
+    },
 }
 
 /// Where the kernel writes Y (and reads the residual).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum YLayout {
     /// Row-major `[M, N]` per batch.
-    Rows { batch_stride: u64 },
+    Rows {
+        /// Elements between batches.
+        batch_stride: u64,
+    },
     /// NCHW: row `m` = image `m / hw`, pixel `m % hw`; column = channel.
-    Nchw { hw: u32 },
+    Nchw {
+        /// Output pixels per image.
+        hw: u32,
+    },
 }
 
 /// A 2-D convolution's geometry (NCHW, one group).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvGeom {
-    /// Input channels, height, width.
+    /// Input channels.
     pub c: u32,
+    /// Input height.
     pub h: u32,
+    /// Input width.
     pub w: u32,
-    /// Kernel height and width.
+    /// Kernel height.
     pub kh: u32,
+    /// Kernel width.
     pub kw: u32,
-    /// Output height and width.
+    /// Output height.
     pub oh: u32,
+    /// Output width.
     pub ow: u32,
-    /// Strides, dilations and leading pads (height, width).
+    /// Strides (height, width).
     pub stride: [u32; 2],
+    /// Dilations (height, width).
     pub dilation: [u32; 2],
+    /// Leading pads (top, left); the trailing ones follow from the output size.
     pub pad: [u32; 2],
 }
 
@@ -83,8 +104,11 @@ pub struct Gemm {
     pub k: u32,
     /// Independent products (the grid's z).
     pub batch: u32,
+    /// How A is read.
     pub a: ALayout,
+    /// How B is read.
     pub b: BLayout,
+    /// How Y (and the residual) is laid out.
     pub y: YLayout,
     /// A bias per output column (`bias` parameter).
     pub bias: bool,
@@ -97,8 +121,11 @@ pub struct Gemm {
 /// The GEMM a dense layer computes: A `[M, K]`, W `[K, N]`, Y `[M, N]`, one batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Dense {
+    /// Rows of A and Y.
     pub m: u32,
+    /// Columns of W and Y.
     pub n: u32,
+    /// Columns of A, rows of W.
     pub k: u32,
     /// A bias per output column.
     pub bias: bool,

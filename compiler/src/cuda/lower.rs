@@ -19,8 +19,11 @@ use std::collections::HashMap;
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("cuda backend: node '{node}' ({op}): {msg}")]
 pub struct LowerError {
+    /// The graph node (or the graph, for its inputs and outputs).
     pub node: String,
+    /// Its op (`domain:op` outside the default domain).
     pub op: String,
+    /// Why.
     pub msg: String,
 }
 

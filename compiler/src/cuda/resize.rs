@@ -14,13 +14,21 @@ pub const BLOCK: u32 = 256;
 /// taps per output row (`th`) and column (`tw`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResizeGeom {
+    /// Elements of the dims before the resized pair.
     pub outer: u64,
+    /// Input length of the first resized axis.
     pub h: u64,
+    /// Input length of the second.
     pub w: u64,
+    /// Elements of the dims after the pair.
     pub inner: u64,
+    /// Output length of the first resized axis.
     pub oh: u64,
+    /// Output length of the second.
     pub ow: u64,
+    /// Taps per output position along the first axis.
     pub th: u32,
+    /// Taps per output position along the second.
     pub tw: u32,
 }
 

@@ -23,16 +23,36 @@ pub enum CudaError {
     NoDevice,
     /// A GPU older than the PTX aim generates.
     #[error("GPU {name} is sm_{sm}: aim's PTX needs sm_80 (Ampere) or newer")]
-    TooOld { name: String, sm: u32 },
+    TooOld {
+        /// The GPU's name.
+        name: String,
+        /// Its compute capability × 10.
+        sm: u32,
+    },
     /// The driver refused the module (too old for the PTX version, or a PTX error).
     #[error("the driver could not load the PTX module ({code}): {log}")]
-    Jit { code: String, log: String },
+    Jit {
+        /// The driver's error name.
+        code: String,
+        /// The JIT's error log.
+        log: String,
+    },
     /// A driver call failed.
     #[error("CUDA {what}: {code}")]
-    Driver { what: String, code: String },
+    Driver {
+        /// What was being done.
+        what: String,
+        /// The driver's error name.
+        code: String,
+    },
     /// An input is missing or does not match the program.
     #[error("input '{name}': {msg}")]
-    Input { name: String, msg: String },
+    Input {
+        /// The input (or output) name.
+        name: String,
+        /// What is wrong.
+        msg: String,
+    },
     /// A kernel raised the error flag (an index out of range).
     #[error("a kernel found an index out of range (Gather): the run's outputs are not valid")]
     BadIndex,

@@ -56,9 +56,13 @@ pub enum Storage {
 /// A tensor the program reads or writes on the device.
 #[derive(Clone, Debug)]
 pub struct Value {
+    /// The graph value's name (or `node:table` for a kernel's constant table).
     pub name: String,
+    /// Its element type.
     pub dtype: DType,
+    /// Its shape (every dim known).
     pub shape: Vec<usize>,
+    /// Where its bytes are.
     pub storage: Storage,
 }
 
@@ -85,6 +89,7 @@ pub enum Arg {
 pub struct Launch {
     /// Index into [`CudaProgram::kernels`].
     pub kernel: usize,
+    /// The kernel's arguments, in parameter order.
     pub args: Vec<Arg>,
     /// The graph node it computes.
     pub node: String,
@@ -95,11 +100,15 @@ pub struct Launch {
 pub struct CudaProgram {
     /// The architecture the PTX was generated for (`sm_<sm>`).
     pub sm: u32,
+    /// Every kernel, one per launch.
     pub kernels: Vec<Kernel>,
+    /// Every device value.
     pub values: Vec<Value>,
+    /// The launches, in order.
     pub launches: Vec<Launch>,
-    /// Values of the graph's inputs and outputs, in order.
+    /// Values of the graph's inputs, in order.
     pub inputs: Vec<usize>,
+    /// Values of the graph's outputs, in order.
     pub outputs: Vec<usize>,
     /// Bytes of the device arena.
     pub arena_bytes: usize,

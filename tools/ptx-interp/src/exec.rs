@@ -12,13 +12,36 @@ pub enum ExecError {
     NoKernel(String),
     /// The arguments do not match the parameters.
     #[error("kernel '{kernel}': {msg}")]
-    Args { kernel: String, msg: String },
+    Args {
+        /// The kernel.
+        kernel: String,
+        /// What does not match.
+        msg: String,
+    },
     /// An access outside every buffer, a misaligned one, a division by zero, ...
     #[error("kernel '{kernel}', block {block:?}, thread {thread:?}, PTX line {line}: {msg}")]
-    Fault { kernel: String, block: [u32; 3], thread: [u32; 3], line: usize, msg: String },
+    Fault {
+        /// The kernel.
+        kernel: String,
+        /// The block's `%ctaid`.
+        block: [u32; 3],
+        /// The thread's `%tid`.
+        thread: [u32; 3],
+        /// The instruction's line in the module text.
+        line: usize,
+        /// What went wrong.
+        msg: String,
+    },
     /// Threads wait for each other forever (divergent barrier or collective).
     #[error("kernel '{kernel}', block {block:?}: {msg}")]
-    Stuck { kernel: String, block: [u32; 3], msg: String },
+    Stuck {
+        /// The kernel.
+        kernel: String,
+        /// The block's `%ctaid`.
+        block: [u32; 3],
+        /// Who waits for what.
+        msg: String,
+    },
 }
 
 /// Grid and block dimensions of a launch.
