@@ -12,6 +12,9 @@ pub const RTOL: f64 = 1e-3;
 /// Absolute tolerance of ONNX's backend test runner.
 pub const ATOL: f64 = 1e-7;
 
+/// Tensors by name, in order: a data set's inputs, or a run's outputs.
+pub type Named = Vec<(String, Tensor)>;
+
 /// How one case went.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -104,18 +107,46 @@ fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     v
 }
 
-/// Runs one case directory on a backend.
+/// Runs one case on `backend`.
 pub fn run_case(dir: &Path, backend: Backend) -> Outcome {
-    let model = match Model::load_with(dir.join("model.onnx"), backend) {
-        Ok(m) => m,
+    run_case_with(dir, |_| {
+        let model = load(dir, backend)?;
+        Ok(move |inputs: Named| model.run(inputs).map_err(|e| Outcome::Fail(e.to_string())))
+    })
+}
+
+/// The model of case `dir` on `backend`, or why the case cannot run: ops, dtypes
+/// or value kinds aim does not support are [`Outcome::Skipped`], anything else fails it.
+fn load(dir: &Path, backend: Backend) -> Result<Model, Outcome> {
+    match Model::load_with(dir.join("model.onnx"), backend) {
+        Ok(m) => Ok(m),
         Err(Error::Unsupported { ops, .. }) => {
-            return Outcome::Skipped(format!("unsupported op {}", ops.keys().cloned().collect::<Vec<_>>().join(", ")))
+            Err(Outcome::Skipped(format!("unsupported op {}", ops.keys().cloned().collect::<Vec<_>>().join(", "))))
         }
         Err(Error::Import(e @ aim_compiler::onnx::ImportError::DType { .. }))
         | Err(Error::Import(e @ aim_compiler::onnx::ImportError::NonTensorValue { .. })) => {
-            return Outcome::Skipped(e.to_string())
+            Err(Outcome::Skipped(e.to_string()))
         }
-        Err(e) => return Outcome::Fail(e.to_string()),
+        Err(e) => Err(Outcome::Fail(e.to_string())),
+    }
+}
+
+/// Runs one case through `runner`, which gets the case's model (loaded on the reference
+/// backend: imported, verified, type-inferred, weights kept) and returns what runs each data
+/// set: its outputs, or the outcome that ends the case (a backend that cannot compile the
+/// graph reports [`Outcome::Skipped`]). Another backend or an executor outside [`Model`] (the
+/// cuda backend in the PTX interpreter) plugs in here and is judged as [`run_case`] judges.
+pub fn run_case_with<R>(dir: &Path, runner: impl FnOnce(&Model) -> Result<R, Outcome>) -> Outcome
+where
+    R: Fn(Named) -> Result<Named, Outcome>,
+{
+    let model = match load(dir, Backend::Reference) {
+        Ok(m) => m,
+        Err(o) => return o,
+    };
+    let run = match runner(&model) {
+        Ok(r) => r,
+        Err(o) => return o,
     };
     let mut sets: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()).collect(),
@@ -132,10 +163,9 @@ pub fn run_case(dir: &Path, backend: Backend) -> Outcome {
             (Err(e), _) | (_, Err(e)) => return Outcome::Fail(format!("cannot read test data: {e}")),
         };
         let named: Vec<(String, Tensor)> = model.inputs().iter().map(|i| i.name.clone()).zip(inputs).collect();
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.run(named)));
-        let outs = match run {
+        let outs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(named))) {
             Ok(Ok(o)) => o,
-            Ok(Err(e)) => return Outcome::Fail(e.to_string()),
+            Ok(Err(o)) => return o,
             Err(p) => return Outcome::Fail(format!("panic: {}", aim_runtime::panic_message(&*p))),
         };
         if outs.len() != expected.len() {

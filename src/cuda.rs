@@ -3,7 +3,7 @@
 //! cuda pipeline and lowering, loaded on the GPU once per signature (weights uploaded,
 //! arena allocated), and run there with copies only at the graph's edges.
 
-use crate::specialize::{bind, fits, Signature};
+use crate::specialize::Signature;
 use crate::Error;
 use aim_compiler::cuda::GpuTarget;
 use aim_ir::{Graph, Tensor};
@@ -54,14 +54,7 @@ impl CudaExec {
         if let Some(p) = self.programs.lock().unwrap_or_else(|e| e.into_inner()).get(sig) {
             return Ok(p.clone());
         }
-        if !fits(&self.graph, sig) {
-            return Err(compile_error(&self.path, format!("input shapes {sig:?} do not fit the model's inputs")));
-        }
-        let mut g = self.graph.clone();
-        bind(&mut g, sig, &self.path)?;
-        aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false)
-            .map_err(|e| compile_error(&self.path, e))?;
-        let p = aim_compiler::cuda::lower::lower(&g, &self.target).map_err(|e| compile_error(&self.path, e))?;
+        let p = crate::gpu::compile(&self.graph, sig, &self.target, &self.path)?;
         let loaded = Arc::new(self.device.load(p).map_err(|e| compile_error(&self.path, e))?);
         self.programs.lock().unwrap_or_else(|e| e.into_inner()).insert(sig.clone(), loaded.clone());
         Ok(loaded)

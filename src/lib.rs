@@ -17,6 +17,7 @@ pub mod conformance;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod explore;
+pub mod gpu;
 mod guard;
 pub mod npz;
 pub mod quantize;
@@ -95,6 +96,9 @@ pub enum Error {
     /// Compiling the shape-generic program (deferred to the first run that needed it) failed.
     #[error("{path}: {msg}")]
     Compile { path: String, msg: String },
+    /// The cuda backend has no kernel for a node of the graph (or not for its types).
+    #[error("{path}: {cause}")]
+    Lower { path: String, cause: aim_compiler::cuda::lower::LowerError },
     /// A `.aim` file could not be written or read.
     #[error(transparent)]
     AimFile(#[from] aim_ir::aim_file::AimFileError),

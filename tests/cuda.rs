@@ -7,10 +7,11 @@
 //! device arena (which checks the plan: values alive together must not share bytes).
 
 use aim::{Backend, Model};
-use aim_compiler::cuda::lower::{lower, Arg, CudaProgram, Storage};
 use aim_compiler::cuda::GpuTarget;
-use aim_ir::{Tensor, ValueType};
-use aim_ptx_interp::{Launch, Memory, Module};
+use aim_ir::Tensor;
+use aim_ptx_interp::{run_program, Placement};
+use aim_runtime::cuda::CudaProgram;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 fn models_dir() -> Option<PathBuf> {
@@ -18,66 +19,13 @@ fn models_dir() -> Option<PathBuf> {
     d.join("bert_tiny.onnx").exists().then_some(d)
 }
 
-/// The model's graph after the cuda pipeline, its inputs bound to the shapes of `inputs`.
-fn cuda_graph(path: &std::path::Path, inputs: &[(String, Tensor)]) -> aim_ir::Graph {
-    let mut g = aim_compiler::onnx::import_file(path).unwrap().graph;
-    for i in g.inputs.iter_mut() {
-        let t = &inputs.iter().find(|(n, _)| *n == i.name).unwrap().1;
-        i.ty = ValueType::known(t.dtype(), t.shape());
-    }
-    // Types inferred with symbolic dims would be kept over the bound ones.
-    g.value_types.clear();
-    aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false).unwrap();
-    g
-}
-
-/// Runs `p` in the interpreter; `arena`: values in one arena buffer at their planned
-/// offsets, else a buffer each.
-fn run(p: &CudaProgram, inputs: &[(String, Tensor)], arena: bool) -> Result<Vec<Tensor>, String> {
-    let module = Module::parse(&p.module()).map_err(|e| e.to_string())?;
-    let mut mem = Memory::new();
-    let base = if arena { mem.alloc(p.arena_bytes) } else { 0 };
-    let mut addr = vec![0u64; p.values.len()];
-    for (v, val) in p.values.iter().enumerate() {
-        addr[v] = match &val.storage {
-            Storage::Input => {
-                let t = &inputs.iter().find(|(n, _)| *n == val.name).ok_or("missing input")?.1;
-                mem.upload_bytes(t.bytes())
-            }
-            Storage::Constant(t) => mem.upload_bytes(t.bytes()),
-            Storage::Arena(off) if arena => base + *off as u64,
-            Storage::Arena(_) => mem.alloc(val.bytes()),
-            Storage::Alias(_) => 0,
-        };
-    }
-    for v in 0..p.values.len() {
-        addr[v] = addr[p.root(v)];
-    }
-    let err = mem.alloc(4);
-    for l in &p.launches {
-        let k = &p.kernels[l.kernel];
-        let args: Vec<aim_ptx_interp::Arg> = l
-            .args
-            .iter()
-            .map(|a| match a {
-                Arg::Value(v) => aim_ptx_interp::Arg::U64(addr[*v]),
-                Arg::U64(n) => aim_ptx_interp::Arg::U64(*n),
-                Arg::ErrorFlag => aim_ptx_interp::Arg::U64(err),
-            })
-            .collect();
-        module.launch(&k.name, Launch { grid: k.grid, block: k.block }, &args, &mut mem).map_err(|e| e.to_string())?;
-    }
-    if mem.read_bytes(err, 4)? != [0; 4] {
-        return Err("a kernel raised the error flag (an index out of range)".into());
-    }
-    p.outputs
-        .iter()
-        .map(|&o| {
-            let v = &p.values[o];
-            let bytes = mem.read_bytes(addr[o], v.bytes())?;
-            Tensor::from_bytes(v.dtype, &v.shape, &bytes).map_err(|e| e.to_string())
-        })
-        .collect()
+/// The model compiled for `target` with its inputs of the shapes of `inputs`, as the cuda
+/// backend compiles it (`aim::gpu::compile`).
+fn compile(model: &Model, inputs: &[(String, Tensor)], target: &GpuTarget) -> CudaProgram {
+    let sig: Vec<Vec<usize>> =
+        model.inputs().iter().map(|i| inputs.iter().find(|(n, _)| *n == i.name).unwrap().1.shape().to_vec()).collect();
+    let path = model.path().display().to_string();
+    aim::gpu::compile(&model.ir().graph, &sig, target, &path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn check(name: &str, target: GpuTarget, tol: f32, arenas: &[bool]) {
@@ -96,11 +44,13 @@ fn check_with(name: &str, inputs: Option<Vec<(String, Tensor)>>, target: GpuTarg
         Some(i) => i,
         None => aim::npz::read_npz(&dir.join(format!("{name}.inputs.npz"))).unwrap(),
     };
-    let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
-    let g = cuda_graph(&path, &inputs);
-    let p = lower(&g, &target).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = Model::load_with(&path, Backend::Reference).unwrap();
+    let want = model.run(inputs.clone()).unwrap();
+    let p = compile(&model, &inputs, &target);
+    let by_name: HashMap<String, Tensor> = inputs.iter().cloned().collect();
     for &arena in arenas {
-        let got = run(&p, &inputs, arena).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let placement = if arena { Placement::Arena } else { Placement::Separate };
+        let got = run_program(&p, &by_name, placement).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got.len(), want.len());
         for (g, (oname, w)) in got.iter().zip(&want) {
             assert_eq!(g.shape(), w.shape(), "{name} {oname}");
@@ -153,6 +103,21 @@ fn bert_hf_and_gpt2_step_on_the_ptx_interpreter() {
     check_with("gpt2_step", Some(gpt), GpuTarget::SM90, 1e-4, &[true]);
 }
 
+/// The same BERT as exported by ONNX Runtime's transformer optimizer (its mask through an
+/// i64 → i32 Cast), and the text recogniser with its LSTM unrolled (a mean over the feature
+/// map's height, not its last axis; LogSoftmax for the CTC head).
+#[test]
+fn bert_hf_ort_and_crnn_unrolled_on_the_ptx_interpreter() {
+    let ids = |n: usize| Tensor::from_vec(&[1, n], (0..n as i64).map(|i| (i * 37 + 5) % 8000).collect::<Vec<i64>>());
+    let bert = vec![
+        ("input_ids".to_string(), ids(8)),
+        ("attention_mask".to_string(), Tensor::from_vec(&[1, 8], vec![1i64, 1, 1, 1, 1, 0, 0, 0])),
+        ("token_type_ids".to_string(), Tensor::from_vec(&[1, 8], vec![0i64; 8])),
+    ];
+    check_with("bert_hf_ort", Some(bert), GpuTarget::SM80, 1e-4, &[true]);
+    check("crnn_unrolled", GpuTarget::SM80, 1e-4, &[true]);
+}
+
 #[test]
 fn bert_tiny_on_the_ptx_interpreter() {
     check("bert_tiny", GpuTarget::SM80, 1e-4, &[false, true]);
@@ -191,10 +156,10 @@ fn full_size_models_pass_ptxas() {
     for name in ["resnet50", "mobilenetv2", "bert_l6", "yolo_like", "mobilenetv3"] {
         let path = dir.join(format!("{name}.onnx"));
         let inputs = aim::npz::read_npz(&dir.join(format!("{name}.inputs.npz"))).unwrap();
-        let g = cuda_graph(&path, &inputs);
+        let model = Model::load_with(&path, Backend::Reference).unwrap();
         for (sm, tf32) in [(80, false), (90, true)] {
             let target = GpuTarget::parse(&format!("sm_{sm}")).unwrap().with_tf32(tf32);
-            let p = lower(&g, &target).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let p = compile(&model, &inputs, &target);
             let r = aim_compiler::cuda::ptxas::check(&ptxas, &p.module(), sm, &tmp)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(r.spills.is_empty(), "{name} sm_{sm}: spills in {:?}", r.spills);

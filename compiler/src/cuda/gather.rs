@@ -96,8 +96,10 @@ impl Elem {
 }
 
 /// The kernel `name(x, y, n)` converting `n` elements from `from` to `to` (integers to f32
-/// rounding to nearest; f32 to integers truncating as ONNX Cast does, NaN to 0; to bool:
-/// nonzero). `None` for pairs it does not convert.
+/// rounding to nearest; f32 to integers truncating as ONNX Cast does, NaN to 0; between
+/// integers: sign-extended or truncated to the low bits, as numpy's casts; to bool:
+/// nonzero, NaN included). `None` for pairs it does not convert (none yet: every pair of
+/// [`Elem`]s converts).
 pub fn cast(name: &str, from: Elem, to: Elem) -> Option<Kernel> {
     let mut k = Kernel::new(name);
     let x = k.ptr_param("x");
@@ -111,45 +113,43 @@ pub fn cast(name: &str, from: Elem, to: Elem) -> Option<Kernel> {
     };
     let src = addr(&mut k, x, from);
     let dst = addr(&mut k, y, to);
-    match (from, to) {
-        (Elem::I64, Elem::F32) => {
-            let v = k.reg(Class::B64);
-            k.ins(format!("ld.global.nc.s64 {v}, [{src}];"));
-            let f = k.op1(Class::F32, "cvt.rn.f32.s64", v);
-            k.ins(format!("st.global.f32 [{dst}], {f};"));
-        }
-        (Elem::I32, Elem::F32) => {
-            let v = k.reg(Class::B32);
-            k.ins(format!("ld.global.nc.s32 {v}, [{src}];"));
-            let f = k.op1(Class::F32, "cvt.rn.f32.s32", v);
-            k.ins(format!("st.global.f32 [{dst}], {f};"));
+    // Loaded: f32 in a float register, i64 in 64 bits, i32 and bool in 32.
+    let (lty, class) = match from {
+        Elem::F32 => ("f32", Class::F32),
+        Elem::I64 => ("s64", Class::B64),
+        Elem::I32 => ("s32", Class::B32),
+        Elem::Bool => ("u8", Class::B32),
+    };
+    let v = k.reg(class);
+    k.ins(format!("ld.global.nc.{lty} {v}, [{src}];"));
+    let nonzero = |k: &mut Kernel| match from {
+        Elem::F32 => k.op2(Class::Pred, "setp.neu.f32", v, "0f00000000"),
+        Elem::I64 => k.op2(Class::Pred, "setp.ne.s64", v, 0),
+        Elem::I32 | Elem::Bool => k.op2(Class::Pred, "setp.ne.u32", v, 0),
+    };
+    let (out, sty) = match (from, to) {
+        (a, b) if a == b && a != Elem::Bool => (v, lty),
+        (_, Elem::Bool) | (Elem::Bool, Elem::I32) => {
+            let p = nonzero(&mut k);
+            (k.op3(Class::B32, "selp.u32", 1, 0, p), if to == Elem::Bool { "u8" } else { "s32" })
         }
         (Elem::Bool, Elem::F32) => {
-            let v = k.reg(Class::B32);
-            k.ins(format!("ld.global.nc.u8 {v}, [{src}];"));
-            let nz = k.op2(Class::Pred, "setp.ne.u32", v, 0);
-            let f = k.op3(Class::F32, "selp.f32", "0f3F800000", "0f00000000", nz);
-            k.ins(format!("st.global.f32 [{dst}], {f};"));
+            let p = nonzero(&mut k);
+            (k.op3(Class::F32, "selp.f32", "0f3F800000", "0f00000000", p), "f32")
         }
-        (Elem::F32, Elem::I64) => {
-            let f = k.reg(Class::F32);
-            k.ins(format!("ld.global.nc.f32 {f}, [{src}];"));
-            let v = k.op1(Class::B64, "cvt.rzi.s64.f32", f);
-            k.ins(format!("st.global.s64 [{dst}], {v};"));
+        (Elem::Bool, Elem::I64) => {
+            let p = nonzero(&mut k);
+            (k.op3(Class::B64, "selp.u64", 1, 0, p), "s64")
         }
-        (Elem::F32, Elem::I32) => {
-            let f = k.reg(Class::F32);
-            k.ins(format!("ld.global.nc.f32 {f}, [{src}];"));
-            let v = k.op1(Class::B32, "cvt.rzi.s32.f32", f);
-            k.ins(format!("st.global.s32 [{dst}], {v};"));
-        }
-        (Elem::F32, Elem::F32) => {
-            let f = k.reg(Class::F32);
-            k.ins(format!("ld.global.nc.f32 {f}, [{src}];"));
-            k.ins(format!("st.global.f32 [{dst}], {f};"));
-        }
+        (Elem::I64, Elem::F32) => (k.op1(Class::F32, "cvt.rn.f32.s64", v), "f32"),
+        (Elem::I32, Elem::F32) => (k.op1(Class::F32, "cvt.rn.f32.s32", v), "f32"),
+        (Elem::F32, Elem::I64) => (k.op1(Class::B64, "cvt.rzi.s64.f32", v), "s64"),
+        (Elem::F32, Elem::I32) => (k.op1(Class::B32, "cvt.rzi.s32.f32", v), "s32"),
+        (Elem::I64, Elem::I32) => (k.op1(Class::B32, "cvt.u32.u64", v), "s32"),
+        (Elem::I32, Elem::I64) => (k.op1(Class::B64, "cvt.s64.s32", v), "s64"),
         _ => return None,
-    }
+    };
+    k.ins(format!("st.global.{sty} [{dst}], {out};"));
     k.end_grid_loop(lp);
     Some(k)
 }

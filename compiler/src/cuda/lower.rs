@@ -146,10 +146,197 @@ impl Lowering<'_> {
         self.launch(n, k, [grid, 1, 1], strided::BLOCK, args);
     }
 
+    /// Add, Sub, Mul, Div (two inputs) and Max, Min, Sum, Mean (any number), f32 with numpy
+    /// broadcasting, folded left to right as the reference kernels do.
+    fn variadic(&mut self, n: &Node) -> Result<(), String> {
+        let xs = (0..n.inputs.len()).map(|k| self.input(n, k)).collect::<Result<Vec<_>, _>>()?;
+        let binary = matches!(n.op.as_str(), "Add" | "Sub" | "Mul" | "Div");
+        if xs.is_empty() || (binary && xs.len() != 2) {
+            return Err(format!("{} inputs", xs.len()));
+        }
+        let y = self.output(n, 0)?;
+        let out = self.shape(y);
+        let mut strides = Vec::new();
+        for &x in &xs {
+            self.f32_value(x)?;
+            strides.push(strided::broadcast_strides(&self.shape(x), &out).ok_or("shapes do not broadcast")?);
+        }
+        let bin = match n.op.as_str() {
+            "Add" | "Sum" | "Mean" => Binary::Add,
+            "Sub" => Binary::Sub,
+            "Mul" => Binary::Mul,
+            "Div" => Binary::Div,
+            "Max" => Binary::Max,
+            _ => Binary::Min,
+        };
+        let mut prog: Vec<Inst> = (0..xs.len()).map(Inst::Input).collect();
+        let mut acc = 0;
+        for j in 1..xs.len() {
+            prog.push(Inst::Binary(bin, Operand::Ref(acc), Operand::Ref(j)));
+            acc = prog.len() - 1;
+        }
+        if n.op == "Mean" && xs.len() > 1 {
+            prog.push(Inst::Binary(Binary::Div, Operand::Ref(acc), Operand::Const(xs.len() as f32)));
+        }
+        self.strided(n, y, &xs, strides, &prog);
+        Ok(())
+    }
+
+    /// Equal, Less, Greater, LessOrEqual, GreaterOrEqual: bool bytes, operands broadcast.
+    fn compare(&mut self, n: &Node) -> Result<(), String> {
+        let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
+        let ty = match (self.values[a].dtype, self.values[b].dtype) {
+            (DType::F32, DType::F32) => strided::Operands::F32,
+            (DType::I64, DType::I64) => strided::Operands::I64,
+            (DType::I32, DType::I32) => strided::Operands::I32,
+            (DType::Bool, DType::Bool) if n.op == "Equal" => strided::Operands::Bool,
+            (x, z) => return Err(format!("comparing {x} with {z} is not supported on the GPU yet")),
+        };
+        let y = self.output(n, 0)?;
+        let out = self.shape(y);
+        let st = |l: &Self, v: usize| strided::broadcast_strides(&l.shape(v), &out).ok_or("shapes do not broadcast");
+        let strides = [st(self, a)?, st(self, b)?];
+        let cmp = match n.op.as_str() {
+            "Equal" => "eq",
+            "Less" => "lt",
+            "Greater" => "gt",
+            "LessOrEqual" => "le",
+            _ => "ge",
+        };
+        let count: usize = out.iter().product();
+        let k = strided::compare("compare", &out, &strides, cmp, ty);
+        let args = vec![Arg::Value(y), Arg::Value(a), Arg::Value(b), Arg::U64(count as u64)];
+        let grid = grid_for(count, strided::BLOCK, &self.target);
+        self.launch(n, k, [grid, 1, 1], strided::BLOCK, args);
+        Ok(())
+    }
+
+    /// The integers of constant input `k` (or of attribute `attr` in older opsets).
+    fn const_ints(&self, n: &Node, k: usize, attr: &str) -> Result<Option<Vec<i64>>, String> {
+        match n.input(k).filter(|s| !s.is_empty()) {
+            Some(name) => {
+                let t = self
+                    .g
+                    .initializers
+                    .get(name)
+                    .ok_or_else(|| format!("input {k} ('{name}') must be a constant on the GPU"))?;
+                Ok(Some(t.to_f64_vec().iter().map(|&v| v as i64).collect()))
+            }
+            None => Ok(n.ints(attr).map(|v| v.to_vec())),
+        }
+    }
+
+    /// Slice with constant starts, ends, axes and positive steps: a strided copy.
+    fn slice(&mut self, n: &Node) -> Result<(), String> {
+        let x = self.input(n, 0)?;
+        self.f32_value(x)?;
+        let y = self.output(n, 0)?;
+        let xs = self.shape(x);
+        let r = xs.len() as i64;
+        let starts = self.const_ints(n, 1, "starts")?.ok_or("no starts")?;
+        let ends = self.const_ints(n, 2, "ends")?.ok_or("no ends")?;
+        let axes = self.const_ints(n, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = self.const_ints(n, 4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
+        if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+            return Err("starts, ends, axes and steps of different lengths".into());
+        }
+        let contiguous = strided::contiguous(&xs);
+        let (mut begin, mut step) = (vec![0i64; xs.len()], vec![1i64; xs.len()]);
+        for j in 0..starts.len() {
+            let a = if axes[j] < 0 { axes[j] + r } else { axes[j] };
+            if !(0..r).contains(&a) {
+                return Err(format!("axis {} of rank {r}", axes[j]));
+            }
+            if steps[j] <= 0 {
+                return Err("steps below 1 are not supported on the GPU yet".into());
+            }
+            let dim = xs[a as usize] as i64;
+            let s = if starts[j] < 0 { starts[j].saturating_add(dim) } else { starts[j] };
+            begin[a as usize] = s.clamp(0, dim);
+            step[a as usize] = steps[j];
+        }
+        let ys = self.shape(y);
+        let base: u64 = (0..xs.len()).map(|d| begin[d] as u64 * contiguous[d]).sum();
+        let strides: Vec<u64> = (0..xs.len()).map(|d| step[d] as u64 * contiguous[d]).collect();
+        // The inferred output must lie inside the input from the start at these steps.
+        for d in 0..xs.len() {
+            if ys[d] > 0 && begin[d] as usize + (ys[d] - 1) * step[d] as usize >= xs[d] {
+                return Err(format!("output {ys:?} does not fit input {xs:?} along axis {d}"));
+            }
+        }
+        let count: usize = ys.iter().product();
+        if count > 0 {
+            let k = strided::mapped("slice", &ys, &[strides], &[base], &strided::contiguous(&ys), 0, &[Inst::Input(0)]);
+            let grid = grid_for(count, strided::BLOCK, &self.target);
+            self.launch(n, k, [grid, 1, 1], strided::BLOCK, vec![Arg::Value(y), Arg::Value(x), Arg::U64(count as u64)]);
+        }
+        Ok(())
+    }
+
+    /// ReduceSum / Mean / Max / Min of f32 over one block of adjacent axes (the cuda
+    /// pipeline turns trailing ones into `aim:Reduce`; this takes the others).
+    fn reduce(&mut self, n: &Node) -> Result<(), String> {
+        let x = self.input(n, 0)?;
+        self.f32_value(x)?;
+        let y = self.output(n, 0)?;
+        let xs = self.shape(x);
+        let r = xs.len() as i64;
+        let mode = ReduceMode::from_op(&n.op).ok_or("not a reduction")?;
+        let raw = self.const_ints(n, 1, "axes")?.unwrap_or_default();
+        let mut axes: Vec<usize> = if raw.is_empty() {
+            if n.int("noop_with_empty_axes", 0) != 0 {
+                return Err("a reduction over no axes is not supported on the GPU yet".into());
+            }
+            (0..xs.len()).collect()
+        } else {
+            let mut v = Vec::new();
+            for a in raw {
+                let a = if a < 0 { a + r } else { a };
+                if !(0..r).contains(&a) {
+                    return Err(format!("axis {a} of rank {r}"));
+                }
+                v.push(a as usize);
+            }
+            v
+        };
+        axes.sort_unstable();
+        axes.dedup();
+        let (first, last) = (axes[0], axes[axes.len() - 1]);
+        if last - first + 1 != axes.len() {
+            return Err("reductions over axes that are not adjacent are not supported on the GPU yet".into());
+        }
+        let outer: usize = xs[..first].iter().product();
+        let len: usize = xs[first..=last].iter().product();
+        let inner: usize = xs[last + 1..].iter().product();
+        if len == 0 {
+            return Err("a reduction over an empty axis is not supported on the GPU yet".into());
+        }
+        if self.shape(y).iter().product::<usize>() != outer * inner {
+            return Err(format!("output {:?} is not the input {xs:?} reduced", self.shape(y)));
+        }
+        if inner == 1 {
+            let k = reduce::kernel("reduce", mode);
+            let args = vec![Arg::Value(x), Arg::Value(y), Arg::U64(outer as u64), Arg::U64(len as u64)];
+            let grid = grid_for(outer * 32, reduce::BLOCK, &self.target);
+            self.launch(n, k, [grid, 1, 1], reduce::BLOCK, args);
+        } else {
+            let k = reduce::columns("reduce", mode, outer as u64, len as u64, inner as u64);
+            let grid = grid_for(outer * inner, reduce::BLOCK, &self.target);
+            self.launch(n, k, [grid, 1, 1], reduce::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
+        }
+        Ok(())
+    }
+
     fn node(&mut self, n: &Node) -> Result<(), String> {
         let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
         match op.as_str() {
-            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" => {
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Dropout" => {
+                if n.outputs.iter().skip(1).any(|o| !o.is_empty()) {
+                    return Err("Dropout's mask output is not computed on the GPU".into());
+                }
+                if n.op == "Dropout" && self.const_ints(n, 2, "")?.is_some_and(|t| t.iter().any(|&v| v != 0)) {
+                    return Err("Dropout in training mode is not supported on the GPU".into());
+                }
                 let x = self.input(n, 0)?;
                 let y = self.output(n, 0)?;
                 if self.values[x].bytes() != self.values[y].bytes() {
@@ -176,24 +363,41 @@ impl Lowering<'_> {
                 let grid = grid_for(count, elementwise::BLOCK, &self.target);
                 self.launch(n, k, [grid, 1, 1], elementwise::BLOCK, args);
             }
-            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" => {
-                let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
-                self.f32_value(a)?;
-                self.f32_value(b)?;
+            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Sum" | "Mean" => self.variadic(n)?,
+            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" => self.compare(n)?,
+            "Expand" => {
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let y = self.output(n, 0)?;
+                let strides =
+                    strided::broadcast_strides(&self.shape(x), &self.shape(y)).ok_or("shapes do not broadcast")?;
+                self.strided(n, y, &[x], vec![strides], &[Inst::Input(0)]);
+            }
+            "Slice" => self.slice(n)?,
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" => self.reduce(n)?,
+            "Clip" => {
+                let x = self.input(n, 0)?;
+                let bounds = [self.opt_input(n, 1)?, self.opt_input(n, 2)?];
                 let y = self.output(n, 0)?;
                 let out = self.shape(y);
-                let sa = strided::broadcast_strides(&self.shape(a), &out).ok_or("shapes do not broadcast")?;
-                let sb = strided::broadcast_strides(&self.shape(b), &out).ok_or("shapes do not broadcast")?;
-                let bin = match n.op.as_str() {
-                    "Add" => Binary::Add,
-                    "Sub" => Binary::Sub,
-                    "Mul" => Binary::Mul,
-                    "Div" => Binary::Div,
-                    "Max" => Binary::Max,
-                    _ => Binary::Min,
-                };
-                let prog = [Inst::Input(0), Inst::Input(1), Inst::Binary(bin, Operand::Ref(0), Operand::Ref(1))];
-                self.strided(n, y, &[a, b], vec![sa, sb], &prog);
+                let mut xs = vec![x];
+                let mut prog = vec![Inst::Input(0)];
+                for (b, op) in bounds.into_iter().zip([Binary::Max, Binary::Min]) {
+                    let Some(b) = b else { continue };
+                    if self.values[b].bytes() != 4 {
+                        return Err("Clip's bounds must be scalars".into());
+                    }
+                    xs.push(b);
+                    prog.push(Inst::Input(xs.len() - 1));
+                    let last = prog.len();
+                    prog.push(Inst::Binary(op, Operand::Ref(last - 2), Operand::Ref(last - 1)));
+                }
+                let mut strides = Vec::new();
+                for &v in &xs {
+                    self.f32_value(v)?;
+                    strides.push(strided::broadcast_strides(&self.shape(v), &out).ok_or("shapes do not broadcast")?);
+                }
+                self.strided(n, y, &xs, strides, &prog);
             }
             "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Erf" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" => {
                 let x = self.input(n, 0)?;
@@ -251,7 +455,7 @@ impl Lowering<'_> {
                 let grid = grid_for(rows * 32, reduce::BLOCK, &self.target);
                 self.launch(n, k, [grid, 1, 1], reduce::BLOCK, args);
             }
-            "Softmax" => {
+            "Softmax" | "LogSoftmax" => {
                 let x = self.input(n, 0)?;
                 self.f32_value(x)?;
                 let y = self.output(n, 0)?;
@@ -266,7 +470,8 @@ impl Lowering<'_> {
                 let len = shape[a];
                 let inner: usize = shape[a + 1..].iter().product();
                 let rows = shape[..a].iter().product::<usize>() * inner;
-                let k = softmax::kernel("softmax", rows as u64, len as u64, inner as u64, 1.0, None);
+                let log = n.op == "LogSoftmax";
+                let k = softmax::kernel("softmax", rows as u64, len as u64, inner as u64, 1.0, None, log);
                 let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);
                 self.launch(n, k, [grid, 1, 1], softmax::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
             }
@@ -290,7 +495,8 @@ impl Lowering<'_> {
                     }
                     None => None,
                 };
-                let k = softmax::kernel("softmax", rows as u64, len as u64, 1, n.float("scale", 1.0), mr.as_ref());
+                let k =
+                    softmax::kernel("softmax", rows as u64, len as u64, 1, n.float("scale", 1.0), mr.as_ref(), false);
                 let mut args = vec![Arg::Value(x), Arg::Value(y)];
                 args.extend(mask.map(Arg::Value));
                 let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);
@@ -569,9 +775,13 @@ impl Lowering<'_> {
                 let grid = grid_for(count, gather::BLOCK, &self.target);
                 self.launch(n, gather::gather("gather", geom), [grid, 1, 1], gather::BLOCK, args);
             }
-            "Cast" => {
+            "Cast" | "CastLike" => {
                 let x = self.input(n, 0)?;
                 let y = self.output(n, 0)?;
+                if self.values[x].dtype == self.values[y].dtype {
+                    self.values[y].storage = Storage::Alias(x);
+                    return Ok(());
+                }
                 let elem = |d: DType| match d {
                     DType::F32 => Some(gather::Elem::F32),
                     DType::I64 => Some(gather::Elem::I64),

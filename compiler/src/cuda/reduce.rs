@@ -95,3 +95,42 @@ pub fn kernel(name: &str, mode: ReduceMode) -> Kernel {
     k.ins("ret;");
     k
 }
+
+/// The kernel `name(x, y)` reducing the middle axis of `x` viewed as `[outer, len, inner]`
+/// (a reduction over axes that are not the last ones, such as a mean over the height of
+/// a feature map): one thread per output element, reading `len` elements `inner` apart, so
+/// neighbouring threads read neighbouring addresses. Sums run in order, as the reference
+/// kernel's do.
+pub fn columns(name: &str, mode: ReduceMode, outer: u64, len: u64, inner: u64) -> Kernel {
+    let mut k = Kernel::new(name);
+    let x = k.ptr_param("x");
+    let y = k.ptr_param("y");
+    let lp = k.grid_loop(outer * inner);
+    let i = lp.i;
+    let o = k.op2(Class::B64, "div.u64", i, inner);
+    let c = k.op2(Class::B64, "rem.u64", i, inner);
+    let e = k.op3(Class::B64, "mad.lo.u64", o, len * inner, c);
+    let (identity, op) = combine(mode);
+    let acc = k.fconst(identity);
+    let j = k.op1(Class::B64, "mov.u64", 0);
+    let (head, end) = (k.label("elem"), k.label("elems_done"));
+    k.place(&head);
+    let past = k.op2(Class::Pred, "setp.ge.u64", j, len);
+    k.ins(format!("@{past} bra {end};"));
+    let a = k.f32_addr(x, e);
+    let v = k.reg(Class::F32);
+    k.ins(format!("ld.global.nc.f32 {v}, [{a}];"));
+    k.ins(format!("{op} {acc}, {acc}, {v};"));
+    k.ins(format!("add.s64 {e}, {e}, {inner};"));
+    k.ins(format!("add.s64 {j}, {j}, 1;"));
+    k.ins(format!("bra.uni {head};"));
+    k.place(&end);
+    if mode == ReduceMode::Mean {
+        let n = k.fconst(len as f32);
+        k.ins(format!("div.rn.f32 {acc}, {acc}, {n};"));
+    }
+    let out = k.f32_addr(y, i);
+    k.ins(format!("st.global.f32 [{out}], {acc};"));
+    k.end_grid_loop(lp);
+    k
+}

@@ -37,8 +37,10 @@ impl MaskRows {
 
 /// The kernel `name(x, y[, mask])` for `rows` rows of `len`, a row's elements `inner`
 /// apart (1: the last axis; a softmax over an inner axis of `[outer, len, inner]` has
-/// `outer · inner` rows). A mask needs `inner` = 1.
-pub fn kernel(name: &str, rows: u64, len: u64, inner: u64, scale: f32, mask: Option<&MaskRows>) -> Kernel {
+/// `outer · inner` rows). A mask needs `inner` = 1. `log`: LogSoftmax, `v − max − ln Σ`,
+/// with the logarithm from `lg2.approx` (absolute error below 2⁻²² on the sum, which is
+/// at least 1).
+pub fn kernel(name: &str, rows: u64, len: u64, inner: u64, scale: f32, mask: Option<&MaskRows>, log: bool) -> Kernel {
     let mut k = Kernel::new(name);
     let x = k.ptr_param("x");
     let y = k.ptr_param("y");
@@ -110,20 +112,36 @@ pub fn kernel(name: &str, rows: u64, len: u64, inner: u64, scale: f32, mask: Opt
         let d = k.op2(Class::F32, "sub.rn.f32", v, max);
         let e = math::exp(k, d);
         k.ins(format!("add.rn.f32 {sum}, {sum}, {e};"));
-        let o = elem(k, j);
-        let a = k.f32_addr(y, o);
-        k.ins(format!("st.global.f32 [{a}], {e};"));
+        if !log {
+            let o = elem(k, j);
+            let a = k.f32_addr(y, o);
+            k.ins(format!("st.global.f32 [{a}], {e};"));
+        }
     });
     warp_all(&mut k, sum, "add.rn.f32");
-    let inv = k.op2(Class::F32, "div.rn.f32", fimm(1.0), sum);
-    lane_loop(&mut k, lane64, len, &mut |k, j| {
-        let o = elem(k, j);
-        let a = k.f32_addr(y, o);
-        let v = k.reg(Class::F32);
-        k.ins(format!("ld.global.f32 {v}, [{a}];"));
-        let v = k.op2(Class::F32, "mul.rn.f32", v, inv);
-        k.ins(format!("st.global.f32 [{a}], {v};"));
-    });
+    if log {
+        // ln Σ = log2 Σ · ln 2; the row's outputs are v − (max + ln Σ).
+        let l2 = k.op1(Class::F32, "lg2.approx.f32", sum);
+        let ln = k.op2(Class::F32, "mul.rn.f32", l2, fimm(std::f32::consts::LN_2));
+        lane_loop(&mut k, lane64, len, &mut |k, j| {
+            let v = value(k, j);
+            let d = k.op2(Class::F32, "sub.rn.f32", v, max);
+            let r = k.op2(Class::F32, "sub.rn.f32", d, ln);
+            let o = elem(k, j);
+            let a = k.f32_addr(y, o);
+            k.ins(format!("st.global.f32 [{a}], {r};"));
+        });
+    } else {
+        let inv = k.op2(Class::F32, "div.rn.f32", fimm(1.0), sum);
+        lane_loop(&mut k, lane64, len, &mut |k, j| {
+            let o = elem(k, j);
+            let a = k.f32_addr(y, o);
+            let v = k.reg(Class::F32);
+            k.ins(format!("ld.global.f32 {v}, [{a}];"));
+            let v = k.op2(Class::F32, "mul.rn.f32", v, inv);
+            k.ins(format!("st.global.f32 [{a}], {v};"));
+        });
+    }
     k.ins(format!("add.s64 {row}, {row}, {warps};"));
     k.ins(format!("bra.uni {head};"));
     k.place(&done);

@@ -129,19 +129,7 @@ pub fn select(name: &str, out: &[usize], strides: &[Vec<u64>; 3]) -> Kernel {
     let n = k.u64_param("n");
     let lp = k.grid_loop(n);
     let i = lp.i;
-    let offs: Vec<Reg> = (0..3).map(|_| k.op1(Class::B64, "mov.u64", 0)).collect();
-    let rest = k.op1(Class::B64, "mov.u64", i);
-    for d in (0..out.len()).rev() {
-        let c = if d > 0 { k.op2(Class::B64, "rem.u64", rest, out[d]) } else { rest };
-        for (j, s) in strides.iter().enumerate() {
-            if s[d] != 0 {
-                k.ins(format!("mad.lo.u64 {o}, {c}, {}, {o};", s[d], o = offs[j]));
-            }
-        }
-        if d > 0 {
-            k.ins(format!("div.u64 {rest}, {rest}, {};", out[d]));
-        }
-    }
+    let offs = offsets(&mut k, i, out, strides);
     let ca = k.op2(Class::B64, "add.s64", ptrs[0], offs[0]);
     let cv = k.reg(Class::B32);
     k.ins(format!("ld.global.nc.u8 {cv}, [{ca}];"));
@@ -154,6 +142,85 @@ pub fn select(name: &str, out: &[usize], strides: &[Vec<u64>; 3]) -> Kernel {
     let v = k.op3(Class::F32, "selp.f32", va, vb, p);
     let a = k.f32_addr(y, i);
     k.ins(format!("st.global.f32 [{a}], {v};"));
+    k.end_grid_loop(lp);
+    k
+}
+
+/// Each input's element offset for output element `i` of an output of shape `out`: the
+/// element's coordinates taken apart by divisions, times the input's `strides`.
+fn offsets(k: &mut Kernel, i: Reg, out: &[usize], strides: &[Vec<u64>]) -> Vec<Reg> {
+    let offs: Vec<Reg> = strides.iter().map(|_| k.op1(Class::B64, "mov.u64", 0)).collect();
+    let rest = k.op1(Class::B64, "mov.u64", i);
+    for d in (0..out.len()).rev() {
+        let used = strides.iter().any(|s| s[d] != 0) && out[d] != 1;
+        if used {
+            let c = if d > 0 { k.op2(Class::B64, "rem.u64", rest, out[d]) } else { rest };
+            for (j, s) in strides.iter().enumerate() {
+                if s[d] != 0 {
+                    k.ins(format!("mad.lo.u64 {o}, {c}, {}, {o};", s[d], o = offs[j]));
+                }
+            }
+        }
+        if d > 0 {
+            k.ins(format!("div.u64 {rest}, {rest}, {};", out[d]));
+        }
+    }
+    offs
+}
+
+/// The element type a comparison reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operands {
+    /// f32 (ordered comparisons: NaN compares false).
+    F32,
+    /// Signed 64-bit integers.
+    I64,
+    /// Signed 32-bit integers.
+    I32,
+    /// Bytes of bool.
+    Bool,
+}
+
+impl Operands {
+    /// The load's type, the register class and the bytes of one element.
+    fn load(self) -> (&'static str, Class, u32) {
+        match self {
+            Operands::F32 => ("f32", Class::F32, 2),
+            Operands::I64 => ("s64", Class::B64, 3),
+            Operands::I32 => ("s32", Class::B32, 2),
+            Operands::Bool => ("u8", Class::B32, 0),
+        }
+    }
+}
+
+/// The kernel `name(y, a, b, n)`: `y = a <cmp> b` as bool bytes (ONNX Equal, Less, ...),
+/// over an output of shape `out`, `a` and `b` read at their own broadcast strides. `cmp` is
+/// a `setp` comparison: `eq`, `lt`, `le`, `gt` or `ge`.
+pub fn compare(name: &str, out: &[usize], strides: &[Vec<u64>; 2], cmp: &str, ty: Operands) -> Kernel {
+    let mut k = Kernel::new(name);
+    let y = k.ptr_param("y");
+    let ptrs = [k.ptr_param("a"), k.ptr_param("b")];
+    let n = k.u64_param("n");
+    let lp = k.grid_loop(n);
+    let i = lp.i;
+    let offs = offsets(&mut k, i, out, strides);
+    let (lty, class, shift) = ty.load();
+    let cty = if ty == Operands::Bool { "u32" } else { lty };
+    let vals: Vec<Reg> = ptrs
+        .iter()
+        .zip(&offs)
+        .map(|(&p, &o)| {
+            let b = k.op2(Class::B64, "shl.b64", o, shift);
+            let a = k.op2(Class::B64, "add.s64", p, b);
+            let v = k.reg(class);
+            k.ins(format!("ld.global.nc.{lty} {v}, [{a}];"));
+            v
+        })
+        .collect();
+    let p = k.op2(Class::Pred, &format!("setp.{cmp}.{cty}"), vals[0], vals[1]);
+    let r = k.op3(Class::B32, "selp.u32", 1, 0, p);
+    let a = k.op2(Class::B64, "add.s64", y, i);
+    k.ins(format!("st.global.u8 [{a}], {r};"));
     k.end_grid_loop(lp);
     k
 }

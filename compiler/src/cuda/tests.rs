@@ -1,7 +1,7 @@
 //! The generated kernels run in the PTX interpreter against exact (f64) arithmetic, and
 //! pass `ptxas` for sm_80 and sm_90 with no spills.
 
-use super::{elementwise, gemm, ptx, reduce, softmax, GpuTarget, Kernel};
+use super::{elementwise, gather, gemm, ptx, reduce, softmax, strided, GpuTarget, Kernel};
 use crate::codegen::ReduceMode;
 use crate::ewprog::{self, Binary, Inst, Operand, Unary};
 use aim_kernels::gemm::Activation;
@@ -212,7 +212,7 @@ fn masked_softmax_matches() {
     let scale = 0.125;
     let mr = softmax::MaskRows::new(&shape, &mshape);
     for masked in [false, true] {
-        let k = softmax::kernel("sm", rows as u64, len as u64, 1, scale, masked.then_some(&mr));
+        let k = softmax::kernel("sm", rows as u64, len as u64, 1, scale, masked.then_some(&mr), false);
         let kern = Kernel {
             name: "sm".into(),
             ptx: k.finish(),
@@ -390,7 +390,22 @@ fn all_kernels() -> Vec<String> {
     };
     out.push(super::conv::transposed("deconv", &d).finish());
     let mr = softmax::MaskRows::new(&[2, 12, 128, 128], &[2, 1, 1, 128]);
-    out.push(softmax::kernel("softmax_masked", 2 * 12 * 128, 128, 1, 0.125, Some(&mr)).finish());
+    out.push(softmax::kernel("softmax_masked", 2 * 12 * 128, 128, 1, 0.125, Some(&mr), false).finish());
+    out.push(softmax::kernel("log_softmax_inner", 4 * 7, 37, 7, 1.0, None, true).finish());
+    out.push(reduce::columns("reduce_columns", ReduceMode::Mean, 2, 32, 96).finish());
+    for (j, ty) in [strided::Operands::F32, strided::Operands::I64, strided::Operands::I32, strided::Operands::Bool]
+        .into_iter()
+        .enumerate()
+    {
+        let k = strided::compare(&format!("compare{j}"), &[2, 3, 4], &[vec![12, 4, 1], vec![0, 1, 0]], "lt", ty);
+        out.push(k.finish());
+    }
+    let elems = [gather::Elem::F32, gather::Elem::I64, gather::Elem::I32, gather::Elem::Bool];
+    for (a, &from) in elems.iter().enumerate() {
+        for (b, &to) in elems.iter().enumerate() {
+            out.extend(gather::cast(&format!("cast{a}{b}"), from, to).map(|k| k.finish()));
+        }
+    }
     for tf32 in [false, true] {
         let d = gemm::Dense { m: 128, n: 768, k: 768, bias: true, residual: true, activation: Activation::Gelu };
         let t = GpuTarget::SM80.with_tf32(tf32);

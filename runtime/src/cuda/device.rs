@@ -3,7 +3,7 @@
 //! uploaded once, one device arena from the program's plan, inputs copied in and outputs
 //! copied out at the graph's edges, every launch on one stream.
 
-use super::{Arg, CudaProgram, Storage};
+use super::{CudaProgram, Storage};
 use aim_ir::Tensor;
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
@@ -223,21 +223,7 @@ impl Loaded {
         let mut ins: HashMap<usize, CudaSlice<u8>> = HashMap::new();
         for (v, val) in p.values.iter().enumerate() {
             if let Storage::Input = val.storage {
-                let t = inputs
-                    .get(&val.name)
-                    .ok_or_else(|| CudaError::Input { name: val.name.clone(), msg: "missing".into() })?;
-                if t.dtype() != val.dtype || t.shape() != val.shape.as_slice() {
-                    return Err(CudaError::Input {
-                        name: val.name.clone(),
-                        msg: format!(
-                            "{}{:?} given, the program was compiled for {}{:?}",
-                            t.dtype(),
-                            t.shape(),
-                            val.dtype,
-                            val.shape
-                        ),
-                    });
-                }
+                let t = p.input(v, inputs).map_err(|msg| CudaError::Input { name: val.name.clone(), msg })?;
                 ins.insert(v, self.stream.clone_htod(t.bytes()).map_err(driver("copying an input"))?);
             }
         }
@@ -245,29 +231,18 @@ impl Loaded {
         let (flag, _f) = st.flag.device_ptr(&self.stream);
         // SAFETY: 4 bytes at `flag` are the flag's allocation.
         unsafe { result::memset_d8_async(flag, 0, 4, self.stream.cu_stream()) }.map_err(driver("clearing the flag"))?;
-        let mut addr = vec![0u64; p.values.len()];
-        for (v, val) in p.values.iter().enumerate() {
-            addr[v] = match &val.storage {
+        let Ok(addr) = p.addresses::<std::convert::Infallible>(|v, val| {
+            Ok(match &val.storage {
                 Storage::Input => ins[&v].device_ptr(&self.stream).0,
                 Storage::Constant(_) => self.consts[&v].device_ptr(&self.stream).0,
                 Storage::Arena(off) => arena + *off as u64,
+                // Not called for aliases: they take their root's address.
                 Storage::Alias(_) => 0,
-            };
-        }
-        for v in 0..p.values.len() {
-            addr[v] = addr[p.root(v)];
-        }
+            })
+        });
         for l in &p.launches {
             let k = &p.kernels[l.kernel];
-            let mut args: Vec<u64> = l
-                .args
-                .iter()
-                .map(|a| match a {
-                    Arg::Value(v) => addr[*v],
-                    Arg::U64(n) => *n,
-                    Arg::ErrorFlag => flag,
-                })
-                .collect();
+            let mut args = p.params(l, &addr, flag);
             let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
             // SAFETY: each parameter is a .u64 in the kernel's signature (the lowering
             // writes both), every address points into an allocation at least as large
@@ -287,9 +262,8 @@ impl Loaded {
         let mut outs = Vec::with_capacity(p.outputs.len());
         for &o in &p.outputs {
             let val = &p.values[o];
-            let root = p.root(o);
             let mut host = vec![0u8; val.bytes()];
-            let src = addr[root];
+            let src = addr[o];
             // SAFETY: `val.bytes()` bytes at `src` belong to the value's allocation.
             unsafe { result::memcpy_dtoh_async(&mut host, src, self.stream.cu_stream()) }
                 .map_err(driver("copying an output"))?;

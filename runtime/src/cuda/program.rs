@@ -5,6 +5,7 @@
 //! (`device.rs`, feature `cuda`), the tests through the PTX interpreter.
 
 use aim_ir::{DType, Tensor};
+use std::collections::HashMap;
 
 /// A generated kernel with how to launch it.
 #[derive(Clone, Debug)]
@@ -126,6 +127,52 @@ impl CudaProgram {
             v = a;
         }
         v
+    }
+
+    /// Every value's device address, given where each value with storage of its own lives
+    /// (`place` is not called for aliases, which get their root's address): the one place
+    /// where executors (the driver, the interpreter) resolve storage.
+    pub fn addresses<E>(&self, mut place: impl FnMut(usize, &Value) -> Result<u64, E>) -> Result<Vec<u64>, E> {
+        let mut addr = vec![0u64; self.values.len()];
+        for (v, val) in self.values.iter().enumerate() {
+            if !matches!(val.storage, Storage::Alias(_)) {
+                addr[v] = place(v, val)?;
+            }
+        }
+        for v in 0..self.values.len() {
+            addr[v] = addr[self.root(v)];
+        }
+        Ok(addr)
+    }
+
+    /// The 64-bit parameters of `launch`, from the values' addresses and the error flag's.
+    pub fn params(&self, launch: &Launch, addr: &[u64], flag: u64) -> Vec<u64> {
+        launch
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::Value(v) => addr[*v],
+                Arg::U64(n) => *n,
+                Arg::ErrorFlag => flag,
+            })
+            .collect()
+    }
+
+    /// The tensor given for input value `v`, checked against the dtype and shape the program
+    /// was compiled for (the error says what is wrong; the caller names the input).
+    pub fn input<'t>(&self, v: usize, inputs: &'t HashMap<String, Tensor>) -> Result<&'t Tensor, String> {
+        let val = &self.values[v];
+        let t = inputs.get(&val.name).ok_or("missing")?;
+        if t.dtype() != val.dtype || t.shape() != val.shape.as_slice() {
+            return Err(format!(
+                "{}{:?} given, the program was compiled for {}{:?}",
+                t.dtype(),
+                t.shape(),
+                val.dtype,
+                val.shape
+            ));
+        }
+        Ok(t)
     }
 }
 

@@ -428,6 +428,7 @@ impl Block<'_> {
             Op::Neg(Ty::F32) => fb(-f(v(1))),
             Op::Abs(Ty::F32) => fb(f(v(1)).abs()),
             Op::Sqrt => fb(f(v(1)).sqrt()),
+            Op::Lg2 => fb(f(v(1)).log2()),
             Op::Rcp => fb(1.0 / f(v(1))),
             Op::Add(ty) => mask(v(1).wrapping_add(v(2)), ty),
             Op::Sub(ty) => mask(v(1).wrapping_sub(v(2)), ty),
@@ -502,6 +503,8 @@ impl Block<'_> {
                 use std::cmp::Ordering::*;
                 u64::from(match (cmp, ord) {
                     (Cmp::Ne, None) => false,
+                    (Cmp::Neu, None) => true,
+                    (Cmp::Neu, Some(o)) => o != Equal,
                     (_, None) => false,
                     (Cmp::Eq, Some(o)) => o == Equal,
                     (Cmp::Ne, Some(o)) => o != Equal,

@@ -14,6 +14,8 @@
 
 mod exec;
 mod parse;
+mod program;
 
 pub use exec::{Arg, ExecError, Launch, Memory, Stats};
 pub use parse::{Module, ParseError};
+pub use program::{run_program, Placement};

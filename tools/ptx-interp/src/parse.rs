@@ -78,6 +78,8 @@ pub(crate) enum Space {
 pub(crate) enum Cmp {
     Eq,
     Ne,
+    /// Not equal, or unordered (a NaN operand).
+    Neu,
     Lt,
     Le,
     Gt,
@@ -115,8 +117,16 @@ pub(crate) enum Op {
     Mov(Ty),
     LdParam(Ty),
     Cvta,
-    Ld { space: Space, ty: Ty, width: u8 },
-    St { space: Space, ty: Ty, width: u8 },
+    Ld {
+        space: Space,
+        ty: Ty,
+        width: u8,
+    },
+    St {
+        space: Space,
+        ty: Ty,
+        width: u8,
+    },
     Add(Ty),
     Sub(Ty),
     MulLo(Ty),
@@ -130,6 +140,9 @@ pub(crate) enum Op {
     Neg(Ty),
     Abs(Ty),
     Sqrt,
+    /// `lg2.approx.f32`, computed as the correctly rounded log2 (within the hardware's
+    /// stated error).
+    Lg2,
     Rcp,
     Shl(Ty),
     Shr(Ty),
@@ -137,7 +150,11 @@ pub(crate) enum Op {
     Or(Ty),
     Xor(Ty),
     Not(Ty),
-    Cvt { dst: Ty, src: Ty, round: Round },
+    Cvt {
+        dst: Ty,
+        src: Ty,
+        round: Round,
+    },
     Setp(Cmp, Ty),
     Selp(Ty),
     Bra,
@@ -391,7 +408,7 @@ fn inst(l: &str, line: usize, scope: &Scope, labels: &HashMap<String, usize>) ->
         Op::Ret | Op::CpCommit => 0,
         Op::BarSync | Op::CpWait => 1,
         Op::Mov(_) | Op::LdParam(_) | Op::Cvta | Op::Ld { .. } | Op::St { .. } | Op::Neg(_) | Op::Abs(_) => 2,
-        Op::Sqrt | Op::Rcp | Op::Not(_) | Op::Cvt { .. } => 2,
+        Op::Sqrt | Op::Lg2 | Op::Rcp | Op::Not(_) | Op::Cvt { .. } => 2,
         Op::Mad(_) | Op::Fma | Op::Selp(_) => 4,
         Op::Shfl(_) => 5,
         Op::MmaTf32 => 4,
@@ -449,6 +466,7 @@ fn decode(opcode: &str) -> Option<Op> {
         "abs" => Op::Abs(ty()?),
         "sqrt" if ty()? == Ty::F32 => Op::Sqrt,
         "rcp" if ty()? == Ty::F32 => Op::Rcp,
+        "lg2" if opcode == "lg2.approx.f32" => Op::Lg2,
         "shl" => Op::Shl(ty()?),
         "shr" => Op::Shr(ty()?),
         "and" => Op::And(ty()?),
@@ -470,6 +488,7 @@ fn decode(opcode: &str) -> Option<Op> {
             let cmp = match *p.get(1)? {
                 "eq" => Cmp::Eq,
                 "ne" => Cmp::Ne,
+                "neu" => Cmp::Neu,
                 "lt" | "lo" => Cmp::Lt,
                 "le" | "ls" => Cmp::Le,
                 "gt" | "hi" => Cmp::Gt,
