@@ -1,13 +1,18 @@
 //! Differential tests: the cpu backend (fused, packed, vectorised) against the reference
 //! backend on randomly generated small graphs — convolutions of every geometry with fused
 //! bias/residual/activation, dense layers, and the fast elementwise, softmax, norm, pooling
-//! and transpose kernels — under every ISA cap this machine supports. Tolerance: 1e-4 of
-//! each output's largest magnitude (the fast math approximations are within 5e-7).
+//! and transpose kernels — under every ISA cap this machine supports; and the cuda backend,
+//! compiled for sm_80 and run in the PTX interpreter, on every graph it lowers (the
+//! convolution, dense, blocked-region and transposed-convolution graphs must all lower).
+//! Tolerance: 1e-4 of each output's largest magnitude (the fast math approximations are
+//! within 5e-7).
 
 mod common;
 
 use aim::{Backend, Model, Options, Tensor};
+use aim_compiler::cuda::GpuTarget;
 use aim_compiler::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
+use aim_ptx_interp::{run_program, Placement};
 use common::*;
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
@@ -36,22 +41,51 @@ fn caps() -> Vec<&'static str> {
     }
 }
 
-/// Runs `model` on both backends (cpu under each cap) and compares.
-fn check(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) {
+/// Runs `model` on the reference backend, on the cpu backend under each cap, and (when
+/// the cuda backend lowers it) compiled for sm_80 in the PTX interpreter, and compares.
+/// Returns whether the cuda backend ran it.
+fn check(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) -> bool {
     let d = tempdir(&format!("diff-{tag}"));
     let path = d.join("m.onnx");
     std::fs::write(&path, model).unwrap();
-    let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
+    let reference = Model::load_with(&path, Backend::Reference).unwrap();
+    let want = reference.run(inputs.clone()).unwrap();
     for cpu in caps() {
         let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
         let got = Model::load_with_options(&path, &opts).unwrap().run(inputs.clone()).unwrap();
-        for ((name, g), (_, w)) in got.iter().zip(&want) {
-            assert_eq!(g.shape(), w.shape(), "{tag} [{cpu}] output {name}");
-            let (g, w) = (g.to_f64_vec(), w.to_f64_vec());
-            let scale = w.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
-            let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(worst <= 1e-4 * scale, "{tag} [{cpu}] output {name}: max error {worst:e} vs scale {scale:e}");
-        }
+        let got: Vec<Tensor> = got.into_iter().map(|(_, t)| t).collect();
+        compare(&format!("{tag} [{cpu}]"), &got, &want);
+    }
+    let sig: Vec<Vec<usize>> = reference
+        .inputs()
+        .iter()
+        .map(|i| inputs.iter().find(|(n, _)| *n == i.name).unwrap().1.shape().to_vec())
+        .collect();
+    let p = match aim::gpu::compile(&reference.ir().graph, &sig, &GpuTarget::SM80, tag) {
+        Ok(p) => p,
+        Err(aim::Error::Lower { .. }) => return false,
+        Err(e) => panic!("{tag} [cuda]: {e}"),
+    };
+    let by_name: std::collections::HashMap<String, Tensor> = inputs.into_iter().collect();
+    let got = run_program(&p, &by_name, Placement::Arena).unwrap_or_else(|e| panic!("{tag} [cuda]: {e}"));
+    compare(&format!("{tag} [cuda]"), &got, &want);
+    true
+}
+
+/// As [`check`], for graphs every backend must run (the cuda backend included).
+fn check_all(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) {
+    assert!(check(tag, model, inputs), "{tag}: the cuda backend did not lower it");
+}
+
+/// Each output within 1e-4 of the reference's largest magnitude.
+fn compare(tag: &str, got: &[Tensor], want: &[(String, Tensor)]) {
+    assert_eq!(got.len(), want.len(), "{tag}");
+    for (g, (name, w)) in got.iter().zip(want) {
+        assert_eq!(g.shape(), w.shape(), "{tag} output {name}");
+        let (g, w) = (g.to_f64_vec(), w.to_f64_vec());
+        let scale = w.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
+        let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst <= 1e-4 * scale, "{tag} output {name}: max error {worst:e} vs scale {scale:e}");
     }
 }
 
@@ -154,7 +188,7 @@ fn random_convolutions_with_fused_epilogues() {
             inits,
             17,
         );
-        check(&format!("conv{case}-c{c}m{m}g{group}k{k}s{s}d{d}p{p}-{act}-res{residual}-bn{bn}"), model, inputs);
+        check_all(&format!("conv{case}-c{c}m{m}g{group}k{k}s{s}d{d}p{p}-{act}-res{residual}-bn{bn}"), model, inputs);
     }
 }
 
@@ -193,7 +227,7 @@ fn random_dense_layers() {
             inits,
             17,
         );
-        check(
+        check_all(
             &format!("dense{case}-{m}x{k}x{n}-gemm{gemm}"),
             model,
             vec![("x".into(), Tensor::from_vec(&[m, k], r.values(m * k)))],
@@ -508,7 +542,7 @@ fn random_blocked_chains() {
             2,
             "{tag}: y and z leave the blocked layout"
         );
-        check(&tag, model, inputs);
+        check_all(&tag, model, inputs);
     }
 }
 
@@ -942,7 +976,7 @@ fn random_blocked_regions() {
             17,
         );
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[1, 3, h, w], r.values(3 * h * w)))];
-        check(&format!("region{case}-{what}-c{c}-{h}x{w}"), model, inputs);
+        check_all(&format!("region{case}-{what}-c{c}-{h}x{w}"), model, inputs);
     }
 }
 
@@ -1001,7 +1035,11 @@ fn random_transposed_convolutions() {
             17,
         );
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, cin, h, w], r.values(2 * cin * h * w)))];
-        check(&format!("deconv{case}-g{group}-c{cin}-m{m}-k{k}-s{s}-d{d}-p{p}-op{op}-{h}x{w}-{act}"), model, inputs);
+        check_all(
+            &format!("deconv{case}-g{group}-c{cin}-m{m}-k{k}-s{s}-d{d}-p{p}-op{op}-{h}x{w}-{act}"),
+            model,
+            inputs,
+        );
     }
 }
 

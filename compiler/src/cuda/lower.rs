@@ -417,6 +417,14 @@ impl Lowering<'_> {
                 let strides = strided::broadcast_strides(&self.shape(x), &self.shape(y)).ok_or("shape mismatch")?;
                 self.strided(n, y, &[x], vec![strides], &[Inst::Input(0), Inst::Unary(u, Operand::Ref(0))]);
             }
+            "LeakyRelu" | "HardSigmoid" | "HardSwish" | "Gelu" | "Elu" => {
+                let act = crate::passes::fuse::node_activation(self.g, n).ok_or("unknown activation")?;
+                let x = self.input(n, 0)?;
+                self.f32_value(x)?;
+                let y = self.output(n, 0)?;
+                let strides = strided::broadcast_strides(&self.shape(x), &self.shape(y)).ok_or("shape mismatch")?;
+                self.strided(n, y, &[x], vec![strides], &gemm::activation_program(act));
+            }
             "aim:Transpose" | "Transpose" => {
                 let x = self.input(n, 0)?;
                 self.f32_value(x)?;

@@ -101,6 +101,29 @@ fn start(g: &mut Graph, n: &Node) -> Option<Node> {
     }
 }
 
+/// The activation a single ONNX node computes on its first input (Relu, Clip with constant
+/// bounds, LeakyRelu, HardSigmoid, HardSwish, Sigmoid, Tanh, Gelu, Elu), if it is one: what
+/// epilogues fuse, and what the cuda lowering runs as an elementwise program.
+pub fn node_activation(g: &Graph, m: &Node) -> Option<Activation> {
+    let f = |name: &str, d: f32| m.float(name, d);
+    Some(match m.op.as_str() {
+        "Relu" => Activation::Relu,
+        "Clip" => {
+            let (lo, hi) = (scalar(g, m.input(1))?, scalar(g, m.input(2))?);
+            Activation::Clip(lo.unwrap_or(f32::NEG_INFINITY), hi.unwrap_or(f32::INFINITY))
+        }
+        "LeakyRelu" => Activation::LeakyRelu(f("alpha", 0.01)),
+        "HardSigmoid" => Activation::HardSigmoid(f("alpha", 0.2), f("beta", 0.5)),
+        "HardSwish" => Activation::HardSwish,
+        "Sigmoid" => Activation::Sigmoid,
+        "Tanh" => Activation::Tanh,
+        "Gelu" if m.string("approximate", "none") == "tanh" => Activation::GeluTanh,
+        "Gelu" => Activation::Gelu,
+        "Elu" => Activation::Elu(f("alpha", 1.0)),
+        _ => return None,
+    })
+}
+
 /// The activation node `m` (reading `x`) computes, with the nodes it takes (itself first):
 /// one node of the table, or SiLU / HardSwish written out as `x · Sigmoid(x)` /
 /// `x · HardSigmoid(x)` (then `m` is the Sigmoid or the Mul, and both are taken).
@@ -110,25 +133,7 @@ pub(super) fn activation_at(
     x: &str,
     readers: &[usize],
 ) -> Option<(Activation, Vec<usize>)> {
-    let single = |m: &Node| -> Option<Activation> {
-        let f = |name: &str, d: f32| m.float(name, d);
-        Some(match m.op.as_str() {
-            "Relu" => Activation::Relu,
-            "Clip" => {
-                let (lo, hi) = (scalar(g, m.input(1))?, scalar(g, m.input(2))?);
-                Activation::Clip(lo.unwrap_or(f32::NEG_INFINITY), hi.unwrap_or(f32::INFINITY))
-            }
-            "LeakyRelu" => Activation::LeakyRelu(f("alpha", 0.01)),
-            "HardSigmoid" => Activation::HardSigmoid(f("alpha", 0.2), f("beta", 0.5)),
-            "HardSwish" => Activation::HardSwish,
-            "Sigmoid" => Activation::Sigmoid,
-            "Tanh" => Activation::Tanh,
-            "Gelu" if m.string("approximate", "none") == "tanh" => Activation::GeluTanh,
-            "Gelu" => Activation::Gelu,
-            "Elu" => Activation::Elu(f("alpha", 1.0)),
-            _ => return None,
-        })
-    };
+    let single = |m: &Node| node_activation(g, m);
     match *readers {
         [k] if k != usize::MAX => {
             let m = &g.nodes[k];

@@ -5,7 +5,7 @@ mod const_fold;
 mod cse;
 mod dce;
 mod fold_batchnorm;
-mod fuse;
+pub mod fuse;
 mod fuse_elementwise;
 mod gelu;
 mod half;
