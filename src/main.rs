@@ -332,8 +332,8 @@ enum Cmd {
         #[command(flatten)]
         load: LoadArgs,
     },
-    /// Serve models over HTTP with the KServe v2 / Open Inference Protocol (JSON and binary
-    /// tensors, as Triton's clients send them), with dynamic batching per model and
+    /// Serve models with the KServe v2 / Open Inference Protocol over HTTP (JSON and binary
+    /// tensors, as Triton's clients send them) and gRPC, with dynamic batching per model and
     /// Prometheus metrics; SIGTERM finishes the requests received, then stops.
     #[cfg(feature = "serve")]
     Serve {
@@ -351,6 +351,10 @@ enum Cmd {
         /// The inference API's port (0: any free one, printed).
         #[arg(long, default_value_t = 8000)]
         http_port: u16,
+        /// The gRPC inference API's port (`inference.GRPCInferenceService`; 0: any free
+        /// one, printed).
+        #[arg(long, default_value_t = 8001)]
+        grpc_port: u16,
         /// The Prometheus metrics' port (0: any free one, printed).
         #[arg(long, default_value_t = 8002)]
         metrics_port: u16,
@@ -1094,6 +1098,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
             config,
             host,
             http_port,
+            grpc_port,
             metrics_port,
             threads,
             max_batch_size,
@@ -1120,7 +1125,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
                     ServeConfig::from_flags(&models, &flags, threads)?
                 }
             };
-            let listen = aim::serve::Listen { host, http_port, metrics_port, max_body };
+            let listen = aim::serve::Listen { host, http_port, grpc_port, metrics_port, max_body };
             aim::serve::serve(cfg, &listen).map(|_| true)
         }
         Cmd::Run { model, inputs, outputs, backend, seed, load } => {

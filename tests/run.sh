@@ -57,7 +57,7 @@ CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln m
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend cpu
 
-echo "== aim serve: KServe v2 with Triton's client (tritonclient[http]): metadata, JSON and binary inference equal"
+echo "== aim serve: KServe v2 with Triton's clients (tritonclient[http,grpc]): metadata, JSON and binary inference equal"
 echo "   to aim run, malformed requests, 16 concurrent clients with dynamic batching, SIGTERM in flight, deploy.yml"
 python3 tests/serve.py target/release/aim target/models
 

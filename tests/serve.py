@@ -1,10 +1,13 @@
-"""aim serve against Triton's own HTTP client (tritonclient[http]), on loopback only.
+"""aim serve against Triton's own HTTP and gRPC clients (tritonclient[http,grpc]), on loopback
+only.
 
     python3 tests/serve.py AIM MODELS_DIR
 
 Starts `aim serve` with mlp_batch and bert_l6_batch (symbolic batch dims: dynamically
 batched) and mobilenetv2 (fixed batch: served alone), then checks: health, server and model
-metadata; binary and JSON inference equal to `aim run`'s outputs; malformed requests
+metadata; binary and JSON inference equal to `aim run`'s outputs, and the same over gRPC
+(metadata, raw-tensor inference, errors as gRPC status codes, concurrent clients batched
+with the REST ones' counters); malformed requests
 answered with 400/413 and an error naming the problem; a load test of 16 concurrent clients
 (every response right, none lost, batching visible in the metrics, the metrics consistent
 with the requests sent); SIGTERM with requests in flight answering all of them; and
@@ -27,7 +30,9 @@ import urllib.error
 import urllib.request
 
 import numpy as np
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
 
 RESULTS = {"passed": 0, "failed": 0}
 
@@ -47,10 +52,10 @@ class Server:
     """An `aim serve` process on free loopback ports, stopped on exit."""
 
     def __init__(self, aim, args, log):
-        self.http, self.metrics = free_port(), free_port()
+        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self.log = open(log, "w")
         self.proc = subprocess.Popen([aim, "serve", "--host", "127.0.0.1", "--http-port", str(self.http),
-                                      "--metrics-port", str(self.metrics), *args],
+                                      "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"127.0.0.1:{self.http}"
         deadline = time.time() + 120
@@ -164,7 +169,8 @@ def main():
                 same = all(np.array_equal(got[n], expected[m][n]) for n in OUTPUTS[m])
                 check(f"{m}: {'binary' if binary else 'JSON'} outputs identical to aim run", same,
                       str({n: float(np.abs(got[n] - expected[m][n]).max()) for n in OUTPUTS[m]}))
-        errors = error_cases(srv, feeds)
+        grpc_failures = grpc_checks(srv, feeds, expected, mlp_numpy(paths["mlp"]))
+        errors = error_cases(srv, feeds) + grpc_failures
         load_test(srv, feeds, expected, mlp_numpy(paths["mlp"]), errors)
         shutdown_in_flight(srv, feeds["bert"])
     finally:
@@ -172,6 +178,91 @@ def main():
     deploy_file(aim, models, tmp)
     print(f"serve: {RESULTS['passed']} passed, {RESULTS['failed']} failed")
     sys.exit(1 if RESULTS["failed"] else 0)
+
+
+def grpc_infer(client, model, feeds):
+    ins = []
+    for name, a in feeds.items():
+        i = triton_grpc.InferInput(name, list(a.shape), {np.float32: "FP32", np.int64: "INT64"}[a.dtype.type])
+        i.set_data_from_numpy(a)
+        ins.append(i)
+    r = client.infer(model, ins)
+    return {n: r.as_numpy(n) for n in OUTPUTS[model]}
+
+
+def grpc_status(call):
+    """The gRPC status name and message a call fails with ("OK" when it does not)."""
+    try:
+        call()
+        return "OK", ""
+    except InferenceServerException as e:
+        return str(e.status()), e.message()
+
+
+def grpc_checks(srv, feeds, expected, mlp_ref):
+    """The gRPC API with Triton's gRPC client: metadata, inference bit for bit aim run's,
+    errors as status codes, and concurrent clients batched and counted in the metrics.
+    Returns how many requests to the mlp failed (for the metrics check)."""
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{srv.grpc}")
+    check("grpc: live and ready", client.is_server_live() and client.is_server_ready())
+    meta = client.get_server_metadata()
+    check("grpc: server metadata", meta.name == "aim" and "binary_tensor_data" in meta.extensions, str(meta))
+    mm = client.get_model_metadata("mlp")
+    check("grpc: model metadata: -1 for the batch dim, FP32",
+          [(i.name, i.datatype, list(i.shape)) for i in mm.inputs] == [("input", "FP32", [-1, 784])], str(mm))
+    check("grpc: model ready", client.is_model_ready("bert") and not grpc_status(lambda: client.is_model_ready("nope"))[0] == "OK")
+    for m in ("mlp", "bert", "mobilenetv2"):
+        got = grpc_infer(client, m, feeds[m])
+        same = all(np.array_equal(got[n], expected[m][n]) for n in OUTPUTS[m])
+        check(f"grpc: {m}: outputs identical to aim run", same,
+              str({n: float(np.abs(got[n] - expected[m][n]).max()) for n in OUTPUTS[m]}))
+    x = feeds["mlp"]["input"]
+    wrong = triton_grpc.InferInput("input", list(x.shape), "INT64")
+    wrong.set_data_from_numpy(x.astype(np.int64))
+    good = triton_grpc.InferInput("input", list(x.shape), "FP32")
+    good.set_data_from_numpy(x)
+    short = triton_grpc.InferInput("input", [1, 783], "FP32")
+    short.set_data_from_numpy(np.zeros((1, 783), np.float32))
+    cases = [
+        ("unknown model", lambda: grpc_infer(client, "nope", {"input": x}), "StatusCode.NOT_FOUND", "unknown model"),
+        ("wrong datatype", lambda: client.infer("mlp", [wrong]), "StatusCode.INVALID_ARGUMENT", "takes FP32"),
+        ("wrong shape", lambda: client.infer("mlp", [short]), "StatusCode.INVALID_ARGUMENT", "expected [-1, 784]"),
+        ("unknown output", lambda: client.infer("mlp", [good], outputs=[triton_grpc.InferRequestedOutput("nope")]),
+         "StatusCode.INVALID_ARGUMENT", "no output named 'nope'"),
+        ("a call aim does not serve", lambda: client.get_model_config("mlp"), "StatusCode.UNIMPLEMENTED", "ModelConfig"),
+    ]
+    for name, call, code, words in cases:
+        got, msg = grpc_status(call)
+        check(f"grpc error: {name} -> {code}", got == code and words in msg, f"{got} {msg}")
+    # The malformed requests that reached the mlp count as its failures.
+    mlp_failures = sum(1 for c in cases if c[0] in ("wrong datatype", "wrong shape", "unknown output"))
+    # Concurrent gRPC clients: every answer right, batched, counted with the REST requests.
+    ok0 = srv.metric("nv_inference_request_success", "mlp")
+    exec0, count0 = srv.metric("nv_inference_exec_count", "mlp"), srv.metric("nv_inference_count", "mlp")
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal((1 + i % 2, 784)).astype(np.float32) for i in range(8)]
+    problems = []
+
+    def loop(c):
+        cl = triton_grpc.InferenceServerClient(f"127.0.0.1:{srv.grpc}")
+        for r in range(12):
+            xi = xs[(c + r) % 8]
+            got = grpc_infer(cl, "mlp", {"input": xi})["gemm_15"]
+            if not np.allclose(got, mlp_ref(xi), rtol=1e-4, atol=1e-4):
+                problems.append(f"client {c} request {r}")
+    with cf.ThreadPoolExecutor(8) as ex:
+        for f in [ex.submit(loop, c) for c in range(8)]:
+            try:
+                f.result(timeout=300)
+            except Exception as e:  # noqa: BLE001 (a failed client is a lost request)
+                problems.append(repr(e))
+    ok = srv.metric("nv_inference_request_success", "mlp") - ok0
+    execs = srv.metric("nv_inference_exec_count", "mlp") - exec0
+    count = srv.metric("nv_inference_count", "mlp") - count0
+    check(f"grpc load: 8 clients x 12 mlp requests all correct, counted ({int(ok)}), "
+          f"batched ({int(execs)} runs for {int(count)} rows)",
+          not problems and ok == 96 and 0 < execs < count, "; ".join(problems[:5]) or f"{ok} {execs} {count}")
+    return mlp_failures
 
 
 def error_cases(srv, feeds):
@@ -371,7 +462,7 @@ def deploy_file(aim, models, tmp):
     bad = os.path.join(tmp, "bad.yml")
     with open(bad, "w") as f:
         f.write(f"models:\n  - name: mlp\n    path: {models}/mlp_batch.onnx\n    max_batch: 4\n")
-    r = subprocess.run([aim, "serve", "--config", bad, "--http-port", "0", "--metrics-port", "0"],
+    r = subprocess.run([aim, "serve", "--config", bad, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
                        capture_output=True, text=True, timeout=60)
     check("deploy.yml: an unknown key is refused before start, naming it",
           r.returncode != 0 and "max_batch" in r.stderr, r.stderr.strip())

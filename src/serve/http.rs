@@ -38,7 +38,7 @@ pub const HEADER_LEN: &str = "inference-header-content-length";
 
 impl Shared {
     /// A model's version (the latest when none is named).
-    fn find(&self, model: &str, version: Option<&str>) -> Result<&Arc<Served>, ApiError> {
+    pub fn find(&self, model: &str, version: Option<&str>) -> Result<&Arc<Served>, ApiError> {
         let versions: Vec<&Arc<Served>> = self.models.iter().filter(|s| s.model == model).collect();
         if versions.is_empty() {
             let names: Vec<&str> = self.config.models.iter().map(|m| m.name.as_str()).collect();
@@ -289,23 +289,10 @@ async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Res
         None => (0..m.outputs.len()).map(|i| (i, req.binary_output)).collect(),
         Some(list) => list
             .iter()
-            .map(|OutputRequest { name, binary }| {
-                let i = m.outputs.iter().position(|p| &p.name == name).ok_or_else(|| {
-                    let known: Vec<&str> = m.outputs.iter().map(|p| p.name.as_str()).collect();
-                    ApiError::bad(format!(
-                        "model '{}' has no output named '{name}' (its outputs: {})",
-                        m.model,
-                        known.join(", ")
-                    ))
-                })?;
-                Ok((i, *binary))
-            })
+            .map(|OutputRequest { name, binary }| Ok((m.output_index(name)?, *binary)))
             .collect::<Result<_, ApiError>>()?,
     };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let job = m.job(req.inputs, req.timeout, tx)?;
-    m.submit(job).map_err(|(_, e)| e)?;
-    let done = rx.await.map_err(|_| ApiError::new(500, "internal error: the request's batch was lost"))??;
+    let done = m.request(req.inputs, req.timeout).await?;
     let outputs: Vec<(String, aim_ir::Tensor, bool)> =
         wanted.iter().map(|&(i, b)| (m.outputs[i].name.clone(), done.outputs[i].clone(), b)).collect();
     let enc = protocol::encode_response(&m.model, m.version, req.id.as_deref(), &outputs);

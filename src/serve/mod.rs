@@ -1,5 +1,6 @@
-//! `aim serve`: models behind the KServe v2 / Open Inference Protocol REST API, with dynamic
-//! batching per model, `deploy.yml` devices and scheduling, and Prometheus metrics.
+//! `aim serve`: models behind the KServe v2 / Open Inference Protocol REST and gRPC APIs,
+//! with dynamic batching per model, `deploy.yml` devices and scheduling, and Prometheus
+//! metrics.
 //!
 //! Requests are parsed on the async HTTP threads, queued per model version, gathered into
 //! batches by one worker thread per (version, device) that runs the model, and answered
@@ -7,6 +8,8 @@
 //! finishes every request already received, then stops the workers.
 
 pub mod config;
+pub mod grpc;
+pub mod grpc_messages;
 pub mod http;
 pub mod metrics;
 pub mod protocol;
@@ -27,6 +30,8 @@ pub struct Listen {
     pub host: String,
     /// The inference API's port (0: any free port).
     pub http_port: u16,
+    /// The gRPC inference API's port (0: any free port).
+    pub grpc_port: u16,
     /// The metrics port (0: any free port).
     pub metrics_port: u16,
     /// The largest request body taken, in bytes.
@@ -102,10 +107,12 @@ async fn run(shared: Arc<http::Shared>, listen: &Listen) -> Result<()> {
         }
     };
     let api = bind(listen.http_port).await?;
+    let grpc = bind(listen.grpc_port).await?;
     let metrics = bind(listen.metrics_port).await?;
     eprintln!(
-        "aim serve: KServe v2 HTTP on {}, metrics on http://{}/metrics",
+        "aim serve: KServe v2 HTTP on {}, gRPC on {}, metrics on http://{}/metrics",
         api.local_addr()?,
+        grpc.local_addr()?,
         metrics.local_addr()?
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -120,9 +127,15 @@ async fn run(shared: Arc<http::Shared>, listen: &Listen) -> Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let a = axum::serve(api, http::router(shared.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let g = tonic::transport::Server::builder().serve_with_incoming_shutdown(
+        grpc::Inference::new(shared.clone()),
+        tonic::transport::server::TcpIncoming::from(grpc),
+        stopped(stop_rx.clone()),
+    );
     let m = axum::serve(metrics, http::metrics_router(shared)).with_graceful_shutdown(stopped(stop_rx));
-    let (a, m) = tokio::join!(a, m);
+    let (a, g, m) = tokio::join!(a, g, m);
     a.context("the inference server")?;
+    g.context("the gRPC inference server")?;
     m.context("the metrics server")?;
     Ok(())
 }

@@ -219,6 +219,27 @@ impl Served {
         Ok(Job { inputs, rows, key, queued, deadline, reply })
     }
 
+    /// The index of output `name`, or a 400 naming the outputs there are.
+    pub fn output_index(&self, name: &str) -> Result<usize, ApiError> {
+        self.outputs.iter().position(|p| p.name == name).ok_or_else(|| {
+            let known: Vec<&str> = self.outputs.iter().map(|p| p.name.as_str()).collect();
+            ApiError::bad(format!(
+                "model '{}' has no output named '{name}' (its outputs: {})",
+                self.model,
+                known.join(", ")
+            ))
+        })
+    }
+
+    /// Serves one request, whatever protocol it came by: checks its inputs, queues it and
+    /// waits for its batch's answer.
+    pub async fn request(&self, inputs: Vec<(String, Tensor)>, timeout: Option<Duration>) -> Result<Done, ApiError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = self.job(inputs, timeout, tx)?;
+        self.submit(job).map_err(|(_, e)| e)?;
+        rx.await.map_err(|_| ApiError::new(500, "internal error: the request's batch was lost"))?
+    }
+
     /// Queues a job on the device the policy picks.
     #[allow(clippy::result_large_err)]
     pub fn submit(&self, job: Job) -> Result<(), (Job, ApiError)> {
