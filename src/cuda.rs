@@ -27,13 +27,13 @@ fn compile_error(path: &str, msg: impl ToString) -> Error {
 
 impl CudaExec {
     /// Opens GPU 0 and, for a model whose inputs are all static, compiles and loads it.
-    pub(crate) fn new(graph: Graph, path: &str, allow_tf32: bool) -> Result<CudaExec, Error> {
+    pub(crate) fn new(graph: Graph, path: &str, allow_tf32: bool, half_weights: bool) -> Result<CudaExec, Error> {
         let device = Device::open(0).map_err(|e| compile_error(path, e))?;
         // PTX for sm_90 runs on later GPUs too (the driver compiles it for them).
         let base = if device.sm >= 90 { GpuTarget::SM90 } else { GpuTarget { sm: device.sm, ..GpuTarget::SM80 } };
         let exec = CudaExec {
             device,
-            target: base.with_tf32(allow_tf32),
+            target: base.with_tf32(allow_tf32).with_half(half_weights.then_some(aim_compiler::cuda::Half::F16)),
             graph,
             path: path.to_string(),
             programs: Mutex::new(HashMap::new()),

@@ -143,9 +143,12 @@ pub struct Options {
     /// How many specialised programs the cpu backend keeps (the most recently used);
     /// `None`: 8.
     pub shape_cache: Option<usize>,
-    /// Keep dense layers' (MatMul / Gemm) weights as f16 on the cpu backend: half their
-    /// memory, widened to f32 panel by panel inside the GEMM; each weight rounded to the
-    /// nearest f16 (relative error at most 2^-11).
+    /// Keep dense layers' (MatMul / Gemm) weights as f16: on the cpu backend half their
+    /// memory, widened to f32 panel by panel inside the GEMM; on the cuda backend every
+    /// GEMM's and convolution's constant weights in f16 on the device, multiplied on f16
+    /// tensor cores (activations rounded to f16 as they enter the product, f32 sums). Each
+    /// weight is rounded to the nearest f16 (relative error at most 2^-11). Models whose
+    /// weights are f16 or bf16 get this on the cuda backend without asking.
     pub half_weights: bool,
     /// Let the cuda backend's f32 GEMMs and convolutions use TF32 tensor cores (10-bit
     /// mantissas in the products, f32 sums), as ONNX Runtime's CUDA provider and PyTorch
@@ -465,7 +468,9 @@ impl Model {
         let exec = match opts.backend {
             Backend::Reference => Exec::Reference,
             #[cfg(feature = "cuda")]
-            Backend::Cuda => Exec::Cuda(Box::new(cuda::CudaExec::new(ir.graph.clone(), &p, opts.allow_tf32)?)),
+            Backend::Cuda => {
+                Exec::Cuda(Box::new(cuda::CudaExec::new(ir.graph.clone(), &p, opts.allow_tf32, opts.half_weights)?))
+            }
             #[cfg(not(feature = "cuda"))]
             Backend::Cuda => {
                 return Err(Error::BadOption {

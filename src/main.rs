@@ -308,6 +308,10 @@ enum Cmd {
         /// Let the ptx stage's f32 GEMMs use TF32 tensor cores (mma.sync).
         #[arg(long)]
         allow_tf32: bool,
+        /// The ptx stage's constant GEMM weights in half precision, on tensor cores of that
+        /// type: f16 or bf16 (a model whose weights are f16 or bf16 gets its own type).
+        #[arg(long, value_name = "f16|bf16")]
+        half: Option<String>,
     },
     /// Find where the cpu backend's numbers part from the reference: run both keeping every
     /// intermediate value and print, per node output in graph order, max abs error, max
@@ -1000,6 +1004,7 @@ fn gpu_for_explore(
     stages: &[String],
     gpu: Option<&str>,
     allow_tf32: bool,
+    half: Option<&str>,
 ) -> Result<Option<aim_compiler::cuda::GpuTarget>> {
     if gpu.is_none() && !stages.iter().any(|s| s == "ptx") {
         return Ok(None);
@@ -1007,7 +1012,13 @@ fn gpu_for_explore(
     let arch = gpu.unwrap_or("sm_80");
     let t = aim_compiler::cuda::GpuTarget::parse(arch)
         .with_context(|| format!("--gpu {arch}: expected sm_80, sm_86, sm_89 or sm_90"))?;
-    Ok(Some(t.with_tf32(allow_tf32)))
+    let half = match half {
+        None => None,
+        Some("f16") => Some(aim_compiler::cuda::Half::F16),
+        Some("bf16") => Some(aim_compiler::cuda::Half::Bf16),
+        Some(h) => bail!("--half {h}: expected f16 or bf16"),
+    };
+    Ok(Some(t.with_tf32(allow_tf32).with_half(half)))
 }
 
 /// `aim explore`'s options from its flags.
@@ -1201,8 +1212,8 @@ fn dispatch(cli: Cli) -> Result<bool> {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))
         }
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
-        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches, shape, gpu, allow_tf32 } => {
-            let gpu = gpu_for_explore(&stage, gpu.as_deref(), allow_tf32)?;
+        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches, shape, gpu, allow_tf32, half } => {
+            let gpu = gpu_for_explore(&stage, gpu.as_deref(), allow_tf32, half.as_deref())?;
             let opts = explore_options(passes, profile, cpu, caches, &shape, gpu)?;
             explore(&mut out, &model, &stage, node.as_deref(), html, &opts).map(|_| true)
         }

@@ -28,16 +28,23 @@ fn compile(model: &Model, inputs: &[(String, Tensor)], target: &GpuTarget) -> Cu
     aim::gpu::compile(&model.ir().graph, &sig, target, &path).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn check(name: &str, target: GpuTarget, tol: f32, arenas: &[bool]) {
-    check_with(name, None, target, tol, arenas)
+fn check(name: &str, target: GpuTarget, tol: f64, arenas: &[bool]) {
+    check_with(name, None, target, tol, arenas);
 }
 
-/// As [`check`], with `inputs` instead of the model's `.inputs.npz` when given.
-fn check_with(name: &str, inputs: Option<Vec<(String, Tensor)>>, target: GpuTarget, tol: f32, arenas: &[bool]) {
+/// As [`check`], with `inputs` instead of the model's `.inputs.npz` when given; returns the
+/// program (None when the models are not there).
+fn check_with(
+    name: &str,
+    inputs: Option<Vec<(String, Tensor)>>,
+    target: GpuTarget,
+    tol: f64,
+    arenas: &[bool],
+) -> Option<CudaProgram> {
     let Some(dir) = models_dir() else {
         assert!(std::env::var_os("AIM_REQUIRE_CONFORMANCE").is_none(), "AIM_MODELS has no {name}.onnx");
         eprintln!("AIM_MODELS not set or without the tiny models: skipping {name}");
-        return;
+        return None;
     };
     let path = dir.join(format!("{name}.onnx"));
     let inputs = match inputs {
@@ -53,14 +60,43 @@ fn check_with(name: &str, inputs: Option<Vec<(String, Tensor)>>, target: GpuTarg
         let got = run_program(&p, &by_name, placement).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got.len(), want.len());
         for (g, (oname, w)) in got.iter().zip(&want) {
-            assert_eq!(g.shape(), w.shape(), "{name} {oname}");
-            let (g, w) = (g.data::<f32>(), w.data::<f32>());
-            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let err = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert_eq!((g.dtype(), g.shape()), (w.dtype(), w.shape()), "{name} {oname}");
+            let (g, w) = (g.to_f64_vec(), w.to_f64_vec());
+            let scale = w.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let err = g.iter().zip(&w).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
             assert!(err <= tol * (1.0 + scale), "{name} {oname} (arena {arena}): max error {err:e}, scale {scale}");
         }
     }
     eprintln!("{name}: {} launches, {} kernels, arena {} bytes", p.launches.len(), p.kernels.len(), p.arena_bytes);
+    Some(p)
+}
+
+/// Whether the program multiplies on half tensor cores of `ty` (`f16`, `bf16`) with its
+/// weights stored in that type, and keeps no f32 copy of them.
+fn on_half_tensor_cores(p: &CudaProgram, ty: &str, dtype: aim_ir::DType) -> bool {
+    let mma = p.kernels.iter().any(|k| k.ptx.contains(&format!("m16n8k16.row.col.f32.{ty}.{ty}.f32")));
+    let halves = p.values.iter().filter(|v| v.dtype == dtype && v.shape.len() == 2).count();
+    mma && halves > 0
+}
+
+/// Half models (every float tensor f16) keep their weights f16 on the device and multiply
+/// on f16 tensor cores; an f32 model does the same in bf16 when asked. Tolerances: the
+/// products' operands are rounded to the half type (2^-11 / 2^-8 relative).
+#[test]
+fn half_weights_on_f16_and_bf16_tensor_cores() {
+    for name in ["bert_tiny_f16", "mobilenetv2_tiny_f16"] {
+        if let Some(p) = check_with(name, None, GpuTarget::SM80, 2e-2, &[true]) {
+            assert!(on_half_tensor_cores(&p, "f16", aim_ir::DType::F16), "{name}: not on f16 tensor cores");
+        }
+    }
+    let bf16 = GpuTarget::SM90.with_half(Some(aim_compiler::cuda::Half::Bf16));
+    if let Some(p) = check_with("bert_tiny", None, bf16, 5e-2, &[true]) {
+        assert!(on_half_tensor_cores(&p, "bf16", aim_ir::DType::BF16), "bert_tiny: not on bf16 tensor cores");
+        // The packed weights replace the f32 ones: those are not uploaded as well.
+        let names: Vec<&str> = p.values.iter().map(|v| v.name.as_str()).collect();
+        let both = names.iter().filter_map(|n| n.strip_suffix(":bf16")).filter(|w| names.contains(w)).count();
+        assert_eq!(both, 0, "f32 copies of packed weights are uploaded too");
+    }
 }
 
 #[test]
@@ -140,7 +176,8 @@ fn resnet50_tiny_on_the_ptx_interpreter() {
 }
 
 /// Every kernel of the full-size benchmark models and two real-model look-alikes (and their
-/// TF32 forms) assembles with ptxas for sm_80 and sm_90 without register spills.
+/// TF32 and f16-weight forms) assembles with ptxas for sm_80 and sm_90 without register
+/// spills.
 #[test]
 fn full_size_models_pass_ptxas() {
     let Some(ptxas) = aim_compiler::cuda::ptxas::find() else {
@@ -157,8 +194,15 @@ fn full_size_models_pass_ptxas() {
         let path = dir.join(format!("{name}.onnx"));
         let inputs = aim::npz::read_npz(&dir.join(format!("{name}.inputs.npz"))).unwrap();
         let model = Model::load_with(&path, Backend::Reference).unwrap();
-        for (sm, tf32) in [(80, false), (90, true)] {
-            let target = GpuTarget::parse(&format!("sm_{sm}")).unwrap().with_tf32(tf32);
+        let f16 = Some(aim_compiler::cuda::Half::F16);
+        // The f16-weight forms of the two benchmark models with the most GEMMs.
+        let forms: &[_] = if ["resnet50", "bert_l6"].contains(&name) {
+            &[(80, false, None), (90, true, None), (80, false, f16)]
+        } else {
+            &[(80, false, None), (90, true, None)]
+        };
+        for &(sm, tf32, half) in forms {
+            let target = GpuTarget::parse(&format!("sm_{sm}")).unwrap().with_tf32(tf32).with_half(half);
             let p = compile(&model, &inputs, &target);
             let r = aim_compiler::cuda::ptxas::check(&ptxas, &p.module(), sm, &tmp)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));

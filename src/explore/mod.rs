@@ -413,6 +413,8 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
 /// then each launch's kernel with its geometry; a graph the backend cannot lower gets the
 /// reason as its one line.
 fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_compiler::cuda::GpuTarget) -> Vec<Line> {
+    // A half model's weights stay half, as the backend compiles it.
+    let gpu = &gpu.with_half(crate::gpu::half_model(g).or(gpu.half));
     let mut g = g.clone();
     if let Err(e) = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false) {
         return vec![Line { text: format!("; {e}"), sources: vec![] }];
@@ -431,10 +433,11 @@ fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_compiler::cuda::GpuTarget) -> Vec<Line
         .collect();
     out.push(Line {
         text: format!(
-            "// device program: {} launches; arena {} bytes; TF32 tensor cores {}",
+            "// device program: {} launches; arena {} bytes; TF32 tensor cores {}; half weights {}",
             p.launches.len(),
             p.arena_bytes,
-            if gpu.allow_tf32 { "on" } else { "off" }
+            if gpu.allow_tf32 { "on" } else { "off" },
+            gpu.half.map_or("off", |h| h.ptx())
         ),
         sources: vec![],
     });

@@ -8,11 +8,12 @@ Needs an NVIDIA GPU with its driver, and: pip install onnxruntime-gpu onnx numpy
 
 Prints one table: for resnet50, mobilenetv2 and bert_l6 at batch 1 and 8, median latency of
 ORT CUDA and aim --backend cuda, with f32 arithmetic and with TF32 tensor cores allowed for
-both (ORT's `use_tf32` provider option, aim's --allow-tf32); then a 4096x4096x4096 MatMul
-(ORT runs it with cuBLAS) against aim's generated GEMM, in TFLOP/s. Half-precision models
-are reported as not built: aim's cuda backend computes f16 models in f32 and has no f16
-tensor-core path yet. Each measurement is a fresh process; the models at batch 8 are the
-batch-1 files with their batch dims rewritten (inputs tiled).
+both (ORT's `use_tf32` provider option, aim's --allow-tf32), and the half-precision
+versions of the models (NAME_f16: ORT's f16 kernels; aim keeps the weights f16 and
+multiplies on f16 tensor cores with f32 sums and activations); then a 4096x4096x4096
+MatMul (ORT runs it with cuBLAS) against aim's generated GEMM, in TFLOP/s, f32, TF32 and
+f16. Each measurement is a fresh process; the models at batch 8 are the batch-1 files with
+their batch dims rewritten (inputs tiled).
 """
 import json
 import os
@@ -71,19 +72,22 @@ def batched(src, inputs, batch, tmp):
     return path, feeds
 
 
-def matmul_model(n, tmp):
+def matmul_model(n, tmp, half=False):
+    """Y = A @ W with a constant W, in f32 (or f16: a half model)."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
-    w = helper.make_tensor("w", TensorProto.FLOAT, [n, n], rng.standard_normal((n, n)).astype(np.float32).ravel())
+    dt, ty = (np.float16, TensorProto.FLOAT16) if half else (np.float32, TensorProto.FLOAT)
+    w = numpy_helper.from_array(rng.standard_normal((n, n)).astype(dt), "w")
     g = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "gemm",
-                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [w])
+                          [helper.make_tensor_value_info("a", ty, [n, n])],
+                          [helper.make_tensor_value_info("y", ty, [n, n])], [w])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    path, feeds = os.path.join(tmp, "gemm.onnx"), os.path.join(tmp, "gemm.inputs.npz")
+    tag = "gemm_f16" if half else "gemm"
+    path, feeds = os.path.join(tmp, tag + ".onnx"), os.path.join(tmp, tag + ".inputs.npz")
     onnx.save(m, path)
-    np.savez(feeds, a=rng.standard_normal((n, n)).astype(np.float32))
+    np.savez(feeds, a=rng.standard_normal((n, n)).astype(dt))
     return path, feeds
 
 
@@ -100,22 +104,23 @@ def main():
     tmp = tempfile.mkdtemp(prefix="aim-gpu-")
     print(f"{'model':14} {'batch':>5} {'math':>5} {'ORT ms':>9} {'aim ms':>9} {'aim/ORT':>8}")
     for name in ["resnet50", "mobilenetv2", "bert_l6"]:
-        src, inputs = os.path.join(models, name + ".onnx"), os.path.join(models, name + ".inputs.npz")
-        for batch in [1, 8]:
-            model, feeds = (src, inputs) if batch == 1 else batched(src, inputs, batch, tmp)
-            for tf32 in [False, True]:
+        for math in ["f32", "tf32", "f16"]:
+            base = name + "_f16" if math == "f16" else name
+            src, inputs = os.path.join(models, base + ".onnx"), os.path.join(models, base + ".inputs.npz")
+            for batch in [1, 8]:
+                model, feeds = (src, inputs) if batch == 1 else batched(src, inputs, batch, tmp)
+                tf32 = math == "tf32"
                 o = ort_ms(model, feeds, tf32, iters)
                 a, err = aim_ms(aim, model, feeds, tf32, iters)
                 ratio = f"{a / o:8.2f}" if a else f"  ({err})"
-                print(f"{name:14} {batch:5} {'tf32' if tf32 else 'f32':>5} {o:9.3f} {a or float('nan'):9.3f} {ratio}")
-        print(f"{name + '_f16':14}     -   f16   not built: aim's cuda backend has no f16 tensor-core path yet")
+                print(f"{name:14} {batch:5} {math:>5} {o:9.3f} {a or float('nan'):9.3f} {ratio}")
     n = 4096
-    model, feeds = matmul_model(n, tmp)
     flop = 2 * n ** 3
-    for tf32 in [False, True]:
-        o = ort_ms(model, feeds, tf32, 20)
-        a, err = aim_ms(aim, model, feeds, tf32, 20)
-        line = f"GEMM {n}^3 {'tf32' if tf32 else 'f32 '}: ORT (cuBLAS) {flop / o / 1e9:7.1f} TFLOP/s"
+    for math in ["f32", "tf32", "f16"]:
+        model, feeds = matmul_model(n, tmp, half=math == "f16")
+        o = ort_ms(model, feeds, math == "tf32", 20)
+        a, err = aim_ms(aim, model, feeds, math == "tf32", 20)
+        line = f"GEMM {n}^3 {math:4}: ORT (cuBLAS) {flop / o / 1e9:7.1f} TFLOP/s"
         line += f", aim {flop / a / 1e9:7.1f} TFLOP/s ({o / a:.0%} of cuBLAS)" if a else f", aim: {err}"
         print(line)
 

@@ -33,9 +33,9 @@ def free_port():
 
 
 def start(aim, model, path, extra):
-    port, mport = free_port(), free_port()
-    p = subprocess.Popen([aim, "serve", "--host", "127.0.0.1", "--http-port", str(port), "--metrics-port",
-                          str(mport), "--model", f"{model}={path}", *extra],
+    port, gport, mport = free_port(), free_port(), free_port()
+    p = subprocess.Popen([aim, "serve", "--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", str(gport),
+                          "--metrics-port", str(mport), "--model", f"{model}={path}", *extra],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:

@@ -83,6 +83,10 @@ pub enum Elem {
     I32,
     /// bool (one byte, nonzero is true).
     Bool,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
 }
 
 impl Elem {
@@ -91,6 +95,7 @@ impl Elem {
             Elem::F32 | Elem::I32 => 4,
             Elem::I64 => 8,
             Elem::Bool => 1,
+            Elem::F16 | Elem::Bf16 => 2,
         }
     }
 }
@@ -98,8 +103,8 @@ impl Elem {
 /// The kernel `name(x, y, n)` converting `n` elements from `from` to `to` (integers to f32
 /// rounding to nearest; f32 to integers truncating as ONNX Cast does, NaN to 0; between
 /// integers: sign-extended or truncated to the low bits, as numpy's casts; to bool:
-/// nonzero, NaN included). `None` for pairs it does not convert (none yet: every pair of
-/// [`Elem`]s converts).
+/// nonzero, NaN included; between f32 and f16 / bf16, rounding to nearest even). `None`
+/// for pairs it does not convert: f16 and bf16 convert to and from f32 only.
 pub fn cast(name: &str, from: Elem, to: Elem) -> Option<Kernel> {
     let mut k = Kernel::new(name);
     let x = k.ptr_param("x");
@@ -119,16 +124,28 @@ pub fn cast(name: &str, from: Elem, to: Elem) -> Option<Kernel> {
         Elem::I64 => ("s64", Class::B64),
         Elem::I32 => ("s32", Class::B32),
         Elem::Bool => ("u8", Class::B32),
+        Elem::F16 | Elem::Bf16 => ("b16", Class::B16),
     };
     let v = k.reg(class);
     k.ins(format!("ld.global.nc.{lty} {v}, [{src}];"));
     let nonzero = |k: &mut Kernel| match from {
         Elem::F32 => k.op2(Class::Pred, "setp.neu.f32", v, "0f00000000"),
         Elem::I64 => k.op2(Class::Pred, "setp.ne.s64", v, 0),
-        Elem::I32 | Elem::Bool => k.op2(Class::Pred, "setp.ne.u32", v, 0),
+        Elem::I32 | Elem::Bool | Elem::F16 | Elem::Bf16 => k.op2(Class::Pred, "setp.ne.u32", v, 0),
     };
+    let half = |e: Elem| matches!(e, Elem::F16 | Elem::Bf16);
     let (out, sty) = match (from, to) {
         (a, b) if a == b && a != Elem::Bool => (v, lty),
+        (Elem::F16, Elem::F32) => (k.op1(Class::F32, "cvt.f32.f16", v), "f32"),
+        // A bf16 is the upper half of the f32 it widens to.
+        (Elem::Bf16, Elem::F32) => {
+            let w = k.op1(Class::B32, "cvt.u32.u16", v);
+            let w = k.op2(Class::B32, "shl.b32", w, 16);
+            (k.op1(Class::F32, "mov.b32", w), "f32")
+        }
+        (Elem::F32, Elem::F16) => (k.op1(Class::B16, "cvt.rn.f16.f32", v), "b16"),
+        (Elem::F32, Elem::Bf16) => (k.op1(Class::B16, "cvt.rn.bf16.f32", v), "b16"),
+        (a, b) if half(a) || half(b) => return None,
         (_, Elem::Bool) | (Elem::Bool, Elem::I32) => {
             let p = nonzero(&mut k);
             (k.op3(Class::B32, "selp.u32", 1, 0, p), if to == Elem::Bool { "u8" } else { "s32" })

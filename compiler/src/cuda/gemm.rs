@@ -15,7 +15,7 @@
 
 use super::elementwise::program;
 use super::ptx::{Class, Kernel as Builder, Reg};
-use super::{GpuTarget, Kernel};
+use super::{GpuTarget, Half, Kernel};
 use crate::ewprog::{Binary, Inst, Operand, Unary};
 use aim_kernels::gemm::Activation;
 
@@ -51,6 +51,36 @@ pub enum BLayout {
         /// Elements between batches (0: shared by all).
         batch_stride: u64,
     },
+    /// Constant weights in half precision, `[N, K']` row-major with K' = K rounded up to
+    /// even and the padding zero ([`pack_half`]): multiplied on f16 / bf16 tensor cores.
+    Half(Half),
+}
+
+/// Packs f32 weights for [`BLayout::Half`]: `w` is `[K, N]` (`cols`: false) or `[N, K]`
+/// (true); the result is `[N, K']` in `half`, each weight rounded to nearest even.
+pub fn pack_half(w: &[f32], k: usize, n: usize, cols: bool, half: Half) -> aim_ir::Tensor {
+    let kp = k.next_multiple_of(2);
+    let at = |kk: usize, nn: usize| if cols { w[nn * k + kk] } else { w[kk * n + nn] };
+    match half {
+        Half::F16 => {
+            let mut v = vec![half::f16::ZERO; n * kp];
+            for nn in 0..n {
+                for kk in 0..k {
+                    v[nn * kp + kk] = half::f16::from_f32(at(kk, nn));
+                }
+            }
+            aim_ir::Tensor::from_vec(&[n, kp], v)
+        }
+        Half::Bf16 => {
+            let mut v = vec![half::bf16::ZERO; n * kp];
+            for nn in 0..n {
+                for kk in 0..k {
+                    v[nn * kp + kk] = half::bf16::from_f32(at(kk, nn));
+                }
+            }
+            aim_ir::Tensor::from_vec(&[n, kp], v)
+        }
+    }
 }
 
 /// Where the kernel writes Y (and reads the residual).
@@ -215,13 +245,15 @@ pub fn activation_program(act: Activation) -> Vec<Inst> {
 enum Inner {
     Ffma,
     Tf32,
+    /// f16 / bf16 `mma.sync.m16n8k16`: A as for TF32, W as pairs of halves along k.
+    Half(Half),
 }
 
 impl Inner {
     fn threads(self) -> u32 {
         match self {
             Inner::Ffma => 256,
-            Inner::Tf32 => 128,
+            Inner::Tf32 | Inner::Half(_) => 128,
         }
     }
 
@@ -230,27 +262,33 @@ impl Inner {
     fn a_stride(self) -> u32 {
         match self {
             Inner::Ffma => BM,
-            Inner::Tf32 => BK + 4,
+            Inner::Tf32 | Inner::Half(_) => BK + 4,
         }
     }
 
-    /// Floats per row of the W slice (`[BK][..]`).
+    /// Floats per row of the W slice (`[BK][..]`); for halves, 32-bit words (two halves
+    /// along k) per column of the `[BN][..]` slice, padded so that a fragment load's 32
+    /// lanes hit 32 banks.
     fn b_stride(self) -> u32 {
         match self {
             Inner::Ffma => BN,
             Inner::Tf32 => BN + 8,
+            Inner::Half(_) => BK / 2 + 4,
         }
     }
 
     fn a_bytes(self) -> u32 {
         4 * match self {
             Inner::Ffma => BK * BM,
-            Inner::Tf32 => BM * (BK + 4),
+            Inner::Tf32 | Inner::Half(_) => BM * (BK + 4),
         }
     }
 
     fn b_bytes(self) -> u32 {
-        4 * BK * self.b_stride()
+        match self {
+            Inner::Half(_) => 4 * BN * self.b_stride(),
+            _ => 4 * BK * self.b_stride(),
+        }
     }
 }
 
@@ -275,6 +313,7 @@ fn extents(g: &Gemm) -> [u64; 3] {
     };
     let b = match g.b {
         BLayout::Rows { batch_stride } | BLayout::Cols { batch_stride } => (batch - 1) * batch_stride + k * n,
+        BLayout::Half(_) => n * k.next_multiple_of(2),
     };
     let y = match g.y {
         YLayout::Rows { batch_stride } => (batch - 1) * batch_stride + m * n,
@@ -301,7 +340,11 @@ pub fn gemm_kernel(name: &str, g: &Gemm, target: &GpuTarget, sources: Vec<String
     if grid[1] > 65_535 || grid[2] > 65_535 {
         return Err(TooLarge(format!("{} rows × {} batches need more than 65535 tiles in y or z", g.m, g.batch)));
     }
-    let inner = if target.allow_tf32 { Inner::Tf32 } else { Inner::Ffma };
+    let inner = match g.b {
+        BLayout::Half(h) => Inner::Half(h),
+        _ if target.allow_tf32 => Inner::Tf32,
+        _ => Inner::Ffma,
+    };
     let b = build(name, g, inner);
     Ok(Kernel {
         name: name.to_string(),
@@ -357,6 +400,7 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
     };
     let w = match g.b {
         BLayout::Rows { batch_stride } | BLayout::Cols { batch_stride } => offset(&mut k, w, batch_stride),
+        BLayout::Half(_) => w,
     };
     let (y, res) = match g.y {
         YLayout::Rows { batch_stride } => {
@@ -376,7 +420,7 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
         let inside = k.op2(Class::Pred, "setp.lt.u32", row, g.m);
         let sidx = match inner {
             Inner::Ffma => k.op3(Class::B32, "mad.lo.u32", kl, inner.a_stride(), ml),
-            Inner::Tf32 => k.op3(Class::B32, "mad.lo.u32", ml, inner.a_stride(), kl),
+            Inner::Tf32 | Inner::Half(_) => k.op3(Class::B32, "mad.lo.u32", ml, inner.a_stride(), kl),
         };
         let dst = k.op3(Class::B32, "mad.lo.u32", sidx, 4, smem);
         copies_a.push(match g.a {
@@ -402,7 +446,25 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
         });
     }
     let mut copies_b = Vec::new();
-    for j in 0..(BK * BN) / threads {
+    if let BLayout::Half(_) = g.b {
+        // Words of two halves along k: BN columns × BK/2 words, from [N][K'] halves.
+        let kp = g.k.next_multiple_of(2);
+        for j in 0..(BK / 2 * BN) / threads {
+            let e = k.op2(Class::B32, "add.u32", tid, j * threads);
+            let nl = k.op2(Class::B32, "shr.u32", e, (BK / 2).trailing_zeros());
+            let kw = k.op2(Class::B32, "and.b32", e, BK / 2 - 1);
+            let kl = k.op2(Class::B32, "shl.b32", kw, 1);
+            let col = k.op2(Class::B32, "add.u32", bn, nl);
+            let inside = k.op2(Class::Pred, "setp.lt.u32", col, g.n);
+            let idx = k.op3(Class::B32, "mad.lo.u32", col, kp, kl);
+            let off = k.op2(Class::B64, "mul.wide.u32", idx, 2);
+            let src = k.op2(Class::B64, "add.s64", w, off);
+            let sidx = k.op3(Class::B32, "mad.lo.u32", nl, inner.b_stride(), kw);
+            let dst = k.op3(Class::B32, "mad.lo.u32", sidx, 4, b_smem);
+            copies_b.push(Copy::Linear { src, inside, k: kl, dst, step: 2 });
+        }
+    }
+    for j in 0..if matches!(g.b, BLayout::Half(_)) { 0 } else { (BK * BN) / threads } {
         let e = k.op2(Class::B32, "add.u32", tid, j * threads);
         let kl = k.op2(Class::B32, "shr.u32", e, BN.trailing_zeros());
         let nl = k.op2(Class::B32, "and.b32", e, BN - 1);
@@ -410,7 +472,7 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
         let inside = k.op2(Class::Pred, "setp.lt.u32", col, g.n);
         let (idx, step) = match g.b {
             BLayout::Rows { .. } => (k.op3(Class::B32, "mad.lo.u32", kl, g.n, col), 4 * g.n),
-            BLayout::Cols { .. } => (k.op3(Class::B32, "mad.lo.u32", col, g.k, kl), 4),
+            BLayout::Cols { .. } | BLayout::Half(_) => (k.op3(Class::B32, "mad.lo.u32", col, g.k, kl), 4),
         };
         let off = k.op2(Class::B64, "mul.wide.u32", idx, 4);
         let src = k.op2(Class::B64, "add.s64", w, off);
@@ -476,7 +538,8 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
             let places: Vec<(u32, u32)> = (0..16).map(|e| (e / 4, e % 4)).collect();
             (accs, places, (row0, col0, a_rd, b_rd))
         }
-        Inner::Tf32 => {
+        Inner::Tf32 | Inner::Half(_) => {
+            let half = matches!(inner, Inner::Half(_));
             let warp = k.op2(Class::B32, "shr.u32", tid, 5);
             let lane = k.op2(Class::B32, "and.b32", tid, 31);
             let g = k.op2(Class::B32, "shr.u32", lane, 2);
@@ -488,11 +551,17 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
             let row0 = k.op2(Class::B32, "add.u32", wm, g);
             let q2 = k.op2(Class::B32, "shl.b32", q, 1);
             let col0 = k.op2(Class::B32, "add.u32", wn, q2);
-            // Fragment bases: A[row0][q], W[q][wn + g].
-            let ai = k.op3(Class::B32, "mad.lo.u32", row0, inner.a_stride(), q);
+            // Fragment bases: A[row0][q], W[q][wn + g] (halves: A[row0][2q], the word of
+            // W's column wn + g holding k = 2q, 2q + 1).
+            let ak = if half { q2 } else { q };
+            let ai = k.op3(Class::B32, "mad.lo.u32", row0, inner.a_stride(), ak);
             let a_rd = k.op3(Class::B32, "mad.lo.u32", ai, 4, smem);
             let bcol = k.op2(Class::B32, "add.u32", wn, g);
-            let bi = k.op3(Class::B32, "mad.lo.u32", q, inner.b_stride(), bcol);
+            let bi = if half {
+                k.op3(Class::B32, "mad.lo.u32", bcol, inner.b_stride(), q)
+            } else {
+                k.op3(Class::B32, "mad.lo.u32", q, inner.b_stride(), bcol)
+            };
             let b_rd = k.op3(Class::B32, "mad.lo.u32", bi, 4, b_smem);
             let accs: Vec<Reg> = (0..32).map(|_| k.fconst(0.0)).collect();
             // Tile (i, j), register r: row i·16 + 8·(r/2), column j·8 + r%2.
@@ -543,6 +612,7 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
                 }
             }
         }
+        Inner::Half(_) => {}
         Inner::Tf32 => {
             let (sa, sb) = (inner.a_stride(), inner.b_stride());
             for kk in (0..BK).step_by(8) {
@@ -586,6 +656,51 @@ fn build(name: &str, g: &Gemm, inner: Inner) -> Builder {
                         ));
                     }
                 }
+            }
+        }
+    }
+    if let Inner::Half(h) = inner {
+        let (sa, sb) = (inner.a_stride(), inner.b_stride());
+        let list = |v: &[Reg]| v.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+        let mut afr = Vec::new();
+        for i in 0..2 {
+            let base = 4 * (i * 16 * sa);
+            // a0a1 (row g, k 2q..), a2a3 (row g + 8), a4a5 (k + 8), a6a7 (both).
+            let offs = [base, base + 4 * 8 * sa, base + 32, base + 4 * 8 * sa + 32];
+            let regs: Vec<Reg> = offs
+                .iter()
+                .map(|o| {
+                    let (x0, x1) = (k.reg(Class::F32), k.reg(Class::F32));
+                    k.ins(format!("ld.shared.v2.f32 {{{x0}, {x1}}}, [{a_cur}+{o}];"));
+                    k.op2(Class::B32, &format!("cvt.rn.{}x2.f32", h.ptx()), x1, x0)
+                })
+                .collect();
+            afr.push(regs);
+        }
+        let mut bfr = Vec::new();
+        for j in 0..4 {
+            let base = 4 * (j * 8 * sb);
+            let regs: Vec<Reg> = [base, base + 16]
+                .iter()
+                .map(|o| {
+                    let r = k.reg(Class::B32);
+                    k.ins(format!("ld.shared.b32 {r}, [{b_cur}+{o}];"));
+                    r
+                })
+                .collect();
+            bfr.push(regs);
+        }
+        for i in 0..2 {
+            for j in 0..4 {
+                let c = &accs[(i * 4 + j) * 4..(i * 4 + j) * 4 + 4];
+                k.ins(format!(
+                    "mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{{}}}, {{{}}}, {{{}}}, {{{}}};",
+                    list(c),
+                    list(&afr[i]),
+                    list(&bfr[j]),
+                    list(c),
+                    t = h.ptx()
+                ));
             }
         }
     }

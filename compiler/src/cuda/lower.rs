@@ -6,7 +6,7 @@
 
 use super::gemm::{ALayout, BLayout, ConvGeom, Gemm, YLayout};
 use super::{
-    conv, elementwise, gather, gemm, grid_for, layernorm, reduce, resize, softmax, strided, GpuTarget, Kernel,
+    conv, elementwise, gather, gemm, grid_for, layernorm, reduce, resize, softmax, strided, GpuTarget, Half, Kernel,
 };
 use crate::codegen::ReduceMode;
 use crate::ewprog::{self, Binary, Inst, Operand, Unary};
@@ -795,6 +795,8 @@ impl Lowering<'_> {
                     DType::I64 => Some(gather::Elem::I64),
                     DType::I32 => Some(gather::Elem::I32),
                     DType::Bool => Some(gather::Elem::Bool),
+                    DType::F16 => Some(gather::Elem::F16),
+                    DType::BF16 => Some(gather::Elem::Bf16),
                     _ => None,
                 };
                 let (from, to) = (self.values[x].dtype, self.values[y].dtype);
@@ -828,6 +830,19 @@ impl Lowering<'_> {
         bias: Option<usize>,
         res: Option<usize>,
     ) -> Result<(), String> {
+        // Constant weights go to the device in half precision when the target says so.
+        let packed = match (self.target.half, g.b) {
+            (Some(h), BLayout::Rows { batch_stride: 0 } | BLayout::Cols { batch_stride: 0 }) => {
+                let cols = matches!(g.b, BLayout::Cols { .. });
+                self.half_weights(w, g.k as usize, g.n as usize, cols, h).map(|v| (v, h))
+            }
+            _ => None,
+        };
+        let (g, w) = match packed {
+            Some((v, h)) => (Gemm { b: BLayout::Half(h), ..*g }, v),
+            None => (*g, w),
+        };
+        let g = &g;
         let name = self.kernel_name(n);
         let k = gemm::gemm_kernel(&name, g, &self.target, vec![]).map_err(|e| e.0)?;
         let mut args = vec![Arg::Value(a), Arg::Value(w), Arg::Value(y)];
@@ -835,6 +850,30 @@ impl Lowering<'_> {
         args.extend(res.map(Arg::Value));
         self.push(n, k, args);
         Ok(())
+    }
+
+    /// The value `w`, when it is a constant of f32 weights (`[K, N]`, or with `cols`
+    /// `[N, K]`), packed for half-precision GEMMs (`gemm::pack_half`), once per weight and
+    /// type; `None` for any other value.
+    fn half_weights(&mut self, w: usize, k: usize, n: usize, cols: bool, h: Half) -> Option<usize> {
+        let name = format!("{}:{}", self.values[w].name, h.ptx());
+        if let Some(&v) = self.index.get(&name) {
+            return Some(v);
+        }
+        let t = match &self.values[w].storage {
+            Storage::Constant(t) if t.dtype() == DType::F32 && t.len() == k * n => t,
+            _ => return None,
+        };
+        let packed = gemm::pack_half(t.data::<f32>(), k, n, cols, h);
+        let v = self.values.len();
+        self.values.push(Value {
+            name: name.clone(),
+            dtype: packed.dtype(),
+            shape: packed.shape().to_vec(),
+            storage: Storage::Constant(packed),
+        });
+        self.index.insert(name, v);
+        Some(v)
     }
 
     /// A constant table the program uploads (named after its node).
@@ -1137,8 +1176,64 @@ pub fn lower(g: &Graph, target: &GpuTarget) -> Result<CudaProgram, LowerError> {
         outputs,
         arena_bytes: 0,
     };
+    drop_unused_constants(&mut p);
     plan_arena(&mut p);
     Ok(p)
+}
+
+/// Removes constants no launch reads and no output is (weights replaced by their packed
+/// half-precision form), so they are not uploaded; value indices are renumbered.
+fn drop_unused_constants(p: &mut CudaProgram) {
+    let mut used = vec![false; p.values.len()];
+    fn mark(p: &CudaProgram, used: &mut [bool], mut v: usize) {
+        loop {
+            used[v] = true;
+            match p.values[v].storage {
+                Storage::Alias(a) => v = a,
+                _ => break,
+            }
+        }
+    }
+    for l in &p.launches {
+        for a in &l.args {
+            if let Arg::Value(v) = a {
+                mark(p, &mut used, *v);
+            }
+        }
+    }
+    for &v in p.inputs.iter().chain(&p.outputs) {
+        mark(p, &mut used, v);
+    }
+    let keep: Vec<bool> =
+        p.values.iter().enumerate().map(|(v, val)| used[v] || !matches!(val.storage, Storage::Constant(_))).collect();
+    if keep.iter().all(|&k| k) {
+        return;
+    }
+    let mut new_index = vec![usize::MAX; p.values.len()];
+    let mut next = 0;
+    for (v, &k) in keep.iter().enumerate() {
+        if k {
+            new_index[v] = next;
+            next += 1;
+        }
+    }
+    let values = std::mem::take(&mut p.values);
+    p.values = values.into_iter().enumerate().filter(|(v, _)| keep[*v]).map(|(_, val)| val).collect();
+    for val in &mut p.values {
+        if let Storage::Alias(a) = &mut val.storage {
+            *a = new_index[*a];
+        }
+    }
+    for l in &mut p.launches {
+        for a in &mut l.args {
+            if let Arg::Value(v) = a {
+                *v = new_index[*v];
+            }
+        }
+    }
+    for v in p.inputs.iter_mut().chain(p.outputs.iter_mut()) {
+        *v = new_index[*v];
+    }
 }
 
 /// Places every arena value by lifetime (first fit, 256-byte aligned): a value lives from

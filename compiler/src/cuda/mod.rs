@@ -43,15 +43,50 @@ pub struct GpuTarget {
     /// Whether f32 GEMMs may use TF32 tensor cores (`--allow-tf32`: 10-bit mantissas in
     /// the products, f32 sums).
     pub allow_tf32: bool,
+    /// Whether GEMMs with constant weights keep them in half precision on the device and
+    /// multiply on f16 / bf16 tensor cores (activations rounded to the same type as they
+    /// enter the product, f32 sums and epilogue): half models, or `--weights f16|bf16`.
+    pub half: Option<Half>,
+}
+
+/// A half-precision type for weights and tensor-core products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    /// IEEE binary16: 10-bit mantissa, 5-bit exponent (largest finite 65504).
+    F16,
+    /// bfloat16: 7-bit mantissa, f32's 8-bit exponent.
+    Bf16,
+}
+
+impl Half {
+    /// The PTX type name (`f16`, `bf16`).
+    pub fn ptx(self) -> &'static str {
+        match self {
+            Half::F16 => "f16",
+            Half::Bf16 => "bf16",
+        }
+    }
 }
 
 impl GpuTarget {
     /// An A100-class GPU (sm_80: 108 SMs).
-    pub const SM80: GpuTarget =
-        GpuTarget { sm: 80, sms: 108, shared_per_block: 48 * 1024, regs_per_thread: 255, allow_tf32: false };
+    pub const SM80: GpuTarget = GpuTarget {
+        sm: 80,
+        sms: 108,
+        shared_per_block: 48 * 1024,
+        regs_per_thread: 255,
+        allow_tf32: false,
+        half: None,
+    };
     /// An H100/H200-class GPU (sm_90: 132 SMs).
-    pub const SM90: GpuTarget =
-        GpuTarget { sm: 90, sms: 132, shared_per_block: 48 * 1024, regs_per_thread: 255, allow_tf32: false };
+    pub const SM90: GpuTarget = GpuTarget {
+        sm: 90,
+        sms: 132,
+        shared_per_block: 48 * 1024,
+        regs_per_thread: 255,
+        allow_tf32: false,
+        half: None,
+    };
 
     /// The target for `sm_80` / `sm_90` (also `80`, `90`).
     pub fn parse(s: &str) -> Option<GpuTarget> {
@@ -65,6 +100,11 @@ impl GpuTarget {
     /// The same target with TF32 tensor cores allowed or not.
     pub fn with_tf32(self, allow: bool) -> GpuTarget {
         GpuTarget { allow_tf32: allow, ..self }
+    }
+
+    /// The same target with constant GEMM weights in `half` precision (or in f32).
+    pub fn with_half(self, half: Option<Half>) -> GpuTarget {
+        GpuTarget { half, ..self }
     }
 }
 

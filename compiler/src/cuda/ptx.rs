@@ -15,10 +15,12 @@ pub enum Class {
     B64,
     /// `.f32` (`%f`).
     F32,
+    /// `.b16` (`%rs`): f16 / bf16 bit patterns.
+    B16,
 }
 
 impl Class {
-    const ALL: [Class; 4] = [Class::Pred, Class::B32, Class::B64, Class::F32];
+    const ALL: [Class; 5] = [Class::Pred, Class::B32, Class::B64, Class::F32, Class::B16];
 
     fn prefix(self) -> &'static str {
         match self {
@@ -26,6 +28,7 @@ impl Class {
             Class::B32 => "r",
             Class::B64 => "rd",
             Class::F32 => "f",
+            Class::B16 => "rs",
         }
     }
 
@@ -35,6 +38,7 @@ impl Class {
             Class::B32 => ".b32",
             Class::B64 => ".b64",
             Class::F32 => ".f32",
+            Class::B16 => ".b16",
         }
     }
 
@@ -74,7 +78,7 @@ pub struct GridLoop {
 pub struct Kernel {
     name: String,
     params: Vec<(String, &'static str)>,
-    counts: [u32; 4],
+    counts: [u32; 5],
     shared: Vec<(String, usize)>,
     body: String,
     labels: u32,
@@ -86,7 +90,7 @@ impl Kernel {
         Kernel {
             name: name.to_string(),
             params: Vec::new(),
-            counts: [0; 4],
+            counts: [0; 5],
             shared: Vec::new(),
             body: String::new(),
             labels: 0,

@@ -1,7 +1,7 @@
 //! The generated kernels run in the PTX interpreter against exact (f64) arithmetic, and
 //! pass `ptxas` for sm_80 and sm_90 with no spills.
 
-use super::{elementwise, gather, gemm, ptx, reduce, softmax, strided, GpuTarget, Kernel};
+use super::{elementwise, gather, gemm, ptx, reduce, softmax, strided, GpuTarget, Half, Kernel};
 use crate::codegen::ReduceMode;
 use crate::ewprog::{self, Binary, Inst, Operand, Unary};
 use aim_kernels::gemm::Activation;
@@ -254,9 +254,18 @@ fn check_dense(d: gemm::Dense, target: GpuTarget, tol: f64, seed: u64) {
     let w = rng.vec(k * n, -1.0, 1.0);
     let b = rng.vec(n, -1.0, 1.0);
     let r = rng.vec(m * n, -1.0, 1.0);
-    let kern = gemm::kernel("dense", &d, &target, vec![]).unwrap();
+    // With `target.half`, the weights go in packed as the lowering packs constants.
+    let mut g = d.gemm();
     let mut mem = Memory::new();
-    let (aa, wa, ya) = (mem.upload(&a), mem.upload(&w), mem.alloc(m * n * 4));
+    let wa = match target.half {
+        Some(h) => {
+            g.b = gemm::BLayout::Half(h);
+            mem.upload_bytes(gemm::pack_half(&w, k, n, false, h).bytes())
+        }
+        None => mem.upload(&w),
+    };
+    let kern = gemm::gemm_kernel("dense", &g, &target, vec![]).unwrap();
+    let (aa, ya) = (mem.upload(&a), mem.alloc(m * n * 4));
     let mut args = vec![Arg::U64(aa), Arg::U64(wa), Arg::U64(ya)];
     if d.bias {
         args.push(Arg::U64(mem.upload(&b)));
@@ -307,6 +316,19 @@ fn dense_tf32_tensor_cores_match_within_tf32_rounding() {
         let d = gemm::Dense { m, n, k, bias: true, residual: s % 2 == 1, activation: act };
         // Two TF32 roundings (2^-11 each) per product.
         check_dense(d, GpuTarget::SM90.with_tf32(true), 1.1e-3, 21 + s as u64);
+    }
+}
+
+#[test]
+fn dense_half_tensor_cores_match_within_half_rounding() {
+    // Odd depths (the packed weights' zero pad), edges in M and N, every epilogue part.
+    let shapes = [(16, 8, 16), (70, 75, 33), (128, 128, 64), (3, 65, 17)];
+    for (s, &(m, n, k)) in shapes.iter().enumerate() {
+        let act = [Activation::Identity, Activation::Relu, Activation::Gelu, Activation::Silu][s];
+        let d = gemm::Dense { m, n, k, bias: s != 1, residual: s % 2 == 1, activation: act };
+        // Two roundings per product: 2^-11 each for f16, 2^-8 for bf16.
+        check_dense(d, GpuTarget::SM80.with_half(Some(Half::F16)), 1.1e-3, 31 + s as u64);
+        check_dense(d, GpuTarget::SM90.with_half(Some(Half::Bf16)), 8.5e-3, 41 + s as u64);
     }
 }
 
@@ -400,7 +422,14 @@ fn all_kernels() -> Vec<String> {
         let k = strided::compare(&format!("compare{j}"), &[2, 3, 4], &[vec![12, 4, 1], vec![0, 1, 0]], "lt", ty);
         out.push(k.finish());
     }
-    let elems = [gather::Elem::F32, gather::Elem::I64, gather::Elem::I32, gather::Elem::Bool];
+    let elems = [
+        gather::Elem::F32,
+        gather::Elem::I64,
+        gather::Elem::I32,
+        gather::Elem::Bool,
+        gather::Elem::F16,
+        gather::Elem::Bf16,
+    ];
     for (a, &from) in elems.iter().enumerate() {
         for (b, &to) in elems.iter().enumerate() {
             out.extend(gather::cast(&format!("cast{a}{b}"), from, to).map(|k| k.finish()));
@@ -410,6 +439,11 @@ fn all_kernels() -> Vec<String> {
         let d = gemm::Dense { m: 128, n: 768, k: 768, bias: true, residual: true, activation: Activation::Gelu };
         let t = GpuTarget::SM80.with_tf32(tf32);
         out.push(gemm::kernel(&format!("dense_tf32_{tf32}"), &d, &t, vec![]).unwrap().ptx);
+    }
+    for h in [Half::F16, Half::Bf16] {
+        let d = gemm::Dense { m: 128, n: 768, k: 768, bias: true, residual: true, activation: Activation::Gelu };
+        let g = gemm::Gemm { b: gemm::BLayout::Half(h), ..d.gemm() };
+        out.push(gemm::gemm_kernel(&format!("dense_{}", h.ptx()), &g, &GpuTarget::SM80, vec![]).unwrap().ptx);
     }
     out
 }

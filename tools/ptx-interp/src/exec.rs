@@ -491,6 +491,10 @@ impl Block<'_> {
             Op::Not(Ty::Pred) => u64::from(v(1) == 0),
             Op::Not(ty) => mask(!v(1), ty),
             Op::Cvt { dst, src, round } => cvt(v(1), dst, src, round),
+            Op::CvtPack(bf16) => {
+                let h = |x: u64| u64::from(half_bits(f(x), bf16));
+                (h(v(1)) << 16) | h(v(2))
+            }
             Op::Setp(cmp, ty) => {
                 let (x, y) = (v(1), v(2));
                 let ord = if ty == Ty::F32 {
@@ -565,7 +569,7 @@ impl Block<'_> {
                     Block::set(t, &a[0], v);
                 }
             }
-            Op::MmaTf32 => {
+            Op::MmaTf32 | Op::MmaHalf(_) => {
                 if lanes.len() != 32 {
                     return Err(self.fault(lanes[0], inst, "mma.sync needs all 32 lanes of the warp".into()));
                 }
@@ -576,20 +580,40 @@ impl Block<'_> {
                 let (d, ar, br, cr) =
                     (regs(&inst.args[0]), regs(&inst.args[1]), regs(&inst.args[2]), regs(&inst.args[3]));
                 if d.len() != 4 || ar.len() != 4 || br.len() != 2 || cr.len() != 4 {
-                    return Err(self.fault(lanes[0], inst, "mma.sync m16n8k8 tf32 takes {4}, {4}, {2}, {4}".into()));
+                    return Err(self.fault(lanes[0], inst, "mma.sync m16n8 takes {4}, {4}, {2}, {4}".into()));
                 }
-                let (mut am, mut bm, mut cm) = ([[0f32; 8]; 16], [[0f32; 8]; 8], [[0f32; 8]; 16]);
+                // A is 16×K and B K×8: K = 8 (tf32, one element a register) or 16 (two halves a
+                // register, the lower half first).
+                let kdim = if inst.op == Op::MmaTf32 { 8 } else { 16 };
+                let (mut am, mut bm, mut cm) = ([[0f32; 16]; 16], [[0f32; 8]; 16], [[0f32; 8]; 16]);
                 let t32 = |x: u64| f32::from_bits(lo(x) & !0x1fff);
                 for t in lanes.iter() {
                     let l = lane(t) as usize;
                     let (g, q) = (l / 4, l % 4);
                     let rv = |r: u32| t.regs[r as usize];
-                    am[g][q] = t32(rv(ar[0]));
-                    am[g + 8][q] = t32(rv(ar[1]));
-                    am[g][q + 4] = t32(rv(ar[2]));
-                    am[g + 8][q + 4] = t32(rv(ar[3]));
-                    bm[q][g] = t32(rv(br[0]));
-                    bm[q + 4][g] = t32(rv(br[1]));
+                    match inst.op {
+                        Op::MmaHalf(bf16) => {
+                            let pair = |r: u32| {
+                                let w = lo(rv(r));
+                                (half_value(w as u16, bf16), half_value((w >> 16) as u16, bf16))
+                            };
+                            for (k, (row, col)) in
+                                [(g, 2 * q), (g + 8, 2 * q), (g, 2 * q + 8), (g + 8, 2 * q + 8)].into_iter().enumerate()
+                            {
+                                (am[row][col], am[row][col + 1]) = pair(ar[k]);
+                            }
+                            (bm[2 * q][g], bm[2 * q + 1][g]) = pair(br[0]);
+                            (bm[2 * q + 8][g], bm[2 * q + 9][g]) = pair(br[1]);
+                        }
+                        _ => {
+                            am[g][q] = t32(rv(ar[0]));
+                            am[g + 8][q] = t32(rv(ar[1]));
+                            am[g][q + 4] = t32(rv(ar[2]));
+                            am[g + 8][q + 4] = t32(rv(ar[3]));
+                            bm[q][g] = t32(rv(br[0]));
+                            bm[q + 4][g] = t32(rv(br[1]));
+                        }
+                    }
                     cm[g][2 * q] = f(rv(cr[0]));
                     cm[g][2 * q + 1] = f(rv(cr[1]));
                     cm[g + 8][2 * q] = f(rv(cr[2]));
@@ -598,7 +622,7 @@ impl Block<'_> {
                 let mut dm = [[0f32; 8]; 16];
                 for (i, row) in dm.iter_mut().enumerate() {
                     for (j, out) in row.iter_mut().enumerate() {
-                        let s: f64 = (0..8).map(|k| f64::from(am[i][k]) * f64::from(bm[k][j])).sum();
+                        let s: f64 = (0..kdim).map(|k| f64::from(am[i][k]) * f64::from(bm[k][j])).sum();
                         *out = (s + f64::from(cm[i][j])) as f32;
                     }
                 }
@@ -622,11 +646,30 @@ impl Block<'_> {
     }
 }
 
+/// The bits of `x` rounded to nearest even as f16 (or bf16).
+fn half_bits(x: f32, bf16: bool) -> u16 {
+    if bf16 {
+        half::bf16::from_f32(x).to_bits()
+    } else {
+        half::f16::from_f32(x).to_bits()
+    }
+}
+
+/// The value of f16 (or bf16) bits.
+fn half_value(bits: u16, bf16: bool) -> f32 {
+    if bf16 {
+        half::bf16::from_bits(bits).to_f32()
+    } else {
+        half::f16::from_bits(bits).to_f32()
+    }
+}
+
 #[inline(always)]
 fn mask(v: u64, ty: Ty) -> u64 {
     match ty {
         Ty::Pred => u64::from(v != 0),
         t if t.wide() => v,
+        Ty::U16 | Ty::B16 | Ty::F16 | Ty::Bf16 => v & 0xffff,
         _ => v & 0xffff_ffff,
     }
 }
@@ -642,6 +685,10 @@ fn sext(v: u64, ty: Ty) -> i64 {
 
 fn cvt(x: u64, dst: Ty, src: Ty, round: Round) -> u64 {
     match (dst, src) {
+        (Ty::F32, Ty::F16) => fb(half_value(x as u16, false)),
+        (Ty::F32, Ty::Bf16) => fb(half_value(x as u16, true)),
+        (Ty::F16, Ty::F32) => u64::from(half_bits(f(x), false)),
+        (Ty::Bf16, Ty::F32) => u64::from(half_bits(f(x), true)),
         (Ty::F32, Ty::F32) => fb(match round {
             Round::Rni => f(x).round_ties_even(),
             Round::Rzi => f(x).trunc(),

@@ -28,6 +28,10 @@ pub(crate) enum Ty {
     Tf32,
     U8,
     S8,
+    U16,
+    B16,
+    F16,
+    Bf16,
 }
 
 impl Ty {
@@ -44,6 +48,10 @@ impl Ty {
             "tf32" => Ty::Tf32,
             "u8" => Ty::U8,
             "s8" => Ty::S8,
+            "u16" => Ty::U16,
+            "b16" => Ty::B16,
+            "f16" => Ty::F16,
+            "bf16" => Ty::Bf16,
             _ => return None,
         })
     }
@@ -53,6 +61,7 @@ impl Ty {
         match self {
             Ty::U64 | Ty::S64 | Ty::B64 => 8,
             Ty::U8 | Ty::S8 => 1,
+            Ty::U16 | Ty::B16 | Ty::F16 | Ty::Bf16 => 2,
             _ => 4,
         }
     }
@@ -162,6 +171,11 @@ pub(crate) enum Op {
     BarSync,
     Shfl(Shfl),
     MmaTf32,
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32` (true: bf16).
+    MmaHalf(bool),
+    /// `cvt.rn.{f16x2,bf16x2}.f32 d, a, b` (true: bf16): `a` rounded into the upper half of
+    /// `d`, `b` into the lower.
+    CvtPack(bool),
     CpAsync,
     CpCommit,
     CpWait,
@@ -170,7 +184,7 @@ pub(crate) enum Op {
 impl Op {
     /// Whether the op is executed by a whole warp at once.
     pub(crate) fn warp_collective(self) -> bool {
-        matches!(self, Op::Shfl(_) | Op::MmaTf32)
+        matches!(self, Op::Shfl(_) | Op::MmaTf32 | Op::MmaHalf(_))
     }
 }
 
@@ -411,7 +425,7 @@ fn inst(l: &str, line: usize, scope: &Scope, labels: &HashMap<String, usize>) ->
         Op::Sqrt | Op::Lg2 | Op::Rcp | Op::Not(_) | Op::Cvt { .. } => 2,
         Op::Mad(_) | Op::Fma | Op::Selp(_) => 4,
         Op::Shfl(_) => 5,
-        Op::MmaTf32 => 4,
+        Op::MmaTf32 | Op::MmaHalf(_) => 4,
         Op::CpAsync => args.len().clamp(3, 4),
         _ => 3,
     };
@@ -473,6 +487,8 @@ fn decode(opcode: &str) -> Option<Op> {
         "or" => Op::Or(ty()?),
         "xor" => Op::Xor(ty()?),
         "not" => Op::Not(ty()?),
+        "cvt" if opcode == "cvt.rn.f16x2.f32" => Op::CvtPack(false),
+        "cvt" if opcode == "cvt.rn.bf16x2.f32" => Op::CvtPack(true),
         "cvt" => {
             let round = match *p.get(1)? {
                 "rn" => Round::Rn,
@@ -509,6 +525,9 @@ fn decode(opcode: &str) -> Option<Op> {
             _ => return None,
         }),
         "mma" if opcode == "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" => Op::MmaTf32,
+        "mma" if opcode == "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" => Op::MmaHalf(false),
+        "mma" if opcode == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" => Op::MmaHalf(true),
+
         "cp" if opcode == "cp.async.ca.shared.global" || opcode == "cp.async.cg.shared.global" => Op::CpAsync,
         "cp" if opcode == "cp.async.commit_group" => Op::CpCommit,
         "cp" if opcode == "cp.async.wait_group" => Op::CpWait,
