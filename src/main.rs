@@ -42,7 +42,9 @@ struct LoadArgs {
     #[arg(long, value_name = "N")]
     shape_cache: Option<usize>,
     /// How dense layers (MatMul / Gemm) hold their weights: f32, or f16 (half the memory,
-    /// widened inside the GEMM; each weight rounded to the nearest f16).
+    /// widened inside the GEMM; each weight rounded to the nearest f16). On the cuda
+    /// backend f16 also covers convolutions and multiplies on f16 tensor cores (a model
+    /// whose weights are f16 or bf16 gets that without asking).
     #[arg(long, value_name = "f32|f16", default_value = "f32")]
     weights: String,
     /// On the cuda backend, let f32 GEMMs and convolutions use TF32 tensor cores.
