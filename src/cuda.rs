@@ -18,7 +18,10 @@ pub(crate) struct CudaExec {
     /// The type-inferred graph, weights kept, specialised per signature.
     graph: Graph,
     path: String,
-    programs: Mutex<HashMap<Signature, Arc<Loaded>>>,
+    /// Loaded programs by input-shape signature, the most recently used last; at most
+    /// `capacity` (each holds device memory: its weights and arena).
+    programs: Mutex<Vec<(Signature, Arc<Loaded>)>>,
+    capacity: usize,
 }
 
 fn compile_error(path: &str, msg: impl ToString) -> Error {
@@ -27,7 +30,13 @@ fn compile_error(path: &str, msg: impl ToString) -> Error {
 
 impl CudaExec {
     /// Opens GPU 0 and, for a model whose inputs are all static, compiles and loads it.
-    pub(crate) fn new(graph: Graph, path: &str, allow_tf32: bool, half_weights: bool) -> Result<CudaExec, Error> {
+    pub(crate) fn new(
+        graph: Graph,
+        path: &str,
+        allow_tf32: bool,
+        half_weights: bool,
+        capacity: usize,
+    ) -> Result<CudaExec, Error> {
         let device = Device::open(0).map_err(|e| compile_error(path, e))?;
         // PTX for sm_90 runs on later GPUs too (the driver compiles it for them).
         let base = if device.sm >= 90 { GpuTarget::SM90 } else { GpuTarget { sm: device.sm, ..GpuTarget::SM80 } };
@@ -36,7 +45,8 @@ impl CudaExec {
             target: base.with_tf32(allow_tf32).with_half(half_weights.then_some(aim_compiler::cuda::Half::F16)),
             graph,
             path: path.to_string(),
-            programs: Mutex::new(HashMap::new()),
+            programs: Mutex::new(Vec::new()),
+            capacity: capacity.max(1),
         };
         let sig: Option<Signature> = exec.graph.inputs.iter().map(|i| i.ty.concrete_shape()).collect();
         if let Some(sig) = sig {
@@ -51,12 +61,23 @@ impl CudaExec {
     }
 
     fn program(&self, sig: &Signature) -> Result<Arc<Loaded>, Error> {
-        if let Some(p) = self.programs.lock().unwrap_or_else(|e| e.into_inner()).get(sig) {
-            return Ok(p.clone());
+        {
+            let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = programs.iter().position(|(s, _)| s == sig) {
+                let hit = programs.remove(i);
+                let p = hit.1.clone();
+                programs.push(hit);
+                return Ok(p);
+            }
         }
         let p = crate::gpu::compile(&self.graph, sig, &self.target, &self.path)?;
         let loaded = Arc::new(self.device.load(p).map_err(|e| compile_error(&self.path, e))?);
-        self.programs.lock().unwrap_or_else(|e| e.into_inner()).insert(sig.clone(), loaded.clone());
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        if programs.len() >= self.capacity {
+            // The least recently used goes (its device memory with it, once no run holds it).
+            programs.remove(0);
+        }
+        programs.push((sig.clone(), loaded.clone()));
         Ok(loaded)
     }
 

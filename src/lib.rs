@@ -140,8 +140,8 @@ pub struct Options {
     /// one on first use for any other shape): each entry one signature, giving the shape of
     /// every input with symbolic dims, by name.
     pub shapes: Vec<InputShapes>,
-    /// How many specialised programs the cpu backend keeps (the most recently used);
-    /// `None`: 8.
+    /// How many specialised programs the cpu and cuda backends keep (the most recently
+    /// used); `None`: 8.
     pub shape_cache: Option<usize>,
     /// Keep dense layers' (MatMul / Gemm) weights as f16: on the cpu backend half their
     /// memory, widened to f32 panel by panel inside the GEMM; on the cuda backend every
@@ -468,9 +468,13 @@ impl Model {
         let exec = match opts.backend {
             Backend::Reference => Exec::Reference,
             #[cfg(feature = "cuda")]
-            Backend::Cuda => {
-                Exec::Cuda(Box::new(cuda::CudaExec::new(ir.graph.clone(), &p, opts.allow_tf32, opts.half_weights)?))
-            }
+            Backend::Cuda => Exec::Cuda(Box::new(cuda::CudaExec::new(
+                ir.graph.clone(),
+                &p,
+                opts.allow_tf32,
+                opts.half_weights,
+                opts.shape_cache.unwrap_or(specialize::DEFAULT_CAPACITY),
+            )?)),
             #[cfg(not(feature = "cuda"))]
             Backend::Cuda => {
                 return Err(Error::BadOption {

@@ -333,8 +333,12 @@ fn unavailable(kind: DeviceKind) -> Option<String> {
         DeviceKind::X86 if cfg!(target_arch = "x86_64") => None,
         DeviceKind::Arm64 if cfg!(target_arch = "aarch64") => None,
         DeviceKind::X86 | DeviceKind::Arm64 => Some(format!("this host is {}", std::env::consts::ARCH)),
+        // Opening the GPU loads the driver and creates a context: probed once per process.
         #[cfg(feature = "cuda")]
-        DeviceKind::Cuda => aim_runtime::cuda::device::Device::open(0).err().map(|e| e.to_string()),
+        DeviceKind::Cuda => {
+            static PROBE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+            PROBE.get_or_init(|| aim_runtime::cuda::device::Device::open(0).err().map(|e| e.to_string())).clone()
+        }
         #[cfg(not(feature = "cuda"))]
         DeviceKind::Cuda => Some("this build of aim has no cuda backend".into()),
     }

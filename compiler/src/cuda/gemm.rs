@@ -61,23 +61,22 @@ pub enum BLayout {
 pub fn pack_half(w: &[f32], k: usize, n: usize, cols: bool, half: Half) -> aim_ir::Tensor {
     let kp = k.next_multiple_of(2);
     let at = |kk: usize, nn: usize| if cols { w[nn * k + kk] } else { w[kk * n + nn] };
+    fn packed<T: std::marker::Copy>(n: usize, k: usize, kp: usize, zero: T, at: impl Fn(usize, usize) -> T) -> Vec<T> {
+        let mut v = vec![zero; n * kp];
+        for nn in 0..n {
+            for kk in 0..k {
+                v[nn * kp + kk] = at(kk, nn);
+            }
+        }
+        v
+    }
     match half {
         Half::F16 => {
-            let mut v = vec![half::f16::ZERO; n * kp];
-            for nn in 0..n {
-                for kk in 0..k {
-                    v[nn * kp + kk] = half::f16::from_f32(at(kk, nn));
-                }
-            }
+            let v = packed(n, k, kp, half::f16::ZERO, |kk, nn| half::f16::from_f32(at(kk, nn)));
             aim_ir::Tensor::from_vec(&[n, kp], v)
         }
         Half::Bf16 => {
-            let mut v = vec![half::bf16::ZERO; n * kp];
-            for nn in 0..n {
-                for kk in 0..k {
-                    v[nn * kp + kk] = half::bf16::from_f32(at(kk, nn));
-                }
-            }
+            let v = packed(n, k, kp, half::bf16::ZERO, |kk, nn| half::bf16::from_f32(at(kk, nn)));
             aim_ir::Tensor::from_vec(&[n, kp], v)
         }
     }

@@ -34,6 +34,8 @@ struct Lowering<'g> {
     index: HashMap<String, usize>,
     kernels: Vec<Kernel>,
     launches: Vec<Launch>,
+    /// Each distinct kernel (code with its name left out, geometry) and its index.
+    distinct: HashMap<(String, [u32; 3], [u32; 3], usize), usize>,
 }
 
 /// The activation fused into an `aim:Dense` / `aim:Conv` (as the cpu runtime reads it).
@@ -124,10 +126,26 @@ impl Lowering<'_> {
         );
     }
 
+    /// Adds a launch of `kernel`; a kernel already in the program with the same code and
+    /// geometry (a repeated layer) is launched again instead of being added twice.
     fn push(&mut self, n: &Node, mut kernel: Kernel, args: Vec<Arg>) {
-        kernel.sources = crate::passes::sources_of(n);
-        self.launches.push(Launch { kernel: self.kernels.len(), args, node: n.name.clone() });
-        self.kernels.push(kernel);
+        let sources = crate::passes::sources_of(n);
+        let body = kernel.ptx.replacen(&format!(".entry {}(", kernel.name), ".entry (", 1);
+        let key = (body, kernel.grid, kernel.block, kernel.shared_bytes);
+        let index = match self.distinct.get(&key) {
+            Some(&i) => {
+                let known = &mut self.kernels[i].sources;
+                known.extend(sources.into_iter().filter(|s| !known.contains(s)).collect::<Vec<_>>());
+                i
+            }
+            None => {
+                kernel.sources = sources;
+                self.distinct.insert(key, self.kernels.len());
+                self.kernels.push(kernel);
+                self.kernels.len() - 1
+            }
+        };
+        self.launches.push(Launch { kernel: index, args, node: n.name.clone() });
     }
 
     fn kernel_name(&self, n: &Node) -> String {
@@ -1138,6 +1156,7 @@ pub fn lower(g: &Graph, target: &GpuTarget) -> Result<CudaProgram, LowerError> {
         index: HashMap::new(),
         kernels: Vec::new(),
         launches: Vec::new(),
+        distinct: HashMap::new(),
     };
     let mut inputs = Vec::new();
     for i in &g.inputs {

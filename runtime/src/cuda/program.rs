@@ -101,7 +101,7 @@ pub struct Launch {
 pub struct CudaProgram {
     /// The architecture the PTX was generated for (`sm_<sm>`).
     pub sm: u32,
-    /// Every kernel, one per launch.
+    /// Every distinct kernel (launches of the same code with the same geometry share one).
     pub kernels: Vec<Kernel>,
     /// Every device value.
     pub values: Vec<Value>,
