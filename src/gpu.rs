@@ -55,3 +55,19 @@ pub fn half_model(graph: &aim_ir::Graph) -> Option<Half> {
         None
     }
 }
+
+/// The GPU the cuda backend runs on here (its name and architecture), or why there is none
+/// (no driver, no device, too old a device, or a build without the backend): what ONNX
+/// Runtime-style provider lists and `aim serve` ask before choosing the GPU.
+pub fn device() -> Result<String, String> {
+    #[cfg(feature = "cuda")]
+    {
+        aim_runtime::cuda::device::Device::open(0)
+            .map(|d| format!("{} (sm_{})", d.name, d.sm))
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("this build of aim has no cuda backend (cargo feature `cuda`)".into())
+    }
+}

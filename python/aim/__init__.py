@@ -24,6 +24,7 @@ import numpy as np
 from ._aim import AimError, __version__
 from ._aim import Model as _NativeModel
 from ._aim import compile as _compile
+from ._aim import cuda_device as _cuda_device
 
 __all__ = ["AimError", "InferenceSession", "Model", "NodeArg", "SessionOptions", "compile",
            "get_available_providers", "__version__"]
@@ -46,12 +47,27 @@ _ORT_TYPES = {
     "uint64": "tensor(uint64)", "bool": "tensor(bool)",
 }
 
-_PROVIDERS = ["CPUExecutionProvider"]
+_CUDA = "CUDAExecutionProvider"
+_CPU = "CPUExecutionProvider"
+_cuda_probe = None
+
+
+def _cuda_status():
+    """(whether aim's cuda backend has a GPU here, the GPU or why not), probed once."""
+    global _cuda_probe
+    if _cuda_probe is None:
+        try:
+            _cuda_probe = (True, _cuda_device())
+        except AimError as e:
+            _cuda_probe = (False, str(e))
+    return _cuda_probe
 
 
 def get_available_providers():
-    """The execution providers aim offers (onnxruntime.get_available_providers)."""
-    return list(_PROVIDERS)
+    """The execution providers aim offers here, preferred first
+    (onnxruntime.get_available_providers): CUDAExecutionProvider where aim's cuda backend
+    has a GPU, and CPUExecutionProvider."""
+    return ([_CUDA] if _cuda_status()[0] else []) + [_CPU]
 
 
 def _feeds(feeds, declared):
@@ -156,24 +172,42 @@ class InferenceSession:
     """ONNX Runtime's InferenceSession on aim: ``InferenceSession(path_or_bytes,
     sess_options=None, providers=None)``.
 
-    Providers other than ``CPUExecutionProvider`` are not available: asking for them warns
-    and the session runs on the CPU, as ONNX Runtime does for providers it lacks.
+    ``providers`` are tried in order, as ONNX Runtime does: ``CUDAExecutionProvider`` runs the
+    model on aim's cuda backend where it has a GPU and can compile the model (aim does not
+    split a model between providers), ``CPUExecutionProvider`` on the CPU. A provider that
+    is not available, or cannot run the model, warns and the next one is tried; the CPU is
+    the last resort. None: the CPU.
     """
 
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
         opts = sess_options or SessionOptions()
         if not isinstance(opts, SessionOptions):
             raise TypeError(f"sess_options must be aim.SessionOptions, got {type(opts).__name__}")
-        for p in providers or []:
-            name = p[0] if isinstance(p, tuple) else p
-            if name not in _PROVIDERS:
-                warnings.warn(f"Specified provider '{name}' is not in available provider names "
-                              f"({', '.join(_PROVIDERS)}): aim runs the model on the CPU", RuntimeWarning,
-                              stacklevel=2)
         threads = int(opts.intra_op_num_threads or 0)
         if threads < 0:
             raise ValueError(f"intra_op_num_threads must be 0 or more, got {threads}")
-        self._model = Model(path_or_bytes, threads=threads or None)
+        self._model, self._providers = None, [_CPU]
+        for p in providers or [_CPU]:
+            name = p[0] if isinstance(p, tuple) else p
+            if name == _CUDA:
+                ok, why = _cuda_status()
+                if not ok:
+                    warnings.warn(f"{_CUDA} is not available ({why}): trying the next provider", RuntimeWarning,
+                                  stacklevel=2)
+                    continue
+                try:
+                    self._model, self._providers = Model(path_or_bytes, backend="cuda"), [_CUDA, _CPU]
+                    break
+                except AimError as e:
+                    warnings.warn(f"{_CUDA} cannot run this model ({e}): trying the next provider", RuntimeWarning,
+                                  stacklevel=2)
+            elif name == _CPU:
+                break
+            else:
+                warnings.warn(f"Specified provider '{name}' is not in available provider names "
+                              f"({', '.join(get_available_providers())})", RuntimeWarning, stacklevel=2)
+        if self._model is None:
+            self._model = Model(path_or_bytes, threads=threads or None)
         self._inputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.inputs]
         self._outputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.outputs]
 
@@ -187,7 +221,7 @@ class InferenceSession:
 
     def get_providers(self):
         """The providers this session runs on."""
-        return list(_PROVIDERS)
+        return list(self._providers)
 
     def run(self, output_names, input_feed, run_options=None):
         """Runs the model; returns the outputs named by ``output_names`` (all of them, in

@@ -261,9 +261,17 @@ fn compile<'py>(
 }
 
 /// The native module.
+/// The GPU aim's cuda backend would run on (name and architecture); raises AimError saying
+/// why there is none (no driver, no GPU, too old a GPU).
+#[pyfunction]
+fn cuda_device(py: Python<'_>) -> PyResult<String> {
+    py.detach(aim_facade::gpu::device).map_err(AimError::new_err)
+}
+
 #[pymodule]
 fn _aim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
+    m.add_function(wrap_pyfunction!(cuda_device, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("AimError", m.py().get_type::<AimError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -116,8 +116,8 @@ def test_errors_are_aim_errors_with_the_reason():
         aim.InferenceSession(b"not an onnx model")
     with pytest.raises(AttributeError):
         aim.SessionOptions().no_such_option = 1
-    with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider"):
-        aim.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider"])
+    with pytest.warns(RuntimeWarning, match="TensorrtExecutionProvider"):
+        aim.InferenceSession(path("mlp"), providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
 
 
 @needs_models
@@ -147,8 +147,27 @@ def test_concurrent_runs_from_python_threads():
 
 
 def test_providers_and_version():
-    assert aim.get_available_providers() == ["CPUExecutionProvider"]
+    available = aim.get_available_providers()
+    assert available[-1] == "CPUExecutionProvider" and set(available) <= {"CUDAExecutionProvider",
+                                                                          "CPUExecutionProvider"}
     assert aim.__version__
+
+
+@needs_models
+def test_cuda_provider_runs_on_the_gpu_or_falls_back_to_the_cpu():
+    """ONNX Runtime's provider list: the CUDA provider where aim has a GPU, else a warning
+    saying why and the CPU."""
+    x = feeds("mlp")
+    want = aim.InferenceSession(path("mlp")).run(None, x)
+    if "CUDAExecutionProvider" in aim.get_available_providers():
+        sess = aim.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        assert sess.get_providers() == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        np.testing.assert_allclose(sess.run(None, x)[0], want[0], rtol=1e-4, atol=1e-5)
+    else:
+        with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider is not available"):
+            sess = aim.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        assert sess.get_providers() == ["CPUExecutionProvider"]
+        np.testing.assert_array_equal(sess.run(None, x)[0], want[0])
 
 
 @needs_models

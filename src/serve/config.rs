@@ -334,13 +334,10 @@ fn unavailable(kind: DeviceKind) -> Option<String> {
         DeviceKind::Arm64 if cfg!(target_arch = "aarch64") => None,
         DeviceKind::X86 | DeviceKind::Arm64 => Some(format!("this host is {}", std::env::consts::ARCH)),
         // Opening the GPU loads the driver and creates a context: probed once per process.
-        #[cfg(feature = "cuda")]
         DeviceKind::Cuda => {
             static PROBE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-            PROBE.get_or_init(|| aim_runtime::cuda::device::Device::open(0).err().map(|e| e.to_string())).clone()
+            PROBE.get_or_init(|| crate::gpu::device().err()).clone()
         }
-        #[cfg(not(feature = "cuda"))]
-        DeviceKind::Cuda => Some("this build of aim has no cuda backend".into()),
     }
 }
 
