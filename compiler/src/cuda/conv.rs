@@ -73,50 +73,85 @@ pub struct DirectConv {
     pub activation: Activation,
 }
 
+/// What the element loop of a direct or transposed convolution kernel works with: its
+/// pointer parameters, the loop over output elements and the element's coordinates and
+/// group, and the accumulator.
+struct Frame {
+    x: Reg,
+    w: Reg,
+    y: Reg,
+    bias: Option<Reg>,
+    res: Option<Reg>,
+    lp: GridLoop,
+    n: Reg,
+    oc: Reg,
+    oh: Reg,
+    ow: Reg,
+    grp: Reg,
+    acc: Reg,
+}
+
+impl Frame {
+    /// Declares `x, w, y[, bias][, r]` and opens the loop over `d`'s output elements.
+    fn open(k: &mut Kernel, d: &DirectConv) -> Frame {
+        let g = d.geom;
+        let x = k.ptr_param("x");
+        let w = k.ptr_param("w");
+        let y = k.ptr_param("y");
+        let bias = d.bias.then(|| k.ptr_param("bias"));
+        let res = d.residual.then(|| k.ptr_param("r"));
+        let count = u64::from(d.images) * u64::from(d.oc) * u64::from(g.oh) * u64::from(g.ow);
+        let (lp, [n, oc, oh, ow]) = output_coords(k, count, d.oc, g.oh, g.ow);
+        let grp = k.op2(Class::B32, "div.u32", oc, d.oc / d.groups);
+        let acc = k.fconst(0.0);
+        Frame { x, w, y, bias, res, lp, n, oc, oh, ow, grp, acc }
+    }
+
+    /// `acc += x[idx] · w[wbase + tap]`.
+    fn mac(&self, k: &mut Kernel, idx: Reg, wbase: Reg, tap: u32) {
+        let a = k.op2(Class::B64, "mul.wide.u32", idx, 4);
+        let a = k.op2(Class::B64, "add.s64", self.x, a);
+        let xv = k.reg(Class::F32);
+        k.ins(format!("ld.global.nc.f32 {xv}, [{a}];"));
+        let widx = k.op2(Class::B32, "add.u32", wbase, tap);
+        let wa = k.op2(Class::B64, "mul.wide.u32", widx, 4);
+        let wa = k.op2(Class::B64, "add.s64", self.w, wa);
+        let wv = k.reg(Class::F32);
+        k.ins(format!("ld.global.nc.f32 {wv}, [{wa}];"));
+        k.ins(format!("fma.rn.f32 {}, {xv}, {wv}, {};", self.acc, self.acc));
+    }
+
+    /// Stores the element through the epilogue and closes the loop.
+    fn close(self, k: &mut Kernel, act: Activation) {
+        let i = self.lp.i;
+        let v = epilogue(k, self.acc, self.oc, i, self.bias, self.res, act);
+        let a = k.f32_addr(self.y, i);
+        k.ins(format!("st.global.f32 [{a}], {v};"));
+        k.end_grid_loop(self.lp);
+    }
+}
+
 /// The kernel `name(x, w, y[, bias][, r], n)`.
 pub fn direct(name: &str, d: &DirectConv) -> Kernel {
     let g = d.geom;
-    let (icg, ocg) = (g.c / d.groups, d.oc / d.groups);
+    let icg = g.c / d.groups;
     let mut k = Kernel::new(name);
-    let x = k.ptr_param("x");
-    let w = k.ptr_param("w");
-    let y = k.ptr_param("y");
-    let bias = d.bias.then(|| k.ptr_param("bias"));
-    let res = d.residual.then(|| k.ptr_param("r"));
-    let count = u64::from(d.images) * u64::from(d.oc) * u64::from(g.oh) * u64::from(g.ow);
-    let (lp, [n, oc, oh, ow]) = output_coords(&mut k, count, d.oc, g.oh, g.ow);
-    let i = lp.i;
-    let grp = k.op2(Class::B32, "div.u32", oc, ocg);
-    let acc = k.fconst(0.0);
+    let f = Frame::open(&mut k, d);
     // for ic in 0..icg (a loop: channels per group can be many)
     let ic = k.op1(Class::B32, "mov.u32", 0);
     let (ch_head, ch_done) = (k.label("ch"), k.label("ch_done"));
     k.place(&ch_head);
-    let c_in = k.op3(Class::B32, "mad.lo.u32", grp, icg, ic);
-    let nc = k.op3(Class::B32, "mad.lo.u32", n, g.c, c_in);
+    let c_in = k.op3(Class::B32, "mad.lo.u32", f.grp, icg, ic);
+    let nc = k.op3(Class::B32, "mad.lo.u32", f.n, g.c, c_in);
     let plane = k.op2(Class::B32, "mul.lo.u32", nc, g.h * g.w);
-    let wrow = k.op3(Class::B32, "mad.lo.u32", oc, icg, ic);
+    let wrow = k.op3(Class::B32, "mad.lo.u32", f.oc, icg, ic);
     let wbase = k.op2(Class::B32, "mul.lo.u32", wrow, g.kh * g.kw);
-    taps(&mut k, &g, oh, ow, plane, &mut |k, kh, kw, idx| {
-        let a = k.op2(Class::B64, "mul.wide.u32", idx, 4);
-        let a = k.op2(Class::B64, "add.s64", x, a);
-        let xv = k.reg(Class::F32);
-        k.ins(format!("ld.global.nc.f32 {xv}, [{a}];"));
-        let widx = k.op2(Class::B32, "add.u32", wbase, kh * g.kw + kw);
-        let wa = k.op2(Class::B64, "mul.wide.u32", widx, 4);
-        let wa = k.op2(Class::B64, "add.s64", w, wa);
-        let wv = k.reg(Class::F32);
-        k.ins(format!("ld.global.nc.f32 {wv}, [{wa}];"));
-        k.ins(format!("fma.rn.f32 {acc}, {xv}, {wv}, {acc};"));
-    });
+    taps(&mut k, &g, f.oh, f.ow, plane, &mut |k, kh, kw, idx| f.mac(k, idx, wbase, kh * g.kw + kw));
     k.ins(format!("add.u32 {ic}, {ic}, 1;"));
     let more = k.op2(Class::Pred, "setp.lt.u32", ic, icg);
     k.ins(format!("@{more} bra {ch_head};"));
     k.place(&ch_done);
-    let v = epilogue(&mut k, acc, oc, i, bias, res, d.activation);
-    let a = k.f32_addr(y, i);
-    k.ins(format!("st.global.f32 [{a}], {v};"));
-    k.end_grid_loop(lp);
+    f.close(&mut k, d.activation);
     k
 }
 
@@ -129,27 +164,18 @@ pub fn transposed(name: &str, d: &DirectConv) -> Kernel {
     let g = d.geom;
     let (icg, ocg) = (g.c / d.groups, d.oc / d.groups);
     let mut k = Kernel::new(name);
-    let x = k.ptr_param("x");
-    let w = k.ptr_param("w");
-    let y = k.ptr_param("y");
-    let bias = d.bias.then(|| k.ptr_param("bias"));
-    let res = d.residual.then(|| k.ptr_param("r"));
-    let count = u64::from(d.images) * u64::from(d.oc) * u64::from(g.oh) * u64::from(g.ow);
-    let (lp, [n, oc, oh, ow]) = output_coords(&mut k, count, d.oc, g.oh, g.ow);
-    let i = lp.i;
-    let grp = k.op2(Class::B32, "div.u32", oc, ocg);
-    let oc_in = k.op2(Class::B32, "rem.u32", oc, ocg);
-    let acc = k.fconst(0.0);
+    let f = Frame::open(&mut k, d);
+    let oc_in = k.op2(Class::B32, "rem.u32", f.oc, ocg);
     let ic = k.op1(Class::B32, "mov.u32", 0);
     let ch_head = k.label("ch");
     k.place(&ch_head);
-    let c_in = k.op3(Class::B32, "mad.lo.u32", grp, icg, ic);
-    let nc = k.op3(Class::B32, "mad.lo.u32", n, g.c, c_in);
+    let c_in = k.op3(Class::B32, "mad.lo.u32", f.grp, icg, ic);
+    let nc = k.op3(Class::B32, "mad.lo.u32", f.n, g.c, c_in);
     let plane = k.op2(Class::B32, "mul.lo.u32", nc, g.h * g.w);
     let wrow = k.op3(Class::B32, "mad.lo.u32", c_in, ocg, oc_in);
     let wbase = k.op2(Class::B32, "mul.lo.u32", wrow, g.kh * g.kw);
-    let th = k.op2(Class::B32, "add.s32", oh, g.pad[0]);
-    let tw = k.op2(Class::B32, "add.s32", ow, g.pad[1]);
+    let th = k.op2(Class::B32, "add.s32", f.oh, g.pad[0]);
+    let tw = k.op2(Class::B32, "add.s32", f.ow, g.pad[1]);
     for kh in 0..g.kh {
         let skip_row = k.label("row");
         let a = k.op2(Class::B32, "sub.s32", th, kh * g.dilation[0]);
@@ -174,16 +200,7 @@ pub fn transposed(name: &str, d: &DirectConv) -> Kernel {
             k.ins(format!("@{out} bra {skip};"));
             let row = k.op3(Class::B32, "mad.lo.u32", ih, g.w, iw);
             let idx = k.op2(Class::B32, "add.u32", plane, row);
-            let xa = k.op2(Class::B64, "mul.wide.u32", idx, 4);
-            let xa = k.op2(Class::B64, "add.s64", x, xa);
-            let xv = k.reg(Class::F32);
-            k.ins(format!("ld.global.nc.f32 {xv}, [{xa}];"));
-            let widx = k.op2(Class::B32, "add.u32", wbase, kh * g.kw + kw);
-            let wa = k.op2(Class::B64, "mul.wide.u32", widx, 4);
-            let wa = k.op2(Class::B64, "add.s64", w, wa);
-            let wv = k.reg(Class::F32);
-            k.ins(format!("ld.global.nc.f32 {wv}, [{wa}];"));
-            k.ins(format!("fma.rn.f32 {acc}, {xv}, {wv}, {acc};"));
+            f.mac(&mut k, idx, wbase, kh * g.kw + kw);
             k.place(&skip);
         }
         k.place(&skip_row);
@@ -191,10 +208,7 @@ pub fn transposed(name: &str, d: &DirectConv) -> Kernel {
     k.ins(format!("add.u32 {ic}, {ic}, 1;"));
     let more = k.op2(Class::Pred, "setp.lt.u32", ic, icg);
     k.ins(format!("@{more} bra {ch_head};"));
-    let v = epilogue(&mut k, acc, oc, i, bias, res, d.activation);
-    let a = k.f32_addr(y, i);
-    k.ins(format!("st.global.f32 [{a}], {v};"));
-    k.end_grid_loop(lp);
+    f.close(&mut k, d.activation);
     k
 }
 

@@ -1064,13 +1064,26 @@ impl Lowering<'_> {
             residual: res.is_some(),
             activation: act,
         };
+        self.launch_direct(n, conv::transposed("deconv", &d), [x, w, y], bias, res);
+        Ok(())
+    }
+
+    /// Launches a direct or transposed convolution kernel (`x, w, y[, bias][, r]`), a
+    /// thread per output element.
+    fn launch_direct(
+        &mut self,
+        n: &Node,
+        k: super::ptx::Kernel,
+        [x, w, y]: [usize; 3],
+        bias: Option<usize>,
+        res: Option<usize>,
+    ) {
         let mut args = vec![Arg::Value(x), Arg::Value(w), Arg::Value(y)];
         args.extend(bias.map(Arg::Value));
         args.extend(res.map(Arg::Value));
-        let count: usize = ys.iter().product();
+        let count: usize = self.shape(y).iter().product();
         let grid = grid_for(count, conv::BLOCK, &self.target);
-        self.launch(n, conv::transposed("deconv", &d), [grid, 1, 1], conv::BLOCK, args);
-        Ok(())
+        self.launch(n, k, [grid, 1, 1], conv::BLOCK, args);
     }
 
     fn conv(&mut self, n: &Node) -> Result<(), String> {
@@ -1131,12 +1144,7 @@ impl Lowering<'_> {
             residual: res.is_some(),
             activation: act,
         };
-        let mut args = vec![Arg::Value(x), Arg::Value(w), Arg::Value(y)];
-        args.extend(bias.map(Arg::Value));
-        args.extend(res.map(Arg::Value));
-        let count: usize = ys.iter().product();
-        let grid = grid_for(count, conv::BLOCK, &self.target);
-        self.launch(n, conv::direct("conv", &d), [grid, 1, 1], conv::BLOCK, args);
+        self.launch_direct(n, conv::direct("conv", &d), [x, w, y], bias, res);
         Ok(())
     }
 }

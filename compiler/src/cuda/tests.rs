@@ -507,6 +507,68 @@ fn naive_conv(x: &[f32], w: &[f32], b: &[f32], n: usize, g: &gemm::ConvGeom, oc:
     y
 }
 
+/// A square window's geometry: `c` channels of `h × w` in, `k × k` taps, `oh × ow` out.
+fn square_geom(
+    c: usize,
+    [h, w]: [usize; 2],
+    k: usize,
+    [oh, ow]: [usize; 2],
+    st: usize,
+    dil: usize,
+    pad: usize,
+) -> gemm::ConvGeom {
+    gemm::ConvGeom {
+        c: c as u32,
+        h: h as u32,
+        w: w as u32,
+        kh: k as u32,
+        kw: k as u32,
+        oh: oh as u32,
+        ow: ow as u32,
+        stride: [st as u32; 2],
+        dilation: [dil as u32; 2],
+        pad: [pad as u32; 2],
+    }
+}
+
+/// A direct or transposed convolution kernel (`gen`) with a bias, launched a thread per
+/// output element of `n` images.
+fn direct_kernel(
+    gen: fn(&str, &super::conv::DirectConv) -> super::ptx::Kernel,
+    geom: gemm::ConvGeom,
+    n: usize,
+    oc: usize,
+    groups: usize,
+    activation: Activation,
+) -> Kernel {
+    let d = super::conv::DirectConv {
+        geom,
+        images: n as u32,
+        oc: oc as u32,
+        groups: groups as u32,
+        bias: true,
+        residual: false,
+        activation,
+    };
+    let count = n as u32 * d.oc * geom.oh * geom.ow;
+    Kernel {
+        name: "conv".into(),
+        ptx: gen("conv", &d).finish(),
+        grid: [super::grid_for(count as usize, super::conv::BLOCK, &GpuTarget::SM80), 1, 1],
+        block: [super::conv::BLOCK, 1, 1],
+        shared_bytes: 0,
+        sources: vec![],
+    }
+}
+
+/// Runs a convolution kernel `(x, w, y, bias)` with an output of `count` elements.
+fn run_conv(kern: &Kernel, x: &[f32], w: &[f32], b: &[f32], count: usize) -> Vec<f32> {
+    let mut mem = Memory::new();
+    let (xa, wa, ya, ba) = (mem.upload(x), mem.upload(w), mem.alloc(count * 4), mem.upload(b));
+    launch(kern, &[Arg::U64(xa), Arg::U64(wa), Arg::U64(ya), Arg::U64(ba)], &mut mem);
+    mem.download(ya)
+}
+
 #[test]
 fn convolutions_match_with_strides_dilations_pads_and_groups() {
     // (channels, h, w, k, stride, dilation, pad (leading; the trailing pad is 1 less), out channels, groups)
@@ -519,18 +581,7 @@ fn convolutions_match_with_strides_dilations_pads_and_groups() {
     for (s, &(c, h, w, k, st, dil, pad, oc, groups)) in cases.iter().enumerate() {
         let span = dil * (k - 1) + 1;
         let (oh, ow) = ((h + 2 * pad - 1 - span) / st + 1, (w + 2 * pad - 1 - span) / st + 1);
-        let geom = gemm::ConvGeom {
-            c: c as u32,
-            h: h as u32,
-            w: w as u32,
-            kh: k as u32,
-            kw: k as u32,
-            oh: oh as u32,
-            ow: ow as u32,
-            stride: [st as u32; 2],
-            dilation: [dil as u32; 2],
-            pad: [pad as u32; 2],
-        };
+        let geom = square_geom(c, [h, w], k, [oh, ow], st, dil, pad);
         let n = 2;
         let mut rng = Rng(31 + s as u64);
         let x = rng.vec(n * c * h * w, -1.0, 1.0);
@@ -551,29 +602,9 @@ fn convolutions_match_with_strides_dilations_pads_and_groups() {
             };
             gemm::gemm_kernel("conv", &g, &GpuTarget::SM80, vec![]).unwrap()
         } else {
-            let d = super::conv::DirectConv {
-                geom,
-                images: n as u32,
-                oc: oc as u32,
-                groups: groups as u32,
-                bias: true,
-                residual: false,
-                activation: Activation::Relu,
-            };
-            let count = n * oc * oh * ow;
-            Kernel {
-                name: "conv".into(),
-                ptx: super::conv::direct("conv", &d).finish(),
-                grid: [super::grid_for(count, super::conv::BLOCK, &GpuTarget::SM80), 1, 1],
-                block: [super::conv::BLOCK, 1, 1],
-                shared_bytes: 0,
-                sources: vec![],
-            }
+            direct_kernel(super::conv::direct, geom, n, oc, groups, Activation::Relu)
         };
-        let mut mem = Memory::new();
-        let (xa, wa, ya, ba) = (mem.upload(&x), mem.upload(&wt), mem.alloc(n * oc * oh * ow * 4), mem.upload(&b));
-        launch(&kern, &[Arg::U64(xa), Arg::U64(wa), Arg::U64(ya), Arg::U64(ba)], &mut mem);
-        let got = mem.download(ya);
+        let got = run_conv(&kern, &x, &wt, &b, n * oc * oh * ow);
         let want = naive_conv(&x, &wt, &b, n, &geom, oc, groups);
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             close(g, w, 1e-5, &format!("case {s} element {i}"));
@@ -588,18 +619,7 @@ fn transposed_convolutions_match_a_scatter() {
     for (s, &(c, h, w, k, st, dil, pad, oc, groups)) in cases.iter().enumerate() {
         let span = dil * (k - 1) + 1;
         let (oh, ow) = ((h - 1) * st + span - 2 * pad, (w - 1) * st + span - 2 * pad);
-        let geom = gemm::ConvGeom {
-            c: c as u32,
-            h: h as u32,
-            w: w as u32,
-            kh: k as u32,
-            kw: k as u32,
-            oh: oh as u32,
-            ow: ow as u32,
-            stride: [st as u32; 2],
-            dilation: [dil as u32; 2],
-            pad: [pad as u32; 2],
-        };
+        let geom = square_geom(c, [h, w], k, [oh, ow], st, dil, pad);
         let n = 2;
         let (icg, ocg) = (c / groups, oc / groups);
         let mut rng = Rng(71 + s as u64);
@@ -632,28 +652,8 @@ fn transposed_convolutions_match_a_scatter() {
                 }
             }
         }
-        let d = super::conv::DirectConv {
-            geom,
-            images: n as u32,
-            oc: oc as u32,
-            groups: groups as u32,
-            bias: true,
-            residual: false,
-            activation: Activation::Identity,
-        };
-        let count = n * oc * oh * ow;
-        let kern = Kernel {
-            name: "deconv".into(),
-            ptx: super::conv::transposed("deconv", &d).finish(),
-            grid: [super::grid_for(count, super::conv::BLOCK, &GpuTarget::SM80), 1, 1],
-            block: [super::conv::BLOCK, 1, 1],
-            shared_bytes: 0,
-            sources: vec![],
-        };
-        let mut mem = Memory::new();
-        let (xa, wa, ya, ba) = (mem.upload(&x), mem.upload(&wt), mem.alloc(count * 4), mem.upload(&b));
-        launch(&kern, &[Arg::U64(xa), Arg::U64(wa), Arg::U64(ya), Arg::U64(ba)], &mut mem);
-        let got = mem.download(ya);
+        let kern = direct_kernel(super::conv::transposed, geom, n, oc, groups, Activation::Identity);
+        let got = run_conv(&kern, &x, &wt, &b, n * oc * oh * ow);
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             close(g, w, 1e-5, &format!("case {s} element {i}"));
         }
