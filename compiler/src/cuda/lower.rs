@@ -910,7 +910,8 @@ impl Lowering<'_> {
     fn resize(&mut self, n: &Node) -> Result<(), String> {
         let x = self.input(n, 0)?;
         self.f32_value(x)?;
-        let mut ins = vec![Some(aim_ir::Tensor::try_zeros(DType::F32, &self.shape(x)).map_err(|e| e.to_string())?)];
+        // The plan needs the input's shape only: its slot stays empty.
+        let mut ins = vec![None];
         for k in 1..n.inputs.len() {
             ins.push(match n.input(k).filter(|s| !s.is_empty()) {
                 None => None,
@@ -923,7 +924,8 @@ impl Lowering<'_> {
                 ),
             });
         }
-        let plan = aim_kernels::ops::resize::plan(n, &ins).map_err(|e| e.to_string())?;
+        let plan =
+            aim_kernels::ops::resize::plan_for(n, DType::F32, &self.shape(x), &ins).map_err(|e| e.to_string())?;
         drop(ins);
         let y = self.output(n, 0)?;
         let xs = self.shape(x);

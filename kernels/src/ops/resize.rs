@@ -3,7 +3,7 @@
 //! policies. Interpolation is separable, so it runs one axis at a time.
 
 use crate::util::{axis, err, ints_of, opt, req, Result};
-use aim_ir::{Node, Tensor};
+use aim_ir::{DType, Node, Tensor};
 
 /// One output position along an axis: (source index, weight) taps, or `None` when the
 /// position falls outside the crop box (tf_crop_and_resize extrapolation).
@@ -144,7 +144,13 @@ pub struct Plan {
 /// The plan of a Resize node on its inputs.
 pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
     let x = req(ins, 0)?;
-    let r = x.rank();
+    plan_for(node, x.dtype(), x.shape(), ins)
+}
+
+/// As [`plan`] for an input of `dtype` and `shape` (input 0 of `ins` is not read): what a
+/// compiler needs, which has the shapes but not the data.
+pub fn plan_for(node: &Node, dtype: DType, shape: &[usize], ins: &[Option<Tensor>]) -> Result<Plan> {
+    let r = shape.len();
     let axes: Vec<usize> = match node.ints("axes") {
         Some(a) => a.iter().map(|&v| axis(v, r)).collect::<Result<_>>()?,
         None => (0..r).collect(),
@@ -152,8 +158,8 @@ pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
     let scales_in = opt(ins, 2).filter(|t| !t.is_empty()).map(|t| t.to_f64_vec());
     let sizes_in = opt(ins, 3).filter(|t| !t.is_empty()).map(ints_of).transpose()?;
     let mut scales = vec![1.0f64; r];
-    let mut out: Vec<usize> = x.shape().to_vec();
-    let mut out_f: Vec<f64> = x.shape().iter().map(|&d| d as f64).collect();
+    let mut out: Vec<usize> = shape.to_vec();
+    let mut out_f: Vec<f64> = shape.iter().map(|&d| d as f64).collect();
     match (scales_in, sizes_in) {
         (Some(s), None) => {
             if s.len() != axes.len() {
@@ -164,7 +170,7 @@ pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
                     return err(format!("scale {} must be positive and finite", s[k]));
                 }
                 scales[a] = s[k];
-                out_f[a] = x.shape()[a] as f64 * s[k];
+                out_f[a] = shape[a] as f64 * s[k];
                 out[a] = out_f[a].floor() as usize;
             }
         }
@@ -173,7 +179,7 @@ pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
                 return err(format!("sizes has {} values for {} axes", z.len(), axes.len()));
             }
             let policy = node.string("keep_aspect_ratio_policy", "stretch");
-            let ratios: Vec<f64> = axes.iter().zip(&z).map(|(&a, &s)| s as f64 / x.shape()[a] as f64).collect();
+            let ratios: Vec<f64> = axes.iter().zip(&z).map(|(&a, &s)| s as f64 / shape[a] as f64).collect();
             let pick = match policy {
                 "not_larger" => Some(ratios.iter().copied().fold(f64::INFINITY, f64::min)),
                 "not_smaller" => Some(ratios.iter().copied().fold(0.0, f64::max)),
@@ -183,7 +189,7 @@ pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
                 match pick {
                     Some(p) => {
                         scales[a] = p;
-                        out[a] = (x.shape()[a] as f64 * p).round() as usize;
+                        out[a] = (shape[a] as f64 * p).round() as usize;
                     }
                     None => {
                         scales[a] = ratios[k];
@@ -199,14 +205,14 @@ pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
     if out_f.iter().any(|v| !v.is_finite() || *v >= usize::MAX as f64) {
         return err(format!("output sizes {out_f:?}: more elements than can be addressed"));
     }
-    crate::util::check_out(x.dtype(), &out)?;
+    crate::util::check_out(dtype, &out)?;
     // The reference computes in f64, with a flag per element.
     crate::util::check_count(crate::util::elements(&out)?, 9)?;
     let roi = opt(ins, 1).map(|t| t.to_f64_vec()).unwrap_or_default();
     let extrapolation = node.float("extrapolation_value", 0.0) as f64;
     let mut changed = Vec::new();
     for d in 0..r {
-        if out[d] == x.shape()[d] && scales[d] == 1.0 {
+        if out[d] == shape[d] && scales[d] == 1.0 {
             continue;
         }
         let k = axes.iter().position(|&a| a == d);
@@ -214,7 +220,7 @@ pub fn plan(node: &Node, ins: &[Option<Tensor>]) -> Result<Plan> {
             Some(k) if roi.len() == 2 * axes.len() => (roi[k], roi[k + axes.len()]),
             _ => (0.0, 1.0),
         };
-        let ax = Axis { node, len_in: x.shape()[d], len_out: out_f[d], scale: scales[d], roi: roi_d };
+        let ax = Axis { node, len_in: shape[d], len_out: out_f[d], scale: scales[d], roi: roi_d };
         let taps: Vec<Taps> = (0..out[d]).map(|i| ax.taps(i)).collect::<Result<_>>()?;
         changed.push((d, taps));
     }
