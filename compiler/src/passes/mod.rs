@@ -71,30 +71,13 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // four times the products per instruction of f32); elsewhere quantized layers run as
     // f32 kernels (the quantize-dequantize pass).
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
-    let mut passes = vec![
-        Pass::new("half-to-float", half::run),
-        Pass::new("infer-types", infer),
-        // The dequantization of constant weights waits for the quantize-dequantize pass,
-        // which reads the integers (and folds them then).
-        Pass::new("constant-folding", |g| const_fold::run_deferring(g, &["DequantizeLinear"])),
-        Pass::new("simplify", simplify::run),
-        Pass::new("common-subexpressions", cse::run),
-        Pass::new("dead-code-elimination", dce::run),
-        Pass::new("quantize-dense", move |g| if int8 { qdense::run(g) } else { Ok(()) }),
-        Pass::new("quantize-dequantize", move |g| qdq::run(g, int8)),
-        Pass::new("fold-batchnorm", fold_batchnorm::run),
-        Pass::new("fuse-gelu", gelu::run),
-        Pass::new("fuse-epilogues", fuse::run),
-        Pass::new("infer-types", infer),
-        Pass::new("lower-reductions", reduce::run),
-        Pass::new("lower-transposes", transpose::run),
-        Pass::new("fuse-softmax", softmax::run),
-        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, !wide, round)),
+    let mut passes = graph_passes(Some(int8), !wide, round);
+    passes.extend([
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("select-kernels", move |g| crate::select::run(g, lanes)),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("infer-types", infer),
-    ];
+    ]);
     if target.half_weights {
         passes.push(Pass::new("half-weights", half::mark_weights));
     }
@@ -106,14 +89,33 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    vec![
+    let mut passes = graph_passes(None, true, true);
+    passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
+    passes
+}
+
+/// The graph optimisations both backends run, in order: half to f32, folding,
+/// simplification, quantization (`quantize_dense`: whether the dynamic-int8 dense pass runs
+/// and, inside it, whether integer kernels are used; `None`: not at all), epilogue, GELU,
+/// reduction, transpose and softmax fusion, and elementwise fusion (`transcendental`:
+/// whether exp/erf/tanh/sigmoid join fused loops; `round`: whether Round does).
+fn graph_passes(quantize_dense: Option<bool>, transcendental: bool, round: bool) -> Vec<Pass> {
+    let int8 = quantize_dense.unwrap_or(false);
+    let mut passes = vec![
         Pass::new("half-to-float", half::run),
         Pass::new("infer-types", infer),
+        // The dequantization of constant weights waits for the quantize-dequantize pass,
+        // which reads the integers (and folds them then).
         Pass::new("constant-folding", |g| const_fold::run_deferring(g, &["DequantizeLinear"])),
         Pass::new("simplify", simplify::run),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
-        Pass::new("quantize-dequantize", |g| qdq::run(g, false)),
+    ];
+    if quantize_dense.is_some() {
+        passes.push(Pass::new("quantize-dense", move |g| if int8 { qdense::run(g) } else { Ok(()) }));
+    }
+    passes.extend([
+        Pass::new("quantize-dequantize", move |g| qdq::run(g, int8)),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),
         Pass::new("fuse-epilogues", fuse::run),
@@ -121,10 +123,9 @@ pub fn cuda_pipeline() -> Vec<Pass> {
         Pass::new("lower-reductions", reduce::run),
         Pass::new("lower-transposes", transpose::run),
         Pass::new("fuse-softmax", softmax::run),
-        Pass::new("fuse-elementwise", |g| fuse_elementwise::run(g, true, true)),
-        Pass::new("dead-code-elimination", dce::run),
-        Pass::new("infer-types", infer),
-    ]
+        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, transcendental, round)),
+    ]);
+    passes
 }
 
 fn infer(g: &mut Graph) -> Result<(), PassError> {
