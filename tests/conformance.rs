@@ -42,6 +42,9 @@ fn onnx_node_conformance_cpu_backend() {
 /// spills.
 #[test]
 fn onnx_node_conformance_cuda_in_the_ptx_interpreter() {
+    if skip_interpreter() {
+        return;
+    }
     let list = include_str!("conformance/expected_pass_cuda.txt");
     let kernels = RefCell::new(Vec::new());
     conformance("cuda, PTX interpreter", list, |c| run_case_with(c, |model| Ok(cuda_runner(model, c, &kernels))));
@@ -60,6 +63,16 @@ fn onnx_node_conformance_cuda_in_the_ptx_interpreter() {
     }
     std::fs::remove_dir_all(&dir).ok();
     println!("{} kernels of the conformance cases pass ptxas for sm_80 and sm_90 without spills", kernels.len());
+}
+
+/// Whether `AIM_SKIP_PTX_INTERPRETER` is set (tests/cross_aarch64.sh: under QEMU the
+/// interpreter repeats, ten times slower, what the native run checks).
+fn skip_interpreter() -> bool {
+    let skip = std::env::var_os("AIM_SKIP_PTX_INTERPRETER").is_some();
+    if skip {
+        eprintln!("AIM_SKIP_PTX_INTERPRETER is set: the cuda backend's conformance run is skipped");
+    }
+    skip
 }
 
 /// Runs a case's data sets as the cuda backend would: compiled for their input shapes.
