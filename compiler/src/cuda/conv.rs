@@ -20,13 +20,8 @@ pub const MAX_TAPS: u32 = 64;
 fn output_coords(k: &mut Kernel, count: u64, c: u32, oh: u32, ow: u32) -> (GridLoop, [Reg; 4]) {
     let lp = k.grid_loop(count);
     let i32_ = k.op1(Class::B32, "cvt.u32.u64", lp.i);
-    let x = k.op2(Class::B32, "rem.u32", i32_, ow);
-    let r = k.op2(Class::B32, "div.u32", i32_, ow);
-    let y = k.op2(Class::B32, "rem.u32", r, oh);
-    let r = k.op2(Class::B32, "div.u32", r, oh);
-    let ch = k.op2(Class::B32, "rem.u32", r, c);
-    let n = k.op2(Class::B32, "div.u32", r, c);
-    (lp, [n, ch, y, x])
+    let v = k.coords(Class::B32, i32_, &[u64::from(c), u64::from(oh), u64::from(ow)]);
+    (lp, [v[0], v[1], v[2], v[3]])
 }
 
 /// Emits, for each tap of the window, `visit(tap_kh, tap_kw, input_index)` under a

@@ -34,10 +34,8 @@ pub fn gather(name: &str, g: GatherGeom) -> Kernel {
     let lp = k.grid_loop(n);
     let i = lp.i;
     let (bad, store) = (k.label("bad"), k.label("store"));
-    let inner = k.op2(Class::B64, "rem.u64", i, g.inner);
-    let rest = k.op2(Class::B64, "div.u64", i, g.inner);
-    let q = k.op2(Class::B64, "rem.u64", rest, g.indices);
-    let outer = k.op2(Class::B64, "div.u64", rest, g.indices);
+    let c = k.coords(Class::B64, i, &[g.indices, g.inner]);
+    let (outer, q, inner) = (c[0], c[1], c[2]);
     let v = k.reg(Class::B64);
     if g.i64 {
         let off = k.op2(Class::B64, "shl.b64", q, 3);

@@ -247,6 +247,22 @@ impl Kernel {
         self.ins("ret;");
     }
 
+    /// The coordinates of linear index `i` (of class `class`: `B32` or `B64`) over dims
+    /// whose inner sizes are `inner` (the innermost last): `[i / Π inner, c_1, ..., c_k]`,
+    /// outermost first.
+    pub fn coords(&mut self, class: Class, i: Reg, inner: &[u64]) -> Vec<Reg> {
+        let (rem, div) = if class == Class::B64 { ("rem.u64", "div.u64") } else { ("rem.u32", "div.u32") };
+        let mut out = Vec::with_capacity(inner.len() + 1);
+        let mut rest = i;
+        for &d in inner.iter().rev() {
+            out.push(self.op2(class, rem, rest, d));
+            rest = self.op2(class, div, rest, d);
+        }
+        out.push(rest);
+        out.reverse();
+        out
+    }
+
     /// The address `base + 4·i` of f32 element `i` (64-bit index).
     pub fn f32_addr(&mut self, base: Reg, i: Reg) -> Reg {
         let off = self.op2(Class::B64, "shl.b64", i, 2);

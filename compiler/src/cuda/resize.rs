@@ -45,12 +45,8 @@ pub fn kernel(name: &str, g: &ResizeGeom) -> Kernel {
     let n = k.u64_param("n");
     let lp = k.grid_loop(n);
     let i = lp.i;
-    let e = k.op2(Class::B64, "rem.u64", i, g.inner);
-    let r = k.op2(Class::B64, "div.u64", i, g.inner);
-    let ox = k.op2(Class::B64, "rem.u64", r, g.ow);
-    let r = k.op2(Class::B64, "div.u64", r, g.ow);
-    let oy = k.op2(Class::B64, "rem.u64", r, g.oh);
-    let o = k.op2(Class::B64, "div.u64", r, g.oh);
+    let c = k.coords(Class::B64, i, &[g.oh, g.ow, g.inner]);
+    let (o, oy, ox, e) = (c[0], c[1], c[2], c[3]);
     let plane = k.op2(Class::B64, "mul.lo.u64", o, g.h);
     let acc = k.fconst(0.0);
     let load_tap = |k: &mut Kernel, idx, wt, pos, t: u32, taps: u32| {
