@@ -171,28 +171,26 @@ pub fn transposed(name: &str, d: &DirectConv) -> Kernel {
     let wbase = k.op2(Class::B32, "mul.lo.u32", wrow, g.kh * g.kw);
     let th = k.op2(Class::B32, "add.s32", f.oh, g.pad[0]);
     let tw = k.op2(Class::B32, "add.s32", f.ow, g.pad[1]);
+    // The input row (column) tap `t` reads along one axis: `(o + pad − t·dilation) / stride`,
+    // or a branch to `skip` where that is negative, not exact, or past `len`.
+    let source = |k: &mut Kernel, shifted: Reg, back: u32, stride: u32, len: u32, skip: &str| {
+        let a = k.op2(Class::B32, "sub.s32", shifted, back);
+        let neg = k.op2(Class::Pred, "setp.lt.s32", a, 0);
+        k.ins(format!("@{neg} bra {skip};"));
+        let rem = k.op2(Class::B32, "rem.u32", a, stride);
+        let off = k.op2(Class::Pred, "setp.ne.u32", rem, 0);
+        k.ins(format!("@{off} bra {skip};"));
+        let i = k.op2(Class::B32, "div.u32", a, stride);
+        let out = k.op2(Class::Pred, "setp.ge.u32", i, len);
+        k.ins(format!("@{out} bra {skip};"));
+        i
+    };
     for kh in 0..g.kh {
         let skip_row = k.label("row");
-        let a = k.op2(Class::B32, "sub.s32", th, kh * g.dilation[0]);
-        let neg = k.op2(Class::Pred, "setp.lt.s32", a, 0);
-        k.ins(format!("@{neg} bra {skip_row};"));
-        let rem = k.op2(Class::B32, "rem.u32", a, g.stride[0]);
-        let off = k.op2(Class::Pred, "setp.ne.u32", rem, 0);
-        k.ins(format!("@{off} bra {skip_row};"));
-        let ih = k.op2(Class::B32, "div.u32", a, g.stride[0]);
-        let out = k.op2(Class::Pred, "setp.ge.u32", ih, g.h);
-        k.ins(format!("@{out} bra {skip_row};"));
+        let ih = source(&mut k, th, kh * g.dilation[0], g.stride[0], g.h, &skip_row);
         for kw in 0..g.kw {
             let skip = k.label("tap");
-            let b = k.op2(Class::B32, "sub.s32", tw, kw * g.dilation[1]);
-            let neg = k.op2(Class::Pred, "setp.lt.s32", b, 0);
-            k.ins(format!("@{neg} bra {skip};"));
-            let rem = k.op2(Class::B32, "rem.u32", b, g.stride[1]);
-            let off = k.op2(Class::Pred, "setp.ne.u32", rem, 0);
-            k.ins(format!("@{off} bra {skip};"));
-            let iw = k.op2(Class::B32, "div.u32", b, g.stride[1]);
-            let out = k.op2(Class::Pred, "setp.ge.u32", iw, g.w);
-            k.ins(format!("@{out} bra {skip};"));
+            let iw = source(&mut k, tw, kw * g.dilation[1], g.stride[1], g.w, &skip);
             let row = k.op3(Class::B32, "mad.lo.u32", ih, g.w, iw);
             let idx = k.op2(Class::B32, "add.u32", plane, row);
             f.mac(&mut k, idx, wbase, kh * g.kw + kw);

@@ -52,6 +52,17 @@ fn activation(n: &Node) -> Result<Activation, String> {
     Activation::parse(name, a, b).ok_or_else(|| format!("unknown activation '{name}'"))
 }
 
+/// The node's `axis` attribute (`default` when absent; negative counts from the end) as
+/// an index into a shape of `rank` dims.
+fn axis_of(n: &Node, default: i64, rank: usize) -> Result<usize, String> {
+    let (axis, r) = (n.int("axis", default), rank as i64);
+    let a = if axis < 0 { axis + r } else { axis };
+    if !(0..r).contains(&a) {
+        return Err(format!("axis {axis} of rank {r}"));
+    }
+    Ok(a as usize)
+}
+
 fn u32_of(v: usize, what: &str) -> Result<u32, String> {
     u32::try_from(v).map_err(|_| format!("{what} {v} does not fit 32 bits"))
 }
@@ -486,13 +497,7 @@ impl Lowering<'_> {
                 self.f32_value(x)?;
                 let y = self.output(n, 0)?;
                 let shape = self.shape(x);
-                let r = shape.len() as i64;
-                let axis = n.int("axis", -1);
-                let a = if axis < 0 { axis + r } else { axis };
-                if !(0..r).contains(&a) {
-                    return Err(format!("axis {axis} of rank {r}"));
-                }
-                let a = a as usize;
+                let a = axis_of(n, -1, shape.len())?;
                 let len = shape[a];
                 let inner: usize = shape[a + 1..].iter().product();
                 let rows = shape[..a].iter().product::<usize>() * inner;
@@ -538,14 +543,9 @@ impl Lowering<'_> {
                 }
                 let y = self.output(n, 0)?;
                 let shape = self.shape(x);
-                let r = shape.len() as i64;
-                let axis = n.int("axis", -1);
-                let axis = if axis < 0 { axis + r } else { axis };
-                if !(0..r).contains(&axis) {
-                    return Err(format!("axis {axis} of rank {r}"));
-                }
-                let rows: usize = shape[..axis as usize].iter().product();
-                let len: usize = shape[axis as usize..].iter().product();
+                let axis = axis_of(n, -1, shape.len())?;
+                let rows: usize = shape[..axis].iter().product();
+                let len: usize = shape[axis..].iter().product();
                 for v in std::iter::once(scale).chain(bias) {
                     self.f32_value(v)?;
                     if self.values[v].bytes() != 4 * len {
@@ -660,12 +660,7 @@ impl Lowering<'_> {
             "Concat" => {
                 let y = self.output(n, 0)?;
                 let out = self.shape(y);
-                let r = out.len() as i64;
-                let axis = n.int("axis", 0);
-                let a = (if axis < 0 { axis + r } else { axis }) as usize;
-                if a >= out.len() {
-                    return Err(format!("axis {axis} of rank {r}"));
-                }
+                let a = axis_of(n, 0, out.len())?;
                 let ys = strided::contiguous(&out);
                 let mut at = 0usize;
                 for k in 0..n.inputs.len() {
@@ -706,12 +701,7 @@ impl Lowering<'_> {
                 let x = self.input(n, 0)?;
                 self.f32_value(x)?;
                 let xs = self.shape(x);
-                let r = xs.len() as i64;
-                let axis = n.int("axis", 0);
-                let a = (if axis < 0 { axis + r } else { axis }) as usize;
-                if a >= xs.len() {
-                    return Err(format!("axis {axis} of rank {r}"));
-                }
+                let a = axis_of(n, 0, xs.len())?;
                 let strides = strided::contiguous(&xs);
                 let mut at = 0usize;
                 for k in 0..n.outputs.len() {
@@ -781,13 +771,7 @@ impl Lowering<'_> {
                 };
                 let y = self.output(n, 0)?;
                 let shape = self.shape(data);
-                let r = shape.len() as i64;
-                let axis = n.int("axis", 0);
-                let axis = if axis < 0 { axis + r } else { axis };
-                if !(0..r).contains(&axis) {
-                    return Err(format!("axis {axis} of rank {r}"));
-                }
-                let a = axis as usize;
+                let a = axis_of(n, 0, shape.len())?;
                 let geom = gather::GatherGeom {
                     outer: shape[..a].iter().product::<usize>() as u64,
                     axis: shape[a] as u64,

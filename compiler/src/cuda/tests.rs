@@ -365,18 +365,7 @@ fn all_kernels() -> Vec<String> {
     );
     let rg = super::resize::ResizeGeom { outer: 256, h: 40, w: 40, inner: 1, oh: 80, ow: 80, th: 4, tw: 4 };
     out.push(super::resize::kernel("resize", &rg).finish());
-    let g = gemm::ConvGeom {
-        c: 64,
-        h: 56,
-        w: 56,
-        kh: 3,
-        kw: 3,
-        oh: 56,
-        ow: 56,
-        stride: [1, 1],
-        dilation: [1, 1],
-        pad: [1, 1],
-    };
+    let g = square_geom(64, [56, 56], 3, [56, 56], 1, 1, 1);
     let pool = super::conv::Pool { geom: g, images: 1, max: true, count_include_pad: false };
     out.push(super::conv::pool("maxpool", &pool).finish());
     let d = super::conv::DirectConv {
@@ -389,18 +378,7 @@ fn all_kernels() -> Vec<String> {
         activation: Activation::Clip(0.0, 6.0),
     };
     out.push(super::conv::direct("depthwise", &d).finish());
-    let t = gemm::ConvGeom {
-        c: 64,
-        h: 40,
-        w: 40,
-        kh: 2,
-        kw: 2,
-        oh: 80,
-        ow: 80,
-        stride: [2, 2],
-        dilation: [1, 1],
-        pad: [0, 0],
-    };
+    let t = square_geom(64, [40, 40], 2, [80, 80], 2, 1, 0);
     let d = super::conv::DirectConv {
         geom: t,
         images: 1,
