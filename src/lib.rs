@@ -260,6 +260,14 @@ pub(crate) fn build_program(
     )?;
     // Everything the program reads is packed or copied now.
     aim_compiler::onnx::release_pages();
+    // A program of static shapes runs its typed steps from one generated function.
+    let prog = match prog.entry_ops() {
+        Some(ops) => prog.with_entry(
+            aim_compiler::codegen::compile_entry(&ops, target)
+                .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?,
+        ),
+        None => prog,
+    };
     Ok(prog.with_bodies(bodies))
 }
 
@@ -568,14 +576,30 @@ impl Model {
     /// of the shape-generic one (compiled now if it was not yet): each node's name and kind,
     /// in order, with the program's graph. None on the reference backend or if nothing compiles.
     pub fn node_kinds(&self) -> Option<(aim_ir::Graph, Vec<(String, aim_runtime::cpu::NodeKind)>)> {
-        let Exec::Cpu(g, spec) = &self.exec else { return None };
-        let kinds = |p: &aim_runtime::cpu::CpuProgram| {
+        self.with_program(|p| {
             let names = p.graph().nodes.iter().map(|n| n.name.clone());
             (p.graph().clone(), names.zip(p.node_kinds()).collect())
-        };
+        })
+    }
+
+    /// How a run of the same program as [`Model::node_kinds`]'s goes: as typed steps, and
+    /// whether from a generated entry function, or node by node and why.
+    pub fn runs_as(&self) -> Option<String> {
+        self.with_program(|p| match (p.steps(), p.why_no_steps()) {
+            (Some(s), _) if p.has_entry() => {
+                format!("{} typed steps, run in order by one generated entry function", s.len())
+            }
+            (Some(s), _) => format!("{} typed steps, run in order", s.len()),
+            (None, why) => format!("node by node ({})", why.unwrap_or("no static plan")),
+        })
+    }
+
+    /// `f` of the cpu program specialised most recently, else of the shape-generic one.
+    fn with_program<T>(&self, f: impl Fn(&aim_runtime::cpu::CpuProgram) -> T) -> Option<T> {
+        let Exec::Cpu(g, spec) = &self.exec else { return None };
         match spec.as_ref().and_then(|s| s.latest()) {
-            Some(p) => Some(kinds(&p)),
-            None => g.get(spec.as_deref(), &self.path_text()).ok().map(kinds),
+            Some(p) => Some(f(&p)),
+            None => g.get(spec.as_deref(), &self.path_text()).ok().map(f),
         }
     }
 

@@ -807,6 +807,9 @@ fn cpu_info(out: &mut dyn Write, path: &std::path::Path, cpu: &str, shapes: &[ai
         writeln!(out, "  {:>4}  {}: {}{more}", nodes.len(), kind.label(), shown.join(", "))?;
     }
     quantized_report(out, &m.ir().graph, g)?;
+    if let Some(how) = m.runs_as() {
+        writeln!(out, "runs as: {how}")?;
+    }
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let allocated: usize = plan.allocated.iter().map(|a| a.1).sum();
     writeln!(

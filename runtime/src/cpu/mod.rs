@@ -21,6 +21,7 @@ mod elementwise;
 mod int8;
 mod kind;
 mod phases;
+mod plan;
 mod prepacked;
 mod qconv;
 mod qdense;
@@ -35,6 +36,7 @@ use conv::{prepare_conv, ConvPrep};
 use dense::{prepare_dense, DensePrep};
 use depthwise::DepthwisePrep;
 pub use kind::NodeKind;
+pub use plan::{Addr, Entry, EntryFn, EntryOp, KernelRef, Loc, Operand, Step, StepFn};
 
 /// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
 pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize);
@@ -132,6 +134,11 @@ pub struct CpuProgram {
     bodies: Bodies,
     /// The packed weights of LSTMs, GRUs and RNNs whose weights are constants, by node index.
     recurrent: HashMap<usize, aim_kernels::fast::RecurrentWeights>,
+    /// The typed steps, when every shape is static; else why not (`no_plan`).
+    plan: Option<plan::Plan>,
+    no_plan: Option<String>,
+    /// The generated function that runs the steps, when there is one.
+    entry: Option<plan::Entry>,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -249,7 +256,7 @@ impl CpuProgram {
             });
         }
         let values = run::Values::new(&graph, placement);
-        Ok(CpuProgram {
+        let mut prog = CpuProgram {
             graph,
             prepared,
             pool,
@@ -259,8 +266,16 @@ impl CpuProgram {
             arenas: Default::default(),
             bodies: Bodies::new(),
             recurrent,
+            plan: None,
+            no_plan: None,
+            entry: None,
             _code: code.owner,
-        })
+        };
+        match plan::Plan::build(&prog) {
+            Ok(p) => prog.plan = Some(p),
+            Err(why) => prog.no_plan = Some(why),
+        }
+        Ok(prog)
     }
 
     /// The weights this program's kernels hold packed, by node index: the kind of kernel

@@ -18,25 +18,25 @@ use std::time::Instant;
 
 /// The numbering of a program's values and where each lives.
 pub(super) struct Values {
-    names: Vec<String>,
+    pub(super) names: Vec<String>,
     /// Per node: its inputs and outputs by value index (`None` for an omitted operand).
-    ins: Vec<Vec<Option<usize>>>,
-    outs: Vec<Vec<Option<usize>>>,
+    pub(super) ins: Vec<Vec<Option<usize>>>,
+    pub(super) outs: Vec<Vec<Option<usize>>>,
     /// Per node: the values read for the last time there (graph outputs never are).
     free: Vec<Vec<usize>>,
     /// Arena offset and bytes of placed values.
-    slot: Vec<Option<(usize, usize)>>,
+    pub(super) slot: Vec<Option<(usize, usize)>>,
     /// The graph's inputs and outputs, in order.
-    inputs: Vec<usize>,
-    outputs: Vec<usize>,
+    pub(super) inputs: Vec<usize>,
+    pub(super) outputs: Vec<usize>,
     /// Initializers the program still reads.
-    consts: Vec<(usize, Tensor)>,
+    pub(super) consts: Vec<(usize, Tensor)>,
     /// Per node with subgraphs: the outer values they read.
     subgraph_reads: HashMap<usize, Vec<usize>>,
     /// Per Reshape-like node whose output the plan made a view of its input: the output's
     /// static shape (the node then runs no kernel: its output is the input's slot).
-    views: HashMap<usize, Vec<usize>>,
-    arena_bytes: usize,
+    pub(super) views: HashMap<usize, Vec<usize>>,
+    pub(super) arena_bytes: usize,
 }
 
 impl Values {
@@ -161,7 +161,7 @@ impl Values {
 
 /// Whether `n` is a Reshape-like op, whose output the memory plan may make a view of its
 /// input (the same bytes).
-fn is_view_op(n: &Node) -> bool {
+pub(super) fn is_view_op(n: &Node) -> bool {
     n.domain.is_empty() && matches!(n.op.as_str(), "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity")
 }
 
@@ -176,8 +176,18 @@ pub(super) struct Arena(Vec<Line>);
 impl Arena {
     /// An arena of `bytes`, filled with NaN so that a kernel that reads what it did not
     /// write shows in its results.
-    fn new(bytes: usize) -> Arena {
+    pub(super) fn new(bytes: usize) -> Arena {
         Arena(vec![Line([f32::NAN; 16]); bytes.div_ceil(64)])
+    }
+
+    /// Its size in bytes.
+    pub(super) fn bytes(&self) -> usize {
+        64 * self.0.len()
+    }
+
+    /// Its first byte.
+    pub(super) fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr() as *mut u8
     }
 }
 
@@ -195,9 +205,9 @@ enum Val {
 
 /// The arena of the run in progress, by address.
 #[derive(Clone, Copy)]
-struct Base {
-    ptr: *mut u8,
-    bytes: usize,
+pub(super) struct Base {
+    pub(super) ptr: *mut u8,
+    pub(super) bytes: usize,
 }
 
 impl Base {
@@ -310,8 +320,13 @@ impl CpuProgram {
         profile: Option<&mut Vec<NodeTiming>>,
         capture: Option<&mut Vec<(String, Tensor)>>,
     ) -> Result<Vec<Tensor>, RunError> {
+        if let (Some(plan), None, None) = (&self.plan, &profile, &capture) {
+            return self.run_steps(plan, inputs, deadline);
+        }
         let taken = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut arena = taken.unwrap_or_else(|| Arena::new(self.values.arena_bytes));
+        let mut arena = taken
+            .filter(|a| a.bytes() >= self.values.arena_bytes)
+            .unwrap_or_else(|| Arena::new(self.values.arena_bytes));
         let base = Base { ptr: arena.0.as_mut_ptr() as *mut u8, bytes: self.values.arena_bytes };
         let r = self.execute_in(base, inputs, deadline, profile, capture);
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
@@ -470,11 +485,7 @@ impl CpuProgram {
                 v.slot[r] == slot
                     && matches!(&vals[r], Val::Arena { off, dtype: DType::F32, .. } if slot.map(|s| s.0) == Some(*off))
             });
-            let direct = match p {
-                Prepared::Dense(_) => true,
-                Prepared::Blocked(c) => blocked::takes_residual_in_place(c),
-                _ => false,
-            };
+            let direct = Self::takes_residual_in_place(p);
             let saved: Option<(Vec<f32>, Vec<usize>)> = match (in_place, direct, res_value.map(|r| &vals[r])) {
                 (true, false, Some(Val::Arena { off, shape, .. })) => {
                     Some((base.floats(*off, shape).to_vec(), shape.clone()))
@@ -493,26 +504,7 @@ impl CpuProgram {
                 std::slice::from_raw_parts_mut(base.ptr.add(off) as *mut f32, bytes / 4)
             });
             let mut y = Out { slot: floats, shape: Vec::new(), made: None };
-            let pool = &self.pool;
-            // A bug in a kernel must surface as an error naming the node, not a crash.
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match p {
-                Prepared::Conv(c) => residual.separate().and_then(|r| conv::run_conv(c, x, r, &mut y, pool)),
-                Prepared::Depthwise(d) => {
-                    residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, &mut y, self.isa, pool))
-                }
-                Prepared::Dense(d) => dense::run_dense(d, x, residual, &mut y, self.blocking, pool),
-                Prepared::QDense(d) => super::qdense::run(d, self.isa, x, &mut y, pool),
-                Prepared::QConv(q) => super::qconv::run(q, self.isa, x, &mut y, pool),
-                Prepared::Deconv(d) => residual.separate().and_then(|r| deconv::run(d, x, r, &mut y, pool)),
-                Prepared::Blocked(c) => blocked::run(c, x, residual, &mut y, pool),
-                Prepared::Reorder(r) => blocked::run_reorder(r, x, &mut y, pool),
-                Prepared::Pool(q) => blocked::run_pool(q, self.isa, x, &mut y, pool),
-                Prepared::Reduce(r) => elementwise::run_reduce(r, x, &mut y, pool),
-                Prepared::Transpose(t) => transpose::run(t, x, &mut y, pool),
-                Prepared::Softmax(scale) => softmax::run(*scale, self.isa, x, mask, &mut y, pool),
-                Prepared::Elementwise(_) | Prepared::Int8(_) => unreachable!("handled above"),
-            }));
-            run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?.map_err(fail)?;
+            self.run_prepared(p, x, mask, residual, &mut y).map_err(fail)?;
             match (y.made, y.slot) {
                 (Some(t), _) => Val::Tensor(t),
                 (None, Some(_)) => Val::Arena { off: slot.map_or(0, |s| s.0), shape: y.shape, dtype: DType::F32 },
@@ -521,6 +513,47 @@ impl CpuProgram {
         };
         vals[out] = result;
         Ok(())
+    }
+
+    /// Whether prepared kernel `p` starts from a residual already in its output (the output
+    /// overwriting the residual in place) rather than taking it apart.
+    pub(super) fn takes_residual_in_place(p: &Prepared) -> bool {
+        match p {
+            Prepared::Dense(_) => true,
+            Prepared::Blocked(c) => blocked::takes_residual_in_place(c),
+            _ => false,
+        }
+    }
+
+    /// Runs prepared kernel `p` (not a loop or a byte op) on `x`, writing `y`; a bug in the
+    /// kernel surfaces as an error, not a crash.
+    pub(super) fn run_prepared(
+        &self,
+        p: &Prepared,
+        x: In,
+        mask: Option<In>,
+        residual: Residual,
+        y: &mut Out,
+    ) -> Result<(), String> {
+        let pool = &self.pool;
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match p {
+            Prepared::Conv(c) => residual.separate().and_then(|r| conv::run_conv(c, x, r, y, pool)),
+            Prepared::Depthwise(d) => {
+                residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, y, self.isa, pool))
+            }
+            Prepared::Dense(d) => dense::run_dense(d, x, residual, y, self.blocking, pool),
+            Prepared::QDense(d) => super::qdense::run(d, self.isa, x, y, pool),
+            Prepared::QConv(q) => super::qconv::run(q, self.isa, x, y, pool),
+            Prepared::Deconv(d) => residual.separate().and_then(|r| deconv::run(d, x, r, y, pool)),
+            Prepared::Blocked(c) => blocked::run(c, x, residual, y, pool),
+            Prepared::Reorder(r) => blocked::run_reorder(r, x, y, pool),
+            Prepared::Pool(q) => blocked::run_pool(q, self.isa, x, y, pool),
+            Prepared::Reduce(r) => elementwise::run_reduce(r, x, y, pool),
+            Prepared::Transpose(t) => transpose::run(t, x, y, pool),
+            Prepared::Softmax(scale) => softmax::run(*scale, self.isa, x, mask, y, pool),
+            Prepared::Elementwise(_) | Prepared::Int8(_) => Err("a loop or byte op is not run here".to_string()),
+        }));
+        run.map_err(|e| format!("internal error: {}", panic_message(&*e)))?
     }
 
     /// Runs byte op `i` (`int8.rs`): its operands are bytes (u8 or f32) from the arena or
@@ -648,7 +681,7 @@ impl CpuProgram {
         Ok(())
     }
 
-    fn library_kernel(
+    pub(super) fn library_kernel(
         &self,
         i: usize,
         n: &Node,

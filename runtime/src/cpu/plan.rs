@@ -1,0 +1,609 @@
+//! The typed steps of a program whose every value has a shape known at load time: which
+//! kernel runs each node (a [`KernelRef`], decided once, here) and where each of its
+//! operands lives during a run (a [`Loc`]: an arena offset, a caller's input, an output
+//! allocated for the run, a constant). Running them needs no value table, no name or node
+//! lookups and no per-node decisions: the steps run in order, either from the entry
+//! function the compiler generates for them (`entry_ops`, calling the generated loops
+//! directly and the runtime's step runner for the other kernels) or, where no code was
+//! generated, from [`CpuProgram::run_steps`]'s loop. Programs with shapes only known at run
+//! time, or with control flow, keep the node-by-node executor (`run.rs`).
+
+use super::run::{is_view_op, Arena, Base};
+use super::{elementwise, CpuProgram, ElementwiseFn, In, Out, Prepared, Residual};
+use crate::exec::{check_input, panic_message, Deadline, RunError, Scope};
+use aim_ir::{DType, Tensor};
+use std::collections::HashMap;
+
+/// Where an operand of a step is during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// At this byte offset of the run's arena.
+    Arena(usize),
+    /// In the caller's input `k`.
+    Input(usize),
+    /// In output `k`, allocated for the run.
+    Output(usize),
+    /// In constant `k` of the plan.
+    Const(usize),
+}
+
+/// One operand of a step: where it is, and its static type.
+#[derive(Clone, Debug)]
+pub struct Operand {
+    /// Where its bytes are.
+    pub loc: Loc,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+impl Operand {
+    fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn bytes(&self) -> usize {
+        self.elements() * self.dtype.size()
+    }
+}
+
+/// Which code runs a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelRef {
+    /// A generated elementwise loop (`aim:Elementwise`).
+    Loop,
+    /// A kernel prepared at load: packed GEMMs, blocked, Winograd and depthwise
+    /// convolutions, pooling, layout reorders, generated reductions and transposes, the
+    /// fused softmax.
+    Prepared,
+    /// A byte op of a quantized region.
+    Int8,
+    /// A fast kernel of the library where it applies to the operands, else the reference
+    /// kernel of the node's op and attributes.
+    Library,
+}
+
+impl KernelRef {
+    /// The kind as the entry function's comments and `aim explore` name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            KernelRef::Loop => "generated loop",
+            KernelRef::Prepared => "prepared kernel",
+            KernelRef::Int8 => "byte kernel",
+            KernelRef::Library => "library kernel",
+        }
+    }
+}
+
+/// One step: the node it runs (by index in [`CpuProgram::graph`]), its kernel and operands.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The node.
+    pub node: usize,
+    /// The code that runs it.
+    pub kernel: KernelRef,
+    /// Its inputs in node order (`None`: omitted, or baked into the prepared kernel).
+    pub ins: Vec<Option<Operand>>,
+    /// Its outputs in node order (`None`: omitted).
+    pub outs: Vec<Option<Operand>>,
+}
+
+/// The steps of a static program and what a run of them needs.
+pub struct Plan {
+    /// The steps, in order. Views of arena values (Reshape and the like) have none: their
+    /// output is their input's bytes.
+    pub steps: Vec<Step>,
+    /// Bytes of arena a run needs: the memory plan's, and after it room for the values the
+    /// plan left to their kernels.
+    pub arena_bytes: usize,
+    /// The constants steps read (by [`Loc::Const`] index), and their addresses: of f32
+    /// elements aligned for f32 (a constant whose bytes in a memory map are not is viewed
+    /// through its aligned copy).
+    consts: Vec<Tensor>,
+    const_addrs: Vec<usize>,
+    /// The graph's outputs: their types.
+    outputs: Vec<(DType, Vec<usize>)>,
+}
+
+/// What the generated entry function does for one step.
+#[derive(Clone, Debug)]
+pub enum EntryOp {
+    /// Calls the generated loop `func` over `len` elements of the operands at `ins`, writing
+    /// the operand at `out`.
+    Loop {
+        /// The step it runs.
+        step: usize,
+        /// The loop.
+        func: ElementwiseFn,
+        /// Where its inputs are.
+        ins: Vec<Addr>,
+        /// Where its output goes.
+        out: Addr,
+        /// Elements.
+        len: usize,
+    },
+    /// Calls the runtime's step runner ([`StepFn`]) for step `step`.
+    Call {
+        /// The step it runs.
+        step: usize,
+        /// The node's name and kernel, for the listing.
+        what: String,
+    },
+}
+
+/// An operand's address as the entry function computes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addr {
+    /// The arena's first byte plus this offset.
+    Arena(usize),
+    /// Entry `k` of the `io` table (inputs, then outputs, then constants).
+    Io(usize),
+}
+
+/// The runtime's step runner, called by the generated entry function: runs step `step` of
+/// the run `ctx` describes; 0 when it succeeded, else 1 (the error is kept in `ctx`).
+pub type StepFn = unsafe extern "C" fn(ctx: *const u8, step: usize) -> i64;
+
+/// The generated entry function of a plan: runs its steps in order, with the run's arena at
+/// `base` and the addresses of the inputs, outputs and constants in `io` (in that order);
+/// calls `run_step` with `ctx` for the steps it does not run itself. Returns 0, or the
+/// number of the step that failed plus one.
+pub type EntryFn = unsafe extern "C" fn(ctx: *const u8, base: *mut u8, io: *const *mut u8, run_step: StepFn) -> i64;
+
+/// A generated entry function and what keeps its code mapped.
+pub struct Entry {
+    /// The function.
+    pub func: EntryFn,
+    /// The owner of the code.
+    pub owner: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+}
+
+/// Loops over fewer elements than this run inline in the entry function (one parallel
+/// task's worth); longer ones go through the step runner, which splits them over the pool.
+const INLINE_LOOP: usize = elementwise::CHUNK;
+
+impl Plan {
+    /// Steps for `prog`, or why it has none: a value whose shape is only known at run time,
+    /// control flow, an operand of the wrong type for its kernel.
+    pub(super) fn build(prog: &CpuProgram) -> Result<Plan, String> {
+        let g = &prog.graph;
+        let v = &prog.values;
+        let mut loc: Vec<Option<Loc>> = vec![None; v.names.len()];
+        let mut types: Vec<Option<(DType, Vec<usize>)>> = vec![None; v.names.len()];
+        let static_type = |x: usize| -> Result<(DType, Vec<usize>), String> {
+            let name = &v.names[x];
+            let t = g.value_type(name).ok_or_else(|| format!("value '{name}' has no type"))?;
+            match (t.dtype, t.concrete_shape()) {
+                (Some(d), Some(s)) => Ok((d, s)),
+                _ => Err(format!("value '{name}' has no static type ({t})")),
+            }
+        };
+        for (k, &x) in v.inputs.iter().enumerate() {
+            loc[x] = Some(Loc::Input(k));
+            types[x] = Some(static_type(x)?);
+        }
+        let mut consts = Vec::new();
+        for (x, t) in &v.consts {
+            if loc[*x].is_none() {
+                loc[*x] = Some(Loc::Const(consts.len()));
+                types[*x] = Some((t.dtype(), t.shape().to_vec()));
+                consts.push(t.clone());
+            }
+        }
+        let mut outputs = Vec::new();
+        for (k, &x) in v.outputs.iter().enumerate() {
+            if loc[x].is_some() {
+                return Err(format!("output '{}' is an input or a constant", v.names[x]));
+            }
+            loc[x] = Some(Loc::Output(k));
+            let t = static_type(x)?;
+            outputs.push(t.clone());
+            types[x] = Some(t);
+        }
+        let mut arena_bytes = v.arena_bytes.next_multiple_of(64);
+        let mut steps = Vec::new();
+        for (i, n) in g.nodes.iter().enumerate() {
+            if n.attrs.values().any(|a| matches!(a, aim_ir::Attr::Graph(_))) {
+                return Err(format!("node '{}' has subgraphs", n.name));
+            }
+            let view = v.views.contains_key(&i);
+            for &o in v.outs[i].iter().flatten() {
+                if loc[o].is_some() && !matches!(loc[o], Some(Loc::Output(_))) {
+                    return Err(format!("value '{}' is made twice", v.names[o]));
+                }
+                let t = static_type(o)?;
+                if loc[o].is_none() {
+                    loc[o] = Some(match (view, v.ins[i].first().copied().flatten(), v.slot[o]) {
+                        (true, Some(x), _) => loc[x].ok_or_else(|| format!("value '{}' is read unmade", v.names[x]))?,
+                        (false, _, Some((off, bytes))) if bytes >= t.0.size() * t.1.iter().product::<usize>() => {
+                            Loc::Arena(off)
+                        }
+                        _ => {
+                            let bytes = aim_ir::limits::bytes_of(t.0, &t.1).map_err(|e| e.to_string())?;
+                            let off = arena_bytes;
+                            arena_bytes = off
+                                .checked_add(bytes.next_multiple_of(64))
+                                .ok_or_else(|| "the arena is too large".to_string())?;
+                            Loc::Arena(off)
+                        }
+                    });
+                }
+                types[o] = Some(t);
+            }
+            if view {
+                continue;
+            }
+            let operand = |x: &Option<usize>| -> Result<Option<Operand>, String> {
+                let Some(x) = *x else { return Ok(None) };
+                let l = loc[x].ok_or_else(|| format!("value '{}' is read before it is made", v.names[x]))?;
+                let (dtype, shape) = types[x].clone().ok_or_else(|| format!("value '{}' has no type", v.names[x]))?;
+                Ok(Some(Operand { loc: l, shape, dtype }))
+            };
+            let ins = v.ins[i].iter().map(operand).collect::<Result<Vec<_>, _>>()?;
+            let outs = v.outs[i].iter().map(operand).collect::<Result<Vec<_>, _>>()?;
+            let kernel = match prog.prepared.get(&i) {
+                Some(Prepared::Elementwise(_)) => KernelRef::Loop,
+                Some(Prepared::Int8(_)) => KernelRef::Int8,
+                Some(_) => KernelRef::Prepared,
+                None => KernelRef::Library,
+            };
+            let f32_at = |k: usize| ins.get(k).and_then(|o| o.as_ref()).is_none_or(|o| o.dtype == DType::F32);
+            let first = outs.first().and_then(|o| o.as_ref());
+            match kernel {
+                KernelRef::Loop => {
+                    let y = first.ok_or_else(|| format!("node '{}' has no output", n.name))?;
+                    let same =
+                        ins.iter().all(|o| o.as_ref().is_some_and(|o| o.dtype == DType::F32 && o.shape == y.shape));
+                    if !same || y.dtype != DType::F32 || ins.is_empty() {
+                        return Err(format!("node '{}': a loop's operands must all be f32 of one shape", n.name));
+                    }
+                }
+                KernelRef::Prepared => {
+                    if ins.first().is_none_or(|x| x.is_none()) || !(0..4).all(f32_at) || first.is_none() {
+                        return Err(format!("node '{}': its kernel takes f32 operands", n.name));
+                    }
+                }
+                KernelRef::Int8 | KernelRef::Library => {}
+            }
+            steps.push(Step { node: i, kernel, ins, outs });
+        }
+        for (k, &x) in v.outputs.iter().enumerate() {
+            if types[x].is_none() || !steps.iter().any(|s| s.outs.iter().flatten().any(|o| o.loc == Loc::Output(k))) {
+                return Err(format!("output '{}' is made by no step", v.names[x]));
+            }
+        }
+        let const_addrs = consts
+            .iter()
+            .map(|t| match t.dtype() {
+                DType::F32 => t.data::<f32>().as_ptr() as usize,
+                _ => t.bytes().as_ptr() as usize,
+            })
+            .collect();
+        Ok(Plan { steps, arena_bytes, consts, const_addrs, outputs })
+    }
+
+    /// What the entry function does, step by step: loops short enough for one task called
+    /// in place, everything else through the step runner.
+    pub(super) fn entry_ops(&self, prog: &CpuProgram) -> Vec<EntryOp> {
+        let (inputs, outputs) = (prog.values.inputs.len(), self.outputs.len());
+        let addr = |l: Loc| match l {
+            Loc::Arena(off) => Addr::Arena(off),
+            Loc::Input(k) => Addr::Io(k),
+            Loc::Output(k) => Addr::Io(inputs + k),
+            Loc::Const(k) => Addr::Io(inputs + outputs + k),
+        };
+        self.steps
+            .iter()
+            .enumerate()
+            .map(|(k, s)| {
+                let n = &prog.graph.nodes[s.node];
+                match (s.kernel, prog.prepared.get(&s.node), s.outs.first()) {
+                    (KernelRef::Loop, Some(Prepared::Elementwise(f)), Some(Some(y)))
+                        if y.elements() <= INLINE_LOOP || prog.pool.size() == 1 =>
+                    {
+                        EntryOp::Loop {
+                            step: k,
+                            func: *f,
+                            ins: s.ins.iter().flatten().map(|o| addr(o.loc)).collect(),
+                            out: addr(y.loc),
+                            len: y.elements(),
+                        }
+                    }
+                    _ => {
+                        let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
+                        EntryOp::Call { step: k, what: format!("{} ({op}, {})", n.name, s.kernel.label()) }
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// The memory of one run of a plan: the arena, and the addresses of its inputs, outputs and
+/// constants in that order (what the entry function's `io` points to).
+struct Frame {
+    base: Base,
+    io: Vec<*mut u8>,
+    inputs: usize,
+    outputs: usize,
+}
+
+impl Frame {
+    /// The address of `loc`.
+    fn ptr(&self, loc: Loc) -> *mut u8 {
+        match loc {
+            // SAFETY: the plan's offsets lie inside the arena (it was sized for them).
+            Loc::Arena(off) => unsafe { self.base.ptr.add(off) },
+            Loc::Input(k) => self.io[k],
+            Loc::Output(k) => self.io[self.inputs + k],
+            Loc::Const(k) => self.io[self.inputs + self.outputs + k],
+        }
+    }
+
+    /// The f32 elements of `o` (f32, checked when the plan was built).
+    fn floats<'a>(&self, o: &Operand) -> &'a [f32] {
+        // SAFETY: every location holds its operand's bytes (inputs were checked against
+        // their static types, outputs allocated with them, the arena sized for them); no
+        // step writes an operand while another of its own overlapping it is read, except
+        // the in-place cases the kernels handle (see `run.rs`).
+        unsafe { std::slice::from_raw_parts(self.ptr(o.loc) as *const f32, o.elements()) }
+    }
+}
+
+/// What the step runner needs: the program, its plan, the run's memory and the first error.
+struct RunCtx<'a> {
+    prog: &'a CpuProgram,
+    plan: &'a Plan,
+    frame: &'a Frame,
+    deadline: Option<Deadline>,
+    error: std::cell::RefCell<Option<RunError>>,
+}
+
+/// The step runner the entry function calls ([`StepFn`]).
+unsafe extern "C" fn run_step_from_entry(ctx: *const u8, step: usize) -> i64 {
+    // SAFETY: the entry function passes back the context `run_steps` gave it.
+    let cx = unsafe { &*(ctx as *const RunCtx) };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cx.prog.step(cx, step)));
+    let r = r.unwrap_or_else(|e| {
+        Err(RunError::Node {
+            node: String::new(),
+            op: String::new(),
+            msg: format!("internal error: {}", panic_message(&*e)),
+        })
+    });
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            *cx.error.borrow_mut() = Some(e);
+            1
+        }
+    }
+}
+
+impl CpuProgram {
+    /// The typed steps this program runs, when every shape is static (else `None`).
+    pub fn steps(&self) -> Option<&[Step]> {
+        self.plan.as_ref().map(|p| p.steps.as_slice())
+    }
+
+    /// Why the program runs node by node rather than as typed steps (`None` when it has them).
+    pub fn why_no_steps(&self) -> Option<&str> {
+        self.no_plan.as_deref()
+    }
+
+    /// What a generated entry function for the steps must do, in order (`None` without
+    /// steps).
+    pub fn entry_ops(&self) -> Option<Vec<EntryOp>> {
+        self.plan.as_ref().map(|p| p.entry_ops(self))
+    }
+
+    /// The program running its steps from `entry`, generated for [`CpuProgram::entry_ops`].
+    pub fn with_entry(mut self, entry: Entry) -> CpuProgram {
+        self.entry = Some(entry);
+        self
+    }
+
+    /// Whether runs go through a generated entry function.
+    pub fn has_entry(&self) -> bool {
+        self.entry.is_some()
+    }
+
+    /// Runs the plan's steps: from the entry function when there is one, else in a loop.
+    pub(super) fn run_steps(
+        &self,
+        plan: &Plan,
+        mut inputs: HashMap<String, Tensor>,
+        deadline: Option<Deadline>,
+    ) -> Result<Vec<Tensor>, RunError> {
+        let g = &self.graph;
+        let mut syms = HashMap::new();
+        let mut given = Vec::with_capacity(g.inputs.len());
+        for decl in &g.inputs {
+            let t = inputs
+                .remove(&decl.name)
+                .ok_or_else(|| RunError::MissingInput { name: decl.name.clone(), expected: decl.ty.to_string() })?;
+            check_input(&decl.name, &decl.ty, &t, &mut syms)?;
+            given.push(t);
+        }
+        let mut outs = Vec::with_capacity(plan.outputs.len());
+        for (k, (dtype, shape)) in plan.outputs.iter().enumerate() {
+            let t = Tensor::try_zeros(*dtype, shape).map_err(|e| RunError::Node {
+                node: g.outputs[k].name.clone(),
+                op: "output".into(),
+                msg: e.to_string(),
+            })?;
+            outs.push(t);
+        }
+        let taken = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut arena = taken.filter(|a| a.bytes() >= plan.arena_bytes).unwrap_or_else(|| Arena::new(plan.arena_bytes));
+        let base = Base { ptr: arena.ptr(), bytes: plan.arena_bytes };
+        let mut io: Vec<*mut u8> = given.iter().map(|t| t.bytes().as_ptr() as *mut u8).collect();
+        io.extend(outs.iter_mut().map(|t| t.bytes_mut().as_mut_ptr()));
+        io.extend(plan.const_addrs.iter().map(|&a| a as *mut u8));
+        let frame = Frame { base, io, inputs: given.len(), outputs: outs.len() };
+        let cx = RunCtx { prog: self, plan, frame: &frame, deadline, error: Default::default() };
+        let r = match (&self.entry, deadline) {
+            (Some(e), None) => {
+                // SAFETY: the function was generated for this plan's steps (its operands'
+                // locations and sizes); `frame` holds the run's arena and io addresses, all
+                // of the sizes the plan's types give.
+                let failed = unsafe {
+                    (e.func)(&cx as *const RunCtx as *const u8, base.ptr, frame.io.as_ptr(), run_step_from_entry)
+                };
+                match failed {
+                    0 => Ok(()),
+                    k => Err(cx.error.borrow_mut().take().unwrap_or_else(|| RunError::Node {
+                        node: String::new(),
+                        op: String::new(),
+                        msg: format!("step {} failed without an error", k - 1),
+                    })),
+                }
+            }
+            _ => (0..plan.steps.len()).try_for_each(|k| self.step(&cx, k)),
+        };
+        self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        drop(given);
+        r.map(|()| outs)
+    }
+
+    /// Runs step `k` of the run `cx`.
+    fn step(&self, cx: &RunCtx, k: usize) -> Result<(), RunError> {
+        let s = &cx.plan.steps[k];
+        let f = cx.frame;
+        let n = &self.graph.nodes[s.node];
+        Deadline::check(cx.deadline, &n.name)?;
+        let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
+        let p = self.prepared.get(&s.node);
+        match (s.kernel, p) {
+            (KernelRef::Loop, Some(Prepared::Elementwise(func))) => {
+                let y = s.outs[0].as_ref().ok_or_else(|| fail("no output".into()))?;
+                let ptrs: Vec<*const f32> = s.ins.iter().flatten().map(|o| f.ptr(o.loc) as *const f32).collect();
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                    // SAFETY: every operand holds `len` floats (checked when the plan was
+                    // built); the output overlaps no input or is exactly one (the memory
+                    // plan's rule for loops).
+                    elementwise::run_elementwise(*func, &ptrs, f.ptr(y.loc) as *mut f32, y.elements(), &self.pool)
+                }));
+                run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))
+            }
+            (KernelRef::Prepared, Some(p)) => self.prepared_step(s, p, f).map_err(fail),
+            (KernelRef::Int8, Some(Prepared::Int8(p))) => self.int8_step(s, p, f).map_err(fail),
+            (KernelRef::Library, None) => self.library_step(s, f),
+            _ => Err(fail(format!("step {k}: its kernel ({}) was not prepared", s.kernel.label()))),
+        }
+    }
+
+    fn prepared_step(&self, s: &Step, p: &Prepared, f: &Frame) -> Result<(), String> {
+        let get = |k: usize| s.ins.get(k).and_then(|o| o.as_ref()).map(|o| In { data: f.floats(o), shape: &o.shape });
+        let x = get(0).ok_or("input 0 is missing")?;
+        let mask = if matches!(p, Prepared::Softmax(_)) { get(1) } else { None };
+        let y = s.outs[0].as_ref().ok_or("the node has no output")?;
+        let res = s.ins.get(3).and_then(|o| o.as_ref());
+        let in_place = res.is_some_and(|r| r.loc == y.loc);
+        let saved: Option<Vec<f32>> = match (in_place, Self::takes_residual_in_place(p)) {
+            (true, false) => res.map(|r| f.floats(r).to_vec()),
+            _ => None,
+        };
+        let residual = match (&saved, in_place) {
+            (Some(data), _) => Residual::Separate(In { data, shape: &y.shape }),
+            (None, true) => Residual::InOutput,
+            (None, false) => get(3).map_or(Residual::None, Residual::Separate),
+        };
+        // SAFETY: the output's location holds its bytes and overlaps no input but a
+        // residual taken in place (see `Plan::build` and the memory plan).
+        let slot = unsafe { std::slice::from_raw_parts_mut(f.ptr(y.loc) as *mut f32, y.elements()) };
+        let mut out = Out { slot: Some(slot), shape: Vec::new(), made: None };
+        self.run_prepared(p, x, mask, residual, &mut out)?;
+        match (out.made, out.slot) {
+            (None, Some(_)) if out.shape == y.shape => Ok(()),
+            (made, _) => Err(format!(
+                "the kernel made {:?}; the program was planned for {:?}",
+                made.map_or(out.shape, |t| t.shape().to_vec()),
+                y.shape
+            )),
+        }
+    }
+
+    fn int8_step(&self, s: &Step, p: &super::int8::Int8Prep, f: &Frame) -> Result<(), String> {
+        let ins: Vec<Option<super::int8::Operand>> = s
+            .ins
+            .iter()
+            .map(|o| {
+                o.as_ref().map(|o| super::int8::Operand {
+                    // SAFETY: the location holds the operand's bytes (as for `Frame::floats`).
+                    bytes: unsafe { std::slice::from_raw_parts(f.ptr(o.loc), o.bytes()) },
+                    shape: &o.shape,
+                    dtype: o.dtype,
+                })
+            })
+            .collect();
+        let (dtype, shape) = super::int8::output(p, &ins)?;
+        let y = s.outs[0].as_ref().ok_or("the node has no output")?;
+        if dtype != y.dtype || shape != y.shape {
+            return Err(format!(
+                "the kernel makes {dtype} {shape:?}; the program was planned for {} {:?}",
+                y.dtype, y.shape
+            ));
+        }
+        // SAFETY: the output's location holds its bytes and overlaps none of the inputs.
+        let out = unsafe { std::slice::from_raw_parts_mut(f.ptr(y.loc), y.bytes()) };
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::int8::run(p, self.isa, &ins, out, &self.pool)
+        }));
+        run.map_err(|e| format!("internal error: {}", panic_message(&*e)))?
+    }
+
+    fn library_step(&self, s: &Step, f: &Frame) -> Result<(), RunError> {
+        let n = &self.graph.nodes[s.node];
+        let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
+        let ins: Vec<Option<Tensor>> = s
+            .ins
+            .iter()
+            .map(|o| {
+                o.as_ref().map(|o| {
+                    if let Loc::Const(k) = o.loc {
+                        return self.plan.as_ref().expect("steps run from a plan").consts[k].clone();
+                    }
+                    // SAFETY: the location holds the operand's bytes, not written while the
+                    // node runs (its outputs overlap none of its inputs); the tensors are
+                    // dropped below, before anything writes there.
+                    let t = unsafe { Tensor::borrowed(o.dtype, &o.shape, f.ptr(o.loc), o.bytes()) };
+                    t.expect("shape and bytes agree")
+                })
+            })
+            .collect();
+        let slot = match s.outs.first() {
+            Some(Some(y)) if y.dtype == DType::F32 && !is_view_op(n) => {
+                // SAFETY: 64-byte aligned (arena offsets and fresh outputs are), disjoint
+                // from the inputs; a tensor the kernel returns over it is copied or dropped
+                // below before anything else writes there.
+                Some(unsafe { aim_kernels::fast::OutSlot::new(f.ptr(y.loc) as *mut f32, y.elements()) })
+            }
+            _ => None,
+        };
+        let scope = Scope { values: HashMap::new(), parent: None, deadline: None };
+        let made = self.library_kernel(s.node, n, &ins, &scope, slot)?;
+        for (k, y) in s.outs.iter().enumerate() {
+            let Some(y) = y else { continue };
+            let t = made.get(k).ok_or_else(|| fail(format!("the kernel made no output {k}")))?;
+            if t.dtype() != y.dtype || t.shape() != y.shape.as_slice() {
+                return Err(fail(format!(
+                    "the kernel made {} {:?}; the program was planned for {} {:?}",
+                    t.dtype(),
+                    t.shape(),
+                    y.dtype,
+                    y.shape
+                )));
+            }
+            let dst = f.ptr(y.loc);
+            if t.bytes().as_ptr() != dst as *const u8 {
+                // SAFETY: `dst` holds the operand's bytes; `copy` allows the source (an
+                // input the kernel returned as it was) to overlap them.
+                unsafe { std::ptr::copy(t.bytes().as_ptr(), dst, y.bytes()) };
+            }
+        }
+        drop((made, ins));
+        Ok(())
+    }
+}
