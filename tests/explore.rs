@@ -172,6 +172,8 @@ fn is_structure(l: &str) -> bool {
         || t.starts_with("model ir_version")
         || t.starts_with("; arena:")
         || t.starts_with("; no generated functions")
+        || t.starts_with("; aim_entry: the whole model")
+        || t.starts_with("; no entry function")
         || t.starts_with(".version")
         || t.starts_with(".target")
         || t.starts_with(".address_size")

@@ -319,14 +319,6 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
             }
         }
     }
-    if clif.is_empty() {
-        let none = Line {
-            text: "; no generated functions: every node runs a precompiled kernel (see the scheduled stage)".into(),
-            sources: vec![],
-        };
-        clif.push(none.clone());
-        asm.push(none);
-    }
 
     // The schedule: the program the cpu backend builds, node by node.
     let memory = aim_compiler::memory_plan::plan(&g);
@@ -342,6 +334,15 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         code,
         &crate::placement(&memory),
     )?;
+    entry_lines(&prog, &g, &target, &mut clif, &mut asm)?;
+    if clif.is_empty() {
+        let none = Line {
+            text: "; no generated functions: every node runs a precompiled kernel (see the scheduled stage)".into(),
+            sources: vec![],
+        };
+        clif.push(none.clone());
+        asm.push(none);
+    }
     let mut scheduled = vec![Line {
         text: format!(
             "; arena: {} bytes for {} bytes of kernel outputs (first fit by lifetime); {} values allocated by library kernels or returned; microkernels: {:?}, kc {}, mc {}",
@@ -549,4 +550,84 @@ pub fn render_text(e: &Exploration, stages: &[String], node: Option<&str>, passe
         }
     }
     out
+}
+
+/// The program's entry function, when its shapes are static: a comment per step (traced to
+/// the step's node) saying what runs it, then its Cranelift IR and machine code. Without
+/// one, a comment saying why the program runs node by node.
+fn entry_lines(
+    prog: &aim_runtime::cpu::CpuProgram,
+    g: &aim_ir::Graph,
+    target: &aim_compiler::target::Target,
+    clif: &mut Vec<Line>,
+    asm: &mut Vec<Line>,
+) -> Result<()> {
+    let (Some(ops), Some(steps)) = (prog.entry_ops(), prog.steps()) else {
+        let why = prog.why_no_steps().unwrap_or("no static plan");
+        let line = Line { text: format!("; no entry function: the program runs node by node ({why})"), sources: vec![] };
+        clif.push(line.clone());
+        asm.push(line);
+        return Ok(());
+    };
+    let (c, a) = aim_compiler::codegen::entry_text(&ops, target)?;
+    for lines in [&mut *clif, &mut *asm] {
+        lines.push(Line {
+            text: format!("; aim_entry: the whole model, {} steps in order ({} calls into the runtime, the rest generated loops called in place)", ops.len(), ops.iter().filter(|o| matches!(o, aim_runtime::cpu::EntryOp::Call { .. })).count()),
+            sources: vec![],
+        });
+        for op in &ops {
+            let (step, what) = match op {
+                aim_runtime::cpu::EntryOp::Loop { step, ins, out, len, .. } => {
+                    (*step, format!("generated loop over {len} elements, {ins:?} -> {out:?}"))
+                }
+                aim_runtime::cpu::EntryOp::Call { step, what } => (*step, format!("run_step: {what}")),
+            };
+            let src = g.nodes.get(steps[step].node).map(sources).unwrap_or_default();
+            lines.push(Line { text: format!(";   step {step}: {what}"), sources: src });
+        }
+    }
+    let step_sources = |k: usize| -> Vec<String> {
+        steps.get(k).and_then(|s| g.nodes.get(s.node)).map(sources).unwrap_or_default()
+    };
+    // The IR: instructions carry their step's number plus one as a source location
+    // (`@000a`); other lines (block headers) belong to the step of the next instruction.
+    let parsed: Vec<(Option<usize>, String)> = c
+        .lines()
+        .map(|l| {
+            let t = l.trim_start();
+            match t.strip_prefix('@').and_then(|r| r.split_once(' ')) {
+                Some((hex, rest)) => match usize::from_str_radix(hex, 16) {
+                    Ok(k) if k > 0 => (Some(k - 1), format!("    {}", rest.trim_start())),
+                    _ => (None, format!("    {}", rest.trim_start())),
+                },
+                // Block headers are padded to the width of the source locations.
+                None if t.starts_with("block") => (None, t.to_string()),
+                None => (None, l.to_string()),
+            }
+        })
+        .collect();
+    let mut owner = vec![0; parsed.len()];
+    let mut next = ops.len().saturating_sub(1);
+    for (i, (k, _)) in parsed.iter().enumerate().rev() {
+        next = k.unwrap_or(next);
+        owner[i] = next;
+    }
+    for ((_, text), k) in parsed.into_iter().zip(owner) {
+        let sources = if text.trim().is_empty() { vec![] } else { step_sources(k) };
+        clif.push(Line { text, sources });
+    }
+    // The machine code: each step ends with its call, so a line belongs to the step whose
+    // call is the next one.
+    let mut k = 0;
+    for l in a.lines() {
+        let t = l.trim_start();
+        asm.push(Line { text: l.to_string(), sources: if t.is_empty() { vec![] } else { step_sources(k.min(ops.len().saturating_sub(1))) } });
+        if t.starts_with("call") || t.starts_with("blr") || t.starts_with("bl ") {
+            k += 1;
+        }
+    }
+    for lines in [clif, asm] {
+        lines.push(Line { text: String::new(), sources: vec![] });
+    }
+    Ok(())
 }

@@ -10,7 +10,8 @@ use super::CodegenError;
 use aim_runtime::cpu::{Addr, Entry, EntryOp};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, StackSlotData, StackSlotKind, Value,
+    ExtFuncData, ExternalName,
+    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, SourceLoc, StackSlotData, StackSlotKind, Value,
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
@@ -26,7 +27,9 @@ fn signature(call_conv: CallConv, params: usize, returns: bool) -> Signature {
 }
 
 /// Builds the CLIF of the entry function for `ops`.
-pub fn lower_entry(ops: &[EntryOp], func: &mut Function, cfg: TargetFrontendConfig) {
+///
+/// For a `listing`, the loops are called by name rather than by their addresses.
+pub fn lower_entry(ops: &[EntryOp], listing: bool, func: &mut Function, cfg: TargetFrontendConfig) {
     let ptr = types::I64;
     let call_conv = cfg.default_call_conv;
     let mut fbc = FunctionBuilderContext::new();
@@ -48,6 +51,12 @@ pub fn lower_entry(ops: &[EntryOp], func: &mut Function, cfg: TargetFrontendConf
         }
     };
     for op in ops {
+        // Each step's instructions carry its number (plus one) as their source location, so
+        // a listing can trace them to the step's node.
+        let step = match op {
+            EntryOp::Loop { step, .. } | EntryOp::Call { step, .. } => *step,
+        };
+        b.set_srcloc(SourceLoc::new(step as u32 + 1));
         match op {
             EntryOp::Loop { func: f, ins, out, len, .. } => {
                 let table =
@@ -59,8 +68,24 @@ pub fn lower_entry(ops: &[EntryOp], func: &mut Function, cfg: TargetFrontendConf
                 let table = b.ins().stack_addr(ptr, table, 0);
                 let dst = addr(&mut b, *out);
                 let (start, end) = (b.ins().iconst(ptr, 0), b.ins().iconst(ptr, *len as i64));
-                let callee = b.ins().iconst(ptr, *f as usize as i64);
-                b.ins().call_indirect(loop_sig, callee, &[table, dst, start, end]);
+                match listing {
+                    // A listing names the loop as the code generator does (its address
+                    // changes from run to run).
+                    true => {
+                        let name = ExternalName::testcase(format!("aim_ew_step{step}"));
+                        let callee = b.import_function(ExtFuncData {
+                            name,
+                            signature: loop_sig,
+                            colocated: false,
+                            patchable: false,
+                        });
+                        b.ins().call(callee, &[table, dst, start, end]);
+                    }
+                    false => {
+                        let callee = b.ins().iconst(ptr, *f as usize as i64);
+                        b.ins().call_indirect(loop_sig, callee, &[table, dst, start, end]);
+                    }
+                }
             }
             EntryOp::Call { step, .. } => {
                 let k = b.ins().iconst(ptr, *step as i64);
@@ -74,6 +99,7 @@ pub fn lower_entry(ops: &[EntryOp], func: &mut Function, cfg: TargetFrontendConf
             }
         }
     }
+    b.set_srcloc(SourceLoc::default());
     let zero = b.ins().iconst(ptr, 0);
     b.ins().return_(&[zero]);
     b.switch_to_block(failed);
@@ -86,7 +112,7 @@ pub fn lower_entry(ops: &[EntryOp], func: &mut Function, cfg: TargetFrontendConf
 /// Compiles the entry function for `ops` into memory for `target`.
 pub fn compile_entry(ops: &[EntryOp], target: &crate::target::Target) -> Result<Entry, CodegenError> {
     let mut jit = super::Jit::new(target)?;
-    let id = super::define(jit.module(), "", "aim_entry", false, |f, cfg| lower_entry(ops, f, cfg))?;
+    let id = super::define(jit.module(), "", "aim_entry", false, |f, cfg| lower_entry(ops, false, f, cfg))?;
     jit.module().finalize_definitions().map_err(|e| CodegenError { node: String::new(), msg: e.to_string() })?;
     let p = jit.module().get_finalized_function(id);
     // SAFETY: the function has exactly this signature (four pointer-sized integers in, one
@@ -95,18 +121,8 @@ pub fn compile_entry(ops: &[EntryOp], target: &crate::target::Target) -> Result<
     Ok(Entry { func, owner: std::sync::Arc::new(jit) })
 }
 
-/// The entry function for `ops` as text — a comment per step naming its node and kernel,
-/// then its Cranelift IR and machine code — for `aim explore`.
+/// The entry function for `ops` as text — its Cranelift IR and machine code — for
+/// `aim explore`.
 pub fn entry_text(ops: &[EntryOp], target: &crate::target::Target) -> Result<(String, String), CodegenError> {
-    let (clif, asm) = super::function_text("aim_entry", target, |f, cfg| lower_entry(ops, f, cfg))?;
-    let mut head = String::new();
-    for op in ops {
-        match op {
-            EntryOp::Loop { step, ins, out, len, .. } => {
-                head.push_str(&format!("; step {step}: generated loop over {len} elements, {ins:?} -> {out:?}\n"))
-            }
-            EntryOp::Call { step, what } => head.push_str(&format!("; step {step}: {what}\n")),
-        }
-    }
-    Ok((format!("{head}{clif}"), asm))
+    super::function_text("aim_entry", target, |f, cfg| lower_entry(ops, true, f, cfg))
 }
