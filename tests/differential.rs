@@ -53,9 +53,16 @@ fn check(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) -> bool {
     let want = reference.run(inputs.clone()).unwrap();
     for cpu in caps() {
         let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
-        let got = Model::load_with_options(&path, &opts).unwrap().run(inputs.clone()).unwrap();
+        let m = Model::load_with_options(&path, &opts).unwrap();
+        let got = m.run(inputs.clone()).unwrap();
         let got: Vec<Tensor> = got.into_iter().map(|(_, t)| t).collect();
         compare(&format!("{tag} [{cpu}]"), &got, &want);
+        // A capture runs node by node; a plain run of static shapes runs the typed steps from
+        // the generated entry function. The same kernels: the same bytes.
+        let by_node = m.run_capture(inputs.clone()).unwrap().outputs;
+        for ((name, a), b) in by_node.iter().zip(&got) {
+            assert_eq!(a.bytes(), b.bytes(), "{tag} [{cpu}] output {name}: steps and node-by-node runs differ");
+        }
     }
     // tests/cross_aarch64.sh: under QEMU the interpreter repeats what the native run checks.
     if std::env::var_os("AIM_SKIP_PTX_INTERPRETER").is_some() {

@@ -564,7 +564,8 @@ fn entry_lines(
 ) -> Result<()> {
     let (Some(ops), Some(steps)) = (prog.entry_ops(), prog.steps()) else {
         let why = prog.why_no_steps().unwrap_or("no static plan");
-        let line = Line { text: format!("; no entry function: the program runs node by node ({why})"), sources: vec![] };
+        let line =
+            Line { text: format!("; no entry function: the program runs node by node ({why})"), sources: vec![] };
         clif.push(line.clone());
         asm.push(line);
         return Ok(());
@@ -586,9 +587,8 @@ fn entry_lines(
             lines.push(Line { text: format!(";   step {step}: {what}"), sources: src });
         }
     }
-    let step_sources = |k: usize| -> Vec<String> {
-        steps.get(k).and_then(|s| g.nodes.get(s.node)).map(sources).unwrap_or_default()
-    };
+    let step_sources =
+        |k: usize| -> Vec<String> { steps.get(k).and_then(|s| g.nodes.get(s.node)).map(sources).unwrap_or_default() };
     // The IR: instructions carry their step's number plus one as a source location
     // (`@000a`); other lines (block headers) belong to the step of the next instruction.
     let parsed: Vec<(Option<usize>, String)> = c
@@ -621,7 +621,10 @@ fn entry_lines(
     let mut k = 0;
     for l in a.lines() {
         let t = l.trim_start();
-        asm.push(Line { text: l.to_string(), sources: if t.is_empty() { vec![] } else { step_sources(k.min(ops.len().saturating_sub(1))) } });
+        asm.push(Line {
+            text: l.to_string(),
+            sources: if t.is_empty() { vec![] } else { step_sources(k.min(ops.len().saturating_sub(1))) },
+        });
         if t.starts_with("call") || t.starts_with("blr") || t.starts_with("bl ") {
             k += 1;
         }

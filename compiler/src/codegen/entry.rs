@@ -10,8 +10,8 @@ use super::CodegenError;
 use aim_runtime::cpu::{Addr, Entry, EntryOp};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    ExtFuncData, ExternalName,
-    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, SourceLoc, StackSlotData, StackSlotKind, Value,
+    types, AbiParam, ExtFuncData, ExternalName, Function, InstBuilder, MemFlagsData, Signature, SourceLoc,
+    StackSlotData, StackSlotKind, Value,
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};

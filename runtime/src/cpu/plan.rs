@@ -424,6 +424,12 @@ impl CpuProgram {
                 .remove(&decl.name)
                 .ok_or_else(|| RunError::MissingInput { name: decl.name.clone(), expected: decl.ty.to_string() })?;
             check_input(&decl.name, &decl.ty, &t, &mut syms)?;
+            // Steps view inputs in place as typed slices: bytes not aligned for their type
+            // (a borrowed or memory-mapped buffer) are copied first.
+            let t = match (t.bytes().as_ptr() as usize).is_multiple_of(t.dtype().size().max(1)) {
+                true => t,
+                false => Tensor::from_bytes(t.dtype(), t.shape(), t.bytes()).expect("the same shape and bytes"),
+            };
             given.push(t);
         }
         let mut outs = Vec::with_capacity(plan.outputs.len());
@@ -597,7 +603,7 @@ impl CpuProgram {
                 )));
             }
             let dst = f.ptr(y.loc);
-            if t.bytes().as_ptr() != dst as *const u8 {
+            if !std::ptr::eq(t.bytes().as_ptr(), dst) {
                 // SAFETY: `dst` holds the operand's bytes; `copy` allows the source (an
                 // input the kernel returned as it was) to overlap them.
                 unsafe { std::ptr::copy(t.bytes().as_ptr(), dst, y.bytes()) };
