@@ -131,8 +131,13 @@ pub fn compile_shared_object(model: &Path, out: &Path, opts: &AotOptions) -> Res
                 .map_err(|msg| Error::Compile { path: out.display().to_string(), msg })?;
             programs.push((image, m.graph));
         }
-        let objs: Vec<aim_compiler::codegen::ObjectProgram<'_>> =
-            programs.iter().map(|(image, graph)| aim_compiler::codegen::ObjectProgram { image, graph }).collect();
+        let objs: Vec<aim_compiler::codegen::ObjectProgram<'_>> = programs
+            .iter()
+            .map(|(image, graph)| {
+                let entry = entry_of(image).map_err(|msg| Error::Compile { path: out.display().to_string(), msg })?;
+                Ok(aim_compiler::codegen::ObjectProgram { image, graph, entry })
+            })
+            .collect::<Result<_, Error>>()?;
         let object = aim_compiler::codegen::emit_object(&objs, &target, &triple, &name)
             .map_err(|cause| Error::Codegen { path: p.clone(), cause })?;
         link(&object, out, arch, opts.linker.as_deref())?;
@@ -179,6 +184,15 @@ fn link(object: &[u8], out: &Path, arch: &str, linker: Option<&str>) -> Result<(
         )));
     }
     Ok(())
+}
+
+/// What the entry function of the program in `image` must do: the typed steps the runtime
+/// makes of the image when it loads it (`None` when it will run node by node).
+fn entry_of(image: &[u8]) -> Result<Option<Vec<aim_runtime::cpu::EntryOp>>, String> {
+    let file = aim_ir::aim_file::parse_bytes(image)?;
+    let plan = file.header.plan.as_ref().ok_or("the image records no arena plan")?;
+    let placement = aim_runtime::cpu::Placement::from_arena_plan(plan);
+    Ok(aim_runtime::cpu::entry_ops_for(&file.model.graph, &placement).ok())
 }
 
 #[cfg(test)]

@@ -262,10 +262,11 @@ pub(crate) fn build_program(
     aim_compiler::onnx::release_pages();
     // A program of static shapes runs its typed steps from one generated function.
     let prog = match prog.entry_ops() {
-        Some(ops) => prog.with_entry(
-            aim_compiler::codegen::compile_entry(&ops, target)
-                .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?,
-        ),
+        Some(ops) => {
+            let entry = aim_compiler::codegen::compile_entry(&ops, |node| prog.loop_fn(node), target)
+                .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
+            prog.with_entry(entry)
+        }
         None => prog,
     };
     Ok(prog.with_bodies(bodies))

@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// The version of the layout a compiled object's entry function passes: bumped when
 /// [`EmbeddedProgram`] or [`KernelEntry`] change, so an object built by another aim is
 /// refused with a message rather than misread.
-pub const EMBED_ABI_VERSION: u32 = 1;
+pub const EMBED_ABI_VERSION: u32 = 2;
 
 /// One generated function of a program: which node it runs, what kind of function it is
 /// ([`KERNEL_ELEMENTWISE`], [`KERNEL_REDUCE`], [`KERNEL_TRANSPOSE`]) and its address.
@@ -52,6 +52,11 @@ pub struct EmbeddedProgram {
     pub kernels: *const KernelEntry,
     /// How many there are.
     pub kernel_count: usize,
+    /// The entry function generated for the program's typed steps ([`crate::cpu::EntryFn`]),
+    /// or null when the program runs node by node.
+    pub entry: *const std::ffi::c_void,
+    /// The [`crate::cpu::fingerprint`] of the steps the entry function was generated for.
+    pub entry_fingerprint: u64,
 }
 
 /// A model compiled ahead of time, loaded: its programs (the first shape-generic, the others
@@ -141,6 +146,7 @@ impl Compiled {
             let kernels: &[KernelEntry] =
                 if p.kernel_count == 0 { &[] } else { std::slice::from_raw_parts(p.kernels, p.kernel_count) };
             let (prog, src) = program(image, kernels, &pool).map_err(|e| format!("program {k}: {e}"))?;
+            let prog = with_entry(prog, p).map_err(|e| format!("program {k}: {e}"))?;
             source = src;
             loaded.push(prog);
         }
@@ -235,10 +241,7 @@ fn program(
     let cache = |k: &str| -> Result<usize, String> { get(k)?.parse().map_err(|_| format!("bad target '{k}'")) };
     let blocking = Blocking::for_caches(isa, cache("l1d")?, cache("l2")?);
     let plan = h.plan.as_ref().ok_or("the image records no arena plan")?;
-    let placement = Placement {
-        arena_bytes: plan.arena_bytes,
-        slots: plan.slots.iter().map(|(n, o, b)| (n.clone(), (*o, *b))).collect(),
-    };
+    let placement = Placement::from_arena_plan(plan);
     let graph = file.model.graph;
     aim_ir::verify(&graph).map_err(|e| format!("invalid graph: {e}"))?;
     let mut code = Generated::default();
@@ -268,4 +271,28 @@ fn program(
     }
     let prog = CpuProgram::new(graph, isa, blocking, pool.clone(), code, &placement).map_err(|e| e.to_string())?;
     Ok((prog, h.source.clone()))
+}
+
+/// `prog` running its steps from the entry function the object holds for it, once its own
+/// steps are checked to be those the function was generated for.
+///
+/// # Safety
+/// `p.entry`, when not null, is a function of the [`crate::cpu::EntryFn`] signature that
+/// lives as long as the process (see [`Compiled::load`]).
+unsafe fn with_entry(prog: CpuProgram, p: &EmbeddedProgram) -> Result<CpuProgram, String> {
+    if p.entry.is_null() {
+        return Ok(prog);
+    }
+    let ops = prog.entry_ops().ok_or_else(|| {
+        format!(
+            "the object has an entry function for this program, but it runs node by node here ({})",
+            prog.why_no_steps().unwrap_or("no static steps")
+        )
+    })?;
+    if crate::cpu::fingerprint(&ops) != p.entry_fingerprint {
+        return Err("the object's entry function was generated for other steps than this runtime makes of the program (an object from another version of aim?)".into());
+    }
+    // SAFETY: by the contract above.
+    let func = unsafe { std::mem::transmute::<*const std::ffi::c_void, crate::cpu::EntryFn>(p.entry) };
+    Ok(prog.with_entry(crate::cpu::Entry { func, owner: Arc::new(()) }))
 }

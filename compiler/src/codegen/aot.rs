@@ -21,6 +21,9 @@ pub struct ObjectProgram<'a> {
     pub image: &'a [u8],
     /// The program's graph, as in the image.
     pub graph: &'a aim_ir::Graph,
+    /// What the entry function of its typed steps does (`aim_runtime::cpu::entry_ops_for`),
+    /// when it has them.
+    pub entry: Option<Vec<aim_runtime::cpu::EntryOp>>,
 }
 
 /// The Cranelift ISA for `triple` with the features of `target` (its level), compiling
@@ -76,10 +79,12 @@ pub fn emit_object(
         .map_err(|e| err(e.to_string()))?;
     let mut module = cranelift_object::ObjectModule::new(builder);
     let mut table = DataDescription::new();
-    // EmbeddedProgram: image pointer, image length, kernel table pointer, kernel count.
-    let entry_bytes = 4 * ptr_bytes;
+    // EmbeddedProgram: image pointer, image length, kernel table pointer, kernel count,
+    // entry function, the entry's fingerprint (u64).
+    let entry_bytes = 5 * ptr_bytes + 8;
     let mut table_bytes = vec![0u8; programs.len() * entry_bytes];
     let mut relocs = Vec::new();
+    let mut entry_funcs = Vec::new();
     for (k, p) in programs.iter().enumerate() {
         let ids = define_kernels(&mut module, p.graph, &format!("{name}_p{k}_"), false)?;
         let image = module
@@ -116,6 +121,20 @@ pub fn emit_object(
         table_bytes[at + 3 * ptr_bytes..at + 4 * ptr_bytes].copy_from_slice(&ids.len().to_le_bytes()[..ptr_bytes]);
         relocs.push((at, image));
         relocs.push((at + 2 * ptr_bytes, kernels));
+        if let Some(ops) = &p.entry {
+            let loops: std::collections::HashMap<usize, u32> = ids
+                .iter()
+                .filter(|(_, kind, _)| matches!(kind, Kind::Elementwise))
+                .map(|(node, _, id)| (*node, id.as_u32()))
+                .collect();
+            let loops = super::Loops::Functions(loops);
+            let entry = super::define(&mut module, "", &format!("{name}_p{k}_entry"), false, |f, cfg| {
+                super::lower_entry(ops, &loops, f, cfg)
+            })?;
+            entry_funcs.push((at + 4 * ptr_bytes, entry));
+            let fp = aim_runtime::cpu::fingerprint(ops);
+            table_bytes[at + 5 * ptr_bytes..at + 5 * ptr_bytes + 8].copy_from_slice(&fp.to_le_bytes());
+        }
     }
     let programs_id = module
         .declare_data(&format!("{name}_programs"), Linkage::Local, false, false)
@@ -123,6 +142,10 @@ pub fn emit_object(
     for (at, id) in relocs {
         let gv = module.declare_data_in_data(id, &mut table);
         table.write_data_addr(at as u32, gv, 0);
+    }
+    for (at, id) in entry_funcs {
+        let f = module.declare_func_in_data(id, &mut table);
+        table.write_function_addr(at as u32, f);
     }
     table.define(table_bytes.into_boxed_slice());
     table.set_align(8);

@@ -15,7 +15,7 @@ mod transpose;
 
 pub use aot::{emit_object, isa_for_triple, ObjectProgram};
 pub use elementwise::{compile_elementwise, lower_elementwise};
-pub use entry::{compile_entry, entry_text, lower_entry};
+pub use entry::{compile_entry, entry_text, lower_entry, Loops};
 pub use reduce::{compile_reduce, lower_reduce, ReduceMode};
 pub use transpose::{compile_transpose, lower_transpose};
 

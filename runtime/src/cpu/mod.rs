@@ -36,7 +36,7 @@ use conv::{prepare_conv, ConvPrep};
 use dense::{prepare_dense, DensePrep};
 use depthwise::DepthwisePrep;
 pub use kind::NodeKind;
-pub use plan::{Addr, Entry, EntryFn, EntryOp, KernelRef, Loc, Operand, Step, StepFn};
+pub use plan::{entry_ops_for, fingerprint, Addr, Entry, EntryFn, EntryOp, KernelRef, Loc, Operand, Step, StepFn};
 
 /// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
 pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize);
@@ -119,6 +119,16 @@ pub struct Placement {
     pub slots: HashMap<String, (usize, usize)>,
 }
 
+impl Placement {
+    /// The placement an `.aim` image records.
+    pub fn from_arena_plan(plan: &aim_ir::aim_file::ArenaPlan) -> Placement {
+        Placement {
+            arena_bytes: plan.arena_bytes,
+            slots: plan.slots.iter().map(|(n, o, b)| (n.clone(), (*o, *b))).collect(),
+        }
+    }
+}
+
 /// A graph compiled for this CPU.
 pub struct CpuProgram {
     graph: Graph,
@@ -179,9 +189,7 @@ impl CpuProgram {
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),
-                "Quantize8" | "Dequantize8" | "GlobalAveragePool8" | "Conv8" | "Add8" | "MaxPool8" => {
-                    int8::prepare(&graph, n)
-                }
+                op if plan::INT8_OPS.contains(&op) => int8::prepare(&graph, n),
                 "Elementwise" => code
                     .elementwise
                     .get(&i)
@@ -219,35 +227,7 @@ impl CpuProgram {
         // Weights now live packed in the prepared nodes: their inputs are baked in, and the
         // unpacked copies nothing else reads (for ResNet-50, 100 MB) are dropped.
         let mut graph = graph;
-        for (i, n) in graph.nodes.iter_mut().enumerate() {
-            let computed_operands = [
-                "Elementwise",
-                "Reduce",
-                "Transpose",
-                "Softmax",
-                "Add8",
-                "Quantize8",
-                "Dequantize8",
-                "GlobalAveragePool8",
-                "MaxPool8",
-            ];
-            if prepared.contains_key(&i) && !computed_operands.contains(&n.op.as_str()) {
-                // A quantized layer's inputs after the first are all constants; a byte
-                // convolution's up to its residual.
-                let last = match n.op.as_str() {
-                    "QDense" | "QConv" => n.inputs.len(),
-                    "Conv8" => 4.min(n.inputs.len()),
-                    _ => 3.min(n.inputs.len()),
-                };
-                for k in 1..last {
-                    n.inputs[k].clear();
-                }
-            }
-        }
-        let mut read = Vec::new();
-        graph.names_read(&mut read);
-        let read: std::collections::HashSet<String> = read.into_iter().collect();
-        graph.initializers.retain(|k, _| read.contains(k));
+        plan::bake_constants(&mut graph);
         if let Err(e) = aim_ir::limits::check_count(placement.arena_bytes, 1) {
             return Err(RunError::Node {
                 node: graph.name.clone(),
@@ -271,7 +251,7 @@ impl CpuProgram {
             entry: None,
             _code: code.owner,
         };
-        match plan::Plan::build(&prog) {
+        match plan::Plan::build(&prog.graph, &prog.values) {
             Ok(p) => prog.plan = Some(p),
             Err(why) => prog.no_plan = Some(why),
         }

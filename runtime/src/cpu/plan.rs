@@ -8,10 +8,11 @@
 //! generated, from [`CpuProgram::run_steps`]'s loop. Programs with shapes only known at run
 //! time, or with control flow, keep the node-by-node executor (`run.rs`).
 
-use super::run::{is_view_op, Arena, Base};
+use super::run::{is_view_op, Arena, Base, Values};
+use super::Placement;
 use super::{elementwise, CpuProgram, ElementwiseFn, In, Out, Prepared, Residual};
 use crate::exec::{check_input, panic_message, Deadline, RunError, Scope};
-use aim_ir::{DType, Tensor};
+use aim_ir::{DType, Graph, Node, Tensor};
 use std::collections::HashMap;
 
 /// Where an operand of a step is during a run.
@@ -114,8 +115,8 @@ pub enum EntryOp {
     Loop {
         /// The step it runs.
         step: usize,
-        /// The loop.
-        func: ElementwiseFn,
+        /// The node whose generated loop it calls.
+        node: usize,
         /// Where its inputs are.
         ins: Vec<Addr>,
         /// Where its output goes.
@@ -166,9 +167,7 @@ const INLINE_LOOP: usize = elementwise::CHUNK;
 impl Plan {
     /// Steps for `prog`, or why it has none: a value whose shape is only known at run time,
     /// control flow, an operand of the wrong type for its kernel.
-    pub(super) fn build(prog: &CpuProgram) -> Result<Plan, String> {
-        let g = &prog.graph;
-        let v = &prog.values;
+    pub(super) fn build(g: &Graph, v: &Values) -> Result<Plan, String> {
         let mut loc: Vec<Option<Loc>> = vec![None; v.names.len()];
         let mut types: Vec<Option<(DType, Vec<usize>)>> = vec![None; v.names.len()];
         let static_type = |x: usize| -> Result<(DType, Vec<usize>), String> {
@@ -242,12 +241,7 @@ impl Plan {
             };
             let ins = v.ins[i].iter().map(operand).collect::<Result<Vec<_>, _>>()?;
             let outs = v.outs[i].iter().map(operand).collect::<Result<Vec<_>, _>>()?;
-            let kernel = match prog.prepared.get(&i) {
-                Some(Prepared::Elementwise(_)) => KernelRef::Loop,
-                Some(Prepared::Int8(_)) => KernelRef::Int8,
-                Some(_) => KernelRef::Prepared,
-                None => KernelRef::Library,
-            };
+            let kernel = kernel_of(n);
             let f32_at = |k: usize| ins.get(k).and_then(|o| o.as_ref()).is_none_or(|o| o.dtype == DType::F32);
             let first = outs.first().and_then(|o| o.as_ref());
             match kernel {
@@ -285,8 +279,8 @@ impl Plan {
 
     /// What the entry function does, step by step: loops short enough for one task called
     /// in place, everything else through the step runner.
-    pub(super) fn entry_ops(&self, prog: &CpuProgram) -> Vec<EntryOp> {
-        let (inputs, outputs) = (prog.values.inputs.len(), self.outputs.len());
+    pub(super) fn entry_ops(&self, g: &Graph, inputs: usize) -> Vec<EntryOp> {
+        let outputs = self.outputs.len();
         let addr = |l: Loc| match l {
             Loc::Arena(off) => Addr::Arena(off),
             Loc::Input(k) => Addr::Io(k),
@@ -297,19 +291,15 @@ impl Plan {
             .iter()
             .enumerate()
             .map(|(k, s)| {
-                let n = &prog.graph.nodes[s.node];
-                match (s.kernel, prog.prepared.get(&s.node), s.outs.first()) {
-                    (KernelRef::Loop, Some(Prepared::Elementwise(f)), Some(Some(y)))
-                        if y.elements() <= INLINE_LOOP || prog.pool.size() == 1 =>
-                    {
-                        EntryOp::Loop {
-                            step: k,
-                            func: *f,
-                            ins: s.ins.iter().flatten().map(|o| addr(o.loc)).collect(),
-                            out: addr(y.loc),
-                            len: y.elements(),
-                        }
-                    }
+                let n = &g.nodes[s.node];
+                match (s.kernel, s.outs.first()) {
+                    (KernelRef::Loop, Some(Some(y))) if y.elements() <= INLINE_LOOP => EntryOp::Loop {
+                        step: k,
+                        node: s.node,
+                        ins: s.ins.iter().flatten().map(|o| addr(o.loc)).collect(),
+                        out: addr(y.loc),
+                        len: y.elements(),
+                    },
                     _ => {
                         let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
                         EntryOp::Call { step: k, what: format!("{} ({op}, {})", n.name, s.kernel.label()) }
@@ -318,6 +308,72 @@ impl Plan {
             })
             .collect()
     }
+}
+
+/// The byte ops of quantized regions, which run byte kernels.
+pub(super) const INT8_OPS: [&str; 6] = ["Quantize8", "Dequantize8", "GlobalAveragePool8", "Conv8", "Add8", "MaxPool8"];
+
+/// The code that runs node `n` of a prepared program: every `aim` node has a prepared
+/// kernel (a program whose `aim` node cannot be prepared does not load).
+fn kernel_of(n: &Node) -> KernelRef {
+    match (n.domain.as_str(), n.op.as_str()) {
+        ("aim", "Elementwise") => KernelRef::Loop,
+        ("aim", op) if INT8_OPS.contains(&op) => KernelRef::Int8,
+        ("aim", _) => KernelRef::Prepared,
+        _ => KernelRef::Library,
+    }
+}
+
+/// Drops from `graph` the operands its prepared kernels hold baked in — the weights, biases
+/// and quantization parameters of `aim` nodes whose operands are not all computed — and
+/// the initializers nothing reads any more.
+pub(super) fn bake_constants(graph: &mut Graph) {
+    const COMPUTED_OPERANDS: [&str; 9] = [
+        "Elementwise",
+        "Reduce",
+        "Transpose",
+        "Softmax",
+        "Add8",
+        "Quantize8",
+        "Dequantize8",
+        "GlobalAveragePool8",
+        "MaxPool8",
+    ];
+    for n in graph.nodes.iter_mut() {
+        if n.domain == "aim" && !COMPUTED_OPERANDS.contains(&n.op.as_str()) {
+            // A quantized layer's inputs after the first are all constants; a byte
+            // convolution's up to its residual.
+            let last = match n.op.as_str() {
+                "QDense" | "QConv" => n.inputs.len(),
+                "Conv8" => 4.min(n.inputs.len()),
+                _ => 3.min(n.inputs.len()),
+            };
+            for k in 1..last {
+                n.inputs[k].clear();
+            }
+        }
+    }
+    let mut read = Vec::new();
+    graph.names_read(&mut read);
+    let read: std::collections::HashSet<String> = read.into_iter().collect();
+    graph.initializers.retain(|k, _| read.contains(k));
+}
+
+/// What the entry function of `graph` (an optimised graph, as a `.aim` image holds it) with
+/// the arena `placement` does, computed as loading it will: what an ahead-of-time compiler
+/// generates the entry function from. Fails where the program will run node by node.
+pub fn entry_ops_for(graph: &Graph, placement: &Placement) -> Result<Vec<EntryOp>, String> {
+    let mut g = graph.clone();
+    bake_constants(&mut g);
+    let values = Values::new(&g, placement);
+    Ok(Plan::build(&g, &values)?.entry_ops(&g, g.inputs.len()))
+}
+
+/// A fingerprint of `ops` (FNV-1a over their description): a compiled object records the
+/// one its entry function was generated for, and loading checks its own steps have it.
+pub fn fingerprint(ops: &[EntryOp]) -> u64 {
+    let text = format!("{ops:?}");
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The memory of one run of a plan: the arena, and the addresses of its inputs, outputs and
@@ -395,7 +451,15 @@ impl CpuProgram {
     /// What a generated entry function for the steps must do, in order (`None` without
     /// steps).
     pub fn entry_ops(&self) -> Option<Vec<EntryOp>> {
-        self.plan.as_ref().map(|p| p.entry_ops(self))
+        self.plan.as_ref().map(|p| p.entry_ops(&self.graph, self.values.inputs.len()))
+    }
+
+    /// The generated loop of node `node`, when it runs one.
+    pub fn loop_fn(&self, node: usize) -> Option<ElementwiseFn> {
+        match self.prepared.get(&node) {
+            Some(Prepared::Elementwise(f)) => Some(*f),
+            _ => None,
+        }
     }
 
     /// The program running its steps from `entry`, generated for [`CpuProgram::entry_ops`].
