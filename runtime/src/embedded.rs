@@ -296,3 +296,80 @@ unsafe fn with_entry(prog: CpuProgram, p: &EmbeddedProgram) -> Result<CpuProgram
     let func = unsafe { std::mem::transmute::<*const std::ffi::c_void, crate::cpu::EntryFn>(p.entry) };
     Ok(prog.with_entry(crate::cpu::Entry { func, owner: Arc::new(()) }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The image of a one-node program (Relu over f32[1,8]) compiled for the portable
+    /// kernels of this architecture, page-aligned and leaked as a compiled object's data is.
+    fn image() -> (&'static [u8], aim_ir::Graph) {
+        let text = "opset 17\ngraph \"g\" {\n  input %x: f32[1,8]\n  %y = Relu(%x)  # r\n  output %y: f32[1,8]\n}\n";
+        let model = aim_ir::text::parse_model(text).unwrap();
+        let target = [("arch", std::env::consts::ARCH), ("level", "baseline"), ("l1d", "32768"), ("l2", "1048576")];
+        let header = aim_ir::aim_file::Header {
+            stage: "optimized".into(),
+            target: target.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            writer: "test".into(),
+            source: "g".into(),
+            plan: Some(aim_ir::aim_file::ArenaPlan::default()),
+        };
+        let bytes = aim_ir::aim_file::to_bytes(&model, &header).unwrap();
+        let layout = std::alloc::Layout::from_size_align(bytes.len(), aim_ir::aim_file::DATA_ALIGN).unwrap();
+        // SAFETY: a fresh allocation of the layout's size, filled before it is read, and
+        // never freed (the image must live for the process).
+        let image = unsafe {
+            let p = std::alloc::alloc(layout);
+            assert!(!p.is_null());
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+            std::slice::from_raw_parts(p as *const u8, bytes.len())
+        };
+        (image, model.graph)
+    }
+
+    static ENTRY_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+    /// An entry function for the one-step program, as the compiler would generate it.
+    unsafe extern "C" fn entry(ctx: *const u8, _: *mut u8, _: *const *mut u8, run_step: crate::cpu::StepFn) -> i64 {
+        ENTRY_RUNS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the runtime passes its own step runner and context.
+        match unsafe { run_step(ctx, 0) } {
+            0 => 0,
+            _ => 1,
+        }
+    }
+
+    fn program(fingerprint: u64) -> EmbeddedProgram {
+        let (image, _) = image();
+        EmbeddedProgram {
+            image: image.as_ptr(),
+            image_len: image.len(),
+            kernels: std::ptr::null(),
+            kernel_count: 0,
+            entry: entry as *const std::ffi::c_void,
+            entry_fingerprint: fingerprint,
+        }
+    }
+
+    #[test]
+    fn an_object_entry_function_runs_the_steps_it_was_generated_for() {
+        let (_, graph) = image();
+        let ops = crate::cpu::entry_ops_for(&graph, &Placement::default()).unwrap();
+        // SAFETY: the image lives for the process and `entry` has the entry signature.
+        let m = unsafe { Compiled::load(&[program(crate::cpu::fingerprint(&ops))], Some(1)) }.unwrap();
+        let before = ENTRY_RUNS.load(Ordering::SeqCst);
+        let x = Tensor::from_vec(&[1, 8], vec![-2.0f32, -1.0, 0.0, 1.0, 2.0, -3.0, 3.0, 0.5]);
+        let y = m.run(vec![("x".into(), x)], &RunOptions::default()).unwrap();
+        assert_eq!(y[0].1.data::<f32>(), &[0.0, 0.0, 0.0, 1.0, 2.0, 0.0, 3.0, 0.5]);
+        assert!(ENTRY_RUNS.load(Ordering::SeqCst) > before, "the object's entry function ran");
+    }
+
+    #[test]
+    fn an_object_entry_function_for_other_steps_is_refused() {
+        // SAFETY: as above.
+        let r = unsafe { Compiled::load(&[program(0x1234)], Some(1)) };
+        let e = r.err().expect("a wrong fingerprint is refused");
+        assert!(e.contains("other steps"), "{e}");
+    }
+}
