@@ -355,7 +355,8 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         ),
         sources: vec![],
     }];
-    for (n, plan) in g.nodes.iter().zip(prog.schedule()) {
+    let steps = prog.steps();
+    for (i, (n, plan)) in g.nodes.iter().zip(prog.schedule()).enumerate() {
         let src = sources(n);
         let outs: Vec<String> = n
             .outputs
@@ -378,6 +379,23 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         scheduled.push(Line { text: format!("{} {op} -> {}", n.name, outs.join(", ")), sources: src.clone() });
         for l in plan {
             scheduled.push(Line { text: format!("    {l}"), sources: src.clone() });
+        }
+        if let Some(steps) = steps {
+            let text = match steps.iter().enumerate().find(|(_, s)| s.node == i) {
+                Some((k, s)) => {
+                    let locs = |ops: &[Option<aim_runtime::cpu::Operand>]| -> String {
+                        let v: Vec<String> = ops.iter().flatten().map(|o| o.loc.to_string()).collect();
+                        if v.is_empty() {
+                            "-".into()
+                        } else {
+                            v.join(", ")
+                        }
+                    };
+                    format!("step {k}: {}, reads {}, writes {}", s.kernel.label(), locs(&s.ins), locs(&s.outs))
+                }
+                None => "no step: its output is its input's bytes".to_string(),
+            };
+            scheduled.push(Line { text: format!("    {text}"), sources: src.clone() });
         }
     }
 

@@ -28,6 +28,17 @@ pub enum Loc {
     Const(usize),
 }
 
+impl std::fmt::Display for Loc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Loc::Arena(off) => write!(f, "arena+{off}"),
+            Loc::Input(k) => write!(f, "input {k}"),
+            Loc::Output(k) => write!(f, "output {k}"),
+            Loc::Const(k) => write!(f, "constant {k}"),
+        }
+    }
+}
+
 /// One operand of a step: where it is, and its static type.
 #[derive(Clone, Debug)]
 pub struct Operand {
