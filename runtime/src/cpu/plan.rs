@@ -109,9 +109,9 @@ pub struct Plan {
     /// Bytes of arena a run needs: the memory plan's, and after it room for the values the
     /// plan left to their kernels.
     pub arena_bytes: usize,
-    /// The constants steps read (by [`Loc::Const`] index), and their addresses: of f32
-    /// elements aligned for f32 (a constant whose bytes in a memory map are not is viewed
-    /// through its aligned copy).
+    /// The constants steps read (by [`Loc::Const`] index), and their addresses: for the f32
+    /// constants loops and prepared kernels read, aligned for f32 (a constant whose bytes in
+    /// a memory map are not is viewed through its aligned copy); else the bytes as they are.
     consts: Vec<Tensor>,
     const_addrs: Vec<usize>,
     /// The graph's outputs: their types.
@@ -278,11 +278,23 @@ impl Plan {
                 return Err(format!("output '{}' is made by no step", v.names[x]));
             }
         }
+        // Loops and prepared kernels read their f32 constants as slices, through aligned
+        // addresses; the other constants are read as bytes or handed over as tensors, so a
+        // memory-mapped one (an embedding table, say) is not copied to align it.
+        let mut as_floats = vec![false; consts.len()];
+        for s in steps.iter().filter(|s| matches!(s.kernel, KernelRef::Loop | KernelRef::Prepared)) {
+            for o in s.ins.iter().flatten() {
+                if let (Loc::Const(k), DType::F32) = (o.loc, o.dtype) {
+                    as_floats[k] = true;
+                }
+            }
+        }
         let const_addrs = consts
             .iter()
-            .map(|t| match t.dtype() {
-                DType::F32 => t.data::<f32>().as_ptr() as usize,
-                _ => t.bytes().as_ptr() as usize,
+            .zip(as_floats)
+            .map(|(t, floats)| match floats {
+                true => t.data::<f32>().as_ptr() as usize,
+                false => t.bytes().as_ptr() as usize,
             })
             .collect();
         Ok(Plan { steps, arena_bytes, consts, const_addrs, outputs })
