@@ -7,6 +7,8 @@
 # toolchain and qemu-user (tests/cross_aarch64.sh) where they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each section starts with the seconds elapsed so far, so a slow CI run shows where it went.
+section() { echo "== [${SECONDS}s] $*"; }
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 # ptxas (from NVIDIA's PyPI package, no CUDA toolkit or GPU needed) checks every PTX kernel
@@ -15,74 +17,76 @@ python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvcc-cu12
 PTXAS="$(python3 -c 'import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas"))')"
 export PTXAS
 if ! command -v chromium >/dev/null; then
-    echo "== installing chromium (for the explore page test)"
+    section "installing chromium (for the explore page test)"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
 
-echo "== generating ONNX node test cases (onnx $(python3 -c 'import onnx; print(onnx.__version__)'))"
+section "generating ONNX node test cases (onnx $(python3 -c 'import onnx; print(onnx.__version__)'))"
 python3 tests/conformance/gen_onnx_cases.py target/onnx-cases
-echo "== generating the benchmark models"
+section "generating the benchmark models"
 python3 tests/models/make_models.py target/models
 
-echo "== formatting (cargo fmt --check)"
+section "formatting (cargo fmt --check)"
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 
+section "release build"
 cargo build --release --locked
-echo "== clippy (warnings are errors)"
+section "clippy (warnings are errors)"
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
 
-echo "== benchmark models: aim against ONNX Runtime (reference and cpu backends)"
+section "benchmark models: aim against ONNX Runtime (reference and cpu backends)"
 MODELS="mlp mlp_b64 mobilenetv2 bert_l6 resnet50 yolo_like dbnet_like crnn_like crnn_unrolled vad_like mobilenetv3 bert_hf gpt2_step"
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu
-echo "== quantized models (ONNX Runtime's quantize_static QDQ and QOperator, quantize_dynamic): aim within ORT's own spread"
+section "quantized models (ONNX Runtime's quantize_static QDQ and QOperator, quantize_dynamic): aim within ORT's own spread"
 QUANT="resnet50_qdq mobilenetv2_qdq resnet50_qop mobilenetv2_qop bert_l6_dyn bert_l6_qdq dq_int4"
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend reference --quantized
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend cpu --quantized
 QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul ms_matmul_nbits"
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend reference --one-quantum
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend cpu --one-quantum
-echo "== half-precision models (f16 weights and activations): computed in f32 by the cpu backend, per op in f16 by the reference"
+section "half-precision models (f16 weights and activations): computed in f32 by the cpu backend, per op in f16 by the reference"
 python3 tests/compare_ort.py target/release/aim target/models mobilenetv2_f16 bert_l6_f16 --backend reference --half
 python3 tests/compare_ort.py target/release/aim target/models mobilenetv2_f16 bert_l6_f16 --backend cpu --half
-echo "== aim quantize: static (each calibration method) and dynamic, run by ONNX Runtime and by aim's integer kernels"
+section "aim quantize: static (each calibration method) and dynamic, run by ONNX Runtime and by aim's integer kernels"
 python3 tests/aim_quantize.py target/release/aim target/models
-echo "== com.microsoft ops (ONNX Runtime's transformer optimizer output and one model per op form)"
+section "com.microsoft ops (ONNX Runtime's transformer optimizer output and one model per op form)"
 CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln ms_attention ms_attention_causal
   ms_attention_sizes ms_mha ms_mha_causal ms_gqa ms_gqa_rotary ms_rotary ms_fused_conv ms_fused_matmul"
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend cpu
 
-echo "== aim serve: KServe v2 with Triton's clients (tritonclient[http,grpc]): metadata, JSON and binary inference equal"
+section "aim serve: KServe v2 with Triton's clients (tritonclient[http,grpc]): metadata, JSON and binary inference equal"
 echo "   to aim run, malformed requests, 16 concurrent clients with dynamic batching, SIGTERM in flight, deploy.yml"
 python3 tests/serve.py target/release/aim target/models
 
-echo "== the C API: examples/c/run_model.c built with gcc against libaim.so and libaim_runtime.so; .onnx, .aim and"
+section "the C API: examples/c/run_model.c built with gcc against libaim.so and libaim_runtime.so; .onnx, .aim and"
 echo "   compiled shared objects (aim compile --target), outputs identical to aim run"
 cargo build --release --locked -p aim-capi -p aim-runtime-capi
 python3 tests/c_api.py target/release/aim target/release target/models resnet50 mobilenetv2 bert_l6 mlp yolo_like dbnet_like --threads 2
 
-echo "== the Python package: pip install ./python in a fresh virtualenv, pytest against ONNX Runtime"
+section "the Python package: pip install ./python in a fresh virtualenv, pytest against ONNX Runtime"
 rm -rf target/pyenv
 python3 -m venv target/pyenv
 target/pyenv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt pytest ./python
 (cd target && AIM_MODELS="$PWD/models" pyenv/bin/python -c "import aim; print('aim', aim.__version__, 'from', aim.__file__)" \
     && AIM_MODELS="$PWD/models" pyenv/bin/python -m pytest -q ../python/tests)
 
-echo "== aim explore: the HTML page in headless Chromium (hover, highlight, search, screenshot)"
+section "aim explore: the HTML page in headless Chromium (hover, highlight, search, screenshot)"
 python3 tests/explore_html.py target/release/aim target/models/mobilenetv2.onnx target/explore
 
-echo "== unit, snapshot, fuzz-corpus, explore and conformance tests"
+section "unit, snapshot, fuzz-corpus, explore and conformance tests"
 AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQUIRE_CONFORMANCE=1 AIM_REQUIRE_PTXAS=1 cargo test --workspace --release --locked
 
-echo "== the thread pool's handshake under loom's memory model"
+section "the thread pool's handshake under loom's memory model"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p aim-runtime --release --locked --lib loom
 
-echo "== the AArch64 build (NEON) under QEMU: unit, conformance, differential and fuzz-corpus tests, and"
+section "the AArch64 build (NEON) under QEMU: unit, conformance, differential and fuzz-corpus tests, and"
 echo "   shared objects cross-compiled by aim compile --target aarch64-unknown-linux-gnu run from C"
 bash tests/cross_aarch64.sh "$PWD/target/onnx-cases" "$PWD/target/models"
 
+section "done"
