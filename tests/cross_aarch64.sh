@@ -26,8 +26,10 @@ cargo test "${target[@]}" -p aim-ir -p aim-kernels -p aim-runtime -p aim-compile
 # The cuda backend's kernels in the PTX interpreter are the same arithmetic on any host: the
 # x86-64 run covers them, and under QEMU they would take minutes more.
 echo "== [${SECONDS}s] aarch64 conformance, differential, fuzz corpus"
+# Without the default features: these tests need neither `aim serve` (tokio, axum, tonic
+# would be compiled for AArch64 for nothing) nor the cuda runtime.
 AIM_SKIP_PTX_INTERPRETER=1 AIM_ONNX_CASES="$cases" AIM_REQUIRE_CONFORMANCE=1 \
-    cargo test "${target[@]}" --test conformance --test differential --test fuzz_corpus
+    cargo test "${target[@]}" --no-default-features --test conformance --test differential --test fuzz_corpus
 if [ -n "$models" ]; then
     echo "== [${SECONDS}s] aarch64 shared objects from C"
     cargo build "${target[@]}" -p aim-runtime-capi

@@ -32,6 +32,8 @@ cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 
+section "feature sets: the builds below share every dependency they have in common (tools/workspace-hack)"
+python3 tests/feature_sets.py
 section "release build"
 cargo build --release --locked
 section "clippy (warnings are errors)"
@@ -83,7 +85,7 @@ section "unit, snapshot, fuzz-corpus, explore and conformance tests"
 AIM_ONNX_CASES="$PWD/target/onnx-cases" AIM_MODELS="$PWD/target/models" AIM_REQUIRE_CONFORMANCE=1 AIM_REQUIRE_PTXAS=1 cargo test --workspace --release --locked
 
 section "the thread pool's handshake under loom's memory model"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p aim-runtime --release --locked --lib loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p aim-loom-check --release --locked
 
 section "the AArch64 build (NEON) under QEMU: unit, conformance, differential and fuzz-corpus tests, and"
 echo "   shared objects cross-compiled by aim compile --target aarch64-unknown-linux-gnu run from C"

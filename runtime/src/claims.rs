@@ -20,7 +20,8 @@
 //!   and never calls the closure.
 //!
 //! `tests::loom_model` checks this with loom's model of the C11 memory model
-//! (`RUSTFLAGS="--cfg loom" cargo test -p aim-runtime --lib loom`).
+//! (`RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p aim-loom-check
+//! --release`, which compiles this file alone, with loom's atomics).
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
