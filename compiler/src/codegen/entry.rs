@@ -70,36 +70,23 @@ pub fn lower_entry(ops: &[EntryOp], loops: &Loops, func: &mut Function, cfg: Tar
                 let dst = addr(&mut b, *out);
                 let (start, end) = (b.ins().iconst(ptr, 0), b.ins().iconst(ptr, *len as i64));
                 let args = [table, dst, start, end];
-                match loops {
+                let (name, colocated) = match loops {
                     Loops::Addresses(at) => {
                         let callee = b.ins().iconst(ptr, at.get(node).copied().unwrap_or(0) as i64);
                         b.ins().call_indirect(loop_sig, callee, &args);
+                        continue;
                     }
+                    // As `cranelift_module` names the functions it declares.
                     Loops::Functions(ids) => {
-                        // As `cranelift_module` names the functions it declares.
                         let index = ids.get(node).copied().unwrap_or_default();
                         let name = b.func.declare_imported_user_function(UserExternalName { namespace: 0, index });
-                        let name = ExternalName::user(name);
-                        let callee = b.import_function(ExtFuncData {
-                            name,
-                            signature: loop_sig,
-                            colocated: true,
-                            patchable: false,
-                        });
-                        b.ins().call(callee, &args);
+                        (ExternalName::user(name), true)
                     }
                     // A listing names the loop (its address changes from run to run).
-                    Loops::Named => {
-                        let name = ExternalName::testcase(format!("aim_ew_node{node}"));
-                        let callee = b.import_function(ExtFuncData {
-                            name,
-                            signature: loop_sig,
-                            colocated: false,
-                            patchable: false,
-                        });
-                        b.ins().call(callee, &args);
-                    }
-                }
+                    Loops::Named => (ExternalName::testcase(format!("aim_ew_node{node}")), false),
+                };
+                let callee = b.import_function(ExtFuncData { name, signature: loop_sig, colocated, patchable: false });
+                b.ins().call(callee, &args);
             }
             EntryOp::Call { step, .. } => {
                 let k = b.ins().iconst(ptr, *step as i64);

@@ -582,7 +582,7 @@ impl CpuProgram {
             }
             (KernelRef::Prepared, Some(p)) => self.prepared_step(s, p, f).map_err(fail),
             (KernelRef::Int8, Some(Prepared::Int8(p))) => self.int8_step(s, p, f).map_err(fail),
-            (KernelRef::Library, None) => self.library_step(s, f),
+            (KernelRef::Library, None) => self.library_step(s, &cx.plan.consts, f),
             _ => Err(fail(format!("step {k}: its kernel ({}) was not prepared", s.kernel.label()))),
         }
     }
@@ -647,7 +647,7 @@ impl CpuProgram {
         run.map_err(|e| format!("internal error: {}", panic_message(&*e)))?
     }
 
-    fn library_step(&self, s: &Step, f: &Frame) -> Result<(), RunError> {
+    fn library_step(&self, s: &Step, consts: &[Tensor], f: &Frame) -> Result<(), RunError> {
         let n = &self.graph.nodes[s.node];
         let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
         let ins: Vec<Option<Tensor>> = s
@@ -656,7 +656,7 @@ impl CpuProgram {
             .map(|o| {
                 o.as_ref().map(|o| {
                     if let Loc::Const(k) = o.loc {
-                        return self.plan.as_ref().expect("steps run from a plan").consts[k].clone();
+                        return consts[k].clone();
                     }
                     // SAFETY: the location holds the operand's bytes, not written while the
                     // node runs (its outputs overlap none of its inputs); the tensors are
