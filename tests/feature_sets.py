@@ -22,9 +22,10 @@ BUILDS = {
     "the workspace's tests (cargo test --workspace)": (["--workspace"], True),
     "the C API (cargo build -p aim-capi -p aim-runtime-capi)": (["-p", "aim-capi", "-p", "aim-runtime-capi"], False),
     "the Python package (pip install ./python)": (["-p", "aim-python"], False),
-    "the libraries' tests (cross_aarch64.sh)": (
-        ["-p", "aim-ir", "-p", "aim-kernels", "-p", "aim-runtime", "-p", "aim-compiler"], True),
-    "aim's tests without its default features (cross_aarch64.sh)": (["-p", "aim", "--no-default-features"], True),
+    "the AArch64 tests (cross_aarch64.sh)": (
+        ["-p", "aim-ir", "-p", "aim-kernels", "-p", "aim-runtime", "-p", "aim-compiler", "-p", "aim",
+         "--no-default-features"], True),
+    "libaim_runtime (cross_aarch64.sh)": (["-p", "aim-runtime-capi"], False),
 }
 LINE = re.compile(r"^(\S+) (v\S+)(?: \([^)]*\))*(?: \[([^\]]*)\])?")
 
