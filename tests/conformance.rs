@@ -12,7 +12,7 @@ use aim::{Backend, Tensor};
 use aim_compiler::cuda::GpuTarget;
 use aim_ptx_interp::{run_program, Placement};
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 fn cases_dir() -> PathBuf {
@@ -46,18 +46,18 @@ fn onnx_node_conformance_cuda_in_the_ptx_interpreter() {
         return;
     }
     let list = include_str!("conformance/expected_pass_cuda.txt");
-    let kernels = RefCell::new(Vec::new());
+    let kernels = RefCell::new((HashSet::new(), Vec::new()));
     conformance("cuda, PTX interpreter", list, |c| run_case_with(c, |model| Ok(cuda_runner(model, c, &kernels))));
-    let kernels = kernels.into_inner();
+    let kernels = kernels.into_inner().1;
     let Some(ptxas) = aim_compiler::cuda::ptxas::find() else {
         assert!(std::env::var_os("AIM_REQUIRE_PTXAS").is_none(), "ptxas not found (pip install nvidia-cuda-nvcc-cu12)");
         eprintln!("ptxas not found: the conformance kernels were not checked with it");
         return;
     };
     let dir = std::env::temp_dir().join(format!("aim-conformance-ptxas-{}", std::process::id()));
-    for sm in [80, 90] {
-        let module = aim_compiler::cuda::ptx::module(sm, &kernels);
-        let r = aim_compiler::cuda::ptxas::check(&ptxas, &module, sm, &dir).unwrap_or_else(|e| panic!("{e}"));
+    let reports =
+        aim_compiler::cuda::ptxas::check_kernels(&ptxas, &kernels, &[80, 90], &dir).unwrap_or_else(|e| panic!("{e}"));
+    for (sm, r) in [80, 90].iter().zip(&reports) {
         assert!(r.spills.is_empty(), "sm_{sm}: spills in {:?}", r.spills);
         assert_eq!(r.kernels, kernels.len(), "{}", r.log);
     }
@@ -76,11 +76,12 @@ fn skip_interpreter() -> bool {
 }
 
 /// Runs a case's data sets as the cuda backend would: compiled for their input shapes.
-/// Each program's kernels are added to `kernels`, renamed apart from other cases'.
+/// Each program's kernels not seen before (`kernels.0`, by text) are added to `kernels.1`,
+/// renamed apart from other cases'.
 fn cuda_runner<'k>(
     model: &aim::Model,
     case: &Path,
-    kernels: &'k RefCell<Vec<String>>,
+    kernels: &'k RefCell<(HashSet<String>, Vec<String>)>,
 ) -> impl Fn(Named) -> Result<Named, Outcome> + 'k {
     let graph = model.ir().graph.clone();
     let path = case.display().to_string();
@@ -91,10 +92,14 @@ fn cuda_runner<'k>(
             Err(e @ aim::Error::Lower { .. }) => return Err(Outcome::Skipped(e.to_string())),
             Err(e) => return Err(Outcome::Fail(e.to_string())),
         };
+        // Kernels are renamed apart from other cases'; one generated again, the same text
+        // under the same name by another case, is assembled once.
         let mut ks = kernels.borrow_mut();
-        let case = ks.len();
+        let case = ks.1.len();
         for k in &p.kernels {
-            ks.push(k.ptx.replacen(&format!(".entry {}(", k.name), &format!(".entry c{case}_{}(", k.name), 1));
+            if ks.0.insert(k.ptx.clone()) {
+                ks.1.push(k.ptx.replacen(&format!(".entry {}(", k.name), &format!(".entry c{case}_{}(", k.name), 1));
+            }
         }
         drop(ks);
         let inputs: HashMap<String, Tensor> = inputs.into_iter().collect();

@@ -33,7 +33,12 @@ pub fn isa_for_triple(triple: &Triple, target: &Target) -> Result<OwnedTargetIsa
     let mut flags = settings::builder();
     flags.set("opt_level", "speed").map_err(|e| err(e.to_string()))?;
     flags.set("is_pic", "true").map_err(|e| err(e.to_string()))?;
-    let mut isa = cranelift_codegen::isa::lookup(triple.clone()).map_err(|e| err(format!("{triple}: {e}")))?;
+    let mut isa = cranelift_codegen::isa::lookup(triple.clone()).map_err(|e| match e {
+        cranelift_codegen::isa::LookupError::SupportDisabled => err(format!(
+            "{triple}: this build of aim generates code for its host only (built without the `cross` feature)"
+        )),
+        e => err(format!("{triple}: {e}")),
+    })?;
     if triple.architecture == Architecture::X86_64 {
         let f = &target.features;
         let v2 = f.sse41 && f.sse42;

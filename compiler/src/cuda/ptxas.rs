@@ -3,7 +3,7 @@
 //! tests run every generated kernel through it for sm_80 and sm_90; ptxas comes from the
 //! `nvidia-cuda-nvcc-cu12` PyPI package (no CUDA toolkit needed).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// ptxas: `$PTXAS`, else on `PATH`, else inside the `nvidia-cuda-nvcc-cu12` Python package.
@@ -64,4 +64,49 @@ pub fn check(ptxas: &std::path::Path, module: &str, sm: u32, dir: &std::path::Pa
         }
     }
     Ok(Report { log, spills, kernels })
+}
+
+/// Kernels per module in [`check_kernels`]: ptxas takes much longer per kernel on a module
+/// of thousands than on a few small ones, and the modules can then run side by side.
+const KERNELS_PER_MODULE: usize = 64;
+
+/// Assembles `kernels` (each a `.entry` text, names distinct) for every architecture in
+/// `sms`, as modules of at most [`KERNELS_PER_MODULE`] kernels (and at least one module per
+/// core) run by as many ptxas processes at a time as the machine has cores (files under
+/// `dir`). Returns one report per
+/// architecture, the modules' logs joined, or the first error, with ptxas's log.
+pub fn check_kernels(ptxas: &Path, kernels: &[String], sms: &[u32], dir: &Path) -> Result<Vec<Report>, String> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Enough modules for every core, of at most KERNELS_PER_MODULE kernels.
+    let per = (kernels.len() * sms.len()).div_ceil(cores).clamp(1, KERNELS_PER_MODULE);
+    let jobs: Vec<(usize, usize, &[String])> =
+        (0..sms.len()).flat_map(|a| kernels.chunks(per).enumerate().map(move |(c, ks)| (a, c, ks))).collect();
+    let workers = cores.min(jobs.len()).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(a, c, ks)) = jobs.get(j) else { break };
+                let sm = sms[a];
+                let texts: Vec<&str> = ks.iter().map(String::as_str).collect();
+                let module = aim_runtime::cuda::module(sm, &texts);
+                let r = check(ptxas, &module, sm, &dir.join(format!("part{c}")));
+                results.lock().unwrap_or_else(|e| e.into_inner()).push((a, c, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|&(a, c, _)| (a, c));
+    let mut reports: Vec<Report> =
+        sms.iter().map(|_| Report { log: String::new(), spills: Vec::new(), kernels: 0 }).collect();
+    for (a, _, r) in results {
+        let r = r?;
+        let into = &mut reports[a];
+        into.log.push_str(&r.log);
+        into.spills.extend(r.spills);
+        into.kernels += r.kernels;
+    }
+    Ok(reports)
 }
