@@ -28,7 +28,7 @@ mod specialize;
 mod views;
 
 pub use aim_ir::{DType, Dim, Tensor, ValueType};
-pub use random::random_inputs;
+pub use random::{random_inputs, random_inputs_shaped};
 pub use views::TensorView;
 
 use aim_runtime::RunOptions;

@@ -35,7 +35,8 @@ struct LoadArgs {
     max_tensor_bytes: Option<String>,
     /// Compile a program specialised to this input shape at load (`input=1x3x640x640`);
     /// repeatable: one per input with symbolic dims, a name given again starts another
-    /// signature. Other shapes are compiled on first use.
+    /// signature. Other shapes are compiled on first use. Without `--inputs`, the random
+    /// inputs take the first signature's shapes.
     #[arg(long, value_name = "NAME=DIMS")]
     shape: Vec<String>,
     /// How many shape-specialised programs to keep (the most recently used; default 8).
@@ -419,7 +420,8 @@ fn run(
     let m = Model::load_with_options(&model, &opts)?;
     let ins = match inputs {
         Some(p) => npz::read_npz(&p)?,
-        None => aim::random_inputs(m.inputs(), seed).map_err(anyhow::Error::msg)?,
+        None => aim::random_inputs_shaped(m.inputs(), opts.shapes.first().map_or(&[], |s| s), seed)
+            .map_err(anyhow::Error::msg)?,
     };
     let outs = m.run(ins).with_context(|| format!("running {}", model.display()))?;
     for (name, t) in &outs {
@@ -709,8 +711,13 @@ fn bench(
     let t0 = std::time::Instant::now();
     let m = Model::load_with_options(&model, &opts)?;
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let sets =
-        if given.is_empty() { vec![aim::random_inputs(m.inputs(), 0).map_err(anyhow::Error::msg)?] } else { given };
+    let sets = if given.is_empty() {
+        // Random inputs of the first `--shape` signature where dims are symbolic.
+        let shaped = opts.shapes.first().map_or(&[][..], |s| s.as_slice());
+        vec![aim::random_inputs_shaped(m.inputs(), shaped, 0).map_err(anyhow::Error::msg)?]
+    } else {
+        given
+    };
     let ins = &sets[0];
     for k in 0..warmup.max(sets.len()) {
         m.run(sets[k % sets.len()].clone())?;

@@ -1,6 +1,6 @@
 //! Seeded random inputs, for running a model without data (`aim run` with no `--inputs`).
 
-use aim_ir::{DType, Tensor, ValueInfo};
+use aim_ir::{DType, Dim, Tensor, ValueInfo};
 
 /// SplitMix64: tiny, seedable, and good enough for test data.
 struct SplitMix(u64);
@@ -23,11 +23,33 @@ impl SplitMix {
 /// integers in [0, 10), bools fair. Errors name the inputs whose dims are symbolic or
 /// unknown, and the dims to provide.
 pub fn random_inputs(inputs: &[ValueInfo], seed: u64) -> Result<Vec<(String, Tensor)>, String> {
+    random_inputs_shaped(inputs, &[], seed)
+}
+
+/// As [`random_inputs`], with the shapes of `shapes` (`--shape NAME=DIMS`, as for compiling
+/// a specialised program) for the inputs they name: an input with symbolic dims gets random
+/// data of the shape given for it, which must keep its rank and its known dims.
+pub fn random_inputs_shaped(
+    inputs: &[ValueInfo],
+    shapes: &[(String, Vec<usize>)],
+    seed: u64,
+) -> Result<Vec<(String, Tensor)>, String> {
     let mut rng = SplitMix(seed);
     let mut out = Vec::new();
     let mut missing = Vec::new();
     for i in inputs {
-        let (Some(dt), Some(shape)) = (i.ty.dtype, i.ty.concrete_shape()) else {
+        let given = shapes.iter().find(|(n, _)| *n == i.name).map(|(_, s)| s.clone());
+        if let (Some(s), Some(dims)) = (&given, &i.ty.shape) {
+            let fits = s.len() == dims.len() && s.iter().zip(dims).all(|(&n, d)| d.known().is_none_or(|k| k == n));
+            if !fits {
+                return Err(format!("--shape {}={s:?} does not fit its type {}", i.name, i.ty));
+            }
+        }
+        let shape = match (&i.ty.shape, given) {
+            (Some(dims), Some(s)) if dims.iter().any(|d| !matches!(d, Dim::Known(_))) => Some(s),
+            _ => i.ty.concrete_shape(),
+        };
+        let (Some(dt), Some(shape)) = (i.ty.dtype, shape) else {
             missing.push(format!("'{}' has type {}", i.name, i.ty));
             continue;
         };
@@ -43,7 +65,7 @@ pub fn random_inputs(inputs: &[ValueInfo], seed: u64) -> Result<Vec<(String, Ten
     }
     if !missing.is_empty() {
         return Err(format!(
-            "cannot make random inputs: {}; pass --inputs with an .npz holding these arrays",
+            "cannot make random inputs: {}; pass --inputs with an .npz holding these arrays, or --shape NAME=DIMS",
             missing.join(", ")
         ));
     }

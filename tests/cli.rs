@@ -62,6 +62,15 @@ fn random_inputs_need_known_shapes() {
     let b = aim(&["run", d.join("f.onnx").to_str().unwrap(), "--seed", "7"]);
     assert!(a.status.success(), "{}", stderr(&a));
     assert_eq!(a.stdout, b.stdout, "the same seed gives the same inputs");
+    // With `--shape`, symbolic dims take the given sizes: run and bench make random data.
+    let m = d.join("m.onnx");
+    let m = m.to_str().unwrap();
+    let run = aim(&["run", m, "--shape", "x=5x2"]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("y: f32[5, 2]"), "{}", String::from_utf8_lossy(&run.stdout));
+    let bench = aim(&["bench", m, "--shape", "x=3x2", "--iters", "2", "--json"]);
+    assert!(bench.status.success(), "{}", stderr(&bench));
+    assert_clean_error(&aim(&["run", m, "--shape", "x=5x3"]), "do not fit");
 }
 
 #[test]
