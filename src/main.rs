@@ -420,7 +420,7 @@ fn run(
     let m = Model::load_with_options(&model, &opts)?;
     let ins = match inputs {
         Some(p) => npz::read_npz(&p)?,
-        None => aim::random_inputs_shaped(m.inputs(), opts.shapes.first().map_or(&[], |s| s), seed)
+        None => aim::random_inputs_shaped(m.inputs(), opts.shapes.first().map_or(&[][..], Vec::as_slice), seed)
             .map_err(anyhow::Error::msg)?,
     };
     let outs = m.run(ins).with_context(|| format!("running {}", model.display()))?;
@@ -713,7 +713,7 @@ fn bench(
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     let sets = if given.is_empty() {
         // Random inputs of the first `--shape` signature where dims are symbolic.
-        let shaped = opts.shapes.first().map_or(&[][..], |s| s.as_slice());
+        let shaped = opts.shapes.first().map_or(&[][..], Vec::as_slice);
         vec![aim::random_inputs_shaped(m.inputs(), shaped, 0).map_err(anyhow::Error::msg)?]
     } else {
         given

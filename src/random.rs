@@ -1,6 +1,6 @@
 //! Seeded random inputs, for running a model without data (`aim run` with no `--inputs`).
 
-use aim_ir::{DType, Dim, Tensor, ValueInfo};
+use aim_ir::{DType, Tensor, ValueInfo, ValueType};
 
 /// SplitMix64: tiny, seedable, and good enough for test data.
 struct SplitMix(u64);
@@ -38,16 +38,10 @@ pub fn random_inputs_shaped(
     let mut out = Vec::new();
     let mut missing = Vec::new();
     for i in inputs {
-        let given = shapes.iter().find(|(n, _)| *n == i.name).map(|(_, s)| s.clone());
-        if let (Some(s), Some(dims)) = (&given, &i.ty.shape) {
-            let fits = s.len() == dims.len() && s.iter().zip(dims).all(|(&n, d)| d.known().is_none_or(|k| k == n));
-            if !fits {
-                return Err(format!("--shape {}={s:?} does not fit its type {}", i.name, i.ty));
-            }
-        }
-        let shape = match (&i.ty.shape, given) {
-            (Some(dims), Some(s)) if dims.iter().any(|d| !matches!(d, Dim::Known(_))) => Some(s),
-            _ => i.ty.concrete_shape(),
+        let shape = match (shapes.iter().find(|(n, _)| *n == i.name), i.ty.dtype) {
+            (Some((_, s)), Some(dt)) if i.ty.is_made_static_by(&ValueType::known(dt, s)) => Some(s.clone()),
+            (Some((_, s)), _) => return Err(format!("--shape {}={s:?} does not fit its type {}", i.name, i.ty)),
+            (None, _) => i.ty.concrete_shape(),
         };
         let (Some(dt), Some(shape)) = (i.ty.dtype, shape) else {
             missing.push(format!("'{}' has type {}", i.name, i.ty));

@@ -38,7 +38,7 @@ pub struct Report {
 
 /// Assembles `module` for `sm_<sm>` with `ptxas` (a file under `dir`); an error carries
 /// ptxas's log.
-pub fn check(ptxas: &std::path::Path, module: &str, sm: u32, dir: &std::path::Path) -> Result<Report, String> {
+pub fn check(ptxas: &Path, module: &str, sm: u32, dir: &Path) -> Result<Report, String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let src = dir.join(format!("module_sm{sm}.ptx"));
     std::fs::write(&src, module).map_err(|e| e.to_string())?;
@@ -73,8 +73,8 @@ const KERNELS_PER_MODULE: usize = 64;
 /// Assembles `kernels` (each a `.entry` text, names distinct) for every architecture in
 /// `sms`, as modules of at most [`KERNELS_PER_MODULE`] kernels (and at least one module per
 /// core) run by as many ptxas processes at a time as the machine has cores (files under
-/// `dir`). Returns one report per
-/// architecture, the modules' logs joined, or the first error, with ptxas's log.
+/// `dir`). Returns one report per architecture, the modules' logs joined, or the first
+/// error, with ptxas's log.
 pub fn check_kernels(ptxas: &Path, kernels: &[String], sms: &[u32], dir: &Path) -> Result<Vec<Report>, String> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     // Enough modules for every core, of at most KERNELS_PER_MODULE kernels.
