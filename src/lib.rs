@@ -261,13 +261,13 @@ pub(crate) fn build_program(
     // Everything the program reads is packed or copied now.
     aim_compiler::onnx::release_pages();
     // A program of static shapes runs its typed steps from one generated function.
-    let prog = match prog.entry_ops() {
-        Some(ops) => {
-            let entry = aim_compiler::codegen::compile_entry(&ops, |node| prog.loop_fn(node), target)
+    let prog = match (prog.entry_ops(), prog.entry_binding()) {
+        (Some(ops), Some(binding)) => {
+            let entry = aim_compiler::codegen::compile_entry(&ops, |node| prog.loop_fn(node), &binding, target)
                 .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
             prog.with_entry(entry)
         }
-        None => prog,
+        _ => prog,
     };
     Ok(prog.with_bodies(bodies))
 }

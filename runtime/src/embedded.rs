@@ -16,9 +16,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The version of the layout a compiled object's entry function passes: bumped when
-/// [`EmbeddedProgram`] or [`KernelEntry`] change, so an object built by another aim is
-/// refused with a message rather than misread.
-pub const EMBED_ABI_VERSION: u32 = 2;
+/// [`EmbeddedProgram`], [`KernelEntry`], the generated entry function's signature or the
+/// [`crate::cpu::EntryEnv`] it reads change, so an object built by another aim is refused
+/// with a message rather than misread.
+pub const EMBED_ABI_VERSION: u32 = 3;
 
 /// One generated function of a program: which node it runs, what kind of function it is
 /// ([`KERNEL_ELEMENTWISE`], [`KERNEL_REDUCE`], [`KERNEL_TRANSPOSE`]) and its address.
@@ -330,11 +331,12 @@ mod tests {
 
     static ENTRY_RUNS: AtomicUsize = AtomicUsize::new(0);
 
-    /// An entry function for the one-step program, as the compiler would generate it.
-    unsafe extern "C" fn entry(ctx: *const u8, _: *mut u8, _: *const *mut u8, run_step: crate::cpu::StepFn) -> i64 {
+    /// An entry function for the one-step program (a library kernel), as the compiler would
+    /// generate it.
+    unsafe extern "C" fn entry(ctx: *const u8, _: *mut u8, _: *const *mut u8, env: *const crate::cpu::EntryEnv) -> i64 {
         ENTRY_RUNS.fetch_add(1, Ordering::SeqCst);
-        // SAFETY: the runtime passes its own step runner and context.
-        match unsafe { run_step(ctx, 0) } {
+        // SAFETY: the runtime passes its own environment and context.
+        match unsafe { ((*env).run_step)(ctx, 0) } {
             0 => 0,
             _ => 1,
         }

@@ -591,13 +591,24 @@ fn entry_lines(
     let (c, a) = aim_compiler::codegen::entry_text(&ops, target)?;
     for lines in [&mut *clif, &mut *asm] {
         lines.push(Line {
-            text: format!("; aim_entry: the whole model, {} steps in order ({} calls into the runtime, the rest generated loops called in place)", ops.len(), ops.iter().filter(|o| matches!(o, aim_runtime::cpu::EntryOp::Call { .. })).count()),
+            text: format!(
+                "; aim_entry: the whole model, {} steps in order: generated loops called in place {}, kernels called through their kind's entry {}, library kernels through the step runner {}",
+                ops.len(),
+                ops.iter().filter(|o| matches!(o, aim_runtime::cpu::EntryOp::Loop { .. })).count(),
+                ops.iter().filter(|o| matches!(o, aim_runtime::cpu::EntryOp::Kernel { .. })).count(),
+                ops.iter().filter(|o| matches!(o, aim_runtime::cpu::EntryOp::Call { .. })).count()
+            ),
             sources: vec![],
         });
         for op in &ops {
             let (step, what) = match op {
                 aim_runtime::cpu::EntryOp::Loop { step, ins, out, len, .. } => {
-                    (*step, format!("generated loop over {len} elements, {ins:?} -> {out:?}"))
+                    let ins: Vec<String> = ins.iter().map(|a| a.to_string()).collect();
+                    (*step, format!("generated loop over {len} elements, [{}] -> {out}", ins.join(", ")))
+                }
+                aim_runtime::cpu::EntryOp::Kernel { step, kernel, ops, what } => {
+                    let ops: Vec<String> = ops.iter().map(|a| a.map_or("-".to_string(), |a| a.to_string())).collect();
+                    (*step, format!("{}: {what}, operands [{}]", kernel.label(), ops.join(", ")))
                 }
                 aim_runtime::cpu::EntryOp::Call { step, what } => (*step, format!("run_step: {what}")),
             };

@@ -134,7 +134,7 @@ pub fn emit_object(
                 .collect();
             let loops = super::Loops::Functions(loops);
             let entry = super::define(&mut module, "", &format!("{name}_p{k}_entry"), false, |f, cfg| {
-                super::lower_entry(ops, &loops, f, cfg)
+                super::lower_entry(ops, &loops, None, f, cfg)
             })?;
             entry_funcs.push((at + 4 * ptr_bytes, entry));
             let fp = aim_runtime::cpu::fingerprint(ops);

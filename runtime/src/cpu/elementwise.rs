@@ -13,11 +13,11 @@ struct Ptrs<'a>(&'a [*const f32]);
 unsafe impl Send for Ptrs<'_> {}
 unsafe impl Sync for Ptrs<'_> {}
 
-/// Runs a generated elementwise loop over its inputs, in chunks on the pool. The inputs must
-/// all be f32 of one shape: the loop reads and writes exactly `len` elements of each.
 /// Elements per parallel task of a generated loop.
 pub(super) const CHUNK: usize = 16 * 1024;
 
+/// Runs a generated elementwise loop over its inputs, in chunks on the pool. The inputs must
+/// all be f32 of one shape: the loop reads and writes exactly `n` elements of each.
 ///
 /// # Safety
 /// Every input pointer and `out` hold `n` f32 elements; `out` may be one of the inputs

@@ -18,6 +18,7 @@ mod deconv;
 mod dense;
 mod depthwise;
 mod elementwise;
+mod entry;
 mod int8;
 mod kind;
 mod phases;
@@ -35,8 +36,12 @@ pub use bodies::{Bodies, Body};
 use conv::{prepare_conv, ConvPrep};
 use dense::{prepare_dense, DensePrep};
 use depthwise::DepthwisePrep;
+pub use entry::{
+    fingerprint, Addr, Entry, EntryBinding, EntryEnv, EntryFn, EntryOp, KernelFn, StepFn, ENV_KERNELS, ENV_RECS,
+    ENV_RUN_STEP, KERNEL_ENTRIES,
+};
 pub use kind::NodeKind;
-pub use plan::{entry_ops_for, fingerprint, Addr, Entry, EntryFn, EntryOp, KernelRef, Loc, Operand, Step, StepFn};
+pub use plan::{entry_ops_for, KernelRef, Loc, Operand, Step};
 
 /// A generated elementwise loop: `out[i] = f(inputs[0][i], ...)` for `start <= i < end`.
 pub type ElementwiseFn = unsafe extern "C" fn(inputs: *const *const f32, out: *mut f32, start: usize, end: usize);
@@ -147,8 +152,11 @@ pub struct CpuProgram {
     /// The typed steps, when every shape is static; else why not (`no_plan`).
     plan: Option<plan::Plan>,
     no_plan: Option<String>,
+    /// The steps' records, which the entry function hands their kernel entries (with the
+    /// plan: they point into it and into `prepared`, which do not change after `new`).
+    records: Option<entry::Records>,
     /// The generated function that runs the steps, when there is one.
-    entry: Option<plan::Entry>,
+    entry: Option<entry::Entry>,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -248,11 +256,15 @@ impl CpuProgram {
             recurrent,
             plan: None,
             no_plan: None,
+            records: None,
             entry: None,
             _code: code.owner,
         };
         match plan::Plan::build(&prog.graph, &prog.values) {
-            Ok(p) => prog.plan = Some(p),
+            Ok(p) => {
+                prog.records = Some(entry::Records::bind(&p, &prog.prepared));
+                prog.plan = Some(p);
+            }
             Err(why) => prog.no_plan = Some(why),
         }
         Ok(prog)

@@ -3,11 +3,13 @@
 //! operands lives during a run (a [`Loc`]: an arena offset, a caller's input, an output
 //! allocated for the run, a constant). Running them needs no value table, no name or node
 //! lookups and no per-node decisions: the steps run in order, either from the entry
-//! function the compiler generates for them (`entry_ops`, calling the generated loops
-//! directly and the runtime's step runner for the other kernels) or, where no code was
+//! function the compiler generates for them (`entry.rs`: calling the short generated
+//! loops in place, every other kernel through its kind's entry with the step's record and
+//! operand addresses, library kernels through the step runner) or, where no code was
 //! generated, from [`CpuProgram::run_steps`]'s loop. Programs with shapes only known at run
 //! time, or with control flow, keep the node-by-node executor (`run.rs`).
 
+use super::entry::{Entry, EntryOp};
 use super::run::{is_view_op, Arena, Base, Values};
 use super::Placement;
 use super::{elementwise, CpuProgram, ElementwiseFn, In, Out, Prepared, Residual};
@@ -51,7 +53,7 @@ pub struct Operand {
 }
 
 impl Operand {
-    fn elements(&self) -> usize {
+    pub(super) fn elements(&self) -> usize {
         self.shape.iter().product()
     }
 
@@ -115,65 +117,12 @@ pub struct Plan {
     consts: Vec<Tensor>,
     const_addrs: Vec<usize>,
     /// The graph's outputs: their types.
-    outputs: Vec<(DType, Vec<usize>)>,
-}
-
-/// What the generated entry function does for one step.
-#[derive(Clone, Debug)]
-pub enum EntryOp {
-    /// Calls the generated loop `func` over `len` elements of the operands at `ins`, writing
-    /// the operand at `out`.
-    Loop {
-        /// The step it runs.
-        step: usize,
-        /// The node whose generated loop it calls.
-        node: usize,
-        /// Where its inputs are.
-        ins: Vec<Addr>,
-        /// Where its output goes.
-        out: Addr,
-        /// Elements.
-        len: usize,
-    },
-    /// Calls the runtime's step runner ([`StepFn`]) for step `step`.
-    Call {
-        /// The step it runs.
-        step: usize,
-        /// The node's name and kernel, for the listing.
-        what: String,
-    },
-}
-
-/// An operand's address as the entry function computes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Addr {
-    /// The arena's first byte plus this offset.
-    Arena(usize),
-    /// Entry `k` of the `io` table (inputs, then outputs, then constants).
-    Io(usize),
-}
-
-/// The runtime's step runner, called by the generated entry function: runs step `step` of
-/// the run `ctx` describes; 0 when it succeeded, else 1 (the error is kept in `ctx`).
-pub type StepFn = unsafe extern "C" fn(ctx: *const u8, step: usize) -> i64;
-
-/// The generated entry function of a plan: runs its steps in order, with the run's arena at
-/// `base` and the addresses of the inputs, outputs and constants in `io` (in that order);
-/// calls `run_step` with `ctx` for the steps it does not run itself. Returns 0, or the
-/// number of the step that failed plus one.
-pub type EntryFn = unsafe extern "C" fn(ctx: *const u8, base: *mut u8, io: *const *mut u8, run_step: StepFn) -> i64;
-
-/// A generated entry function and what keeps its code mapped.
-pub struct Entry {
-    /// The function.
-    pub func: EntryFn,
-    /// The owner of the code.
-    pub owner: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    pub(super) outputs: Vec<(DType, Vec<usize>)>,
 }
 
 /// Loops over fewer elements than this run inline in the entry function (one parallel
 /// task's worth); longer ones go through the step runner, which splits them over the pool.
-const INLINE_LOOP: usize = elementwise::CHUNK;
+pub(super) const INLINE_LOOP: usize = elementwise::CHUNK;
 
 impl Plan {
     /// Steps for `prog`, or why it has none: a value whose shape is only known at run time,
@@ -299,38 +248,6 @@ impl Plan {
             .collect();
         Ok(Plan { steps, arena_bytes, consts, const_addrs, outputs })
     }
-
-    /// What the entry function does, step by step: loops short enough for one task called
-    /// in place, everything else through the step runner.
-    pub(super) fn entry_ops(&self, g: &Graph, inputs: usize) -> Vec<EntryOp> {
-        let outputs = self.outputs.len();
-        let addr = |l: Loc| match l {
-            Loc::Arena(off) => Addr::Arena(off),
-            Loc::Input(k) => Addr::Io(k),
-            Loc::Output(k) => Addr::Io(inputs + k),
-            Loc::Const(k) => Addr::Io(inputs + outputs + k),
-        };
-        self.steps
-            .iter()
-            .enumerate()
-            .map(|(k, s)| {
-                let n = &g.nodes[s.node];
-                match (s.kernel, s.outs.first()) {
-                    (KernelRef::Loop, Some(Some(y))) if y.elements() <= INLINE_LOOP => EntryOp::Loop {
-                        step: k,
-                        node: s.node,
-                        ins: s.ins.iter().flatten().map(|o| addr(o.loc)).collect(),
-                        out: addr(y.loc),
-                        len: y.elements(),
-                    },
-                    _ => {
-                        let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
-                        EntryOp::Call { step: k, what: format!("{} ({op}, {})", n.name, s.kernel.label()) }
-                    }
-                }
-            })
-            .collect()
-    }
 }
 
 /// The byte ops of quantized regions, which run byte kernels.
@@ -392,13 +309,6 @@ pub fn entry_ops_for(graph: &Graph, placement: &Placement) -> Result<Vec<EntryOp
     Ok(Plan::build(&g, &values)?.entry_ops(&g, g.inputs.len()))
 }
 
-/// A fingerprint of `ops` (FNV-1a over their description): a compiled object records the
-/// one its entry function was generated for, and loading checks its own steps have it.
-pub fn fingerprint(ops: &[EntryOp]) -> u64 {
-    let text = format!("{ops:?}");
-    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
-}
-
 /// The memory of one run of a plan: the arena, and the addresses of its inputs, outputs and
 /// constants in that order (what the entry function's `io` points to).
 struct Frame {
@@ -420,27 +330,35 @@ impl Frame {
         }
     }
 
-    /// The f32 elements of `o` (f32, checked when the plan was built).
-    fn floats<'a>(&self, o: &Operand) -> &'a [f32] {
-        // SAFETY: every location holds its operand's bytes (inputs were checked against
-        // their static types, outputs allocated with them, the arena sized for them); no
-        // step writes an operand while another of its own overlapping it is read, except
-        // the in-place cases the kernels handle (see `run.rs`).
-        unsafe { std::slice::from_raw_parts(self.ptr(o.loc) as *const f32, o.elements()) }
+    /// The addresses of `s`'s operands, as the entry function passes them to a kernel entry:
+    /// its inputs, then its outputs, null for an omitted one.
+    fn ops(&self, s: &Step) -> Vec<*mut u8> {
+        s.ins.iter().chain(&s.outs).map(|o| o.as_ref().map_or(std::ptr::null_mut(), |o| self.ptr(o.loc))).collect()
     }
 }
 
+/// The f32 elements of `o` (f32, checked when the plan was built) at `at`.
+///
+/// # Safety
+/// `at` holds the operand's bytes, not written while the slice is read but by the in-place
+/// cases the kernels handle (see `run.rs`).
+unsafe fn floats<'a>(at: *mut u8, o: &Operand) -> &'a [f32] {
+    // SAFETY: by the contract above (inputs were checked against their static types,
+    // outputs allocated with them, the arena sized for them).
+    unsafe { std::slice::from_raw_parts(at as *const f32, o.elements()) }
+}
+
 /// What the step runner needs: the program, its plan, the run's memory and the first error.
-struct RunCtx<'a> {
-    prog: &'a CpuProgram,
+pub(super) struct RunCtx<'a> {
+    pub(super) prog: &'a CpuProgram,
     plan: &'a Plan,
     frame: &'a Frame,
     deadline: Option<Deadline>,
-    error: std::cell::RefCell<Option<RunError>>,
+    pub(super) error: std::cell::RefCell<Option<RunError>>,
 }
 
 /// The step runner the entry function calls ([`StepFn`]).
-unsafe extern "C" fn run_step_from_entry(ctx: *const u8, step: usize) -> i64 {
+pub(super) unsafe extern "C" fn run_step_from_entry(ctx: *const u8, step: usize) -> i64 {
     // SAFETY: the entry function passes back the context `run_steps` gave it.
     let cx = unsafe { &*(ctx as *const RunCtx) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cx.prog.step(cx, step)));
@@ -536,14 +454,14 @@ impl CpuProgram {
         io.extend(plan.const_addrs.iter().map(|&a| a as *mut u8));
         let frame = Frame { base, io, inputs: given.len(), outputs: outs.len() };
         let cx = RunCtx { prog: self, plan, frame: &frame, deadline, error: Default::default() };
-        let r = match (&self.entry, deadline) {
-            (Some(e), None) => {
+        let r = match (&self.entry, &self.records, deadline) {
+            (Some(e), Some(recs), None) => {
+                let env = super::entry::entry_env(recs);
                 // SAFETY: the function was generated for this plan's steps (its operands'
-                // locations and sizes); `frame` holds the run's arena and io addresses, all
-                // of the sizes the plan's types give.
-                let failed = unsafe {
-                    (e.func)(&cx as *const RunCtx as *const u8, base.ptr, frame.io.as_ptr(), run_step_from_entry)
-                };
+                // locations and sizes, its kinds of kernel); `frame` holds the run's arena
+                // and io addresses, all of the sizes the plan's types give; `env` the
+                // runtime's entries and this program's records.
+                let failed = unsafe { (e.func)(&cx as *const RunCtx as *const u8, base.ptr, frame.io.as_ptr(), &env) };
                 match failed {
                     0 => Ok(()),
                     k => Err(cx.error.borrow_mut().take().unwrap_or_else(|| RunError::Node {
@@ -563,39 +481,48 @@ impl CpuProgram {
     /// Runs step `k` of the run `cx`.
     fn step(&self, cx: &RunCtx, k: usize) -> Result<(), RunError> {
         let s = &cx.plan.steps[k];
-        let f = cx.frame;
         let n = &self.graph.nodes[s.node];
         Deadline::check(cx.deadline, &n.name)?;
         let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
         let p = self.prepared.get(&s.node);
+        let ops = || cx.frame.ops(s);
         match (s.kernel, p) {
-            (KernelRef::Loop, Some(Prepared::Elementwise(func))) => {
-                let y = s.outs[0].as_ref().ok_or_else(|| fail("no output".into()))?;
-                let ptrs: Vec<*const f32> = s.ins.iter().flatten().map(|o| f.ptr(o.loc) as *const f32).collect();
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                    // SAFETY: every operand holds `len` floats (checked when the plan was
-                    // built); the output overlaps no input or is exactly one (the memory
-                    // plan's rule for loops).
-                    elementwise::run_elementwise(*func, &ptrs, f.ptr(y.loc) as *mut f32, y.elements(), &self.pool)
-                }));
-                run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))
-            }
-            (KernelRef::Prepared, Some(p)) => self.prepared_step(s, p, f).map_err(fail),
-            (KernelRef::Int8, Some(Prepared::Int8(p))) => self.int8_step(s, p, f).map_err(fail),
-            (KernelRef::Library, None) => self.library_step(s, &cx.plan.consts, f),
+            (KernelRef::Library, None) => self.library_step(s, &cx.plan.consts, cx.frame),
+            (KernelRef::Loop, Some(p)) => self.loop_step(s, p, &ops()).map_err(fail),
+            (KernelRef::Prepared, Some(p)) => self.prepared_step(s, p, &ops()).map_err(fail),
+            (KernelRef::Int8, Some(p)) => self.int8_step(s, p, &ops()).map_err(fail),
             _ => Err(fail(format!("step {k}: its kernel ({}) was not prepared", s.kernel.label()))),
         }
     }
 
-    fn prepared_step(&self, s: &Step, p: &Prepared, f: &Frame) -> Result<(), String> {
-        let get = |k: usize| s.ins.get(k).and_then(|o| o.as_ref()).map(|o| In { data: f.floats(o), shape: &o.shape });
+    /// Runs the generated loop `p` of step `s` over the pool, its operands at `ops` (inputs,
+    /// then outputs: a kernel entry's table).
+    pub(super) fn loop_step(&self, s: &Step, p: &Prepared, ops: &[*mut u8]) -> Result<(), String> {
+        let Prepared::Elementwise(func) = p else { return Err("the step's kernel is not a loop".into()) };
+        let y = s.outs[0].as_ref().ok_or("the node has no output")?;
+        let ptrs: Vec<*const f32> = ops[..s.ins.len()].iter().map(|&a| a as *const f32).collect();
+        // SAFETY: every operand holds `len` floats (checked when the plan was built); the
+        // output overlaps no input or is exactly one (the memory plan's rule for loops).
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            elementwise::run_elementwise(*func, &ptrs, ops[s.ins.len()] as *mut f32, y.elements(), &self.pool)
+        }));
+        run.map_err(|e| format!("internal error: {}", panic_message(&*e)))
+    }
+
+    /// Runs the prepared kernel `p` of step `s`, its operands at `ops` (as for `loop_step`).
+    pub(super) fn prepared_step(&self, s: &Step, p: &Prepared, ops: &[*mut u8]) -> Result<(), String> {
+        // SAFETY (every `floats` below): `ops` holds the addresses of the step's operands.
+        let get = |k: usize| {
+            s.ins.get(k).and_then(|o| o.as_ref()).map(|o| In { data: unsafe { floats(ops[k], o) }, shape: &o.shape })
+        };
         let x = get(0).ok_or("input 0 is missing")?;
         let mask = if matches!(p, Prepared::Softmax(_)) { get(1) } else { None };
         let y = s.outs[0].as_ref().ok_or("the node has no output")?;
+        let y_at = ops[s.ins.len()];
         let res = s.ins.get(3).and_then(|o| o.as_ref());
         let in_place = res.is_some_and(|r| r.loc == y.loc);
         let saved: Option<Vec<f32>> = match (in_place, Self::takes_residual_in_place(p)) {
-            (true, false) => res.map(|r| f.floats(r).to_vec()),
+            (true, false) => res.map(|r| unsafe { floats(ops[3], r) }.to_vec()),
             _ => None,
         };
         let residual = match (&saved, in_place) {
@@ -605,7 +532,7 @@ impl CpuProgram {
         };
         // SAFETY: the output's location holds its bytes and overlaps no input but a
         // residual taken in place (see `Plan::build` and the memory plan).
-        let slot = unsafe { std::slice::from_raw_parts_mut(f.ptr(y.loc) as *mut f32, y.elements()) };
+        let slot = unsafe { std::slice::from_raw_parts_mut(y_at as *mut f32, y.elements()) };
         let mut out = Out { slot: Some(slot), shape: Vec::new(), made: None };
         self.run_prepared(p, x, mask, residual, &mut out)?;
         match (out.made, out.slot) {
@@ -618,14 +545,17 @@ impl CpuProgram {
         }
     }
 
-    fn int8_step(&self, s: &Step, p: &super::int8::Int8Prep, f: &Frame) -> Result<(), String> {
+    /// Runs the byte kernel `p` of step `s`, its operands at `ops` (as for `loop_step`).
+    pub(super) fn int8_step(&self, s: &Step, p: &Prepared, ops: &[*mut u8]) -> Result<(), String> {
+        let Prepared::Int8(p) = p else { return Err("the step's kernel is not a byte kernel".into()) };
         let ins: Vec<Option<super::int8::Operand>> = s
             .ins
             .iter()
-            .map(|o| {
+            .zip(ops)
+            .map(|(o, &at)| {
                 o.as_ref().map(|o| super::int8::Operand {
-                    // SAFETY: the location holds the operand's bytes (as for `Frame::floats`).
-                    bytes: unsafe { std::slice::from_raw_parts(f.ptr(o.loc), o.bytes()) },
+                    // SAFETY: the location holds the operand's bytes (as for `floats`).
+                    bytes: unsafe { std::slice::from_raw_parts(at, o.bytes()) },
                     shape: &o.shape,
                     dtype: o.dtype,
                 })
@@ -640,7 +570,7 @@ impl CpuProgram {
             ));
         }
         // SAFETY: the output's location holds its bytes and overlaps none of the inputs.
-        let out = unsafe { std::slice::from_raw_parts_mut(f.ptr(y.loc), y.bytes()) };
+        let out = unsafe { std::slice::from_raw_parts_mut(ops[s.ins.len()], y.bytes()) };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             super::int8::run(p, self.isa, &ins, out, &self.pool)
         }));
