@@ -4,15 +4,34 @@
 use super::*;
 use std::ptr::{null, null_mut};
 
+/// A model file in a directory of its own, removed with it.
+struct ModelFile {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl std::ops::Deref for ModelFile {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for ModelFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A model with a symbolic batch dim: y = Relu(x) + b, and the shape of x as i64.
-fn model_file(dir: &str) -> std::path::PathBuf {
+fn model_file(dir: &str) -> ModelFile {
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[N,3]\n  init %b = f32[3] [0.5, -1.0, 2.0]\n  %r = Relu(%x)  # relu\n  %y = Add(%r, %b)  # add\n  %s = Shape(%x)  # shape\n  output %y: f32[N,3]\n  output %s: i64[2]\n}\n";
     let ir = aim_ir::text::parse_model(text).expect("the test model parses");
     let d = std::env::temp_dir().join(format!("aim-capi-{dir}-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("temp dir");
     let p = d.join("m.onnx");
     std::fs::write(&p, aim_compiler::onnx::export_bytes(&ir)).expect("writes the model");
-    p
+    ModelFile { dir: d, path: p }
 }
 
 fn cstr(s: &str) -> CString {
