@@ -31,7 +31,7 @@ echo "== [${SECONDS}s] aarch64: unit tests of the libraries, conformance, differ
 # minutes more.
 AIM_SKIP_PTX_INTERPRETER=1 AIM_ONNX_CASES="$cases" AIM_REQUIRE_CONFORMANCE=1 \
     cargo test "${target[@]}" --no-default-features -p aim-kernels -p aim-runtime -p aim-compiler -p aim \
-    --lib --test robustness --test conformance --test differential --test fuzz_corpus
+    --lib --test kernels --test conformance --test differential --test fuzz_corpus
 if [ -n "$models" ]; then
     echo "== [${SECONDS}s] aarch64 shared objects from C"
     cargo build "${target[@]}" -p aim-runtime-capi

@@ -71,14 +71,3 @@ pub fn ops() -> Vec<&'static str> {
     v.sort();
     v
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn op_names_are_unique() {
-        let v = super::ops();
-        let mut d = v.clone();
-        d.dedup();
-        assert_eq!(v, d);
-    }
-}

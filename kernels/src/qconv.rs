@@ -375,6 +375,3 @@ fn epilogue(
     let _ = isa;
     body(sums, corr, scale, bias, act, requant, dst)
 }
-
-#[cfg(test)]
-mod tests;

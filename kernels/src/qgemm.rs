@@ -485,6 +485,3 @@ unsafe fn micro_portable<const SIGNED_ROWS: bool>(
     }
     out.write(acc);
 }
-
-#[cfg(test)]
-mod tests;

@@ -38,18 +38,3 @@ fn block<const B: usize>(dst: &mut [f32], src: &[f32], at: usize) {
     let s: [f32; B] = src[at..at + B].try_into().expect("in bounds");
     dst[at..at + B].copy_from_slice(&s);
 }
-
-#[cfg(test)]
-mod tests {
-    use super::copy_short;
-
-    #[test]
-    fn copies_every_length() {
-        for n in 0..300 {
-            let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-            let mut dst = vec![-1.0; n];
-            copy_short(&mut dst, &src);
-            assert_eq!(dst, src, "length {n}");
-        }
-    }
-}

@@ -6,14 +6,14 @@
 //! pattern it has no fast path for), and the backend then runs the reference kernel. The
 //! approximations' errors are stated in [`math`] and tested.
 
-mod copy;
+pub mod copy;
 mod data;
 mod gru;
 mod logic;
 pub mod math;
 mod ops;
 mod output;
-pub(crate) mod quant;
+pub mod quant;
 mod recurrent;
 mod rnn;
 mod sequence;
@@ -23,8 +23,6 @@ pub use rnn::RnnWeights;
 mod reduce;
 mod resize;
 mod taps;
-#[cfg(test)]
-mod tests;
 
 pub use copy::copy_short;
 pub use taps::{tap_rows, MAX_TAPS};

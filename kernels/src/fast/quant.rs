@@ -31,13 +31,13 @@ pub(super) fn dynamic_quantize_linear(_n: &Node, ins: &[Option<Tensor>], cx: &Ct
 
 /// The u8 scale and zero point DynamicQuantizeLinear picks for `v`: its range widened to
 /// hold 0, over 255 steps.
-pub(crate) fn dynamic_params(isa: Isa, v: &[f32]) -> (f32, f32) {
+pub fn dynamic_params(isa: Isa, v: &[f32]) -> (f32, f32) {
     let (lo, hi) = range(isa, v);
     params_of_range(lo, hi)
 }
 
 /// The scale and zero point of [`dynamic_params`] for the range `(lo, hi)` (which holds 0).
-pub(crate) fn params_of_range(lo: f32, hi: f32) -> (f32, f32) {
+pub fn params_of_range(lo: f32, hi: f32) -> (f32, f32) {
     let scale = ((hi as f64 - lo as f64) as f32) / 255.0;
     let zp = if scale == 0.0 { 0.0 } else { (0.0 - lo / scale).round_ties_even().clamp(0.0, 255.0) };
     (scale, zp)
@@ -45,7 +45,7 @@ pub(crate) fn params_of_range(lo: f32, hi: f32) -> (f32, f32) {
 
 /// `dst = clamp(round(v / scale) + zp, 0, 255)`, vectorised for the ISA (rounding is one
 /// instruction with SSE4.1 / AVX and NEON, a library call without).
-pub(crate) fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
+pub fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
     #[inline(always)]
     fn body(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
         for (d, &a) in dst.iter_mut().zip(v) {
@@ -91,7 +91,7 @@ pub(crate) fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32)
 
 /// `(min(0, min v), max(0, max v))`, NaN ignored (as `f32::min` / `max` do), over 16
 /// independent lanes so that the compiler vectorises it.
-pub(crate) fn range(isa: Isa, v: &[f32]) -> (f32, f32) {
+pub fn range(isa: Isa, v: &[f32]) -> (f32, f32) {
     #[inline(always)]
     fn body(v: &[f32]) -> (f32, f32) {
         let (mut lo, mut hi) = ([0.0f32; 16], [0.0f32; 16]);

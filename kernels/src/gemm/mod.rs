@@ -923,6 +923,3 @@ unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: u
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

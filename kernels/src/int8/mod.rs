@@ -151,6 +151,3 @@ pub(crate) struct SharedMut<T>(pub(crate) *mut T);
 // SAFETY: every user hands each task a disjoint part of the buffer.
 unsafe impl<T> Send for SharedMut<T> {}
 unsafe impl<T> Sync for SharedMut<T> {}
-
-#[cfg(test)]
-mod tests;

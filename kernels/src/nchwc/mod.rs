@@ -66,6 +66,3 @@ pub struct Geometry {
     /// Dilations.
     pub dilations: [usize; 2],
 }
-
-#[cfg(test)]
-mod tests;

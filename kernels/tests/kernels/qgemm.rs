@@ -2,8 +2,9 @@
 //! (partial tiles, depths not a multiple of four), both weight signs, scalar and per-column
 //! zero points and scales, on this CPU's kernel and the portable one.
 
-use super::*;
-use crate::gemm::Sequential;
+use aim_kernels::gemm::Sequential;
+use aim_kernels::gemm::{Activation, Isa, Parallel};
+use aim_kernels::qgemm::*;
 
 /// Deterministic bytes (an LCG).
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
@@ -130,7 +131,7 @@ fn bad_sizes_are_refused_at_packing() {
 fn dynamic_quantization_in_chunks_matches_one_pass() {
     let (m, k) = (300, 70);
     let x: Vec<f32> = bytes(m * k, 9).iter().map(|&b| b as f32 / 20.0 - 4.0).collect();
-    let (scale, zp) = crate::fast::quant::dynamic_params(Isa::PORTABLE, &x);
+    let (scale, zp) = aim_kernels::fast::quant::dynamic_params(Isa::PORTABLE, &x);
     let stride = 72;
     for par in [&Sequential as &dyn Parallel, &Three] {
         let mut q = vec![9u8; m * stride];

@@ -3,13 +3,13 @@
 //! portable ones, over kernel sizes, strides, dilations, asymmetric padding, channel counts
 //! that are not multiples of four, several images, residuals and activations.
 
-use super::add::add;
-use super::conv::Conv8;
-use super::convert::{dequantize_nhwc, quantize_nchw};
-use super::depthwise::Depthwise8;
-use super::pool::max_pool;
-use super::*;
-use crate::gemm::{Activation, Isa, Sequential};
+use aim_kernels::gemm::{Activation, Isa, Sequential};
+use aim_kernels::int8::add::add;
+use aim_kernels::int8::conv::Conv8;
+use aim_kernels::int8::convert::{dequantize_nhwc, quantize_nchw};
+use aim_kernels::int8::depthwise::Depthwise8;
+use aim_kernels::int8::pool::max_pool;
+use aim_kernels::int8::*;
 
 fn lcg(seed: &mut u64) -> u64 {
     *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -314,7 +314,7 @@ fn global_mean_is_the_mean_of_the_dequantized_bytes() {
     let x = bytes(&mut seed, n * hw * c);
     let q = Q8 { scale: 0.013, zero: 77 };
     let mut y = vec![0f32; n * c];
-    super::pool::global_mean(&x, n, hw, c, q, &mut y, &Sequential);
+    aim_kernels::int8::pool::global_mean(&x, n, hw, c, q, &mut y, &Sequential);
     for b in 0..n {
         for ch in 0..c {
             let mean = (0..hw).map(|p| q.dequantize(x[(b * hw + p) * c + ch]) as f64).sum::<f64>() / hw as f64;

@@ -3,9 +3,9 @@
 //! broadcasts of each kind, outputs small (serial) and large (parallel), and the special
 //! values conversions must treat as the reference does (NaN, ±inf, out of range, -0).
 
-use super::{kernel, Ctx};
-use crate::gemm::{Blocking, Isa, Sequential};
 use aim_ir::{Attr, DType, Node, Tensor};
+use aim_kernels::fast::{kernel, Ctx};
+use aim_kernels::gemm::{Blocking, Isa, Sequential};
 
 fn node(op: &str, attrs: &[(&str, Attr)]) -> Node {
     Node {
@@ -46,7 +46,7 @@ fn values(dtype: DType, shape: &[usize], seed: u64) -> Tensor {
 fn same(n: &Node, ins: &[Option<Tensor>]) -> bool {
     let cx = Ctx { par: &Sequential, isa: Isa::PORTABLE, blocking: Blocking { kc: 64, mc: 8 }, out: None };
     let fast = kernel(&n.op).expect("a fast kernel")(n, ins, &cx);
-    let want = crate::kernel(&n.op).expect("a reference kernel")(n, ins).expect("the reference runs");
+    let want = aim_kernels::kernel(&n.op).expect("a reference kernel")(n, ins).expect("the reference runs");
     let got = fast.expect("the fast kernel takes this case").expect("the fast kernel runs");
     assert_eq!(got.len(), want.len(), "{}", n.op);
     for (g, w) in got.iter().zip(&want) {
@@ -166,7 +166,7 @@ fn reductions_over_consecutive_axes() {
                     let n = node(op, &[("keepdims", Attr::Int(keep))]);
                     let ins =
                         [Some(x.clone()), (!axes.is_empty()).then(|| Tensor::from_i64(&[axes.len()], axes.clone()))];
-                    let want = crate::kernel(op).unwrap()(&n, &ins).unwrap();
+                    let want = aim_kernels::kernel(op).unwrap()(&n, &ins).unwrap();
                     let got = kernel(op).unwrap()(&n, &ins, &cx).expect("taken").unwrap();
                     assert_eq!(got[0].shape(), want[0].shape(), "{op} {shape:?} {axes:?}");
                     let scale = want[0].to_f64_vec().iter().filter(|v| v.is_finite()).fold(1f64, |m, v| m.max(v.abs()));
@@ -204,7 +204,7 @@ fn quantize_matches_the_scalar_formula() {
     for zp in [0.0f32, 3.0, 128.0, 255.0] {
         for len in [0, 1, 15, 16, 17, 33, v.len()] {
             let mut got = vec![7u8; len];
-            super::quant::quantize(crate::gemm::Isa::best(), &v[..len], &mut got, scale, zp);
+            aim_kernels::fast::quant::quantize(aim_kernels::gemm::Isa::best(), &v[..len], &mut got, scale, zp);
             for (i, (&g, &x)) in got.iter().zip(&v).enumerate() {
                 let want = ((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8;
                 assert_eq!(g, want, "zp {zp} len {len} at {i}: {x}");
@@ -221,12 +221,12 @@ fn quantization_range_is_the_same_on_every_isa() {
     v[70] = f32::NAN;
     v[200] = f32::NAN;
     for len in [0, 1, 15, 63, 64, 65, 129, 300] {
-        let want = super::quant::range(crate::gemm::Isa::PORTABLE, &v[..len]);
-        assert_eq!(super::quant::range(crate::gemm::Isa::best(), &v[..len]), want, "len {len}");
+        let want = aim_kernels::fast::quant::range(aim_kernels::gemm::Isa::PORTABLE, &v[..len]);
+        assert_eq!(aim_kernels::fast::quant::range(aim_kernels::gemm::Isa::best(), &v[..len]), want, "len {len}");
     }
     let mut w = vec![1.0f32; 130];
     w[100] = f32::INFINITY;
     w[3] = f32::NEG_INFINITY;
-    assert_eq!(super::quant::range(crate::gemm::Isa::best(), &w), (f32::NEG_INFINITY, f32::INFINITY));
-    assert_eq!(super::quant::range(crate::gemm::Isa::best(), &[2.0; 70]), (0.0, 2.0));
+    assert_eq!(aim_kernels::fast::quant::range(aim_kernels::gemm::Isa::best(), &w), (f32::NEG_INFINITY, f32::INFINITY));
+    assert_eq!(aim_kernels::fast::quant::range(aim_kernels::gemm::Isa::best(), &[2.0; 70]), (0.0, 2.0));
 }

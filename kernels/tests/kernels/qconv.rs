@@ -3,8 +3,9 @@
 //! dilations, asymmetric padding, groups, several images, on this CPU's kernel and the
 //! portable one.
 
-use super::*;
-use crate::gemm::Sequential;
+use aim_kernels::gemm::Isa;
+use aim_kernels::gemm::Sequential;
+use aim_kernels::qconv::*;
 
 fn lcg(seed: &mut u64) -> u64 {
     *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);

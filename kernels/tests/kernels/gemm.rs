@@ -1,4 +1,4 @@
-use super::*;
+use aim_kernels::gemm::*;
 
 fn reference(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0f64; m * n];

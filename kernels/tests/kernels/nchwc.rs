@@ -2,8 +2,8 @@
 //! runs, over strides, dilations, paddings, channel counts that do and do not fill a block,
 //! both input layouts, residuals and activations.
 
-use super::*;
-use crate::gemm::{Activation, Isa, Parallel, Sequential};
+use aim_kernels::gemm::{Activation, Isa, Parallel, Sequential};
+use aim_kernels::nchwc::*;
 
 /// A small deterministic generator (xorshift), values in [-1, 1).
 fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
