@@ -232,3 +232,30 @@ fn a_recorded_kernel_that_does_not_fit_is_an_error() {
     let e = aim::Model::load(&edited).err().expect("refused").to_string();
     assert!(e.contains("conv") && e.contains("kernel 'winograd' cannot run this convolution"), "{e}");
 }
+
+/// The same for an unblocked convolution (1-D: NCHW kernels): the compiler records `gemm`
+/// for a plain one, and `depthwise` written over it is refused at load.
+#[test]
+fn a_recorded_nchw_kernel_that_does_not_fit_is_an_error() {
+    let d = tempdir("aim-kernel-nchw");
+    let w: Vec<String> = (0..4 * 2 * 3).map(|i| format!("{:.2}", (i % 5) as f32 / 5.0 - 0.4)).collect();
+    let text = format!(
+        "opset 17\ngraph \"g\" {{\n  input %x: f32[1,2,8]\n  init %w = f32[4,2,3] [{}]\n  %y = Conv(%x, %w)  # conv\n  output %y: f32[1,4,6]\n}}\n",
+        w.join(", ")
+    );
+    let onnx = d.join("conv1d.onnx");
+    std::fs::write(&onnx, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    let file = d.join("conv1d.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    let (mut model, header) = (f.model.clone(), f.header.clone());
+    let conv = model.graph.nodes.iter_mut().find(|n| n.op == "Conv" && n.domain == "aim").expect("an aim:Conv");
+    assert_eq!(conv.attrs.get("kernel"), Some(&aim_ir::Attr::String("gemm".into())));
+    let x = Tensor::from_slice(&[1, 2, 8], &(0..16).map(|i| i as f32 / 8.0 - 1.0).collect::<Vec<f32>>());
+    assert!(aim::Model::load(&file).unwrap().run(vec![("x".into(), x)]).is_ok());
+    conv.attrs.insert("kernel".into(), aim_ir::Attr::String("depthwise".into()));
+    let edited = d.join("edited.aim");
+    aim_ir::aim_file::write(&edited, &model, &header).unwrap();
+    let e = aim::Model::load(&edited).err().expect("refused").to_string();
+    assert!(e.contains("conv") && e.contains("kernel 'depthwise' cannot run this convolution"), "{e}");
+}

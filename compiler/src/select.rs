@@ -1,8 +1,10 @@
 //! Kernel selection: which kernel runs each node, decided by the compiler for the target
 //! and written on the node, so that `aim explore` shows it, `.aim` files record it and the
-//! runtime only checks and executes it. Today this covers the blocked convolutions'
-//! choice between Winograd, direct and depthwise kernels (the rule is
-//! `aim_kernels::nchwc::ConvShape::choose`); dense layers have one kernel.
+//! runtime only checks and executes it. Today this covers the convolutions: the blocked
+//! ones' choice between Winograd, direct and depthwise kernels (the rule is
+//! `aim_kernels::nchwc::ConvShape::choose`), the unblocked (NCHW) ones' between the
+//! depthwise and the GEMM kernel (`aim_runtime::cpu::nchw_conv_kernel`); dense layers have
+//! one kernel.
 
 use crate::passes::layout::{BLOCK, IN_LAYOUT, LAYOUT};
 use crate::passes::PassError;
@@ -11,12 +13,12 @@ use aim_ir::{Attr, Graph};
 /// The attribute naming a node's kernel.
 pub const KERNEL: &str = "kernel";
 
-/// Records the kernel of every blocked `aim:Conv` of `g` (channel block `lanes`). A node
-/// no kernel fits is left for the runtime to refuse with its reason.
+/// Records the kernel of every `aim:Conv` of `g` (channel block `lanes` for the blocked
+/// ones). A node no kernel fits is left for the runtime to refuse with its reason.
 pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
     let mut choices = Vec::new();
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim" || n.op != "Conv" || !n.attrs.contains_key(LAYOUT) || n.attrs.contains_key(KERNEL) {
+        if n.domain != "aim" || n.op != "Conv" || n.attrs.contains_key(KERNEL) {
             continue;
         }
         let dims: Vec<usize> = match n.attrs.get("weight_shape") {
@@ -26,6 +28,10 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
                 None => continue,
             },
         };
+        if !n.attrs.contains_key(LAYOUT) {
+            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, n.int("group", 1).max(1) as usize)));
+            continue;
+        }
         let [cout, cin, kh, kw] = dims[..] else { continue };
         let pair = |name: &str| match n.ints(name) {
             Some([a, b]) => [(*a).max(0) as usize, (*b).max(0) as usize],

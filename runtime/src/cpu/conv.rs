@@ -59,6 +59,21 @@ pub(super) fn resolve(geo: &Geometry, in_sp: &[usize]) -> Result<(Vec<usize>, Ve
     Ok((out, before))
 }
 
+/// The NCHW depthwise kernel's name (`kernel` on an unblocked `aim:Conv`).
+const DEPTHWISE: &str = "depthwise";
+
+/// The kernel that runs an unblocked (NCHW) `aim:Conv` with weights of shape `weight` in
+/// `group` groups: `depthwise` (one 2-D filter per channel, run directly over the planes)
+/// or `gemm` (each group's weights packed for the GEMM microkernels, the input gathered
+/// per tap). The compiler's `select-kernels` pass records it on the node; preparing the
+/// node checks it.
+pub fn nchw_conv_kernel(weight: &[usize], group: usize) -> &'static str {
+    match weight {
+        [m, 1, _, _] if group == *m => DEPTHWISE,
+        _ => "gemm",
+    }
+}
+
 pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
     let w = const_f32(g, n.input(1)).ok_or_else(|| prep_err(n, "weights must be constant f32"))?;
     if w.rank() < 3 {
@@ -82,7 +97,20 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     };
     let geo = geometry(n, &kernel);
     let act = activation(n);
-    if group == m && cg == 1 && kernel.len() == 2 {
+    // The compiler's choice (`select-kernels`), checked; the same rule where it made none.
+    let fits = nchw_conv_kernel(w.shape(), group);
+    let choice = match n.attrs.get("kernel") {
+        Some(aim_ir::Attr::String(k)) if k == fits => fits,
+        Some(aim_ir::Attr::String(k)) => {
+            return Err(prep_err(
+                n,
+                format!("kernel '{k}' cannot run this convolution (weights {:?}, group {group})", w.shape()),
+            ))
+        }
+        Some(_) => return Err(prep_err(n, "the kernel attribute must be a string")),
+        None => fits,
+    };
+    if choice == DEPTHWISE {
         return Ok(Prepared::Depthwise(Box::new(DepthwisePrep {
             weights: w.data::<f32>().to_vec(),
             bias,

@@ -281,7 +281,15 @@ unsafe fn kernel_entry(
 ) -> i64 {
     // SAFETY: by the contract above; the records outlive the run, and the table holds one
     // address per input and output of the step.
-    let (cx, r) = unsafe { (&*(ctx as *const RunCtx), &*(rec as *const StepRec)) };
+    let cx = unsafe { &*(ctx as *const RunCtx) };
+    if rec.is_null() {
+        // A step the entry function was generated to call a kernel for has none here.
+        let e = RunError::Node { node: String::new(), op: String::new(), msg: "a kernel step has no record".into() };
+        *cx.error.borrow_mut() = Some(e);
+        return 1;
+    }
+    // SAFETY: as above.
+    let r = unsafe { &*(rec as *const StepRec) };
     let (s, p) = unsafe { (&*r.step, &*r.prepared) };
     let ops = unsafe { std::slice::from_raw_parts(ops, s.ins.len() + s.outs.len()) };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cx.prog, s, p, ops)))
