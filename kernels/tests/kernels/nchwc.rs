@@ -91,6 +91,52 @@ impl Parallel for Reversed {
     }
 }
 
+/// The sizes of one convolution run: batch, input and output planes, pads.
+#[derive(Clone, Copy)]
+struct Sizes {
+    n: usize,
+    h: usize,
+    w: usize,
+    pads: [usize; 4],
+    oh: usize,
+    ow: usize,
+}
+
+/// Runs a blocked kernel (`run`: its `run` method) on `x` (in the layout it takes) and the
+/// blocked residual `res` — apart, or already in the output when `in_place` — into a blocked
+/// output of `cout` channels first filled with NaN, and returns that output unblocked.
+fn run_blocked(
+    isa: Isa,
+    sz: Sizes,
+    cout: usize,
+    x: &[f32],
+    res: Option<&[f32]>,
+    in_place: bool,
+    run: impl FnOnce(ConvIo, &dyn Parallel) -> Result<(), String>,
+) -> Vec<f32> {
+    let l = lanes(isa);
+    let mut y = match (in_place, res) {
+        (true, Some(r)) => r.to_vec(),
+        _ => vec![f32::NAN; sz.n * cout.div_ceil(l) * sz.oh * sz.ow * l],
+    };
+    let io = ConvIo {
+        x,
+        batch: sz.n,
+        h: sz.h,
+        w: sz.w,
+        pads: sz.pads,
+        oh: sz.oh,
+        ow: sz.ow,
+        residual: if in_place { None } else { res },
+        residual_in_y: in_place,
+        y: &mut y,
+    };
+    run(io, &Sequential).unwrap();
+    let mut got = vec![0f32; sz.n * cout * sz.oh * sz.ow];
+    from_blocked(isa, &y, sz.n, cout, sz.oh * sz.ow, &mut got, &Sequential);
+    got
+}
+
 fn close(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
@@ -142,7 +188,6 @@ fn conv_matches_the_definition() {
         (4, 8, 6, 6, 2, 1, 1, [0, 1, 1, 0], Layout::Nchw),
     ];
     for isa in isas() {
-        let l = lanes(isa);
         for (i, &(cin, cout, h, w, k, s, d, pads, layout)) in cases.iter().enumerate() {
             // Small k blocks too, so that partial sums wait in the output.
             let kc = [7, 64, 1000][i % 3];
@@ -162,25 +207,8 @@ fn conv_matches_the_definition() {
                 let conv = Conv::new(isa, &wt, Some(&b), cout, cin, g, layout, act, kc);
                 let xin = if layout == Layout::Blocked { blocked(isa, &x, n, cin, h * w) } else { x.clone() };
                 let res_b = res.as_ref().map(|r| blocked(isa, r, n, cout, oh * ow));
-                let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
-                conv.run(
-                    ConvIo {
-                        x: &xin,
-                        batch: n,
-                        h,
-                        w,
-                        pads,
-                        oh,
-                        ow,
-                        residual: res_b.as_deref(),
-                        residual_in_y: false,
-                        y: &mut y,
-                    },
-                    &Sequential,
-                )
-                .unwrap();
-                let mut got = vec![0f32; want.len()];
-                from_blocked(isa, &y, n, cout, oh * ow, &mut got, &Sequential);
+                let sz = Sizes { n, h, w, pads, oh, ow };
+                let mut got = run_blocked(isa, sz, cout, &xin, res_b.as_deref(), false, |io, par| conv.run(io, par));
                 close(
                     &got,
                     &want,
@@ -188,24 +216,7 @@ fn conv_matches_the_definition() {
                 );
                 // The same with the residual already in the output (overwritten in place).
                 if let Some(r) = &res_b {
-                    let mut y = r.clone();
-                    conv.run(
-                        ConvIo {
-                            x: &xin,
-                            batch: n,
-                            h,
-                            w,
-                            pads,
-                            oh,
-                            ow,
-                            residual: None,
-                            residual_in_y: true,
-                            y: &mut y,
-                        },
-                        &Sequential,
-                    )
-                    .unwrap();
-                    from_blocked(isa, &y, n, cout, oh * ow, &mut got, &Sequential);
+                    got = run_blocked(isa, sz, cout, &xin, Some(r), true, |io, par| conv.run(io, par));
                     close(
                         &got,
                         &want,
@@ -237,7 +248,6 @@ fn depthwise_matches_the_definition() {
         (8, 5, 2, 5, 1, 1, [2, 2, 2, 2]),
     ];
     for isa in isas() {
-        let l = lanes(isa);
         for &(c, h, w, k, s, d, pads) in &cases {
             for (act, with_res) in [(Activation::Identity, true), (Activation::Clip(0.0, 0.6), false)] {
                 let n = 2;
@@ -252,25 +262,8 @@ fn depthwise_matches_the_definition() {
                 let dw = Depthwise::new(isa, &wt, Some(&b), c, g, act);
                 let xin = blocked(isa, &x, n, c, h * w);
                 let res_b = res.as_ref().map(|r| blocked(isa, r, n, c, oh * ow));
-                let mut y = vec![f32::NAN; n * c.div_ceil(l) * oh * ow * l];
-                dw.run(
-                    ConvIo {
-                        x: &xin,
-                        batch: n,
-                        h,
-                        w,
-                        pads,
-                        oh,
-                        ow,
-                        residual: res_b.as_deref(),
-                        residual_in_y: false,
-                        y: &mut y,
-                    },
-                    &Sequential,
-                )
-                .unwrap();
-                let mut got = vec![0f32; want.len()];
-                from_blocked(isa, &y, n, c, oh * ow, &mut got, &Sequential);
+                let sz = Sizes { n, h, w, pads, oh, ow };
+                let got = run_blocked(isa, sz, c, &xin, res_b.as_deref(), false, |io, par| dw.run(io, par));
                 close(&got, &want, &format!("{isa:?} depthwise {c} {h}x{w} k{k} s{s} d{d} {pads:?} {act:?}"));
             }
         }
@@ -289,7 +282,6 @@ fn winograd_matches_the_definition() {
         (3, 8, 3, 3, [1, 1, 1, 1]),
     ];
     for isa in isas() {
-        let l = lanes(isa);
         for &(cin, cout, h, w, pads) in &cases {
             for (act, with_res) in
                 [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)]
@@ -306,25 +298,8 @@ fn winograd_matches_the_definition() {
                 let wino = Winograd::new(isa, &wt, Some(&b), cout, cin, act, 64);
                 let xin = blocked(isa, &x, n, cin, h * w);
                 let res_b = res.as_ref().map(|r| blocked(isa, r, n, cout, oh * ow));
-                let mut y = vec![f32::NAN; n * cout.div_ceil(l) * oh * ow * l];
-                wino.run(
-                    ConvIo {
-                        x: &xin,
-                        batch: n,
-                        h,
-                        w,
-                        pads,
-                        oh,
-                        ow,
-                        residual: res_b.as_deref(),
-                        residual_in_y: false,
-                        y: &mut y,
-                    },
-                    &Sequential,
-                )
-                .unwrap();
-                let mut got = vec![0f32; want.len()];
-                from_blocked(isa, &y, n, cout, oh * ow, &mut got, &Sequential);
+                let sz = Sizes { n, h, w, pads, oh, ow };
+                let got = run_blocked(isa, sz, cout, &xin, res_b.as_deref(), false, |io, par| wino.run(io, par));
                 // Winograd rounds differently from the direct sum: compare against the scale of
                 // the sums before the activation (of up to 288 products of values in ±1).
                 let raw = naive(
