@@ -75,15 +75,18 @@ print(json.dumps({"load_ms": load_ms, "median": ts[len(ts) // 2], "min": ts[0],
 CHILDREN = {"ort": ORT_CHILD, "openvino": OPENVINO_CHILD}
 
 
-def peer_round(peer, model, inputs, threads, iters, warmup):
+def peer_round(peer, model, inputs, threads, iters, warmup, env=None):
+    """One fresh process of a peer: load, warm up, time; `env` adds variables (an ISA cap)."""
     out = subprocess.run([sys.executable, "-c", CHILDREN[peer], model, inputs, str(threads), str(iters), str(warmup)],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, env={**os.environ, **(env or {})}).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def aim_round(aim, model, inputs, threads, iters, warmup):
+def aim_round(aim, model, inputs, threads, iters, warmup, cpu="native"):
+    """One fresh `aim bench` process; `cpu` caps the ISA level (x86-64-v3: the AVX2 path)."""
     out = subprocess.run([aim, "bench", model, "--inputs", inputs, "--threads", str(threads), "--iters", str(iters),
-                          "--warmup", str(warmup), "--json"], check=True, capture_output=True, text=True).stdout
+                          "--warmup", str(warmup), "--json", "--cpu", cpu], check=True, capture_output=True,
+                         text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     return {"load_ms": r["compile_ms"], "median": r["latency_ms"]["median"], "min": r["latency_ms"]["min"],
             "peak_rss_mb": r["peak_rss_mb"]}

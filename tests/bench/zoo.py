@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""The real-model corpus against ONNX Runtime and OpenVINO, natively and on the AVX2 path.
+
+Usage: zoo.py AIM_BINARY [ZOO_DIR] [NAME...] [--threads 1,2] [--rounds 3] [--iters 30]
+              [--paths native,avx2] [--no-timing] [--json FILE] [--markdown FILE]
+
+ZOO_DIR (default target/zoo) is what tests/zoo/fetch.py writes: NAME.onnx and
+NAME.inputs.npz for every entry of tests/zoo/manifest.toml. For each model:
+
+- accuracy: ONNX Runtime runs it with all graph optimisations and with none; aim (cpu
+  backend, natively and with --cpu x86-64-v3) passes when its largest difference from the
+  nearer of ORT's two runs, relative to the output's largest magnitude, is within ORT's own
+  spread between them, or 1e-3 where that is smaller;
+- census: the nodes the specialised program leaves on reference kernels (`aim info`), and
+  the three ops that take most time (`aim bench --profile`);
+- speed: median latency at each thread count, alternating R rounds of fresh processes of
+  ORT, OpenVINO and aim (tests/bench/side_by_side.py's children), load time and peak RSS.
+  The native path compares aim with the faster peer; the AVX2 path runs aim with
+  --cpu x86-64-v3 and OpenVINO with ONEDNN_MAX_CPU_ISA=AVX2, and counts the primitives of
+  OpenVINO's execution graph that still name AVX-512 or AMX (its own JIT kernels for
+  eltwise and pooling do not read oneDNN's cap), so the table says how capped the peer is.
+
+Prints one line per model and thread count as it goes; --markdown writes the table that
+README.md's benchmark section holds, --json every figure. Needs: onnxruntime, openvino,
+numpy, onnx.
+"""
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import tomllib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from side_by_side import aim_round, peer_round  # noqa: E402
+
+MANIFEST = os.path.join(HERE, "..", "zoo", "manifest.toml")
+AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+TOL = 1e-3
+
+OV_PRIMITIVES = r"""
+import collections, json, sys
+import numpy as np, openvino as ov
+path, inputs = sys.argv[1], sys.argv[2]
+feeds = dict(np.load(inputs))
+core = ov.Core()
+m = core.read_model(path)
+m.reshape({name: list(a.shape) for name, a in feeds.items()})
+c = core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})
+kinds = collections.Counter()
+for op in c.get_runtime_model().get_ops():
+    info = op.get_rt_info()
+    if "primitiveType" in info:
+        kinds[info["primitiveType"].astype(str)] += 1
+print(json.dumps(kinds))
+"""
+
+
+def corpus():
+    """Every corpus entry of the manifest, models then derived ones, as (name, meta)."""
+    with open(MANIFEST, "rb") as f:
+        m = tomllib.load(f)
+    return [(e["name"], e) for e in m.get("model", []) + m.get("derived", [])]
+
+
+def ort_outputs(path, feeds, level):
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = 1
+    o.graph_optimization_level = level
+    s = ort.InferenceSession(path, o, providers=["CPUExecutionProvider"])
+    return dict(zip([x.name for x in s.get_outputs()], s.run(None, feeds)))
+
+
+def aim_outputs(aim, path, inputs, cpu):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.npz")
+        r = subprocess.run([aim, "run", path, "--inputs", inputs, "--outputs", out, "--cpu", cpu],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+        return dict(np.load(out)), None
+
+
+def rel_diff(a, b):
+    """Largest |a - b| relative to b's largest magnitude (0 for empty outputs)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if not b.size:
+        return 0.0
+    return float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-30)
+
+
+def accuracy(aim, path, inputs):
+    """aim's error against ORT's nearer run, and the tolerance (ORT's spread or 1e-3), per path."""
+    feeds = dict(np.load(inputs))
+    full = ort_outputs(path, feeds, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    none = ort_outputs(path, feeds, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    spread = max(rel_diff(none[k], full[k]) for k in full)
+    tol = max(TOL, spread)
+    result = {"ort_spread": spread, "tolerance": tol}
+    for cpu in ("native", "x86-64-v3"):
+        got, err = aim_outputs(aim, path, inputs, cpu)
+        if got is None:
+            result[cpu] = {"error": err, "ok": False}
+            continue
+        missing = [k for k in full if k not in got]
+        if missing:
+            result[cpu] = {"error": f"outputs missing: {missing}", "ok": False}
+            continue
+        e = max(min(rel_diff(got[k], full[k]), rel_diff(got[k], none[k])) for k in full)
+        result[cpu] = {"error_rel": e, "ok": e <= tol}
+    return result
+
+
+def symbolic_shapes(path, inputs):
+    """--shape arguments binding every input that has a symbolic dim to its .npz shape."""
+    model = onnx.load(path, load_external_data=False)
+    feeds = dict(np.load(inputs))
+    args = []
+    for i in model.graph.input:
+        dims = i.type.tensor_type.shape.dim
+        if i.name in feeds and any(not d.HasField("dim_value") for d in dims) and feeds[i.name].ndim:
+            args += ["--shape", f"{i.name}=" + "x".join(str(d) for d in feeds[i.name].shape)]
+    return args
+
+
+def census(aim, path, inputs, cpu):
+    """Reference-kernel nodes of the specialised program, and the top three ops by time."""
+    info = subprocess.run([aim, "info", path, "--cpu", cpu] + symbolic_shapes(path, inputs),
+                          capture_output=True, text=True)
+    reference, names = 0, ""
+    for line in info.stdout.splitlines():
+        m = re.match(r"\s+(\d+)\s+reference kernels \(fallback\): (.*)", line)
+        if m:
+            reference, names = int(m.group(1)), m.group(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        prof = subprocess.run([aim, "bench", path, "--inputs", inputs, "--iters", "5", "--threads", "1", "--cpu", cpu,
+                               "--profile", os.path.join(tmp, "trace.json")], capture_output=True, text=True)
+    top = []
+    for line in prof.stdout.splitlines():
+        m = re.match(r"\s+([\d.]+)%\s+[\d.]+ us\s+\d+ x (\S+)", line)
+        if m and len(top) < 3:
+            top.append(f"{m.group(2)} {float(m.group(1)):.0f}%")
+    return {"reference_nodes": reference, "reference_names": names, "top_ops": top,
+            "info_ok": info.returncode == 0, "profile_ok": prof.returncode == 0}
+
+
+def ov_avx512_primitives(path, inputs):
+    """How many primitives of OpenVINO's capped execution graph still use AVX-512 or AMX."""
+    r = subprocess.run([sys.executable, "-c", OV_PRIMITIVES, path, inputs], capture_output=True, text=True,
+                       env={**os.environ, **AVX2_ENV})
+    if r.returncode != 0:
+        return None
+    kinds = json.loads(r.stdout.strip().splitlines()[-1])
+    return sum(n for k, n in kinds.items() if "avx512" in k or "amx" in k)
+
+
+def timing(aim, path, inputs, threads, rounds, iters, path_kind):
+    """Medians over alternating rounds: the peers and aim, natively or on the AVX2 path."""
+    if path_kind == "native":
+        peers, env, cpu = ["ort", "openvino"], None, "native"
+    else:
+        peers, env, cpu = ["openvino"], AVX2_ENV, "x86-64-v3"
+    probe = peer_round(peers[0], path, inputs, threads, 5, 2, env)
+    n = min(5000, max(iters, int(300.0 / max(probe["median"], 1e-3))))
+    warm = max(3, n // 10)
+    runs = {p: [] for p in peers + ["aim"]}
+    for _ in range(rounds):
+        for p in peers:
+            runs[p].append(peer_round(p, path, inputs, threads, n, warm, env))
+        runs["aim"].append(aim_round(aim, path, inputs, threads, n, warm, cpu))
+    return {p: {k: statistics.median(r[k] for r in rs) for k in ("median", "load_ms", "peak_rss_mb")}
+            for p, rs in runs.items()}
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main():
+    args = sys.argv[1:]
+    opts = {"--threads": "1,2", "--rounds": "3", "--iters": "30", "--paths": "native,avx2", "--json": "",
+            "--markdown": ""}
+    for k in list(opts):
+        if k in args:
+            i = args.index(k)
+            opts[k] = args[i + 1]
+            del args[i:i + 2]
+    no_timing = "--no-timing" in args
+    if no_timing:
+        args.remove("--no-timing")
+    if not args:
+        sys.exit(__doc__)
+    aim = args[0]
+    zoo = args[1] if len(args) > 1 else os.path.join("target", "zoo")
+    only = set(args[2:])
+    threads = [int(t) for t in opts["--threads"].split(",")]
+    paths = opts["--paths"].split(",")
+    rounds, iters = int(opts["--rounds"]), int(opts["--iters"])
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} logical cores; onnxruntime {ort.__version__}", flush=True)
+    results = []
+    for name, meta in corpus():
+        if only and name not in only:
+            continue
+        path, inputs = os.path.join(zoo, name + ".onnx"), os.path.join(zoo, name + ".inputs.npz")
+        if not os.path.exists(path):
+            print(f"{name}: missing (run tests/zoo/fetch.py)", flush=True)
+            continue
+        r = {"name": name, "exporter": meta.get("exporter", ""), "family": meta.get("family", "")}
+        r["accuracy"] = accuracy(aim, path, inputs)
+        r["census"] = census(aim, path, inputs, "native")
+        r["census_avx2"] = census(aim, path, inputs, "x86-64-v3")
+        r["ov_avx512_when_capped"] = ov_avx512_primitives(path, inputs) if "avx2" in paths else None
+        a = r["accuracy"]
+        acc = " ".join(f"{cpu}:{'ok' if a[cpu]['ok'] else 'FAIL'}"
+                       f"({a[cpu].get('error_rel', float('nan')):.1e}{'' if 'error' not in a[cpu] else ' ' + a[cpu]['error']})"
+                       for cpu in ("native", "x86-64-v3"))
+        print(f"{name}: accuracy {acc} tol {a['tolerance']:.1e}; reference nodes {r['census']['reference_nodes']}"
+              f" {r['census']['reference_names']}; top {', '.join(r['census']['top_ops'])}", flush=True)
+        r["timing"] = {}
+        if not no_timing and a["native"]["ok"]:
+            for kind in paths:
+                for t in threads:
+                    try:
+                        tm = timing(aim, path, inputs, t, rounds, iters, kind)
+                    except subprocess.CalledProcessError as e:
+                        print(f"{name} {kind} {t}: failed: {(e.stderr or '').strip()[-300:]}", flush=True)
+                        continue
+                    r["timing"][f"{kind}/{t}"] = tm
+                    print(f"{name} {kind} t={t}: " + " ".join(
+                        f"{p} {v['median']:.3f} ms" for p, v in tm.items()) + "  " + ratio_text(tm), flush=True)
+        results.append(r)
+    if opts["--json"]:
+        with open(opts["--json"], "w") as f:
+            json.dump({"cpu": cpu_name(), "results": results}, f, indent=1)
+    if opts["--markdown"]:
+        with open(opts["--markdown"], "w") as f:
+            f.write(markdown(results, threads, paths))
+
+
+def ratio_text(tm):
+    aim_ms = tm["aim"]["median"]
+    best = min(v["median"] for p, v in tm.items() if p != "aim")
+    return f"aim/best {aim_ms / best:.2f}"
+
+
+def markdown(results, threads, paths):
+    """The README table: one row per model, aim/best peer per path and thread count."""
+    cols = [f"{k} {t}T" for k in paths for t in threads]
+    head = "| model | exporter | " + " | ".join(f"aim/best {c}" if c.startswith("native") else f"aim/OV {c}"
+                                              for c in cols)
+    head += " | aim ms (native 1T) | load ms aim / ORT | peak MiB aim / ORT | ref. nodes | top ops (aim) |\n"
+    out = head + "|" + "---|" * (len(cols) + 7) + "\n"
+    for r in results:
+        cells = []
+        for k in paths:
+            for t in threads:
+                tm = r["timing"].get(f"{k}/{t}")
+                cells.append(ratio_text(tm).split()[-1] if tm else "—")
+        n1 = r["timing"].get(f"native/{threads[0]}")
+        ms = f"{n1['aim']['median']:.2f}" if n1 else "—"
+        load = f"{n1['aim']['load_ms']:.0f} / {n1['ort']['load_ms']:.0f}" if n1 else "—"
+        rss = f"{n1['aim']['peak_rss_mb']:.0f} / {n1['ort']['peak_rss_mb']:.0f}" if n1 else "—"
+        acc = r["accuracy"]["native"]
+        name = r["name"] + ("" if acc["ok"] else " (**wrong outputs**)")
+        out += (f"| {name} | {r['exporter']} | " + " | ".join(cells) + f" | {ms} | {load} | {rss} | "
+                f"{r['census']['reference_nodes']} | {', '.join(r['census']['top_ops'])} |\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
