@@ -15,6 +15,29 @@ use aim_compiler::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
 use aim_ptx_interp::{run_program, Placement};
 use common::*;
 
+fn string_attr(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::String as i32),
+        s: Some(v.as_bytes().to_vec().into()),
+        ..Default::default()
+    }
+}
+
+fn auto_pad(v: &str) -> AttributeProto {
+    string_attr("auto_pad", v)
+}
+
+fn i64_tensor(name: &str, v: &[i64]) -> aim_compiler::onnx::proto::TensorProto {
+    aim_compiler::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(7),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),
@@ -314,6 +337,56 @@ fn fast_kernels_match_reference() {
             vec![],
         ),
         ("gap", vec![node("GlobalAveragePool", "p", &["x"], &["y"], vec![])], vec![]),
+        // Pools as real exporters write them: ceil mode (CRNNs), auto_pad SAME_UPPER
+        // (paddle2onnx), and an average counting the padding with a ceil-mode overhang.
+        (
+            "maxpool-ceil",
+            vec![node(
+                "MaxPool",
+                "p",
+                &["x"],
+                &["y"],
+                vec![ints("kernel_shape", &[3, 3]), ints("strides", &[2, 2]), int_attr("ceil_mode", 1)],
+            )],
+            vec![],
+        ),
+        (
+            "maxpool-same-upper",
+            vec![node("MaxPool", "p", &["x"], &["y"], vec![ints("kernel_shape", &[2, 2]), auto_pad("SAME_UPPER")])],
+            vec![],
+        ),
+        (
+            "avgpool-ceil-pad",
+            vec![node(
+                "AveragePool",
+                "p",
+                &["x"],
+                &["y"],
+                vec![
+                    ints("kernel_shape", &[3, 2]),
+                    ints("strides", &[2, 2]),
+                    ints("pads", &[1, 0, 1, 0]),
+                    int_attr("ceil_mode", 1),
+                    int_attr("count_include_pad", 1),
+                ],
+            )],
+            vec![],
+        ),
+        (
+            "pad-constant",
+            vec![node("Pad", "p", &["x", "pads", "cv"], &["y"], vec![])],
+            vec![i64_tensor("pads", &[0, 1, 2, 0, 0, 0, 1, 3]), f32_tensor("cv", &[], &[0.5])],
+        ),
+        (
+            "pad-reflect",
+            vec![node("Pad", "p", &["x", "pads"], &["y"], vec![string_attr("mode", "reflect")])],
+            vec![i64_tensor("pads", &[0, 0, 2, 3, 0, 0, 1, 4])],
+        ),
+        (
+            "pad-edge",
+            vec![node("Pad", "p", &["x", "pads"], &["y"], vec![string_attr("mode", "edge")])],
+            vec![i64_tensor("pads", &[0, 2, 0, 1, 0, 1, 0, 5])],
+        ),
         // GELU written out with Erf, in both multiplication orders: fused into one Gelu.
         (
             "gelu-erf",
@@ -1160,5 +1233,107 @@ fn random_recurrent(op: &str, seed: u64) {
             model,
             inputs,
         );
+    }
+}
+
+/// Every unary activation of the ONNX schema, scalar Max/Min, Clip with bounds computed at
+/// run time, and a standalone BatchNormalization: alone in NCHW, and between two
+/// convolutions (where the layout pass keeps them blocked). Each must match the reference
+/// backend under every ISA cap and leave no node on a reference kernel — an op that falls
+/// back is what made real models (paddle2onnx's HardSwish, tf2onnx's Maximum, a BN after an
+/// Add) spend a third of their time in the interpreter.
+#[test]
+fn activations_leave_no_reference_kernel() {
+    let mut r = Rng(11);
+    let float = |name: &str, v: f32| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Float as i32),
+        f: Some(v),
+        ..Default::default()
+    };
+    let ops: Vec<(&str, Vec<AttributeProto>)> = vec![
+        ("Relu", vec![]),
+        ("LeakyRelu", vec![float("alpha", 0.2)]),
+        ("HardSigmoid", vec![float("alpha", 0.25), float("beta", 0.4)]),
+        ("HardSwish", vec![]),
+        ("Sigmoid", vec![]),
+        ("Tanh", vec![]),
+        ("Elu", vec![float("alpha", 0.7)]),
+        ("Selu", vec![]),
+        ("Celu", vec![float("alpha", 1.5)]),
+        ("Softplus", vec![]),
+        ("Softsign", vec![]),
+        ("Mish", vec![]),
+        ("ThresholdedRelu", vec![float("alpha", 0.3)]),
+        ("Gelu", vec![]),
+        ("Erf", vec![]),
+        ("Neg", vec![]),
+        ("Abs", vec![]),
+        ("Floor", vec![]),
+        ("Ceil", vec![]),
+        ("PRelu", vec![]),
+        ("Max", vec![]),
+        ("Min", vec![]),
+        ("Clip", vec![]),
+        ("BatchNormalization", vec![]),
+    ];
+    let (c, h, w) = (8usize, 6usize, 10usize);
+    let shape = [Ok(2), Ok(c as i64), Ok(h as i64), Ok(w as i64)];
+    for (op, attrs) in ops {
+        for blocked in [false, true] {
+            let mut inits = vec![
+                f32_tensor("slope", &[], &[0.15]),
+                f32_tensor("k", &[], &[-0.2]),
+                f32_tensor("s", &[c as i64], &r.values(c)),
+                f32_tensor("b", &[c as i64], &r.values(c)),
+                f32_tensor("mu", &[c as i64], &r.values(c)),
+                f32_tensor("var", &[c as i64], &r.values(c).iter().map(|v| v.abs() + 0.5).collect::<Vec<_>>()),
+            ];
+            let mut inputs = vec![("x".to_string(), Tensor::from_vec(&[2, c, h, w], r.values(2 * c * h * w)))];
+            let mut graph_inputs = vec![value("x", 1, &shape)];
+            let mut nodes = Vec::new();
+            let mut x = "x".to_string();
+            if blocked {
+                inits.push(f32_tensor("W1", &[c as i64, c as i64, 3, 3], &r.values(c * c * 9)));
+                nodes.push(node("Conv", "conv1", &["x", "W1"], &["c1"], vec![ints("pads", &[1, 1, 1, 1])]));
+                x = "c1".into();
+            }
+            // A BN after an Add (not after a convolution, which would absorb it).
+            if op == "BatchNormalization" {
+                nodes.push(node("Add", "add", &[&x, "x"], &["sum"], vec![]));
+                x = "sum".into();
+            }
+            let mut ins = vec![x.as_str()];
+            match op {
+                "PRelu" => ins.push("slope"),
+                "Max" | "Min" => ins.push("k"),
+                "BatchNormalization" => ins.extend(["s", "b", "mu", "var"]),
+                "Clip" => {
+                    ins.extend(["lo", "hi"]);
+                    for (name, v) in [("lo", -0.3f32), ("hi", 0.45)] {
+                        graph_inputs.push(value(name, 1, &[]));
+                        inputs.push((name.into(), Tensor::from_vec(&[], vec![v])));
+                    }
+                }
+                _ => {}
+            }
+            let act = if blocked { "act" } else { "y" };
+            nodes.push(node(op, "op", &ins, &[act], attrs.clone()));
+            if blocked {
+                inits.push(f32_tensor("W2", &[c as i64, c as i64, 1, 1], &r.values(c * c)));
+                nodes.push(node("Conv", "conv2", &["act", "W2"], &["y"], vec![]));
+            }
+            let tag = format!("{op}-{}", if blocked { "blocked" } else { "nchw" });
+            let m = model(nodes, graph_inputs, vec![value("y", 1, &shape)], inits, 18);
+            check(&tag, m.clone(), inputs.clone());
+            let d = tempdir(&format!("kinds-{tag}"));
+            std::fs::write(d.join("m.onnx"), &m).unwrap();
+            let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+            model.run(inputs).unwrap();
+            let (_, kinds) = model.node_kinds().unwrap();
+            let reference: Vec<&String> =
+                kinds.iter().filter(|(_, k)| *k == aim_runtime::cpu::NodeKind::Reference).map(|(n, _)| n).collect();
+            assert!(reference.is_empty(), "{tag}: nodes on reference kernels: {reference:?}");
+        }
     }
 }

@@ -1,5 +1,9 @@
 //! BatchNormalization folded into the Conv before it: with constant statistics, BN is a
-//! per-channel scale and shift, which the convolution's weights and bias can absorb.
+//! per-channel scale and shift, which the convolution's weights and bias can absorb. A BN
+//! that follows something else (an Add, a ConvTranspose, a graph input) becomes that scale
+//! and shift as `Mul` and `Add` by per-channel constants, which the layout pass keeps
+//! blocked and the fast kernels (or a later convolution's epilogue) run, instead of the
+//! reference kernel.
 
 use super::{uses::readers, PassError};
 use aim_ir::{DType, Graph, Tensor};
@@ -91,5 +95,55 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         // The BN is gone; the node after it now sits at `i`.
         g.nodes.remove(i);
     }
+    scale_shift(g);
     Ok(())
+}
+
+/// Rewrites each remaining inference-mode BatchNormalization with constant f32 statistics
+/// and an input of known rank as `Mul(x, k) → Add(·, b)`, with `k = scale / sqrt(var + eps)`
+/// and `b = beta - mean·k` shaped `[C, 1, …]` to broadcast over the channel axis.
+fn scale_shift(g: &mut Graph) {
+    let mut i = 0;
+    while i < g.nodes.len() {
+        let Some((mul, add)) = scale_shift_of(g, i) else {
+            i += 1;
+            continue;
+        };
+        g.nodes.splice(i..=i, [mul, add]);
+        i += 2;
+    }
+}
+
+/// The `Mul` and `Add` nodes (with their constants added to `g`) that replace node `i`.
+fn scale_shift_of(g: &mut Graph, i: usize) -> Option<(aim_ir::Node, aim_ir::Node)> {
+    let bn = &g.nodes[i];
+    if bn.op != "BatchNormalization" || !bn.domain.is_empty() || bn.int("training_mode", 0) != 0 || bn.outputs.len() > 1
+    {
+        return None;
+    }
+    let rank = g.value_type(&bn.inputs[0]).filter(|t| t.dtype == Some(DType::F32))?.shape?.len();
+    let (scale, beta, mean, var) =
+        (f32s(g, bn.input(1))?, f32s(g, bn.input(2))?, f32s(g, bn.input(3))?, f32s(g, bn.input(4))?);
+    let c = scale.len();
+    if rank < 2 || [&beta, &mean, &var].iter().any(|v| v.len() != c) {
+        return None;
+    }
+    let eps = bn.float("epsilon", 1e-5);
+    let k: Vec<f32> = (0..c).map(|o| scale[o] / (var[o] + eps).sqrt()).collect();
+    let b: Vec<f32> = (0..c).map(|o| beta[o] - mean[o] * k[o]).collect();
+    let shape: Vec<usize> = std::iter::once(c).chain(std::iter::repeat_n(1, rank - 2)).collect();
+    let (name, x, y) = (bn.name.clone(), bn.inputs[0].clone(), bn.outputs[0].clone());
+    let sources = super::fuse::sources_of(bn);
+    let (kname, bname, scaled) = (format!("{name}::scale"), format!("{name}::shift"), format!("{name}::scaled"));
+    g.initializers.insert(kname.clone(), Tensor::from_vec(&shape, k));
+    g.initializers.insert(bname.clone(), Tensor::from_vec(&shape, b));
+    let node = |op: &str, inputs: Vec<String>, output: String| aim_ir::Node {
+        name: if op == "Mul" { format!("{name}::scale") } else { name.clone() },
+        op: op.into(),
+        domain: String::new(),
+        inputs,
+        outputs: vec![output],
+        attrs: [(super::SOURCES.to_string(), aim_ir::Attr::Strings(sources.clone()))].into_iter().collect(),
+    };
+    Some((node("Mul", vec![x, kname], scaled.clone()), node("Add", vec![scaled, bname], y)))
 }

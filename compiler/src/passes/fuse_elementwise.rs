@@ -118,6 +118,10 @@ impl Builder<'_> {
                 Some(a) => Inst::LeakyRelu(a, n.float("alpha", 0.01)),
                 None => return false,
             }
+        } else if let Some(last) = self.decomposed(n) {
+            // Already pushed as several instructions; `last` computes the node's output.
+            self.defined.push((n.outputs[0].clone(), last));
+            return true;
         } else if n.op == "Clip" {
             let bound = |i: usize, d: f32| -> Option<f32> {
                 match n.input(i) {
@@ -141,6 +145,98 @@ impl Builder<'_> {
         self.defined.push((n.outputs[0].clone(), self.insts.len() - 1));
         true
     }
+}
+
+impl Builder<'_> {
+    /// Appends `inst` and returns it as an operand.
+    fn emit(&mut self, inst: Inst) -> Operand {
+        self.insts.push(inst);
+        Operand::Ref(self.insts.len() - 1)
+    }
+
+    /// Activations that are a few of the program's instructions: pushes them and returns the
+    /// index of the last, or None (nothing pushed that `push` would not undo) for other ops.
+    /// Those with `exp` only where transcendental functions may fuse.
+    fn decomposed(&mut self, n: &Node) -> Option<usize> {
+        use Binary::{Add, Mul, Sub};
+        use Operand::Const;
+        let uses_exp = matches!(n.op.as_str(), "Elu" | "Selu" | "Celu");
+        let known = matches!(n.op.as_str(), "HardSigmoid" | "HardSwish" | "Softsign" | "PRelu" | "Gelu") || uses_exp;
+        if !known || (uses_exp && !self.transcendental) || (n.op == "Gelu" && !self.transcendental) {
+            return None;
+        }
+        let x = self.operand(n.input(0)?)?;
+        let out = match n.op.as_str() {
+            // clip(alpha·x + beta, 0, 1); HardSwish is x · HardSigmoid(x) with 1/6 and 1/2.
+            "HardSigmoid" | "HardSwish" => {
+                let (alpha, beta) =
+                    if n.op == "HardSwish" { (1.0 / 6.0, 0.5) } else { (n.float("alpha", 0.2), n.float("beta", 0.5)) };
+                let ax = self.emit(Inst::Binary(Mul, x, Const(alpha)));
+                let shifted = self.emit(Inst::Binary(Add, ax, Const(beta)));
+                let gate = self.emit(Inst::Clip(shifted, 0.0, 1.0));
+                if n.op == "HardSwish" {
+                    self.emit(Inst::Binary(Mul, x, gate))
+                } else {
+                    gate
+                }
+            }
+            // x / (1 + |x|)
+            "Softsign" => {
+                let a = self.emit(Inst::Unary(Unary::Abs, x));
+                let d = self.emit(Inst::Binary(Add, a, Const(1.0)));
+                self.emit(Inst::Binary(Binary::Div, x, d))
+            }
+            // max(x, 0) + slope · min(x, 0), for a scalar constant slope.
+            "PRelu" => {
+                let slope = match self.operand(n.input(1)?)? {
+                    c @ Const(_) => c,
+                    Operand::Ref(_) => return None,
+                };
+                let pos = self.emit(Inst::Unary(Unary::Relu, x));
+                let neg = self.emit(Inst::Binary(Binary::Min, x, Const(0.0)));
+                let scaled = self.emit(Inst::Binary(Mul, neg, slope));
+                self.emit(Inst::Binary(Add, pos, scaled))
+            }
+            // max(x, 0) + gamma·alpha·(exp(min(x, 0) / theta) − 1) with (alpha, gamma, theta) =
+            // (alpha, 1, 1) for Elu, (alpha, gamma, 1) for Selu, (alpha, 1, alpha) for Celu;
+            // Selu also scales the positive part by gamma.
+            "Elu" | "Selu" | "Celu" => {
+                let (alpha, gamma, theta) = match n.op.as_str() {
+                    "Elu" => (n.float("alpha", 1.0), 1.0, 1.0),
+                    "Selu" => (n.float("alpha", 1.673_263_2), n.float("gamma", 1.050_701), 1.0),
+                    _ => (n.float("alpha", 1.0), 1.0, n.float("alpha", 1.0)),
+                };
+                let neg = self.emit(Inst::Binary(Binary::Min, x, Const(0.0)));
+                let arg = self.emit(Inst::Binary(Binary::Div, neg, Const(theta)));
+                let e = self.emit(Inst::Unary(Unary::Exp, arg));
+                let em1 = self.emit(Inst::Binary(Sub, e, Const(1.0)));
+                let negpart = self.emit(Inst::Binary(Mul, em1, Const(alpha * gamma)));
+                let pos = self.emit(Inst::Unary(Unary::Relu, x));
+                let pos = if gamma == 1.0 { pos } else { self.emit(Inst::Binary(Mul, pos, Const(gamma))) };
+                self.emit(Inst::Binary(Add, pos, negpart))
+            }
+            // The exact form: 0.5·x·(1 + erf(x/√2)); the tanh approximation stays with the
+            // GELU pass and the fast kernel.
+            "Gelu" if n.string("approximate", "none") == "none" => {
+                let scaled = self.emit(Inst::Binary(Mul, x, Const(std::f32::consts::FRAC_1_SQRT_2)));
+                let e = self.emit(Inst::Unary(Unary::Erf, scaled));
+                let e1 = self.emit(Inst::Binary(Add, e, Const(1.0)));
+                let xe = self.emit(Inst::Binary(Mul, x, e1));
+                self.emit(Inst::Binary(Mul, xe, Const(0.5)))
+            }
+            _ => return None,
+        };
+        match out {
+            Operand::Ref(i) => Some(i),
+            Operand::Const(_) => None,
+        }
+    }
+}
+
+/// Whether a group of this one node is worth a generated loop: the op has no fast kernel
+/// (it would otherwise run on the reference kernel). Chains of two or more always fuse.
+fn worth_alone(n: &Node) -> bool {
+    !aim_kernels::fast::covers(&n.op, Some(DType::F32))
 }
 
 /// Fuses chains of two or more elementwise nodes (with transcendental functions only when
@@ -193,7 +289,7 @@ pub fn run(g: &mut Graph, transcendental: bool, round: bool) -> Result<(), PassE
             members.push(next);
             out = g.nodes[next].outputs[0].clone();
         }
-        if members.len() < 2 {
+        if members.len() < 2 && !worth_alone(&g.nodes[i]) {
             continue;
         }
         let (insts, inputs) = (b.insts, b.inputs);

@@ -203,3 +203,91 @@ pub(super) fn gather(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     }
     Some(Ok(vec![y.finish()]))
 }
+
+/// Where output index `i` of an axis of `dim` elements padded by `before` reads from, for
+/// `mode`: Some(source index), or None for the constant.
+fn pad_source(i: usize, before: usize, dim: usize, mode: &str) -> Option<usize> {
+    let j = i as i64 - before as i64;
+    let d = dim as i64;
+    if (0..d).contains(&j) {
+        return Some(j as usize);
+    }
+    Some(match mode {
+        "edge" => j.clamp(0, d - 1) as usize,
+        "reflect" if d == 1 => 0,
+        "reflect" => {
+            let period = 2 * (d - 1);
+            let k = j.rem_euclid(period);
+            (if k >= d { period - k } else { k }) as usize
+        }
+        "wrap" => j.rem_euclid(d) as usize,
+        _ => return None,
+    })
+}
+
+/// Pad of any dtype with non-negative pads (constant, edge, reflect or wrap): each output row
+/// (the last axis) is the source row copied whole into its middle, its padded ends filled per
+/// element. Negative pads (crops) and padding an empty tensor are left to the reference.
+pub(super) fn pad(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let x = ins.first()?.as_ref()?;
+    let pads = ins.get(1)?.as_ref()?.to_i64_vec();
+    let r = x.rank();
+    let axes: Vec<usize> = match ins.get(3).and_then(|t| t.as_ref()) {
+        Some(a) => a.to_i64_vec().iter().map(|&v| norm_axis(v, r)).collect::<Option<_>>()?,
+        None => (0..r).collect(),
+    };
+    let mode = n.string("mode", "constant");
+    if r == 0 || x.is_empty() || pads.len() != 2 * axes.len() || pads.iter().any(|&p| p < 0) {
+        return None;
+    }
+    if !matches!(mode, "constant" | "edge" | "reflect" | "wrap") {
+        return None;
+    }
+    let (mut before, mut after) = (vec![0usize; r], vec![0usize; r]);
+    for (i, &a) in axes.iter().enumerate() {
+        before[a] = pads[i] as usize;
+        after[a] = pads[i + axes.len()] as usize;
+    }
+    let shape: Vec<usize> = (0..r).map(|d| x.shape()[d] + before[d] + after[d]).collect();
+    let value = ins.get(2).and_then(|t| t.as_ref()).and_then(|v| v.to_f64_vec().first().copied()).unwrap_or(0.0);
+    let fill = Tensor::from_f64(x.dtype(), &[1], &[value]);
+    let mut y = match Output::new(cx.out, x.dtype(), &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    let es = x.dtype().size();
+    let (fill, src) = (fill.bytes(), x.bytes());
+    let (last, width) = (x.shape()[r - 1], shape[r - 1]);
+    let st = crate::util::strides(x.shape());
+    let dst = y.bytes_mut();
+    let rows = shape[..r - 1].iter().product::<usize>();
+    let mut idx = vec![0usize; r - 1];
+    for row in 0..rows {
+        let out = &mut dst[row * width * es..(row + 1) * width * es];
+        // The source row, or None when some outer axis reads the constant.
+        let base = (0..r - 1)
+            .try_fold(0usize, |acc, d| pad_source(idx[d], before[d], x.shape()[d], mode).map(|s| acc + s * st[d]));
+        match base {
+            None => out.chunks_exact_mut(es).for_each(|e| e.copy_from_slice(fill)),
+            Some(b) => {
+                let (lo, hi) = (before[r - 1] * es, (before[r - 1] + last) * es);
+                out[lo..hi].copy_from_slice(&src[b * es..(b + last) * es]);
+                for j in (0..before[r - 1]).chain(before[r - 1] + last..width) {
+                    let e = &mut out[j * es..(j + 1) * es];
+                    match pad_source(j, before[r - 1], last, mode) {
+                        Some(s) => e.copy_from_slice(&src[(b + s) * es..(b + s + 1) * es]),
+                        None => e.copy_from_slice(fill),
+                    }
+                }
+            }
+        }
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Some(Ok(vec![y.finish()]))
+}

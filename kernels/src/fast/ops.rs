@@ -27,7 +27,9 @@ pub type FastKernel = fn(&Node, &[Option<Tensor>], &Ctx) -> Option<Result<Vec<Te
 /// The fast kernel of an op, if there is one.
 pub fn kernel(op: &str) -> Option<FastKernel> {
     Some(match op {
-        "Erf" | "Exp" | "Tanh" | "Sigmoid" | "Relu" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" | "Gelu" => unary,
+        "Erf" | "Exp" | "Tanh" | "Sigmoid" | "Relu" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" | "Gelu" | "Log"
+        | "Softplus" | "Softsign" | "Mish" | "Elu" | "Selu" | "Celu" | "LeakyRelu" | "ThresholdedRelu"
+        | "HardSigmoid" | "HardSwish" | "Floor" | "Ceil" | "Clip" => unary,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary,
         "Softmax" | "LogSoftmax" => softmax,
         "LayerNormalization" => layer_norm,
@@ -39,6 +41,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Concat" => super::data::concat,
         "Split" => super::data::split,
         "Slice" => super::data::slice,
+        "Pad" => super::data::pad,
         "Gather" => super::data::gather,
         "LSTM" => super::recurrent::lstm,
         "GRU" => super::gru::gru,
@@ -61,8 +64,8 @@ pub fn covers(op: &str, dtype: Option<DType>) -> bool {
     let Some(d) = dtype else { return kernel(op).is_some() };
     kernel(op).is_some()
         && match op {
-            "Concat" | "Split" | "Slice" | "Gather" | "Where" | "Equal" | "Less" | "Greater" | "LessOrEqual"
-            | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Not" | "Cast" | "Expand" => true,
+            "Concat" | "Split" | "Slice" | "Pad" | "Gather" | "Where" | "Equal" | "Less" | "Greater"
+            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Not" | "Cast" | "Expand" => true,
             "Add" | "Sub" | "Mul" | "Div" => matches!(d, DType::F32 | DType::I64 | DType::I32),
             "Range" => matches!(d, DType::F32 | DType::I64 | DType::I32),
             _ => d == DType::F32,
@@ -250,9 +253,65 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
             go!(|v: f32| 0.5 * v * (1.0 + math::tanh(0.797_884_6 * (v + 0.044_715 * v * v * v))))
         }
         "Gelu" => go!(|v: f32| 0.5 * v * (1.0 + math::erf(v * std::f32::consts::FRAC_1_SQRT_2))),
+        "Log" => go!(f32::ln),
+        "Floor" => go!(f32::floor),
+        "Ceil" => go!(f32::ceil),
+        "Softplus" => go!(softplus),
+        "Softsign" => go!(|v: f32| v / (1.0 + v.abs())),
+        "Mish" => go!(|v: f32| v * math::tanh(softplus(v))),
+        "LeakyRelu" => {
+            let a = n.float("alpha", 0.01);
+            go!(move |v: f32| if v < 0.0 { a * v } else { v })
+        }
+        "ThresholdedRelu" => {
+            let a = n.float("alpha", 1.0);
+            go!(move |v: f32| if v > a { v } else { 0.0 })
+        }
+        "HardSigmoid" | "HardSwish" => {
+            let (a, b) =
+                if n.op == "HardSwish" { (1.0 / 6.0, 0.5) } else { (n.float("alpha", 0.2), n.float("beta", 0.5)) };
+            let swish = n.op == "HardSwish";
+            go!(move |v: f32| {
+                let g = (a * v + b).clamp(0.0, 1.0);
+                if swish {
+                    v * g
+                } else {
+                    g
+                }
+            })
+        }
+        // alpha·(e^(x/theta) − 1)·gamma below zero, gamma·x above: Elu (gamma = theta = 1),
+        // Selu (theta = 1), Celu (gamma = 1, theta = alpha).
+        "Elu" | "Selu" | "Celu" => {
+            let (a, gamma, theta) = match n.op.as_str() {
+                "Elu" => (n.float("alpha", 1.0), 1.0, 1.0),
+                "Selu" => (n.float("alpha", 1.673_263_2), n.float("gamma", 1.050_701), 1.0),
+                _ => (n.float("alpha", 1.0), 1.0, n.float("alpha", 1.0)),
+            };
+            go!(move |v: f32| if v > 0.0 { gamma * v } else { gamma * a * (math::exp(v / theta) - 1.0) })
+        }
+        "Clip" => {
+            let bound = |i: usize, d: f32| match ins.get(i).and_then(|t| t.as_ref()) {
+                None => Some(d),
+                Some(t) if t.dtype() == DType::F32 && t.len() == 1 => Some(t.data::<f32>()[0]),
+                Some(_) => None,
+            };
+            let (Some(lo), Some(hi)) = (bound(1, f32::NEG_INFINITY), bound(2, f32::INFINITY)) else { return None };
+            go!(move |v: f32| if v.is_nan() { v } else { v.max(lo).min(hi) })
+        }
         _ => return None,
     }
     Some(Ok(vec![y.finish()]))
+}
+
+/// ln(1 + e^x), exact to f32 for large x (where it is x).
+#[inline(always)]
+fn softplus(v: f32) -> f32 {
+    if v > 20.0 {
+        v
+    } else {
+        math::exp(v).ln_1p()
+    }
 }
 
 #[inline(always)]
@@ -731,30 +790,28 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
 fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = f32_in(ins, 0)?;
     let k = n.ints("kernel_shape")?;
-    // The common case only: 2-D, no dilation, no ceil mode, explicit pads, one output.
-    if x.rank() != 4 || k.len() != 2 || n.outputs.iter().skip(1).any(|o| !o.is_empty()) || n.int("ceil_mode", 0) != 0 {
+    // 2-D, no dilation, one output; padding explicit or `auto_pad`, floor or ceil mode: the
+    // geometry ONNX defines (crate::ops::window::resolve, the reference kernels' own), windows
+    // clipped to the input (a ceil-mode window may start in the end padding).
+    if x.rank() != 4 || k.len() != 2 || n.outputs.iter().skip(1).any(|o| !o.is_empty()) || k.iter().any(|&v| v < 1) {
         return None;
     }
-    if n.ints("dilations").is_some_and(|d| d.iter().any(|&v| v != 1))
-        || !matches!(n.string("auto_pad", "NOTSET"), "NOTSET" | "VALID")
-    {
+    if n.ints("dilations").is_some_and(|d| d.iter().any(|&v| v != 1)) {
         return None;
     }
-    let valid = n.string("auto_pad", "NOTSET") == "VALID";
-    let s = n.ints("strides").map(|v| v.to_vec()).unwrap_or(vec![1, 1]);
-    let p = if valid { vec![0; 4] } else { n.ints("pads").map(|v| v.to_vec()).unwrap_or(vec![0; 4]) };
-    if s.len() != 2 || p.len() != 4 || s.iter().any(|&v| v < 1) || p.iter().any(|&v| v < 0) || k.iter().any(|&v| v < 1)
-    {
-        return None;
-    }
+    let s: Vec<usize> =
+        n.ints("strides").map_or(Some(vec![1, 1]), |v| v.iter().map(|&x| usize::try_from(x).ok()).collect())?;
+    let pads: Vec<usize> =
+        n.ints("pads").map_or(Some(vec![0; 4]), |v| v.iter().map(|&x| usize::try_from(x).ok()).collect())?;
+    let kernel = [k[0] as usize, k[1] as usize];
     let (nb, c, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
-    let (kh, kw, sh, sw) = (k[0] as usize, k[1] as usize, s[0] as usize, s[1] as usize);
-    let (pt, pl) = (p[0] as usize, p[1] as usize);
-    let (th, tw) = (h + pt + p[2] as usize, w + pl + p[3] as usize);
-    if th < kh || tw < kw {
-        return None;
-    }
-    let (oh, ow) = ((th - kh) / sh + 1, (tw - kw) / sw + 1);
+    let ceil = n.int("ceil_mode", 0) != 0;
+    let auto_pad = n.string("auto_pad", "NOTSET");
+    let (o, begin, end) = crate::ops::window::resolve(&kernel, &s, &[1, 1], &pads, auto_pad, &[h, w], ceil).ok()?;
+    let (kh, kw, sh, sw) = (kernel[0], kernel[1], s[0], s[1]);
+    let (pt, pl) = (begin[0], begin[1]);
+    let p = [begin[0], begin[1], end[0], end[1]];
+    let (oh, ow) = (o[0], o[1]);
     let is_max = n.op == "MaxPool";
     let include_pad = n.int("count_include_pad", 0) != 0;
     let mut y = match Output::new(cx.out, DType::F32, &[nb, c, oh, ow]) {
@@ -792,8 +849,8 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
                 } else {
                     // count_include_pad counts the window clipped to the padded input.
                     let cnt = if include_pad {
-                        let ye2 = (y0 + kh as isize).min((h + p[2] as usize) as isize);
-                        let xe2 = (x0 + kw as isize).min((w + p[3] as usize) as isize);
+                        let ye2 = (y0 + kh as isize).min((h + p[2]) as isize);
+                        let xe2 = (x0 + kw as isize).min((w + p[3]) as isize);
                         ((ye2 - y0) * (xe2 - x0)) as f32
                     } else {
                         ((ye - ys) * (xe - xs)) as f32
