@@ -18,6 +18,7 @@ mod claims;
 mod control;
 pub mod cpu;
 pub mod cuda;
+pub mod denormals;
 pub mod embedded;
 mod exec;
 pub mod pool;

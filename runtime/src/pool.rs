@@ -100,6 +100,7 @@ impl ThreadPool {
 }
 
 fn worker(s: &Shared) {
+    crate::denormals::flush_this_thread();
     let mut seen = 0u64;
     loop {
         let start = Instant::now();

@@ -29,6 +29,8 @@ pub fn expands(op: &str) -> bool {
             | "DynamicQuantizeMatMul"
             | "MatMulIntegerToFloat"
             | "MatMulNBits"
+            | "QLinearSoftmax"
+            | "DynamicQuantizeLSTM"
     )
 }
 
@@ -80,6 +82,8 @@ pub fn expand(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
             Ok(())
         }
         "QGemm" => qgemm(e, n),
+        "QLinearSoftmax" => qlinear_softmax(e, n),
+        "DynamicQuantizeLSTM" => dynamic_quantize_lstm(e, n),
         "MatMulNBits" => matmul_nbits(e, n),
         "DynamicQuantizeMatMul" => {
             // A (f32) is quantized per run to u8 (DynamicQuantizeLinear), B with its scale and
@@ -276,6 +280,85 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     let w = if sdtype == DType::F16 { aim_kernels::cast(&w, DType::F16) } else { w };
     let wn = e.konst(w);
     matmul_bias(e, n, input(n, 0)?, &wn, n.input(5))
+}
+
+/// `QLinearSoftmax(X, x_scale, x_zp, y_scale, y_zp)`: Softmax over `axis` between a
+/// dequantization and a quantization. Its `opset` attribute names the Softmax it replaced;
+/// before opset 13 that one flattened from `axis` on, which equals the later form only over
+/// the last axis (other axes are an import error naming the node).
+fn qlinear_softmax(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    let x = dq(e, n, 0, None)?;
+    let axis = n.int("axis", -1);
+    if n.int("opset", 13) < 13 {
+        let rank = e.rank(input(n, 0)?).ok_or_else(|| bad(n, "the rank of X is not known"))? as i64;
+        if axis != -1 && axis != rank - 1 {
+            return Err(bad(
+                n,
+                format!(
+                    "softmax of opset < 13 over axis {axis} of a rank-{rank} input: only the last axis is supported"
+                ),
+            ));
+        }
+    }
+    let y = e.op("Softmax", &[&x], vec![("axis", Attr::Int(axis))]);
+    q_out(e, n, &y, 3)
+}
+
+/// `DynamicQuantizeLSTM(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale,
+/// W_zero_point, R_scale, R_zero_point)`, as ONNX Runtime's `quantize_dynamic` writes an
+/// LSTM: 8-bit W `[D, input, 4H]` and R `[D, H, 4H]` (transposed from LSTM's layout), with a
+/// scale and zero point per direction or per direction and gate column. The constant weights
+/// are dequantized here, once, into LSTM's f32 `[D, 4H, input]` / `[D, 4H, H]`, and the
+/// node becomes an ONNX LSTM with the same attributes. ORT also quantizes X and the hidden
+/// state per step; aim keeps them f32, so outputs differ from ORT's by that quantization.
+fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    use aim_ir::{DType, Tensor};
+    let constant = |e: &Emit, i: usize, what: &str| -> Result<Tensor, ImportError> {
+        let name = input(n, i)?;
+        e.constant(name).cloned().ok_or_else(|| bad(n, format!("{what} ('{name}') must be a constant")))
+    };
+    let mut weights = Vec::new();
+    for (k, what) in [(1usize, "W"), (2, "R")] {
+        let q = constant(e, k, what)?;
+        let scale = constant(e, 8 + 2 * (k - 1), &format!("{what}_scale"))?;
+        let zero = constant(e, 9 + 2 * (k - 1), &format!("{what}_zero_point"))?;
+        let s = q.shape().to_vec();
+        if s.len() != 3 || !matches!(q.dtype(), DType::I8 | DType::U8) {
+            return Err(bad(n, format!("{what} is {} {s:?}: 8-bit [directions, rows, 4·hidden] expected", q.dtype())));
+        }
+        let (dirs, rows, cols) = (s[0], s[1], s[2]);
+        let per = |t: &Tensor, name: &str| -> Result<Vec<f64>, ImportError> {
+            match t.len() {
+                l if l == dirs => Ok(t.to_f64_vec().iter().flat_map(|&v| std::iter::repeat_n(v, cols)).collect()),
+                l if l == dirs * cols => Ok(t.to_f64_vec()),
+                l => Err(bad(n, format!("{name} has {l} values: {dirs} or {} expected", dirs * cols))),
+            }
+        };
+        let (scale, zero) = (per(&scale, &format!("{what}_scale"))?, per(&zero, &format!("{what}_zero_point"))?);
+        let v = q.to_f64_vec();
+        let mut w = vec![0f32; dirs * rows * cols];
+        for d in 0..dirs {
+            for r in 0..rows {
+                for c in 0..cols {
+                    let at = d * cols + c;
+                    w[(d * cols + c) * rows + r] = ((v[(d * rows + r) * cols + c] - zero[at]) * scale[at]) as f32;
+                }
+            }
+        }
+        weights.push(e.konst(Tensor::from_vec(&[dirs, cols, rows], w)));
+    }
+    let mut ins: Vec<&str> = vec![input(n, 0)?, &weights[0], &weights[1]];
+    ins.extend((3..8).map(|i| n.input(i).unwrap_or("")));
+    while ins.last() == Some(&"") {
+        ins.pop();
+    }
+    let attrs: Vec<(&str, Attr)> =
+        ["activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "input_forget"]
+            .into_iter()
+            .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
+            .collect();
+    e.op_to("LSTM", &ins, &n.outputs, attrs);
+    Ok(())
 }
 
 /// The `bits`-bit value at position `i` of `packed` (low bits first).

@@ -122,6 +122,8 @@ pub fn run(g: &mut Graph, int8: bool) -> Result<(), PassError> {
 struct Emit {
     names: std::collections::HashSet<String>,
     nodes: Vec<Node>,
+    /// Constants the new nodes read, added to the graph with them.
+    consts: Vec<(String, Tensor)>,
     sources: Vec<String>,
     base: String,
 }
@@ -173,7 +175,8 @@ fn scale_axis(g: &Graph, scale: &str, axis: i64) -> Result<Option<i64>, ()> {
 fn dequantize_ops(g: &mut Graph) {
     let integer = |n: &Node| {
         n.domain.is_empty()
-            && (matches!(n.op.as_str(), "QLinearConv" | "QLinearMatMul" | "MatMulInteger") || moves_values(&n.op))
+            && (matches!(n.op.as_str(), "QLinearConv" | "QLinearMatMul" | "MatMulInteger" | "ConvInteger")
+                || moves_values(&n.op))
     };
     if !g.nodes.iter().any(integer) {
         return;
@@ -186,30 +189,61 @@ fn dequantize_ops(g: &mut Graph) {
     let by_output: std::collections::HashMap<&str, usize> =
         g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
     let mut skip = vec![false; g.nodes.len()];
+    let mut pending = Vec::new();
+    // Nodes replacing an integer product and the readers that make it f32 go where the
+    // last reader was: a bias the Add reads may be computed after the product.
+    let mut deferred: std::collections::HashMap<usize, Vec<Node>> = std::collections::HashMap::new();
     let mut out: Vec<Node> = Vec::with_capacity(g.nodes.len());
     for i in 0..g.nodes.len() {
         if skip[i] {
+            out.extend(deferred.remove(&i).unwrap_or_default());
             continue;
         }
         let n = &g.nodes[i];
-        let mut e =
-            Emit { names: std::mem::take(&mut names), nodes: Vec::new(), sources: sources_of(n), base: n.name.clone() };
+        let mut e = Emit {
+            names: std::mem::take(&mut names),
+            nodes: Vec::new(),
+            consts: Vec::new(),
+            sources: sources_of(n),
+            base: n.name.clone(),
+        };
         let done = match (n.domain.as_str(), n.op.as_str()) {
             ("", "QLinearConv") => qlinear_conv(g, n, &mut e).is_ok(),
             ("", "QLinearMatMul") => qlinear_matmul(g, n, &mut e).is_ok(),
-            ("", "MatMulInteger") => match r.get(&n.outputs[0]).map(|v| v.as_slice()) {
-                Some(&[c]) if c != usize::MAX && is(&g.nodes[c], "Cast") && g.nodes[c].int("to", 0) == 1 => {
-                    let ok = matmul_integer(g, n, &g.nodes[c].outputs[0], &mut e).is_ok();
+            ("", op @ ("MatMulInteger" | "ConvInteger")) => match cast_reader(g, &r, &n.outputs[0]) {
+                Some((readers, bias, y)) => {
+                    let product = if bias.is_some() { e.fresh("product") } else { y.clone() };
+                    let ok = if op == "ConvInteger" {
+                        conv_integer(g, n, &product, &mut e)
+                    } else {
+                        matmul_integer(g, n, &product, &mut e)
+                    }
+                    .is_ok();
                     if ok {
-                        e.sources.extend(sources_of(&g.nodes[c]));
+                        if let Some(b) = bias {
+                            let fb = match g.initializers.get(&b) {
+                                Some(t) => {
+                                    let name = e.fresh("bias");
+                                    e.consts.push((name.clone(), aim_kernels::cast(t, DType::F32)));
+                                    name
+                                }
+                                None => e.op("Cast", &[&b], vec![("to", Attr::Int(1))]),
+                            };
+                            e.op_to("Add", &[&product, &fb], &y, vec![]);
+                        }
+                        for &c in &readers {
+                            e.sources.extend(sources_of(&g.nodes[c]));
+                            skip[c] = true;
+                        }
                         for node in &mut e.nodes {
                             node.attrs.insert(SOURCES.into(), Attr::Strings(e.sources.clone()));
                         }
-                        skip[c] = true;
+                        let last = readers.iter().copied().max().unwrap_or(i);
+                        deferred.insert(last, std::mem::take(&mut e.nodes));
                     }
                     ok
                 }
-                _ => false,
+                None => false,
             },
             ("", op) if moves_values(op) => match n.input(0).and_then(|v| by_output.get(v)) {
                 Some(&p) if is(&g.nodes[p], "QuantizeLinear") => lift(g, n, &g.nodes[p], &mut e).is_ok(),
@@ -219,12 +253,14 @@ fn dequantize_ops(g: &mut Graph) {
         };
         names = std::mem::take(&mut e.names);
         if done {
+            pending.append(&mut e.consts);
             out.extend(e.nodes);
         } else {
             out.push(n.clone());
         }
     }
     g.nodes = out;
+    g.initializers.extend(pending);
 }
 
 /// Ops that move or select values without computing new ones: on quantized data they
@@ -332,6 +368,83 @@ fn matmul_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> 
         bf = e.op("Sub", &[&bf, &z], vec![]);
     }
     e.op_to("MatMul", &[&af, &bf], y, vec![]);
+    Ok(())
+}
+
+/// The readers through which an integer product becomes f32, as `quantize_dynamic` writes
+/// them: a Cast to f32 alone, or an Add of an int32 bias (a constant, or computed per run
+/// from the activation's scale as older versions write it) whose only reader is that Cast.
+/// Gives the readers' indices, the bias, and the f32 value they make.
+fn cast_reader(
+    g: &Graph,
+    r: &std::collections::HashMap<String, Vec<usize>>,
+    v: &str,
+) -> Option<(Vec<usize>, Option<String>, String)> {
+    let only = |v: &str| match r.get(v).map(|x| x.as_slice()) {
+        Some(&[c]) if c != usize::MAX => Some(c),
+        _ => None,
+    };
+    let is_cast = |c: usize| is(&g.nodes[c], "Cast") && g.nodes[c].int("to", 0) == 1;
+    let c = only(v)?;
+    if is_cast(c) {
+        return Some((vec![c], None, g.nodes[c].outputs[0].clone()));
+    }
+    let add = &g.nodes[c];
+    if !is(add, "Add") || add.inputs.len() != 2 {
+        return None;
+    }
+    let other = if add.inputs[0] == v { &add.inputs[1] } else { &add.inputs[0] };
+    let int32 = g.initializers.get(other).map(|t| t.dtype()).or_else(|| g.value_type(other)?.dtype);
+    if int32 != Some(DType::I32) {
+        return None;
+    }
+    let cast = only(&add.outputs[0]).filter(|&k| is_cast(k))?;
+    Some((vec![c, cast], Some(other.clone()), g.nodes[cast].outputs[0].clone()))
+}
+
+/// `ConvInteger(X, W, x_zero, w_zero)` read only by a Cast to f32 (writing `y`), as what
+/// `quantize_dynamic` writes for a convolution: an f32 Conv of the zero-point-shifted
+/// operands (X cast and shifted; W by a DequantizeLinear with scale 1, per output channel
+/// or per tensor, which folds into a constant), exact while the sums stay below 2²⁴.
+fn conv_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
+    let (x, w) = (n.input(0).ok_or(())?, n.input(1).ok_or(())?);
+    let len = |v: &str| g.initializers.get(v).map(|t| t.len());
+    let one = |e: &mut Emit, count: usize| {
+        let name = e.fresh("unit_scale");
+        (name, Tensor::from_vec(&[count], vec![1f32; count]))
+    };
+    // X's zero point must be one value (a per-tensor shift): a constant, or a computed
+    // scalar (DynamicQuantizeLinear's).
+    let one_value = |z: &str| {
+        len(z).map_or_else(
+            || g.value_type(z).and_then(|t| t.shape).is_some_and(|s| s.iter().all(|d| *d == aim_ir::Dim::Known(1))),
+            |l| l == 1,
+        )
+    };
+    if n.input(2).is_some_and(|z| !one_value(z)) {
+        return Err(());
+    }
+    // X shifted as Cast and Sub (fast kernels; its zero point is computed per run).
+    let float = |e: &mut Emit, v: &str| e.op("Cast", &[v], vec![("to", Attr::Int(1))]);
+    let mut xf = float(e, x);
+    if let Some(xz) = n.input(2) {
+        let z = float(e, xz);
+        xf = e.op("Sub", &[&xf, &z], vec![]);
+    }
+    let mut consts = Vec::new();
+    let wz_len = match n.input(3) {
+        Some(z) => len(z).ok_or(())?,
+        None => 1,
+    };
+    let (ws, t) = one(e, wz_len);
+    consts.push((ws.clone(), if wz_len == 1 { t.reshaped(&[]) } else { t }));
+    let wf = dq(e, w, &ws, n.input(3), (wz_len > 1).then_some(0));
+    let attrs: Vec<(&str, Attr)> = ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"]
+        .into_iter()
+        .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
+        .collect();
+    e.op_to("Conv", &[&xf, &wf], y, attrs);
+    e.consts.extend(consts);
     Ok(())
 }
 

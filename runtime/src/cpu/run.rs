@@ -320,6 +320,7 @@ impl CpuProgram {
         profile: Option<&mut Vec<NodeTiming>>,
         capture: Option<&mut Vec<(String, Tensor)>>,
     ) -> Result<Vec<Tensor>, RunError> {
+        let _ftz = crate::denormals::FlushToZero::new();
         if let (Some(plan), None, None) = (&self.plan, &profile, &capture) {
             return self.run_steps(plan, inputs, deadline);
         }
