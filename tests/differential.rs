@@ -1337,3 +1337,97 @@ fn activations_leave_no_reference_kernel() {
         }
     }
 }
+
+/// k×1 convolutions over one-column images (1-D convolutions exported as 2-D, as tf2onnx
+/// writes them), which the direct kernel runs as 1×k ones over the row the same bytes are:
+/// every stride, padding and dilation along the column, against the reference.
+#[test]
+fn column_convolutions_match_reference() {
+    let mut r = Rng(5);
+    for (c, m, k, s, p, d) in
+        [(16, 32, 5, 1, 0, 1), (20, 24, 3, 2, 1, 1), (8, 16, 5, 1, 2, 2), (32, 48, 1, 1, 0, 1), (3, 16, 7, 3, 3, 1)]
+    {
+        let h = 37usize;
+        let oh = (h + 2 * p - (k - 1) * d - 1) / s + 1;
+        let nodes = vec![
+            node(
+                "Conv",
+                "conv",
+                &["x", "W", "B"],
+                &["c"],
+                vec![
+                    ints("kernel_shape", &[k as i64, 1]),
+                    ints("strides", &[s as i64, 1]),
+                    ints("dilations", &[d as i64, 1]),
+                    ints("pads", &[p as i64, 0, p as i64, 0]),
+                ],
+            ),
+            node("Relu", "act", &["c"], &["y"], vec![]),
+        ];
+        let inits = vec![
+            f32_tensor("W", &[m as i64, c as i64, k as i64, 1], &r.values(m * c * k)),
+            f32_tensor("B", &[m as i64], &r.values(m)),
+        ];
+        let model = model(
+            nodes,
+            vec![value("x", 1, &[Ok(2), Ok(c as i64), Ok(h as i64), Ok(1)])],
+            vec![value("y", 1, &[Ok(2), Ok(m as i64), Ok(oh as i64), Ok(1)])],
+            inits,
+            17,
+        );
+        check_all(
+            &format!("column-c{c}m{m}k{k}s{s}p{p}d{d}"),
+            model,
+            vec![("x".into(), Tensor::from_vec(&[2, c, h, 1], r.values(2 * c * h)))],
+        );
+    }
+}
+
+/// Convolutions over a batch of images with few output positions each (1-D convolutions
+/// over a batch of short frames, as speech models run them), which run as one GEMM over the
+/// batch: 1-D and 2-D, grouped, strided, with a fused residual and activation.
+#[test]
+fn batched_short_convolutions_match_reference() {
+    let mut r = Rng(9);
+    for (rank, c, m, k, s, p, group, residual) in [
+        (3usize, 1usize, 24usize, 8usize, 4usize, 0usize, 1usize, false),
+        (3, 16, 8, 3, 1, 1, 1, true),
+        (3, 12, 12, 3, 2, 1, 2, false),
+        (4, 8, 16, 3, 1, 1, 1, true),
+    ] {
+        let (nb, len) = (6usize, 9usize);
+        let sp = rank - 2;
+        let dims_in: Vec<usize> = [nb, c].into_iter().chain(std::iter::repeat_n(len, sp)).collect();
+        let o = (len + 2 * p - k) / s + 1;
+        let dims_out: Vec<usize> = [nb, m].into_iter().chain(std::iter::repeat_n(o, sp)).collect();
+        let kern: Vec<i64> = vec![k as i64; sp];
+        let wdims: Vec<i64> = [m as i64, (c / group) as i64].into_iter().chain(kern.clone()).collect();
+        let mut nodes = vec![node(
+            "Conv",
+            "conv",
+            &["x", "W", "B"],
+            &["c"],
+            vec![
+                ints("kernel_shape", &kern),
+                ints("strides", &vec![s as i64; sp]),
+                ints("pads", &vec![p as i64; 2 * sp]),
+                int_attr("group", group as i64),
+            ],
+        )];
+        let as_dims = |d: &[usize]| d.iter().map(|&v| Ok(v as i64)).collect::<Vec<_>>();
+        let mut graph_inputs = vec![value("x", 1, &as_dims(&dims_in))];
+        let mut inputs = vec![("x".to_string(), Tensor::from_vec(&dims_in, r.values(dims_in.iter().product())))];
+        let mut last = "c";
+        if residual {
+            nodes.push(node("Add", "res", &["c", "skip"], &["sum"], vec![]));
+            graph_inputs.push(value("skip", 1, &as_dims(&dims_out)));
+            inputs.push(("skip".into(), Tensor::from_vec(&dims_out, r.values(dims_out.iter().product()))));
+            last = "sum";
+        }
+        nodes.push(node("Relu", "act", &[last], &["y"], vec![]));
+        let wn = m * (c / group) * k.pow(sp as u32);
+        let inits = vec![f32_tensor("W", &wdims, &r.values(wn)), f32_tensor("B", &[m as i64], &r.values(m))];
+        let model = model(nodes, graph_inputs, vec![value("y", 1, &as_dims(&dims_out))], inits, 17);
+        check(&format!("batched-r{rank}c{c}m{m}k{k}s{s}p{p}g{group}res{residual}"), model, inputs);
+    }
+}

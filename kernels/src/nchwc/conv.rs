@@ -244,9 +244,30 @@ impl Conv {
             && io.oh == io.h
             && io.ow == io.w;
         let io = if pointwise { ConvIo { h: 1, w: io.h * io.w, oh: 1, ow: io.oh * io.ow, ..io } } else { io };
-        let [kh, kw] = self.geo.kernel;
-        let [sh, sw] = self.geo.strides;
-        let [dh, dw] = self.geo.dilations;
+        // A k×1 convolution over a one-column image (a 1-D convolution exported as 2-D, as
+        // tf2onnx writes them) is a 1×k one over the row those bytes also are: tiles of
+        // output pixels along the column instead of one pixel per tile. The packed weights
+        // (k = (ky, kx, ci)) are the same for both.
+        let column = !pointwise
+            && self.geo.kernel[1] == 1
+            && self.geo.strides[1] == 1
+            && io.w == 1
+            && io.ow == 1
+            && io.pads[1] == 0
+            && io.pads[3] == 0
+            && io.h > 1;
+        let (geo, io) = if column {
+            let [pt, _, pb, _] = io.pads;
+            let g = self.geo;
+            let swapped =
+                Geometry { kernel: [1, g.kernel[0]], strides: [1, g.strides[0]], dilations: [1, g.dilations[0]] };
+            (swapped, ConvIo { h: 1, w: io.h, oh: 1, ow: io.oh, pads: [0, pt, 0, pb], ..io })
+        } else {
+            (self.geo, io)
+        };
+        let [kh, kw] = geo.kernel;
+        let [sh, sw] = geo.strides;
+        let [dh, dw] = geo.dilations;
         let [pt, pl, pb, pr] = io.pads;
         let (hp, wp) = (io.h + pt + pb, io.w + pl + pr);
         if io.oh == 0 || io.ow == 0 || (io.oh - 1) * sh + (kh - 1) * dh >= hp || (io.ow - 1) * sw + (kw - 1) * dw >= wp

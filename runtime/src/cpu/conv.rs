@@ -152,6 +152,12 @@ pub(super) fn run_conv(
     let pointwise =
         ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
     let yd = y.take(&shape)?;
+    if nb > 1 && osize < SMALL_OUTPUT {
+        for gi in 0..c.group {
+            conv_batched(c, gi, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
+        }
+        return Ok(());
+    }
     // Every other 2-D convolution goes through padded stride phases of the input (see
     // `conv_padded_rows`); im2col remains for the other ranks.
     let padded_rows = sp == 2 && !pointwise;
@@ -286,6 +292,88 @@ fn conv_padded_rows(
             }
         }
     });
+}
+
+/// Output positions per image below which a batch runs as one GEMM (columns: image, then
+/// position) rather than one per image: a handful of columns leaves the GEMM's tiles empty.
+const SMALL_OUTPUT: usize = 64;
+
+/// One group of a convolution over a batch of images with small outputs (a 1-D
+/// convolution over a batch of short frames, as speech models run them) as one GEMM whose
+/// columns are (image, output position): im2col over the batch into a wide result, then
+/// scattered to `[n][m][positions]` with the residual and activation.
+#[allow(clippy::too_many_arguments)]
+fn conv_batched(
+    c: &ConvPrep,
+    gi: usize,
+    xd: &[f32],
+    nb: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    before: &[usize],
+    yd: &mut [f32],
+    res: Option<&[f32]>,
+    pool: &ThreadPool,
+) {
+    let (cg, mg) = (c.cin / c.group, c.m / c.group);
+    let osize: usize = out_sp.iter().product();
+    let isize: usize = in_sp.iter().product();
+    let ksize: usize = c.geo.kernel.iter().product();
+    let sp = in_sp.len();
+    let geo = &c.geo;
+    let n_wide = nb * osize;
+    let fill = |p: usize, j0: usize, dst: &mut [f32]| {
+        let (ci, mut kflat) = (p / ksize, p % ksize);
+        let mut koff = [0usize; 8];
+        for d in (0..sp).rev() {
+            koff[d] = kflat % geo.kernel[d];
+            kflat /= geo.kernel[d];
+        }
+        for (j, v) in (j0..).zip(dst.iter_mut()) {
+            let (b, mut q) = (j / osize, j % osize);
+            let plane = &xd[(b * c.cin + gi * cg + ci) * isize..][..isize];
+            let (mut off, mut inside) = (0usize, true);
+            let mut pos = [0usize; 8];
+            for d in (0..sp).rev() {
+                pos[d] = q % out_sp[d];
+                q /= out_sp[d];
+            }
+            for d in 0..sp {
+                let i = (pos[d] * geo.strides[d] + koff[d] * geo.dilations[d]) as isize - before[d] as isize;
+                if i < 0 || i >= in_sp[d] as isize {
+                    inside = false;
+                    break;
+                }
+                off = off * in_sp[d] + i as usize;
+            }
+            *v = if inside { plane[off] } else { 0.0 };
+        }
+    };
+    let mut wide = aim_kernels::scratch::take(mg * n_wide);
+    let ep = Epilogue {
+        row_bias: c.bias.as_ref().map(|v| &v[gi * mg..(gi + 1) * mg]),
+        col_bias: None,
+        residual: None,
+        act: if res.is_none() { c.act } else { None },
+        ..Epilogue::default()
+    };
+    gemm_lazy_b(&c.weights[gi], n_wide, &fill, &mut wide, n_wide, &ep, pool);
+    let act = c.act.unwrap_or(Activation::Identity);
+    for b in 0..nb {
+        for m in 0..mg {
+            let at = (b * c.m + gi * mg + m) * osize;
+            let src = &wide[m * n_wide + b * osize..][..osize];
+            let row = &mut yd[at..at + osize];
+            match res {
+                Some(r) => {
+                    for ((o, &v), &x) in row.iter_mut().zip(src).zip(&r[at..at + osize]) {
+                        *o = act.apply(v + x);
+                    }
+                }
+                None => copy_short(row, src),
+            }
+        }
+    }
 }
 
 /// Fills a strip of B for [`gemm_lazy_b`]: `(row, first column, destination)`.
