@@ -179,16 +179,29 @@ def timing(aim, path, inputs, threads, rounds, iters, path_kind):
         peers, env, cpu = ["ort", "openvino"], None, "native"
     else:
         peers, env, cpu = ["openvino"], AVX2_ENV, "x86-64-v3"
-    probe = peer_round(peers[0], path, inputs, threads, 5, 2, env)
-    n = min(5000, max(iters, int(300.0 / max(probe["median"], 1e-3))))
+    # A peer that cannot load the model (OpenVINO's ONNX frontend refuses some) is left out
+    # and named; aim is then compared with the peers that ran.
+    failed = {}
+    probe = None
+    for p in list(peers):
+        try:
+            r = peer_round(p, path, inputs, threads, 5, 2, env)
+            probe = probe or r
+        except subprocess.CalledProcessError as e:
+            failed[p] = (e.stderr or "").strip().splitlines()[-1:] or ["failed"]
+            peers.remove(p)
+    base = probe["median"] if probe else aim_round(aim, path, inputs, threads, 5, 2, cpu)["median"]
+    n = min(5000, max(iters, int(300.0 / max(base, 1e-3))))
     warm = max(3, n // 10)
     runs = {p: [] for p in peers + ["aim"]}
     for _ in range(rounds):
         for p in peers:
             runs[p].append(peer_round(p, path, inputs, threads, n, warm, env))
         runs["aim"].append(aim_round(aim, path, inputs, threads, n, warm, cpu))
-    return {p: {k: statistics.median(r[k] for r in rs) for k in ("median", "load_ms", "peak_rss_mb")}
-            for p, rs in runs.items()}
+    out = {p: {k: statistics.median(r[k] for r in rs) for k in ("median", "load_ms", "peak_rss_mb")}
+           for p, rs in runs.items()}
+    out["failed"] = failed
+    return out
 
 
 def cpu_name():
@@ -253,7 +266,8 @@ def main():
                         continue
                     r["timing"][f"{kind}/{t}"] = tm
                     print(f"{name} {kind} t={t}: " + " ".join(
-                        f"{p} {v['median']:.3f} ms" for p, v in tm.items()) + "  " + ratio_text(tm), flush=True)
+                        f"{p} {v['median']:.3f} ms" for p, v in tm.items() if p != "failed") + "  " + ratio_text(tm)
+                        + "".join(f"  ({p} failed: {why[0][:120]})" for p, why in tm["failed"].items()), flush=True)
         results.append(r)
     if opts["--json"]:
         with open(opts["--json"], "w") as f:
@@ -264,9 +278,12 @@ def main():
 
 
 def ratio_text(tm):
+    """aim against the faster peer that ran ("—" where none did)."""
     aim_ms = tm["aim"]["median"]
-    best = min(v["median"] for p, v in tm.items() if p != "aim")
-    return f"aim/best {aim_ms / best:.2f}"
+    peers = [v["median"] for p, v in tm.items() if p not in ("aim", "failed")]
+    if not peers:
+        return "aim/best —"
+    return f"aim/best {aim_ms / min(peers):.2f}"
 
 
 def markdown(results, threads, paths):
@@ -274,8 +291,8 @@ def markdown(results, threads, paths):
     cols = [f"{k} {t}T" for k in paths for t in threads]
     head = "| model | exporter | " + " | ".join(f"aim/best {c}" if c.startswith("native") else f"aim/OV {c}"
                                               for c in cols)
-    head += " | aim ms (native 1T) | load ms aim / ORT | peak MiB aim / ORT | ref. nodes | top ops (aim) |\n"
-    out = head + "|" + "---|" * (len(cols) + 7) + "\n"
+    head += " | aim ms (native 1T) | load ms aim / ORT | peak MiB aim / ORT | ref. nodes | top ops (aim) | notes |\n"
+    out = head + "|" + "---|" * (len(cols) + 8) + "\n"
     for r in results:
         cells = []
         for k in paths:
@@ -284,12 +301,18 @@ def markdown(results, threads, paths):
                 cells.append(ratio_text(tm).split()[-1] if tm else "—")
         n1 = r["timing"].get(f"native/{threads[0]}")
         ms = f"{n1['aim']['median']:.2f}" if n1 else "—"
-        load = f"{n1['aim']['load_ms']:.0f} / {n1['ort']['load_ms']:.0f}" if n1 else "—"
-        rss = f"{n1['aim']['peak_rss_mb']:.0f} / {n1['ort']['peak_rss_mb']:.0f}" if n1 else "—"
+        have_ort = n1 and "ort" in n1
+        load = f"{n1['aim']['load_ms']:.0f} / {n1['ort']['load_ms']:.0f}" if have_ort else "—"
+        rss = f"{n1['aim']['peak_rss_mb']:.0f} / {n1['ort']['peak_rss_mb']:.0f}" if have_ort else "—"
         acc = r["accuracy"]["native"]
-        name = r["name"] + ("" if acc["ok"] else " (**wrong outputs**)")
+        name = r["name"] + ("" if acc["ok"] else " (**outside ORT's spread**)")
+        notes = sorted({f"{p} cannot load it" for tm in r["timing"].values() for p in tm.get("failed", {})})
+        if r.get("ov_avx512_when_capped"):
+            notes.append(f"OV capped still runs {r['ov_avx512_when_capped']} AVX-512 primitives")
+        if "error_rel" in acc:
+            notes.append(f"max rel. diff {acc['error_rel']:.1e}")
         out += (f"| {name} | {r['exporter']} | " + " | ".join(cells) + f" | {ms} | {load} | {rss} | "
-                f"{r['census']['reference_nodes']} | {', '.join(r['census']['top_ops'])} |\n")
+                f"{r['census']['reference_nodes']} | {', '.join(r['census']['top_ops'])} | {'; '.join(notes)} |\n")
     return out
 
 
