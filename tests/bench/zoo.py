@@ -2,7 +2,7 @@
 """The real-model corpus against ONNX Runtime and OpenVINO, natively and on the AVX2 path.
 
 Usage: zoo.py AIM_BINARY [ZOO_DIR] [NAME...] [--threads 1,2] [--rounds 3] [--iters 30]
-              [--paths native,avx2] [--no-timing] [--json FILE] [--markdown FILE]
+              [--paths native,avx2] [--no-timing] [--busy N] [--json FILE] [--markdown FILE]
 
 ZOO_DIR (default target/zoo) is what tests/zoo/fetch.py writes: NAME.onnx and
 NAME.inputs.npz for every entry of tests/zoo/manifest.toml. For each model:
@@ -23,7 +23,9 @@ NAME.inputs.npz for every entry of tests/zoo/manifest.toml. For each model:
   OpenVINO's execution graph that still name AVX-512 or AMX (its own JIT kernels for
   eltwise and pooling do not read oneDNN's cap), so the table says how capped the peer is.
 
-Prints one line per model and thread count as it goes; --markdown writes the table that
+--busy N keeps N other processes spinning (`yes > /dev/null`) while it times: the
+contention figure (on a 2-vCPU machine with one core busy, aim at 2 threads must not be
+slower than at 1 by more than 10%). Prints one line per model and thread count as it goes; --markdown writes the table that
 README.md's benchmark section holds, --json every figure. Needs: onnxruntime, openvino,
 numpy, onnx.
 """
@@ -226,6 +228,22 @@ def main():
     no_timing = "--no-timing" in args
     if no_timing:
         args.remove("--no-timing")
+    busy = 0
+    if "--busy" in args:
+        i = args.index("--busy")
+        busy = int(args[i + 1])
+        del args[i:i + 2]
+    spinners = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(busy)]
+    try:
+        run(args, opts, no_timing)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+def run(args, opts, no_timing):
+    """Measures the models `args` names (see the module doc)."""
     if not args:
         sys.exit(__doc__)
     aim = args[0]
