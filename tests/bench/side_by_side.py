@@ -23,8 +23,9 @@ import subprocess
 import sys
 
 ORT_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np, onnxruntime as ort
+PEAK_RSS
 path, inputs, threads, iters, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 feeds = dict(np.load(inputs))
 t0 = time.perf_counter()
@@ -43,13 +44,14 @@ for _ in range(iters):
     ts.append((time.perf_counter() - t) * 1e3)
 ts.sort()
 print(json.dumps({"load_ms": load_ms, "median": ts[len(ts) // 2], "min": ts[0],
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": peak_rss_mb()}))
 """
 
 
 OPENVINO_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np, openvino as ov
+PEAK_RSS
 path, inputs, threads, iters, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 feeds = dict(np.load(inputs))
 t0 = time.perf_counter()
@@ -69,8 +71,21 @@ for _ in range(iters):
     ts.append((time.perf_counter() - t) * 1e3)
 ts.sort()
 print(json.dumps({"load_ms": load_ms, "median": ts[len(ts) // 2], "min": ts[0],
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": peak_rss_mb()}))
 """
+
+# The process's own high-water mark (VmHWM, reset by exec). getrusage's ru_maxrss is not:
+# Linux keeps the parent's peak across fork and exec, so a child of a large parent reads high.
+PEAK_RSS = r"""
+def peak_rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+ORT_CHILD = ORT_CHILD.replace("PEAK_RSS\n", PEAK_RSS)
+OPENVINO_CHILD = OPENVINO_CHILD.replace("PEAK_RSS\n", PEAK_RSS)
 
 CHILDREN = {"ort": ORT_CHILD, "openvino": OPENVINO_CHILD}
 

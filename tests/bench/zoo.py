@@ -274,7 +274,8 @@ def run(args, opts, no_timing):
         print(f"{name}: accuracy {acc} tol {a['tolerance']:.1e}; reference nodes {r['census']['reference_nodes']}"
               f" {r['census']['reference_names']}; top {', '.join(r['census']['top_ops'])}", flush=True)
         r["timing"] = {}
-        if not no_timing and a["native"]["ok"]:
+        # Timed when aim runs it, also outside ORT's spread (the table marks those).
+        if not no_timing and "error" not in a["native"]:
             for kind in paths:
                 for t in threads:
                     try:
@@ -324,7 +325,11 @@ def markdown(results, threads, paths):
         rss = f"{n1['aim']['peak_rss_mb']:.0f} / {n1['ort']['peak_rss_mb']:.0f}" if have_ort else "—"
         acc = r["accuracy"]["native"]
         name = r["name"] + ("" if acc["ok"] else " (**outside ORT's spread**)")
-        notes = sorted({f"{p} cannot load it" for tm in r["timing"].values() for p in tm.get("failed", {})})
+        failed = {}
+        for key, tm in r["timing"].items():
+            for p in tm.get("failed", {}):
+                failed.setdefault(p, set()).add(key.split("/")[0])
+        notes = [f"{p} fails ({', '.join(sorted(k))} path)" for p, k in sorted(failed.items())]
         if r.get("ov_avx512_when_capped"):
             notes.append(f"OV capped still runs {r['ov_avx512_when_capped']} AVX-512 primitives")
         if "error_rel" in acc:
