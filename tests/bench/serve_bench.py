@@ -25,6 +25,8 @@ import urllib.request
 
 import numpy as np
 
+from side_by_side import cpu_name
+
 
 def free_port():
     with socket.socket() as s:
@@ -189,16 +191,6 @@ def main():
     for model, _, single, bench in rows:
         print(f"{model:<15}{bench:>10.3f}{single[True]:>9.3f}{single[False]:>9.3f}"
               f"{single[True] - bench:>14.3f}{single[False] - bench:>15.3f}")
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -107,6 +107,18 @@ def aim_round(aim, model, inputs, threads, iters, warmup, cpu="native"):
             "peak_rss_mb": r["peak_rss_mb"]}
 
 
+def cpu_name():
+    """The CPU's model name, for the tables (figures mean nothing without it)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
 def have_openvino():
     return subprocess.run([sys.executable, "-c", "import openvino"], capture_output=True).returncode == 0
 

@@ -31,7 +31,6 @@ numpy, onnx.
 """
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from side_by_side import aim_round, peer_round  # noqa: E402
+from side_by_side import aim_round, cpu_name, peer_round  # noqa: E402
 
 MANIFEST = os.path.join(HERE, "..", "zoo", "manifest.toml")
 AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -204,16 +203,6 @@ def timing(aim, path, inputs, threads, rounds, iters, path_kind):
            for p, rs in runs.items()}
     out["failed"] = failed
     return out
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main():

@@ -344,29 +344,37 @@ fn qlinear_matmul(g: &Graph, n: &Node, e: &mut Emit) -> Result<(), ()> {
     Ok(())
 }
 
+/// Whether `v` holds one value (a constant of one element, or a value of shape [1, …, 1]
+/// or []): a zero point that shifts a whole tensor.
+fn one_value(g: &Graph, v: &str) -> bool {
+    g.initializers.get(v).map(|t| t.len() == 1).unwrap_or_else(|| {
+        g.value_type(v).and_then(|t| t.shape).is_some_and(|s| s.iter().all(|d| *d == aim_ir::Dim::Known(1)))
+    })
+}
+
+/// `v` cast to f32 and shifted by its zero point `zero` (cast too): Cast and Sub, fast
+/// kernels, for operands whose zero point is known only at run time.
+fn shifted(e: &mut Emit, v: &str, zero: Option<&str>) -> String {
+    let float = |e: &mut Emit, v: &str| e.op("Cast", &[v], vec![("to", Attr::Int(1))]);
+    let f = float(e, v);
+    match zero {
+        Some(z) => {
+            let zf = float(e, z);
+            e.op("Sub", &[&f, &zf], vec![])
+        }
+        None => f,
+    }
+}
+
 /// `MatMulInteger(A, B, a_zero, b_zero)` read only by a Cast to f32 (writing `y`).
 fn matmul_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
     let (a, b) = (n.input(0).ok_or(())?, n.input(1).ok_or(())?);
     // A per-row zero point of A does not broadcast as a Sub over A's columns would.
-    if let Some(az) = n.input(2) {
-        let scalar = g.initializers.get(az).map(|t| t.len() == 1).unwrap_or_else(|| {
-            g.value_type(az).and_then(|t| t.shape).is_some_and(|s| s.iter().all(|d| *d == aim_ir::Dim::Known(1)))
-        });
-        if !scalar {
-            return Err(());
-        }
+    if n.input(2).is_some_and(|z| !one_value(g, z)) {
+        return Err(());
     }
-    let float = |e: &mut Emit, v: &str| e.op("Cast", &[v], vec![("to", Attr::Int(1))]);
-    let mut af = float(e, a);
-    if let Some(az) = n.input(2) {
-        let z = float(e, az);
-        af = e.op("Sub", &[&af, &z], vec![]);
-    }
-    let mut bf = float(e, b);
-    if let Some(bz) = n.input(3) {
-        let z = float(e, bz);
-        bf = e.op("Sub", &[&bf, &z], vec![]);
-    }
+    let af = shifted(e, a, n.input(2));
+    let bf = shifted(e, b, n.input(3));
     e.op_to("MatMul", &[&af, &bf], y, vec![]);
     Ok(())
 }
@@ -408,43 +416,26 @@ fn cast_reader(
 /// or per tensor, which folds into a constant), exact while the sums stay below 2²⁴.
 fn conv_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
     let (x, w) = (n.input(0).ok_or(())?, n.input(1).ok_or(())?);
-    let len = |v: &str| g.initializers.get(v).map(|t| t.len());
-    let one = |e: &mut Emit, count: usize| {
-        let name = e.fresh("unit_scale");
-        (name, Tensor::from_vec(&[count], vec![1f32; count]))
-    };
     // X's zero point must be one value (a per-tensor shift): a constant, or a computed
     // scalar (DynamicQuantizeLinear's).
-    let one_value = |z: &str| {
-        len(z).map_or_else(
-            || g.value_type(z).and_then(|t| t.shape).is_some_and(|s| s.iter().all(|d| *d == aim_ir::Dim::Known(1))),
-            |l| l == 1,
-        )
-    };
-    if n.input(2).is_some_and(|z| !one_value(z)) {
+    if n.input(2).is_some_and(|z| !one_value(g, z)) {
         return Err(());
     }
-    // X shifted as Cast and Sub (fast kernels; its zero point is computed per run).
-    let float = |e: &mut Emit, v: &str| e.op("Cast", &[v], vec![("to", Attr::Int(1))]);
-    let mut xf = float(e, x);
-    if let Some(xz) = n.input(2) {
-        let z = float(e, xz);
-        xf = e.op("Sub", &[&xf, &z], vec![]);
-    }
-    let mut consts = Vec::new();
+    let xf = shifted(e, x, n.input(2));
+    // W's zero point: one, or one per output channel (a constant, so this folds).
     let wz_len = match n.input(3) {
-        Some(z) => len(z).ok_or(())?,
+        Some(z) => g.initializers.get(z).ok_or(())?.len(),
         None => 1,
     };
-    let (ws, t) = one(e, wz_len);
-    consts.push((ws.clone(), if wz_len == 1 { t.reshaped(&[]) } else { t }));
+    let ws = e.fresh("unit_scale");
+    let unit = Tensor::from_vec(&[wz_len], vec![1f32; wz_len]);
+    e.consts.push((ws.clone(), if wz_len == 1 { unit.reshaped(&[]) } else { unit }));
     let wf = dq(e, w, &ws, n.input(3), (wz_len > 1).then_some(0));
     let attrs: Vec<(&str, Attr)> = ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"]
         .into_iter()
         .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
         .collect();
     e.op_to("Conv", &[&xf, &wf], y, attrs);
-    e.consts.extend(consts);
     Ok(())
 }
 

@@ -318,35 +318,18 @@ fn conv_batched(
     let (cg, mg) = (c.cin / c.group, c.m / c.group);
     let osize: usize = out_sp.iter().product();
     let isize: usize = in_sp.iter().product();
-    let ksize: usize = c.geo.kernel.iter().product();
-    let sp = in_sp.len();
-    let geo = &c.geo;
     let n_wide = nb * osize;
+    // Each image's im2col; a strip of columns is split where it crosses images.
+    let images: Vec<Fill> = (0..nb)
+        .map(|b| im2col(&xd[(b * c.cin + gi * cg) * isize..][..cg * isize], in_sp, out_sp, before, &c.geo))
+        .collect();
     let fill = |p: usize, j0: usize, dst: &mut [f32]| {
-        let (ci, mut kflat) = (p / ksize, p % ksize);
-        let mut koff = [0usize; 8];
-        for d in (0..sp).rev() {
-            koff[d] = kflat % geo.kernel[d];
-            kflat /= geo.kernel[d];
-        }
-        for (j, v) in (j0..).zip(dst.iter_mut()) {
-            let (b, mut q) = (j / osize, j % osize);
-            let plane = &xd[(b * c.cin + gi * cg + ci) * isize..][..isize];
-            let (mut off, mut inside) = (0usize, true);
-            let mut pos = [0usize; 8];
-            for d in (0..sp).rev() {
-                pos[d] = q % out_sp[d];
-                q /= out_sp[d];
-            }
-            for d in 0..sp {
-                let i = (pos[d] * geo.strides[d] + koff[d] * geo.dilations[d]) as isize - before[d] as isize;
-                if i < 0 || i >= in_sp[d] as isize {
-                    inside = false;
-                    break;
-                }
-                off = off * in_sp[d] + i as usize;
-            }
-            *v = if inside { plane[off] } else { 0.0 };
+        let (mut j, mut rest) = (j0, dst);
+        while !rest.is_empty() {
+            let (b, q) = (j / osize, j % osize);
+            let (part, tail) = rest.split_at_mut((osize - q).min(rest.len()));
+            images[b](p, q, part);
+            (j, rest) = (j + part.len(), tail);
         }
     };
     let mut wide = aim_kernels::scratch::take(mg * n_wide);
