@@ -740,6 +740,16 @@ fn bench(
     )?;
     let rss = peak_rss_mb();
     writeln!(out, "peak RSS: {rss:.1} MiB")?;
+    // After the runs: a fast kernel that declined a node's attributes or shapes shows here
+    // (`aim info` cannot know without running).
+    if let Some((_, kinds)) = m.node_kinds() {
+        let reference: Vec<&str> = kinds
+            .iter()
+            .filter(|(_, k)| *k == aim_runtime::cpu::NodeKind::Reference)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        writeln!(out, "nodes on reference kernels in these runs: {} {}", reference.len(), reference.join(", "))?;
+    }
     if let Some(trace) = trace {
         profile(out, &m, ins, &trace)?;
     }

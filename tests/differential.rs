@@ -372,6 +372,22 @@ fn fast_kernels_match_reference() {
             )],
             vec![],
         ),
+        // The Focus layer of YOLOv5/YOLOX: every other row and column, from 0 and from 1.
+        (
+            "slice-strided",
+            vec![
+                node("Slice", "s0", &["x", "st0", "en", "ax", "two"], &["a"], vec![]),
+                node("Slice", "s1", &["x", "st1", "en", "ax", "two"], &["b"], vec![]),
+                node("Concat", "c", &["a", "b"], &["y"], vec![int_attr("axis", 1)]),
+            ],
+            vec![
+                i64_tensor("st0", &[0, 0]),
+                i64_tensor("st1", &[1, 1]),
+                i64_tensor("en", &[i64::MAX, 9]),
+                i64_tensor("ax", &[2, 3]),
+                i64_tensor("two", &[2, 3]),
+            ],
+        ),
         (
             "pad-constant",
             vec![node("Pad", "p", &["x", "pads", "cv"], &["y"], vec![])],
@@ -1430,4 +1446,48 @@ fn batched_short_convolutions_match_reference() {
         let model = model(nodes, graph_inputs, vec![value("y", 1, &as_dims(&dims_out))], inits, 17);
         check(&format!("batched-r{rank}c{c}m{m}k{k}s{s}p{p}g{group}res{residual}"), model, inputs);
     }
+}
+
+/// A node whose fast kernel declines it at run time (here a dilated MaxPool, which the fast
+/// pool does not take) runs on the reference kernel, and `node_kinds` says so after the run
+/// instead of counting it as a fast kernel: the census `aim info` and the corpus benchmark
+/// print must not hide a fallback.
+#[test]
+fn declined_fast_kernels_count_as_reference() {
+    let mut r = Rng(13);
+    let nodes =
+        vec![node("MaxPool", "pool", &["x"], &["y"], vec![ints("kernel_shape", &[2, 2]), ints("dilations", &[2, 2])])];
+    let m = model(
+        nodes,
+        vec![value("x", 1, &[Ok(1), Ok(3), Ok(8), Ok(8)])],
+        vec![value("y", 1, &[Ok(1), Ok(3), Ok(6), Ok(6)])],
+        vec![],
+        17,
+    );
+    let d = tempdir("declined");
+    std::fs::write(d.join("m.onnx"), &m).unwrap();
+    let pool = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let kind = |model: &Model| model.node_kinds().unwrap().1.into_iter().find(|(n, _)| n == "pool").unwrap().1;
+    assert_eq!(kind(&pool), aim_runtime::cpu::NodeKind::Fast, "before a run the op's fast kernel is assumed");
+    pool.run(vec![("x".into(), Tensor::from_vec(&[1, 3, 8, 8], r.values(192)))]).unwrap();
+    assert_eq!(kind(&pool), aim_runtime::cpu::NodeKind::Reference);
+    // A strided Slice (the Focus layer's) is one the fast kernel takes: still fast after a run.
+    let nodes = vec![node("Slice", "pool", &["x", "st", "en", "ax", "two"], &["y"], vec![])];
+    let inits = vec![
+        i64_tensor("st", &[1, 0]),
+        i64_tensor("en", &[8, 8]),
+        i64_tensor("ax", &[2, 3]),
+        i64_tensor("two", &[2, 2]),
+    ];
+    let m = model(
+        nodes,
+        vec![value("x", 1, &[Ok(1), Ok(3), Ok(8), Ok(8)])],
+        vec![value("y", 1, &[Ok(1), Ok(3), Ok(4), Ok(4)])],
+        inits,
+        17,
+    );
+    std::fs::write(d.join("s.onnx"), &m).unwrap();
+    let slice = Model::load_with(d.join("s.onnx"), Backend::Cpu).unwrap();
+    slice.run(vec![("x".into(), Tensor::from_vec(&[1, 3, 8, 8], r.values(192)))]).unwrap();
+    assert_eq!(kind(&slice), aim_runtime::cpu::NodeKind::Fast);
 }

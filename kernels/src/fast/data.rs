@@ -1,6 +1,7 @@
 //! Data movement of any dtype as block copies of bytes (parallel when large): Concat, Split,
-//! Slice with unit steps, and Gather of whole rows. Each returns `None` for what it does not
-//! take (strided slices), and checks shapes the way the reference kernel does, leaving the
+//! Slice (block copies with unit steps, element gathers with positive steps), and Gather of
+//! whole rows. Each returns `None` for what it does not
+//! take (negative steps), and checks shapes the way the reference kernel does, leaving the
 //! error messages to it (a mismatch falls back to the reference, which reports it).
 
 use super::output::{Out, Output};
@@ -122,8 +123,11 @@ pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         Some(a) => a.iter().map(|&v| norm_axis(v, r)).collect::<Option<_>>()?,
         None => (0..starts.len()).collect(),
     };
-    if ints(4).is_some_and(|s| s.iter().any(|&v| v != 1)) || ends.len() != starts.len() || axes.len() != starts.len() {
+    if ends.len() != starts.len() || axes.len() != starts.len() {
         return None;
+    }
+    if let Some(steps) = ints(4).filter(|s| s.iter().any(|&v| v != 1)) {
+        return strided_slice(x, &starts, &ends, &axes, &steps, cx);
     }
     let mut lo = vec![0usize; r];
     let mut shape = x.shape().to_vec();
@@ -164,6 +168,58 @@ pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     }
     if run > 0 {
         copy_parts(cx, y.bytes_mut(), x.dtype().size(), &parts);
+    }
+    Some(Ok(vec![y.finish()]))
+}
+
+/// Slice with positive steps (YOLOv5/YOLOX's Focus: `x[..., ::2, ::2]`): each output row
+/// (the last axis) gathered with the last axis's step from the source row its outer indices
+/// select. Negative steps are left to the reference.
+fn strided_slice(
+    x: &Tensor,
+    starts: &[i64],
+    ends: &[i64],
+    axes: &[usize],
+    steps: &[i64],
+    cx: &Ctx,
+) -> Option<Result<Vec<Tensor>>> {
+    let r = x.rank();
+    if r == 0 || steps.len() != starts.len() || steps.iter().any(|&v| v < 1) {
+        return None;
+    }
+    let (mut lo, mut step, mut shape) = (vec![0usize; r], vec![1usize; r], x.shape().to_vec());
+    for (i, &a) in axes.iter().enumerate() {
+        let d = x.shape()[a] as i128;
+        let fix = |v: i64| (if v < 0 { v as i128 + d } else { v as i128 }).clamp(0, d);
+        let (s, e, k) = (fix(starts[i]), fix(ends[i]), steps[i] as i128);
+        lo[a] = s as usize;
+        step[a] = k as usize;
+        shape[a] = if e > s { ((e - s + k - 1) / k) as usize } else { 0 };
+    }
+    let mut y = match Output::new(cx.out, x.dtype(), &shape) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    let es = x.dtype().size();
+    let st = crate::util::strides(x.shape());
+    let (src, dst) = (x.bytes(), y.bytes_mut());
+    let width = shape[r - 1];
+    let rows: usize = shape[..r - 1].iter().product();
+    let mut idx = vec![0usize; r - 1];
+    for row in 0..if width == 0 { 0 } else { rows } {
+        let base: usize = (0..r - 1).map(|d| (lo[d] + idx[d] * step[d]) * st[d]).sum::<usize>() + lo[r - 1];
+        let out = &mut dst[row * width * es..(row + 1) * width * es];
+        for (j, e) in out.chunks_exact_mut(es).enumerate() {
+            let at = (base + j * step[r - 1]) * es;
+            e.copy_from_slice(&src[at..at + es]);
+        }
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
     }
     Some(Ok(vec![y.finish()]))
 }

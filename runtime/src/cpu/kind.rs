@@ -43,7 +43,8 @@ impl NodeKind {
 
 impl CpuProgram {
     /// The kind of code that runs each node of [`CpuProgram::graph`], in order. A fast
-    /// kernel counts where it takes the first input's dtype (or that is not known yet).
+    /// kernel counts where it takes the first input's dtype (or that is not known yet) and
+    /// has not declined the node in a run so far (then the reference kernel ran it).
     pub fn node_kinds(&self) -> Vec<NodeKind> {
         let g = &self.graph;
         g.nodes
@@ -70,7 +71,8 @@ impl CpuProgram {
                     return NodeKind::Metadata;
                 }
                 let dtype = n.input(0).and_then(|x| g.value_type(x)).and_then(|t| t.dtype);
-                if aim_kernels::fast::covers(&n.op, dtype) {
+                let declined = self.declined.get(i).is_some_and(|d| d.load(std::sync::atomic::Ordering::Relaxed));
+                if aim_kernels::fast::covers(&n.op, dtype) && !declined {
                     return NodeKind::Fast;
                 }
                 NodeKind::Reference

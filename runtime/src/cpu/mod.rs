@@ -150,6 +150,10 @@ pub struct CpuProgram {
     bodies: Bodies,
     /// The packed weights of LSTMs, GRUs and RNNs whose weights are constants, by node index.
     recurrent: HashMap<usize, aim_kernels::fast::RecurrentWeights>,
+    /// Per node: whether its fast kernel declined the node in some run (an attribute or
+    /// shape it does not take), so the reference kernel ran; [`CpuProgram::node_kinds`]
+    /// then says so.
+    declined: Vec<std::sync::atomic::AtomicBool>,
     /// The typed steps, when every shape is static; else why not (`no_plan`).
     plan: Option<plan::Plan>,
     no_plan: Option<String>,
@@ -245,6 +249,7 @@ impl CpuProgram {
             });
         }
         let values = run::Values::new(&graph, placement);
+        let declined = (0..graph.nodes.len()).map(|_| Default::default()).collect();
         let mut prog = CpuProgram {
             graph,
             prepared,
@@ -255,6 +260,7 @@ impl CpuProgram {
             arenas: Default::default(),
             bodies: Bodies::new(),
             recurrent,
+            declined,
             plan: None,
             no_plan: None,
             records: None,

@@ -700,7 +700,11 @@ impl CpuProgram {
                 };
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
                     Ok(Some(r)) => return r.map_err(|e| node_err(e.0)),
-                    Ok(None) => {}
+                    Ok(None) => {
+                        if let Some(d) = self.declined.get(i) {
+                            d.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
                     Err(e) => return Err(node_err(format!("internal error: {}", panic_message(&*e)))),
                 }
             }
