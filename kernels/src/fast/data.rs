@@ -21,6 +21,17 @@ fn norm_axis(a: i64, r: usize) -> Option<usize> {
     (0..r as i64).contains(&a).then_some(a as usize)
 }
 
+/// Steps a row-major multi-index over `dims` to the next position (wrapping to zeros).
+fn next_index(idx: &mut [usize], dims: &[usize]) {
+    for d in (0..dims.len()).rev() {
+        idx[d] += 1;
+        if idx[d] < dims[d] {
+            return;
+        }
+        idx[d] = 0;
+    }
+}
+
 /// Below this many bytes a copy runs on the calling thread: waking the pool costs more.
 const SERIAL_BYTES: usize = 32 * 1024;
 
@@ -158,13 +169,7 @@ pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         let base: usize = (0..outer_dims.len()).map(|d| (lo[d] + idx[d]) * st[d]).sum::<usize>()
             + if k > 0 { lo[k - 1] * st[k - 1] } else { 0 };
         parts.push((src, base, i * run, run));
-        for d in (0..outer_dims.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < outer_dims[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
+        next_index(&mut idx, outer_dims);
     }
     if run > 0 {
         copy_parts(cx, y.bytes_mut(), x.dtype().size(), &parts);
@@ -213,13 +218,7 @@ fn strided_slice(
             let at = (base + j * step[r - 1]) * es;
             e.copy_from_slice(&src[at..at + es]);
         }
-        for d in (0..r - 1).rev() {
-            idx[d] += 1;
-            if idx[d] < shape[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
+        next_index(&mut idx, &shape[..r - 1]);
     }
     Some(Ok(vec![y.finish()]))
 }
@@ -337,13 +336,7 @@ pub(super) fn pad(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<V
                 }
             }
         }
-        for d in (0..r - 1).rev() {
-            idx[d] += 1;
-            if idx[d] < shape[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
+        next_index(&mut idx, &shape[..r - 1]);
     }
     Some(Ok(vec![y.finish()]))
 }
