@@ -136,9 +136,13 @@ pub(crate) fn prepack(mut g: aim_ir::Graph, target: &Target, path: &str) -> Resu
     let prog = crate::build_program(g.clone(), target, &pool, path)?;
     for (i, kind, packed) in prog.prepacked() {
         let n = &mut g.nodes[i];
-        let Some(dims) = n.inputs.get(1).and_then(|w| g.initializers.get(w)).map(|w| w.shape().to_vec()) else {
+        let Some(mut dims) = n.inputs.get(1).and_then(|w| g.initializers.get(w)).map(|w| w.shape().to_vec()) else {
             continue;
         };
+        // A dense weight stored transposed is packed in its logical `[K, N]` order.
+        if matches!(n.attrs.remove(aim_compiler::passes::fuse::TRANS_B), Some(aim_ir::Attr::Int(t)) if t != 0) {
+            dims.reverse();
+        }
         let name = format!("{}/packed_{kind}", n.name);
         n.inputs[1] = name.clone();
         n.attrs.insert("prepacked".into(), aim_ir::Attr::String(kind.into()));

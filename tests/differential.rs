@@ -1491,3 +1491,38 @@ fn declined_fast_kernels_count_as_reference() {
     slice.run(vec![("x".into(), Tensor::from_vec(&[1, 3, 8, 8], r.values(192)))]).unwrap();
     assert_eq!(kind(&slice), aim_runtime::cpu::NodeKind::Fast);
 }
+
+/// A decoder's tied output projection, `MatMul(h, Transpose(E))` with `E` the token
+/// embedding table that a Gather also reads: the dense kernel packs `E`'s bytes as a
+/// transposed weight, so no Transpose is left to run (nor a transposed copy of the table
+/// held), and the logits match the reference.
+#[test]
+fn tied_embedding_projection_packs_the_table_in_place() {
+    let mut r = Rng(13);
+    let (vocab, dim, seq) = (37usize, 24usize, 5usize);
+    let nodes = vec![
+        node("Gather", "embed", &["E", "ids"], &["h0"], vec![]),
+        node("Tanh", "mix", &["h0"], &["h"], vec![]),
+        node("Transpose", "tied", &["E"], &["Et"], vec![ints("perm", &[1, 0])]),
+        node("MatMul", "lm_head", &["h", "Et"], &["logits"], vec![]),
+    ];
+    let m = model(
+        nodes,
+        vec![value("ids", 7, &[Ok(seq as i64)])],
+        vec![value("logits", 1, &[Ok(seq as i64), Ok(vocab as i64)])],
+        vec![f32_tensor("E", &[vocab as i64, dim as i64], &r.values(vocab * dim))],
+        17,
+    );
+    let ids = Tensor::from_vec(&[seq], vec![3i64, 0, 36, 17, 3]);
+    check_all("tied-embedding", m.clone(), vec![("ids".into(), ids)]);
+    let d = tempdir("tied-embedding-graph");
+    std::fs::write(d.join("m.onnx"), &m).unwrap();
+    let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let g = model.optimized_graph().unwrap();
+    let ops: Vec<String> = g.nodes.iter().map(|n| format!("{}:{}", n.domain, n.op)).collect();
+    assert!(!ops.iter().any(|o| o.ends_with(":Transpose")), "a transpose is left: {ops:?}");
+    let dense = g.nodes.iter().find(|n| n.op == "Dense").unwrap_or_else(|| panic!("no dense layer: {ops:?}"));
+    assert_eq!(dense.int("trans_b", 0), 1);
+    assert!(dense.strings("sources").is_some_and(|s| s.iter().any(|s| s == "tied")), "{dense:?}");
+    assert_eq!(g.initializers.len(), 1, "one copy of the table: {:?}", g.initializers.keys().collect::<Vec<_>>());
+}

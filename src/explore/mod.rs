@@ -163,7 +163,9 @@ fn flops(g: &aim_ir::Graph, n: &aim_ir::Node) -> u64 {
             });
             2 * cout * spatial * per_out
         }
-        ("aim", "Dense") => w.map_or(0, |w| 2 * out * w.shape()[0] as u64),
+        ("aim", "Dense") => {
+            w.and_then(|w| aim_compiler::passes::fuse::dense_dims(n, w)).map_or(0, |(k, _)| 2 * out * k as u64)
+        }
         ("", "MatMul") | ("", "Gemm") => {
             n.input(0).and_then(shape).and_then(|s| s.last().copied()).map_or(0, |k| 2 * out * k as u64)
         }

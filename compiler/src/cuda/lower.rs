@@ -569,7 +569,13 @@ impl Lowering<'_> {
                     self.f32_value(v)?;
                 }
                 let (ash, wsh) = (self.shape(a), self.shape(w));
-                let [kw, nw] = wsh[..] else { return Err(format!("weights {wsh:?} are not a matrix")) };
+                // `trans_b`: the weight is stored `[N, K]`.
+                let cols = n.int(crate::passes::fuse::TRANS_B, 0) != 0;
+                let [kw, nw] = match (cols, &wsh[..]) {
+                    (false, &[k, n]) => [k, n],
+                    (true, &[n, k]) => [k, n],
+                    _ => return Err(format!("weights {wsh:?} are not a matrix")),
+                };
                 let k = *ash.last().ok_or("a scalar input")?;
                 if k != kw {
                     return Err(format!("input {ash:?} and weights {wsh:?} do not chain"));
@@ -591,7 +597,7 @@ impl Lowering<'_> {
                     k: u32_of(k, "depth")?,
                     batch: 1,
                     a: ALayout::Rows { batch_stride: 0 },
-                    b: BLayout::Rows { batch_stride: 0 },
+                    b: if cols { BLayout::Cols { batch_stride: 0 } } else { BLayout::Rows { batch_stride: 0 } },
                     y: YLayout::Rows { batch_stride: 0 },
                     bias: bias.is_some(),
                     residual: res.is_some(),

@@ -24,9 +24,17 @@ const KEEP: &[&str] = &[
 /// them in memory nor fails on them.
 pub const MAX_FOLDED_BYTES: usize = 64 << 20;
 
+/// Ops whose result shares its constant input's bytes (a new shape over the same data):
+/// folded whatever their size, since folding them allocates nothing. A weight read through
+/// them then reaches its kernel's packing as a constant.
+const VIEWS: &[&str] = &["Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"];
+
 /// Whether every output of `n` has a static size no larger than [`MAX_FOLDED_BYTES`] (an
 /// output whose size inference cannot tell is judged after evaluation).
 fn small_enough(g: &Graph, n: &aim_ir::Node) -> bool {
+    if VIEWS.contains(&n.op.as_str()) {
+        return true;
+    }
     n.outputs.iter().filter(|o| !o.is_empty()).all(|o| {
         let Some(t) = g.value_types.get(o) else { return true };
         match (t.dtype, t.concrete_shape()) {
@@ -49,10 +57,38 @@ pub fn run_deferring(g: &mut Graph, defer: &[&str]) -> Result<(), PassError> {
     fold(g, defer)
 }
 
+/// The values every reader of which is a MatMul reading it as its weight (input 1): a
+/// transposed constant read only there stays a Transpose node, which the epilogue fusion
+/// absorbs by packing the weight from the untransposed bytes — no transposed copy made.
+fn matmul_weights_only(g: &Graph) -> std::collections::HashSet<String> {
+    let mut other: std::collections::HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+    let mut weights = std::collections::HashSet::new();
+    for n in &g.nodes {
+        for (k, i) in n.inputs.iter().enumerate() {
+            if n.domain.is_empty() && n.op == "MatMul" && k == 1 {
+                weights.insert(i.clone());
+            } else {
+                other.insert(i);
+            }
+        }
+    }
+    weights.retain(|w| !other.contains(w.as_str()));
+    weights
+}
+
+/// Whether `n` transposes a constant 2-D f32 matrix, as a dense layer's packing can read
+/// in place.
+fn absorbed_transpose(g: &Graph, n: &aim_ir::Node) -> bool {
+    let perm_ok = n.ints("perm").is_none_or(|p| p == [1, 0]);
+    let w = n.input(0).and_then(|w| g.initializers.get(w));
+    n.op == "Transpose" && perm_ok && w.is_some_and(|w| w.rank() == 2 && w.dtype() == aim_ir::DType::F32)
+}
+
 fn fold(g: &mut Graph, defer: &[&str]) -> Result<(), PassError> {
     let err = |msg: String| PassError { pass: "constant-folding", msg };
     loop {
         aim_ir::infer::infer_types(g).map_err(|e| err(e.to_string()))?;
+        let weights = matmul_weights_only(g);
         let mut changed = false;
         let mut i = 0;
         while i < g.nodes.len() {
@@ -61,6 +97,7 @@ fn fold(g: &mut Graph, defer: &[&str]) -> Result<(), PassError> {
                 || KEEP.contains(&n.op.as_str())
                 || defer.contains(&n.op.as_str())
                 || !small_enough(g, n)
+                || (absorbed_transpose(g, n) && n.outputs.iter().all(|o| weights.contains(o)))
             {
                 i += 1;
                 continue;
@@ -77,7 +114,7 @@ fn fold(g: &mut Graph, defer: &[&str]) -> Result<(), PassError> {
                         .collect();
                     let outs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(n, &ins))).ok()?.ok()?;
                     let bytes: usize = outs.iter().map(|t| t.bytes().len()).sum();
-                    (bytes <= MAX_FOLDED_BYTES).then_some(outs)
+                    (bytes <= MAX_FOLDED_BYTES || VIEWS.contains(&n.op.as_str())).then_some(outs)
                 })
             } else {
                 None

@@ -23,6 +23,26 @@ pub const CLIP_MIN: &str = "clip_min";
 pub const CLIP_MAX: &str = "clip_max";
 /// Attribute listing the ONNX nodes a node came from.
 pub const SOURCES: &str = "sources";
+/// On an `aim:Dense`: 1 when its weight is stored transposed, `[N, K]` (a Gemm with
+/// `transB`, or a MatMul reading `Transpose(W)` of a constant `W`): the kernel packs it
+/// from those bytes, so no transposed copy of the weight is ever made.
+pub const TRANS_B: &str = "trans_b";
+
+/// The `[K, N]` dims of an `aim:Dense`'s weight `w`, read through [`TRANS_B`].
+pub fn dense_dims(n: &Node, w: &Tensor) -> Option<(usize, usize)> {
+    let [a, b] = w.shape()[..] else { return None };
+    Some(if n.int(TRANS_B, 0) != 0 { (b, a) } else { (a, b) })
+}
+
+/// The constant 2-D f32 `W` when `name` is computed as `Transpose(W)` (the default or
+/// `[1, 0]` permutation): what a MatMul then reads as a transposed weight.
+fn transposed_constant(g: &Graph, producers: &HashMap<String, usize>, name: &str) -> Option<String> {
+    let t = &g.nodes[*producers.get(name)?];
+    let w = g.initializers.get(t.input(0)?)?;
+    let perm_ok = t.ints("perm").is_none_or(|p| p == [1, 0]);
+    (t.domain.is_empty() && t.op == "Transpose" && perm_ok && w.rank() == 2 && w.dtype() == DType::F32)
+        .then(|| t.inputs[0].clone())
+}
 
 /// The ONNX nodes a node stands for: its `sources` attribute, or its own name.
 pub fn sources_of(n: &Node) -> Vec<String> {
@@ -39,8 +59,22 @@ fn scalar(g: &Graph, name: Option<&str>) -> Option<Option<f32>> {
     }
 }
 
-/// Turns a Conv/Gemm/MatMul with a constant f32 weight into its `aim` form, or None.
-fn start(g: &mut Graph, n: &Node) -> Option<Node> {
+/// Turns a Conv/Gemm/MatMul with a constant f32 weight into its `aim` form, or None. A
+/// MatMul's weight may also be the transpose of a constant (`producers`: the node computing
+/// each value), read in place as a transposed weight.
+fn start(g: &Graph, producers: &HashMap<String, usize>, n: &Node) -> Option<Node> {
+    if n.domain.is_empty() && n.op == "MatMul" && !g.initializers.contains_key(n.input(1)?) {
+        let w = transposed_constant(g, producers, n.input(1)?)?;
+        let mut f = n.clone();
+        f.domain = "aim".into();
+        f.op = "Dense".into();
+        let mut srcs = sources_of(n);
+        srcs.extend(producers.get(n.input(1)?).map(|&t| g.nodes[t].name.clone()));
+        f.attrs.insert(SOURCES.into(), Attr::Strings(srcs));
+        f.attrs.insert(TRANS_B.into(), Attr::Int(1));
+        f.inputs = vec![n.inputs[0].clone(), w, String::new()];
+        return Some(f);
+    }
     let w = g.initializers.get(n.input(1)?)?;
     if w.dtype() != DType::F32 || !n.domain.is_empty() {
         return None;
@@ -82,16 +116,11 @@ fn start(g: &mut Graph, n: &Node) -> Option<Node> {
                 }
                 None => None,
             };
-            let wname = if n.int("transB", 0) != 0 {
-                let wt = aim_kernels::util::transpose(w, &[1, 0]).ok()?;
-                let name = format!("{}::w_kn", n.name);
-                g.initializers.insert(name.clone(), wt);
-                name
-            } else {
-                n.inputs[1].clone()
-            };
+            if n.int("transB", 0) != 0 {
+                f.attrs.insert(TRANS_B.into(), Attr::Int(1));
+            }
             f.op = "Dense".into();
-            f.inputs = vec![n.inputs[0].clone(), wname, bias.unwrap_or_default()];
+            f.inputs = vec![n.inputs[0].clone(), n.inputs[1].clone(), bias.unwrap_or_default()];
             for a in ["alpha", "beta", "transA", "transB"] {
                 f.attrs.remove(a);
             }
@@ -189,12 +218,14 @@ pub(super) fn set_activation(f: &mut Node, act: Activation) {
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut r = readers(g);
     let mut removed = vec![false; g.nodes.len()];
+    let producers: HashMap<String, usize> =
+        g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
     for i in 0..g.nodes.len() {
         if removed[i] {
             continue;
         }
         let n = g.nodes[i].clone();
-        let Some(mut f) = start(g, &n) else {
+        let Some(mut f) = start(g, &producers, &n) else {
             continue;
         };
         // The output's dims (symbolic ones included: equal names are equal sizes), and the
@@ -204,10 +235,10 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             .get(&n.outputs[0])
             .and_then(|t| t.shape.clone())
             .filter(|s| !s.contains(&aim_ir::Dim::Unknown));
-        let channels = g.initializers.get(&f.inputs[1]).map(|w| match f.op.as_str() {
-            "Conv" => w.shape()[0],
-            "ConvTranspose" => w.shape()[1] * f.int("group", 1).max(1) as usize,
-            _ => w.shape()[w.rank() - 1],
+        let channels = g.initializers.get(&f.inputs[1]).and_then(|w| match f.op.as_str() {
+            "Conv" => Some(w.shape()[0]),
+            "ConvTranspose" => Some(w.shape()[1] * f.int("group", 1).max(1) as usize),
+            _ => dense_dims(&f, w).map(|(_, n)| n),
         });
         let mut out = n.outputs[0].clone();
         let mut has_residual = false;

@@ -17,7 +17,10 @@ pub(super) struct DensePrep {
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
     let (w, dims, prepacked) = super::prepacked::weight(g, n, 2)?;
-    let (k, nn) = (dims[0], dims[1]);
+    // `trans_b = 1`: the weight is stored `[N, K]` and packed from those bytes as they are
+    // (packed weights are always stored with their logical `[K, N]` dims).
+    let trans = prepacked.is_none() && n.int("trans_b", 0) != 0;
+    let (k, nn) = if trans { (dims[1], dims[0]) } else { (dims[0], dims[1]) };
     let bias = match n.input(2) {
         Some(b) => Some(
             const_f32(g, Some(b))
@@ -46,7 +49,7 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         Some(other) => {
             return Err(prep_err(n, format!("prepacked weights: '{other}' weights are not a dense layer's")))
         }
-        None => super::shared::packed_b(w, isa, blocking, (k, nn), false, half),
+        None => super::shared::packed_b(w, isa, blocking, (k, nn), trans, half),
     };
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
 }
