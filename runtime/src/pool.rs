@@ -29,6 +29,12 @@ struct Job {
     claims: Claims,
     /// The message of the first call that panicked, re-raised on the calling thread.
     panic: Mutex<Option<String>>,
+    /// Where the caller sleeps while workers finish their last chunks (see `finish`).
+    caller: Mutex<()>,
+    done: Condvar,
+    /// Whether the caller sleeps (or is about to) on `done`: the last worker to leave
+    /// notifies only then, since a notification is a system call.
+    caller_sleeps: AtomicBool,
 }
 
 // SAFETY: `f` is Sync and `for_each` keeps it alive until the claims are idle.
@@ -54,6 +60,54 @@ pub struct ThreadPool {
 }
 
 const SPIN: Duration = Duration::from_micros(200);
+
+/// How long a spinning thread spins before it yields between checks: where the machine is
+/// busy, the thread it waits for may share its core, and a spin that never yields would
+/// keep that thread off the core for a whole time slice.
+const PURE_SPIN: Duration = Duration::from_micros(10);
+
+/// How long the caller spins for workers to finish their last chunks before it sleeps.
+/// Sleeping frees its core: a worker that the OS preempted (for another process, on a
+/// busy machine) is then moved there at once instead of waiting for its time slice.
+const CALLER_SPIN: Duration = Duration::from_micros(30);
+
+/// A spinning thread's wait step: a pause instruction at first, a yield of the core
+/// after [`PURE_SPIN`].
+fn spin_step(since: Instant) {
+    if since.elapsed() < PURE_SPIN {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// The caller's wait, once every index is handed out, for the workers still running one:
+/// spins briefly, then sleeps until the last one leaves (`leave_job` notifies it; the
+/// timeout bounds the wait should a notification be missed).
+fn finish(job: &Job) {
+    let start = Instant::now();
+    while !job.claims.idle() {
+        if start.elapsed() < CALLER_SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        let guard = job.caller.lock().unwrap_or_else(|e| e.into_inner());
+        job.caller_sleeps.store(true, Ordering::SeqCst);
+        if !job.claims.idle() {
+            drop(job.done.wait_timeout(guard, Duration::from_micros(500)));
+        }
+        job.caller_sleeps.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A worker leaves `job`; the last one out wakes the caller if it sleeps.
+fn leave_job(job: &Job) {
+    job.claims.leave();
+    if job.caller_sleeps.load(Ordering::SeqCst) && job.claims.idle() {
+        let _guard = job.caller.lock().unwrap_or_else(|e| e.into_inner());
+        job.done.notify_one();
+    }
+}
 
 fn run_job(job: &Job) {
     while let Some(range) = job.claims.claim(job.chunk) {
@@ -112,7 +166,7 @@ fn worker(s: &Shared) {
                 break;
             }
             if start.elapsed() < SPIN {
-                std::hint::spin_loop();
+                spin_step(start);
                 continue;
             }
             let guard = s.job.lock().unwrap_or_else(|e| e.into_inner());
@@ -134,7 +188,7 @@ fn worker(s: &Shared) {
             // give nothing (see `Claims`).
             job.claims.enter();
             run_job(&job);
-            job.claims.leave();
+            leave_job(&job);
         }
     }
 }
@@ -155,7 +209,15 @@ impl Parallel for ThreadPool {
             unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
         // About four chunks per thread: few claims, and still room to even out.
         let chunk = (n / (4 * self.size())).max(1);
-        let job = Arc::new(Job { f: f_static, chunk, claims: Claims::new(n), panic: Mutex::new(None) });
+        let job = Arc::new(Job {
+            f: f_static,
+            chunk,
+            claims: Claims::new(n),
+            panic: Mutex::new(None),
+            caller: Mutex::new(()),
+            done: Condvar::new(),
+            caller_sleeps: AtomicBool::new(false),
+        });
         {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(job.clone());
@@ -167,9 +229,7 @@ impl Parallel for ThreadPool {
         run_job(&job);
         // Every index is handed out; wait for workers still running one. A worker that
         // cloned the job but enters later finds nothing to claim (see `Claims`).
-        while !job.claims.idle() {
-            std::hint::spin_loop();
-        }
+        finish(&job);
         *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let panicked = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(msg) = panicked {
