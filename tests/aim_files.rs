@@ -233,8 +233,9 @@ fn a_recorded_kernel_that_does_not_fit_is_an_error() {
     assert!(e.contains("conv") && e.contains("kernel 'winograd' cannot run this convolution"), "{e}");
 }
 
-/// The same for an unblocked convolution (1-D: NCHW kernels): the compiler records `gemm`
-/// for a plain one, and `depthwise` written over it is refused at load.
+/// The same for an unblocked convolution (1-D: NCHW kernels): the compiler records
+/// `gemm_by_position` for one of six output positions; `gemm`, which can run it too, loads
+/// and gives the same numbers; `depthwise` written over it is refused at load.
 #[test]
 fn a_recorded_nchw_kernel_that_does_not_fit_is_an_error() {
     let d = tempdir("aim-kernel-nchw");
@@ -250,9 +251,16 @@ fn a_recorded_nchw_kernel_that_does_not_fit_is_an_error() {
     let f = aim_ir::aim_file::read(&file).unwrap();
     let (mut model, header) = (f.model.clone(), f.header.clone());
     let conv = model.graph.nodes.iter_mut().find(|n| n.op == "Conv" && n.domain == "aim").expect("an aim:Conv");
-    assert_eq!(conv.attrs.get("kernel"), Some(&aim_ir::Attr::String("gemm".into())));
+    assert_eq!(conv.attrs.get("kernel"), Some(&aim_ir::Attr::String("gemm_by_position".into())));
     let x = Tensor::from_slice(&[1, 2, 8], &(0..16).map(|i| i as f32 / 8.0 - 1.0).collect::<Vec<f32>>());
-    assert!(aim::Model::load(&file).unwrap().run(vec![("x".into(), x)]).is_ok());
+    let want = aim::Model::load(&file).unwrap().run(vec![("x".into(), x.clone())]).unwrap();
+    conv.attrs.insert("kernel".into(), aim_ir::Attr::String("gemm".into()));
+    let other = d.join("other.aim");
+    aim_ir::aim_file::write(&other, &model, &header).unwrap();
+    let got = aim::Model::load(&other).unwrap().run(vec![("x".into(), x)]).unwrap();
+    let (a, b) = (got[0].1.data::<f32>(), want[0].1.data::<f32>());
+    assert!(a.iter().zip(b).all(|(a, b)| (a - b).abs() <= 1e-5), "{a:?} vs {b:?}");
+    let conv = model.graph.nodes.iter_mut().find(|n| n.op == "Conv" && n.domain == "aim").expect("an aim:Conv");
     conv.attrs.insert("kernel".into(), aim_ir::Attr::String("depthwise".into()));
     let edited = d.join("edited.aim");
     aim_ir::aim_file::write(&edited, &model, &header).unwrap();

@@ -1526,3 +1526,65 @@ fn tied_embedding_projection_packs_the_table_in_place() {
     assert!(dense.strings("sources").is_some_and(|s| s.iter().any(|s| s == "tied")), "{dense:?}");
     assert_eq!(g.initializers.len(), 1, "one copy of the table: {:?}", g.initializers.keys().collect::<Vec<_>>());
 }
+
+/// Convolutions with a handful of output positions (a speech model's 1-D convolutions over
+/// one short frame) run with the positions as GEMM rows (`gemm_by_position`, which the
+/// compiler records): batch 1 and 2, strided, dilated, padded, with a fused residual and
+/// activation, against the reference; 2-D ones over tiny maps (blocked, on the direct
+/// kernel) alongside.
+#[test]
+fn few_position_convolutions_match_reference() {
+    let mut r = Rng(17);
+    // (rank, batch, in channels, out channels, kernel, stride, pad, dilation, len, residual)
+    for (rank, nb, c, m, k, s, p, d, len, residual) in [
+        (3usize, 1usize, 1usize, 40usize, 16usize, 8usize, 0usize, 1usize, 40usize, false),
+        (3, 1, 33, 24, 3, 1, 1, 1, 4, true),
+        (3, 2, 20, 16, 3, 2, 1, 1, 8, false),
+        (3, 1, 7, 9, 3, 1, 2, 2, 5, true),
+        (4, 1, 5, 12, 3, 1, 1, 1, 4, true),
+        (4, 2, 3, 8, 2, 2, 0, 1, 5, false),
+    ] {
+        let sp = rank - 2;
+        let dims_in: Vec<usize> = [nb, c].into_iter().chain(std::iter::repeat_n(len, sp)).collect();
+        let o = (len + 2 * p - d * (k - 1) - 1) / s + 1;
+        let dims_out: Vec<usize> = [nb, m].into_iter().chain(std::iter::repeat_n(o, sp)).collect();
+        let kern: Vec<i64> = vec![k as i64; sp];
+        let wdims: Vec<i64> = [m as i64, c as i64].into_iter().chain(kern.clone()).collect();
+        let mut nodes = vec![node(
+            "Conv",
+            "conv",
+            &["x", "W", "B"],
+            &["c"],
+            vec![
+                ints("kernel_shape", &kern),
+                ints("strides", &vec![s as i64; sp]),
+                ints("pads", &vec![p as i64; 2 * sp]),
+                ints("dilations", &vec![d as i64; sp]),
+            ],
+        )];
+        let as_dims = |d: &[usize]| d.iter().map(|&v| Ok(v as i64)).collect::<Vec<_>>();
+        let mut graph_inputs = vec![value("x", 1, &as_dims(&dims_in))];
+        let mut inputs = vec![("x".to_string(), Tensor::from_vec(&dims_in, r.values(dims_in.iter().product())))];
+        let mut last = "c";
+        if residual {
+            nodes.push(node("Add", "res", &["c", "skip"], &["sum"], vec![]));
+            graph_inputs.push(value("skip", 1, &as_dims(&dims_out)));
+            inputs.push(("skip".into(), Tensor::from_vec(&dims_out, r.values(dims_out.iter().product()))));
+            last = "sum";
+        }
+        nodes.push(node("Tanh", "act", &[last], &["y"], vec![]));
+        let wn = m * c * k.pow(sp as u32);
+        let inits = vec![f32_tensor("W", &wdims, &r.values(wn)), f32_tensor("B", &[m as i64], &r.values(m))];
+        let model = model(nodes, graph_inputs, vec![value("y", 1, &as_dims(&dims_out))], inits, 17);
+        let tag = format!("few-r{rank}n{nb}c{c}m{m}k{k}s{s}p{p}d{d}res{residual}");
+        check(&tag, model.clone(), inputs);
+        let dir = tempdir(&tag);
+        std::fs::write(dir.join("m.onnx"), &model).unwrap();
+        let loaded = Model::load_with(dir.join("m.onnx"), Backend::Cpu).unwrap();
+        let g = loaded.optimized_graph().unwrap();
+        let conv = g.nodes.iter().find(|n| n.op == "Conv").expect("a convolution");
+        if rank == 3 {
+            assert_eq!(conv.string("kernel", ""), "gemm_by_position", "{tag}: {conv:?}");
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! runtime only checks and executes it. Today this covers the convolutions: the blocked
 //! ones' choice between Winograd, direct and depthwise kernels (the rule is
 //! `aim_kernels::nchwc::ConvShape::choose`), the unblocked (NCHW) ones' between the
-//! depthwise and the GEMM kernel (`aim_runtime::cpu::nchw_conv_kernel`); dense layers have
+//! depthwise kernel and the GEMM kernels (`aim_runtime::cpu::nchw_conv_kernel`); dense layers have
 //! one kernel.
 
 use crate::passes::layout::{BLOCK, IN_LAYOUT, LAYOUT};
@@ -14,8 +14,9 @@ use aim_ir::{Attr, Graph};
 pub const KERNEL: &str = "kernel";
 
 /// Records the kernel of every `aim:Conv` of `g` (channel block `lanes` for the blocked
-/// ones). A node no kernel fits is left for the runtime to refuse with its reason.
-pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
+/// ones; GEMM microkernels `nr` columns wide for the unblocked ones). A node no kernel fits
+/// is left for the runtime to refuse with its reason.
+pub fn run(g: &mut Graph, lanes: usize, nr: usize) -> Result<(), PassError> {
     let mut choices = Vec::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if n.domain != "aim" || n.op != "Conv" || n.attrs.contains_key(KERNEL) {
@@ -29,7 +30,15 @@ pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
             },
         };
         if !n.attrs.contains_key(LAYOUT) {
-            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, n.int("group", 1).max(1) as usize)));
+            let columns = n
+                .outputs
+                .first()
+                .and_then(|o| g.value_types.get(o))
+                .and_then(|t| t.concrete_shape())
+                .filter(|s| s.len() >= 3)
+                .map(|s| s[0] * s[2..].iter().product::<usize>());
+            let group = n.int("group", 1).max(1) as usize;
+            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, group, columns, nr)));
             continue;
         }
         let [cout, cin, kh, kw] = dims[..] else { continue };

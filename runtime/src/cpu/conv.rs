@@ -8,7 +8,7 @@ use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
 use aim_kernels::fast::copy_short;
-use aim_kernels::gemm::{gemm_lazy_b, Activation, Blocking, Epilogue, Isa, PackedA, Parallel};
+use aim_kernels::gemm::{gemm_lazy_b, gemm_rows, Activation, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel};
 
 pub(super) struct Geometry {
     pub(super) kernel: Vec<usize>,
@@ -19,8 +19,11 @@ pub(super) struct Geometry {
 }
 
 pub(super) struct ConvPrep {
-    /// One packed weight matrix (Mg × Cg·k) per group.
+    /// One packed weight matrix (Mg × Cg·k) per group (none under [`BY_POSITION`]).
     pub(super) weights: Vec<PackedA>,
+    /// Under [`BY_POSITION`]: the weights packed as the B of a GEMM whose rows are output
+    /// positions (K × M, from the M × K bytes read transposed), and the blocking of A.
+    pub(super) by_position: Option<(std::sync::Arc<PackedB>, Blocking)>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
     pub(super) group: usize,
@@ -62,16 +65,44 @@ pub(super) fn resolve(geo: &Geometry, in_sp: &[usize]) -> Result<(Vec<usize>, Ve
 /// The NCHW depthwise kernel's name (`kernel` on an unblocked `aim:Conv`).
 const DEPTHWISE: &str = "depthwise";
 
+/// The NCHW kernel whose GEMM rows are output positions (see [`nchw_conv_kernel`]).
+const BY_POSITION: &str = "gemm_by_position";
+
 /// The kernel that runs an unblocked (NCHW) `aim:Conv` with weights of shape `weight` in
-/// `group` groups: `depthwise` (one 2-D filter per channel, run directly over the planes)
-/// or `gemm` (each group's weights packed for the GEMM microkernels, the input gathered
-/// per tap). The compiler's `select-kernels` pass records it on the node; preparing the
-/// node checks it.
-pub fn nchw_conv_kernel(weight: &[usize], group: usize) -> &'static str {
+/// `group` groups, producing `columns` output positions over the batch (when the shapes
+/// are static), on microkernels `nr` columns wide:
+/// - `depthwise`: one 2-D filter per channel, run directly over the planes;
+/// - `gemm_by_position` (one group, at most `nr` positions): output positions are the rows
+///   of a GEMM against the weights packed as its B, so that a handful of positions (a 1-D
+///   convolution over a short frame, as speech models run them) fill the microkernel's
+///   rows instead of leaving most of its `nr` columns empty;
+/// - `gemm`: each group's weights packed as A, the input gathered per tap as B.
+///
+/// The compiler's `select-kernels` pass records it on the node; preparing the node checks
+/// that the recorded kernel can run it.
+pub fn nchw_conv_kernel(weight: &[usize], group: usize, columns: Option<usize>, nr: usize) -> &'static str {
     match weight {
         [m, 1, _, _] if group == *m => DEPTHWISE,
+        _ if group == 1 && columns.is_some_and(|c| c > 0 && c <= nr) => BY_POSITION,
         _ => "gemm",
     }
+}
+
+/// Whether `kernel` can run a convolution with `weight` in `group` groups: a `.aim` file
+/// may record another valid choice than the one the rule makes today.
+fn nchw_kernel_fits(kernel: &str, weight: &[usize], group: usize) -> bool {
+    match kernel {
+        DEPTHWISE => matches!(weight, [m, 1, _, _] if group == *m),
+        BY_POSITION => group == 1,
+        "gemm" => true,
+        _ => false,
+    }
+}
+
+/// Output positions over the batch of `n`'s output when its shape is static.
+pub(super) fn static_columns(g: &Graph, n: &Node) -> Option<usize> {
+    let s = g.value_types.get(n.outputs.first()?)?.concrete_shape()?;
+    (s.len() >= 3).then(|| s[0] * s[2..].iter().product::<usize>())
 }
 
 pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
@@ -98,9 +129,11 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     let geo = geometry(n, &kernel);
     let act = activation(n);
     // The compiler's choice (`select-kernels`), checked; the same rule where it made none.
-    let fits = nchw_conv_kernel(w.shape(), group);
+    let rule = nchw_conv_kernel(w.shape(), group, static_columns(g, n), isa.nr());
     let choice = match n.attrs.get("kernel") {
-        Some(aim_ir::Attr::String(k)) if k == fits => fits,
+        Some(aim_ir::Attr::String(k)) if nchw_kernel_fits(k, w.shape(), group) => {
+            [DEPTHWISE, BY_POSITION, "gemm"].into_iter().find(|c| c == k).unwrap_or(rule)
+        }
         Some(aim_ir::Attr::String(k)) => {
             return Err(prep_err(
                 n,
@@ -108,7 +141,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
             ))
         }
         Some(_) => return Err(prep_err(n, "the kernel attribute must be a string")),
-        None => fits,
+        None => rule,
     };
     if choice == DEPTHWISE {
         return Ok(Prepared::Depthwise(Box::new(DepthwisePrep {
@@ -121,11 +154,25 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     }
     let mg = m / group;
     let k: usize = cg * kernel.iter().product::<usize>();
+    if choice == BY_POSITION {
+        let wt = super::shared::packed_b(w, isa, blocking, (k, m), true, false);
+        let by_position = Some((wt, blocking));
+        return Ok(Prepared::Conv(Box::new(ConvPrep {
+            weights: Vec::new(),
+            by_position,
+            bias,
+            act,
+            group,
+            m,
+            cin: cg,
+            geo,
+        })));
+    }
     let wd = w.data::<f32>();
     let weights = (0..group)
         .map(|gi| PackedA::from_slice(isa, blocking, &wd[gi * mg * k..(gi + 1) * mg * k], mg, k, false))
         .collect();
-    Ok(Prepared::Conv(Box::new(ConvPrep { weights, bias, act, group, m, cin: cg * group, geo })))
+    Ok(Prepared::Conv(Box::new(ConvPrep { weights, by_position: None, bias, act, group, m, cin: cg * group, geo })))
 }
 
 pub(super) fn run_conv(
@@ -152,6 +199,10 @@ pub(super) fn run_conv(
     let pointwise =
         ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
     let yd = y.take(&shape)?;
+    if let Some((wt, blocking)) = &c.by_position {
+        conv_by_position(c, wt, *blocking, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
+        return Ok(());
+    }
     if nb > 1 && osize < SMALL_OUTPUT {
         for gi in 0..c.group {
             conv_batched(c, gi, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
@@ -355,6 +406,120 @@ fn conv_batched(
                 }
                 None => copy_short(row, src),
             }
+        }
+    }
+}
+
+/// A one-group convolution as one GEMM whose rows are the output positions of the batch
+/// (image, then position): the transposed im2col matrix (positions × Cin·k, made here) times
+/// the weights packed as B, then scattered to `[n][m][positions]` with the residual and
+/// activation. For outputs of a few positions, which would leave a weights-as-A GEMM's
+/// columns empty.
+#[allow(clippy::too_many_arguments)]
+fn conv_by_position(
+    c: &ConvPrep,
+    wt: &PackedB,
+    blocking: Blocking,
+    xd: &[f32],
+    nb: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    before: &[usize],
+    yd: &mut [f32],
+    res: Option<&[f32]>,
+    pool: &ThreadPool,
+) {
+    let osize: usize = out_sp.iter().product();
+    let isize: usize = in_sp.iter().product();
+    let (k, rows) = (wt.k, nb * osize);
+    let mut a = aim_kernels::scratch::take(rows * k);
+    for b in 0..nb {
+        let x = &xd[b * c.cin * isize..][..c.cin * isize];
+        for q in 0..osize {
+            window_row(x, c.cin, in_sp, out_sp, before, &c.geo, q, &mut a[(b * osize + q) * k..][..k]);
+        }
+    }
+    let mut out = aim_kernels::scratch::take(rows * c.m);
+    let ep =
+        Epilogue { col_bias: c.bias.as_deref(), act: if res.is_none() { c.act } else { None }, ..Epilogue::default() };
+    gemm_rows(&a, rows, k, blocking, wt, &mut out, c.m, &ep, pool);
+    let act = c.act.unwrap_or(Activation::Identity);
+    for b in 0..nb {
+        for m in 0..c.m {
+            let at = (b * c.m + m) * osize;
+            let row = &mut yd[at..at + osize];
+            let col = |q: usize| out[(b * osize + q) * c.m + m];
+            match res {
+                Some(r) => {
+                    for (q, (o, &x)) in row.iter_mut().zip(&r[at..at + osize]).enumerate() {
+                        *o = act.apply(col(q) + x);
+                    }
+                }
+                None => {
+                    for (q, o) in row.iter_mut().enumerate() {
+                        *o = col(q);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The values under the window of output position `q` (row-major over `out_sp`), in the
+/// weights' order (input channel, then kernel offset, innermost dim last), zero outside
+/// the input: one row of the transposed im2col matrix.
+#[allow(clippy::too_many_arguments)]
+fn window_row(
+    x: &[f32],
+    cin: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    before: &[usize],
+    geo: &Geometry,
+    q: usize,
+    row: &mut [f32],
+) {
+    let sp = in_sp.len();
+    let last = sp - 1;
+    let isize: usize = in_sp.iter().product();
+    let (kw, in_w) = (geo.kernel[last], in_sp[last]);
+    let outer: usize = geo.kernel[..last].iter().product();
+    // The position's coordinates; the first input column its window reads (may be < 0).
+    let mut pos = [0usize; 8];
+    let mut rest = q;
+    for d in (0..sp).rev() {
+        pos[d] = rest % out_sp[d];
+        rest /= out_sp[d];
+    }
+    let start = (pos[last] * geo.strides[last]) as isize - before[last] as isize;
+    let dil = geo.dilations[last] as isize;
+    let mut idx = 0;
+    for ci in 0..cin {
+        let plane = &x[ci * isize..(ci + 1) * isize];
+        for ko in 0..outer {
+            // The offset of the outer kernel dims, and whether that row of the input exists.
+            let (mut kf, mut line, mut inside) = (ko, 0usize, true);
+            let mut koff = [0usize; 8];
+            for d in (0..last).rev() {
+                koff[d] = kf % geo.kernel[d];
+                kf /= geo.kernel[d];
+            }
+            for d in 0..last {
+                let i = (pos[d] * geo.strides[d] + koff[d] * geo.dilations[d]) as isize - before[d] as isize;
+                inside &= i >= 0 && i < in_sp[d] as isize;
+                line = line * in_sp[d] + i.max(0) as usize;
+            }
+            let dst = &mut row[idx..idx + kw];
+            if inside {
+                let src = &plane[line * in_w..(line + 1) * in_w];
+                for (kk, v) in dst.iter_mut().enumerate() {
+                    let i = start + kk as isize * dil;
+                    *v = if i >= 0 && i < in_w as isize { src[i as usize] } else { 0.0 };
+                }
+            } else {
+                dst.fill(0.0);
+            }
+            idx += kw;
         }
     }
 }
