@@ -234,14 +234,14 @@ fn a_recorded_kernel_that_does_not_fit_is_an_error() {
 }
 
 /// The same for an unblocked convolution (1-D: NCHW kernels): the compiler records
-/// `gemm_by_position` for one of six output positions; `gemm`, which can run it too, loads
+/// `gemm_by_position` for one of six output positions and 40 channels; `gemm`, which can run it too, loads
 /// and gives the same numbers; `depthwise` written over it is refused at load.
 #[test]
 fn a_recorded_nchw_kernel_that_does_not_fit_is_an_error() {
     let d = tempdir("aim-kernel-nchw");
-    let w: Vec<String> = (0..4 * 2 * 3).map(|i| format!("{:.2}", (i % 5) as f32 / 5.0 - 0.4)).collect();
+    let w: Vec<String> = (0..40 * 2 * 3).map(|i| format!("{:.2}", (i % 5) as f32 / 5.0 - 0.4)).collect();
     let text = format!(
-        "opset 17\ngraph \"g\" {{\n  input %x: f32[1,2,8]\n  init %w = f32[4,2,3] [{}]\n  %y = Conv(%x, %w)  # conv\n  output %y: f32[1,4,6]\n}}\n",
+        "opset 17\ngraph \"g\" {{\n  input %x: f32[1,2,8]\n  init %w = f32[40,2,3] [{}]\n  %y = Conv(%x, %w)  # conv\n  output %y: f32[1,40,6]\n}}\n",
         w.join(", ")
     );
     let onnx = d.join("conv1d.onnx");

@@ -1540,7 +1540,8 @@ fn few_position_convolutions_match_reference() {
         (3usize, 1usize, 1usize, 40usize, 16usize, 8usize, 0usize, 1usize, 40usize, false),
         (3, 1, 33, 24, 3, 1, 1, 1, 4, true),
         (3, 2, 20, 16, 3, 2, 1, 1, 8, false),
-        (3, 1, 7, 9, 3, 1, 2, 2, 5, true),
+        (3, 1, 7, 24, 3, 1, 2, 2, 5, true),
+        (3, 4, 10, 8, 3, 2, 1, 1, 4, true),
         (4, 1, 5, 12, 3, 1, 1, 1, 4, true),
         (4, 2, 3, 8, 2, 2, 0, 1, 5, false),
     ] {

@@ -14,9 +14,9 @@ use aim_ir::{Attr, Graph};
 pub const KERNEL: &str = "kernel";
 
 /// Records the kernel of every `aim:Conv` of `g` (channel block `lanes` for the blocked
-/// ones; GEMM microkernels `nr` columns wide for the unblocked ones). A node no kernel fits
+/// ones; GEMM microkernel tiles of `tile` = (rows, columns) for the unblocked ones). A node no kernel fits
 /// is left for the runtime to refuse with its reason.
-pub fn run(g: &mut Graph, lanes: usize, nr: usize) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, lanes: usize, tile: (usize, usize)) -> Result<(), PassError> {
     let mut choices = Vec::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if n.domain != "aim" || n.op != "Conv" || n.attrs.contains_key(KERNEL) {
@@ -30,15 +30,9 @@ pub fn run(g: &mut Graph, lanes: usize, nr: usize) -> Result<(), PassError> {
             },
         };
         if !n.attrs.contains_key(LAYOUT) {
-            let columns = n
-                .outputs
-                .first()
-                .and_then(|o| g.value_types.get(o))
-                .and_then(|t| t.concrete_shape())
-                .filter(|s| s.len() >= 3)
-                .map(|s| s[0] * s[2..].iter().product::<usize>());
+            let output = aim_runtime::cpu::static_output(g, n);
             let group = n.int("group", 1).max(1) as usize;
-            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, group, columns, nr)));
+            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, group, output, tile)));
             continue;
         }
         let [cout, cin, kh, kw] = dims[..] else { continue };

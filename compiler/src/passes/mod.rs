@@ -64,7 +64,7 @@ impl Pass {
 /// its GELUs), so there only the arithmetic around them is fused.
 pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let lanes = aim_kernels::nchwc::lanes_of(target.isa_kind());
-    let nr = aim_kernels::gemm::Isa::new(target.isa_kind()).map_or(16, |i| i.nr());
+    let tile = aim_kernels::gemm::Isa::new(target.isa_kind()).map_or((4, 16), |i| (i.mr(), i.nr()));
     let wide = target.level >= crate::target::Level::X86V3 && target.level != crate::target::Level::Neon;
     // Cranelift rounds vectors with SSE4.1's roundps or NEON's frintn.
     let round = target.features.sse41 || target.level == crate::target::Level::Neon;
@@ -75,7 +75,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let mut passes = graph_passes(Some(int8), !wide, round);
     passes.extend([
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
-        Pass::new("select-kernels", move |g| crate::select::run(g, lanes, nr)),
+        Pass::new("select-kernels", move |g| crate::select::run(g, lanes, tile)),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("infer-types", infer),
     ]);
