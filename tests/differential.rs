@@ -1589,3 +1589,93 @@ fn few_position_convolutions_match_reference() {
         }
     }
 }
+
+/// A convolution whose input shape the compiler cannot know (reshaped by a shape computed
+/// at run time, as inside a speech model's `If`) chooses its kernel per run: few positions
+/// take the positions-as-rows GEMM (its weights packed on first use), many the other; both
+/// against the reference, in either order.
+#[test]
+fn convolutions_of_unknown_shape_choose_their_kernel_per_run() {
+    let mut r = Rng(19);
+    let (c, m, k) = (6usize, 40usize, 3usize);
+    let nodes = vec![
+        node("Reshape", "shape", &["flat", "dims"], &["x"], vec![]),
+        node("Conv", "conv", &["x", "W", "B"], &["c"], vec![ints("kernel_shape", &[k as i64]), ints("pads", &[1, 1])]),
+        node("Relu", "act", &["c"], &["y"], vec![]),
+    ];
+    let model = model(
+        nodes,
+        vec![value("flat", 1, &[Err("n")]), value("dims", 7, &[Ok(3)])],
+        vec![value("y", 1, &[Err("b"), Ok(m as i64), Err("l")])],
+        vec![
+            f32_tensor("W", &[m as i64, c as i64, k as i64], &r.values(m * c * k)),
+            f32_tensor("B", &[m as i64], &r.values(m)),
+        ],
+        17,
+    );
+    let d = tempdir("unknown-shape-conv");
+    std::fs::write(d.join("m.onnx"), &model).unwrap();
+    let reference = Model::load_with(d.join("m.onnx"), Backend::Reference).unwrap();
+    for cpu in caps() {
+        let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
+        let loaded = Model::load_with_options(d.join("m.onnx"), &opts).unwrap();
+        for (nb, len) in [(1usize, 4usize), (2, 300), (3, 2), (1, 4)] {
+            let flat = Tensor::from_vec(&[nb * c * len], r.values(nb * c * len));
+            let dims = Tensor::from_vec(&[3], vec![nb as i64, c as i64, len as i64]);
+            let inputs = vec![("flat".to_string(), flat), ("dims".to_string(), dims)];
+            let want = reference.run(inputs.clone()).unwrap();
+            let got: Vec<Tensor> = loaded.run(inputs).unwrap().into_iter().map(|(_, t)| t).collect();
+            compare(&format!("unknown-shape [{cpu}] n{nb} l{len}"), &got, &want);
+        }
+    }
+}
+
+/// 1-D depthwise convolutions (one filter per channel, as speech models' separable blocks
+/// write them) run on the depthwise kernel, strided, dilated and padded, with a residual.
+#[test]
+fn depthwise_1d_convolutions_match_reference() {
+    let mut r = Rng(23);
+    for (c, k, s, p, d, len, residual) in [
+        (16usize, 5usize, 1usize, 2usize, 1usize, 40usize, false),
+        (9, 3, 2, 1, 1, 17, false),
+        (8, 3, 1, 2, 2, 12, true),
+    ] {
+        let o = (len + 2 * p - d * (k - 1) - 1) / s + 1;
+        let mut nodes = vec![node(
+            "Conv",
+            "conv",
+            &["x", "W", "B"],
+            &["c"],
+            vec![
+                ints("kernel_shape", &[k as i64]),
+                ints("strides", &[s as i64]),
+                ints("pads", &[p as i64, p as i64]),
+                ints("dilations", &[d as i64]),
+                int_attr("group", c as i64),
+            ],
+        )];
+        let mut graph_inputs = vec![value("x", 1, &[Ok(2), Ok(c as i64), Ok(len as i64)])];
+        let mut inputs = vec![("x".to_string(), Tensor::from_vec(&[2, c, len], r.values(2 * c * len)))];
+        let mut last = "c";
+        if residual {
+            nodes.push(node("Add", "res", &["c", "skip"], &["sum"], vec![]));
+            graph_inputs.push(value("skip", 1, &[Ok(2), Ok(c as i64), Ok(o as i64)]));
+            inputs.push(("skip".into(), Tensor::from_vec(&[2, c, o], r.values(2 * c * o))));
+            last = "sum";
+        }
+        nodes.push(node("Relu", "act", &[last], &["y"], vec![]));
+        let inits = vec![
+            f32_tensor("W", &[c as i64, 1, k as i64], &r.values(c * k)),
+            f32_tensor("B", &[c as i64], &r.values(c)),
+        ];
+        let model = model(nodes, graph_inputs, vec![value("y", 1, &[Ok(2), Ok(c as i64), Ok(o as i64)])], inits, 17);
+        let tag = format!("dw1d-c{c}k{k}s{s}p{p}d{d}res{residual}");
+        check(&tag, model.clone(), inputs);
+        let dir = tempdir(&tag);
+        std::fs::write(dir.join("m.onnx"), &model).unwrap();
+        let loaded = Model::load_with(dir.join("m.onnx"), Backend::Cpu).unwrap();
+        let g = loaded.optimized_graph().unwrap();
+        let conv = g.nodes.iter().find(|n| n.op == "Conv").expect("a convolution");
+        assert_eq!(conv.string("kernel", ""), "depthwise", "{tag}: {conv:?}");
+    }
+}

@@ -118,6 +118,16 @@ impl PackedA {
         PackedA { isa, m, k, kc, mc: blocking.mc, data }
     }
 
+    /// Element (i, p) of A, read back from its panels (to repack A's values another way).
+    pub fn get(&self, i: usize, p: usize) -> f32 {
+        assert!(i < self.m && p < self.k, "({i}, {p}) is outside A's {}×{}", self.m, self.k);
+        let mr = self.isa.mr();
+        let kb = p / self.kc;
+        let kc_len = self.kc.min(self.k - kb * self.kc);
+        let base = block_offset(kb, self.kc, self.m.div_ceil(mr), mr);
+        self.data[base + (i / mr) * kc_len * mr + (p - kb * self.kc) * mr + i % mr]
+    }
+
     pub(crate) fn panel(&self, kb: usize, i: usize) -> *const f32 {
         let mr = self.isa.mr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));

@@ -24,12 +24,24 @@ pub(super) struct ConvPrep {
     /// Under [`BY_POSITION`]: the weights packed as the B of a GEMM whose rows are output
     /// positions (K × M, from the M × K bytes read transposed), and the blocking of A.
     pub(super) by_position: Option<(std::sync::Arc<PackedB>, Blocking)>,
+    /// Where the compiler chose `gemm` without knowing the output's shape: the kernel is
+    /// chosen per run by [`nchw_conv_kernel`], and the weights packed as B (from A's
+    /// panels) the first time a run takes `gemm_by_position`.
+    pub(super) adaptive: Option<Box<Adaptive>>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
     pub(super) group: usize,
     pub(super) m: usize,
     pub(super) cin: usize,
     pub(super) geo: Geometry,
+}
+
+/// What choosing the kernel per run needs (see [`ConvPrep::adaptive`]).
+pub(super) struct Adaptive {
+    weight_shape: Vec<usize>,
+    isa: Isa,
+    blocking: Blocking,
+    by_position: std::sync::OnceLock<std::sync::Arc<PackedB>>,
 }
 
 pub(super) fn geometry(n: &Node, kernel: &[usize]) -> Geometry {
@@ -71,7 +83,7 @@ const BY_POSITION: &str = "gemm_by_position";
 /// The kernel that runs an unblocked (NCHW) `aim:Conv` with weights of shape `weight` in
 /// `group` groups, over `output` = (images, output positions per image) when the shapes
 /// are static, on GEMM microkernels of `mr × nr` tiles:
-/// - `depthwise`: one 2-D filter per channel, run directly over the planes;
+/// - `depthwise`: one 1-D or 2-D filter per channel, run directly over the planes;
 /// - `gemm`: each group's weights packed as A (rows: output channels), the input gathered
 ///   per tap as B (columns: output positions);
 /// - `gemm_by_position` (one group): the transpose, output positions as the rows of a GEMM
@@ -91,10 +103,8 @@ pub fn nchw_conv_kernel(
     output: Option<(usize, usize)>,
     (mr, nr): (usize, usize),
 ) -> &'static str {
-    if let [m, 1, _, _] = weight {
-        if group == *m {
-            return DEPTHWISE;
-        }
+    if is_depthwise(weight, group) {
+        return DEPTHWISE;
     }
     let (m, k) = (weight[0], weight[1..].iter().product::<usize>());
     // The share of the microkernel tiles' cells that compute outputs.
@@ -118,11 +128,17 @@ pub fn nchw_conv_kernel(
 /// better packed strip by strip as `gemm` does.
 const BY_POSITION_FLOATS: usize = 1 << 20;
 
+/// Whether weights of shape `weight` in `group` groups are one 1-D or 2-D filter per
+/// channel.
+fn is_depthwise(weight: &[usize], group: usize) -> bool {
+    matches!(weight, [m, 1, _] | [m, 1, _, _] if group == *m)
+}
+
 /// Whether `kernel` can run a convolution with `weight` in `group` groups: a `.aim` file
 /// may record another valid choice than the one the rule makes today.
 fn nchw_kernel_fits(kernel: &str, weight: &[usize], group: usize) -> bool {
     match kernel {
-        DEPTHWISE => matches!(weight, [m, 1, _, _] if group == *m),
+        DEPTHWISE => is_depthwise(weight, group),
         BY_POSITION => group == 1,
         "gemm" => true,
         _ => false,
@@ -190,6 +206,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
         return Ok(Prepared::Conv(Box::new(ConvPrep {
             weights: Vec::new(),
             by_position,
+            adaptive: None,
             bias,
             act,
             group,
@@ -202,7 +219,22 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     let weights = (0..group)
         .map(|gi| PackedA::from_slice(isa, blocking, &wd[gi * mg * k..(gi + 1) * mg * k], mg, k, false))
         .collect();
-    Ok(Prepared::Conv(Box::new(ConvPrep { weights, by_position: None, bias, act, group, m, cin: cg * group, geo })))
+    // A one-group convolution whose output shape the compiler did not know chooses its
+    // kernel per run.
+    let adaptive = (group == 1 && choice == "gemm" && static_output(g, n).is_none()).then(|| {
+        Box::new(Adaptive { weight_shape: w.shape().to_vec(), isa, blocking, by_position: std::sync::OnceLock::new() })
+    });
+    Ok(Prepared::Conv(Box::new(ConvPrep {
+        weights,
+        by_position: None,
+        adaptive,
+        bias,
+        act,
+        group,
+        m,
+        cin: cg * group,
+        geo,
+    })))
 }
 
 pub(super) fn run_conv(
@@ -232,6 +264,17 @@ pub(super) fn run_conv(
     if let Some((wt, blocking)) = &c.by_position {
         conv_by_position(c, wt, *blocking, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
         return Ok(());
+    }
+    if let Some(ad) = &c.adaptive {
+        let tile = (ad.isa.mr(), ad.isa.nr());
+        if nchw_conv_kernel(&ad.weight_shape, 1, Some((nb, osize)), tile) == BY_POSITION {
+            let wt = ad.by_position.get_or_init(|| {
+                let a = &c.weights[0];
+                std::sync::Arc::new(PackedB::pack(ad.isa, ad.blocking, a.k, a.m, |p, j| a.get(j, p)))
+            });
+            conv_by_position(c, wt, ad.blocking, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
+            return Ok(());
+        }
     }
     if nb > 1 && osize < SMALL_OUTPUT {
         for gi in 0..c.group {

@@ -26,20 +26,24 @@ pub(super) fn run_depthwise(
     pool: &ThreadPool,
 ) -> Result<(), String> {
     let xs = x.shape;
-    if xs.len() != 4 || xs[1] != d.channels {
-        return Err(format!("input {xs:?} does not fit a depthwise conv over {} channels", d.channels));
+    // A 1-D convolution runs as a 2-D one over planes of one row.
+    let sp = d.geo.kernel.len();
+    if xs.len() != sp + 2 || !(1..=2).contains(&sp) || xs[1] != d.channels {
+        return Err(format!("input {xs:?} does not fit a {sp}-D depthwise conv over {} channels", d.channels));
     }
-    let (nb, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
     let (out, before) = resolve(&d.geo, &xs[2..])?;
-    let (oh, ow) = (out[0], out[1]);
-    let (kh, kw) = (d.geo.kernel[0], d.geo.kernel[1]);
-    let (sh, sw) = (d.geo.strides[0], d.geo.strides[1]);
-    let (dh, dw) = (d.geo.dilations[0], d.geo.dilations[1]);
-    let shape = [nb, c, oh, ow];
+    // (rows, columns) of a 1-D or 2-D quantity.
+    let two = |v: &[usize]| if sp == 1 { (1, v[0]) } else { (v[0], v[1]) };
+    let (nb, c) = (xs[0], xs[1]);
+    let ((h, w), (oh, ow), (kh, kw)) = (two(&xs[2..]), two(&out), two(&d.geo.kernel));
+    let ((sh, sw), (dh, dw)) = (two(&d.geo.strides), two(&d.geo.dilations));
+    let (pt, pl) = if sp == 1 { (0, before[0]) } else { (before[0], before[1]) };
+    let mut shape = vec![nb, c];
+    shape.extend(&out);
     let res = check_residual(residual, &shape)?;
     let xd = x.data;
     let yp = OutPtr(y.take(&shape)?.as_mut_ptr());
-    let geo = PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt: before[0], pl: before[1] };
+    let geo = PlaneGeo { h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl };
     let planes = nb * c;
     let tasks = planes.min(pool.size() * 8).max(1);
     pool.for_each(tasks, &|t| {
