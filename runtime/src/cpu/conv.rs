@@ -612,6 +612,32 @@ fn im2col<'a>(
     let ksize: usize = geo.kernel.iter().product();
     let isize: usize = in_sp.iter().product();
     let sp = in_sp.len();
+    if sp == 1 {
+        // 1-D: row p of a strip reads input positions q·s + k·d − before, one strided run
+        // (a plain copy at stride 1), bounds checked per element only at the edges.
+        let (s, len) = (geo.strides[0], in_sp[0] as isize);
+        return Box::new(move |p, j0, dst| {
+            let (ci, kk) = (p / ksize, p % ksize);
+            let plane = &xg[ci * isize..(ci + 1) * isize];
+            let first = (j0 * s + kk * geo.dilations[0]) as isize - before[0] as isize;
+            let last = first + (dst.len().max(1) - 1) as isize * s as isize;
+            if first >= 0 && last < len {
+                let first = first as usize;
+                if s == 1 {
+                    dst.copy_from_slice(&plane[first..first + dst.len()]);
+                } else {
+                    for (t, v) in dst.iter_mut().enumerate() {
+                        *v = plane[first + t * s];
+                    }
+                }
+            } else {
+                for (t, v) in dst.iter_mut().enumerate() {
+                    let i = first + (t * s) as isize;
+                    *v = if i >= 0 && i < len { plane[i as usize] } else { 0.0 };
+                }
+            }
+        });
+    }
     Box::new(move |p, j0, dst| {
         let (ci, mut kflat) = (p / ksize, p % ksize);
         // Kernel offsets of row p, innermost dim last.
