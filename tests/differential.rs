@@ -483,9 +483,59 @@ fn fast_kernels_match_reference() {
             ],
             vec![],
         ),
+        // Both operands broadcast: a column times a row (a LayerNorm written out in full).
+        (
+            "outer-broadcast",
+            vec![
+                node("ReduceMean", "col", &["x"], &["c"], vec![ints("axes", &[3])]),
+                node("ReduceMax", "row", &["x"], &["r"], vec![ints("axes", &[2])]),
+                node("Mul", "outer", &["c", "r"], &["o"], vec![]),
+                node("Sub", "shift", &["r", "o"], &["y"], vec![]),
+            ],
+            vec![],
+        ),
+        // A 1-D global max pool (NCW) and a transpose whose size-one dims reduce it to a
+        // matrix transpose (magika's).
+        (
+            "gmp-1d",
+            vec![
+                node("Reshape", "flat", &["x", "ncw"], &["w"], vec![]),
+                node("GlobalMaxPool", "p", &["w"], &["y"], vec![]),
+            ],
+            vec![i64_tensor("ncw", &[2, 4, 60])],
+        ),
+        (
+            "transpose-ones",
+            vec![
+                node("Reshape", "flat", &["x", "mat"], &["w"], vec![]),
+                node("Transpose", "t", &["w"], &["y"], vec![ints("perm", &[0, 2, 1, 3])]),
+            ],
+            vec![i64_tensor("mat", &[1, 8, 60, 1])],
+        ),
+        // A comparison against a constant, then a cast (a one-hot written as Equal).
+        (
+            "compare-cast",
+            vec![
+                node("Less", "lt", &["x", "k"], &["b"], vec![]),
+                node("Cast", "c", &["b"], &["y"], vec![int_attr("to", 1)]),
+            ],
+            vec![f32_tensor("k", &[10], &r.values(10))],
+        ),
     ];
+    // The cases added with their fast kernels: none may fall back to a reference kernel.
+    let census = ["outer-broadcast", "gmp-1d", "transpose-ones", "compare-cast"];
     for (tag, nodes, inits) in cases {
         let m = model(nodes, xin(), vec![unknown("y")], inits, 17);
+        if census.contains(&tag) {
+            let d = tempdir(&format!("census-{tag}"));
+            std::fs::write(d.join("m.onnx"), &m).unwrap();
+            let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+            model.run(vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n)))]).unwrap();
+            let (_, kinds) = model.node_kinds().unwrap();
+            let slow: Vec<&String> =
+                kinds.iter().filter(|(_, k)| *k == aim_runtime::cpu::NodeKind::Reference).map(|(n, _)| n).collect();
+            assert!(slow.is_empty(), "{tag}: nodes on reference kernels: {slow:?}");
+        }
         if tag.starts_with("gelu") {
             let d = tempdir(&format!("fused-{tag}"));
             std::fs::write(d.join("m.onnx"), &m).unwrap();

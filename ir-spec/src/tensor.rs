@@ -276,6 +276,13 @@ impl Tensor {
         !matches!(*self.storage, Storage::Owned { .. })
     }
 
+    /// The bytes at an address aligned to `align` (at most [`ALIGN`]): for kernels that view
+    /// them as typed elements. Shared bytes that are not aligned (a constant's `raw_data`
+    /// in a mapped model file) are copied to an aligned buffer on first use.
+    pub fn aligned_bytes(&self, align: usize) -> &[u8] {
+        self.storage.aligned_bytes(align)
+    }
+
     /// The elements as a slice of `T`; `None` if `T` is not this tensor's dtype. Shared
     /// bytes that are not aligned for `T` are copied to an aligned buffer on first use.
     pub fn try_data<T: Elem>(&self) -> Option<&[T]> {
@@ -379,6 +386,18 @@ impl PartialEq for Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unaligned_shared_bytes_are_viewed_through_an_aligned_copy() {
+        // A constant's raw_data at an odd offset of the model file, as protobuf lays it out.
+        let mut file = vec![0u8; 1 + 12];
+        file[1..].copy_from_slice(bytemuck::cast_slice(&[7i32, -3, 11]));
+        let t = Tensor::from_shared_bytes(DType::I32, &[3], bytes::Bytes::from(file).slice(1..)).unwrap();
+        let b = t.aligned_bytes(4);
+        assert_eq!(b.as_ptr() as usize % 4, 0);
+        assert_eq!(bytemuck::cast_slice::<u8, i32>(b), [7, -3, 11]);
+        assert_eq!(t.data::<i32>(), [7, -3, 11]);
+    }
 
     #[test]
     fn owned_storage_is_aligned_and_copy_on_write() {

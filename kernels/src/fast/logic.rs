@@ -19,13 +19,13 @@ const SERIAL: usize = 16 * 1024;
 
 /// How an operand is read along the output: the offset of each output row's first element
 /// and the step along a row (1, or 0 where the operand is broadcast along the last dim).
-struct Rows {
-    base: Vec<usize>,
-    step: usize,
+pub(super) struct Rows {
+    pub(super) base: Vec<usize>,
+    pub(super) step: usize,
 }
 
 /// The rows of `shape` broadcast to `out` (which `broadcast_shapes` made from it).
-fn rows(shape: &[usize], out: &[usize]) -> Rows {
+pub(super) fn rows(shape: &[usize], out: &[usize]) -> Rows {
     let r = out.len();
     let bst = broadcast_strides(shape, out);
     let (outer, step) = if r == 0 { (&[][..], 0) } else { (&out[..r - 1], bst[r - 1]) };
@@ -73,7 +73,9 @@ fn for_rows<D: bytemuck::Pod + Send>(cx: &Ctx, dst: &mut [D], inner: usize, row:
 /// The elements of `t` as `T`, when its bytes are aligned for it (memory-mapped weights
 /// need not be).
 fn elems<T: bytemuck::Pod>(t: &Tensor) -> Option<&[T]> {
-    bytemuck::try_cast_slice(t.bytes()).ok()
+    // A constant's bytes sliced out of the model file may be unaligned for T: viewed
+    // through an aligned copy, made once.
+    bytemuck::try_cast_slice(t.aligned_bytes(std::mem::align_of::<T>())).ok()
 }
 
 /// Where(cond, x, y) of any dtype, by element size.
@@ -135,7 +137,7 @@ pub(super) fn compare(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resu
     let dst = out.bytes_mut();
     let logic = matches!(op, "And" | "Or" | "Xor");
     match a.dtype() {
-        DType::Bool if logic => zip_to_bool::<u8>(a, b, &shape, dst, cx, &|x, y| {
+        DType::Bool if logic => zip_to_bool::<u8, _>(a, b, &shape, dst, cx, &|x, y| {
             let (x, y) = (x != 0, y != 0);
             match op {
                 "And" => x && y,
@@ -146,32 +148,51 @@ pub(super) fn compare(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resu
         _ if logic => return None,
         DType::Bool if op != "Equal" => return None,
         DType::F16 | DType::BF16 => return None,
-        dt => dispatch!(dt, T => zip_to_bool::<T>(a, b, &shape, dst, cx, &|x: T, y: T| match op {
-            "Equal" => x == y,
-            "Less" => x < y,
-            "Greater" => x > y,
-            "LessOrEqual" => x <= y,
-            _ => x >= y,
-        })?),
+        // One instance per comparison: the test inlines into the element loop.
+        dt => dispatch!(dt, T => match op {
+            "Equal" => zip_to_bool::<T, _>(a, b, &shape, dst, cx, &|x: T, y: T| x == y)?,
+            "Less" => zip_to_bool::<T, _>(a, b, &shape, dst, cx, &|x: T, y: T| x < y)?,
+            "Greater" => zip_to_bool::<T, _>(a, b, &shape, dst, cx, &|x: T, y: T| x > y)?,
+            "LessOrEqual" => zip_to_bool::<T, _>(a, b, &shape, dst, cx, &|x: T, y: T| x <= y)?,
+            _ => zip_to_bool::<T, _>(a, b, &shape, dst, cx, &|x: T, y: T| x >= y)?,
+        }),
     }
     Some(Ok(vec![out.finish()]))
 }
 
-fn zip_to_bool<T: bytemuck::Pod + Sync>(
+fn zip_to_bool<T: bytemuck::Pod + Sync, F: Fn(T, T) -> bool + Sync>(
     a: &Tensor,
     b: &Tensor,
     shape: &[usize],
     dst: &mut [u8],
     cx: &Ctx,
-    f: &(dyn Fn(T, T) -> bool + Sync),
+    f: &F,
 ) -> Option<()> {
     let (ad, bd) = (elems::<T>(a)?, elems::<T>(b)?);
     let (ra, rb) = (rows(a.shape(), shape), rows(b.shape(), shape));
     let inner = shape.last().copied().unwrap_or(1);
     for_rows(cx, dst, inner, &|r, d| {
         let (ba, bb) = (ra.base[r], rb.base[r]);
-        for (j, v) in d.iter_mut().enumerate() {
-            *v = f(ad[ba + j * ra.step], bd[bb + j * rb.step]) as u8;
+        // The steps chosen outside the loops, which then vectorise.
+        match (ra.step, rb.step) {
+            (1, 1) => {
+                for ((v, &x), &y) in d.iter_mut().zip(&ad[ba..ba + inner]).zip(&bd[bb..bb + inner]) {
+                    *v = f(x, y) as u8;
+                }
+            }
+            (1, _) => {
+                let y = bd[bb];
+                for (v, &x) in d.iter_mut().zip(&ad[ba..ba + inner]) {
+                    *v = f(x, y) as u8;
+                }
+            }
+            (_, 1) => {
+                let x = ad[ba];
+                for (v, &y) in d.iter_mut().zip(&bd[bb..bb + inner]) {
+                    *v = f(x, y) as u8;
+                }
+            }
+            _ => d.fill(f(ad[ba], bd[bb]) as u8),
         }
     });
     Some(())

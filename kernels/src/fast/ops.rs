@@ -35,7 +35,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "LayerNormalization" => layer_norm,
         "Transpose" => transpose,
         "MaxPool" | "AveragePool" => pool2d,
-        "GlobalAveragePool" => global_average_pool,
+        "GlobalAveragePool" | "GlobalMaxPool" => global_pool,
         "MatMul" => matmul,
         "Resize" => super::resize::resize,
         "Concat" => super::data::concat,
@@ -425,18 +425,67 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     if strided_broadcast(a, b, &shape, yd, op, isa, cx.par).is_some() {
         return Some(Ok(vec![y.finish()]));
     }
-    // General broadcast: index maps, still f32.
-    let (oa, ob) = (broadcast_offsets(a.shape(), &shape).ok()?, broadcast_offsets(b.shape(), &shape).ok()?);
-    for (i, o) in yd.iter_mut().enumerate() {
-        let (x, v) = (ad[oa[i]], bd[ob[i]]);
-        *o = match op {
-            0 => x + v,
-            1 => x - v,
-            2 => x * v,
-            _ => x / v,
-        };
-    }
+    // Both operands broadcast (an outer product of a row and a column, as a LayerNorm
+    // written out in full computes its scale): row by row, each operand a row or one value.
+    let (ra, rb) = (super::logic::rows(a.shape(), &shape), super::logic::rows(b.shape(), &shape));
+    let inner = shape.last().copied().unwrap_or(1).max(1);
+    let per = (CHUNK / inner).max(1);
+    let nrows = total / inner;
+    let out = Out(yd.as_mut_ptr());
+    cx.par.for_each(nrows.div_ceil(per), &|t| {
+        let out = out;
+        for r in t * per..((t + 1) * per).min(nrows) {
+            // SAFETY: row r is written by this task only.
+            let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(r * inner), inner) };
+            broadcast_row(isa, side(&ra, ad, r, inner), side(&rb, bd, r, inner), d, op);
+        }
+    });
     Some(Ok(vec![y.finish()]))
+}
+
+/// Operand `v` (read as `rs` says) for output row `r` of `inner` values.
+fn side<'a>(rs: &super::logic::Rows, v: &'a [f32], r: usize, inner: usize) -> Side<'a> {
+    match rs.step {
+        0 => Side::Value(v[rs.base[r]]),
+        _ => Side::Row(&v[rs.base[r]..rs.base[r] + inner]),
+    }
+}
+
+/// One operand of an output row: a row of values, or one value repeated.
+enum Side<'a> {
+    Row(&'a [f32]),
+    Value(f32),
+}
+
+/// `d = a op b` for one output row (op: 0 add, 1 sub, 2 mul, 3 div), the op chosen outside
+/// the loops so that they vectorise.
+fn broadcast_row(isa: Isa, a: Side, b: Side, d: &mut [f32], op: u8) {
+    fn each(d: &mut [f32], x: &[f32], f: impl Fn(f32) -> f32) {
+        for (o, &v) in d.iter_mut().zip(x) {
+            *o = f(v);
+        }
+    }
+    match (a, b) {
+        (Side::Row(x), Side::Row(y)) => zip(isa, x, y, d, op, &|v: f32| v),
+        (Side::Row(x), Side::Value(v)) => match op {
+            0 => each(d, x, |u| u + v),
+            1 => each(d, x, |u| u - v),
+            2 => each(d, x, |u| u * v),
+            _ => each(d, x, |u| u / v),
+        },
+        (Side::Value(v), Side::Row(x)) => match op {
+            0 => each(d, x, |u| v + u),
+            1 => each(d, x, |u| v - u),
+            2 => each(d, x, |u| v * u),
+            _ => each(d, x, |u| v / u),
+        },
+        (Side::Value(u), Side::Value(v)) => d.fill(match op {
+            0 => u + v,
+            1 => u - v,
+            2 => u * v,
+            _ => u / v,
+        }),
+    }
 }
 
 /// `y = a op b` where one operand has the output's shape and the other the same shape with
@@ -863,11 +912,14 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     Some(Ok(vec![y.finish()]))
 }
 
-fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+/// GlobalAveragePool / GlobalMaxPool over the spatial dims of any rank (NCW, NCHW, ...),
+/// one plane per index.
+fn global_pool(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = f32_in(ins, 0)?;
     if x.rank() < 3 {
         return None;
     }
+    let max = n.op == "GlobalMaxPool";
     let planes = x.shape()[0] * x.shape()[1];
     let size: usize = x.shape()[2..].iter().product();
     let mut shape = x.shape().to_vec();
@@ -880,9 +932,14 @@ fn global_average_pool(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Re
     let out = Out(y.bits_mut().as_mut_ptr());
     cx.par.for_each(planes, &|i| {
         let out = out;
-        let s: f32 = xd[i * size..(i + 1) * size].iter().sum();
+        let plane = &xd[i * size..(i + 1) * size];
+        let v = if max {
+            plane.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        } else {
+            plane.iter().sum::<f32>() / size as f32
+        };
         // SAFETY: element i is written by task i only.
-        unsafe { *out.0.add(i) = s / size as f32 };
+        unsafe { *out.0.add(i) = v };
     });
     Some(Ok(vec![y.finish()]))
 }
