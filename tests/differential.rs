@@ -1729,3 +1729,44 @@ fn depthwise_1d_convolutions_match_reference() {
         assert_eq!(conv.string("kernel", ""), "depthwise", "{tag}: {conv:?}");
     }
 }
+
+/// A HardSwish written out as `x · Clip(x + 3, 0, 6) / 6` (as paddle2onnx exports it)
+/// between convolutions whose channel count is not a whole number of blocks stays in the
+/// blocked layout: dividing the padding lanes' zeros by a nonzero constant keeps them zero,
+/// so no conversion to NCHW and back surrounds it.
+#[test]
+fn hardswish_by_division_stays_blocked() {
+    let mut r = Rng(29);
+    let c = 88usize;
+    let nodes = vec![
+        node("Conv", "c1", &["x", "W1"], &["a"], vec![ints("kernel_shape", &[1, 1])]),
+        node("Add", "plus3", &["a", "three"], &["b"], vec![]),
+        node("Clip", "clip", &["b", "zero", "six"], &["d"], vec![]),
+        node("Mul", "mul", &["a", "d"], &["e"], vec![]),
+        node("Div", "div", &["e", "six"], &["f"], vec![]),
+        node("Conv", "c2", &["f", "W2"], &["y"], vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])]),
+    ];
+    let inits = vec![
+        f32_tensor("W1", &[c as i64, 8, 1, 1], &r.values(c * 8)),
+        f32_tensor("W2", &[c as i64, c as i64, 3, 3], &r.values(c * c * 9).iter().map(|v| v * 0.1).collect::<Vec<_>>()),
+        f32_tensor("three", &[], &[3.0]),
+        f32_tensor("zero", &[], &[0.0]),
+        f32_tensor("six", &[], &[6.0]),
+    ];
+    let m = model(
+        nodes,
+        vec![value("x", 1, &[Ok(1), Ok(8), Ok(6), Ok(10)])],
+        vec![value("y", 1, &[Ok(1), Ok(c as i64), Ok(6), Ok(10)])],
+        inits,
+        17,
+    );
+    let x = Tensor::from_vec(&[1, 8, 6, 10], r.values(8 * 60));
+    check("hardswish-div", m.clone(), vec![("x".into(), x)]);
+    let d = tempdir("hardswish-div-graph");
+    std::fs::write(d.join("m.onnx"), &m).unwrap();
+    let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let ops: Vec<String> = model.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
+    // The first convolution reads NCHW and writes blocked; only the output comes back.
+    let conversions = ops.iter().filter(|o| *o == "FromBlocked" || *o == "ToBlocked").count();
+    assert_eq!(conversions, 1, "layout conversions: {ops:?}");
+}

@@ -41,6 +41,22 @@ const SAFE_BINARY: &[&str] = &["Add", "Sub", "Mul", "Max", "Min"];
 /// Elementwise program instructions that could make inf or NaN of padding zeros.
 const UNSAFE_INSTS: &[&str] = &["div", "recip", "sqrt", "exp"];
 
+/// Whether an elementwise program instruction keeps padding lanes finite: none of
+/// [`UNSAFE_INSTS`], except a division by a nonzero constant (`div 3 c6.0`, a HardSwish's
+/// `/ 6`).
+fn safe_on_padding(inst: &str) -> bool {
+    let mut words = inst.split_whitespace();
+    match words.next() {
+        Some("div") => words
+            .last()
+            .and_then(|d| d.strip_prefix('c'))
+            .and_then(|c| c.parse::<f32>().ok())
+            .is_some_and(|c| c != 0.0 && c.is_finite()),
+        Some(op) => !UNSAFE_INSTS.contains(&op),
+        None => true,
+    }
+}
+
 /// Keeps `n` (which reads a blocked value) in the blocked layout when it can run there:
 /// rewrites its inputs and outputs and returns true. Otherwise leaves it alone (its inputs
 /// then come back to NCHW through `aim:FromBlocked`).
@@ -51,8 +67,7 @@ pub(super) fn propagate(g: &mut Graph, st: &mut State, n: &mut Node, out: &mut V
     let whole = c.is_multiple_of(lanes);
     let op = n.op.as_str();
     if n.domain == "aim" && op == "Elementwise" {
-        let safe = whole
-            || n.strings("program").is_some_and(|p| p.iter().all(|i| !UNSAFE_INSTS.iter().any(|u| i.starts_with(u))));
+        let safe = whole || n.strings("program").is_some_and(|p| p.iter().all(|i| safe_on_padding(i)));
         if !safe || !n.inputs.iter().all(|x| nchw(g, x).is_some_and(|(_, s)| s == shape)) {
             return false;
         }
@@ -77,7 +92,9 @@ pub(super) fn propagate(g: &mut Graph, st: &mut State, n: &mut Node, out: &mut V
             st.block_output(g, n, 0, c);
             true
         }
-        _ if SAFE_BINARY.contains(&op) || (whole && op == "Div") => binary(g, st, n, out, c, &shape),
+        _ if SAFE_BINARY.contains(&op) || (op == "Div" && (whole || nonzero_constant(g, n.input(1)))) => {
+            binary(g, st, n, out, c, &shape)
+        }
         "Concat" => concat(g, st, n, out, &shape),
         "Split" => split(g, st, n, out),
         "Resize" => resize(g, st, n, out, c),
@@ -90,6 +107,13 @@ fn nchw(g: &Graph, v: &str) -> Option<(usize, Vec<Dim>)> {
     let t = g.value_type(v)?;
     let s = t.shape.filter(|s| s.len() == 4 && t.dtype == Some(DType::F32))?;
     Some((s[1].known()?, s))
+}
+
+/// Whether `v` is a constant without zeros: dividing the padding lanes' zeros by it keeps
+/// them zero (a HardSwish written as `x · Clip(x + 3, 0, 6) / 6`, over any channel count).
+fn nonzero_constant(g: &Graph, v: Option<&str>) -> bool {
+    v.and_then(|v| g.initializers.get(v))
+        .is_some_and(|t| t.dtype() == DType::F32 && t.data::<f32>().iter().all(|&x| x != 0.0))
 }
 
 fn is_scalar(g: &Graph, v: &str) -> bool {
