@@ -521,9 +521,32 @@ fn fast_kernels_match_reference() {
             ],
             vec![f32_tensor("k", &[10], &r.values(10))],
         ),
+        // A squeeze-excitation gate pooled by ReduceMean over H and W (a GlobalAveragePool),
+        // and a SAME_UPPER 2×2 stride-1 max pool (explicit pads for the blocked kernel).
+        (
+            "se-reducemean",
+            vec![
+                node("ReduceMean", "pool", &["x"], &["m"], vec![ints("axes", &[2, 3])]),
+                node("Sigmoid", "gate", &["m"], &["s"], vec![]),
+                node("Mul", "scale", &["x", "s"], &["y"], vec![]),
+            ],
+            vec![],
+        ),
+        (
+            "maxpool-same-stride1",
+            vec![node(
+                "MaxPool",
+                "p",
+                &["x"],
+                &["y"],
+                vec![ints("kernel_shape", &[2, 2]), ints("strides", &[1, 1]), auto_pad("SAME_UPPER")],
+            )],
+            vec![],
+        ),
     ];
     // The cases added with their fast kernels: none may fall back to a reference kernel.
-    let census = ["outer-broadcast", "gmp-1d", "transpose-ones", "compare-cast"];
+    let census =
+        ["outer-broadcast", "gmp-1d", "transpose-ones", "compare-cast", "se-reducemean", "maxpool-same-stride1"];
     for (tag, nodes, inits) in cases {
         let m = model(nodes, xin(), vec![unknown("y")], inits, 17);
         if census.contains(&tag) {

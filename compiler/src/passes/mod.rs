@@ -12,6 +12,7 @@ mod half;
 mod int8;
 pub mod layout;
 mod layout_ops;
+mod pool_pads;
 mod qconv;
 mod qdense;
 mod qdense_static;
@@ -74,6 +75,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
     let mut passes = graph_passes(Some(int8), !wide, round);
     passes.extend([
+        Pass::new("explicit-pool-pads", pool_pads::run),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("select-kernels", move |g| crate::select::run(g, lanes, tile)),
         Pass::new("dead-code-elimination", dce::run),

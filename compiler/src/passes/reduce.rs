@@ -4,6 +4,10 @@
 //! `axis` the first reduced axis (all axes after it are reduced too), `keepdims` as in
 //! ONNX. Other reductions (other dtypes, non-trailing axes, sizes only known at run time
 //! along the reduced axes, empty rows) keep their reference kernels.
+//!
+//! A mean over the spatial dims of a 4-D tensor, kept (`ReduceMean(x, [2, 3])`, as
+//! paddle2onnx writes a squeeze-excitation's pooling), is a GlobalAveragePool: it becomes
+//! one, which the blocked layout runs without converting its input back to NCHW.
 
 use super::fuse::{sources_of, SOURCES};
 use super::PassError;
@@ -49,6 +53,20 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         }
         let Some(mode) = ReduceMode::from_op(&n.op) else { continue };
         let Some(axis) = trailing_axis(g, n) else { continue };
+        let rank = n.input(0).and_then(|x| g.value_type(x)).and_then(|t| t.shape).map_or(0, |s| s.len());
+        if mode == ReduceMode::Mean && rank == 4 && axis == 2 && n.int("keepdims", 1) != 0 {
+            let mut attrs = std::collections::BTreeMap::new();
+            attrs.insert(SOURCES.to_string(), Attr::Strings(sources_of(n)));
+            g.nodes[i] = Node {
+                name: n.name.clone(),
+                op: "GlobalAveragePool".into(),
+                domain: String::new(),
+                inputs: vec![n.inputs[0].clone()],
+                outputs: n.outputs.clone(),
+                attrs,
+            };
+            continue;
+        }
         let mut attrs = std::collections::BTreeMap::new();
         attrs.insert("mode".to_string(), Attr::String(mode.name().into()));
         attrs.insert("axis".to_string(), Attr::Int(axis as i64));
