@@ -1793,3 +1793,99 @@ fn hardswish_by_division_stays_blocked() {
     let conversions = ops.iter().filter(|o| *o == "FromBlocked" || *o == "ToBlocked").count();
     assert_eq!(conversions, 1, "layout conversions: {ops:?}");
 }
+
+/// PP-LCNet's block as paddle2onnx writes it: a convolution, a learnable scalar affine
+/// (`· k + b`) and a HardSwish written out as `x · Clip(x + 3, 0, 6) / 6`. The affine folds
+/// into the convolution's weights and bias, the HardSwish into its epilogue: one node, and
+/// the same numbers as the reference.
+#[test]
+fn affine_and_written_out_hardswish_fold_into_the_convolution() {
+    let mut r = Rng(31);
+    let c = 24usize;
+    let nodes = vec![
+        node(
+            "Conv",
+            "conv",
+            &["x", "W", "B"],
+            &["a"],
+            vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+        ),
+        node("Mul", "scale", &["a", "k"], &["b"], vec![]),
+        node("Add", "shift", &["b", "s"], &["h"], vec![]),
+        node("Add", "plus3", &["h", "three"], &["p"], vec![]),
+        node("Clip", "clip", &["p", "zero", "six"], &["q"], vec![]),
+        node("Mul", "gate", &["h", "q"], &["t"], vec![]),
+        node("Div", "sixth", &["t", "six"], &["y"], vec![]),
+    ];
+    let inits = vec![
+        f32_tensor("W", &[c as i64, 8, 3, 3], &r.values(c * 8 * 9)),
+        f32_tensor("B", &[c as i64], &r.values(c)),
+        f32_tensor("k", &[1], &[1.7]),
+        f32_tensor("s", &[1], &[0.3]),
+        f32_tensor("three", &[], &[3.0]),
+        f32_tensor("zero", &[], &[0.0]),
+        f32_tensor("six", &[], &[6.0]),
+    ];
+    let m = model(
+        nodes,
+        vec![value("x", 1, &[Ok(1), Ok(8), Ok(7), Ok(9)])],
+        vec![value("y", 1, &[Ok(1), Ok(c as i64), Ok(7), Ok(9)])],
+        inits,
+        17,
+    );
+    let x = Tensor::from_vec(&[1, 8, 7, 9], r.values(8 * 63).iter().map(|v| v * 2.0).collect());
+    check("affine-hardswish", m.clone(), vec![("x".into(), x)]);
+    let d = tempdir("affine-hardswish-graph");
+    std::fs::write(d.join("m.onnx"), &m).unwrap();
+    let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let g = model.optimized_graph().unwrap();
+    let convs: Vec<&aim_ir::Node> = g.nodes.iter().filter(|n| n.op == "Conv").collect();
+    let others: Vec<&str> =
+        g.nodes.iter().filter(|n| !matches!(n.op.as_str(), "Conv" | "FromBlocked")).map(|n| n.op.as_str()).collect();
+    assert_eq!(convs.len(), 1);
+    assert_eq!(convs[0].string("activation", ""), "hardswish", "{:?}", convs[0]);
+    assert!(others.is_empty(), "left unfused: {others:?}");
+}
+
+/// A dense layer followed by a constant scale (per output feature, or one value) and a
+/// scalar shift folds them into its weights and bias, stored `[K, N]` (MatMul) or
+/// transposed (Gemm with transB), against the reference.
+#[test]
+fn dense_scale_and_shift_fold_into_the_weights() {
+    let mut r = Rng(37);
+    let (m, k, n) = (5usize, 12usize, 20usize);
+    for gemm in [false, true] {
+        let (first, w) = if gemm {
+            (
+                node("Gemm", "fc", &["x", "W"], &["a"], vec![int_attr("transB", 1)]),
+                f32_tensor("W", &[n as i64, k as i64], &r.values(n * k)),
+            )
+        } else {
+            (
+                node("MatMul", "fc", &["x", "W"], &["a"], vec![]),
+                f32_tensor("W", &[k as i64, n as i64], &r.values(n * k)),
+            )
+        };
+        let nodes = vec![
+            first,
+            node("Mul", "scale", &["a", "sc"], &["b"], vec![]),
+            node("Add", "shift", &["b", "sh"], &["c"], vec![]),
+            node("Relu", "act", &["c"], &["y"], vec![]),
+        ];
+        let scale = if gemm { f32_tensor("sc", &[], &[0.6]) } else { f32_tensor("sc", &[n as i64], &r.values(n)) };
+        let model_bytes = model(
+            nodes,
+            vec![value("x", 1, &[Ok(m as i64), Ok(k as i64)])],
+            vec![value("y", 1, &[Ok(m as i64), Ok(n as i64)])],
+            vec![w, scale, f32_tensor("sh", &[1], &[0.25])],
+            17,
+        );
+        let tag = format!("dense-affine-gemm{gemm}");
+        check(&tag, model_bytes.clone(), vec![("x".into(), Tensor::from_vec(&[m, k], r.values(m * k)))]);
+        let d = tempdir(&tag);
+        std::fs::write(d.join("m.onnx"), &model_bytes).unwrap();
+        let loaded = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+        let ops: Vec<String> = loaded.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
+        assert_eq!(ops, ["Dense"], "{tag}");
+    }
+}

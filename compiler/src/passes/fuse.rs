@@ -172,6 +172,9 @@ pub(super) fn activation_at(
                 .map(|a| (a, vec![k]))
         }
         [a, b] if a != usize::MAX && b != usize::MAX => {
+            if let Some(taken) = hardswish_written_out(g, index, x, a, b) {
+                return Some((Activation::HardSwish, taken));
+            }
             // x · gate(x): the gate's output read by the Mul alone.
             let (gate, mul) = if g.nodes[a].op == "Mul" { (b, a) } else { (a, b) };
             let (gn, mn) = (&g.nodes[gate], &g.nodes[mul]);
@@ -196,6 +199,102 @@ pub(super) fn activation_at(
         }
         _ => None,
     }
+}
+
+/// HardSwish as paddle2onnx writes it, `x · Clip(x + 3, 0, 6) / 6` (the `/ 6` a Div or a
+/// Mul by 1/6), read from `x` by an Add and a Mul (nodes `a`, `b`, either order): the
+/// nodes it takes, in order, each intermediate value read by the next alone.
+fn hardswish_written_out(
+    g: &Graph,
+    index: &HashMap<String, Vec<usize>>,
+    x: &str,
+    a: usize,
+    b: usize,
+) -> Option<Vec<usize>> {
+    let (add, mul) = if g.nodes[a].op == "Add" { (a, b) } else { (b, a) };
+    let only_reader = |v: &str| -> Option<usize> {
+        match index.get(v).map(|r| r.as_slice()) {
+            Some(&[k]) if k != usize::MAX => Some(k),
+            _ => None,
+        }
+    };
+    let plain = |k: usize, op: &str| g.nodes[k].domain.is_empty() && g.nodes[k].op == op;
+    let is = |v: Option<Option<f32>>, want: f32| matches!(v, Some(Some(c)) if (c - want).abs() <= 1e-6 * want.abs());
+    let other = |k: usize, known: &str| -> Option<&str> {
+        let n = &g.nodes[k];
+        (n.inputs.len() == 2).then_some(())?;
+        if n.inputs[0] == known {
+            Some(n.inputs[1].as_str())
+        } else if n.inputs[1] == known {
+            Some(n.inputs[0].as_str())
+        } else {
+            None
+        }
+    };
+    if !plain(add, "Add") || !plain(mul, "Mul") || !is(scalar(g, other(add, x)), 3.0) {
+        return None;
+    }
+    let clip = only_reader(&g.nodes[add].outputs[0])?;
+    let cn = &g.nodes[clip];
+    let bounds_ok =
+        cn.input(1).is_some() && scalar(g, cn.input(1)) == Some(Some(0.0)) && is(scalar(g, cn.input(2)), 6.0);
+    if !plain(clip, "Clip") || cn.inputs[0] != g.nodes[add].outputs[0] || !bounds_ok {
+        return None;
+    }
+    if only_reader(&cn.outputs[0])? != mul || other(mul, x)? != cn.outputs[0] {
+        return None;
+    }
+    let last = only_reader(&g.nodes[mul].outputs[0])?;
+    let scaled = match g.nodes[last].op.as_str() {
+        "Div" => g.nodes[last].inputs[0] == g.nodes[mul].outputs[0] && is(scalar(g, g.nodes[last].input(1)), 6.0),
+        "Mul" => is(scalar(g, other(last, &g.nodes[mul].outputs[0])), 1.0 / 6.0),
+        _ => false,
+    };
+    let ordered = add < clip && clip < mul && mul < last;
+    (scaled && g.nodes[last].domain.is_empty() && ordered).then(|| vec![add, clip, mul, last])
+}
+
+/// Scales the output channels of the fused `aim:Conv` / `aim:Dense` `f` (fused from node
+/// `name`) by `scale`: new weight and bias constants (the originals may be shared), false
+/// when its weights are not a constant f32 tensor of the expected layout.
+fn scale_outputs(g: &mut Graph, f: &mut Node, name: &str, scale: &[f32]) -> bool {
+    let Some(w) = g.initializers.get(&f.inputs[1]).filter(|w| w.dtype() == DType::F32) else { return false };
+    let mut v = w.data::<f32>().to_vec();
+    let shape = w.shape().to_vec();
+    let ok = match f.op.as_str() {
+        // [Cout, ...]: one row of weights per output channel.
+        "Conv" if shape.first() == Some(&scale.len()) => {
+            let per = v.len() / scale.len().max(1);
+            v.chunks_mut(per.max(1)).zip(scale).for_each(|(row, s)| row.iter_mut().for_each(|x| *x *= s));
+            true
+        }
+        "Dense" => match (dense_dims(f, w), shape.as_slice()) {
+            // [N, K] stored transposed: a row per output; [K, N]: a column.
+            (Some((_, n)), &[rows, k]) if n == scale.len() && f.int(TRANS_B, 0) != 0 && rows == n => {
+                v.chunks_mut(k.max(1)).zip(scale).for_each(|(row, s)| row.iter_mut().for_each(|x| *x *= s));
+                true
+            }
+            (Some((_, n)), &[_, cols]) if n == scale.len() && f.int(TRANS_B, 0) == 0 && cols == n => {
+                v.chunks_mut(n.max(1)).for_each(|row| row.iter_mut().zip(scale).for_each(|(x, s)| *x *= s));
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    };
+    if !ok {
+        return false;
+    }
+    let wname = format!("{name}::scaled_w");
+    g.initializers.insert(wname.clone(), Tensor::from_vec(&shape, v));
+    f.inputs[1] = wname;
+    if let Some(b) = g.initializers.get(&f.inputs[2]) {
+        let scaled: Vec<f32> = b.data::<f32>().iter().zip(scale).map(|(b, s)| b * s).collect();
+        let bname = format!("{name}::bias");
+        g.initializers.insert(bname.clone(), Tensor::from_vec(&[scaled.len()], scaled));
+        f.inputs[2] = bname;
+    }
+    true
 }
 
 /// Records `act` on the fused node `f`.
@@ -267,7 +366,57 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             if !m.domain.is_empty() || has_act {
                 break;
             }
+            // A constant operand of m as one value per output channel (a scalar repeated),
+            // if it is a scalar or one value per channel along the channel dim.
+            let per_channel = |t: &Tensor| -> Option<Vec<f32>> {
+                let c = channels?;
+                let r = out_ty.as_ref().map_or(0, |s| s.len());
+                let channel_dim = if f.op.starts_with("Conv") { 1 } else { r.saturating_sub(1) };
+                if t.dtype() != DType::F32 || t.rank() > r || r == 0 {
+                    return None;
+                }
+                let v = t.data::<f32>();
+                if t.len() == 1 {
+                    return Some(vec![v[0]; c]);
+                }
+                let aligned = t.len() == c
+                    && (0..r).all(|d| {
+                        let td = if d + t.rank() >= r { t.shape()[d + t.rank() - r] } else { 1 };
+                        td == if d == channel_dim { c } else { 1 }
+                    });
+                aligned.then(|| v.to_vec())
+            };
+            let constant = |m: &Node| -> Option<&Tensor> {
+                let other = if m.inputs[0] == out { &m.inputs[1] } else { &m.inputs[0] };
+                (other != &out).then(|| g.initializers.get(other)).flatten()
+            };
+            let plain = f.op == "Conv" || f.op == "Dense";
             let taken = match m.op.as_str() {
+                // Before any residual or activation, a constant scale per output channel
+                // folds into the weights and bias (PP-LCNet's learnable affine after a
+                // convolution: `conv · k + b`).
+                "Mul" if m.inputs.len() == 2 && plain && !has_residual => match constant(&m).and_then(&per_channel) {
+                    Some(scale) => scale_outputs(g, &mut f, &n.name, &scale),
+                    None => false,
+                },
+                "Add"
+                    if m.inputs.len() == 2 && plain && !has_residual && constant(&m).is_some_and(|t| t.len() == 1) =>
+                {
+                    match constant(&m).and_then(&per_channel) {
+                        Some(shift) => {
+                            let name = format!("{}::bias", n.name);
+                            let old = g.initializers.get(&f.inputs[2]).map(|b| b.data::<f32>().to_vec());
+                            let bias: Vec<f32> = match old {
+                                Some(b) => b.iter().zip(&shift).map(|(b, s)| b + s).collect(),
+                                None => shift,
+                            };
+                            g.initializers.insert(name.clone(), Tensor::from_vec(&[bias.len()], bias));
+                            f.inputs[2] = name;
+                            true
+                        }
+                        None => false,
+                    }
+                }
                 "Add" if m.inputs.len() == 2 => {
                     let other = if m.inputs[0] == out { &m.inputs[1] } else { &m.inputs[0] };
                     if *other == out {
