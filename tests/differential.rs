@@ -1472,22 +1472,39 @@ fn column_convolutions_match_reference() {
     }
 }
 
-/// Convolutions over a batch of images with few output positions each (1-D convolutions
-/// over a batch of short frames, as speech models run them), which run as one GEMM over the
-/// batch: 1-D and 2-D, grouped, strided, with a fused residual and activation.
-#[test]
-fn batched_short_convolutions_match_reference() {
-    let mut r = Rng(9);
-    for (rank, c, m, k, s, p, group, residual) in [
-        (3usize, 1usize, 24usize, 8usize, 4usize, 0usize, 1usize, false),
-        (3, 16, 8, 3, 1, 1, 1, true),
-        (3, 12, 12, 3, 2, 1, 2, false),
-        (4, 8, 16, 3, 1, 1, 1, true),
-    ] {
-        let (nb, len) = (6usize, 9usize);
+/// One convolution of the convolution tests: `rank` (3: 1-D, 4: 2-D), batch, input and
+/// output channels, kernel, stride, padding and dilation (the same along every spatial
+/// dim), groups, input length per spatial dim, whether a residual is added, and the
+/// activation that follows.
+#[derive(Clone, Copy)]
+struct ConvCase {
+    rank: usize,
+    nb: usize,
+    c: usize,
+    m: usize,
+    k: usize,
+    s: usize,
+    p: usize,
+    d: usize,
+    group: usize,
+    len: usize,
+    residual: bool,
+    act: &'static str,
+}
+
+impl ConvCase {
+    /// A name for failure messages and temporary folders.
+    fn tag(&self, what: &str) -> String {
+        let ConvCase { rank, nb, c, m, k, s, p, d, group, residual, .. } = *self;
+        format!("{what}-r{rank}n{nb}c{c}m{m}k{k}s{s}p{p}d{d}g{group}res{residual}")
+    }
+
+    /// The model (Conv with a bias, the residual Add, the activation) and random inputs.
+    fn model(&self, r: &mut Rng) -> (Vec<u8>, Vec<(String, Tensor)>) {
+        let ConvCase { rank, nb, c, m, k, s, p, d, group, len, residual, act } = *self;
         let sp = rank - 2;
+        let o = (len + 2 * p - d * (k - 1) - 1) / s + 1;
         let dims_in: Vec<usize> = [nb, c].into_iter().chain(std::iter::repeat_n(len, sp)).collect();
-        let o = (len + 2 * p - k) / s + 1;
         let dims_out: Vec<usize> = [nb, m].into_iter().chain(std::iter::repeat_n(o, sp)).collect();
         let kern: Vec<i64> = vec![k as i64; sp];
         let wdims: Vec<i64> = [m as i64, (c / group) as i64].into_iter().chain(kern.clone()).collect();
@@ -1500,6 +1517,7 @@ fn batched_short_convolutions_match_reference() {
                 ints("kernel_shape", &kern),
                 ints("strides", &vec![s as i64; sp]),
                 ints("pads", &vec![p as i64; 2 * sp]),
+                ints("dilations", &vec![d as i64; sp]),
                 int_attr("group", group as i64),
             ],
         )];
@@ -1513,11 +1531,37 @@ fn batched_short_convolutions_match_reference() {
             inputs.push(("skip".into(), Tensor::from_vec(&dims_out, r.values(dims_out.iter().product()))));
             last = "sum";
         }
-        nodes.push(node("Relu", "act", &[last], &["y"], vec![]));
+        nodes.push(node(act, "act", &[last], &["y"], vec![]));
         let wn = m * (c / group) * k.pow(sp as u32);
         let inits = vec![f32_tensor("W", &wdims, &r.values(wn)), f32_tensor("B", &[m as i64], &r.values(m))];
-        let model = model(nodes, graph_inputs, vec![value("y", 1, &as_dims(&dims_out))], inits, 17);
-        check(&format!("batched-r{rank}c{c}m{m}k{k}s{s}p{p}g{group}res{residual}"), model, inputs);
+        (model(nodes, graph_inputs, vec![value("y", 1, &as_dims(&dims_out))], inits, 17), inputs)
+    }
+
+    /// The kernel the compiler records for the convolution.
+    fn kernel(&self, tag: &str, bytes: &[u8]) -> String {
+        let dir = tempdir(tag);
+        std::fs::write(dir.join("m.onnx"), bytes).unwrap();
+        let loaded = Model::load_with(dir.join("m.onnx"), Backend::Cpu).unwrap();
+        let g = loaded.optimized_graph().unwrap();
+        g.nodes.iter().find(|n| n.op == "Conv").expect("a convolution").string("kernel", "").to_string()
+    }
+}
+
+/// Convolutions over a batch of images with few output positions each (1-D convolutions
+/// over a batch of short frames, as speech models run them), which run as one GEMM over the
+/// batch: 1-D and 2-D, grouped, strided, with a fused residual and activation.
+#[test]
+fn batched_short_convolutions_match_reference() {
+    let mut r = Rng(9);
+    for (rank, c, m, k, s, p, group, residual) in [
+        (3usize, 1usize, 24usize, 8usize, 4usize, 0usize, 1usize, false),
+        (3, 16, 8, 3, 1, 1, 1, true),
+        (3, 12, 12, 3, 2, 1, 2, false),
+        (4, 8, 16, 3, 1, 1, 1, true),
+    ] {
+        let case = ConvCase { rank, nb: 6, c, m, k, s, p, d: 1, group, len: 9, residual, act: "Relu" };
+        let (bytes, inputs) = case.model(&mut r);
+        check(&case.tag("batched"), bytes, inputs);
     }
 }
 
@@ -1618,47 +1662,12 @@ fn few_position_convolutions_match_reference() {
         (4, 1, 5, 12, 3, 1, 1, 1, 4, true),
         (4, 2, 3, 8, 2, 2, 0, 1, 5, false),
     ] {
-        let sp = rank - 2;
-        let dims_in: Vec<usize> = [nb, c].into_iter().chain(std::iter::repeat_n(len, sp)).collect();
-        let o = (len + 2 * p - d * (k - 1) - 1) / s + 1;
-        let dims_out: Vec<usize> = [nb, m].into_iter().chain(std::iter::repeat_n(o, sp)).collect();
-        let kern: Vec<i64> = vec![k as i64; sp];
-        let wdims: Vec<i64> = [m as i64, c as i64].into_iter().chain(kern.clone()).collect();
-        let mut nodes = vec![node(
-            "Conv",
-            "conv",
-            &["x", "W", "B"],
-            &["c"],
-            vec![
-                ints("kernel_shape", &kern),
-                ints("strides", &vec![s as i64; sp]),
-                ints("pads", &vec![p as i64; 2 * sp]),
-                ints("dilations", &vec![d as i64; sp]),
-            ],
-        )];
-        let as_dims = |d: &[usize]| d.iter().map(|&v| Ok(v as i64)).collect::<Vec<_>>();
-        let mut graph_inputs = vec![value("x", 1, &as_dims(&dims_in))];
-        let mut inputs = vec![("x".to_string(), Tensor::from_vec(&dims_in, r.values(dims_in.iter().product())))];
-        let mut last = "c";
-        if residual {
-            nodes.push(node("Add", "res", &["c", "skip"], &["sum"], vec![]));
-            graph_inputs.push(value("skip", 1, &as_dims(&dims_out)));
-            inputs.push(("skip".into(), Tensor::from_vec(&dims_out, r.values(dims_out.iter().product()))));
-            last = "sum";
-        }
-        nodes.push(node("Tanh", "act", &[last], &["y"], vec![]));
-        let wn = m * c * k.pow(sp as u32);
-        let inits = vec![f32_tensor("W", &wdims, &r.values(wn)), f32_tensor("B", &[m as i64], &r.values(m))];
-        let model = model(nodes, graph_inputs, vec![value("y", 1, &as_dims(&dims_out))], inits, 17);
-        let tag = format!("few-r{rank}n{nb}c{c}m{m}k{k}s{s}p{p}d{d}res{residual}");
-        check(&tag, model.clone(), inputs);
-        let dir = tempdir(&tag);
-        std::fs::write(dir.join("m.onnx"), &model).unwrap();
-        let loaded = Model::load_with(dir.join("m.onnx"), Backend::Cpu).unwrap();
-        let g = loaded.optimized_graph().unwrap();
-        let conv = g.nodes.iter().find(|n| n.op == "Conv").expect("a convolution");
+        let case = ConvCase { rank, nb, c, m, k, s, p, d, group: 1, len, residual, act: "Tanh" };
+        let (bytes, inputs) = case.model(&mut r);
+        let tag = case.tag("few");
+        check(&tag, bytes.clone(), inputs);
         if rank == 3 {
-            assert_eq!(conv.string("kernel", ""), "gemm_by_position", "{tag}: {conv:?}");
+            assert_eq!(case.kernel(&tag, &bytes), "gemm_by_position", "{tag}");
         }
     }
 }
@@ -1713,43 +1722,11 @@ fn depthwise_1d_convolutions_match_reference() {
         (9, 3, 2, 1, 1, 17, false),
         (8, 3, 1, 2, 2, 12, true),
     ] {
-        let o = (len + 2 * p - d * (k - 1) - 1) / s + 1;
-        let mut nodes = vec![node(
-            "Conv",
-            "conv",
-            &["x", "W", "B"],
-            &["c"],
-            vec![
-                ints("kernel_shape", &[k as i64]),
-                ints("strides", &[s as i64]),
-                ints("pads", &[p as i64, p as i64]),
-                ints("dilations", &[d as i64]),
-                int_attr("group", c as i64),
-            ],
-        )];
-        let mut graph_inputs = vec![value("x", 1, &[Ok(2), Ok(c as i64), Ok(len as i64)])];
-        let mut inputs = vec![("x".to_string(), Tensor::from_vec(&[2, c, len], r.values(2 * c * len)))];
-        let mut last = "c";
-        if residual {
-            nodes.push(node("Add", "res", &["c", "skip"], &["sum"], vec![]));
-            graph_inputs.push(value("skip", 1, &[Ok(2), Ok(c as i64), Ok(o as i64)]));
-            inputs.push(("skip".into(), Tensor::from_vec(&[2, c, o], r.values(2 * c * o))));
-            last = "sum";
-        }
-        nodes.push(node("Relu", "act", &[last], &["y"], vec![]));
-        let inits = vec![
-            f32_tensor("W", &[c as i64, 1, k as i64], &r.values(c * k)),
-            f32_tensor("B", &[c as i64], &r.values(c)),
-        ];
-        let model = model(nodes, graph_inputs, vec![value("y", 1, &[Ok(2), Ok(c as i64), Ok(o as i64)])], inits, 17);
-        let tag = format!("dw1d-c{c}k{k}s{s}p{p}d{d}res{residual}");
-        check(&tag, model.clone(), inputs);
-        let dir = tempdir(&tag);
-        std::fs::write(dir.join("m.onnx"), &model).unwrap();
-        let loaded = Model::load_with(dir.join("m.onnx"), Backend::Cpu).unwrap();
-        let g = loaded.optimized_graph().unwrap();
-        let conv = g.nodes.iter().find(|n| n.op == "Conv").expect("a convolution");
-        assert_eq!(conv.string("kernel", ""), "depthwise", "{tag}: {conv:?}");
+        let case = ConvCase { rank: 3, nb: 2, c, m: c, k, s, p, d, group: c, len, residual, act: "Relu" };
+        let (bytes, inputs) = case.model(&mut r);
+        let tag = case.tag("dw1d");
+        check(&tag, bytes.clone(), inputs);
+        assert_eq!(case.kernel(&tag, &bytes), "depthwise", "{tag}");
     }
 }
 
