@@ -1866,3 +1866,51 @@ fn dense_scale_and_shift_fold_into_the_weights() {
         assert_eq!(ops, ["Dense"], "{tag}");
     }
 }
+
+/// Byte tensors moved and dequantized at run time (an int8 embedding's rows transposed
+/// for an LSTM, as quantize_dynamic leaves them): Transpose of 1-, 2- and 8-byte elements
+/// and DequantizeLinear run on fast kernels and match the reference.
+#[test]
+fn byte_transposes_and_dequantization_run_fast() {
+    let mut r = Rng(41);
+    for (elem, qtype) in [(3, 2), (5, 3)] {
+        // elem: a Cast target of 1 or 2 bytes (i8, i16; then i64, 8 bytes); qtype: u8 or i8.
+        let zp = aim_compiler::onnx::proto::TensorProto {
+            name: Some("zp".into()),
+            data_type: Some(qtype),
+            dims: vec![],
+            raw_data: Some(vec![if qtype == 2 { 128u8 } else { 0 }].into()),
+            ..Default::default()
+        };
+        let nodes = vec![
+            node("QuantizeLinear", "q", &["x", "s", "zp"], &["xq"], vec![]),
+            node("Transpose", "t", &["xq"], &["tq"], vec![ints("perm", &[1, 0, 2])]),
+            node("DequantizeLinear", "dq", &["tq", "s", "zp"], &["d"], vec![]),
+            node("Cast", "wide", &["tq"], &["w"], vec![int_attr("to", elem)]),
+            node("Transpose", "t2", &["w"], &["w2"], vec![ints("perm", &[2, 1, 0])]),
+            node("Cast", "long", &["w2"], &["l"], vec![int_attr("to", 7)]),
+            node("Transpose", "t3", &["l"], &["l2"], vec![ints("perm", &[2, 1, 0])]),
+            node("Cast", "back", &["l2"], &["f"], vec![int_attr("to", 1)]),
+            node("Add", "sum", &["d", "f"], &["y"], vec![]),
+        ];
+        let m = model(
+            nodes,
+            vec![value("x", 1, &[Ok(4), Ok(6), Ok(10)])],
+            vec![value("y", 1, &[Ok(6), Ok(4), Ok(10)])],
+            vec![f32_tensor("s", &[], &[0.02]), zp],
+            17,
+        );
+        let x = Tensor::from_vec(&[4, 6, 10], r.values(240));
+        let tag = format!("byte-moves-{elem}-{qtype}");
+        check(&tag, m.clone(), vec![("x".into(), x.clone())]);
+        let d = tempdir(&tag);
+        std::fs::write(d.join("m.onnx"), &m).unwrap();
+        let loaded = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+        loaded.run(vec![("x".into(), x)]).unwrap();
+        let (_, kinds) = loaded.node_kinds().unwrap();
+        for name in ["t", "dq", "t2", "t3"] {
+            let kind = kinds.iter().find(|(n, _)| n == name).map(|(_, k)| *k);
+            assert_ne!(kind, Some(aim_runtime::cpu::NodeKind::Reference), "{tag}: {name} on the reference kernel");
+        }
+    }
+}

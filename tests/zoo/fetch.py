@@ -68,6 +68,8 @@ def make_inputs(name, spec):
             a = np.zeros(shape)
         elif fill == "bytes":
             a = rng.integers(0, 256, shape)
+        elif fill == "tokens":
+            a = rng.integers(0, s["vocab"], shape)
         else:
             sys.exit(f"{name}: input {input_name}: unknown fill {fill!r}")
         feeds[input_name] = a.astype(dtype)

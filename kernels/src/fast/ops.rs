@@ -34,6 +34,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
         "Softmax" | "LogSoftmax" => softmax,
         "LayerNormalization" => layer_norm,
         "Transpose" => transpose,
+        "DequantizeLinear" => dequantize_linear,
         "MaxPool" | "AveragePool" => pool2d,
         "GlobalAveragePool" | "GlobalMaxPool" => global_pool,
         "MatMul" => matmul,
@@ -65,7 +66,8 @@ pub fn covers(op: &str, dtype: Option<DType>) -> bool {
     kernel(op).is_some()
         && match op {
             "Concat" | "Split" | "Slice" | "Pad" | "Gather" | "Where" | "Equal" | "Less" | "Greater"
-            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Not" | "Cast" | "Expand" => true,
+            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Not" | "Cast" | "Expand" | "Transpose" => true,
+            "DequantizeLinear" => matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16),
             "Add" | "Sub" | "Mul" | "Div" => matches!(d, DType::F32 | DType::I64 | DType::I32),
             "Range" => matches!(d, DType::F32 | DType::I64 | DType::I32),
             _ => d == DType::F32,
@@ -735,9 +737,6 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<T
 
 fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     let x = ins.first()?.as_ref()?;
-    if x.dtype().size() != 4 {
-        return None;
-    }
     let r = x.rank();
     let perm: Vec<usize> = match n.ints("perm") {
         Some(p) => p.iter().map(|&v| axis(v, r)).collect::<Result<_>>().ok()?,
@@ -749,21 +748,44 @@ fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Te
         return None;
     }
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
-    let st = strides(x.shape());
-    let src: &[f32] = bytemuck_f32(x);
     let mut y = match Output::new(cx.out, x.dtype(), &shape) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
-    let dst: &mut [f32] = y.bits_mut();
-    // Copy runs of the output's last dim; contiguous in the source when the last axis stays.
+    // A transpose moves bits, whatever the type: by element size.
+    let src = x.aligned_bytes(x.dtype().size().max(1));
+    let dst = y.bytes_mut();
+    match x.dtype().size() {
+        1 => move_elements::<u8>(src, dst, x.shape(), &perm, cx)?,
+        2 => move_elements::<u16>(src, dst, x.shape(), &perm, cx)?,
+        4 => move_elements::<u32>(src, dst, x.shape(), &perm, cx)?,
+        8 => move_elements::<u64>(src, dst, x.shape(), &perm, cx)?,
+        _ => return None,
+    }
+    Some(Ok(vec![y.finish()]))
+}
+
+/// The transpose by `perm` of the elements of `src` (shape `xs`) into `dst`, as elements of
+/// `T`: runs of the output's last dim, contiguous in the source when the last axis stays.
+fn move_elements<T: bytemuck::Pod + Send + Sync>(
+    src: &[u8],
+    dst: &mut [u8],
+    xs: &[usize],
+    perm: &[usize],
+    cx: &Ctx,
+) -> Option<()> {
+    let src: &[T] = bytemuck::try_cast_slice(src).ok()?;
+    let dst: &mut [T] = bytemuck::try_cast_slice_mut(dst).ok()?;
+    let r = perm.len();
+    let shape: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+    let st = strides(xs);
     let inner = shape[r - 1];
     let inner_step = st[perm[r - 1]];
     let outer: usize = shape[..r - 1].iter().product();
     let ost: Vec<usize> = perm[..r - 1].iter().map(|&p| st[p]).collect();
     let oshape = &shape[..r - 1];
     let per = (CHUNK / inner.max(1)).max(1);
-    let out = Out(dst.as_mut_ptr());
+    let out = SendMut(dst.as_mut_ptr());
     cx.par.for_each(outer.div_ceil(per), &|t| {
         let out = out;
         for o in t * per..((t + 1) * per).min(outer) {
@@ -784,17 +806,42 @@ fn transpose(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Te
             }
         }
     });
-    Some(Ok(vec![y.finish()]))
+    Some(())
 }
 
-/// A 4-byte-element tensor's bits as f32 (transpose moves bits, whatever the type).
-fn bytemuck_f32(t: &Tensor) -> &[f32] {
-    match t.dtype() {
-        DType::F32 => t.data::<f32>(),
-        DType::I32 => bytemuck::cast_slice(t.data::<i32>()),
-        DType::U32 => bytemuck::cast_slice(t.data::<u32>()),
-        _ => unreachable!("transpose checks for 4-byte elements"),
+/// A pointer to output elements that tasks writing disjoint rows share.
+struct SendMut<T>(*mut T);
+impl<T> Clone for SendMut<T> {
+    fn clone(&self) -> Self {
+        *self
     }
+}
+impl<T> Copy for SendMut<T> {}
+// SAFETY: tasks write disjoint rows (see `move_elements`).
+unsafe impl<T> Send for SendMut<T> {}
+unsafe impl<T> Sync for SendMut<T> {}
+
+/// DequantizeLinear of 8- and 16-bit integers with an f32 scale, per tensor or per axis,
+/// into f32 (the reference kernel's narrow path, whose arithmetic it is); None for other
+/// forms (blocks, other output types).
+fn dequantize_linear(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
+    let (x, scale) = (ins.first()?.as_ref()?, ins.get(1)?.as_ref()?);
+    let f32_out = n.opt_int("output_dtype").is_none_or(|c| c == 0 || c == DType::F32.onnx_code() as i64);
+    if n.int("block_size", 0) != 0 || !f32_out {
+        return None;
+    }
+    let zp = ins.get(2).and_then(|z| z.as_ref());
+    let t = match crate::ops::quant::dequantize_narrow(x, scale, zp, n.int("axis", 1)) {
+        Ok(Some(t)) => t,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut y = match Output::new(cx.out, DType::F32, t.shape()) {
+        Ok(y) => y,
+        Err(e) => return Some(Err(e)),
+    };
+    y.bits_mut().copy_from_slice(t.data::<f32>());
+    Some(Ok(vec![y.finish()]))
 }
 
 fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
