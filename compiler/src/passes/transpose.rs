@@ -125,6 +125,14 @@ fn reduced_transpose(
     }
     let to_in = shape_const("in_shape", dims.iter().map(|&d| d as i64).collect());
     let (flat, moved) = (format!("{}::in", n.name), format!("{}::moved", n.name));
+    // The new values' types, static like the shape they come from (aim nodes' outputs are
+    // not inferred, and the cuda lowering needs every dim).
+    let typed = |d: Vec<usize>| aim_ir::ValueType {
+        dtype: Some(DType::F32),
+        shape: Some(d.into_iter().map(aim_ir::Dim::Known).collect()),
+    };
+    g.value_types.insert(flat.clone(), typed(dims.to_vec()));
+    g.value_types.insert(moved.clone(), typed(reduced.iter().map(|&p| dims[p]).collect()));
     let before = with_sources("Reshape", "", vec![n.inputs[0].clone(), to_in], vec![flat.clone()]);
     let mut t = with_sources("Transpose", "aim", vec![flat], vec![moved.clone()]);
     t.attrs.insert("perm".into(), Attr::Ints(reduced.iter().map(|&p| p as i64).collect()));

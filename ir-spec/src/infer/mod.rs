@@ -307,8 +307,10 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
             one(Some(DType::I64), shape)
         }
         "Size" => one(Some(DType::I64), Some(vec![])),
-        "MatMul" => {
-            let dt = same_dtype(ins, &[0, 1])?;
+        // MatMulInteger (quantize_dynamic's products): 8-bit operands of either signedness,
+        // an int32 product of MatMul's shape.
+        "MatMul" | "MatMulInteger" => {
+            let dt = if op == "MatMulInteger" { Some(DType::I32) } else { same_dtype(ins, &[0, 1])? };
             let (Some(a), Some(b)) = (shape_of(ins, 0), shape_of(ins, 1)) else { return one(dt, None) };
             if a.is_empty() || b.is_empty() {
                 return Err("MatMul inputs must have rank at least 1".into());
