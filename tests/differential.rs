@@ -107,6 +107,14 @@ fn check(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) -> bool {
     true
 }
 
+/// `bytes` loaded on the cpu backend from a temporary folder named after `tag`: for tests
+/// that read the optimised graph or the kernels a run used.
+fn cpu_model(tag: &str, bytes: &[u8]) -> Model {
+    let d = tempdir(tag);
+    std::fs::write(d.join("m.onnx"), bytes).unwrap();
+    Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap()
+}
+
 /// As [`check`], for graphs every backend must run (the cuda backend included).
 fn check_all(tag: &str, model: Vec<u8>, inputs: Vec<(String, Tensor)>) {
     assert!(check(tag, model, inputs), "{tag}: the cuda backend did not lower it");
@@ -550,9 +558,7 @@ fn fast_kernels_match_reference() {
     for (tag, nodes, inits) in cases {
         let m = model(nodes, xin(), vec![unknown("y")], inits, 17);
         if census.contains(&tag) {
-            let d = tempdir(&format!("census-{tag}"));
-            std::fs::write(d.join("m.onnx"), &m).unwrap();
-            let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+            let model = cpu_model(&format!("census-{tag}"), &m);
             model.run(vec![("x".into(), Tensor::from_vec(&[2, 4, 6, 10], r.values(n)))]).unwrap();
             let (_, kinds) = model.node_kinds().unwrap();
             let slow: Vec<&String> =
@@ -560,9 +566,7 @@ fn fast_kernels_match_reference() {
             assert!(slow.is_empty(), "{tag}: nodes on reference kernels: {slow:?}");
         }
         if tag.starts_with("gelu") {
-            let d = tempdir(&format!("fused-{tag}"));
-            std::fs::write(d.join("m.onnx"), &m).unwrap();
-            let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+            let model = cpu_model(&format!("fused-{tag}"), &m);
             let ops: Vec<String> = model.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
             assert_eq!(ops, ["Gelu"], "{tag}: the written-out GELU is one node");
         }
@@ -1415,9 +1419,7 @@ fn activations_leave_no_reference_kernel() {
             let tag = format!("{op}-{}", if blocked { "blocked" } else { "nchw" });
             let m = model(nodes, graph_inputs, vec![value("y", 1, &shape)], inits, 18);
             check(&tag, m.clone(), inputs.clone());
-            let d = tempdir(&format!("kinds-{tag}"));
-            std::fs::write(d.join("m.onnx"), &m).unwrap();
-            let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+            let model = cpu_model(&format!("kinds-{tag}"), &m);
             model.run(inputs).unwrap();
             let (_, kinds) = model.node_kinds().unwrap();
             let reference: Vec<&String> =
@@ -1539,9 +1541,7 @@ impl ConvCase {
 
     /// The kernel the compiler records for the convolution.
     fn kernel(&self, tag: &str, bytes: &[u8]) -> String {
-        let dir = tempdir(tag);
-        std::fs::write(dir.join("m.onnx"), bytes).unwrap();
-        let loaded = Model::load_with(dir.join("m.onnx"), Backend::Cpu).unwrap();
+        let loaded = cpu_model(tag, bytes);
         let g = loaded.optimized_graph().unwrap();
         g.nodes.iter().find(|n| n.op == "Conv").expect("a convolution").string("kernel", "").to_string()
     }
@@ -1581,9 +1581,7 @@ fn declined_fast_kernels_count_as_reference() {
         vec![],
         17,
     );
-    let d = tempdir("declined");
-    std::fs::write(d.join("m.onnx"), &m).unwrap();
-    let pool = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let pool = cpu_model("declined", &m);
     let kind = |model: &Model| model.node_kinds().unwrap().1.into_iter().find(|(n, _)| n == "pool").unwrap().1;
     assert_eq!(kind(&pool), aim_runtime::cpu::NodeKind::Fast, "before a run the op's fast kernel is assumed");
     pool.run(vec![("x".into(), Tensor::from_vec(&[1, 3, 8, 8], r.values(192)))]).unwrap();
@@ -1603,8 +1601,7 @@ fn declined_fast_kernels_count_as_reference() {
         inits,
         17,
     );
-    std::fs::write(d.join("s.onnx"), &m).unwrap();
-    let slice = Model::load_with(d.join("s.onnx"), Backend::Cpu).unwrap();
+    let slice = cpu_model("declined-slice", &m);
     slice.run(vec![("x".into(), Tensor::from_vec(&[1, 3, 8, 8], r.values(192)))]).unwrap();
     assert_eq!(kind(&slice), aim_runtime::cpu::NodeKind::Fast);
 }
@@ -1632,9 +1629,7 @@ fn tied_embedding_projection_packs_the_table_in_place() {
     );
     let ids = Tensor::from_vec(&[seq], vec![3i64, 0, 36, 17, 3]);
     check_all("tied-embedding", m.clone(), vec![("ids".into(), ids)]);
-    let d = tempdir("tied-embedding-graph");
-    std::fs::write(d.join("m.onnx"), &m).unwrap();
-    let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let model = cpu_model("tied-embedding-graph", &m);
     let g = model.optimized_graph().unwrap();
     let ops: Vec<String> = g.nodes.iter().map(|n| format!("{}:{}", n.domain, n.op)).collect();
     assert!(!ops.iter().any(|o| o.ends_with(":Transpose")), "a transpose is left: {ops:?}");
@@ -1762,9 +1757,7 @@ fn hardswish_by_division_stays_blocked() {
     );
     let x = Tensor::from_vec(&[1, 8, 6, 10], r.values(8 * 60));
     check("hardswish-div", m.clone(), vec![("x".into(), x)]);
-    let d = tempdir("hardswish-div-graph");
-    std::fs::write(d.join("m.onnx"), &m).unwrap();
-    let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let model = cpu_model("hardswish-div-graph", &m);
     let ops: Vec<String> = model.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
     // Between the two convolutions nothing goes back to NCHW (the input may be blocked by
     // a reorder or read directly by the first convolution, as the ISA's block size decides).
@@ -1815,9 +1808,7 @@ fn affine_and_written_out_hardswish_fold_into_the_convolution() {
     );
     let x = Tensor::from_vec(&[1, 8, 7, 9], r.values(8 * 63).iter().map(|v| v * 2.0).collect());
     check("affine-hardswish", m.clone(), vec![("x".into(), x)]);
-    let d = tempdir("affine-hardswish-graph");
-    std::fs::write(d.join("m.onnx"), &m).unwrap();
-    let model = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+    let model = cpu_model("affine-hardswish-graph", &m);
     let g = model.optimized_graph().unwrap();
     let convs: Vec<&aim_ir::Node> = g.nodes.iter().filter(|n| n.op == "Conv").collect();
     // Layout reorders at the graph's edges aside.
@@ -1867,9 +1858,7 @@ fn dense_scale_and_shift_fold_into_the_weights() {
         );
         let tag = format!("dense-affine-gemm{gemm}");
         check(&tag, model_bytes.clone(), vec![("x".into(), Tensor::from_vec(&[m, k], r.values(m * k)))]);
-        let d = tempdir(&tag);
-        std::fs::write(d.join("m.onnx"), &model_bytes).unwrap();
-        let loaded = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+        let loaded = cpu_model(&tag, &model_bytes);
         let ops: Vec<String> = loaded.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
         assert_eq!(ops, ["Dense"], "{tag}");
     }
@@ -1911,9 +1900,7 @@ fn byte_transposes_and_dequantization_run_fast() {
         let x = Tensor::from_vec(&[4, 6, 10], r.values(240));
         let tag = format!("byte-moves-{elem}-{qtype}");
         check(&tag, m.clone(), vec![("x".into(), x.clone())]);
-        let d = tempdir(&tag);
-        std::fs::write(d.join("m.onnx"), &m).unwrap();
-        let loaded = Model::load_with(d.join("m.onnx"), Backend::Cpu).unwrap();
+        let loaded = cpu_model(&tag, &m);
         loaded.run(vec![("x".into(), x)]).unwrap();
         let (_, kinds) = loaded.node_kinds().unwrap();
         for name in ["t", "dq", "t2", "t3"] {

@@ -134,14 +134,14 @@ fn is_depthwise(weight: &[usize], group: usize) -> bool {
     matches!(weight, [m, 1, _] | [m, 1, _, _] if group == *m)
 }
 
-/// Whether `kernel` can run a convolution with `weight` in `group` groups: a `.aim` file
-/// may record another valid choice than the one the rule makes today.
-fn nchw_kernel_fits(kernel: &str, weight: &[usize], group: usize) -> bool {
+/// The kernel named `kernel` if it can run a convolution with `weight` in `group` groups
+/// (a `.aim` file may record another valid choice than the one the rule makes today).
+fn recorded_kernel(kernel: &str, weight: &[usize], group: usize) -> Option<&'static str> {
     match kernel {
-        DEPTHWISE => is_depthwise(weight, group),
-        BY_POSITION => group == 1,
-        "gemm" => true,
-        _ => false,
+        DEPTHWISE if is_depthwise(weight, group) => Some(DEPTHWISE),
+        BY_POSITION if group == 1 => Some(BY_POSITION),
+        "gemm" => Some("gemm"),
+        _ => None,
     }
 }
 
@@ -175,17 +175,12 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     let geo = geometry(n, &kernel);
     let act = activation(n);
     // The compiler's choice (`select-kernels`), checked; the same rule where it made none.
-    let rule = nchw_conv_kernel(w.shape(), group, static_output(g, n), (isa.mr(), isa.nr()));
+    let output = static_output(g, n);
+    let rule = nchw_conv_kernel(w.shape(), group, output, (isa.mr(), isa.nr()));
     let choice = match n.attrs.get("kernel") {
-        Some(aim_ir::Attr::String(k)) if nchw_kernel_fits(k, w.shape(), group) => {
-            [DEPTHWISE, BY_POSITION, "gemm"].into_iter().find(|c| c == k).unwrap_or(rule)
-        }
-        Some(aim_ir::Attr::String(k)) => {
-            return Err(prep_err(
-                n,
-                format!("kernel '{k}' cannot run this convolution (weights {:?}, group {group})", w.shape()),
-            ))
-        }
+        Some(aim_ir::Attr::String(k)) => recorded_kernel(k, w.shape(), group).ok_or_else(|| {
+            prep_err(n, format!("kernel '{k}' cannot run this convolution (weights {:?}, group {group})", w.shape()))
+        })?,
         Some(_) => return Err(prep_err(n, "the kernel attribute must be a string")),
         None => rule,
     };
@@ -221,7 +216,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
         .collect();
     // A one-group convolution whose output shape the compiler did not know chooses its
     // kernel per run.
-    let adaptive = (group == 1 && choice == "gemm" && static_output(g, n).is_none()).then(|| {
+    let adaptive = (group == 1 && choice == "gemm" && output.is_none()).then(|| {
         Box::new(Adaptive { weight_shape: w.shape().to_vec(), isa, blocking, by_position: std::sync::OnceLock::new() })
     });
     Ok(Prepared::Conv(Box::new(ConvPrep {
@@ -465,21 +460,24 @@ fn conv_batched(
         ..Epilogue::default()
     };
     gemm_lazy_b(&c.weights[gi], n_wide, &fill, &mut wide, n_wide, &ep, pool);
-    let act = c.act.unwrap_or(Activation::Identity);
     for b in 0..nb {
         for m in 0..mg {
             let at = (b * c.m + gi * mg + m) * osize;
             let src = &wide[m * n_wide + b * osize..][..osize];
-            let row = &mut yd[at..at + osize];
             match res {
-                Some(r) => {
-                    for ((o, &v), &x) in row.iter_mut().zip(src).zip(&r[at..at + osize]) {
-                        *o = act.apply(v + x);
-                    }
-                }
-                None => copy_short(row, src),
+                Some(r) => write_row(&mut yd[at..at + osize], |q| src[q], &r[at..at + osize], c.act),
+                None => copy_short(&mut yd[at..at + osize], src),
             }
         }
+    }
+}
+
+/// An output row whose GEMM result (`value(q)`, bias in, activation not) still needs the
+/// residual: `row[q] = act(value(q) + residual[q])`.
+fn write_row(row: &mut [f32], value: impl Fn(usize) -> f32, residual: &[f32], act: Option<Activation>) {
+    let act = act.unwrap_or(Activation::Identity);
+    for (q, (o, &x)) in row.iter_mut().zip(residual).enumerate() {
+        *o = act.apply(value(q) + x);
     }
 }
 
@@ -516,23 +514,15 @@ fn conv_by_position(
     let ep =
         Epilogue { col_bias: c.bias.as_deref(), act: if res.is_none() { c.act } else { None }, ..Epilogue::default() };
     gemm_rows(&a, rows, k, blocking, wt, &mut out, c.m, &ep, pool);
-    let act = c.act.unwrap_or(Activation::Identity);
     for b in 0..nb {
         for m in 0..c.m {
             let at = (b * c.m + m) * osize;
             let row = &mut yd[at..at + osize];
+            // Column m of the result, down this image's positions.
             let col = |q: usize| out[(b * osize + q) * c.m + m];
             match res {
-                Some(r) => {
-                    for (q, (o, &x)) in row.iter_mut().zip(&r[at..at + osize]).enumerate() {
-                        *o = act.apply(col(q) + x);
-                    }
-                }
-                None => {
-                    for (q, o) in row.iter_mut().enumerate() {
-                        *o = col(q);
-                    }
-                }
+                Some(r) => write_row(row, col, &r[at..at + osize], c.act),
+                None => row.iter_mut().enumerate().for_each(|(q, o)| *o = col(q)),
             }
         }
     }
