@@ -1909,3 +1909,81 @@ fn byte_transposes_and_dequantization_run_fast() {
         }
     }
 }
+
+/// ONNX Runtime's `DynamicQuantizeLSTM` (8-bit W and R, scales per direction or per gate
+/// column, zero points): the fast LSTM rounds X and each step's hidden state to u8 and
+/// sums whole numbers, as the reference does in f64, on every ISA, and runs no node on a
+/// reference kernel. (Against ORT itself: `ms_dynamic_lstm` in tests/run.sh.)
+#[test]
+fn dynamic_quantize_lstms_match_reference() {
+    let mut r = Rng(43);
+    let bytes = |name: &str, dtype: i32, dims: &[i64], v: Vec<u8>| aim_compiler::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        data_type: Some(dtype),
+        dims: dims.to_vec(),
+        raw_data: Some(v.into()),
+        ..Default::default()
+    };
+    for case in 0..12 {
+        let dir = r.pick(&["forward", "reverse", "bidirectional"]);
+        let dirs = if dir == "bidirectional" { 2 } else { 1 };
+        let (t, b, i, h) = (r.pick(&[1usize, 7]), r.pick(&[1usize, 3]), r.pick(&[5usize, 24]), r.pick(&[8usize, 19]));
+        let per_column = r.pick(&[false, true]);
+        let unsigned = r.pick(&[false, true]);
+        let g = 4 * h;
+        // s8 weights with zero zero points, or u8 around nonzero ones.
+        let (dtype, weight, zero): (i32, fn(f32) -> u8, u8) =
+            if unsigned { (2, |v| (v * 120.0 + 128.0) as u8, 128) } else { (3, |v| ((v * 120.0) as i8) as u8, 0) };
+        let scales = if per_column { dirs * g } else { dirs };
+        let sdims: Vec<i64> = if per_column { vec![dirs as i64, g as i64] } else { vec![dirs as i64] };
+        let mut inits = vec![
+            bytes(
+                "W",
+                dtype,
+                &[dirs as i64, i as i64, g as i64],
+                r.values(dirs * i * g).iter().map(|&v| weight(v)).collect(),
+            ),
+            bytes(
+                "R",
+                dtype,
+                &[dirs as i64, h as i64, g as i64],
+                r.values(dirs * h * g).iter().map(|&v| weight(v)).collect(),
+            ),
+            f32_tensor("B", &[dirs as i64, 2 * g as i64], &r.values(dirs * 2 * g)),
+        ];
+        for w in ["W", "R"] {
+            let s: Vec<f32> = r.values(scales).iter().map(|v| 0.004 + 0.002 * v.abs()).collect();
+            inits.push(f32_tensor(&format!("{w}s"), &sdims, &s));
+            inits.push(bytes(&format!("{w}z"), dtype, &sdims, vec![zero; scales]));
+        }
+        let x = Tensor::from_vec(&[t, b, i], r.values(t * b * i));
+        let h0 = Tensor::from_vec(&[dirs, b, h], r.values(dirs * b * h));
+        let mut n = node(
+            "DynamicQuantizeLSTM",
+            "qlstm",
+            &["x", "W", "R", "B", "", "h0", "", "", "Ws", "Wz", "Rs", "Rz"],
+            &["y", "yh", "yc"],
+            vec![int_attr("hidden_size", h as i64), string_attr("direction", dir)],
+        );
+        n.domain = Some("com.microsoft".into());
+        let st = [Ok(dirs as i64), Ok(b as i64), Ok(h as i64)];
+        let m = model(
+            vec![n],
+            vec![value("x", 1, &[Ok(t as i64), Ok(b as i64), Ok(i as i64)]), value("h0", 1, &st)],
+            vec![
+                value("y", 1, &[Ok(t as i64), Ok(dirs as i64), Ok(b as i64), Ok(h as i64)]),
+                value("yh", 1, &st),
+                value("yc", 1, &st),
+            ],
+            inits,
+            17,
+        );
+        let tag = format!("qlstm{case}-{dir}-t{t}b{b}i{i}h{h}-col{per_column}-u8{unsigned}");
+        let inputs = vec![("x".to_string(), x), ("h0".to_string(), h0)];
+        check(&tag, m.clone(), inputs.clone());
+        let loaded = cpu_model(&tag, &m);
+        loaded.run(inputs).unwrap();
+        let (_, kinds) = loaded.node_kinds().unwrap();
+        assert!(!kinds.iter().any(|(_, k)| *k == aim_runtime::cpu::NodeKind::Reference), "{tag}: {kinds:?}");
+    }
+}

@@ -22,6 +22,7 @@ pub mod num;
 pub mod ops;
 pub mod qconv;
 pub mod qgemm;
+pub mod qrecurrent;
 pub mod scratch;
 pub mod util;
 

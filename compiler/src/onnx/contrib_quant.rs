@@ -307,10 +307,12 @@ fn qlinear_softmax(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
 /// `DynamicQuantizeLSTM(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale,
 /// W_zero_point, R_scale, R_zero_point)`, as ONNX Runtime's `quantize_dynamic` writes an
 /// LSTM: 8-bit W `[D, input, 4H]` and R `[D, H, 4H]` (transposed from LSTM's layout), with a
-/// scale and zero point per direction or per direction and gate column. The constant weights
-/// are dequantized here, once, into LSTM's f32 `[D, 4H, input]` / `[D, 4H, H]`, and the
-/// node becomes an ONNX LSTM with the same attributes. ORT also quantizes X and the hidden
-/// state per step; aim keeps them f32, so outputs differ from ORT's by that quantization.
+/// scale and zero point per direction or per direction and gate column. The node becomes
+/// an ONNX LSTM with the same attributes and `dynamic_quantize=1`: W and R stay 8-bit,
+/// transposed into LSTM's `[D, 4H, input]` / `[D, 4H, H]`, with their scales and zero
+/// points as attributes (`w_scale`, `w_zero_point`, `r_scale`, `r_zero_point`). The LSTM
+/// kernels then round X and every step's hidden state to u8 and multiply the integers
+/// exactly, as ORT's kernel does (see `aim_kernels::qrecurrent`).
 fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     use aim_ir::{DType, Tensor};
     let constant = |e: &Emit, i: usize, what: &str| -> Result<Tensor, ImportError> {
@@ -318,7 +320,10 @@ fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         e.constant(name).cloned().ok_or_else(|| bad(n, format!("{what} ('{name}') must be a constant")))
     };
     let mut weights = Vec::new();
-    for (k, what) in [(1usize, "W"), (2, "R")] {
+    let mut attrs: Vec<(&str, Attr)> = vec![("dynamic_quantize", Attr::Int(1))];
+    for (k, what, scale_attr, zero_attr) in
+        [(1usize, "W", "w_scale", "w_zero_point"), (2, "R", "r_scale", "r_zero_point")]
+    {
         let q = constant(e, k, what)?;
         let scale = constant(e, 8 + 2 * (k - 1), &format!("{what}_scale"))?;
         let zero = constant(e, 9 + 2 * (k - 1), &format!("{what}_zero_point"))?;
@@ -326,37 +331,44 @@ fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         if s.len() != 3 || !matches!(q.dtype(), DType::I8 | DType::U8) {
             return Err(bad(n, format!("{what} is {} {s:?}: 8-bit [directions, rows, 4·hidden] expected", q.dtype())));
         }
+        if zero.dtype() != q.dtype() {
+            return Err(bad(n, format!("{what}_zero_point is {}, {what} is {}", zero.dtype(), q.dtype())));
+        }
         let (dirs, rows, cols) = (s[0], s[1], s[2]);
-        let per = |t: &Tensor, name: &str| -> Result<Vec<f64>, ImportError> {
-            match t.len() {
-                l if l == dirs => Ok(t.to_f64_vec().iter().flat_map(|&v| std::iter::repeat_n(v, cols)).collect()),
-                l if l == dirs * cols => Ok(t.to_f64_vec()),
-                l => Err(bad(n, format!("{name} has {l} values: {dirs} or {} expected", dirs * cols))),
+        for (t, name) in [(&scale, format!("{what}_scale")), (&zero, format!("{what}_zero_point"))] {
+            if t.len() != dirs && t.len() != dirs * cols {
+                return Err(bad(n, format!("{name} has {} values: {dirs} or {} expected", t.len(), dirs * cols)));
             }
-        };
-        let (scale, zero) = (per(&scale, &format!("{what}_scale"))?, per(&zero, &format!("{what}_zero_point"))?);
-        let v = q.to_f64_vec();
-        let mut w = vec![0f32; dirs * rows * cols];
+        }
+        if scale.dtype() != DType::F32 {
+            return Err(bad(n, format!("{what}_scale is {}: f32 expected", scale.dtype())));
+        }
+        // [D, rows, cols] to [D, cols, rows], byte for byte.
+        let v = q.bytes();
+        let mut t = vec![0u8; v.len()];
         for d in 0..dirs {
             for r in 0..rows {
                 for c in 0..cols {
-                    let at = d * cols + c;
-                    w[(d * cols + c) * rows + r] = ((v[(d * rows + r) * cols + c] - zero[at]) * scale[at]) as f32;
+                    t[(d * cols + c) * rows + r] = v[(d * rows + r) * cols + c];
                 }
             }
         }
-        weights.push(e.konst(Tensor::from_vec(&[dirs, cols, rows], w)));
+        let transposed =
+            Tensor::from_bytes(q.dtype(), &[dirs, cols, rows], &t).map_err(|e| bad(n, format!("{what}: {e}")))?;
+        weights.push(e.konst(transposed));
+        attrs.push((scale_attr, Attr::Floats(scale.data::<f32>().to_vec())));
+        attrs.push((zero_attr, Attr::Ints(zero.to_i64_vec())));
     }
     let mut ins: Vec<&str> = vec![input(n, 0)?, &weights[0], &weights[1]];
     ins.extend((3..8).map(|i| n.input(i).unwrap_or("")));
     while ins.last() == Some(&"") {
         ins.pop();
     }
-    let attrs: Vec<(&str, Attr)> =
+    attrs.extend(
         ["activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "input_forget"]
             .into_iter()
-            .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
-            .collect();
+            .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone()))),
+    );
     e.op_to("LSTM", &ins, &n.outputs, attrs);
     Ok(())
 }

@@ -29,7 +29,7 @@ pub fn kernel(op: &str) -> Option<FastKernel> {
     Some(match op {
         "Erf" | "Exp" | "Tanh" | "Sigmoid" | "Relu" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" | "Gelu" | "Log"
         | "Softplus" | "Softsign" | "Mish" | "Elu" | "Selu" | "Celu" | "LeakyRelu" | "ThresholdedRelu"
-        | "HardSigmoid" | "HardSwish" | "Floor" | "Ceil" | "Clip" => unary,
+        | "HardSigmoid" | "HardSwish" | "Floor" | "Ceil" | "Round" | "Clip" => unary,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary,
         "Softmax" | "LogSoftmax" => softmax,
         "LayerNormalization" => layer_norm,
@@ -258,6 +258,9 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
         "Log" => go!(f32::ln),
         "Floor" => go!(f32::floor),
         "Ceil" => go!(f32::ceil),
+        // ONNX rounds halves to even (QuantizeLinear written out, as the fake-quantization
+        // of a value whose shape is not known at compile time leaves it).
+        "Round" => go!(f32::round_ties_even),
         "Softplus" => go!(softplus),
         "Softsign" => go!(|v: f32| v / (1.0 + v.abs())),
         "Mish" => go!(|v: f32| v * math::tanh(softplus(v))),

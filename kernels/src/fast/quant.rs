@@ -43,6 +43,25 @@ pub fn params_of_range(lo: f32, hi: f32) -> (f32, f32) {
     (scale, zp)
 }
 
+/// DynamicQuantizeLinear of `v` with the zero point taken out: `dst = clamp(round(v /
+/// scale) + zp, 0, 255) - zp` as f32 (whole numbers), returning the scale ([`dynamic_params`];
+/// 0 for an all-zero `v`, whose `dst` is then zeros). A product of such values with
+/// centered 8-bit weights sums whole numbers, exactly in f32 while the partial sums stay
+/// below 2^24: the integer product ONNX Runtime's quantized kernels compute.
+pub fn centered(isa: Isa, v: &[f32], dst: &mut [f32]) -> f32 {
+    let (scale, zp) = dynamic_params(isa, v);
+    if scale == 0.0 {
+        dst.fill(0.0);
+        return 0.0;
+    }
+    for (d, &a) in dst.iter_mut().zip(v) {
+        let q = ((a / scale).round_ties_even() + zp).clamp(0.0, 255.0);
+        // NaN becomes 0, as the conversion to u8 makes it.
+        *d = if q.is_nan() { 0.0 } else { q } - zp;
+    }
+    scale
+}
+
 /// `dst = clamp(round(v / scale) + zp, 0, 255)`, vectorised for the ISA (rounding is one
 /// instruction with SSE4.1 / AVX and NEON, a library call without).
 pub fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {

@@ -13,6 +13,8 @@ use super::Ctx;
 #[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
 use crate::gemm::{gemm_rows, Epilogue, Isa, PackedB};
+use crate::qgemm::{qgemm, quantize_dynamic, PackedQB, QEpilogue, QuantizedA};
+use crate::qrecurrent::{centered, dynamic_quantize};
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
 
@@ -72,14 +74,45 @@ fn gates(isa: Isa, g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
     gates_generic(g, c, h, hidden)
 }
 
-/// The fast LSTM, or `None` for the configurations left to the reference kernel.
-/// An LSTM's weights packed for the microkernels, per direction: `Wᵀ`, `Rᵀ` and the summed
+/// One direction's W and R packed for the microkernels.
+enum Panels {
+    /// `Wᵀ`, `Rᵀ` for the f32 GEMM (with `dynamic_quantize`: centered whole numbers).
+    F32(PackedB, PackedB),
+    /// `Wᵀ`, `Rᵀ` as bytes for the integer GEMM: `dynamic_quantize` where the CPU has
+    /// AVX-512 VNNI (a quarter of the bytes per step, and ORT's exact sums).
+    Int8(PackedQB, PackedQB),
+}
+
+/// An LSTM's weights packed for the microkernels, per direction: W, R and the summed
 /// biases `Wb + Rb` — made once at load when W, R and B are constants, so that a run (a
 /// speech model's step is ~0.03 ms) does not repack them.
 pub struct LstmWeights {
-    dirs: Vec<(PackedB, PackedB, Vec<f32>)>,
+    dirs: Vec<(Panels, Vec<f32>)>,
     /// The shapes packed (W, R), to check each run's inputs against.
     shapes: (Vec<usize>, Vec<usize>),
+    /// With `dynamic_quantize`: the scales of W and R per direction and gate row.
+    scales: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// The summed biases `Wb + Rb` of direction `d` (zeros without B).
+fn summed_bias(b: Option<&Tensor>, d: usize, hidden: usize) -> Vec<f32> {
+    let g4 = 4 * hidden;
+    match b {
+        Some(bt) => {
+            let bv = &bt.data::<f32>()[d * 8 * hidden..(d + 1) * 8 * hidden];
+            (0..g4).map(|j| bv[j] + bv[g4 + j]).collect()
+        }
+        None => vec![0.0; g4],
+    }
+}
+
+/// Whether W `[dirs, 4h, input]`, R `[dirs, 4h, h]` and B `[dirs, 8h]` fit together.
+fn fits(w: &Tensor, r: &Tensor, b: Option<&Tensor>) -> bool {
+    if w.rank() != 3 || r.rank() != 3 || b.is_some_and(|b| b.dtype() != DType::F32) {
+        return false;
+    }
+    let (dirs, g4, hidden) = (w.shape()[0], w.shape()[1], r.shape()[2]);
+    g4 == 4 * hidden && r.shape() == [dirs, g4, hidden] && b.is_none_or(|b| b.shape() == [dirs, 8 * hidden])
 }
 
 impl LstmWeights {
@@ -92,31 +125,64 @@ impl LstmWeights {
         isa: Isa,
         blocking: crate::gemm::Blocking,
     ) -> Option<LstmWeights> {
-        let f32s = [Some(w), Some(r), b].into_iter().flatten().all(|t| t.dtype() == DType::F32);
-        if !f32s || w.rank() != 3 || r.rank() != 3 {
+        if w.dtype() != DType::F32 || r.dtype() != DType::F32 || !fits(w, r, b) {
             return None;
         }
         let (dirs, g4, input, hidden) = (w.shape()[0], w.shape()[1], w.shape()[2], r.shape()[2]);
-        if g4 != 4 * hidden || r.shape() != [dirs, g4, hidden] || b.is_some_and(|b| b.shape() != [dirs, 8 * hidden]) {
-            return None;
-        }
         let (wd, rd) = (w.data::<f32>(), r.data::<f32>());
         let dirs = (0..dirs)
             .map(|d| {
                 let pw = PackedB::from_slice(isa, blocking, &wd[d * g4 * input..(d + 1) * g4 * input], input, g4, true);
                 let pr =
                     PackedB::from_slice(isa, blocking, &rd[d * g4 * hidden..(d + 1) * g4 * hidden], hidden, g4, true);
-                let bias = match b {
-                    Some(bt) => {
-                        let bv = &bt.data::<f32>()[d * 8 * hidden..(d + 1) * 8 * hidden];
-                        (0..g4).map(|j| bv[j] + bv[g4 + j]).collect()
-                    }
-                    None => vec![0.0; g4],
-                };
-                (pw, pr, bias)
+                (Panels::F32(pw, pr), summed_bias(b, d, hidden))
             })
             .collect();
-        Some(LstmWeights { dirs, shapes: (w.shape().to_vec(), r.shape().to_vec()) })
+        Some(LstmWeights { dirs, shapes: (w.shape().to_vec(), r.shape().to_vec()), scales: None })
+    }
+
+    /// Packs the weights of the LSTM `n`: as [`LstmWeights::pack`], or with
+    /// `dynamic_quantize` its 8-bit W and R as bytes for the integer GEMM (AVX-512 VNNI) or
+    /// centered (whole numbers in f32) for the f32 one, with their scales; None where
+    /// neither applies.
+    pub fn pack_node(
+        n: &Node,
+        w: &Tensor,
+        r: &Tensor,
+        b: Option<&Tensor>,
+        isa: Isa,
+        blocking: crate::gemm::Blocking,
+    ) -> Option<LstmWeights> {
+        if !dynamic_quantize(n) {
+            return LstmWeights::pack(w, r, b, isa, blocking);
+        }
+        if !fits(w, r, b) {
+            return None;
+        }
+        let (cw, cr) = (centered(n, w, "w").ok()?, centered(n, r, "r").ok()?);
+        if !crate::qgemm::use_vnni(isa) {
+            let mut packed = LstmWeights::pack(&cw.values, &cr.values, b, isa, blocking)?;
+            packed.scales = Some((cw.scale, cr.scale));
+            return Some(packed);
+        }
+        let (dirs, g4, hidden) = (w.shape()[0], w.shape()[1], r.shape()[2]);
+        // One direction's `[4h, k]` bytes as the `[k, 4h]` matrix the integer GEMM packs,
+        // with each gate row's zero point as its column's.
+        let bytes = |t: &Tensor, c: &crate::qrecurrent::Centered, d: usize| -> Option<PackedQB> {
+            let k = t.shape()[2];
+            let src = &t.bytes()[d * g4 * k..(d + 1) * g4 * k];
+            let mut kn = vec![0u8; k * g4];
+            for row in 0..g4 {
+                for kk in 0..k {
+                    kn[kk * g4 + row] = src[row * k + kk];
+                }
+            }
+            PackedQB::new(&kn, t.dtype() == DType::I8, k, g4, &c.zero[d * g4..(d + 1) * g4]).ok()
+        };
+        let dirs = (0..dirs)
+            .map(|d| Some((Panels::Int8(bytes(w, &cw, d)?, bytes(r, &cr, d)?), summed_bias(b, d, hidden))))
+            .collect::<Option<Vec<_>>>()?;
+        Some(LstmWeights { dirs, shapes: (w.shape().to_vec(), r.shape().to_vec()), scales: Some((cw.scale, cr.scale)) })
     }
 }
 
@@ -135,15 +201,15 @@ impl RecurrentWeights {
     /// Packs the weights of an `LSTM`, `GRU` or `RNN` node (W, R and B, if given); None for other
     /// ops, types or shapes (the node then packs on each run, or falls back).
     pub fn pack(
-        op: &str,
+        n: &Node,
         w: &Tensor,
         r: &Tensor,
         b: Option<&Tensor>,
         isa: Isa,
         blocking: crate::gemm::Blocking,
     ) -> Option<RecurrentWeights> {
-        match op {
-            "LSTM" => LstmWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Lstm),
+        match n.op.as_str() {
+            "LSTM" => LstmWeights::pack_node(n, w, r, b, isa, blocking).map(RecurrentWeights::Lstm),
             "GRU" => super::GruWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Gru),
             "RNN" => super::RnnWeights::pack(w, r, b, isa, blocking).map(RecurrentWeights::Rnn),
             _ => None,
@@ -179,7 +245,6 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
     let (batch, hidden, input, t_len) = (q.batch, q.hidden, q.input, q.t_len);
     let mut yh = vec![0f32; q.dirs * batch * hidden];
     let mut yc = vec![0f32; q.dirs * batch * hidden];
-    let xd = q.x.data::<f32>();
     let yd = y.bits_mut();
     let g4 = 4 * hidden;
     let rows = t_len * batch;
@@ -188,30 +253,66 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
         Some(p) if p.shapes == (q.w.shape().to_vec(), q.r.shape().to_vec()) => p,
         Some(_) => return None,
         None => {
-            packed_now = LstmWeights::pack(q.w, q.r, q.bias, cx.isa, cx.blocking)?;
+            packed_now = LstmWeights::pack_node(n, q.w, q.r, q.bias, cx.isa, cx.blocking)?;
             &packed_now
         }
     };
+    let quantized = weights.scales.is_some();
+    if quantized != dynamic_quantize(n) {
+        return None;
+    }
+    // X as given; with dynamic_quantize, X in u8 (one range) as bytes for the integer GEMM
+    // or less its zero point as whole numbers for the f32 one, and its scale.
+    let x = q.x.data::<f32>();
+    let int8 = matches!(weights.dirs.first(), Some((Panels::Int8(..), _)));
+    let x_stride = input.div_ceil(4) * 4;
+    let (mut x_whole, mut x_bytes, mut x_sums) = (Vec::new(), Vec::new(), Vec::new());
+    let (x_scale, x_zero) = if !quantized {
+        (1.0, 0)
+    } else if int8 {
+        x_bytes = vec![0u8; rows * x_stride];
+        x_sums = vec![0i32; rows];
+        quantize_dynamic(cx.isa, x, input, &mut x_bytes, x_stride, &mut x_sums, cx.par)
+    } else {
+        x_whole = vec![0f32; x.len()];
+        (super::quant::centered(cx.isa, x, &mut x_whole), 0)
+    };
+    let h_stride = hidden.div_ceil(4) * 4;
     for d in 0..q.dirs {
-        let (pw, pr, b) = &weights.dirs[d];
-        // The input projection of every step: rows in X's own order.
+        let (panels, b) = &weights.dirs[d];
+        // This direction's scales per gate column (W's, R's) when the weights are 8-bit.
+        let scales = weights.scales.as_ref().map(|(ws, rs)| (&ws[d * g4..(d + 1) * g4], &rs[d * g4..(d + 1) * g4]));
+        // The input projection of every step: rows in X's own order. With 8-bit weights
+        // the sums are of whole numbers, scaled by X's scale times W's; the biases are
+        // then added at each step, after the recurrent product, in ORT's order.
         let mut xp = vec![0f32; rows * g4];
-        let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
-        gemm_rows(
-            xd,
-            rows,
-            input,
-            cx.blocking,
-            pw,
-            &mut xp,
-            g4,
-            &ep,
-            super::sequence::parallel_for(rows * input * g4, cx.par),
-        );
+        let par = super::sequence::parallel_for(rows * input * g4, cx.par);
+        match (panels, scales) {
+            (Panels::F32(pw, _), None) => {
+                let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
+                gemm_rows(x, rows, input, cx.blocking, pw, &mut xp, g4, &ep, par);
+            }
+            (Panels::F32(pw, _), Some((ws, _))) => {
+                gemm_rows(&x_whole, rows, input, cx.blocking, pw, &mut xp, g4, &Epilogue::default(), par);
+                let mult: Vec<f32> = ws.iter().map(|&w| x_scale * w).collect();
+                for row in xp.chunks_exact_mut(g4) {
+                    row.iter_mut().zip(&mult).for_each(|(v, &m)| *v *= m);
+                }
+            }
+            (Panels::Int8(pw, _), Some((ws, _))) => {
+                let mult: Vec<f32> = ws.iter().map(|&w| x_scale * w).collect();
+                let a = QuantizedA { data: &x_bytes, m: rows, stride: x_stride, zero: x_zero, row_sums: &x_sums };
+                qgemm(cx.isa, &a, pw, &QEpilogue { scale: &mult, bias: None, act: None }, &mut xp, g4, par);
+            }
+            (Panels::Int8(..), None) => return None,
+        }
         let (mut h, mut c) = (q.initial(h0, d), q.initial(c0, d));
         let step_par = super::sequence::parallel_for(batch * hidden * g4, cx.par);
         let mut g = vec![0f32; batch * g4];
         let mut xt = vec![0f32; batch * g4];
+        let mut h_whole = vec![0f32; if quantized && !int8 { batch * hidden } else { 0 }];
+        let (mut h_bytes, mut h_sums) = (vec![0u8; if int8 { batch * h_stride } else { 0 }], vec![0i32; batch]);
+        let mut mult = vec![0f32; g4];
         for s in 0..t_len {
             let t = if q.reverse(d) { t_len - 1 - s } else { s };
             // This step's projections, one row per batch entry.
@@ -219,8 +320,59 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
                 let row = q.x_row(t, bi);
                 xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
             }
-            let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
-            gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, step_par);
+            match (panels, scales) {
+                (Panels::F32(_, pr), None) => {
+                    let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
+                    gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, step_par);
+                }
+                (panels, Some((_, rs))) => {
+                    // h in u8 (one range over the batch), the product of whole numbers
+                    // scaled by h's scale times R's, then `x·W + h·R + B` as ORT adds them.
+                    let sh = match panels {
+                        Panels::F32(_, pr) => {
+                            let sh = super::quant::centered(cx.isa, &h, &mut h_whole);
+                            gemm_rows(
+                                &h_whole,
+                                batch,
+                                hidden,
+                                cx.blocking,
+                                pr,
+                                &mut g,
+                                g4,
+                                &Epilogue::default(),
+                                step_par,
+                            );
+                            sh
+                        }
+                        Panels::Int8(_, pr) => {
+                            let seq = &crate::gemm::Sequential;
+                            let (sh, zh) =
+                                quantize_dynamic(cx.isa, &h, hidden, &mut h_bytes, h_stride, &mut h_sums, seq);
+                            mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
+                            let a =
+                                QuantizedA { data: &h_bytes, m: batch, stride: h_stride, zero: zh, row_sums: &h_sums };
+                            qgemm(
+                                cx.isa,
+                                &a,
+                                pr,
+                                &QEpilogue { scale: &mult, bias: None, act: None },
+                                &mut g,
+                                g4,
+                                step_par,
+                            );
+                            1.0
+                        }
+                    };
+                    for (gr, xr) in g.chunks_exact_mut(g4).zip(xt.chunks_exact(g4)) {
+                        for j in 0..g4 {
+                            // The integer product is scaled already (sh = 1 here).
+                            let hr = if int8 { gr[j] } else { gr[j] * (sh * rs[j]) };
+                            gr[j] = (xr[j] + hr) + b[j];
+                        }
+                    }
+                }
+                (Panels::Int8(..), None) => return None,
+            }
             gates(cx.isa, &g, &mut c, &mut h, hidden);
             for bi in 0..batch {
                 let at = q.y_at(t, bi, d);

@@ -24,10 +24,18 @@ pub(super) struct Seq<'a> {
 
 impl<'a> Seq<'a> {
     /// X, W `[dirs, gates·h, input]`, R `[dirs, gates·h, h]` and B `[dirs, 2·gates·h]` of
-    /// f32, sequence lengths (if given) all the whole sequence; None otherwise.
+    /// f32 (W and R of 8 bits with `dynamic_quantize`), sequence lengths (if given) all the whole sequence; None otherwise.
     pub fn parse(n: &Node, ins: &'a [Option<Tensor>], gates: usize) -> Option<Seq<'a>> {
         let f32_at = |i: usize| ins.get(i).and_then(|t| t.as_ref()).filter(|t| t.dtype() == DType::F32);
-        let (x, w, r) = (f32_at(0)?, f32_at(1)?, f32_at(2)?);
+        // An LSTM of DynamicQuantizeLSTM's holds its weights in 8 bits (see `qrecurrent`).
+        let weight_at = |i: usize| {
+            if crate::qrecurrent::dynamic_quantize(n) {
+                ins.get(i).and_then(|t| t.as_ref()).filter(|t| matches!(t.dtype(), DType::I8 | DType::U8))
+            } else {
+                f32_at(i)
+            }
+        };
+        let (x, w, r) = (f32_at(0)?, weight_at(1)?, weight_at(2)?);
         if x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
             return None;
         }

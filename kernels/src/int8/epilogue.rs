@@ -5,9 +5,12 @@
 //!
 //! Where the activations are clamps (none, Relu, Clip: what quantized CNNs use) the steps
 //! run in the output's quantized units, as integer kernels do: one fused multiply-add per
-//! value by `scale / s_out` and `bias / s_out + z_out`, one clamp that is both the
-//! activation's bounds (rounded to the grid: rounding is monotonic) and the byte range, and
-//! a rounding (ties to even; clamping first to integer bounds gives the same bytes). With a residual, the result first takes its own grid
+//! value by `scale / s_out` and `bias / s_out`, one clamp that is both the activation's
+//! bounds (rounded to the grid: rounding is monotonic) and the byte range less `z_out`, a
+//! rounding (ties to even; clamping first to integer bounds gives the same bytes), and
+//! `z_out` added to the whole number. The zero point comes after the rounding, as in
+//! QuantizeLinear and ONNX Runtime's requantization: added before, it rounds the value
+//! once more in f32 (15.499998 + 128 is 143.5, which then rounds to 144, not 143). With a residual, the result first takes its own grid
 //! (`mid`), then `(q − z_mid) · s_mid / s_out + (r − z_res) · s_res / s_out` is rounded the
 //! same way. Other activations need the f32 value: there the steps are the graph's own
 //! (scale, bias, activation, then QuantizeLinear by the reciprocal of the scale). The
@@ -42,9 +45,8 @@ pub struct Out8 {
     pub q: Q8,
 }
 
-/// The clamp steps' constants (see the module doc): the first grid's zero point (added
-/// with the bias) and byte bounds, and with a residual its coefficients and the output
-/// grid's.
+/// The clamp steps' constants (see the module doc): the first grid's zero point and byte
+/// bounds less it, and with a residual its coefficients and the output grid's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Clamped {
     z1: f32,
@@ -75,15 +77,16 @@ impl Clamped {
             }
             None => (None, (lo1, hi1)),
         };
-        Some(Clamped { z1: first.zero as f32, lo1, hi1, res, z2: out.q.zero as f32, lo2, hi2 })
+        let z1 = first.zero as f32;
+        Some(Clamped { z1, lo1: lo1 - z1, hi1: hi1 - z1, res, z2: out.q.zero as f32, lo2, hi2 })
     }
 
-    /// One value: `y` the sum already scaled to the first grid with its zero point added,
-    /// `r` the residual's byte. Clamped, then rounded: the bounds are integers, so this is
+    /// One value: `y` the sum already scaled to the first grid, `r` the residual's byte.
+    /// Clamped, then rounded, then the zero point added: the bounds are integers, so this is
     /// the rounding clamped (and a NaN becomes the lower bound).
     #[inline(always)]
     fn value(&self, y: f32, r: u8) -> f32 {
-        let q = y.max(self.lo1).min(self.hi1).round_ties_even();
+        let q = y.max(self.lo1).min(self.hi1).round_ties_even() + self.z1;
         match self.res {
             Some([zm, a, b, zr]) => {
                 let y = (q - zm).mul_add(a, (r as f32 - zr) * b);
@@ -101,8 +104,7 @@ pub(crate) struct Epilogue8 {
     /// Per channel: the product's scale and the bias.
     scale: Vec<f32>,
     bias: Vec<f32>,
-    /// With clamps: the scale and bias divided by the first grid's scale (the bias plus
-    /// that grid's zero point).
+    /// With clamps: the scale and bias divided by the first grid's scale.
     clamped: Option<(Clamped, Vec<f32>, Vec<f32>)>,
 }
 
@@ -111,13 +113,12 @@ impl Epilogue8 {
     pub(crate) fn new(out: Out8, scale: Vec<f32>, bias: Vec<f32>) -> Epilogue8 {
         let clamped = Clamped::new(&out).map(|c| {
             let s1 = out.residual.map_or(out.q.scale, |r| r.mid.scale);
-            (c, scale.iter().map(|s| s / s1).collect(), bias.iter().map(|b| b / s1 + c.z1).collect())
+            (c, scale.iter().map(|s| s / s1).collect(), bias.iter().map(|b| b / s1).collect())
         });
         Epilogue8 { out, scale, bias, clamped }
     }
 
-    /// With clamps, each channel's scale and bias over the first grid's scale (the bias
-    /// with the grid's zero point added).
+    /// With clamps, each channel's scale and bias over the first grid's scale.
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn grid_columns(&self) -> Option<(&[f32], &[f32])> {
         self.clamped.as_ref().map(|(_, s, b)| (s.as_slice(), b.as_slice()))
@@ -279,6 +280,7 @@ pub(crate) fn fast_tiles(isa: Isa) -> bool {
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(crate) struct Epi16 {
+    z1: std::arch::x86_64::__m512,
     lo1: std::arch::x86_64::__m512,
     hi1: std::arch::x86_64::__m512,
     res: Option<[std::arch::x86_64::__m512; 4]>,
@@ -296,6 +298,7 @@ impl Epi16 {
         let (k, _, _) = e.clamped.as_ref()?;
         let b = |v: f32| _mm512_set1_ps(v);
         Some(Epi16 {
+            z1: b(k.z1),
             lo1: b(k.lo1),
             hi1: b(k.hi1),
             res: k.res.map(|r| r.map(b)),
@@ -322,10 +325,11 @@ impl Epi16 {
         let grid = |y: __m512, z: __m512, lo: __m512, hi: __m512| {
             _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_roundscale_ps::<R>(y), z), lo), hi)
         };
-        // Clamped, then rounded (the bounds are integers; a NaN becomes the lower bound).
+        // Clamped, rounded (the bounds are integers; a NaN becomes the lower bound), then
+        // the zero point added.
         let q = _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(v, qs, qb), self.lo1), self.hi1);
-        let Some([zm, a, b, zr]) = self.res else { return _mm512_cvt_roundps_epi32::<R>(q) };
-        let q = _mm512_roundscale_ps::<R>(q);
+        let q = _mm512_add_ps(_mm512_roundscale_ps::<R>(q), self.z1);
+        let Some([zm, a, b, zr]) = self.res else { return _mm512_cvtps_epi32(q) };
         let rf = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(res)), zr);
         let y = _mm512_fmadd_ps(_mm512_sub_ps(q, zm), a, _mm512_mul_ps(rf, b));
         _mm512_cvt_roundps_epi32::<R>(grid(y, self.z2, self.lo2, self.hi2))

@@ -67,6 +67,29 @@ fn matvec(m: &[f64], row0: usize, rows: usize, cols: usize, x: &[f64], y: &mut [
     }
 }
 
+/// `v` put on the 8-bit grid DynamicQuantizeLinear picks for it and back, in f32 steps as
+/// ONNX Runtime computes them: the range widened to hold 0, `scale = range / 255`, the zero
+/// point and every value rounded half to even and clamped to 0..=255. An all-zero `v` stays.
+fn fake_quantize(v: &[f64]) -> Vec<f64> {
+    let lo = v.iter().fold(0f32, |a, &b| a.min(b as f32));
+    let hi = v.iter().fold(0f32, |a, &b| a.max(b as f32));
+    let scale = ((hi as f64 - lo as f64) as f32) / 255.0;
+    if scale == 0.0 {
+        return v.to_vec();
+    }
+    let zp = (0.0 - lo / scale).round_ties_even().clamp(0.0, 255.0);
+    let level = |a: f64| {
+        let q = ((a as f32 / scale).round_ties_even() + zp).clamp(0.0, 255.0);
+        // NaN becomes 0, as the conversion to u8 makes it.
+        if q.is_nan() {
+            0.0
+        } else {
+            q
+        }
+    };
+    v.iter().map(|&a| (level(a) - zp) as f64 * scale as f64).collect()
+}
+
 fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let kind = n.op.as_str();
     let gates = match kind {
@@ -100,12 +123,31 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             r.shape()
         ));
     }
-    let xv = x0.to_f64_vec();
+    // DynamicQuantizeLSTM's rounding of X (whole) and of each step's hidden state.
+    let quantize = crate::qrecurrent::dynamic_quantize(n);
+    if quantize && kind != "LSTM" {
+        return err("attribute 'dynamic_quantize' is defined for LSTM only");
+    }
+    let xv = if quantize { fake_quantize(&x0.to_f64_vec()) } else { x0.to_f64_vec() };
     let x_at = |t: usize, b: usize| -> &[f64] {
         let off = if layout == 0 { (t * batch + b) * input } else { (b * seq + t) * input };
         &xv[off..off + input]
     };
-    let (wv, rv) = (w.to_f64_vec(), r.to_f64_vec());
+    let (wv, rv) = if quantize {
+        let real = |t: &Tensor, which: &str| -> Result<Vec<f64>> {
+            let c = crate::qrecurrent::centered(n, t, which)?;
+            let cols = t.shape()[2].max(1);
+            Ok(c.values
+                .data::<f32>()
+                .chunks(cols)
+                .zip(&c.scale)
+                .flat_map(|(row, &s)| row.iter().map(move |&v| v as f64 * s as f64))
+                .collect())
+        };
+        (real(w, "w")?, real(r, "r")?)
+    } else {
+        (w.to_f64_vec(), r.to_f64_vec())
+    };
     let bias = opt(ins, 3).map(|t| t.to_f64_vec());
     let lens: Vec<usize> = opt(ins, 4)
         .map(|t| t.to_i64_vec().iter().map(|&l| l.clamp(0, seq as i64) as usize).collect())
@@ -138,20 +180,31 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             Some(bv) => (bv[d * 2 * gh..d * 2 * gh + gh].to_vec(), bv[d * 2 * gh + gh..(d + 1) * 2 * gh].to_vec()),
             None => (vec![0.0; gh], vec![0.0; gh]),
         };
-        for b in 0..batch {
-            let mut h: Vec<f64> = h0
-                .as_ref()
-                .map_or(vec![0.0; hidden], |v| v[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].to_vec());
-            let mut c: Vec<f64> = c0
-                .as_ref()
-                .map_or(vec![0.0; hidden], |v| v[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].to_vec());
-            let len = lens[b];
-            let mut xw = vec![0.0; gh];
-            let mut hr = vec![0.0; gh];
-            for step in 0..len {
+        let state = |s: &Option<Vec<f64>>, b: usize| {
+            s.as_ref().map_or(vec![0.0; hidden], |v| v[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].to_vec())
+        };
+        let mut hs: Vec<Vec<f64>> = (0..batch).map(|b| state(&h0, b)).collect();
+        let mut cs: Vec<Vec<f64>> = (0..batch).map(|b| state(&c0, b)).collect();
+        let mut xw = vec![0.0; gh];
+        let mut hr = vec![0.0; gh];
+        for step in 0..seq {
+            // The hidden states this step's products read: as they are, or rounded to
+            // 8 bits together (every row still running), as DynamicQuantizeLSTM does.
+            let running: Vec<usize> = (0..batch).filter(|&b| step < lens[b]).collect();
+            let mut reads: Vec<Vec<f64>> = running.iter().map(|&b| hs[b].clone()).collect();
+            if quantize {
+                let flat: Vec<f64> = reads.concat();
+                let rounded = fake_quantize(&flat);
+                for (row, q) in reads.iter_mut().zip(rounded.chunks(hidden.max(1))) {
+                    row.copy_from_slice(q);
+                }
+            }
+            for (&b, hin) in running.iter().zip(&reads) {
+                let (h, c) = (&mut hs[b], &mut cs[b]);
+                let len = lens[b];
                 let t = if reverse { len - 1 - step } else { step };
                 matvec(wd, 0, gh, input, x_at(t, b), &mut xw);
-                matvec(rd, 0, gh, hidden, &h, &mut hr);
+                matvec(rd, 0, gh, hidden, hin, &mut hr);
                 let g = |gate: usize, j: usize| {
                     xw[gate * hidden + j] + hr[gate * hidden + j] + wb[gate * hidden + j] + rb[gate * hidden + j]
                 };
@@ -205,8 +258,10 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
                     y[((t * dirs + d) * batch + b) * hidden + j] = h[j];
                 }
             }
-            yh[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].copy_from_slice(&h);
-            yc[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].copy_from_slice(&c);
+        }
+        for b in 0..batch {
+            yh[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].copy_from_slice(&hs[b]);
+            yc[(d * batch + b) * hidden..(d * batch + b + 1) * hidden].copy_from_slice(&cs[b]);
         }
     }
     let dt = x0.dtype();

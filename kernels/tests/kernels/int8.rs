@@ -34,8 +34,10 @@ fn epilogue(sum: i64, scale: f32, bias: f32, out: &Out8, res: Option<u8>) -> u8 
     let b2 = out.residual.map_or(b1, |r| bounds(r.act, out.q));
     let v = sum as i32 as f32;
     if let (Some((lo1, hi1)), Some((lo2, hi2))) = (b1, b2) {
-        let (s1, b1) = (scale / first.scale, bias / first.scale + first.zero as f32);
-        let q = v.mul_add(s1, b1).clamp(lo1, hi1).round_ties_even();
+        // Rounded before the zero point is added, as QuantizeLinear and ORT's
+        // requantization do (added first, f32 rounds the value once more).
+        let (s1, b1, z1) = (scale / first.scale, bias / first.scale, first.zero as f32);
+        let q = v.mul_add(s1, b1).clamp(lo1 - z1, hi1 - z1).round_ties_even() + z1;
         let q = match out.residual {
             Some(r) => {
                 let y = (q - r.mid.zero as f32).mul_add(

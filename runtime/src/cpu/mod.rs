@@ -234,7 +234,7 @@ impl CpuProgram {
                     None => None,
                     Some(b) => Some(b?),
                 };
-                aim_kernels::fast::RecurrentWeights::pack(&n.op, w, r, b, isa, blocking).map(|p| (i, p))
+                aim_kernels::fast::RecurrentWeights::pack(n, w, r, b, isa, blocking).map(|p| (i, p))
             })
             .collect();
         // Weights now live packed in the prepared nodes: their inputs are baked in, and the
