@@ -9,7 +9,8 @@
 //! integers exactly, as ORT's kernel does: its outputs then agree with ORT's to f32
 //! rounding. Without the exact products they do not: the recurrence amplifies a rounding
 //! difference of 1e-6 into another choice of quantum for some later hidden value, and the
-//! outputs part by 1e-2. Both LSTM kernels read the weights through [`centered`].
+//! outputs part by 1e-2. Both LSTM kernels read the weights' quantization through
+//! [`row_quant`].
 
 use crate::util::{err, Result};
 use aim_ir::{DType, Node, Tensor};
@@ -20,24 +21,35 @@ pub fn dynamic_quantize(n: &Node) -> bool {
     n.int("dynamic_quantize", 0) != 0
 }
 
-/// 8-bit weights with their zero points taken out, and their scales.
-pub struct Centered {
-    /// `q - zero_point` as f32 (whole numbers from -255 to 255), the weight's shape.
-    pub values: Tensor,
-    /// The scale of each row (`D · rows` values: per direction and gate row).
+/// The quantization of 8-bit weights: a scale and a zero point per direction and gate row.
+pub struct RowQuant {
+    /// The scale of each row (`D · rows` values).
     pub scale: Vec<f32>,
     /// The zero point of each row, likewise.
     pub zero: Vec<i32>,
 }
 
-/// The weights `t` (input `which`: "w" for W, "r" for R) of the LSTM `n`, centered, with
-/// their scales from `{which}_scale` and `{which}_zero_point`.
-pub fn centered(n: &Node, t: &Tensor, which: &str) -> Result<Centered> {
-    let q: Vec<f32> = match t.dtype() {
-        DType::I8 => t.data::<i8>().iter().map(|&v| v as f32).collect(),
-        DType::U8 => t.data::<u8>().iter().map(|&v| v as f32).collect(),
-        other => return err(format!("{} is {other}: dynamic_quantize needs 8-bit weights", which.to_uppercase())),
-    };
+impl RowQuant {
+    /// The 8-bit weights `t` this quantization is of, less their zero points: whole
+    /// numbers from -255 to 255 as f32, `t`'s shape.
+    pub fn centered(&self, t: &Tensor) -> Tensor {
+        let cols = t.shape().last().copied().unwrap_or(1).max(1);
+        let q: Vec<f32> = match t.dtype() {
+            DType::I8 => t.data::<i8>().iter().map(|&v| v as f32).collect(),
+            _ => t.data::<u8>().iter().map(|&v| v as f32).collect(),
+        };
+        let values = q.chunks(cols).zip(&self.zero).flat_map(|(row, &z)| row.iter().map(move |&v| v - z as f32));
+        Tensor::from_vec(t.shape(), values.collect())
+    }
+}
+
+/// The quantization of the weights `t` (input `which`: "w" for W, "r" for R) of the LSTM
+/// `n`, from `{which}_scale` and `{which}_zero_point`, checked: `t` 8-bit and 3-D, one
+/// value per direction or per direction and gate row, positive scales.
+pub fn row_quant(n: &Node, t: &Tensor, which: &str) -> Result<RowQuant> {
+    if !matches!(t.dtype(), DType::I8 | DType::U8) {
+        return err(format!("{} is {}: dynamic_quantize needs 8-bit weights", which.to_uppercase(), t.dtype()));
+    }
     if t.rank() != 3 {
         return err(format!(
             "{} has shape {:?}: [directions, rows, columns] expected",
@@ -45,7 +57,7 @@ pub fn centered(n: &Node, t: &Tensor, which: &str) -> Result<Centered> {
             t.shape()
         ));
     }
-    let (dirs, rows, cols) = (t.shape()[0], t.shape()[1], t.shape()[2]);
+    let (dirs, rows) = (t.shape()[0], t.shape()[1]);
     let per_row = |name: &str, values: Vec<f64>| -> Result<Vec<f64>> {
         match values.len() {
             l if l == dirs => Ok(values.iter().flat_map(|&v| std::iter::repeat_n(v, rows)).collect()),
@@ -66,11 +78,5 @@ pub fn centered(n: &Node, t: &Tensor, which: &str) -> Result<Centered> {
         None => vec![0.0; dirs * rows],
         Some(z) => per_row(&zero_name, z.iter().map(|&v| v as f64).collect())?,
     };
-    let values =
-        q.chunks(cols.max(1)).zip(&zero).flat_map(|(row, &z)| row.iter().map(move |&v| v - z as f32)).collect();
-    Ok(Centered {
-        values: Tensor::from_vec(t.shape(), values),
-        scale: scale.iter().map(|&s| s as f32).collect(),
-        zero: zero.iter().map(|&z| z as i32).collect(),
-    })
+    Ok(RowQuant { scale: scale.iter().map(|&s| s as f32).collect(), zero: zero.iter().map(|&z| z as i32).collect() })
 }

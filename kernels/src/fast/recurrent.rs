@@ -14,7 +14,7 @@ use super::Ctx;
 use crate::gemm::IsaKind;
 use crate::gemm::{gemm_rows, Epilogue, Isa, PackedB};
 use crate::qgemm::{qgemm, quantize_dynamic, PackedQB, QEpilogue, QuantizedA};
-use crate::qrecurrent::{centered, dynamic_quantize};
+use crate::qrecurrent::{dynamic_quantize, row_quant};
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
 
@@ -159,16 +159,16 @@ impl LstmWeights {
         if !fits(w, r, b) {
             return None;
         }
-        let (cw, cr) = (centered(n, w, "w").ok()?, centered(n, r, "r").ok()?);
+        let (qw, qr) = (row_quant(n, w, "w").ok()?, row_quant(n, r, "r").ok()?);
         if !crate::qgemm::use_vnni(isa) {
-            let mut packed = LstmWeights::pack(&cw.values, &cr.values, b, isa, blocking)?;
-            packed.scales = Some((cw.scale, cr.scale));
+            let mut packed = LstmWeights::pack(&qw.centered(w), &qr.centered(r), b, isa, blocking)?;
+            packed.scales = Some((qw.scale, qr.scale));
             return Some(packed);
         }
         let (dirs, g4, hidden) = (w.shape()[0], w.shape()[1], r.shape()[2]);
         // One direction's `[4h, k]` bytes as the `[k, 4h]` matrix the integer GEMM packs,
         // with each gate row's zero point as its column's.
-        let bytes = |t: &Tensor, c: &crate::qrecurrent::Centered, d: usize| -> Option<PackedQB> {
+        let bytes = |t: &Tensor, q: &crate::qrecurrent::RowQuant, d: usize| -> Option<PackedQB> {
             let k = t.shape()[2];
             let src = &t.bytes()[d * g4 * k..(d + 1) * g4 * k];
             let mut kn = vec![0u8; k * g4];
@@ -177,12 +177,12 @@ impl LstmWeights {
                     kn[kk * g4 + row] = src[row * k + kk];
                 }
             }
-            PackedQB::new(&kn, t.dtype() == DType::I8, k, g4, &c.zero[d * g4..(d + 1) * g4]).ok()
+            PackedQB::new(&kn, t.dtype() == DType::I8, k, g4, &q.zero[d * g4..(d + 1) * g4]).ok()
         };
         let dirs = (0..dirs)
-            .map(|d| Some((Panels::Int8(bytes(w, &cw, d)?, bytes(r, &cr, d)?), summed_bias(b, d, hidden))))
+            .map(|d| Some((Panels::Int8(bytes(w, &qw, d)?, bytes(r, &qr, d)?), summed_bias(b, d, hidden))))
             .collect::<Option<Vec<_>>>()?;
-        Some(LstmWeights { dirs, shapes: (w.shape().to_vec(), r.shape().to_vec()), scales: Some((cw.scale, cr.scale)) })
+        Some(LstmWeights { dirs, shapes: (w.shape().to_vec(), r.shape().to_vec()), scales: Some((qw.scale, qr.scale)) })
     }
 }
 
@@ -328,21 +328,13 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
                 (panels, Some((_, rs))) => {
                     // h in u8 (one range over the batch), the product of whole numbers
                     // scaled by h's scale times R's, then `x·W + h·R + B` as ORT adds them.
-                    let sh = match panels {
+                    match panels {
                         Panels::F32(_, pr) => {
                             let sh = super::quant::centered(cx.isa, &h, &mut h_whole);
-                            gemm_rows(
-                                &h_whole,
-                                batch,
-                                hidden,
-                                cx.blocking,
-                                pr,
-                                &mut g,
-                                g4,
-                                &Epilogue::default(),
-                                step_par,
-                            );
-                            sh
+                            let ep = Epilogue::default();
+                            gemm_rows(&h_whole, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, step_par);
+                            mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
+                            g.chunks_exact_mut(g4).for_each(|gr| gr.iter_mut().zip(&mult).for_each(|(v, &m)| *v *= m));
                         }
                         Panels::Int8(_, pr) => {
                             let seq = &crate::gemm::Sequential;
@@ -351,23 +343,13 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
                             mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
                             let a =
                                 QuantizedA { data: &h_bytes, m: batch, stride: h_stride, zero: zh, row_sums: &h_sums };
-                            qgemm(
-                                cx.isa,
-                                &a,
-                                pr,
-                                &QEpilogue { scale: &mult, bias: None, act: None },
-                                &mut g,
-                                g4,
-                                step_par,
-                            );
-                            1.0
+                            let ep = QEpilogue { scale: &mult, bias: None, act: None };
+                            qgemm(cx.isa, &a, pr, &ep, &mut g, g4, step_par);
                         }
-                    };
+                    }
                     for (gr, xr) in g.chunks_exact_mut(g4).zip(xt.chunks_exact(g4)) {
                         for j in 0..g4 {
-                            // The integer product is scaled already (sh = 1 here).
-                            let hr = if int8 { gr[j] } else { gr[j] * (sh * rs[j]) };
-                            gr[j] = (xr[j] + hr) + b[j];
+                            gr[j] = (xr[j] + gr[j]) + b[j];
                         }
                     }
                 }

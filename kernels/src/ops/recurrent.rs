@@ -135,12 +135,12 @@ fn recurrent(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     };
     let (wv, rv) = if quantize {
         let real = |t: &Tensor, which: &str| -> Result<Vec<f64>> {
-            let c = crate::qrecurrent::centered(n, t, which)?;
+            let q = crate::qrecurrent::row_quant(n, t, which)?;
             let cols = t.shape()[2].max(1);
-            Ok(c.values
-                .data::<f32>()
+            let c = q.centered(t);
+            Ok(c.data::<f32>()
                 .chunks(cols)
-                .zip(&c.scale)
+                .zip(&q.scale)
                 .flat_map(|(row, &s)| row.iter().map(move |&v| v as f64 * s as f64))
                 .collect())
         };
