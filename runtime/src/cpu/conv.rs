@@ -256,8 +256,9 @@ pub(super) fn run_conv(
     let pointwise =
         ksize == 1 && c.geo.strides.iter().all(|&s| s == 1) && before.iter().all(|&p| p == 0) && out_sp == in_sp;
     let yd = y.take(&shape)?;
+    let batch = Batch { xd, nb, in_sp, out_sp: &out_sp, before: &before, res };
     if let Some((wt, blocking)) = &c.by_position {
-        conv_by_position(c, wt, *blocking, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
+        conv_by_position(c, wt, *blocking, &batch, yd, pool);
         return Ok(());
     }
     if let Some(ad) = &c.adaptive {
@@ -267,13 +268,13 @@ pub(super) fn run_conv(
                 let a = &c.weights[0];
                 std::sync::Arc::new(PackedB::pack(ad.isa, ad.blocking, a.k, a.m, |p, j| a.get(j, p)))
             });
-            conv_by_position(c, wt, ad.blocking, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
+            conv_by_position(c, wt, ad.blocking, &batch, yd, pool);
             return Ok(());
         }
     }
     if nb > 1 && osize < SMALL_OUTPUT {
         for gi in 0..c.group {
-            conv_batched(c, gi, xd, nb, in_sp, &out_sp, &before, yd, res, pool);
+            conv_batched(c, gi, &batch, yd, pool);
         }
         return Ok(());
     }
@@ -417,23 +418,25 @@ fn conv_padded_rows(
 /// position) rather than one per image: a handful of columns leaves the GEMM's tiles empty.
 const SMALL_OUTPUT: usize = 64;
 
+/// What the whole-batch convolution paths ([`conv_batched`], [`conv_by_position`]) read:
+/// the input of `nb` images, their spatial sizes in and out, the padding before each
+/// spatial dim and the residual, if one is fused.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    xd: &'a [f32],
+    nb: usize,
+    in_sp: &'a [usize],
+    out_sp: &'a [usize],
+    before: &'a [usize],
+    res: Option<&'a [f32]>,
+}
+
 /// One group of a convolution over a batch of images with small outputs (a 1-D
 /// convolution over a batch of short frames, as speech models run them) as one GEMM whose
 /// columns are (image, output position): im2col over the batch into a wide result, then
 /// scattered to `[n][m][positions]` with the residual and activation.
-#[allow(clippy::too_many_arguments)]
-fn conv_batched(
-    c: &ConvPrep,
-    gi: usize,
-    xd: &[f32],
-    nb: usize,
-    in_sp: &[usize],
-    out_sp: &[usize],
-    before: &[usize],
-    yd: &mut [f32],
-    res: Option<&[f32]>,
-    pool: &ThreadPool,
-) {
+fn conv_batched(c: &ConvPrep, gi: usize, batch: &Batch, yd: &mut [f32], pool: &ThreadPool) {
+    let Batch { xd, nb, in_sp, out_sp, before, res } = *batch;
     let (cg, mg) = (c.cin / c.group, c.m / c.group);
     let osize: usize = out_sp.iter().product();
     let isize: usize = in_sp.iter().product();
@@ -486,20 +489,8 @@ fn write_row(row: &mut [f32], value: impl Fn(usize) -> f32, residual: &[f32], ac
 /// the weights packed as B, then scattered to `[n][m][positions]` with the residual and
 /// activation. For outputs of a few positions, which would leave a weights-as-A GEMM's
 /// columns empty.
-#[allow(clippy::too_many_arguments)]
-fn conv_by_position(
-    c: &ConvPrep,
-    wt: &PackedB,
-    blocking: Blocking,
-    xd: &[f32],
-    nb: usize,
-    in_sp: &[usize],
-    out_sp: &[usize],
-    before: &[usize],
-    yd: &mut [f32],
-    res: Option<&[f32]>,
-    pool: &ThreadPool,
-) {
+fn conv_by_position(c: &ConvPrep, wt: &PackedB, blocking: Blocking, batch: &Batch, yd: &mut [f32], pool: &ThreadPool) {
+    let Batch { xd, nb, in_sp, out_sp, before, res } = *batch;
     let osize: usize = out_sp.iter().product();
     let isize: usize = in_sp.iter().product();
     let (k, rows) = (wt.k, nb * osize);
