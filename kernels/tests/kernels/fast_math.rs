@@ -42,5 +42,9 @@ fn tanh_and_sigmoid_error() {
         t = t.max((aim_kernels::fast::math::tanh(x) as f64 - (x as f64).tanh()).abs());
         s = s.max((aim_kernels::fast::math::sigmoid(x) as f64 - 1.0 / (1.0 + (-(x as f64)).exp())).abs());
     }
-    assert!(t <= 3e-7 && s <= 3e-7, "tanh {t:e}, sigmoid {s:e}");
+    // tanh is the rational fit ONNX Runtime's MLAS uses (4.0e-7 near |x| = 5.9, where
+    // tanh is 0.99998); sigmoid's fit stays within the 3e-7 of the exp form it replaced.
+    assert!(t <= 4.5e-7 && s <= 3e-7, "tanh {t:e}, sigmoid {s:e}");
+    assert!(aim_kernels::fast::math::tanh(f32::NAN).is_nan() && aim_kernels::fast::math::sigmoid(f32::NAN).is_nan());
+    assert_eq!((aim_kernels::fast::math::tanh(-1e9), aim_kernels::fast::math::sigmoid(1e9)), (-1.0, 1.0));
 }
