@@ -239,15 +239,13 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
     assert!(ep.scale.len() == 1 || ep.scale.len() == n, "{} scales for {n} columns", ep.scale.len());
     assert!(ep.bias.is_none_or(|v| v.len() == n), "one bias per column");
     assert!(!b.needs_row_sums() || a.row_sums.len() >= m, "the weights' zero points need row sums");
-    // Per call: the activation zero point's term of each column.
-    let corr: Vec<i32> = (0..n)
-        .map(|j| a.zero.wrapping_mul(b.colsum[j]).wrapping_sub((k as i32).wrapping_mul(a.zero).wrapping_mul(b.zero[j])))
-        .collect();
     let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
     tiles(isa, &rows, &b.data, k.div_ceil(4), n, y, ldy, par, |row, j0, sums, dst| {
-        let rs = a.row_sums.get(row).copied().unwrap_or(0);
+        // Σ(a − za)(b − zb) = Σab − za·Σb − zb·(Σa − k·za).
+        let rs = a.row_sums.get(row).copied().unwrap_or(0).wrapping_sub((k as i32).wrapping_mul(a.zero));
         let cols = dst.len();
-        epilogue(isa, sums, rs, &corr[j0..j0 + cols], &b.zero[j0..j0 + cols], ep, j0, dst);
+        let zeros = Zeros { a: a.zero, colsum: &b.colsum[j0..j0 + cols], b: &b.zero[j0..j0 + cols], row: rs };
+        epilogue(isa, sums, &zeros, ep, j0, dst);
     });
 }
 
@@ -299,26 +297,36 @@ pub(crate) fn tiles<F>(
         for blk in s * per..((s + 1) * per).min(blocks) {
             let r0 = blk * MR;
             let rows = (m - r0).min(MR);
-            // Written whole by the microkernel (no zeroing: for shallow products that memset
-            // cost as much as the sums).
+            // The microkernel writes at least the tile's `rows` rows (no zeroing: for
+            // shallow products that memset cost as much as the sums); a partial tile runs
+            // a kernel of fewer rows (a GEMV's single row is not computed twelve times).
             let mut acc = std::mem::MaybeUninit::<[[i32; NR]; MR]>::uninit();
             let ptrs: [*const u8; MR] = std::array::from_fn(|r| a.data[(r0 + r.min(rows - 1)) * a.stride..].as_ptr());
             // SAFETY: every row pointer has `groups·4` readable bytes (checked above), the
             // panel `groups·NR·4`; VNNI only when this CPU has it.
-            let acc = unsafe {
+            unsafe {
                 let out = acc.as_mut_ptr();
                 match (vnni, a.signed) {
                     #[cfg(target_arch = "x86_64")]
-                    (true, false) => micro_vnni::<false>(&ptrs, panel.as_ptr(), groups, out),
+                    (true, false) => match rows {
+                        1 => micro_vnni::<false, 1>(&ptrs, panel.as_ptr(), groups, out),
+                        2..=4 => micro_vnni::<false, 4>(&ptrs, panel.as_ptr(), groups, out),
+                        _ => micro_vnni::<false, MR>(&ptrs, panel.as_ptr(), groups, out),
+                    },
                     #[cfg(target_arch = "x86_64")]
-                    (true, true) => micro_vnni::<true>(&ptrs, panel.as_ptr(), groups, out),
+                    (true, true) => match rows {
+                        1 => micro_vnni::<true, 1>(&ptrs, panel.as_ptr(), groups, out),
+                        2..=4 => micro_vnni::<true, 4>(&ptrs, panel.as_ptr(), groups, out),
+                        _ => micro_vnni::<true, MR>(&ptrs, panel.as_ptr(), groups, out),
+                    },
                     (_, false) => micro_portable::<false>(&ptrs, panel, groups, out),
                     (_, true) => micro_portable::<true>(&ptrs, panel, groups, out),
                 }
-                // SAFETY: every microkernel stores every element.
-                acc.assume_init()
-            };
-            for (r, sums) in acc.iter().enumerate().take(rows) {
+            }
+            let written = acc.as_ptr() as *const [i32; NR];
+            for r in 0..rows {
+                // SAFETY: the microkernel stored rows 0..rows (it runs at least `rows`).
+                let sums = unsafe { &*written.add(r) };
                 let row = r0 + r;
                 // SAFETY: row < m and p·NR + cols ≤ n ≤ ldy: inside `y` (checked above);
                 // tasks write disjoint tiles.
@@ -349,27 +357,32 @@ pub fn use_vnni(isa: Isa) -> bool {
     }
 }
 
+/// The zero-point terms of one tile row: `Σ(a − za)(b − zb) = Σab − za·Σb − zb·row`,
+/// with `row = Σa − k·za`. Taken per tile from the packed column sums, so that a call
+/// (a recurrent step's GEMV is one every few microseconds) allocates nothing.
+struct Zeros<'a> {
+    /// The activations' zero point.
+    a: i32,
+    /// The tile's columns' Σb.
+    colsum: &'a [i32],
+    /// The tile's columns' zero points.
+    b: &'a [i32],
+    /// `Σa − k·za` of the row.
+    row: i32,
+}
+
 /// One tile's sums to f32 (vectorised for the ISA: the loop is as long as the depth's
 /// quarter for a tile, so a scalar epilogue would cost as much as the products).
-#[allow(clippy::too_many_arguments)]
-fn epilogue(
-    isa: Isa,
-    sums: &[i32; NR],
-    row_sum: i32,
-    corr: &[i32],
-    zero: &[i32],
-    ep: &QEpilogue,
-    j0: usize,
-    dst: &mut [f32],
-) {
+fn epilogue(isa: Isa, sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
     #[inline(always)]
-    fn body(sums: &[i32; NR], row_sum: i32, corr: &[i32], zero: &[i32], ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
+    fn body(sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
         // The integer terms in one loop, then the scale and bias in one loop per form
         // (scalar or per-column scale, with or without bias): each a branch-free vector loop.
         let cols = dst.len();
         let mut v = [0f32; NR];
-        for (((o, &a), &c), &z) in v.iter_mut().zip(&sums[..cols]).zip(&corr[..cols]).zip(&zero[..cols]) {
-            *o = a.wrapping_sub(c).wrapping_sub(z.wrapping_mul(row_sum)) as f32;
+        let (za, r) = (zeros.a, zeros.row);
+        for (((o, &a), &c), &z) in v.iter_mut().zip(&sums[..cols]).zip(&zeros.colsum[..cols]).zip(&zeros.b[..cols]) {
+            *o = a.wrapping_sub(za.wrapping_mul(c)).wrapping_sub(z.wrapping_mul(r)) as f32;
         }
         let v = &v[..cols];
         match (ep.scale.len() == 1, ep.bias) {
@@ -399,22 +412,22 @@ fn epilogue(
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(s: &[i32; NR], r: i32, c: &[i32], z: &[i32], ep: &QEpilogue, j0: usize, d: &mut [f32]) {
-            body(s, r, c, z, ep, j0, d)
+        unsafe fn v4(s: &[i32; NR], z: &Zeros, ep: &QEpilogue, j0: usize, d: &mut [f32]) {
+            body(s, z, ep, j0, d)
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(s: &[i32; NR], r: i32, c: &[i32], z: &[i32], ep: &QEpilogue, j0: usize, d: &mut [f32]) {
-            body(s, r, c, z, ep, j0, d)
+        unsafe fn v3(s: &[i32; NR], z: &Zeros, ep: &QEpilogue, j0: usize, d: &mut [f32]) {
+            body(s, z, ep, j0, d)
         }
         // SAFETY: an `Isa` exists only for features this CPU has.
         match isa.kind() {
-            IsaKind::Avx512 => return unsafe { v4(sums, row_sum, corr, zero, ep, j0, dst) },
-            IsaKind::Avx2 => return unsafe { v3(sums, row_sum, corr, zero, ep, j0, dst) },
+            IsaKind::Avx512 => return unsafe { v4(sums, zeros, ep, j0, dst) },
+            IsaKind::Avx2 => return unsafe { v3(sums, zeros, ep, j0, dst) },
             _ => {}
         }
     }
     let _ = isa;
-    body(sums, row_sum, corr, zero, ep, j0, dst)
+    body(sums, zeros, ep, j0, dst)
 }
 
 /// `acc[r][j] = Σ a[r]·b` over `groups` groups of four, with `vpdpbusd`: per group, two
@@ -422,23 +435,25 @@ fn epilogue(
 /// multiplies unsigned bytes by signed ones: with `SIGNED_ROWS` the rows are the s8 side
 /// and the panel the u8 one.
 ///
+/// Only the first `R` rows (at most [`MR`]) are summed and written.
+///
 /// # Safety
 /// The CPU has AVX-512F and VNNI; each row pointer has `groups·4` readable bytes,
 /// `panel` `groups·NR·4`, and `acc` is writable.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn micro_vnni<const SIGNED_ROWS: bool>(
+unsafe fn micro_vnni<const SIGNED_ROWS: bool, const R: usize>(
     a: &[*const u8; MR],
     panel: *const u8,
     groups: usize,
     acc: *mut [[i32; NR]; MR],
 ) {
     use std::arch::x86_64::*;
-    let mut c = [[_mm512_setzero_si512(); 2]; MR];
+    let mut c = [[_mm512_setzero_si512(); 2]; R];
     for g in 0..groups {
         let b0 = _mm512_loadu_si512(panel.add(g * NR * 4) as *const _);
         let b1 = _mm512_loadu_si512(panel.add(g * NR * 4 + 64) as *const _);
-        for r in 0..MR {
+        for r in 0..R {
             let av = _mm512_set1_epi32((a[r].add(g * 4) as *const i32).read_unaligned());
             if SIGNED_ROWS {
                 c[r][0] = _mm512_dpbusd_epi32(c[r][0], b0, av);
