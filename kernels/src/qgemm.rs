@@ -239,14 +239,84 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
     assert!(ep.scale.len() == 1 || ep.scale.len() == n, "{} scales for {n} columns", ep.scale.len());
     assert!(ep.bias.is_none_or(|v| v.len() == n), "one bias per column");
     assert!(!b.needs_row_sums() || a.row_sums.len() >= m, "the weights' zero points need row sums");
-    let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
-    tiles(isa, &rows, &b.data, k.div_ceil(4), n, y, ldy, par, |row, j0, sums, dst| {
+    let store = |row: usize, j0: usize, sums: &[i32; NR], dst: &mut [f32]| {
         // Σ(a − za)(b − zb) = Σab − za·Σb − zb·(Σa − k·za).
         let rs = a.row_sums.get(row).copied().unwrap_or(0).wrapping_sub((k as i32).wrapping_mul(a.zero));
         let cols = dst.len();
         let zeros = Zeros { a: a.zero, colsum: &b.colsum[j0..j0 + cols], b: &b.zero[j0..j0 + cols], row: rs };
         epilogue(isa, sums, &zeros, ep, j0, dst);
+    };
+    if n < NARROW {
+        return narrow(isa, a, b, y, ldy, par, store);
+    }
+    let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
+    tiles(isa, &rows, &b.data, k.div_ceil(4), n, y, ldy, par, store);
+}
+
+/// Below this many columns a product runs as dot products of rows and columns
+/// ([`narrow`]): a panel of [`NR`] columns would compute `NR / n` times the sums needed
+/// (32× for the one column of an attention score), and four lanes of `vpdpbusd` per lane
+/// of a widened product are not worth that.
+const NARROW: usize = 8;
+
+/// [`qgemm`] for fewer than [`NARROW`] columns: each row's dot product with each column of
+/// B (unpacked once per call, as i32), summed exactly in i32 vectors, then `store`d as the
+/// tiled kernel's sums are.
+fn narrow<F>(isa: Isa, a: &QuantizedA, b: &PackedQB, y: &mut [f32], ldy: usize, par: &dyn Parallel, store: F)
+where
+    F: Fn(usize, usize, &[i32; NR], &mut [f32]) + Sync,
+{
+    let (m, n, k) = (a.m, b.n, b.k);
+    let groups = k.div_ceil(4);
+    // Column j of the packed panel: group g's four values at ((g·NR) + j)·4.
+    let cols: Vec<Vec<i32>> =
+        (0..n).map(|j| (0..k).map(|kk| b.data[((kk / 4) * NR + j) * 4 + kk % 4] as i8 as i32).collect()).collect();
+    debug_assert!(b.data.len() >= groups * NR * 4);
+    let out = OutPtr(y.as_mut_ptr());
+    let per = (16384 / k.max(1)).max(1);
+    par.for_each(m.div_ceil(per), &|c| {
+        let out = out;
+        for row in c * per..((c + 1) * per).min(m) {
+            let data = &a.data[row * a.stride..row * a.stride + k];
+            let mut sums = [0i32; NR];
+            for (s, col) in sums.iter_mut().zip(&cols) {
+                *s = dot(isa, data, col);
+            }
+            // SAFETY: row < m, n ≤ ldy: inside `y` (checked by the caller); chunks write
+            // disjoint rows.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row * ldy), n) };
+            store(row, 0, &sums, dst);
+        }
     });
+}
+
+/// Σ row·col (u8 by i32, wrapping as the tiled kernel's i32 sums do).
+#[inline(always)]
+fn dot_generic(row: &[u8], col: &[i32]) -> i32 {
+    row.iter().zip(col).fold(0i32, |s, (&x, &w)| s.wrapping_add((x as i32).wrapping_mul(w)))
+}
+
+/// [`dot_generic`] compiled for the ISA, so that the products are vector code.
+fn dot(isa: Isa, row: &[u8], col: &[i32]) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx2")]
+        unsafe fn v4(row: &[u8], col: &[i32]) -> i32 {
+            dot_generic(row, col)
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn v3(row: &[u8], col: &[i32]) -> i32 {
+            dot_generic(row, col)
+        }
+        // SAFETY: the ISA was checked available when the program was built.
+        match isa.kind() {
+            IsaKind::Avx512 => return unsafe { v4(row, col) },
+            IsaKind::Avx2 => return unsafe { v3(row, col) },
+            _ => {}
+        }
+    }
+    let _ = isa;
+    dot_generic(row, col)
 }
 
 /// The broadcast side of a tiled product: `m` rows `stride` bytes apart, u8 or s8 (the
