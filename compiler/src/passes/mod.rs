@@ -119,6 +119,7 @@ fn graph_passes(quantize_dense: Option<bool>, transcendental: bool, round: bool)
     }
     passes.extend([
         Pass::new("quantize-dequantize", move |g| qdq::run(g, int8)),
+        Pass::new("common-subexpressions", cse::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),
         Pass::new("fuse-epilogues", fuse::run),
