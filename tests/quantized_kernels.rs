@@ -207,7 +207,10 @@ fn byte_regions_match_the_interpreter() {
         t += &qdq("a1r", 0.025, signed, z(&mut r));
         t += &qconv(&mut r, "a1r", "a2", 8, 8, 3, 1, 1);
         t += &qdq("a2", 0.04, signed, z(&mut r));
-        t += &qconv(&mut r, "a2", "a3", 8, 16, 1, 1, 1);
+        // An activation the byte kernels do not fuse, between two quantizations: a table.
+        t += "  %hs = HardSwish(%a2_d)  # hardswish\n";
+        t += &qdq("hs", 0.03, signed, z(&mut r));
+        t += &qconv(&mut r, "hs", "a3", 8, 16, 1, 1, 1);
         t += &qdq("a3", 0.05, signed, z(&mut r));
         t += "  %s = Add(%a3_d, %p1_d)  # add\n  %sr = Relu(%s)  # relu_add\n";
         t += &qdq("sr", 0.05, signed, z(&mut r));
@@ -233,7 +236,7 @@ fn byte_regions_match_the_interpreter() {
             let m = Model::load_with_options(&path, &opts).unwrap();
             let ops: Vec<String> = m.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
             if integer_kernel(cpu) {
-                for op in ["Quantize8", "Conv8", "MaxPool8", "Dequantize8"] {
+                for op in ["Quantize8", "Conv8", "MaxPool8", "Dequantize8", "Lut8"] {
                     assert!(ops.iter().any(|o| o == op), "case {case} [{cpu}]: no {op} in {ops:?}");
                 }
                 let g = m.optimized_graph().unwrap();

@@ -152,6 +152,61 @@ pub fn parse(lines: &[String]) -> Result<Vec<Inst>, String> {
     lines.iter().enumerate().map(|(i, l)| Inst::parse(l, i)).collect()
 }
 
+/// The program's value for one element whose inputs are `inputs`, in f32 as the generated
+/// loop computes it (the transcendental functions are the vector kernels' approximations,
+/// the rest is exact f32 arithmetic in the program's order). For tables of a byte's 256
+/// values (`passes::byte_tables`). `None` for a program that reads a missing input.
+pub fn eval(prog: &[Inst], inputs: &[f32]) -> Option<f32> {
+    use aim_kernels::fast::math;
+    let mut v: Vec<f32> = Vec::with_capacity(prog.len());
+    for inst in prog {
+        let at = |o: Operand| match o {
+            Operand::Ref(i) => v[i],
+            Operand::Const(c) => c,
+        };
+        let r = match *inst {
+            Inst::Input(k) => *inputs.get(k)?,
+            Inst::Unary(u, a) => {
+                let a = at(a);
+                match u {
+                    Unary::Neg => -a,
+                    Unary::Abs => a.abs(),
+                    Unary::Sqrt => a.sqrt(),
+                    Unary::Relu => a.max(0.0),
+                    Unary::Exp => math::exp(a),
+                    Unary::Erf => math::erf(a),
+                    Unary::Tanh => math::tanh(a),
+                    Unary::Sigmoid => math::sigmoid(a),
+                    Unary::Reciprocal => 1.0 / a,
+                    Unary::Round => a.round_ties_even(),
+                }
+            }
+            Inst::Binary(b, x, y) => {
+                let (x, y) = (at(x), at(y));
+                match b {
+                    Binary::Add => x + y,
+                    Binary::Sub => x - y,
+                    Binary::Mul => x * y,
+                    Binary::Div => x / y,
+                    Binary::Max => x.max(y),
+                    Binary::Min => x.min(y),
+                }
+            }
+            Inst::Clip(a, lo, hi) => at(a).min(hi).max(lo),
+            Inst::LeakyRelu(a, alpha) => {
+                let a = at(a);
+                if a >= 0.0 {
+                    a
+                } else {
+                    alpha * a
+                }
+            }
+        };
+        v.push(r);
+    }
+    v.last().copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

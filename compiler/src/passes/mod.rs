@@ -1,6 +1,7 @@
 //! Graph passes: each a named function over the graph that the pass manager runs in order,
 //! timing each and (on request) keeping the graph after each for printing.
 
+mod byte_tables;
 mod const_fold;
 mod cse;
 mod dce;
@@ -75,6 +76,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
     let mut passes = graph_passes(Some(int8), !wide, round);
     passes.extend([
+        Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("select-kernels", move |g| crate::select::run(g, lanes, tile)),

@@ -133,3 +133,22 @@ pub fn dequantize_nhwc(x: &[u8], n: usize, c: usize, hw: usize, q: Q8, y: &mut [
         }
     });
 }
+
+/// `y[i] = table[x[i]]`: an elementwise function of bytes as its table of 256 results
+/// (`aim:Lut8`), in parallel chunks.
+///
+/// Panics when `y` is shorter than `x`.
+pub fn lookup(x: &[u8], table: &[u8; 256], y: &mut [u8], par: &dyn Parallel) {
+    assert!(y.len() >= x.len(), "the output does not hold {} bytes", x.len());
+    const CHUNK: usize = 64 * 1024;
+    let yp = SharedMut(y.as_mut_ptr());
+    par.for_each(x.len().div_ceil(CHUNK), &|c| {
+        let yp = yp;
+        let r = c * CHUNK..((c + 1) * CHUNK).min(x.len());
+        // SAFETY: inside `y` (checked above); chunks write disjoint ranges.
+        let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(r.start), r.len()) };
+        for (d, &v) in dst.iter_mut().zip(&x[r]) {
+            *d = table[v as usize];
+        }
+    });
+}

@@ -29,8 +29,18 @@ pub(super) enum Int8Prep {
     GlobalMean(Q8),
     Conv(Box<Conv8>),
     Depthwise(Box<Depthwise8>),
-    Add { a: Q8, b: Q8, act: Option<Activation>, y: Q8 },
-    MaxPool { window: Window, ceil: bool },
+    Add {
+        a: Q8,
+        b: Q8,
+        act: Option<Activation>,
+        y: Q8,
+    },
+    MaxPool {
+        window: Window,
+        ceil: bool,
+    },
+    /// `y = table[x]` per byte (`aim:Lut8`: an elementwise function of one byte tensor).
+    Table(Box<[u8; 256]>),
 }
 
 /// The quantization `{prefix}_scale`, `{prefix}_zero` (or `scale`, `zero` for an empty
@@ -83,6 +93,13 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
             Int8Prep::MaxPool { window: window(n, k)?, ceil: n.int("ceil_mode", 0) != 0 }
         }
         "Conv8" => prepare_conv(g, n)?,
+        "Lut8" => {
+            let t = n.ints("table").unwrap_or(&[]);
+            if t.len() != 256 || t.iter().any(|v| !(0..=255).contains(v)) {
+                return Err(prep_err(n, "table must hold 256 values from 0 to 255"));
+            }
+            Int8Prep::Table(Box::new(std::array::from_fn(|i| t[i] as u8)))
+        }
         _ => return Err(prep_err(n, "unknown byte op")),
     };
     Ok(Prepared::Int8(Box::new(p)))
@@ -154,6 +171,8 @@ pub(super) fn output(p: &Int8Prep, ins: &[Option<Operand>]) -> Result<(DType, Ve
             let [n, c, h, w] = want(DType::F32)?;
             Ok((DType::U8, vec![n, h, w, c]))
         }
+        Int8Prep::Table(_) if x.dtype == DType::U8 => Ok((DType::U8, x.shape.to_vec())),
+        Int8Prep::Table(_) => Err(format!("the input must be u8, got {}", x.dtype)),
         Int8Prep::Dequantize(_) => {
             let [n, h, w, c] = want(DType::U8)?;
             Ok((DType::F32, vec![n, c, h, w]))
@@ -245,6 +264,7 @@ pub(super) fn run(
             let bv = ins.get(1).and_then(|b| b.as_ref()).ok_or("input 1 is missing")?;
             aim_kernels::int8::add::add(isa, x.bytes, *a, bv.bytes, *b, *act, *qy, y, pool)
         }
+        Int8Prep::Table(t) => aim_kernels::int8::convert::lookup(x.bytes, t, y, pool),
         Int8Prep::MaxPool { window, .. } => {
             let xn = nhwc(x)?;
             let (_, shape) = output(p, ins)?;
@@ -322,6 +342,10 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
             "max pool {:?} over bytes NHWC (the input's quantization): parallel for output row in 0..{}, byte max across each pixel's channels",
             window.kernel,
             n * oh
+        )],
+        (Int8Prep::Table(_), _, Some(s)) => vec![format!(
+            "table lookup per byte (256 entries: the elementwise function and its quantization, evaluated at compile time): parallel chunks of {} bytes",
+            s.iter().product::<usize>()
         )],
         _ => vec!["byte op: shapes known only at run time".to_string()],
     }

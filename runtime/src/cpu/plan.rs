@@ -251,7 +251,8 @@ impl Plan {
 }
 
 /// The byte ops of quantized regions, which run byte kernels.
-pub(super) const INT8_OPS: [&str; 6] = ["Quantize8", "Dequantize8", "GlobalAveragePool8", "Conv8", "Add8", "MaxPool8"];
+pub(super) const INT8_OPS: [&str; 7] =
+    ["Quantize8", "Dequantize8", "GlobalAveragePool8", "Conv8", "Add8", "MaxPool8", "Lut8"];
 
 /// The code that runs node `n` of a prepared program: every `aim` node has a prepared
 /// kernel (a program whose `aim` node cannot be prepared does not load).
@@ -268,7 +269,7 @@ fn kernel_of(n: &Node) -> KernelRef {
 /// and quantization parameters of `aim` nodes whose operands are not all computed — and
 /// the initializers nothing reads any more.
 pub(super) fn bake_constants(graph: &mut Graph) {
-    const COMPUTED_OPERANDS: [&str; 9] = [
+    const COMPUTED_OPERANDS: [&str; 10] = [
         "Elementwise",
         "Reduce",
         "Transpose",
@@ -278,6 +279,7 @@ pub(super) fn bake_constants(graph: &mut Graph) {
         "Dequantize8",
         "GlobalAveragePool8",
         "MaxPool8",
+        "Lut8",
     ];
     for n in graph.nodes.iter_mut() {
         if n.domain == "aim" && !COMPUTED_OPERANDS.contains(&n.op.as_str()) {
