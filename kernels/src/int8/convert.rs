@@ -135,20 +135,54 @@ pub fn dequantize_nhwc(x: &[u8], n: usize, c: usize, hw: usize, q: Q8, y: &mut [
 }
 
 /// `y[i] = table[x[i]]`: an elementwise function of bytes as its table of 256 results
-/// (`aim:Lut8`), in parallel chunks.
+/// (`aim:Lut8`), in parallel chunks; 64 bytes per step with AVX-512 VBMI (two two-register
+/// byte permutes and a blend on the top bit), one at a time elsewhere.
 ///
 /// Panics when `y` is shorter than `x`.
-pub fn lookup(x: &[u8], table: &[u8; 256], y: &mut [u8], par: &dyn Parallel) {
+pub fn lookup(isa: Isa, x: &[u8], table: &[u8; 256], y: &mut [u8], par: &dyn Parallel) {
     assert!(y.len() >= x.len(), "the output does not hold {} bytes", x.len());
     const CHUNK: usize = 64 * 1024;
+    #[cfg(target_arch = "x86_64")]
+    let vbmi = isa.kind() == crate::gemm::IsaKind::Avx512
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vbmi");
+    let _ = isa;
     let yp = SharedMut(y.as_mut_ptr());
     par.for_each(x.len().div_ceil(CHUNK), &|c| {
         let yp = yp;
         let r = c * CHUNK..((c + 1) * CHUNK).min(x.len());
         // SAFETY: inside `y` (checked above); chunks write disjoint ranges.
         let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(r.start), r.len()) };
-        for (d, &v) in dst.iter_mut().zip(&x[r]) {
+        let src = &x[r];
+        #[cfg(target_arch = "x86_64")]
+        if vbmi {
+            // SAFETY: AVX-512 F, BW and VBMI checked.
+            return unsafe { lookup_vbmi(src, table, dst) };
+        }
+        for (d, &v) in dst.iter_mut().zip(src) {
             *d = table[v as usize];
         }
     });
+}
+
+/// [`lookup`] of one chunk with `vpermi2b`: the index's low seven bits pick from the table's
+/// lower or upper 128 bytes, its top bit which of the two.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn lookup_vbmi(x: &[u8], table: &[u8; 256], y: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let t: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(table.as_ptr().add(64 * k) as *const _));
+    let n = x.len().min(y.len());
+    let mut i = 0;
+    while i + 64 <= n {
+        let v = _mm512_loadu_si512(x.as_ptr().add(i) as *const _);
+        let lo = _mm512_permutex2var_epi8(t[0], v, t[1]);
+        let hi = _mm512_permutex2var_epi8(t[2], v, t[3]);
+        let r = _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), lo, hi);
+        _mm512_storeu_si512(y.as_mut_ptr().add(i) as *mut _, r);
+        i += 64;
+    }
+    for k in i..n {
+        y[k] = table[x[k] as usize];
+    }
 }

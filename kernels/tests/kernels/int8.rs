@@ -324,3 +324,20 @@ fn global_mean_is_the_mean_of_the_dequantized_bytes() {
         }
     }
 }
+
+/// Table lookups of bytes (`aim:Lut8`) give `table[x]` for every byte value and any length
+/// (whole 64-byte vectors and the tail), on every ISA.
+#[test]
+fn lookup_is_the_table() {
+    let mut seed = 5u64;
+    let table: [u8; 256] = std::array::from_fn(|_| lcg(&mut seed) as u8);
+    for len in [0, 1, 63, 64, 65, 256, 1000, 70_000] {
+        let x: Vec<u8> = (0..len).map(|i| if i < 256 { i as u8 } else { lcg(&mut seed) as u8 }).collect();
+        let want: Vec<u8> = x.iter().map(|&v| table[v as usize]).collect();
+        for isa in isas() {
+            let mut y = vec![0u8; len];
+            aim_kernels::int8::convert::lookup(isa, &x, &table, &mut y, &Sequential);
+            assert_eq!(y, want, "{isa:?} length {len}");
+        }
+    }
+}

@@ -264,7 +264,7 @@ pub(super) fn run(
             let bv = ins.get(1).and_then(|b| b.as_ref()).ok_or("input 1 is missing")?;
             aim_kernels::int8::add::add(isa, x.bytes, *a, bv.bytes, *b, *act, *qy, y, pool)
         }
-        Int8Prep::Table(t) => aim_kernels::int8::convert::lookup(x.bytes, t, y, pool),
+        Int8Prep::Table(t) => aim_kernels::int8::convert::lookup(isa, x.bytes, t, y, pool),
         Int8Prep::MaxPool { window, .. } => {
             let xn = nhwc(x)?;
             let (_, shape) = output(p, ins)?;
