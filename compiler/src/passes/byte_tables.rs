@@ -35,40 +35,11 @@ fn is_aim(n: &Node, op: &str) -> bool {
     n.domain == "aim" && n.op == op
 }
 
-/// Single-input elementwise ONNX ops a table may stand for (evaluated by their reference
-/// kernels).
-const UNARY: &[&str] = &[
-    "Abs",
-    "Ceil",
-    "Celu",
-    "Elu",
-    "Erf",
-    "Exp",
-    "Floor",
-    "Gelu",
-    "HardSigmoid",
-    "HardSwish",
-    "LeakyRelu",
-    "Log",
-    "Mish",
-    "Neg",
-    "Reciprocal",
-    "Relu",
-    "Round",
-    "Selu",
-    "Sigmoid",
-    "Softplus",
-    "Softsign",
-    "Sqrt",
-    "Tanh",
-    "ThresholdedRelu",
-];
-
 /// What sits between the dequantizations and the quantization.
 enum Middle {
     /// An `aim:Elementwise` program.
     Program(Vec<ewprog::Inst>),
-    /// One op of [`UNARY`].
+    /// One pointwise ONNX op (`aim_kernels::ops::elementwise::is_pointwise`).
     Op,
 }
 
@@ -111,7 +82,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                 Some(Ok(prog)) => Middle::Program(prog),
                 _ => continue,
             }
-        } else if e.domain.is_empty() && UNARY.contains(&e.op.as_str()) && e.inputs.len() == 1 {
+        } else if e.domain.is_empty() && aim_kernels::ops::elementwise::is_pointwise(&e.op) && e.inputs.len() == 1 {
             Middle::Op
         } else {
             continue;

@@ -50,6 +50,20 @@ pub fn erf(x: f64) -> f64 {
     }
 }
 
+/// Whether `op` (default domain) is a pointwise function of one input, computed by
+/// [`unary`]: what a pass may evaluate on a table of inputs (`aim:Lut8`).
+pub fn is_pointwise(op: &str) -> bool {
+    let n = Node {
+        name: String::new(),
+        op: op.into(),
+        domain: String::new(),
+        inputs: vec![],
+        outputs: vec![],
+        attrs: Default::default(),
+    };
+    unary_fn(&n).is_some()
+}
+
 fn unary_fn(n: &Node) -> Option<Box<dyn Fn(f64) -> f64>> {
     let alpha = |d: f32| n.float("alpha", d) as f64;
     let beta = |d: f32| n.float("beta", d) as f64;
