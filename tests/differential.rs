@@ -1640,8 +1640,9 @@ fn tied_embedding_projection_packs_the_table_in_place() {
 }
 
 /// Convolutions with a handful of output positions (a speech model's 1-D convolutions over
-/// one short frame) run with the positions as GEMM rows (`gemm_by_position`, which the
-/// compiler records): batch 1 and 2, strided, dilated, padded, with a fused residual and
+/// one short frame, an STFT's strided frames) run with the positions as GEMM rows
+/// (`gemm_by_position`, which the compiler records; 1-D undilated ones gather their windows
+/// channels last): batch 1 and 2, strided, dilated, padded, with a fused residual and
 /// activation, against the reference; 2-D ones over tiny maps (blocked, on the direct
 /// kernel) alongside.
 #[test]
@@ -1650,6 +1651,9 @@ fn few_position_convolutions_match_reference() {
     // (rank, batch, in channels, out channels, kernel, stride, pad, dilation, len, residual)
     for (rank, nb, c, m, k, s, p, d, len, residual) in [
         (3usize, 1usize, 1usize, 40usize, 16usize, 8usize, 0usize, 1usize, 40usize, false),
+        // A strided STFT frame: its 17 positions fill tiles no better as rows than as
+        // columns, but as columns they are gathered value by value.
+        (3, 1, 1, 66, 64, 20, 0, 1, 400, false),
         (3, 1, 33, 24, 3, 1, 1, 1, 4, true),
         (3, 2, 20, 16, 3, 2, 1, 1, 8, false),
         (3, 1, 7, 24, 3, 1, 2, 2, 5, true),

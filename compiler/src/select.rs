@@ -32,7 +32,13 @@ pub fn run(g: &mut Graph, lanes: usize, tile: (usize, usize)) -> Result<(), Pass
         if !n.attrs.contains_key(LAYOUT) {
             let output = aim_runtime::cpu::static_output(g, n);
             let group = n.int("group", 1).max(1) as usize;
-            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, group, output, tile)));
+            let sp = dims.len().saturating_sub(2);
+            let list = |name: &str| match n.ints(name) {
+                Some(v) => v.iter().map(|&x| x.max(0) as usize).collect(),
+                None => vec![1; sp],
+            };
+            let (strides, dilations) = (list("strides"), list("dilations"));
+            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, group, output, tile, &strides, &dilations)));
             continue;
         }
         let [cout, cin, kh, kw] = dims[..] else { continue };

@@ -4,6 +4,7 @@
 //! take (negative steps), and checks shapes the way the reference kernel does, leaving the
 //! error messages to it (a mismatch falls back to the reference, which reports it).
 
+use super::copy::copy_bytes;
 use super::output::{Out, Output};
 use super::Ctx;
 use crate::util::Result;
@@ -35,24 +36,36 @@ fn next_index(idx: &mut [usize], dims: &[usize]) {
 /// Below this many bytes a copy runs on the calling thread: waking the pool costs more.
 const SERIAL_BYTES: usize = 32 * 1024;
 
-/// Copies `parts` (each `(source, offset in source, destination offset, length)`, in
-/// elements of `es` bytes) into `dst`, in parallel when there is enough to copy.
-fn copy_parts(cx: &Ctx, dst: &mut [u8], es: usize, parts: &[(&[u8], usize, usize, usize)]) {
+/// Copies `count` parts (part `i` is `(source, offset in source, destination offset,
+/// length)`, in elements of `es` bytes) into `dst`, in parallel when there is enough to
+/// copy. The parts are computed as they are copied, not collected first: a slice of a
+/// `[32, 129, 5]` tensor to `[32, 129, 4]` has 4,128 parts of 16 bytes, and a list of them
+/// cost as much as the copies.
+fn copy_parts<'a>(
+    cx: &Ctx,
+    dst: &mut [u8],
+    es: usize,
+    count: usize,
+    part: impl Fn(usize) -> (&'a [u8], usize, usize, usize) + Sync,
+) {
     let out = Out(dst.as_mut_ptr());
     let n = dst.len();
-    let one = |k: usize| {
+    let range = |lo: usize, hi: usize| {
         let out = out;
-        let (src, from, to, len) = parts[k];
-        let (from, to, len) = (from * es, to * es, len * es);
-        assert!(to + len <= n && from + len <= src.len(), "copy part in bounds");
-        // SAFETY: the parts' destination ranges are disjoint and in bounds (checked).
-        let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(to), len) };
-        d.copy_from_slice(&src[from..from + len]);
+        for k in lo..hi {
+            let (src, from, to, len) = part(k);
+            let (from, to, len) = (from * es, to * es, len * es);
+            assert!(to + len <= n && from + len <= src.len(), "copy part in bounds");
+            // SAFETY: the parts' destination ranges are disjoint and in bounds (checked).
+            let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(to), len) };
+            copy_bytes(d, &src[from..from + len]);
+        }
     };
-    if n < SERIAL_BYTES {
-        (0..parts.len()).for_each(one);
+    if n < SERIAL_BYTES || count < 2 {
+        range(0, count);
     } else {
-        cx.par.for_each(parts.len(), &one);
+        let tasks = count.min(4 * cx.par.threads().max(1));
+        cx.par.for_each(tasks, &|t| range(t * count / tasks, (t + 1) * count / tasks));
     }
 }
 
@@ -73,16 +86,14 @@ pub(super) fn concat(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
-    let mut parts = Vec::with_capacity(outer * ts.len());
-    for o in 0..outer {
-        let mut at = o * row;
-        for t in &ts {
-            let len = t.shape()[ax..].iter().product::<usize>();
-            parts.push((t.bytes(), o * len, at, len));
-            at += len;
-        }
-    }
-    copy_parts(cx, y.bytes_mut(), dtype.size(), &parts);
+    // Each input's block length and its offset in an output row.
+    let lens: Vec<usize> = ts.iter().map(|t| t.shape()[ax..].iter().product()).collect();
+    let offsets: Vec<usize> = lens.iter().scan(0, |at, &l| Some(std::mem::replace(at, *at + l))).collect();
+    let k = ts.len();
+    copy_parts(cx, y.bytes_mut(), dtype.size(), outer * k, |i| {
+        let (o, t) = (i / k, i % k);
+        (ts[t].bytes(), o * lens[t], o * row + offsets[t], lens[t])
+    });
     Some(Ok(vec![y.finish()]))
 }
 
@@ -115,9 +126,9 @@ pub(super) fn split(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result
             Ok(y) => y,
             Err(e) => return Some(Err(e)),
         };
-        let parts: Vec<(&[u8], usize, usize, usize)> =
-            (0..outer).map(|o| (src, (o * dim + start) * inner, o * s * inner, s * inner)).collect();
-        copy_parts(cx, y.bytes_mut(), dtype.size(), &parts);
+        copy_parts(cx, y.bytes_mut(), dtype.size(), outer, |o| {
+            (src, (o * dim + start) * inner, o * s * inner, s * inner)
+        });
         outs.push(y.finish());
         start += s;
     }
@@ -163,16 +174,17 @@ pub(super) fn slice(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     let outer_dims = &shape[..k.saturating_sub(1)];
     let count: usize = outer_dims.iter().product();
     let src = x.bytes();
-    let mut parts = Vec::with_capacity(count);
-    let mut idx = vec![0usize; outer_dims.len()];
-    for i in 0..count {
-        let base: usize = (0..outer_dims.len()).map(|d| (lo[d] + idx[d]) * st[d]).sum::<usize>()
-            + if k > 0 { lo[k - 1] * st[k - 1] } else { 0 };
-        parts.push((src, base, i * run, run));
-        next_index(&mut idx, outer_dims);
-    }
+    let first = if k > 0 { lo[k - 1] * st[k - 1] } else { 0 };
     if run > 0 {
-        copy_parts(cx, y.bytes_mut(), x.dtype().size(), &parts);
+        copy_parts(cx, y.bytes_mut(), x.dtype().size(), count, |i| {
+            // Part i's source: its outer multi-index, innermost dim last.
+            let (mut rest, mut base) = (i, first);
+            for d in (0..outer_dims.len()).rev() {
+                base += (lo[d] + rest % outer_dims[d]) * st[d];
+                rest /= outer_dims[d];
+            }
+            (src, base, i * run, run)
+        });
     }
     Some(Ok(vec![y.finish()]))
 }
@@ -247,14 +259,12 @@ pub(super) fn gather(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         Err(e) => return Some(Err(e)),
     };
     let src = x.bytes();
-    let mut parts = Vec::with_capacity(outer * ids.len());
-    for o in 0..outer {
-        for (j, &i) in ids.iter().enumerate() {
-            parts.push((src, (o * dim + i) * inner, (o * ids.len() + j) * inner, inner));
-        }
-    }
-    if inner > 0 {
-        copy_parts(cx, y.bytes_mut(), x.dtype().size(), &parts);
+    if inner > 0 && !ids.is_empty() {
+        let n = ids.len();
+        copy_parts(cx, y.bytes_mut(), x.dtype().size(), outer * n, |p| {
+            let (o, j) = (p / n, p % n);
+            (src, (o * dim + ids[j]) * inner, p * inner, inner)
+        });
     }
     Some(Ok(vec![y.finish()]))
 }
@@ -316,6 +326,12 @@ pub(super) fn pad(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<V
     let st = crate::util::strides(x.shape());
     let dst = y.bytes_mut();
     let rows = shape[..r - 1].iter().product::<usize>();
+    // The padded ends of a row: each position's source element (None: the constant), the
+    // same for every row, found once instead of per element of every row.
+    let ends: Vec<(usize, Option<usize>)> = (0..before[r - 1])
+        .chain(before[r - 1] + last..width)
+        .map(|j| (j, pad_source(j, before[r - 1], last, mode)))
+        .collect();
     let mut idx = vec![0usize; r - 1];
     for row in 0..rows {
         let out = &mut dst[row * width * es..(row + 1) * width * es];
@@ -326,12 +342,12 @@ pub(super) fn pad(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<V
             None => out.chunks_exact_mut(es).for_each(|e| e.copy_from_slice(fill)),
             Some(b) => {
                 let (lo, hi) = (before[r - 1] * es, (before[r - 1] + last) * es);
-                out[lo..hi].copy_from_slice(&src[b * es..(b + last) * es]);
-                for j in (0..before[r - 1]).chain(before[r - 1] + last..width) {
+                copy_bytes(&mut out[lo..hi], &src[b * es..(b + last) * es]);
+                for &(j, s) in &ends {
                     let e = &mut out[j * es..(j + 1) * es];
-                    match pad_source(j, before[r - 1], last, mode) {
-                        Some(s) => e.copy_from_slice(&src[(b + s) * es..(b + s + 1) * es]),
-                        None => e.copy_from_slice(fill),
+                    match s {
+                        Some(s) => copy_bytes(e, &src[(b + s) * es..(b + s + 1) * es]),
+                        None => copy_bytes(e, fill),
                     }
                 }
             }

@@ -24,7 +24,7 @@ mod reduce;
 mod resize;
 mod taps;
 
-pub use copy::copy_short;
+pub use copy::{copy_short, zero_short};
 pub use taps::{tap_rows, MAX_TAPS};
 
 /// Whether an op's kernel only relabels its input (a new shape over the same bytes) or

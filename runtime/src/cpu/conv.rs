@@ -7,7 +7,7 @@ use super::{activation, check_residual, const_f32, prep_err, In, Out, OutPtr, Pr
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
-use aim_kernels::fast::copy_short;
+use aim_kernels::fast::{copy_short, zero_short};
 use aim_kernels::gemm::{gemm_lazy_b, gemm_rows, Activation, Blocking, Epilogue, Isa, PackedA, PackedB, Parallel};
 
 pub(super) struct Geometry {
@@ -81,19 +81,20 @@ const DEPTHWISE: &str = "depthwise";
 const BY_POSITION: &str = "gemm_by_position";
 
 /// The kernel that runs an unblocked (NCHW) `aim:Conv` with weights of shape `weight` in
-/// `group` groups, over `output` = (images, output positions per image) when the shapes
-/// are static, on GEMM microkernels of `mr × nr` tiles:
+/// `group` groups and `strides` / `dilations` per spatial dim, over `output` = (images,
+/// output positions per image) when the shapes are static, on GEMM microkernels of
+/// `mr × nr` tiles:
 /// - `depthwise`: one 1-D or 2-D filter per channel, run directly over the planes;
 /// - `gemm`: each group's weights packed as A (rows: output channels), the input gathered
 ///   per tap as B (columns: output positions);
 /// - `gemm_by_position` (one group): the transpose, output positions as the rows of a GEMM
-///   against the weights packed as B, the input gathered window by window. Chosen, where
-///   its gathered input (positions × Cin·k) stays within [`BY_POSITION_FLOATS`], when it
-///   fills more of the microkernel tiles than `gemm` (a 1-D convolution over one short
-///   frame, as speech models run them, has a handful of positions: as columns they leave
-///   most of a tile empty), or for a batch of images with few positions each, whose
-///   columns `gemm` would gather image by image (measured on silero-vad's batch of 32
-///   frames: 4× faster for 1–2 positions an image).
+///   against the weights packed as B, the input gathered window by window. Considered where
+///   its gathered input (positions × Cin·k) stays within [`BY_POSITION_FLOATS`], and chosen
+///   when [`gemm_estimates`] says it is the cheaper (a 1-D convolution over one short frame,
+///   as speech models run them, has a handful of positions: as columns they leave most of a
+///   tile empty; a strided STFT's columns are gathered value by value), or for a batch of
+///   images with few positions each, whose columns `gemm` would gather image by image
+///   (measured on silero-vad's batch of 32 frames: 4× faster for 1–2 positions an image).
 ///
 /// The compiler's `select-kernels` pass records it on the node; preparing the node checks
 /// that the recorded kernel can run it.
@@ -101,26 +102,71 @@ pub fn nchw_conv_kernel(
     weight: &[usize],
     group: usize,
     output: Option<(usize, usize)>,
-    (mr, nr): (usize, usize),
+    tile: (usize, usize),
+    strides: &[usize],
+    dilations: &[usize],
 ) -> &'static str {
     if is_depthwise(weight, group) {
         return DEPTHWISE;
     }
     let (m, k) = (weight[0], weight[1..].iter().product::<usize>());
-    // The share of the microkernel tiles' cells that compute outputs.
-    let used = |x: usize, tile: usize| x as f64 / (x.div_ceil(tile) * tile).max(1) as f64;
     match output {
         Some((images, positions)) if group == 1 && images * positions * k <= BY_POSITION_FLOATS => {
             let c = images * positions;
-            let by_position = used(c, mr) * used(m, nr);
-            let by_channel = used(m, mr) * used(c, nr);
-            if c > 0 && m > 0 && (by_position > 1.1 * by_channel || (images > 1 && positions < SMALL_OUTPUT)) {
+            if c == 0 || m == 0 {
+                return "gemm";
+            }
+            if images > 1 && positions < SMALL_OUTPUT {
+                return BY_POSITION;
+            }
+            let cost = gemm_estimates(weight, c, tile, strides, dilations);
+            if cost.by_position < cost.by_channel {
                 BY_POSITION
             } else {
                 "gemm"
             }
         }
         _ => "gemm",
+    }
+}
+
+/// Estimated cycles of one image's convolution on each GEMM kernel (see
+/// [`gemm_estimates`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmEstimates {
+    /// `gemm`: weights as A, output positions as B's columns.
+    pub by_channel: f64,
+    /// `gemm_by_position`: output positions as A's rows, weights as B.
+    pub by_position: f64,
+}
+
+/// The two GEMM kernels' cost for `c` output positions of a one-group convolution with
+/// weights `weight`: the multiply-adds over the share of the microkernel tiles (`mr × nr`)
+/// that compute outputs, at `nr` multiply-adds a cycle (two FMA ports of `nr / 2` lanes),
+/// plus gathering the input — an eighth of a cycle a value where it moves in runs (`gemm`'s
+/// 1-D columns at stride 1 and its 2-D padded rows; `gemm_by_position`'s channels-last 1-D
+/// windows), one cycle where it moves value by value (`gemm`'s strided 1-D columns,
+/// `gemm_by_position`'s 2-D windows) — and `gemm_by_position`'s scatter of its transposed
+/// result (half a cycle a value).
+pub fn gemm_estimates(
+    weight: &[usize],
+    c: usize,
+    (mr, nr): (usize, usize),
+    strides: &[usize],
+    dilations: &[usize],
+) -> GemmEstimates {
+    let (m, k) = (weight[0], weight[1..].iter().product::<usize>());
+    // The share of the microkernel tiles' cells that compute outputs.
+    let used = |x: usize, tile: usize| x as f64 / (x.div_ceil(tile) * tile).max(1) as f64;
+    let macs = (m * c * k) as f64 / nr.max(1) as f64;
+    let gathered = (c * k) as f64;
+    let one_d = weight.len() == 3;
+    let runs = 0.125;
+    let channel_gather = if one_d && strides.first().is_some_and(|&s| s != 1) { 1.0 } else { runs };
+    let position_gather = if one_d && dilations.first().is_none_or(|&d| d == 1) { runs } else { 1.0 };
+    GemmEstimates {
+        by_channel: macs / (used(m, mr) * used(c, nr)) + gathered * channel_gather,
+        by_position: macs / (used(c, mr) * used(m, nr)) + gathered * position_gather + 0.5 * (c * m) as f64,
     }
 }
 
@@ -176,7 +222,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     let act = activation(n);
     // The compiler's choice (`select-kernels`), checked; the same rule where it made none.
     let output = static_output(g, n);
-    let rule = nchw_conv_kernel(w.shape(), group, output, (isa.mr(), isa.nr()));
+    let rule = nchw_conv_kernel(w.shape(), group, output, (isa.mr(), isa.nr()), &geo.strides, &geo.dilations);
     let choice = match n.attrs.get("kernel") {
         Some(aim_ir::Attr::String(k)) => recorded_kernel(k, w.shape(), group).ok_or_else(|| {
             prep_err(n, format!("kernel '{k}' cannot run this convolution (weights {:?}, group {group})", w.shape()))
@@ -196,7 +242,14 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     let mg = m / group;
     let k: usize = cg * kernel.iter().product::<usize>();
     if choice == BY_POSITION {
-        let wt = super::shared::packed_b(w, isa, blocking, (k, m), true, false);
+        let wt = if channels_last(&geo) {
+            let bytes = w.bytes();
+            let at = |i: usize| f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+            let kw = kernel[0];
+            std::sync::Arc::new(PackedB::pack(isa, blocking, k, m, |p, j| at(j * k + weights_row(p, cg, kw))))
+        } else {
+            super::shared::packed_b(w, isa, blocking, (k, m), true, false)
+        };
         let by_position = Some((wt, blocking));
         return Ok(Prepared::Conv(Box::new(ConvPrep {
             weights: Vec::new(),
@@ -263,10 +316,13 @@ pub(super) fn run_conv(
     }
     if let Some(ad) = &c.adaptive {
         let tile = (ad.isa.mr(), ad.isa.nr());
-        if nchw_conv_kernel(&ad.weight_shape, 1, Some((nb, osize)), tile) == BY_POSITION {
+        if nchw_conv_kernel(&ad.weight_shape, 1, Some((nb, osize)), tile, &c.geo.strides, &c.geo.dilations)
+            == BY_POSITION
+        {
             let wt = ad.by_position.get_or_init(|| {
                 let a = &c.weights[0];
-                std::sync::Arc::new(PackedB::pack(ad.isa, ad.blocking, a.k, a.m, |p, j| a.get(j, p)))
+                let row = |p: usize| if channels_last(&c.geo) { weights_row(p, c.cin, c.geo.kernel[0]) } else { p };
+                std::sync::Arc::new(PackedB::pack(ad.isa, ad.blocking, a.k, a.m, |p, j| a.get(j, row(p))))
             });
             conv_by_position(c, wt, ad.blocking, &batch, yd, pool);
             return Ok(());
@@ -494,27 +550,77 @@ fn conv_by_position(c: &ConvPrep, wt: &PackedB, blocking: Blocking, batch: &Batc
     let osize: usize = out_sp.iter().product();
     let isize: usize = in_sp.iter().product();
     let (k, rows) = (wt.k, nb * osize);
-    let mut a = aim_kernels::scratch::take(rows * k);
-    for b in 0..nb {
-        let x = &xd[b * c.cin * isize..][..c.cin * isize];
-        for q in 0..osize {
-            window_row(x, c.cin, in_sp, out_sp, before, &c.geo, q, &mut a[(b * osize + q) * k..][..k]);
+    let mut scratch = aim_kernels::scratch::take(rows * k);
+    let a: &mut [f32] = &mut scratch;
+    if channels_last(&c.geo) {
+        windows_channels_last(c, batch, osize, a);
+    } else {
+        for (b, image) in a.chunks_exact_mut(osize * k).enumerate() {
+            let x = &xd[b * c.cin * isize..][..c.cin * isize];
+            for (q, row) in image.chunks_exact_mut(k).enumerate() {
+                window_row(x, c.cin, in_sp, out_sp, before, &c.geo, q, row);
+            }
         }
     }
+    let a: &[f32] = a;
     let mut out = aim_kernels::scratch::take(rows * c.m);
     let ep =
         Epilogue { col_bias: c.bias.as_deref(), act: if res.is_none() { c.act } else { None }, ..Epilogue::default() };
-    gemm_rows(&a, rows, k, blocking, wt, &mut out, c.m, &ep, pool);
-    for b in 0..nb {
-        for m in 0..c.m {
-            let at = (b * c.m + m) * osize;
-            let row = &mut yd[at..at + osize];
+    gemm_rows(a, rows, k, blocking, wt, &mut out, c.m, &ep, pool);
+    // The scratch buffers dereferenced once, not per element.
+    let out: &[f32] = &out;
+    for (b, (image, dst)) in out.chunks_exact(osize * c.m).zip(yd.chunks_exact_mut(osize * c.m)).enumerate() {
+        for (m, row) in dst.chunks_exact_mut(osize).enumerate() {
             // Column m of the result, down this image's positions.
-            let col = |q: usize| out[(b * osize + q) * c.m + m];
+            let col = |q: usize| image[q * c.m + m];
             match res {
-                Some(r) => write_row(row, col, &r[at..at + osize], c.act),
+                Some(r) => {
+                    let at = (b * c.m + m) * osize;
+                    write_row(row, col, &r[at..at + osize], c.act)
+                }
                 None => row.iter_mut().enumerate().for_each(|(q, o)| *o = col(q)),
             }
+        }
+    }
+}
+
+/// Whether [`conv_by_position`] reads its windows from a channels-last copy of each image
+/// (1-D, undilated): a window is then one contiguous run of `kernel · cin` values, in the
+/// order (kernel offset, channel), and the weights are packed in that order. Gathered
+/// channel by channel instead, a window of a 3-wide kernel over 129 channels is 129 copies
+/// of 3 values (silero-vad's encoder: 2/3 of the convolution's time).
+fn channels_last(geo: &Geometry) -> bool {
+    geo.kernel.len() == 1 && geo.dilations[0] == 1
+}
+
+/// The weights' row (channel-major: `ci · kw + kk`) of row `p` of a channels-last window
+/// (`kk · cin + ci`).
+fn weights_row(p: usize, cin: usize, kw: usize) -> usize {
+    (p % cin) * kw + p / cin
+}
+
+/// The rows of [`conv_by_position`]'s A for a 1-D undilated convolution: each image
+/// transposed to (position, channel) with zero rows for the padding, then every output
+/// position's window copied as one run.
+fn windows_channels_last(c: &ConvPrep, batch: &Batch, osize: usize, a: &mut [f32]) {
+    let (cin, kw, s) = (c.cin, c.geo.kernel[0], c.geo.strides[0]);
+    let (in_w, before) = (batch.in_sp[0], batch.before[0]);
+    let k = cin * kw;
+    // Padded length: every window, and the input after the leading padding, fit.
+    let len = (before + in_w).max(osize.saturating_sub(1) * s + kw);
+    let mut padded = aim_kernels::scratch::take(len * cin);
+    let xp: &mut [f32] = &mut padded;
+    zero_short(&mut xp[..before * cin]);
+    zero_short(&mut xp[(before + in_w) * cin..]);
+    for (image, rows) in batch.xd.chunks_exact(cin * in_w).zip(a.chunks_exact_mut(osize * k)).take(batch.nb) {
+        let body = &mut xp[before * cin..(before + in_w) * cin];
+        for (ci, plane) in image.chunks_exact(in_w).enumerate() {
+            for (w, &v) in plane.iter().enumerate() {
+                body[w * cin + ci] = v;
+            }
+        }
+        for (q, row) in rows.chunks_exact_mut(k).enumerate() {
+            row.copy_from_slice(&xp[q * s * cin..q * s * cin + k]);
         }
     }
 }
@@ -547,6 +653,27 @@ fn window_row(
     }
     let start = (pos[last] * geo.strides[last]) as isize - before[last] as isize;
     let dil = geo.dilations[last] as isize;
+    // The kernel columns whose input column exists, `lo..hi`: the same for every line.
+    let first_in = |kk: usize| start + kk as isize * dil >= 0;
+    let lo = (0..kw).find(|&kk| first_in(kk)).unwrap_or(kw);
+    let hi = (lo..kw).find(|&kk| start + kk as isize * dil >= in_w as isize).unwrap_or(kw);
+    if sp == 1 {
+        // 1-D (speech models' convolutions): one run of each channel's row, the same
+        // columns `lo..hi` of every channel.
+        let i0 = (start + lo as isize * dil).max(0) as usize;
+        for (src, dst) in x.chunks_exact(in_w).zip(row.chunks_exact_mut(kw)).take(cin) {
+            if lo == 0 && hi == kw && dil == 1 {
+                copy_short(dst, &src[i0..i0 + kw]);
+                continue;
+            }
+            zero_short(&mut dst[..lo]);
+            zero_short(&mut dst[hi..]);
+            for (t, v) in dst[lo..hi].iter_mut().enumerate() {
+                *v = src[i0 + t * dil as usize];
+            }
+        }
+        return;
+    }
     let mut idx = 0;
     for ci in 0..cin {
         let plane = &x[ci * isize..(ci + 1) * isize];
@@ -566,12 +693,20 @@ fn window_row(
             let dst = &mut row[idx..idx + kw];
             if inside {
                 let src = &plane[line * in_w..(line + 1) * in_w];
-                for (kk, v) in dst.iter_mut().enumerate() {
-                    let i = start + kk as isize * dil;
-                    *v = if i >= 0 && i < in_w as isize { src[i as usize] } else { 0.0 };
+                zero_short(&mut dst[..lo]);
+                zero_short(&mut dst[hi..]);
+                if lo < hi {
+                    let i0 = (start + lo as isize * dil) as usize;
+                    if dil == 1 {
+                        copy_short(&mut dst[lo..hi], &src[i0..i0 + hi - lo]);
+                    } else {
+                        for (t, v) in dst[lo..hi].iter_mut().enumerate() {
+                            *v = src[i0 + t * dil as usize];
+                        }
+                    }
                 }
             } else {
-                dst.fill(0.0);
+                zero_short(dst);
             }
             idx += kw;
         }
