@@ -249,6 +249,32 @@ fn one_nodes_journey() {
 }
 
 /// A user mistake: exit code 1, one line on stderr.
+/// A 1-D convolution over one short frame runs with its output positions as GEMM rows
+/// (`gemm_by_position`, which keeps no weights packed as A): the scheduled stage describes
+/// that kernel instead of failing on the weights it does not hold (it panicked on a
+/// Whisper-style encoder's convolutions).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn a_convolution_by_position_is_scheduled() {
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        return;
+    }
+    let nodes =
+        vec![node("Conv", "frame", &["x", "W"], &["y"], vec![ints("kernel_shape", &[3]), ints("pads", &[1, 1])])];
+    let m = model(
+        nodes,
+        vec![value("x", 1, &[Ok(1), Ok(16), Ok(4)])],
+        vec![value("y", 1, &[Ok(1), Ok(40), Ok(4)])],
+        vec![f32_tensor("W", &[40, 16, 3], &ramp(40 * 16 * 3, 0.01))],
+        17,
+    );
+    let (_dir, path) = write_model("by-position", m);
+    let optimized = explore(&path, &["--stage", "optimized"]);
+    assert!(optimized.contains("kernel=\"gemm_by_position\""), "{optimized}");
+    let scheduled = explore(&path, &["--stage", "scheduled"]);
+    assert!(scheduled.contains("positions as GEMM rows"), "{scheduled}");
+}
+
 fn assert_clean_error(o: &Output, contains: &str) {
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "stderr: {e}");

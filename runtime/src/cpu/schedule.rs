@@ -39,11 +39,20 @@ impl CpuProgram {
                         _ => dynamic(),
                     },
                     Some(Prepared::Conv(c)) => match out {
-                        Some(s) if s.len() >= 3 => {
+                        Some(s) if s.len() >= 3 && c.by_position.is_some() => {
+                            let k = c.by_position.as_ref().map_or(0, |(w, _)| w.k);
+                            let rows = s[0] * s[2..].iter().product::<usize>();
+                            vec![format!(
+                                "C[{rows} positions × {} ch] = windows[{rows}×{k}] · W (positions as GEMM rows: every window gathered, then C scattered to NCHW)",
+                                c.m
+                            )]
+                        }
+                        Some(s) if s.len() >= 3 && !c.weights.is_empty() => {
                             let (mg, k) = (c.m / c.group, c.weights[0].k);
                             let n_out: usize = s[2..].iter().product();
+                            let gather = if s.len() == 4 { "padded stride phases" } else { "strips gathered per tile" };
                             let mut v = vec![format!(
-                                "for image in 0..{}, group in 0..{}: C[{mg} ch × {n_out} px] = W[{mg}×{k}] · im2col (padded stride phases, never materialised)",
+                                "for image in 0..{}, group in 0..{}: C[{mg} ch × {n_out} px] = W[{mg}×{k}] · im2col ({gather}, never materialised)",
                                 s[0], c.group
                             )];
                             v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, mg, n_out, k, true, self.pool.size()).into_iter().map(|l| format!("  {l}")));
