@@ -1654,6 +1654,9 @@ fn few_position_convolutions_match_reference() {
         // A strided STFT frame: its 17 positions fill tiles no better as rows than as
         // columns, but as columns they are gathered value by value.
         (3, 1, 1, 66, 64, 20, 0, 1, 400, false),
+        // Four frames of 48 positions: windows gathered and results scattered on both
+        // threads (each image, each range of channels to one of them).
+        (3, 4, 48, 48, 3, 1, 1, 1, 48, true),
         (3, 1, 33, 24, 3, 1, 1, 1, 4, true),
         (3, 2, 20, 16, 3, 2, 1, 1, 8, false),
         (3, 1, 7, 24, 3, 1, 2, 2, 5, true),

@@ -137,6 +137,12 @@ impl PackedA {
 }
 
 impl PackedB {
+    /// The instruction set the panels were packed for (their width is its `nr`): callers
+    /// that split work the way the GEMM does read it.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
     /// Packs B, where element (p, j) is `get(p, j)`.
     pub fn pack(isa: Isa, blocking: Blocking, k: usize, n: usize, get: impl Fn(usize, usize) -> f32 + Sync) -> PackedB {
         PackedB::pack_rows(isa, blocking, k, n, &super::Sequential, |p, j0, dst| {

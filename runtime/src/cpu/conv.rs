@@ -549,40 +549,75 @@ fn conv_by_position(c: &ConvPrep, wt: &PackedB, blocking: Blocking, batch: &Batc
     let Batch { xd, nb, in_sp, out_sp, before, res } = *batch;
     let osize: usize = out_sp.iter().product();
     let isize: usize = in_sp.iter().product();
-    let (k, rows) = (wt.k, nb * osize);
+    let (k, rows, m) = (wt.k, nb * osize, c.m);
+    let threads = pool.threads().max(1);
     let mut scratch = aim_kernels::scratch::take(rows * k);
     let a: &mut [f32] = &mut scratch;
-    if channels_last(&c.geo) {
-        windows_channels_last(c, batch, osize, a);
-    } else {
-        for (b, image) in a.chunks_exact_mut(osize * k).enumerate() {
-            let x = &xd[b * c.cin * isize..][..c.cin * isize];
+    // The windows, images split among the threads.
+    let at = OutPtr(a.as_mut_ptr());
+    let tasks = nb.min(threads);
+    let gather = |t: usize| {
+        let at = at;
+        let (b0, b1) = (t * nb / tasks, (t + 1) * nb / tasks);
+        // SAFETY: `a` holds nb·osize·k floats; images b0..b1 are this task's only.
+        let part = unsafe { std::slice::from_raw_parts_mut(at.0.add(b0 * osize * k), (b1 - b0) * osize * k) };
+        if channels_last(&c.geo) {
+            let images = Batch { xd: &xd[b0 * c.cin * isize..b1 * c.cin * isize], nb: b1 - b0, ..*batch };
+            windows_channels_last(c, &images, osize, part);
+            return;
+        }
+        for (i, image) in part.chunks_exact_mut(osize * k).enumerate() {
+            let x = &xd[(b0 + i) * c.cin * isize..][..c.cin * isize];
             for (q, row) in image.chunks_exact_mut(k).enumerate() {
                 window_row(x, c.cin, in_sp, out_sp, before, &c.geo, q, row);
             }
         }
+    };
+    if rows * k < SERIAL_FLOATS {
+        (0..tasks).for_each(gather);
+    } else {
+        pool.for_each(tasks, &gather);
     }
     let a: &[f32] = a;
-    let mut out = aim_kernels::scratch::take(rows * c.m);
+    let mut out = aim_kernels::scratch::take(rows * m);
     let ep =
         Epilogue { col_bias: c.bias.as_deref(), act: if res.is_none() { c.act } else { None }, ..Epilogue::default() };
-    gemm_rows(a, rows, k, blocking, wt, &mut out, c.m, &ep, pool);
-    // The scratch buffers dereferenced once, not per element.
+    gemm_rows(a, rows, k, blocking, wt, &mut out, m, &ep, pool);
+    // Scattered to [n][m][positions] by ranges of channels: the column panels each thread
+    // computed in the GEMM (its split of `nr`-wide panels, mirrored), so that each reads the
+    // results in its own cache.
     let out: &[f32] = &out;
-    for (b, (image, dst)) in out.chunks_exact(osize * c.m).zip(yd.chunks_exact_mut(osize * c.m)).enumerate() {
-        for (m, row) in dst.chunks_exact_mut(osize).enumerate() {
-            // Column m of the result, down this image's positions.
-            let col = |q: usize| image[q * c.m + m];
-            match res {
-                Some(r) => {
-                    let at = (b * c.m + m) * osize;
-                    write_row(row, col, &r[at..at + osize], c.act)
+    let nr = wt.isa().nr();
+    let panels = m.div_ceil(nr);
+    let tasks = panels.min(threads).max(1);
+    let yp = OutPtr(yd.as_mut_ptr());
+    let scatter = |t: usize| {
+        let yp = yp;
+        let (m0, m1) = ((t * panels / tasks * nr).min(m), ((t + 1) * panels / tasks * nr).min(m));
+        for (b, image) in out.chunks_exact(osize * m).enumerate() {
+            for ch in m0..m1 {
+                let at = (b * m + ch) * osize;
+                // SAFETY: y holds nb·m·osize floats; channels m0..m1 are this task's only.
+                let row = unsafe { std::slice::from_raw_parts_mut(yp.0.add(at), osize) };
+                // Column `ch` of the result, down this image's positions.
+                let col = |q: usize| image[q * m + ch];
+                match res {
+                    Some(r) => write_row(row, col, &r[at..at + osize], c.act),
+                    None => row.iter_mut().enumerate().for_each(|(q, o)| *o = col(q)),
                 }
-                None => row.iter_mut().enumerate().for_each(|(q, o)| *o = col(q)),
             }
         }
+    };
+    if rows * m < SERIAL_FLOATS {
+        (0..tasks).for_each(scatter);
+    } else {
+        pool.for_each(tasks, &scatter);
     }
 }
+
+/// Below this many floats, gathering or scattering runs on the calling thread: waking the
+/// pool costs more.
+const SERIAL_FLOATS: usize = 8 * 1024;
 
 /// Whether [`conv_by_position`] reads its windows from a channels-last copy of each image
 /// (1-D, undilated): a window is then one contiguous run of `kernel · cin` values, in the
