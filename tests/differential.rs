@@ -1994,3 +1994,50 @@ fn dynamic_quantize_lstms_match_reference() {
         assert!(!kinds.iter().any(|(_, k)| *k == aim_runtime::cpu::NodeKind::Reference), "{tag}: {kinds:?}");
     }
 }
+
+/// Layer normalization written out as PyTorch exports it before opset 17 and paddle2onnx
+/// writes it (ReduceMean, Sub, Pow, ReduceMean, Add ε, Sqrt, Div, Mul γ, Add β) runs as one
+/// `LayerNormalization` node, over a symbolic batch and with a static one, and matches the
+/// reference computing the nine nodes; `d · d` squares as well as `Pow(d, 2)`.
+#[test]
+fn written_out_layer_norms_run_as_one() {
+    let mut r = Rng(23);
+    let (t, c) = (7usize, 24usize);
+    for (square, batch) in [("Pow", Err("n")), ("Mul", Ok(3i64))] {
+        let sq = if square == "Pow" {
+            node("Pow", "sq", &["d", "two"], &["d2"], vec![])
+        } else {
+            node("Mul", "sq", &["d", "d"], &["d2"], vec![])
+        };
+        let nodes = vec![
+            node("ReduceMean", "mean", &["x"], &["mu"], vec![ints("axes", &[-1])]),
+            node("Sub", "centre", &["x", "mu"], &["d"], vec![]),
+            sq,
+            node("ReduceMean", "var", &["d2"], &["v"], vec![ints("axes", &[-1])]),
+            node("Add", "eps", &["v", "e"], &["ve"], vec![]),
+            node("Sqrt", "sd", &["ve"], &["s"], vec![]),
+            node("Div", "norm", &["d", "s"], &["n"], vec![]),
+            node("Mul", "gamma", &["n", "g"], &["ng"], vec![]),
+            node("Add", "beta", &["ng", "b"], &["y"], vec![]),
+        ];
+        let m = model(
+            nodes,
+            vec![value("x", 1, &[batch, Ok(t as i64), Ok(c as i64)])],
+            vec![value("y", 1, &[batch, Ok(t as i64), Ok(c as i64)])],
+            vec![
+                f32_tensor("two", &[], &[2.0]),
+                f32_tensor("e", &[], &[1e-5]),
+                f32_tensor("g", &[c as i64], &r.values(c)),
+                f32_tensor("b", &[c as i64], &r.values(c)),
+            ],
+            13,
+        );
+        let x: Vec<f32> = r.values(3 * t * c).iter().map(|v| v * 4.0 + 1.5).collect();
+        let tag = format!("layer-norm-{square}");
+        check(&tag, m.clone(), vec![("x".into(), Tensor::from_vec(&[3, t, c], x))]);
+        let loaded = cpu_model(&tag, &m);
+        let g = loaded.optimized_graph().unwrap();
+        let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
+        assert_eq!(ops, ["LayerNormalization"], "{tag}");
+    }
+}

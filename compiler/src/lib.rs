@@ -9,7 +9,8 @@
 
 pub mod codegen;
 pub mod cuda;
-pub mod ewprog;
+/// The programs of `aim:Elementwise` nodes (defined with the kernels that run them).
+pub use aim_kernels::ewprog;
 pub mod memory_plan;
 pub mod onnx;
 pub mod passes;

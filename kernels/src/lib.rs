@@ -13,6 +13,7 @@
 // closure so that it captures the whole wrapper, not its raw-pointer field.
 #![allow(clippy::redundant_locals)]
 
+pub mod ewprog;
 pub mod fast;
 pub mod floats;
 pub mod gemm;

@@ -4,6 +4,7 @@ use super::{prep_err, ElementwiseFn, In, Out, OutPtr, Prepared, ReduceFn};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::Node;
+use aim_kernels::ewprog::wide::Wide;
 use aim_kernels::gemm::Parallel;
 
 /// Input pointers of a generated loop, shared by the tasks that call it.
@@ -16,20 +17,52 @@ unsafe impl Sync for Ptrs<'_> {}
 /// Elements per parallel task of a generated loop.
 pub(super) const CHUNK: usize = 16 * 1024;
 
-/// Runs a generated elementwise loop over its inputs, in chunks on the pool. The inputs must
-/// all be f32 of one shape: the loop reads and writes exactly `n` elements of each.
+/// An `aim:Elementwise` node's loop: the one the code generator made (which the entry
+/// function calls in place for short loops), and where the CPU's vectors are wider than
+/// Cranelift's 128 bits (AVX2, AVX-512), its program at the full width
+/// ([`aim_kernels::ewprog::wide`]), which runs the longer ones: a fake-quantization of
+/// 75K values 4× faster with AVX-512.
+pub(super) struct Loop {
+    generated: ElementwiseFn,
+    wide: Option<Wide>,
+}
+
+impl Loop {
+    /// The loop of node `n`, with its program compiled for `isa`'s full width where that is
+    /// wider than the generated loop's and the program reads.
+    pub(super) fn new(generated: ElementwiseFn, n: &Node, isa: aim_kernels::gemm::Isa) -> Loop {
+        let wide = n
+            .strings("program")
+            .and_then(|text| aim_kernels::ewprog::parse(text).ok())
+            .and_then(|prog| Wide::new(isa, &prog))
+            .filter(|w| w.inputs() <= n.inputs.len());
+        Loop { generated, wide }
+    }
+
+    /// The generated loop.
+    pub(super) fn generated(&self) -> ElementwiseFn {
+        self.generated
+    }
+}
+
+/// Runs an elementwise loop over its inputs, in chunks on the pool. The inputs must all be
+/// f32 of one shape: the loop reads and writes exactly `n` elements of each.
 ///
 /// # Safety
 /// Every input pointer and `out` hold `n` f32 elements; `out` may be one of the inputs
 /// (the loop reads each element before writing it) but overlaps none other.
-pub(super) unsafe fn run_elementwise(f: ElementwiseFn, ins: &[*const f32], out: *mut f32, n: usize, pool: &ThreadPool) {
+pub(super) unsafe fn run_elementwise(l: &Loop, ins: &[*const f32], out: *mut f32, n: usize, pool: &ThreadPool) {
     let (ptrs, out) = (Ptrs(ins), OutPtr(out));
+    let f = l.generated;
     pool.for_each(n.div_ceil(CHUNK), &|c| {
         let (ptrs, out) = (ptrs, out);
         let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(n));
         // SAFETY: every input and the output hold n elements and start <= end <= n; the
         // loop touches [start, end) of each; chunks write disjoint ranges of the output.
-        unsafe { f(ptrs.0.as_ptr(), out.0, start, end) };
+        match &l.wide {
+            Some(w) if ptrs.0.len() >= w.inputs() => unsafe { w.run(ptrs.0, out.0, start, end) },
+            _ => unsafe { f(ptrs.0.as_ptr(), out.0, start, end) },
+        }
     });
 }
 

@@ -77,7 +77,7 @@ enum Prepared {
     QDense(Box<qdense::QDensePrep>),
     QConv(Box<qconv::QConvPrep>),
     Deconv(Box<deconv::DeconvPrep>),
-    Elementwise(ElementwiseFn),
+    Elementwise(elementwise::Loop),
     Blocked(Box<blocked::BlockedConv>),
     Reorder(blocked::Reorder),
     Pool(blocked::BlockedPool),
@@ -206,7 +206,7 @@ impl CpuProgram {
                 "Elementwise" => code
                     .elementwise
                     .get(&i)
-                    .map(|f| Prepared::Elementwise(*f))
+                    .map(|f| Prepared::Elementwise(elementwise::Loop::new(*f, n, isa)))
                     .ok_or_else(|| prep_err(n, "no code was generated for this node")),
                 _ => Err(prep_err(n, "unknown aim op")),
             })

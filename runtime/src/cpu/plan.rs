@@ -400,7 +400,7 @@ impl CpuProgram {
     /// The generated loop of node `node`, when it runs one.
     pub fn loop_fn(&self, node: usize) -> Option<ElementwiseFn> {
         match self.prepared.get(&node) {
-            Some(Prepared::Elementwise(f)) => Some(*f),
+            Some(Prepared::Elementwise(l)) => Some(l.generated()),
             _ => None,
         }
     }
@@ -506,7 +506,7 @@ impl CpuProgram {
         // SAFETY: every operand holds `len` floats (checked when the plan was built); the
         // output overlaps no input or is exactly one (the memory plan's rule for loops).
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-            elementwise::run_elementwise(*func, &ptrs, ops[s.ins.len()] as *mut f32, y.elements(), &self.pool)
+            elementwise::run_elementwise(func, &ptrs, ops[s.ins.len()] as *mut f32, y.elements(), &self.pool)
         }));
         run.map_err(|e| format!("internal error: {}", panic_message(&*e)))
     }

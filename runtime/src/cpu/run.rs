@@ -458,7 +458,7 @@ impl CpuProgram {
             // SAFETY: every pointer holds `len` floats; the output is a fresh tensor or its
             // slot, which overlaps no input or is exactly one (checked at load).
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                elementwise::run_elementwise(*f, &ptrs, dst, len, &self.pool)
+                elementwise::run_elementwise(f, &ptrs, dst, len, &self.pool)
             }));
             run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?;
             made.map_or(Val::Arena { off: slot.map_or(0, |s| s.0), shape, dtype: DType::F32 }, Val::Tensor)

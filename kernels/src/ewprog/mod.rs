@@ -9,6 +9,8 @@
 //!
 //! Operands are instruction indices or `c<float>` constants.
 
+pub mod wide;
+
 /// One operand: an earlier instruction's value or a constant.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Operand {
@@ -144,6 +146,15 @@ impl Inst {
     }
 }
 
+/// The operands an instruction reads.
+pub(crate) fn operands(inst: &Inst) -> Vec<Operand> {
+    match *inst {
+        Inst::Input(_) => vec![],
+        Inst::Unary(_, a) | Inst::Clip(a, _, _) | Inst::LeakyRelu(a, _) => vec![a],
+        Inst::Binary(_, x, y) => vec![x, y],
+    }
+}
+
 /// Parses a whole program (the `program` attribute).
 pub fn parse(lines: &[String]) -> Result<Vec<Inst>, String> {
     if lines.is_empty() {
@@ -157,7 +168,7 @@ pub fn parse(lines: &[String]) -> Result<Vec<Inst>, String> {
 /// the rest is exact f32 arithmetic in the program's order). For tables of a byte's 256
 /// values (`passes::byte_tables`). `None` for a program that reads a missing input.
 pub fn eval(prog: &[Inst], inputs: &[f32]) -> Option<f32> {
-    use aim_kernels::fast::math;
+    use crate::fast::math;
     let mut v: Vec<f32> = Vec::with_capacity(prog.len());
     for inst in prog {
         let at = |o: Operand| match o {
@@ -172,7 +183,14 @@ pub fn eval(prog: &[Inst], inputs: &[f32]) -> Option<f32> {
                     Unary::Neg => -a,
                     Unary::Abs => a.abs(),
                     Unary::Sqrt => a.sqrt(),
-                    Unary::Relu => a.max(0.0),
+                    // NaN stays NaN, as in the generated loop (`fmax`).
+                    Unary::Relu => {
+                        if a < 0.0 {
+                            0.0
+                        } else {
+                            a
+                        }
+                    }
                     Unary::Exp => math::exp(a),
                     Unary::Erf => math::erf(a),
                     Unary::Tanh => math::tanh(a),
@@ -188,11 +206,32 @@ pub fn eval(prog: &[Inst], inputs: &[f32]) -> Option<f32> {
                     Binary::Sub => x - y,
                     Binary::Mul => x * y,
                     Binary::Div => x / y,
-                    Binary::Max => x.max(y),
-                    Binary::Min => x.min(y),
+                    // A NaN on either side gives NaN, as `fmax` / `fmin` do.
+                    Binary::Max => {
+                        if x.is_nan() || x > y {
+                            x
+                        } else {
+                            y
+                        }
+                    }
+                    Binary::Min => {
+                        if x.is_nan() || x < y {
+                            x
+                        } else {
+                            y
+                        }
+                    }
                 }
             }
-            Inst::Clip(a, lo, hi) => at(a).min(hi).max(lo),
+            // As the generated loop: below lo is lo, above hi is hi, NaN stays NaN.
+            Inst::Clip(a, lo, hi) => {
+                let m = if at(a) < lo { lo } else { at(a) };
+                if m > hi {
+                    hi
+                } else {
+                    m
+                }
+            }
             Inst::LeakyRelu(a, alpha) => {
                 let a = at(a);
                 if a >= 0.0 {

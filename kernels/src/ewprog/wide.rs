@@ -1,0 +1,356 @@
+//! Programs run at the CPU's full vector width. The code generator's loops are Cranelift's,
+//! whose vectors are 128 bits on x86-64: 4 floats where AVX2 holds 8 and AVX-512 16. On
+//! those CPUs a program runs here instead, one instruction at a time over a block of
+//! [`BLOCK`] elements held in L1 (each instruction one loop the compiler vectorises at the
+//! full width), the last instruction writing the output: the same arithmetic in the same
+//! order per element as [`super::eval`], with `fast::math`'s approximations for the
+//! transcendental functions.
+
+use super::{operands, Binary, Inst, Operand, Unary};
+use crate::fast::math;
+use crate::gemm::{Isa, IsaKind};
+
+/// Elements per block: a program's temporaries (one block each) stay in L1.
+pub const BLOCK: usize = 256;
+
+/// Where an instruction reads an operand.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    /// Input `k` of the node.
+    Input(usize),
+    /// Temporary block `t`.
+    Temp(usize),
+    /// A constant.
+    Const(f32),
+}
+
+/// What an instruction computes.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Copy,
+    Unary(Unary),
+    Binary(Binary),
+    Clip(f32, f32),
+    LeakyRelu(f32),
+}
+
+/// One instruction: `dst = op(a, b)`, `dst` a temporary or (`None`) the output.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    op: Op,
+    a: Src,
+    b: Src,
+    dst: Option<usize>,
+}
+
+/// A program compiled for blocks: inputs read in place, one temporary block per live
+/// value (reused once it is dead), the last instruction into the output.
+#[derive(Clone, Debug)]
+pub struct Wide {
+    isa: Isa,
+    steps: Vec<Step>,
+    temps: usize,
+    inputs: usize,
+}
+
+impl Wide {
+    /// The program `prog` for `isa` (AVX2 or AVX-512: elsewhere the generated loop is as
+    /// wide as the vectors), or None for another ISA or a program that reads an instruction
+    /// after itself (the parser refuses those).
+    pub fn new(isa: Isa, prog: &[Inst]) -> Option<Wide> {
+        if !matches!(isa.kind(), IsaKind::Avx2 | IsaKind::Avx512) || prog.is_empty() {
+            return None;
+        }
+        // The last instruction reading each value.
+        let mut last_use = vec![0usize; prog.len()];
+        for (i, inst) in prog.iter().enumerate() {
+            for o in operands(inst) {
+                if let Operand::Ref(r) = o {
+                    if r >= i {
+                        return None;
+                    }
+                    last_use[r] = i;
+                }
+            }
+        }
+        let mut place: Vec<Src> = Vec::with_capacity(prog.len());
+        let (mut free, mut temps, mut steps, mut inputs) = (Vec::<usize>::new(), 0usize, Vec::new(), 0usize);
+        let end = prog.len() - 1;
+        for (i, inst) in prog.iter().enumerate() {
+            let src = |o: Operand| match o {
+                Operand::Ref(r) => place[r],
+                Operand::Const(c) => Src::Const(c),
+            };
+            let (op, a, b) = match *inst {
+                Inst::Input(k) => {
+                    inputs = inputs.max(k + 1);
+                    if i < end {
+                        place.push(Src::Input(k));
+                        continue;
+                    }
+                    (Op::Copy, Src::Input(k), Src::Const(0.0))
+                }
+                Inst::Unary(u, a) => (Op::Unary(u), src(a), Src::Const(0.0)),
+                Inst::Binary(bop, x, y) => (Op::Binary(bop), src(x), src(y)),
+                Inst::Clip(a, lo, hi) => (Op::Clip(lo, hi), src(a), Src::Const(0.0)),
+                Inst::LeakyRelu(a, alpha) => (Op::LeakyRelu(alpha), src(a), Src::Const(0.0)),
+            };
+            // The result never goes where an operand is read (no slice is written while
+            // another over it is read): its block is taken before the operands it reads
+            // for the last time are freed for later instructions.
+            let dst = if i == end {
+                None
+            } else {
+                Some(free.pop().unwrap_or_else(|| {
+                    temps += 1;
+                    temps - 1
+                }))
+            };
+            for o in operands(inst) {
+                if let Operand::Ref(r) = o {
+                    if last_use[r] == i {
+                        if let Src::Temp(t) = place[r] {
+                            if !free.contains(&t) {
+                                free.push(t);
+                            }
+                        }
+                    }
+                }
+            }
+            place.push(dst.map_or(Src::Const(0.0), Src::Temp));
+            steps.push(Step { op, a, b, dst });
+        }
+        Some(Wide { isa, steps, temps, inputs })
+    }
+
+    /// How many inputs the program reads.
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    /// Computes elements `start..end` of the output from the same elements of the inputs.
+    ///
+    /// # Safety
+    /// `ins` holds at least [`Wide::inputs`] pointers, each to at least `end` floats, and
+    /// `out` points to at least `end` floats; `out` may be one of the inputs (the result of
+    /// each block is then copied there once every step has read it) but overlaps none other.
+    pub unsafe fn run(&self, ins: &[*const f32], out: *mut f32, start: usize, end: usize) {
+        assert!(ins.len() >= self.inputs, "wide program: {} inputs given, {} read", ins.len(), self.inputs);
+        // One more block for the result where the output is an input (written there, then
+        // copied: no slice of the output is written while one of the input is read).
+        let mut temps = crate::scratch::take((self.temps + 1) * BLOCK);
+        let tp = temps.as_mut_ptr();
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+            unsafe fn v4(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, start: usize, end: usize) {
+                // SAFETY: as for `run`.
+                unsafe { blocks(w, ins, out, tp, start, end) }
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn v3(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, start: usize, end: usize) {
+                // SAFETY: as for `run`.
+                unsafe { blocks(w, ins, out, tp, start, end) }
+            }
+            // SAFETY: the ISA was checked available when the program was built; the
+            // pointers are as the caller promised, `tp` holds `temps` blocks.
+            match self.isa.kind() {
+                IsaKind::Avx512 => return unsafe { v4(self, ins, out, tp, start, end) },
+                IsaKind::Avx2 => return unsafe { v3(self, ins, out, tp, start, end) },
+                IsaKind::Portable | IsaKind::Neon => {}
+            }
+        }
+        // SAFETY: as above.
+        unsafe { blocks(self, ins, out, tp, start, end) }
+    }
+}
+
+/// Every block of `start..end`, every step over it.
+///
+/// # Safety
+/// As for [`Wide::run`]; `tp` holds `w.temps` blocks.
+#[inline(always)]
+unsafe fn blocks(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, start: usize, end: usize) {
+    let in_place = ins.iter().any(|&p| std::ptr::eq(p, out));
+    let result = w.temps;
+    let mut at = start;
+    while at < end {
+        let len = BLOCK.min(end - at);
+        for s in &w.steps {
+            // SAFETY: inputs and the output hold `end` floats; temporaries `BLOCK`, one
+            // more than `w.temps`.
+            unsafe {
+                let dst = match s.dst {
+                    Some(t) => std::slice::from_raw_parts_mut(tp.add(t * BLOCK), len),
+                    None if in_place => std::slice::from_raw_parts_mut(tp.add(result * BLOCK), len),
+                    None => std::slice::from_raw_parts_mut(out.add(at), len),
+                };
+                step(s, operand(s.a, ins, tp, at, len), operand(s.b, ins, tp, at, len), dst);
+            }
+        }
+        if in_place {
+            // SAFETY: the result block and the output's elements `at..at + len` are disjoint.
+            unsafe { std::ptr::copy_nonoverlapping(tp.add(result * BLOCK), out.add(at), len) };
+        }
+        at += len;
+    }
+}
+
+/// An operand over one block: a slice, or a constant.
+enum Val<'a> {
+    Slice(&'a [f32]),
+    Const(f32),
+}
+
+/// # Safety
+/// As for [`blocks`].
+#[inline(always)]
+unsafe fn operand<'a>(s: Src, ins: &[*const f32], tp: *mut f32, at: usize, len: usize) -> Val<'a> {
+    // SAFETY: as for `blocks`. A temporary read here is never the step's destination.
+    unsafe {
+        match s {
+            Src::Input(k) => Val::Slice(std::slice::from_raw_parts(ins[k].add(at), len)),
+            Src::Temp(t) => Val::Slice(std::slice::from_raw_parts(tp.add(t * BLOCK), len)),
+            Src::Const(c) => Val::Const(c),
+        }
+    }
+}
+
+/// One step over one block. Each arm is one loop over the block (vectorised at the width
+/// of the caller's target features).
+#[inline(always)]
+fn step(s: &Step, a: Val, b: Val, dst: &mut [f32]) {
+    match s.op {
+        Op::Copy => unary(a, dst, |x| x),
+        Op::Unary(u) => match u {
+            Unary::Neg => unary(a, dst, |x| -x),
+            Unary::Abs => unary(a, dst, f32::abs),
+            Unary::Sqrt => unary(a, dst, f32::sqrt),
+            // NaN stays NaN, as in the generated loop.
+            Unary::Relu => unary(a, dst, |x| if x < 0.0 { 0.0 } else { x }),
+            Unary::Exp => unary(a, dst, math::exp),
+            Unary::Erf => unary(a, dst, math::erf),
+            Unary::Tanh => unary(a, dst, math::tanh),
+            Unary::Sigmoid => unary(a, dst, math::sigmoid),
+            Unary::Reciprocal => unary(a, dst, |x| 1.0 / x),
+            Unary::Round => unary(a, dst, f32::round_ties_even),
+        },
+        Op::Binary(op) => match op {
+            Binary::Add => binary(a, b, dst, |x, y| x + y),
+            Binary::Sub => binary(a, b, dst, |x, y| x - y),
+            Binary::Mul => binary(a, b, dst, |x, y| x * y),
+            Binary::Div => binary(a, b, dst, |x, y| x / y),
+            // A NaN on either side gives NaN (ONNX Max and Min, and the generated loop's
+            // fmax / fmin).
+            Binary::Max => binary(a, b, dst, |x, y| if x.is_nan() || x > y { x } else { y }),
+            Binary::Min => binary(a, b, dst, |x, y| if x.is_nan() || x < y { x } else { y }),
+        },
+        // The generated loop's clip: below lo is lo, above hi is hi, NaN stays NaN.
+        Op::Clip(lo, hi) => unary(a, dst, |x| {
+            let m = if x < lo { lo } else { x };
+            if m > hi {
+                hi
+            } else {
+                m
+            }
+        }),
+        Op::LeakyRelu(alpha) => unary(a, dst, |x| if x < 0.0 { x * alpha } else { x }),
+    }
+}
+
+#[inline(always)]
+fn unary(a: Val, dst: &mut [f32], f: impl Fn(f32) -> f32) {
+    match a {
+        Val::Slice(a) => {
+            for (o, &x) in dst.iter_mut().zip(a) {
+                *o = f(x);
+            }
+        }
+        Val::Const(c) => dst.fill(f(c)),
+    }
+}
+
+#[inline(always)]
+fn binary(a: Val, b: Val, dst: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    match (a, b) {
+        (Val::Slice(a), Val::Slice(b)) => {
+            for ((o, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+                *o = f(x, y);
+            }
+        }
+        (Val::Slice(a), Val::Const(y)) => {
+            for (o, &x) in dst.iter_mut().zip(a) {
+                *o = f(x, y);
+            }
+        }
+        (Val::Const(x), Val::Slice(b)) => {
+            for (o, &y) in dst.iter_mut().zip(b) {
+                *o = f(x, y);
+            }
+        }
+        (Val::Const(x), Val::Const(y)) => dst.fill(f(x, y)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every instruction, at every block boundary and in place, against [`super::super::eval`]
+    /// element by element: the same arithmetic, bit for bit (NaN as NaN).
+    #[test]
+    fn blocks_compute_what_eval_does() {
+        let progs: Vec<Vec<&str>> = vec![
+            vec![
+                "in 0",
+                "mul 0 c0.044715",
+                "mul 0 1",
+                "mul 0 2",
+                "add 0 3",
+                "mul c0.7978846 4",
+                "tanh 5",
+                "add c1.0 6",
+                "mul c0.5 7",
+                "mul 0 8",
+            ],
+            vec!["in 0", "div 0 c0.03", "round 1", "add 2 c28.0", "clip 3 0.0 255.0", "sub 4 c28.0", "mul 5 c0.03"],
+            vec!["in 0", "in 1", "max 0 1", "min 0 1", "sub 2 3", "abs 4", "sqrt 5", "recip 6", "neg 7"],
+            vec!["in 1", "in 0", "exp 1", "erf 0", "sigmoid 2", "relu 3", "leakyrelu 0 0.2", "add 4 5", "mul 7 6"],
+            vec!["in 1"],
+            vec!["in 0", "add c2.0 c3.0", "mul 0 1"],
+        ];
+        let n = 3 * BLOCK + 37;
+        let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let mut y: Vec<f32> = (0..n).map(|i| ((i * 53 % 89) as f32 - 40.0) / 5.0).collect();
+        y[5] = f32::NAN;
+        for text in &progs {
+            let lines: Vec<String> = text.iter().map(|s| s.to_string()).collect();
+            let prog = super::super::parse(&lines).unwrap();
+            let want: Vec<f32> = (0..n).map(|i| super::super::eval(&prog, &[x[i], y[i]]).unwrap()).collect();
+            for kind in [IsaKind::Avx512, IsaKind::Avx2] {
+                let Some(isa) = Isa::new(kind) else { continue };
+                let w = Wide::new(isa, &prog).unwrap();
+                let same = |got: &[f32], what: &str| {
+                    for i in 0..n {
+                        assert!(
+                            got[i].to_bits() == want[i].to_bits() || (got[i].is_nan() && want[i].is_nan()),
+                            "{text:?} {kind:?} {what}: element {i}: {} != {}",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                };
+                let mut out = vec![0f32; n];
+                // Over uneven chunks, as the pool's tasks call it.
+                for (s, e) in [(0, 5), (5, BLOCK + 3), (BLOCK + 3, n)] {
+                    unsafe { w.run(&[x.as_ptr(), y.as_ptr()], out.as_mut_ptr(), s, e) };
+                }
+                same(&out, "chunks");
+                let mut inplace = x.clone();
+                let p = inplace.as_mut_ptr();
+                unsafe { w.run(&[p, y.as_ptr()], p, 0, n) };
+                same(&inplace, "in place");
+            }
+        }
+    }
+}
