@@ -2041,3 +2041,38 @@ fn written_out_layer_norms_run_as_one() {
         assert_eq!(ops, ["LayerNormalization"], "{tag}");
     }
 }
+
+/// A one-hot encoding times a constant matrix (`jax.nn.one_hot` then a dense layer, as
+/// jax2tf exports an embedding) runs as a row lookup, and matches the reference's product
+/// for ids inside the encoding and outside it (negative, equal to the depth, far beyond:
+/// rows of zeros).
+#[test]
+fn one_hot_products_run_as_lookups() {
+    let mut r = Rng(29);
+    let (depth, cols) = (11usize, 6usize);
+    let iota: Vec<f32> = (0..depth).map(|v| v as f32).collect();
+    let nodes = vec![
+        node("Cast", "ids32", &["ids"], &["i"], vec![int_attr("to", 6)]),
+        node("Cast", "iota32", &["iota_f"], &["iota"], vec![int_attr("to", 6)]),
+        node("Equal", "eq", &["i", "iota"], &["hot"], vec![]),
+        node("Cast", "f", &["hot"], &["oh"], vec![int_attr("to", 1)]),
+        node("MatMul", "embed", &["oh", "W"], &["e"], vec![]),
+        node("Tanh", "act", &["e"], &["y"], vec![]),
+    ];
+    let m = model(
+        nodes,
+        vec![value("ids", 7, &[Ok(2), Ok(5), Ok(1)])],
+        vec![value("y", 1, &[Ok(2), Ok(5), Ok(cols as i64)])],
+        vec![
+            f32_tensor("iota_f", &[1, 1, depth as i64], &iota),
+            f32_tensor("W", &[depth as i64, cols as i64], &r.values(depth * cols)),
+        ],
+        17,
+    );
+    let ids = Tensor::from_vec(&[2, 5, 1], vec![0i64, 10, 3, -1, 11, 7, 7, 1_000_000, 2, 5]);
+    check("one-hot", m.clone(), vec![("ids".into(), ids)]);
+    let loaded = cpu_model("one-hot-graph", &m);
+    let g = loaded.optimized_graph().unwrap();
+    assert!(g.nodes.iter().any(|n| n.op == "Gather"), "{:?}", g.nodes.iter().map(|n| &n.op).collect::<Vec<_>>());
+    assert!(!g.nodes.iter().any(|n| n.op == "Dense" || n.op == "MatMul" || n.op == "Equal"));
+}

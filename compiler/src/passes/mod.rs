@@ -14,6 +14,7 @@ mod int8;
 mod layernorm;
 pub mod layout;
 mod layout_ops;
+mod one_hot;
 mod pool_pads;
 mod qconv;
 mod qdense;
@@ -116,6 +117,7 @@ fn graph_passes(quantize_dense: Option<bool>, transcendental: bool, round: bool)
         Pass::new("simplify", simplify::run),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
+        Pass::new("one-hot-lookups", one_hot::run),
     ];
     if quantize_dense.is_some() {
         passes.push(Pass::new("quantize-dense", move |g| if int8 { qdense::run(g) } else { Ok(()) }));
