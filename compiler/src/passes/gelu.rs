@@ -9,7 +9,7 @@
 //! match.
 
 use super::fuse::{sources_of, SOURCES};
-use super::uses::readers;
+use super::uses::{producers, readers};
 use super::PassError;
 use aim_ir::{Attr, Graph, Node};
 use std::collections::HashMap;
@@ -177,16 +177,7 @@ impl Matcher<'_> {
 /// Runs the pass.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let found: Vec<(Vec<usize>, String, &str)> = {
-        let m = Matcher {
-            g,
-            readers: readers(g),
-            by_output: g
-                .nodes
-                .iter()
-                .enumerate()
-                .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
-                .collect(),
-        };
+        let m = Matcher { g, readers: readers(g), by_output: producers(g) };
         (0..g.nodes.len())
             .filter_map(|i| {
                 m.match_at(i).map(|(v, x)| (v, x, "none")).or_else(|| m.match_tanh_at(i).map(|(v, x)| (v, x, "tanh")))

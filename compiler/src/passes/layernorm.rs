@@ -9,7 +9,7 @@
 //! axis, and a γ or β that is not a constant of the normalised shape stop the match.
 
 use super::fuse::{sources_of, SOURCES};
-use super::uses::readers;
+use super::uses::{producers, readers};
 use super::PassError;
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use std::collections::HashMap;
@@ -185,16 +185,7 @@ fn per_element(t: &Tensor, dims: &[usize]) -> Option<Tensor> {
 /// Runs the pass.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let found: Vec<Found> = {
-        let m = Matcher {
-            g,
-            readers: readers(g),
-            by_output: g
-                .nodes
-                .iter()
-                .enumerate()
-                .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
-                .collect(),
-        };
+        let m = Matcher { g, readers: readers(g), by_output: producers(g) };
         (0..g.nodes.len()).filter_map(|i| m.match_at(i)).collect()
     };
     let mut gone = vec![false; g.nodes.len()];

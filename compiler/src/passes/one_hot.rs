@@ -10,7 +10,7 @@
 //! encoding has with a last dim of 1; intermediates read elsewhere stop the match.
 
 use super::fuse::{sources_of, SOURCES};
-use super::uses::readers;
+use super::uses::{producers, readers};
 use super::PassError;
 use aim_ir::{Attr, DType, Dim, Graph, Node, Tensor};
 use std::collections::HashMap;
@@ -82,8 +82,7 @@ fn find(g: &Graph, readers: &HashMap<String, Vec<usize>>, by_output: &HashMap<&s
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let found: Vec<Found> = {
         let r = readers(g);
-        let by_output: HashMap<&str, usize> =
-            g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
+        let by_output = producers(g);
         (0..g.nodes.len()).filter_map(|m| find(g, &r, &by_output, m)).collect()
     };
     if found.is_empty() {

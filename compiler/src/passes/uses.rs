@@ -1,8 +1,15 @@
-//! Who reads each value: node inputs, graph outputs and reads from inside subgraphs; and
+//! Who reads each value: node inputs, graph outputs and reads from inside subgraphs; which
+//! node computes each value; and
 //! the removal of nodes a pass has marked dead, in one pass over the list.
 
 use aim_ir::{Attr, Graph};
 use std::collections::HashMap;
+
+/// For each value a node computes: the index of that node (for the pattern passes, which
+/// walk from a node back to the ones feeding it).
+pub fn producers(g: &Graph) -> HashMap<&str, usize> {
+    g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect()
+}
 
 /// For each value: the indices of the nodes reading it; graph outputs count as a read by
 /// `usize::MAX`.
