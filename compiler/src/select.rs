@@ -3,7 +3,7 @@
 //! runtime only checks and executes it. Today this covers the convolutions: the blocked
 //! ones' choice between Winograd, direct and depthwise kernels (the rule is
 //! `aim_kernels::nchwc::ConvShape::choose`), the unblocked (NCHW) ones' between the
-//! depthwise kernel and the GEMM kernels (`aim_runtime::cpu::nchw_conv_kernel`); dense layers have
+//! depthwise kernel and the GEMM kernels (`aim_runtime::cpu::nchw_conv_kernel_of`); dense layers have
 //! one kernel.
 
 use crate::passes::layout::{BLOCK, IN_LAYOUT, LAYOUT};
@@ -31,14 +31,7 @@ pub fn run(g: &mut Graph, lanes: usize, tile: (usize, usize)) -> Result<(), Pass
         };
         if !n.attrs.contains_key(LAYOUT) {
             let output = aim_runtime::cpu::static_output(g, n);
-            let group = n.int("group", 1).max(1) as usize;
-            let sp = dims.len().saturating_sub(2);
-            let list = |name: &str| match n.ints(name) {
-                Some(v) => v.iter().map(|&x| x.max(0) as usize).collect(),
-                None => vec![1; sp],
-            };
-            let (strides, dilations) = (list("strides"), list("dilations"));
-            choices.push((i, aim_runtime::cpu::nchw_conv_kernel(&dims, group, output, tile, &strides, &dilations)));
+            choices.push((i, aim_runtime::cpu::nchw_conv_kernel_of(n, &dims, output, tile)));
             continue;
         }
         let [cout, cin, kh, kw] = dims[..] else { continue };

@@ -7,11 +7,6 @@ use super::{fuse::sources_of, uses::readers, PassError, SOURCES};
 use crate::ewprog::{Binary, Inst, Operand, Unary};
 use aim_ir::{Attr, DType, Dim, Graph, Node};
 
-/// Whether an op is a transcendental function (left out of fusion on wide-vector targets).
-fn transcendental(op: &str) -> bool {
-    matches!(op, "Exp" | "Erf" | "Tanh" | "Sigmoid")
-}
-
 fn unary(op: &str, round: bool) -> Option<Unary> {
     Some(match op {
         "Round" if round => Unary::Round,
@@ -43,8 +38,6 @@ fn binary(op: &str) -> Option<Binary> {
 /// Builds a fused program from a chain of nodes.
 struct Builder<'g> {
     g: &'g Graph,
-    /// Whether exp/erf/tanh/sigmoid may join a fused loop.
-    transcendental: bool,
     /// Whether Round may (the target rounds vectors: SSE4.1 or NEON).
     round: bool,
     /// The common shape (symbolic dims allowed: equal names are equal sizes).
@@ -90,7 +83,7 @@ impl Builder<'_> {
     }
 
     fn try_push(&mut self, n: &Node) -> bool {
-        if !n.domain.is_empty() || n.outputs.len() != 1 || (!self.transcendental && transcendental(&n.op)) {
+        if !n.domain.is_empty() || n.outputs.len() != 1 {
             return false;
         }
         let out_ok = self
@@ -156,13 +149,14 @@ impl Builder<'_> {
 
     /// Activations that are a few of the program's instructions: pushes them and returns the
     /// index of the last, or None (nothing pushed that `push` would not undo) for other ops.
-    /// Those with `exp` only where transcendental functions may fuse.
     fn decomposed(&mut self, n: &Node) -> Option<usize> {
         use Binary::{Add, Mul, Sub};
         use Operand::Const;
-        let uses_exp = matches!(n.op.as_str(), "Elu" | "Selu" | "Celu");
-        let known = matches!(n.op.as_str(), "HardSigmoid" | "HardSwish" | "Softsign" | "PRelu" | "Gelu") || uses_exp;
-        if !known || (uses_exp && !self.transcendental) || (n.op == "Gelu" && !self.transcendental) {
+        let known = matches!(
+            n.op.as_str(),
+            "HardSigmoid" | "HardSwish" | "Softsign" | "PRelu" | "Gelu" | "Elu" | "Selu" | "Celu"
+        );
+        if !known {
             return None;
         }
         let x = self.operand(n.input(0)?)?;
@@ -239,13 +233,12 @@ fn worth_alone(n: &Node) -> bool {
     !aim_kernels::fast::covers(&n.op, Some(DType::F32))
 }
 
-/// Fuses chains of two or more elementwise nodes (with transcendental functions only when
-/// `transcendental`, and Round only when `round`).
+/// Fuses chains of two or more elementwise nodes (Round only when `round`).
 ///
 /// One reader index serves the whole pass: a fused node takes its last member's place and the
 /// other members become tombstones, removed at the end, so node indices stay valid and the
 /// index needs only the fused node's inputs redirected. Linear in the graph size.
-pub fn run(g: &mut Graph, transcendental: bool, round: bool) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, round: bool) -> Result<(), PassError> {
     let mut r = readers(g);
     let mut removed = vec![false; g.nodes.len()];
     for i in 0..g.nodes.len() {
@@ -262,8 +255,7 @@ pub fn run(g: &mut Graph, transcendental: bool, round: bool) -> Result<(), PassE
         else {
             continue;
         };
-        let mut b =
-            Builder { g, transcendental, round, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
+        let mut b = Builder { g, round, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
         if !b.push(start) {
             continue;
         }

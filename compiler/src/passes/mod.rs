@@ -76,7 +76,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // four times the products per instruction of f32); elsewhere quantized layers run as
     // f32 kernels (the quantize-dequantize pass).
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
-    let mut passes = graph_passes(Some(int8), true, round);
+    let mut passes = graph_passes(Some(int8), round);
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
@@ -96,7 +96,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, true, true);
+    let mut passes = graph_passes(None, true);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
@@ -104,9 +104,9 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// The graph optimisations both backends run, in order: half to f32, folding,
 /// simplification, quantization (`quantize_dense`: whether the dynamic-int8 dense pass runs
 /// and, inside it, whether integer kernels are used; `None`: not at all), epilogue, GELU,
-/// layer norm, reduction, transpose and softmax fusion, and elementwise fusion (`transcendental`:
-/// whether exp/erf/tanh/sigmoid join fused loops; `round`: whether Round does).
-fn graph_passes(quantize_dense: Option<bool>, transcendental: bool, round: bool) -> Vec<Pass> {
+/// layer norm, reduction, transpose and softmax fusion, and elementwise fusion (`round`:
+/// whether Round joins fused loops).
+fn graph_passes(quantize_dense: Option<bool>, round: bool) -> Vec<Pass> {
     let int8 = quantize_dense.unwrap_or(false);
     let mut passes = vec![
         Pass::new("half-to-float", half::run),
@@ -133,7 +133,7 @@ fn graph_passes(quantize_dense: Option<bool>, transcendental: bool, round: bool)
         Pass::new("lower-reductions", reduce::run),
         Pass::new("lower-transposes", transpose::run),
         Pass::new("fuse-softmax", softmax::run),
-        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, transcendental, round)),
+        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, round)),
     ]);
     passes
 }

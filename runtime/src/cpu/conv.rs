@@ -130,14 +130,27 @@ pub fn nchw_conv_kernel(
     }
 }
 
+/// [`nchw_conv_kernel`] for the unblocked `aim:Conv` node `n` with weights of shape
+/// `weight`, its strides and dilations read from the node (for the compiler's
+/// `select-kernels` pass).
+pub fn nchw_conv_kernel_of(
+    n: &Node,
+    weight: &[usize],
+    output: Option<(usize, usize)>,
+    tile: (usize, usize),
+) -> &'static str {
+    let geo = geometry(n, weight.get(2..).unwrap_or_default());
+    nchw_conv_kernel(weight, n.int("group", 1).max(1) as usize, output, tile, &geo.strides, &geo.dilations)
+}
+
 /// Estimated cycles of one image's convolution on each GEMM kernel (see
 /// [`gemm_estimates`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GemmEstimates {
+pub(super) struct GemmEstimates {
     /// `gemm`: weights as A, output positions as B's columns.
-    pub by_channel: f64,
+    pub(super) by_channel: f64,
     /// `gemm_by_position`: output positions as A's rows, weights as B.
-    pub by_position: f64,
+    pub(super) by_position: f64,
 }
 
 /// The two GEMM kernels' cost for `c` output positions of a one-group convolution with
@@ -148,7 +161,7 @@ pub struct GemmEstimates {
 /// windows), one cycle where it moves value by value (`gemm`'s strided 1-D columns,
 /// `gemm_by_position`'s 2-D windows) — and `gemm_by_position`'s scatter of its transposed
 /// result (half a cycle a value).
-pub fn gemm_estimates(
+pub(super) fn gemm_estimates(
     weight: &[usize],
     c: usize,
     (mr, nr): (usize, usize),
@@ -689,26 +702,8 @@ fn window_row(
     let start = (pos[last] * geo.strides[last]) as isize - before[last] as isize;
     let dil = geo.dilations[last] as isize;
     // The kernel columns whose input column exists, `lo..hi`: the same for every line.
-    let first_in = |kk: usize| start + kk as isize * dil >= 0;
-    let lo = (0..kw).find(|&kk| first_in(kk)).unwrap_or(kw);
+    let lo = (0..kw).find(|&kk| start + kk as isize * dil >= 0).unwrap_or(kw);
     let hi = (lo..kw).find(|&kk| start + kk as isize * dil >= in_w as isize).unwrap_or(kw);
-    if sp == 1 {
-        // 1-D (speech models' convolutions): one run of each channel's row, the same
-        // columns `lo..hi` of every channel.
-        let i0 = (start + lo as isize * dil).max(0) as usize;
-        for (src, dst) in x.chunks_exact(in_w).zip(row.chunks_exact_mut(kw)).take(cin) {
-            if lo == 0 && hi == kw && dil == 1 {
-                copy_short(dst, &src[i0..i0 + kw]);
-                continue;
-            }
-            zero_short(&mut dst[..lo]);
-            zero_short(&mut dst[hi..]);
-            for (t, v) in dst[lo..hi].iter_mut().enumerate() {
-                *v = src[i0 + t * dil as usize];
-            }
-        }
-        return;
-    }
     let mut idx = 0;
     for ci in 0..cin {
         let plane = &x[ci * isize..(ci + 1) * isize];

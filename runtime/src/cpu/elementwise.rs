@@ -20,8 +20,8 @@ pub(super) const CHUNK: usize = 16 * 1024;
 /// An `aim:Elementwise` node's loop: the one the code generator made (which the entry
 /// function calls in place for short loops), and where the CPU's vectors are wider than
 /// Cranelift's 128 bits (AVX2, AVX-512), its program at the full width
-/// ([`aim_kernels::ewprog::wide`]), which runs the longer ones: a fake-quantization of
-/// 75K values 4× faster with AVX-512.
+/// ([`aim_kernels::ewprog::wide`]), which runs the longer ones (openWakeWord's embedding
+/// model, nineteen programs after convolutions: 0.99 -> 0.93 ms on one AVX-512 core).
 pub(super) struct Loop {
     generated: ElementwiseFn,
     wide: Option<Wide>,

@@ -33,7 +33,7 @@ mod softmax;
 mod transpose;
 
 pub use bodies::{Bodies, Body};
-pub use conv::{gemm_estimates, nchw_conv_kernel, static_output, GemmEstimates};
+pub use conv::{nchw_conv_kernel, nchw_conv_kernel_of, static_output};
 use conv::{prepare_conv, ConvPrep};
 use dense::{prepare_dense, DensePrep};
 use depthwise::DepthwisePrep;
