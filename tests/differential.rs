@@ -2076,3 +2076,118 @@ fn one_hot_products_run_as_lookups() {
     assert!(g.nodes.iter().any(|n| n.op == "Gather"), "{:?}", g.nodes.iter().map(|n| &n.op).collect::<Vec<_>>());
     assert!(!g.nodes.iter().any(|n| n.op == "Dense" || n.op == "MatMul" || n.op == "Equal"));
 }
+
+/// Elementwise ops after a layer's activation that the activation table does not hold (a
+/// learnt scale and shift after HardSwish, `max(x, -0.4)` after LeakyRelu) run inside the
+/// layer's epilogue as its `post` program, and match the reference: blocked convolutions
+/// (direct, depthwise, Winograd, 1×1), NCHW 1-D ones, dense layers; with a residual too
+/// (compared only: the residual may join the program instead).
+#[test]
+fn programs_after_layers_run_in_their_epilogues() {
+    let mut r = Rng(31);
+    let alpha = || AttributeProto {
+        name: Some("alpha".into()),
+        r#type: Some(AttributeType::Float as i32),
+        f: Some(0.2),
+        ..Default::default()
+    };
+    // (kind, input channels, output channels, kernel, group)
+    let layers: [(&str, usize, usize, usize, usize); 6] = [
+        ("conv2d", 8, 24, 3, 1),
+        ("conv2d", 16, 16, 3, 16),
+        ("conv2d", 32, 32, 3, 1),
+        ("conv2d", 12, 40, 1, 1),
+        ("conv1d", 6, 20, 5, 1),
+        ("dense", 24, 36, 0, 1),
+    ];
+    for (case, &(kind, c, m, k, group)) in layers.iter().enumerate() {
+        for (act, residual) in [("HardSwish", false), ("LeakyRelu", true), ("none", false)] {
+            let (xshape, yshape, mut nodes, mut inits): (Vec<usize>, Vec<usize>, Vec<_>, Vec<_>) = match kind {
+                "dense" => (
+                    vec![5, 7, c],
+                    vec![5, 7, m],
+                    vec![node("MatMul", "layer", &["x", "W"], &["y0"], vec![])],
+                    vec![f32_tensor("W", &[c as i64, m as i64], &r.values(c * m))],
+                ),
+                "conv1d" => (
+                    vec![2, c, 30],
+                    vec![2, m, 30],
+                    vec![node(
+                        "Conv",
+                        "layer",
+                        &["x", "W", "B"],
+                        &["y0"],
+                        vec![ints("kernel_shape", &[k as i64]), ints("pads", &[2, 2])],
+                    )],
+                    vec![
+                        f32_tensor("W", &[m as i64, c as i64, k as i64], &r.values(m * c * k)),
+                        f32_tensor("B", &[m as i64], &r.values(m)),
+                    ],
+                ),
+                _ => {
+                    let p = (k / 2) as i64;
+                    (
+                        vec![1, c, 14, 13],
+                        vec![1, m, 14, 13],
+                        vec![node(
+                            "Conv",
+                            "layer",
+                            &["x", "W", "B"],
+                            &["y0"],
+                            vec![
+                                ints("kernel_shape", &[k as i64, k as i64]),
+                                ints("pads", &[p; 4]),
+                                int_attr("group", group as i64),
+                            ],
+                        )],
+                        vec![
+                            f32_tensor(
+                                "W",
+                                &[m as i64, (c / group) as i64, k as i64, k as i64],
+                                &r.values(m * c / group * k * k),
+                            ),
+                            f32_tensor("B", &[m as i64], &r.values(m)),
+                        ],
+                    )
+                }
+            };
+            let dims = |s: &[usize]| s.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>();
+            let mut inputs = vec![("x".to_string(), Tensor::from_vec(&xshape, r.values(xshape.iter().product())))];
+            let mut graph_inputs = vec![value("x", 1, &dims(&xshape))];
+            let mut last = "y0".to_string();
+            if residual {
+                nodes.push(node("Add", "res", &["skip", &last], &["y1"], vec![]));
+                last = "y1".into();
+                inputs.push(("skip".into(), Tensor::from_vec(&yshape, r.values(yshape.iter().product()))));
+                graph_inputs.push(value("skip", 1, &dims(&yshape)));
+            }
+            match act {
+                "LeakyRelu" => nodes.push(node("LeakyRelu", "act", &[&last], &["a"], vec![alpha()])),
+                "HardSwish" => nodes.push(node("HardSwish", "act", &[&last], &["a"], vec![])),
+                _ => nodes.push(node("Identity", "act", &[&last], &["a"], vec![])),
+            }
+            // The program: a scale and shift, then a lower bound.
+            inits.extend([
+                f32_tensor("scale", &[], &[0.75]),
+                f32_tensor("shift", &[], &[-0.125]),
+                f32_tensor("floor", &[], &[-0.4]),
+            ]);
+            nodes.push(node("Mul", "scale", &["a", "scale"], &["s"], vec![]));
+            nodes.push(node("Add", "shift", &["s", "shift"], &["t"], vec![]));
+            nodes.push(node("Max", "floor", &["t", "floor"], &["y"], vec![]));
+            let bytes = model(nodes, graph_inputs, vec![value("y", 1, &dims(&yshape))], inits, 17);
+            let tag = format!("post{case}-{kind}-c{c}m{m}k{k}g{group}-{act}-res{residual}");
+            check(&tag, bytes.clone(), inputs);
+            if residual {
+                // The residual is added by the program when the layer does not take it.
+                continue;
+            }
+            let loaded = cpu_model(&tag, &bytes);
+            let g = loaded.optimized_graph().unwrap();
+            let layer = g.nodes.iter().find(|n| n.domain == "aim" && matches!(n.op.as_str(), "Conv" | "Dense"));
+            let layer = layer.unwrap_or_else(|| panic!("{tag}: no layer in {:?}", g.nodes));
+            assert!(layer.attrs.contains_key("post"), "{tag}: {:#?}", g.nodes);
+            assert!(!g.nodes.iter().any(|n| n.op == "Elementwise"), "{tag}: {:?}", g.nodes);
+        }
+    }
+}

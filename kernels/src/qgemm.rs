@@ -359,6 +359,7 @@ pub(crate) fn tiles<F>(
     let per = blocks.div_ceil(splits);
     let out = OutPtr(y.as_mut_ptr());
     let vnni = use_vnni(isa);
+    let avx2 = !vnni && use_avx2(isa);
     par.for_each(panels * splits, &|t| {
         let out = out;
         let (p, s) = (t / splits, t % splits);
@@ -389,6 +390,24 @@ pub(crate) fn tiles<F>(
                         2..=4 => micro_vnni::<true, 4>(&ptrs, panel.as_ptr(), groups, out),
                         _ => micro_vnni::<true, MR>(&ptrs, panel.as_ptr(), groups, out),
                     },
+                    #[cfg(target_arch = "x86_64")]
+                    _ if avx2 => {
+                        // Six rows at a time: 12 accumulators and 3 operands in 16 ymm.
+                        let p = panel.as_ptr();
+                        let out = out as *mut [i32; NR];
+                        for r0 in (0..rows).step_by(6) {
+                            let rows = &ptrs[r0..(r0 + 6).min(rows)];
+                            let dst = out.add(r0);
+                            match (a.signed, rows.len()) {
+                                (false, 1) => micro_avx2::<false, 1>(rows, p, groups, dst),
+                                (false, 2..=3) => micro_avx2::<false, 3>(&ptrs[r0..r0 + 3], p, groups, dst),
+                                (false, _) => micro_avx2::<false, 6>(&ptrs[r0..r0 + 6], p, groups, dst),
+                                (true, 1) => micro_avx2::<true, 1>(rows, p, groups, dst),
+                                (true, 2..=3) => micro_avx2::<true, 3>(&ptrs[r0..r0 + 3], p, groups, dst),
+                                (true, _) => micro_avx2::<true, 6>(&ptrs[r0..r0 + 6], p, groups, dst),
+                            }
+                        }
+                    }
                     (_, false) => micro_portable::<false>(&ptrs, panel, groups, out),
                     (_, true) => micro_portable::<true>(&ptrs, panel, groups, out),
                 }
@@ -424,6 +443,37 @@ pub fn use_vnni(isa: Isa) -> bool {
     {
         let _ = isa;
         false
+    }
+}
+
+/// Whether `isa` runs the AVX2 integer kernel here (exact 16-bit products through
+/// `vpmaddwd`): AVX2 or AVX-512 chosen, without VNNI.
+pub fn use_avx2(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(isa.kind(), IsaKind::Avx2 | IsaKind::Avx512) && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// Whether `isa` has an integer microkernel here that beats f32 arithmetic (VNNI, or
+/// AVX2's 16-bit products): where it has not, quantized layers run as f32 kernels.
+pub fn integer_kernels(isa: Isa) -> bool {
+    use_vnni(isa) || use_avx2(isa)
+}
+
+/// The microkernel's name, for schedule texts.
+pub fn micro_name(isa: Isa) -> &'static str {
+    if use_vnni(isa) {
+        "AVX-512 VNNI vpdpbusd"
+    } else if use_avx2(isa) {
+        "AVX2 vpmaddwd (exact 16-bit products)"
+    } else {
+        "portable i32"
     }
 }
 
@@ -538,6 +588,84 @@ unsafe fn micro_vnni<const SIGNED_ROWS: bool, const R: usize>(
     for (r, c) in c.iter().enumerate() {
         _mm512_storeu_si512(acc.add(r * NR) as *mut _, c[0]);
         _mm512_storeu_si512(acc.add(r * NR + 16) as *mut _, c[1]);
+    }
+}
+
+/// [`micro_vnni`]'s sums on AVX2, exactly: both sides widened to 16 bits (the u8 side with
+/// zeros, the s8 side with its sign) and multiplied in pairs by `vpmaddwd`, whose 32-bit
+/// sums of two products cannot overflow. (`vpmaddubsw` would multiply the bytes directly
+/// at twice the rate, but saturates its 16-bit pair sums when weights use the whole s8
+/// range: ONNX Runtime's AVX2 kernel gives wrong sums there.) Per group of four rows of
+/// the panel and eight of its columns: two loads widened, then per row one broadcast of
+/// its four values and two `vpmaddwd`, whose lanes hold each column's two pair sums; the
+/// pairs are added once, at the end.
+///
+/// `rows` holds the pointers of the first `R` rows (a shorter slice repeats its last row);
+/// rows `0..R` of `acc` are written.
+///
+/// # Safety
+/// The CPU has AVX2; each row pointer has `groups·4` readable bytes, `panel` `groups·NR·4`,
+/// and `acc` has `R` writable rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn micro_avx2<const SIGNED_ROWS: bool, const R: usize>(
+    rows: &[*const u8],
+    panel: *const u8,
+    groups: usize,
+    acc: *mut [i32; NR],
+) {
+    use std::arch::x86_64::*;
+    let row = |r: usize| rows[r.min(rows.len() - 1)];
+    let widen_rows = |p: *const u8| -> __m256i {
+        let v = _mm_cvtsi32_si128((p as *const i32).read_unaligned());
+        let w = if SIGNED_ROWS { _mm_cvtepi8_epi16(v) } else { _mm_cvtepu8_epi16(v) };
+        _mm256_broadcastq_epi64(w)
+    };
+    let widen_panel = |p: *const u8| -> __m256i {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        if SIGNED_ROWS {
+            _mm256_cvtepu8_epi16(v)
+        } else {
+            _mm256_cvtepi8_epi16(v)
+        }
+    };
+    if R == 1 {
+        // One row (a recurrent step's GEMV): its broadcast made once per group, all 32
+        // columns' 8 accumulators in registers.
+        let mut c = [_mm256_setzero_si256(); 8];
+        for g in 0..groups {
+            let av = widen_rows(row(0).add(g * 4));
+            let at = panel.add(g * NR * 4);
+            for (h, c) in c.iter_mut().enumerate() {
+                *c = _mm256_add_epi32(*c, _mm256_madd_epi16(widen_panel(at.add(h * 16)), av));
+            }
+        }
+        for chunk in 0..NR / 8 {
+            let s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c[2 * chunk], c[2 * chunk + 1]), 0b11_01_10_00);
+            _mm256_storeu_si256((acc as *mut i32).add(chunk * 8) as *mut __m256i, s);
+        }
+        return;
+    }
+    // Four chunks of eight columns; the rows' broadcasts are rebuilt per chunk (cheap next
+    // to the products) so that 2·R accumulators stay in registers.
+    for chunk in 0..NR / 8 {
+        let mut lo = [_mm256_setzero_si256(); R];
+        let mut hi = [_mm256_setzero_si256(); R];
+        for g in 0..groups {
+            let at = panel.add(g * NR * 4 + chunk * 32);
+            let (w0, w1) = (widen_panel(at), widen_panel(at.add(16)));
+            for r in 0..R {
+                let av = widen_rows(row(r).add(g * 4));
+                lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(w0, av));
+                hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(w1, av));
+            }
+        }
+        for r in 0..R {
+            // lo: columns 0–3 as pair sums (c0a, c0b, c1a, c1b, ...), hi: columns 4–7.
+            // hadd gives (c0, c1, c4, c5, c2, c3, c6, c7); the permute puts them in order.
+            let s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r], hi[r]), 0b11_01_10_00);
+            _mm256_storeu_si256((acc.add(r) as *mut i32).add(chunk * 8) as *mut __m256i, s);
+        }
     }
 }
 

@@ -5,6 +5,7 @@ mod byte_tables;
 mod const_fold;
 mod cse;
 mod dce;
+mod epilogue_programs;
 mod fold_batchnorm;
 pub mod fuse;
 mod fuse_elementwise;
@@ -76,12 +77,17 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // four times the products per instruction of f32); elsewhere quantized layers run as
     // f32 kernels (the quantize-dequantize pass).
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
-    let mut passes = graph_passes(Some(int8), round);
+    // Dynamically quantized dense layers also run as integer GEMMs on AVX2 (exact 16-bit
+    // products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of the
+    // f32 emulation's, and an LSTM's recurrent weights stay in L2.
+    let integer_dense = int8 || (target.features.avx2 && matches!(target.isa_kind(), IsaKind::Avx2 | IsaKind::Avx512));
+    let mut passes = graph_passes(Some(integer_dense), int8, round);
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
         Pass::new("select-kernels", move |g| crate::select::run(g, lanes, tile)),
+        Pass::new("fuse-epilogue-programs", epilogue_programs::run),
         Pass::new("dead-code-elimination", dce::run),
         Pass::new("infer-types", infer),
     ]);
@@ -96,18 +102,19 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, true);
+    let mut passes = graph_passes(None, false, true);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
 
 /// The graph optimisations both backends run, in order: half to f32, folding,
 /// simplification, quantization (`quantize_dense`: whether the dynamic-int8 dense pass runs
-/// and, inside it, whether integer kernels are used; `None`: not at all), epilogue, GELU,
+/// and, inside it, whether integer kernels are used; `None`: not at all; `int8`: whether
+/// quantize-dequantize pairs become integer kernels), epilogue, GELU,
 /// layer norm, reduction, transpose and softmax fusion, and elementwise fusion (`round`:
 /// whether Round joins fused loops).
-fn graph_passes(quantize_dense: Option<bool>, round: bool) -> Vec<Pass> {
-    let int8 = quantize_dense.unwrap_or(false);
+fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool) -> Vec<Pass> {
+    let integer_dense = quantize_dense.unwrap_or(false);
     let mut passes = vec![
         Pass::new("half-to-float", half::run),
         Pass::new("infer-types", infer),
@@ -120,7 +127,7 @@ fn graph_passes(quantize_dense: Option<bool>, round: bool) -> Vec<Pass> {
         Pass::new("one-hot-lookups", one_hot::run),
     ];
     if quantize_dense.is_some() {
-        passes.push(Pass::new("quantize-dense", move |g| if int8 { qdense::run(g) } else { Ok(()) }));
+        passes.push(Pass::new("quantize-dense", move |g| if integer_dense { qdense::run(g) } else { Ok(()) }));
     }
     passes.extend([
         Pass::new("quantize-dequantize", move |g| qdq::run(g, int8)),

@@ -1,5 +1,5 @@
 //! Dynamically quantized dense layers as one integer kernel, where the target has one
-//! (AVX-512 VNNI): the form `quantize_dynamic` writes,
+//! (AVX-512 VNNI, or AVX2's exact 16-bit products): the form `quantize_dynamic` writes,
 //!
 //! ```text
 //! xq, xs, xz = DynamicQuantizeLinear(x)

@@ -320,10 +320,19 @@ pub(super) fn pad(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<V
         Ok(y) => y,
         Err(e) => return Some(Err(e)),
     };
-    let es = x.dtype().size();
-    let (fill, src) = (fill.bytes(), x.bytes());
-    let (last, width) = (x.shape()[r - 1], shape[r - 1]);
-    let st = crate::util::strides(x.shape());
+    // Trailing axes with no padding are one element of the axis before them: a row is
+    // then the last padded axis, not one value of a unit last dimension (a [1, 76, 32, 1]
+    // input padded on axis 2 is 76 rows of 34 four-byte elements, not 2,584 rows of one).
+    let r_all = r;
+    let r = (0..r_all).rev().find(|&d| before[d] + after[d] > 0).map_or(1, |d| d + 1);
+    let inner: usize = x.shape()[r..r_all].iter().product();
+    let es = x.dtype().size() * inner;
+    let fill = fill.bytes().repeat(inner);
+    let (fill, src) = (&fill[..], x.bytes());
+    let xshape = &x.shape()[..r];
+    let shape = &shape[..r];
+    let (last, width) = (xshape[r - 1], shape[r - 1]);
+    let st = crate::util::strides(xshape);
     let dst = y.bytes_mut();
     let rows = shape[..r - 1].iter().product::<usize>();
     // The padded ends of a row: each position's source element (None: the constant), the
@@ -337,7 +346,7 @@ pub(super) fn pad(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<V
         let out = &mut dst[row * width * es..(row + 1) * width * es];
         // The source row, or None when some outer axis reads the constant.
         let base = (0..r - 1)
-            .try_fold(0usize, |acc, d| pad_source(idx[d], before[d], x.shape()[d], mode).map(|s| acc + s * st[d]));
+            .try_fold(0usize, |acc, d| pad_source(idx[d], before[d], xshape[d], mode).map(|s| acc + s * st[d]));
         match base {
             None => out.chunks_exact_mut(es).for_each(|e| e.copy_from_slice(fill)),
             Some(b) => {

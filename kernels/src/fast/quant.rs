@@ -93,9 +93,28 @@ pub fn quantize(isa: Isa, v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
             }
             body(&v[i..n], &mut dst[i..n], scale, zp)
         }
+        /// The same steps, 32 values at a time: four vectors narrowed to i32, packed to
+        /// bytes (in lane order, which one permute puts back), one 32-byte store.
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v3(v: &[f32], dst: &mut [u8], scale: f32, zp: f32) {
-            body(v, dst, scale, zp)
+            use std::arch::x86_64::*;
+            let n = v.len().min(dst.len());
+            let (s, z, lo, hi) =
+                (_mm256_set1_ps(scale), _mm256_set1_ps(zp), _mm256_setzero_ps(), _mm256_set1_ps(255.0));
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let mut i = 0;
+            while i + 32 <= n {
+                let q = |k: usize| {
+                    let x = _mm256_loadu_ps(v.as_ptr().add(i + 8 * k));
+                    let q = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_div_ps(x, s));
+                    _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_add_ps(q, z), lo), hi))
+                };
+                let (a, b) = (_mm256_packs_epi32(q(0), q(1)), _mm256_packs_epi32(q(2), q(3)));
+                let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, bytes);
+                i += 32;
+            }
+            body(&v[i..n], &mut dst[i..n], scale, zp)
         }
         // SAFETY: the ISA was checked available when the program was built.
         match isa.kind() {
@@ -156,7 +175,26 @@ pub fn range(isa: Isa, v: &[f32]) -> (f32, f32) {
         }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v3(v: &[f32]) -> (f32, f32) {
-            body(v)
+            use std::arch::x86_64::*;
+            // As `v4`, eight lanes a vector.
+            let mut lo = [_mm256_setzero_ps(); 4];
+            let mut hi = [_mm256_setzero_ps(); 4];
+            let chunks = v.chunks_exact(32);
+            let tail = chunks.remainder();
+            for c in chunks {
+                for k in 0..4 {
+                    let x = _mm256_loadu_ps(c.as_ptr().add(8 * k));
+                    lo[k] = _mm256_min_ps(x, lo[k]);
+                    hi[k] = _mm256_max_ps(x, hi[k]);
+                }
+            }
+            let (l, h) = body(tail);
+            let lo = _mm256_min_ps(_mm256_min_ps(lo[0], lo[1]), _mm256_min_ps(lo[2], lo[3]));
+            let hi = _mm256_max_ps(_mm256_max_ps(hi[0], hi[1]), _mm256_max_ps(hi[2], hi[3]));
+            let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(a.as_mut_ptr(), lo);
+            _mm256_storeu_ps(b.as_mut_ptr(), hi);
+            (a.iter().fold(l, |x, &y| x.min(y)), b.iter().fold(h, |x, &y| x.max(y)))
         }
         // SAFETY: the ISA was checked available when the program was built.
         match isa.kind() {

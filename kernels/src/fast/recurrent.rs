@@ -142,7 +142,7 @@ impl LstmWeights {
     }
 
     /// Packs the weights of the LSTM `n`: as [`LstmWeights::pack`], or with
-    /// `dynamic_quantize` its 8-bit W and R as bytes for the integer GEMM (AVX-512 VNNI) or
+    /// `dynamic_quantize` its 8-bit W and R as bytes for the integer GEMM (VNNI or AVX2) or
     /// centered (whole numbers in f32) for the f32 one, with their scales; None where
     /// neither applies.
     pub fn pack_node(
@@ -160,7 +160,7 @@ impl LstmWeights {
             return None;
         }
         let (qw, qr) = (row_quant(n, w, "w").ok()?, row_quant(n, r, "r").ok()?);
-        if !crate::qgemm::use_vnni(isa) {
+        if !crate::qgemm::integer_kernels(isa) {
             let mut packed = LstmWeights::pack(&qw.centered(w), &qr.centered(r), b, isa, blocking)?;
             packed.scales = Some((qw.scale, qr.scale));
             return Some(packed);

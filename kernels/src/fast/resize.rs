@@ -51,14 +51,28 @@ pub(super) fn resize(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     };
     let src = x.data::<f32>();
     let dst = Out(y.bits_mut().as_mut_ptr());
-    let rows = outer * hout;
     let row_in = win * inner;
-    cx.par.for_each(rows, &|r| {
+    let row_out = wout * inner;
+    if row_out == 0 {
+        return Some(Ok(vec![y.finish()]));
+    }
+    // Runs of output rows with the same vertical taps (an upsampling by 2 reads each source
+    // row for two output rows): the first row of a run is computed, the others copied
+    // from it whole.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for oy in 0..hout {
+        match runs.last_mut() {
+            Some((start, len)) if ytaps[*start] == ytaps[oy] => *len += 1,
+            _ => runs.push((oy, 1)),
+        }
+    }
+    cx.par.for_each(outer * runs.len(), &|t| {
         let dst = dst;
-        let (o, oy) = (r / hout, r % hout);
+        let (o, (oy, len)) = (t / runs.len(), runs[t % runs.len()]);
         let plane = &src[o * hin * row_in..(o + 1) * hin * row_in];
-        // SAFETY: task r writes output row r alone.
-        let out = unsafe { std::slice::from_raw_parts_mut(dst.0.add(r * wout * inner), wout * inner) };
+        // SAFETY: task t writes output rows oy..oy + len of image o alone.
+        let rows = unsafe { std::slice::from_raw_parts_mut(dst.0.add((o * hout + oy) * row_out), len * row_out) };
+        let (out, rest) = rows.split_at_mut(row_out);
         let ty = &ytaps[oy];
         if let [(sy, w)] = ty.as_slice() {
             // One source row (nearest, or a whole coordinate): horizontal taps only.
@@ -74,6 +88,9 @@ pub(super) fn resize(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
             }
             horizontal(&acc, out, &xtaps, inner, 1.0);
         }
+        for r in rest.chunks_exact_mut(row_out) {
+            r.copy_from_slice(out);
+        }
     });
     Some(Ok(vec![y.finish()]))
 }
@@ -84,7 +101,7 @@ fn horizontal(row: &[f32], out: &mut [f32], xtaps: &AxisTaps, inner: usize, scal
     for (ox, taps) in xtaps.iter().enumerate() {
         let o = &mut out[ox * inner..(ox + 1) * inner];
         match taps.as_slice() {
-            [(sx, w)] if *w * scale == 1.0 => o.copy_from_slice(&row[sx * inner..(sx + 1) * inner]),
+            [(sx, w)] if *w * scale == 1.0 => super::copy_short(o, &row[sx * inner..(sx + 1) * inner]),
             _ => {
                 o.iter_mut().for_each(|v| *v = 0.0);
                 for &(sx, w) in taps {

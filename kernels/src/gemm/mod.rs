@@ -362,6 +362,9 @@ pub struct Epilogue<'a> {
     pub residual_in_c: bool,
     /// The activation.
     pub act: Option<Activation>,
+    /// A program of one input applied after the activation (the elementwise ops that
+    /// followed the layer: a scale and shift, a clamp, a fake quantization).
+    pub post: Option<&'a crate::ewprog::wide::Wide>,
 }
 
 /// Runs `f(0..n)` in parallel (or not): implemented by the runtime's thread pool.
@@ -905,6 +908,10 @@ pub fn gemm_lazy_b(
 #[allow(clippy::too_many_arguments)]
 unsafe fn epilogue(isa: Isa, dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
     if ep.row_bias.is_none() && ep.col_bias.is_none() && ep.residual.is_none() && ep.act.is_none() {
+        if let Some(post) = ep.post {
+            // SAFETY: as for the function: the tile's rows are in bounds and ours.
+            unsafe { post.apply_rows(dst, rows, cols, ldc) };
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -963,5 +970,8 @@ unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: u
             Activation::GeluTanh => apply!(|x: f32| Activation::GeluTanh.apply(x)),
             Activation::Elu(a) => apply!(|x: f32| if x > 0.0 { x } else { a * (crate::fast::math::exp(x) - 1.0) }),
         }
+    }
+    if let Some(post) = ep.post {
+        post.apply_rows(dst, rows, cols, ldc);
     }
 }

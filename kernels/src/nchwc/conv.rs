@@ -29,6 +29,8 @@ pub struct Conv {
     /// `[pair][2 · lanes]`.
     bias: Vec<f32>,
     act: Activation,
+    /// The program applied after the activation, if any.
+    post: super::shared::Post,
     /// Depth of one k block: a block of weights (`kc × 2L` floats) stays in L1 while the
     /// tiles of a task run over it.
     kc: usize,
@@ -162,12 +164,19 @@ impl Conv {
         if let Some(bias) = bias {
             b[..cout].copy_from_slice(&bias[..cout]);
         }
-        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights, bias: b, act, kc: kc.max(1) }
+        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights, bias: b, act, post: None, kc: kc.max(1) }
     }
 
     /// The channel block (floats per pixel of a block).
     pub fn lanes(&self) -> usize {
         self.lanes
+    }
+
+    /// The convolution with `post` (a program of one input) applied to its output after
+    /// the activation, on each segment just written.
+    pub fn with_post(mut self, post: super::shared::Post) -> Conv {
+        self.post = post;
+        self
     }
 
     /// The loop nest [`Conv::run`] runs for this output size, as lines of text (for `aim
@@ -216,7 +225,7 @@ impl Conv {
         v.push(format!(
             "    last k-block: + bias{}, {}",
             if residual { ", + residual" } else { "" },
-            act_text(self.act)
+            super::shared::epilogue_text(self.act, self.post.as_deref())
         ));
         v
     }
@@ -497,6 +506,7 @@ impl Job<'_> {
         for b in 0..nb {
             super::shared::finish(
                 self.conv.act,
+                self.conv.post.as_deref(),
                 self.conv.isa,
                 p.y.add(yoff + b * yblk + cols.start * l),
                 cols.len() * l,

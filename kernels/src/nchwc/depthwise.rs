@@ -28,9 +28,18 @@ pub struct Depthwise {
     /// `[block][L]`.
     bias: Vec<f32>,
     act: Activation,
+    /// The program applied after the activation, if any.
+    post: super::shared::Post,
 }
 
 impl Depthwise {
+    /// The convolution with `post` (a program of one input) applied to its output after
+    /// the activation, on each row just written.
+    pub fn with_post(mut self, post: super::shared::Post) -> Depthwise {
+        self.post = post;
+        self
+    }
+
     /// Packs `weights` (`[c][1][kh][kw]`) and `bias` by channel block.
     pub fn new(
         isa: Isa,
@@ -52,7 +61,7 @@ impl Depthwise {
             }
             b[c] = bias.map_or(0.0, |b| b[c]);
         }
-        Depthwise { isa, lanes, channels, geo, weights: w, bias: b, act }
+        Depthwise { isa, lanes, channels, geo, weights: w, bias: b, act, post: None }
     }
 
     /// The loop nest [`Depthwise::run`] runs for this input and output size, as lines of
@@ -86,7 +95,7 @@ impl Depthwise {
         lines.push(format!(
             "  + bias{}, {}",
             if residual { ", + residual" } else { "" },
-            super::conv::act_text(self.act)
+            super::shared::epilogue_text(self.act, self.post.as_deref())
         ));
         lines
     }
@@ -230,7 +239,7 @@ impl Job<'_> {
                 r.finish(acc, ox, n);
                 ox += n;
             }
-            super::shared::finish(self.d.act, self.d.isa, r.yrow, self.ow * l);
+            super::shared::finish(self.d.act, self.d.post.as_deref(), self.d.isa, r.yrow, self.ow * l);
         }
     }
 
@@ -297,7 +306,7 @@ impl Job<'_> {
             ox += n;
         }
         // Activations other than a clamp run over the row just written.
-        super::shared::finish(self.d.act, self.d.isa, r.yrow, self.ow * l);
+        super::shared::finish(self.d.act, self.d.post.as_deref(), self.d.isa, r.yrow, self.ow * l);
     }
 }
 

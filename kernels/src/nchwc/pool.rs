@@ -104,8 +104,10 @@ impl Pool {
         if self.max && w <= SEPARABLE_MAX_W && ye > ys {
             // Separable: the maximum down each input column of the window's rows (short,
             // independent chains), then across each window's columns of those maxima.
-            let mut col = [0f32; SEPARABLE_MAX_W * 16];
-            let cp = col.as_mut_ptr();
+            // Uninitialised: every column the windows read (0..w) is written first, and a
+            // zeroed 16 KiB per output row cost more than the pooling of a narrow row.
+            let mut col = std::mem::MaybeUninit::<[f32; SEPARABLE_MAX_W * 16]>::uninit();
+            let cp = col.as_mut_ptr() as *mut f32;
             for ix in 0..w {
                 let mut m = V::load(xp.add((ys * w + ix) * l));
                 for iy in ys + 1..ye {

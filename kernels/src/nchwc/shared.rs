@@ -1,6 +1,7 @@
 //! Raw pointers handed to the tasks of a parallel loop, and the activation bounds every
 //! blocked kernel clamps to.
 
+use crate::ewprog::wide::Wide;
 use crate::gemm::Activation;
 
 /// An output buffer shared by tasks that each write a disjoint part of it.
@@ -24,13 +25,29 @@ pub(super) fn bounds(act: Activation) -> (f32, f32) {
 }
 
 /// Applies an activation that is not a clamp to the `n` floats just stored at `p` (still in
-/// L1); nothing for the clamps, applied before the store.
+/// L1); nothing for the clamps, applied before the store. Then the program that followed
+/// the layer, if any.
 ///
 /// # Safety
 /// `p` must be valid for reads and writes of `n` floats that no other thread touches.
 #[inline(always)]
-pub(super) unsafe fn finish(act: Activation, isa: crate::gemm::Isa, p: *mut f32, n: usize) {
+pub(super) unsafe fn finish(act: Activation, post: Option<&Wide>, isa: crate::gemm::Isa, p: *mut f32, n: usize) {
     if act.clamp_bounds().is_none() {
         act.apply_all(isa, std::slice::from_raw_parts_mut(p, n));
     }
+    if let Some(post) = post {
+        post.apply(p, n);
+    }
 }
+
+/// A layer's schedule text for its activation and the program after it.
+pub(super) fn epilogue_text(act: Activation, post: Option<&Wide>) -> String {
+    let a = super::conv::act_text(act);
+    match post {
+        Some(p) => format!("{a}, then a program of {} steps", p.steps()),
+        None => a,
+    }
+}
+
+/// The program that followed a layer, shared by the layer's copies.
+pub type Post = Option<std::sync::Arc<Wide>>;

@@ -36,6 +36,8 @@ pub struct Winograd {
     /// `[ceil(cout/L)·L]`.
     bias: Vec<f32>,
     act: Activation,
+    /// The program applied after the activation, if any.
+    post: super::shared::Post,
 }
 
 /// The geometry of each of the 36 products: a 1×1 convolution.
@@ -52,6 +54,13 @@ const G: [[f64; 3]; T] = [
 ];
 
 impl Winograd {
+    /// The convolution with `post` (a program of one input) applied to its output after
+    /// the activation, on each row just written.
+    pub fn with_post(mut self, post: super::shared::Post) -> Winograd {
+        self.post = post;
+        self
+    }
+
     /// Transforms and packs `weights` (`[cout][cin][3][3]`); `kc` as for [`Conv::new`].
     pub fn new(
         isa: Isa,
@@ -85,7 +94,7 @@ impl Winograd {
         if let Some(bias) = bias {
             b[..cout].copy_from_slice(&bias[..cout]);
         }
-        Winograd { isa, lanes, cin, cout, products, bias: b, act }
+        Winograd { isa, lanes, cin, cout, products, bias: b, act, post: None }
     }
 
     /// Floats of the transformed, packed weights of a `cout × cin` 3×3 convolution.
@@ -132,7 +141,7 @@ impl Winograd {
         if let Some(bias) = bias {
             b[..cout].copy_from_slice(&bias[..cout]);
         }
-        Ok(Winograd { isa, lanes, cin, cout, products, bias: b, act })
+        Ok(Winograd { isa, lanes, cin, cout, products, bias: b, act, post: None })
     }
 
     /// The loop nest [`Winograd::run`] runs, as lines of text (for `aim explore`).
@@ -145,7 +154,7 @@ impl Winograd {
             format!("Winograd F(4×4, 3×3): {p} tiles of 4×4 outputs ({th}×{tw} per image)"),
             format!("  parallel for (image, input block, tile row) in 0..{}: V[36][tile] = Bᵀ·d·B on 6×6 input tiles, {l} channels per vector", batch * cbi * th),
             format!("  parallel for (tile position in 0..36) × blocked 1×1 tasks: M[ξν][tile × {} ch] = V[ξν][tile × {} ch] · U[ξν] ({:?})", self.cout, self.cin, self.isa),
-            format!("  parallel for (image, output block, tile row) in 0..{}: Y = Aᵀ·M·A, + bias{}, {}", batch * cbo * th, if residual { ", + residual" } else { "" }, super::conv::act_text(self.act)),
+            format!("  parallel for (image, output block, tile row) in 0..{}: Y = Aᵀ·M·A, + bias{}, {}", batch * cbo * th, if residual { ", + residual" } else { "" }, super::shared::epilogue_text(self.act, self.post.as_deref())),
         ]
     }
 
@@ -329,7 +338,7 @@ impl Winograd {
                 }
                 // Activations other than a clamp run over the tile rows just written.
                 for oy in ty * M..(ty * M + M).min(g.oh) {
-                    super::shared::finish(self.act, self.isa, yp.add(oy * g.ow * l), g.ow * l);
+                    super::shared::finish(self.act, self.post.as_deref(), self.isa, yp.add(oy * g.ow * l), g.ow * l);
                 }
             }
         }

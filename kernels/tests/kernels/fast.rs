@@ -201,13 +201,15 @@ fn quantize_matches_the_scalar_formula() {
     let scale = 0.5f32;
     let mut v: Vec<f32> = (-300..300).map(|i| i as f32 * 0.25).collect();
     v.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, 0.25, 0.75, -0.0]);
-    for zp in [0.0f32, 3.0, 128.0, 255.0] {
-        for len in [0, 1, 15, 16, 17, 33, v.len()] {
-            let mut got = vec![7u8; len];
-            aim_kernels::fast::quant::quantize(aim_kernels::gemm::Isa::best(), &v[..len], &mut got, scale, zp);
-            for (i, (&g, &x)) in got.iter().zip(&v).enumerate() {
-                let want = ((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8;
-                assert_eq!(g, want, "zp {zp} len {len} at {i}: {x}");
+    for isa in aim_kernels::gemm::Isa::all_available() {
+        for zp in [0.0f32, 3.0, 128.0, 255.0] {
+            for len in [0, 1, 15, 16, 17, 31, 32, 33, 65, v.len()] {
+                let mut got = vec![7u8; len];
+                aim_kernels::fast::quant::quantize(isa, &v[..len], &mut got, scale, zp);
+                for (i, (&g, &x)) in got.iter().zip(&v).enumerate() {
+                    let want = ((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) as u8;
+                    assert_eq!(g, want, "{isa:?} zp {zp} len {len} at {i}: {x}");
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The quantized convolution against its definition (QuantizeLinear, then the integer
 //! convolution summed in i64, then the scale and bias), bit for bit: kernel sizes, strides,
-//! dilations, asymmetric padding, groups, several images, on this CPU's kernel and the
-//! portable one.
+//! dilations, asymmetric padding, groups, several images, on every kernel this CPU runs
+//! (VNNI, AVX2, portable).
 
 use aim_kernels::gemm::Isa;
 use aim_kernels::gemm::Sequential;
@@ -62,10 +62,8 @@ fn want(
 
 #[test]
 fn matches_the_definition_bit_for_bit() {
-    let mut isas = vec![Isa::PORTABLE];
-    if Isa::best() != Isa::PORTABLE {
-        isas.push(Isa::best());
-    }
+    // Every ISA this CPU has: its VNNI, AVX2 and portable kernels.
+    let isas = Isa::all_available();
     let mut seed = 5u64;
     let cases = [
         // c, m, group, kernel, stride, dilation, pads, n, h, w

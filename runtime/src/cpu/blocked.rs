@@ -108,6 +108,12 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
             (Kernel::Depthwise(nchwc::Depthwise::new(isa, w.data::<f32>(), bias, cout, kgeo, act)), cout)
         }
     };
+    let post = super::post_program(n, isa)?;
+    let kernel = match kernel {
+        Kernel::Conv(c) => Kernel::Conv(c.with_post(post)),
+        Kernel::Depthwise(d) => Kernel::Depthwise(d.with_post(post)),
+        Kernel::Winograd(w) => Kernel::Winograd(w.with_post(post)),
+    };
     Ok(Prepared::Blocked(Box::new(BlockedConv { kernel, geo, cin, cout, input, lanes })))
 }
 

@@ -30,6 +30,8 @@ pub(super) struct ConvPrep {
     pub(super) adaptive: Option<Box<Adaptive>>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
+    /// The program applied after the activation (`post`), over the whole output.
+    pub(super) post: Option<std::sync::Arc<aim_kernels::ewprog::wide::Wide>>,
     pub(super) group: usize,
     pub(super) m: usize,
     pub(super) cin: usize,
@@ -233,6 +235,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
     };
     let geo = geometry(n, &kernel);
     let act = activation(n);
+    let post = super::post_program(n, isa)?;
     // The compiler's choice (`select-kernels`), checked; the same rule where it made none.
     let output = static_output(g, n);
     let rule = nchw_conv_kernel(w.shape(), group, output, (isa.mr(), isa.nr()), &geo.strides, &geo.dilations);
@@ -248,6 +251,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
             weights: w.data::<f32>().to_vec(),
             bias,
             act,
+            post,
             channels: m,
             geo,
         })));
@@ -270,6 +274,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
             adaptive: None,
             bias,
             act,
+            post,
             group,
             m,
             cin: cg,
@@ -291,6 +296,7 @@ pub(super) fn prepare_conv(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) ->
         adaptive,
         bias,
         act,
+        post,
         group,
         m,
         cin: cg * group,

@@ -11,6 +11,8 @@ pub(super) struct DensePrep {
     pub(super) weight: std::sync::Arc<PackedB>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
+    /// The program applied after the activation (`post`), tile by tile.
+    pub(super) post: Option<std::sync::Arc<aim_kernels::ewprog::wide::Wide>>,
     pub(super) k: usize,
     pub(super) n: usize,
 }
@@ -51,7 +53,8 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         }
         None => super::shared::packed_b(w, isa, blocking, (k, nn), trans, half),
     };
-    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), k, n: nn })))
+    let post = super::post_program(n, isa)?;
+    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), post, k, n: nn })))
 }
 
 pub(super) fn run_dense(
@@ -74,7 +77,14 @@ pub(super) fn run_dense(
     }
     let (res, residual_in_c) = residual.check(&shape, y)?;
     let y = y.take(&shape)?;
-    let ep = Epilogue { row_bias: None, col_bias: d.bias.as_deref(), residual: res, residual_in_c, act: d.act };
+    let ep = Epilogue {
+        row_bias: None,
+        col_bias: d.bias.as_deref(),
+        residual: res,
+        residual_in_c,
+        act: d.act,
+        post: d.post.as_deref(),
+    };
     gemm_rows(x.data, m, d.k, blocking, &d.weight, y, d.n, &ep, pool);
     Ok(())
 }

@@ -13,6 +13,8 @@ pub(super) struct DepthwisePrep {
     pub(super) weights: Vec<f32>,
     pub(super) bias: Option<Vec<f32>>,
     pub(super) act: Option<Activation>,
+    /// The program applied after the activation (`post`), over the whole output.
+    pub(super) post: Option<std::sync::Arc<aim_kernels::ewprog::wide::Wide>>,
     pub(super) channels: usize,
     pub(super) geo: Geometry,
 }

@@ -8,6 +8,7 @@
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node, Tensor};
+use aim_kernels::ewprog::wide::Wide;
 use aim_kernels::gemm::{Activation, Blocking, Isa, Parallel};
 use std::collections::HashMap;
 
@@ -108,6 +109,37 @@ fn activation_with(n: &Node, prefix: &str) -> Option<Activation> {
     let get = |k: &str| n.attrs.contains_key(&key(k)).then(|| n.float(&key(k), 0.0));
     let (a, b) = if name == "clip" { (get("clip_min"), get("clip_max")) } else { (get("act_alpha"), get("act_beta")) };
     Activation::parse(name, a, b)
+}
+
+/// The program that followed an `aim:Conv` / `aim:Dense` in the graph (its `post`
+/// attribute, the one-input elementwise node the compiler fused after it), compiled for
+/// `isa`; the kernels apply it after the activation, to each tile they have just written.
+fn post_program(n: &Node, isa: Isa) -> Result<Option<std::sync::Arc<Wide>>, RunError> {
+    let Some(attr) = n.attrs.get("post") else { return Ok(None) };
+    let aim_ir::Attr::Strings(lines) = attr else {
+        return Err(prep_err(n, "post must be a list of program lines"));
+    };
+    let prog = aim_kernels::ewprog::parse(lines).map_err(|e| prep_err(n, format!("post: {e}")))?;
+    let w =
+        Wide::anywhere(isa, &prog).ok_or_else(|| prep_err(n, "post: the program is empty or reads a later step"))?;
+    if w.inputs() != 1 {
+        return Err(prep_err(n, format!("post: the program reads {} inputs where it may read one", w.inputs())));
+    }
+    Ok(Some(std::sync::Arc::new(w)))
+}
+
+/// Applies `post` to every value of `y` in place, in parallel chunks: for the kernels
+/// that do not apply it tile by tile as they write (NCHW convolutions).
+fn apply_post(post: Option<&Wide>, y: &mut [f32], pool: &ThreadPool) {
+    let Some(post) = post else { return };
+    const CHUNK: usize = 16 * 1024;
+    let (p, n) = (OutPtr(y.as_mut_ptr()), y.len());
+    pool.for_each(n.div_ceil(CHUNK), &|i| {
+        let p = p;
+        let (start, end) = (i * CHUNK, ((i + 1) * CHUNK).min(n));
+        // SAFETY: chunk i is in `y` and written by this task only.
+        unsafe { post.apply(p.0.add(start), end - start) };
+    });
 }
 
 fn const_f32<'a>(g: &'a Graph, name: Option<&str>) -> Option<&'a Tensor> {
@@ -388,6 +420,16 @@ impl<'a> Out<'a> {
 
     /// Room for an output of `shape` (an error when a new tensor that large may not be
     /// allocated: `aim_ir::limits`).
+    /// The output a kernel has written (`take`n for `self.shape`).
+    fn written(&mut self) -> &mut [f32] {
+        let n = self.shape.iter().product::<usize>();
+        match (&mut self.made, &mut self.slot) {
+            (Some(t), _) => t.data_mut::<f32>(),
+            (None, Some(s)) => &mut s[..n],
+            (None, None) => &mut [],
+        }
+    }
+
     fn take(&mut self, shape: &[usize]) -> Result<&mut [f32], String> {
         let n = aim_ir::limits::elements(shape).map_err(|e| format!("output: {e}"))?;
         self.shape = shape.to_vec();

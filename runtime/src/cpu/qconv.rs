@@ -119,7 +119,7 @@ pub(super) fn schedule(q: &QConvPrep, isa: Isa, n: usize, h: usize, w: usize) ->
     let s = q.weight.shape();
     let Some((oh, ow)) = s.output(h, w) else { return vec!["the kernel does not fit the input".into()] };
     let taps = s.c / s.group * s.kernel[0] * s.kernel[1];
-    let micro = if aim_kernels::qgemm::use_vnni(isa) { "AVX-512 VNNI vpdpbusd" } else { "portable i32" };
+    let micro = aim_kernels::qgemm::micro_name(isa);
     let rq = q
         .requant
         .map_or(String::new(), |r| format!(", then quantize-dequantize (scale {}, zero point {})", r.scale, r.zero));

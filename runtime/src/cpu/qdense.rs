@@ -112,7 +112,7 @@ pub(super) fn run(d: &QDensePrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPoo
 pub(super) fn schedule(d: &QDensePrep, isa: Isa, m: usize, threads: usize) -> Vec<String> {
     use aim_kernels::qgemm::{MR, NR};
     let (k, n) = (d.weight.k(), d.weight.n());
-    let micro = if aim_kernels::qgemm::use_vnni(isa) { "AVX-512 VNNI vpdpbusd" } else { "portable i32" };
+    let micro = aim_kernels::qgemm::micro_name(isa);
     let panels = n.div_ceil(NR);
     let blocks = m.div_ceil(MR);
     let splits = (threads * 4).div_ceil(panels).clamp(1, blocks.max(1));

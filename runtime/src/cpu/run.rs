@@ -538,10 +538,13 @@ impl CpuProgram {
     ) -> Result<(), String> {
         let pool = &self.pool;
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match p {
-            Prepared::Conv(c) => residual.separate().and_then(|r| conv::run_conv(c, x, r, y, pool)),
-            Prepared::Depthwise(d) => {
-                residual.separate().and_then(|r| depthwise::run_depthwise(d, x, r, y, self.isa, pool))
-            }
+            Prepared::Conv(c) => residual.separate().and_then(|r| conv::run_conv(c, x, r, y, pool)).map(|()| {
+                super::apply_post(c.post.as_deref(), y.written(), pool);
+            }),
+            Prepared::Depthwise(d) => residual
+                .separate()
+                .and_then(|r| depthwise::run_depthwise(d, x, r, y, self.isa, pool))
+                .map(|()| super::apply_post(d.post.as_deref(), y.written(), pool)),
             Prepared::Dense(d) => dense::run_dense(d, x, residual, y, self.blocking, pool),
             Prepared::QDense(d) => super::qdense::run(d, self.isa, x, y, pool),
             Prepared::QConv(q) => super::qconv::run(q, self.isa, x, y, pool),
