@@ -11,12 +11,16 @@ with the exact outputs instead, and the test says so.
 Semantics follow ONNX Runtime's contrib-op documentation: QGemm computes
 `alpha * a_scale * b_scale * ((A - a_zp)(B - b_zp) + C)` (C an int32 bias at scale
 a_scale * b_scale), requantized to y_scale / y_zero_point when they are given;
-DynamicQuantizeMatMul quantizes A as DynamicQuantizeLinear does (u8, range including 0).
+DynamicQuantizeMatMul quantizes A as DynamicQuantizeLinear does (u8, range including 0);
+DynamicQuantizeLSTM quantizes X the same way over the whole sequence and each step's hidden
+state over the batch. `with_exact_products` instead makes ORT itself exact on a whole graph
+(its MatMulInteger nodes computed in float64), for graphs with ops this oracle lacks.
 """
 import numpy as np
 from onnx import numpy_helper
 
-SUPPORTED = {"QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeLinear"}
+SUPPORTED = {"QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeLinear",
+             "DynamicQuantizeLSTM"}
 
 
 def exact_outputs(model, feeds):
@@ -28,7 +32,7 @@ def exact_outputs(model, feeds):
     env.update(feeds)
     for node in model.graph.node:
         ins = [env[i] if i else None for i in node.input]
-        attrs = {a.name: (a.f if a.type == a.FLOAT else a.i) for a in node.attribute}
+        attrs = {a.name: (a.f if a.type == a.FLOAT else a.s if a.type == a.STRING else a.i) for a in node.attribute}
         for name, value in zip(node.output, OPS[node.op_type](ins, attrs)):
             env[name] = value
     return {o.name: env[o.name] for o in model.graph.output}
@@ -113,7 +117,50 @@ def _dynamic_quantize_linear(ins, attrs):
     return list(_dynamic_quantize(ins[0]))
 
 
+def _dynamic_quantize_lstm(ins, attrs):
+    """com.microsoft DynamicQuantizeLSTM (ONNX LSTM, gates i, o, f, c) with its integer
+    products exact: X quantized as DynamicQuantizeLinear does, over the whole sequence; each
+    step's hidden state the same way, over the batch of one direction; W `[D, input, 4H]`
+    and R `[D, H, 4H]` s8/u8 with their zero points and scales (per column or per
+    direction). Sequence lengths, peepholes and clipping are not modelled (None refuses)."""
+    x, w, r, b, lens, h0, c0, p, ws, wz, rs, rz = (ins + [None] * 12)[:12]
+    if lens is not None or p is not None or "clip" in attrs:
+        raise NotImplementedError("DynamicQuantizeLSTM oracle: sequence_lens, peepholes, clip")
+    seq, batch, _ = x.shape
+    dirs, hidden = w.shape[0], r.shape[1]
+    g4 = 4 * hidden
+    xq, sx, zx = _dynamic_quantize(x)
+    sig = lambda v: 1.0 / (1.0 + np.exp(-v))
+    y = np.zeros((seq, dirs, batch, hidden), np.float64)
+    yh = np.zeros((dirs, batch, hidden), np.float64)
+    yc = np.zeros((dirs, batch, hidden), np.float64)
+
+    def per_column(v, d):
+        v = np.asarray(v).reshape(dirs, -1)[d] if np.asarray(v).size > 1 else np.asarray(v).reshape(-1)
+        return np.broadcast_to(v, (g4,))
+
+    for d in range(dirs):
+        wsd, rsd = per_column(ws, d).astype(np.float64), per_column(rs, d).astype(np.float64)
+        wzd, rzd = per_column(wz, d).astype(np.int64), per_column(rz, d).astype(np.int64)
+        wd, rd = _int(w[d]) - wzd, _int(r[d]) - rzd
+        bias = np.zeros(g4) if b is None else (b[d][:g4].astype(np.float64) + b[d][g4:].astype(np.float64))
+        h = np.zeros((batch, hidden)) if h0 is None else h0[d].astype(np.float32)
+        c = np.zeros((batch, hidden)) if c0 is None else c0[d].astype(np.float64)
+        steps = range(seq - 1, -1, -1) if d == 1 or attrs.get("direction") == b"reverse" else range(seq)
+        for t in steps:
+            hq, sh, zh = _dynamic_quantize(np.asarray(h, np.float32))
+            g = ((_int(xq[t]) - int(zx)) @ wd) * (np.float64(sx) * wsd)
+            g = g + ((_int(hq) - int(zh)) @ rd) * (np.float64(sh) * rsd) + bias
+            i, o, f, cc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            c = sig(f) * c + sig(i) * np.tanh(cc)
+            h = (sig(o) * np.tanh(c)).astype(np.float32)
+            y[t, d] = h
+        yh[d], yc[d] = h, c
+    return [y.astype(np.float32), yh.astype(np.float32), yc.astype(np.float32)]
+
+
 OPS = {
+    "DynamicQuantizeLSTM": _dynamic_quantize_lstm,
     "QGemm": _qgemm,
     "DynamicQuantizeMatMul": _dynamic_quantize_matmul,
     "MatMulIntegerToFloat": _matmul_integer_to_float,
