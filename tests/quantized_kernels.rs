@@ -41,6 +41,20 @@ fn integer_kernel(cpu: &str) -> bool {
     }
 }
 
+/// Whether `cpu` gives this machine an integer GEMM for quantized dense layers (dynamic
+/// or static): AVX-512 VNNI, or AVX2's exact 16-bit products (`aim_kernels::qgemm`).
+fn integer_gemm(cpu: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        integer_kernel(cpu) || (matches!(cpu, "native" | "x86-64-v3") && std::arch::is_x86_feature_detected!("avx2"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = cpu;
+        false
+    }
+}
+
 #[test]
 fn dynamically_quantized_dense_layers_match_the_interpreter() {
     let mut r = Rng(7);
@@ -86,7 +100,7 @@ fn dynamically_quantized_dense_layers_match_the_interpreter() {
             let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
             let m = Model::load_with_options(&path, &opts).unwrap();
             let fused = m.optimized_graph().unwrap().nodes.iter().any(|n| n.op == "QDense");
-            assert_eq!(fused, integer_kernel(cpu), "case {case} [{cpu}]: the integer kernel is used where it exists");
+            assert_eq!(fused, integer_gemm(cpu), "case {case} [{cpu}]: the integer kernel is used where it exists");
             let got = m.run(inputs.clone()).unwrap();
             let (g, w) = (got[0].1.data::<f32>(), want[0].1.data::<f32>());
             assert_eq!(got[0].1.shape(), want[0].1.shape(), "case {case} [{cpu}]");
@@ -321,7 +335,7 @@ fn statically_quantized_dense_layers_match_the_interpreter() {
             let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
             let m = Model::load_with_options(&path, &opts).unwrap();
             let fused = m.optimized_graph().unwrap().nodes.iter().any(|n| n.op == "QDense");
-            assert_eq!(fused, integer_kernel(cpu), "case {case} [{cpu}]: the integer kernel is used where it exists");
+            assert_eq!(fused, integer_gemm(cpu), "case {case} [{cpu}]: the integer kernel is used where it exists");
             let got = m.run(inputs.clone()).unwrap();
             assert_eq!(got[0].1.shape(), want[0].1.shape(), "case {case} [{cpu}]");
             for (i, (a, b)) in got[0].1.data::<f32>().iter().zip(wv).enumerate() {

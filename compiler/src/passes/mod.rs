@@ -77,9 +77,9 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // four times the products per instruction of f32); elsewhere quantized layers run as
     // f32 kernels (the quantize-dequantize pass).
     let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
-    // Dynamically quantized dense layers also run as integer GEMMs on AVX2 (exact 16-bit
-    // products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of the
-    // f32 emulation's, and an LSTM's recurrent weights stay in L2.
+    // Quantized dense layers (dynamic and static) also run as integer GEMMs on AVX2 (exact
+    // 16-bit products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of
+    // the f32 emulation's, and their sums are ORT's exact ones.
     let integer_dense = int8 || (target.features.avx2 && matches!(target.isa_kind(), IsaKind::Avx2 | IsaKind::Avx512));
     let mut passes = graph_passes(Some(integer_dense), int8, round);
     passes.extend([
@@ -114,7 +114,8 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// layer norm, reduction, transpose and softmax fusion, and elementwise fusion (`round`:
 /// whether Round joins fused loops).
 fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool) -> Vec<Pass> {
-    let integer_dense = quantize_dense.unwrap_or(false);
+    // Dense layers, dynamically or statically quantized, on the integer GEMM.
+    let integer_gemm = quantize_dense.unwrap_or(false);
     let mut passes = vec![
         Pass::new("half-to-float", half::run),
         Pass::new("infer-types", infer),
@@ -127,10 +128,10 @@ fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool) -> Vec<Pa
         Pass::new("one-hot-lookups", one_hot::run),
     ];
     if quantize_dense.is_some() {
-        passes.push(Pass::new("quantize-dense", move |g| if integer_dense { qdense::run(g) } else { Ok(()) }));
+        passes.push(Pass::new("quantize-dense", move |g| if integer_gemm { qdense::run(g) } else { Ok(()) }));
     }
     passes.extend([
-        Pass::new("quantize-dequantize", move |g| qdq::run(g, int8)),
+        Pass::new("quantize-dequantize", move |g| qdq::run(g, int8, integer_gemm)),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),

@@ -1,5 +1,5 @@
 //! Statically quantized dense layers on the integer kernel, where the target has one
-//! (AVX-512 VNNI): a MatMul or Gemm whose input is a quantize-dequantize pair with constant
+//! (AVX-512 VNNI, or AVX2's exact 16-bit products): a MatMul or Gemm whose input is a quantize-dequantize pair with constant
 //! per-tensor parameters and whose weights are the dequantization of a constant 8-bit
 //! matrix (what ONNX Runtime's QDQ quantizer writes, and what the quantize-dequantize pass
 //! makes of QLinearMatMul), with an optional constant bias (Gemm's C, or a following Add),

@@ -83,7 +83,7 @@ fn is(n: &Node, op: &str) -> bool {
 
 /// Rewrites the integer ops, then every matching pair (see the module doc); then, if
 /// anything changed, infers the new values' types and folds the weights' dequantization.
-pub fn run(g: &mut Graph, int8: bool) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool) -> Result<(), PassError> {
     let before = g.nodes.len();
     let ops: Vec<String> = g.nodes.iter().map(|n| n.op.clone()).collect();
     let changed = |g: &Graph| g.nodes.len() != before || g.nodes.iter().zip(&ops).any(|(n, op)| &n.op != op);
@@ -102,6 +102,12 @@ pub fn run(g: &mut Graph, int8: bool) -> Result<(), PassError> {
         // them.
         super::int8::run(g);
         super::qconv::run(g);
+    }
+    if int8 || integer_gemm {
+        // Dense layers on the integer GEMM (`aim_kernels::qgemm`: VNNI, or AVX2's exact
+        // 16-bit products), their sums ORT's exact integer ones. Not convolutions on AVX2:
+        // packing their bytes per run made text_orientation_qdq 2.2x slower than its f32
+        // emulation there.
         super::qdense_static::run(g);
     }
     rewrite_pairs(g)?;
@@ -543,7 +549,7 @@ mod tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[2, 5], x))].into_iter().collect();
         let want = aim_runtime::run_graph(g, input()).expect("runs");
         let mut h = g.clone();
-        run(&mut h, false).expect("rewrites");
+        run(&mut h, false, false).expect("rewrites");
         assert!(h.nodes.iter().all(|n| n.op != "DequantizeLinear"), "the pair is rewritten");
         crate::passes::dce::run(&mut h).expect("dce");
         assert!(h.nodes.iter().all(|n| n.op != "QuantizeLinear"), "the quantize is dead");
@@ -569,7 +575,7 @@ mod tests {
         let mut m = aim_ir::text::parse_model(text).expect("parses");
         aim_ir::infer::infer_types(&mut m.graph).expect("infers");
         let mut g = m.graph.clone();
-        run(&mut g, false).expect("runs");
+        run(&mut g, false, false).expect("runs");
         assert_eq!(g, m.graph);
     }
 }
@@ -589,7 +595,7 @@ mod lift_tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[1, 1, 4, 4], &x))].into_iter().collect();
         let want = aim_runtime::run_graph(&m.graph, input()).expect("runs");
         let mut g = m.graph.clone();
-        run(&mut g, false).expect("rewrites");
+        run(&mut g, false, false).expect("rewrites");
         crate::passes::dce::run(&mut g).expect("dce");
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
         assert!(!ops.contains(&"QuantizeLinear") && !ops.contains(&"DequantizeLinear"), "{ops:?}");
