@@ -418,8 +418,6 @@ impl<'a> Out<'a> {
         self.slot.as_ref().is_some_and(|s| s.len() == shape.iter().product::<usize>())
     }
 
-    /// Room for an output of `shape` (an error when a new tensor that large may not be
-    /// allocated: `aim_ir::limits`).
     /// The output a kernel has written (`take`n for `self.shape`).
     fn written(&mut self) -> &mut [f32] {
         let n = self.shape.iter().product::<usize>();
@@ -430,6 +428,8 @@ impl<'a> Out<'a> {
         }
     }
 
+    /// Room for an output of `shape` (an error when a new tensor that large may not be
+    /// allocated: `aim_ir::limits`).
     fn take(&mut self, shape: &[usize]) -> Result<&mut [f32], String> {
         let n = aim_ir::limits::elements(shape).map_err(|e| format!("output: {e}"))?;
         self.shape = shape.to_vec();

@@ -38,7 +38,7 @@ impl CpuProgram {
                         Some(s) if s.len() == 5 => blocked::pool_schedule(p, &s),
                         _ => dynamic(),
                     },
-                    Some(Prepared::Conv(c)) => match out {
+                    Some(Prepared::Conv(c)) => with_post(c.post.as_deref(), match out {
                         Some(s) if s.len() >= 3 && c.by_position.is_some() => {
                             let k = c.by_position.as_ref().map_or(0, |(w, _)| w.k);
                             let rows = s[0] * s[2..].iter().product::<usize>();
@@ -59,17 +59,20 @@ impl CpuProgram {
                             v
                         }
                         _ => dynamic(),
-                    },
+                    }),
                     Some(Prepared::Deconv(_)) => vec![
                         "for image, group: cols[Cout·kh·kw × H·W] = Wᵀ · X (packed GEMM, X read in place); parallel for output channel: overlap-add the kh×kw taps into the output, + bias, + residual, activation".to_string(),
                     ],
-                    Some(Prepared::Depthwise(_)) => vec!["direct depthwise convolution over NCHW planes: parallel for plane; 3×3 as one 9-tap filter over padded stride phases".to_string()],
+                    Some(Prepared::Depthwise(d)) => with_post(d.post.as_deref(), vec!["direct depthwise convolution over NCHW planes: parallel for plane; 3×3 as one 9-tap filter over padded stride phases".to_string()]),
                     Some(Prepared::Dense(d)) => match input {
                         Some(s) if !s.is_empty() => {
                             let m: usize = s[..s.len() - 1].iter().product();
                             let a = if m > 4 && !matches!(self.isa.kind(), IsaKind::Avx512 | IsaKind::Avx2) { "packed per run" } else { "rows read in place" };
                             let mut v = vec![format!("C[{m}×{}] = A[{m}×{}] · W (W packed at load time, A {a})", d.n, d.k)];
                             v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, m, d.n, d.k, false, self.pool.size()).into_iter().map(|l| format!("  {l}")));
+                            if let Some(p) = &d.post {
+                                v.push(format!("  each tile, after its activation: the program after the layer ({} steps, over the tile gathered into one block)", p.steps()));
+                            }
                             v
                         }
                         _ => dynamic(),
@@ -135,4 +138,12 @@ impl CpuProgram {
             })
             .collect()
     }
+}
+
+/// An NCHW convolution's loops, then the pass of the program after it (`post`), if any.
+fn with_post(post: Option<&aim_kernels::ewprog::wide::Wide>, mut v: Vec<String>) -> Vec<String> {
+    if let Some(p) = post {
+        v.push(format!("then the program after the layer over the output ({} steps, parallel chunks)", p.steps()));
+    }
+    v
 }
