@@ -395,16 +395,17 @@ pub(crate) fn tiles<F>(
                         // Six rows at a time: 12 accumulators and 3 operands in 16 ymm.
                         let p = panel.as_ptr();
                         let out = out as *mut [i32; NR];
+                        // `ptrs` repeats the last row up to MR, so every call below has
+                        // the R pointers it reads.
                         for r0 in (0..rows).step_by(6) {
-                            let rows = &ptrs[r0..(r0 + 6).min(rows)];
-                            let dst = out.add(r0);
-                            match (a.signed, rows.len()) {
-                                (false, 1) => micro_avx2::<false, 1>(rows, p, groups, dst),
-                                (false, 2..=3) => micro_avx2::<false, 3>(&ptrs[r0..r0 + 3], p, groups, dst),
-                                (false, _) => micro_avx2::<false, 6>(&ptrs[r0..r0 + 6], p, groups, dst),
-                                (true, 1) => micro_avx2::<true, 1>(rows, p, groups, dst),
-                                (true, 2..=3) => micro_avx2::<true, 3>(&ptrs[r0..r0 + 3], p, groups, dst),
-                                (true, _) => micro_avx2::<true, 6>(&ptrs[r0..r0 + 6], p, groups, dst),
+                            let (at, dst) = (&ptrs[r0..], out.add(r0));
+                            match (a.signed, rows - r0) {
+                                (false, 1) => micro_avx2::<false, 1>(at, p, groups, dst),
+                                (false, 2..=3) => micro_avx2::<false, 3>(at, p, groups, dst),
+                                (false, _) => micro_avx2::<false, 6>(at, p, groups, dst),
+                                (true, 1) => micro_avx2::<true, 1>(at, p, groups, dst),
+                                (true, 2..=3) => micro_avx2::<true, 3>(at, p, groups, dst),
+                                (true, _) => micro_avx2::<true, 6>(at, p, groups, dst),
                             }
                         }
                     }
@@ -600,8 +601,8 @@ unsafe fn micro_vnni<const SIGNED_ROWS: bool, const R: usize>(
 /// its four values and two `vpmaddwd`, whose lanes hold each column's two pair sums; the
 /// pairs are added once, at the end.
 ///
-/// `rows` holds the pointers of the first `R` rows (a shorter slice repeats its last row);
-/// rows `0..R` of `acc` are written.
+/// `rows` holds at least `R` row pointers (the caller repeats the last row to fill a
+/// partial tile); rows `0..R` of `acc` are written.
 ///
 /// # Safety
 /// The CPU has AVX2; each row pointer has `groups·4` readable bytes, `panel` `groups·NR·4`,
@@ -615,7 +616,7 @@ unsafe fn micro_avx2<const SIGNED_ROWS: bool, const R: usize>(
     acc: *mut [i32; NR],
 ) {
     use std::arch::x86_64::*;
-    let row = |r: usize| rows[r.min(rows.len() - 1)];
+    let row = |r: usize| rows[r];
     let widen_rows = |p: *const u8| -> __m256i {
         let v = _mm_cvtsi32_si128((p as *const i32).read_unaligned());
         let w = if SIGNED_ROWS { _mm_cvtepi8_epi16(v) } else { _mm_cvtepu8_epi16(v) };
