@@ -198,9 +198,10 @@ fn qgemm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
 /// is the `bits`-bit value `q` at position k of column n's blocks of `block_size` (packed
 /// low bits first, `B` shaped `[N, blocks, block_size·bits/8]`), `(q − zero_point) · scale`
 /// of its block (the block `g_idx[k]` when given, else `k / block_size`; zero points packed
-/// like B or of the scales' type, `2^(bits−1)` without them). With constant B, scales, zero
-/// points and g_idx the weight is dequantized here, once, into a constant of the scales'
-/// type; other forms are import errors naming the node.
+/// like B or of the scales' type, `2^(bits−1)` without them). B, scales, zero points and
+/// g_idx must be constants (other forms are import errors naming the node). With integer
+/// zero points and blocks in order, the weight is a blocked `DequantizeLinear` of the codes;
+/// otherwise it is dequantized here, once, into a constant of the scales' type.
 fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     use aim_ir::{DType, Tensor};
     let (k, cols, bits, block) = (n.int("K", 0), n.int("N", 0), n.int("bits", 4), n.int("block_size", 0));
@@ -231,6 +232,7 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     }
     let scale: Vec<f64> = scales.to_f64_vec();
     // Zero points: packed like B (u8), or one per block of the scales' type.
+    let mut integer_zeros = true;
     let zero: Vec<f64> = match n.input(3) {
         None => vec![(1u32 << (bits - 1)) as f64; cols * blocks],
         Some(_) => {
@@ -240,6 +242,7 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
                 let zb = z.bytes();
                 (0..cols * blocks).map(|i| unpack(&zb[(i / blocks) * per_col..], i % blocks, bits) as f64).collect()
             } else if z.dtype() == sdtype && z.len() == cols * blocks {
+                integer_zeros = false;
                 z.to_f64_vec()
             } else {
                 return Err(bad(
@@ -267,12 +270,26 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         }
     };
     let bytes = b.bytes();
+    let code = |c: usize, kk: usize| unpack(&bytes[(c * blocks + kk / block) * blob..], kk % block, bits);
+    // Integer codes and zero points in blocks along K: the weight is a blocked
+    // DequantizeLinear of the codes, one byte each (a quarter of f32's bytes), which the cpu
+    // backend keeps at 4 bits where they fit (`passes::q4_weights`) and the others fold.
+    if integer_zeros && g_idx.as_ref().is_none_or(|g| g.iter().enumerate().all(|(kk, &b)| b == kk / block)) {
+        let codes: Vec<u8> = (0..k * cols).map(|i| code(i % cols, i / cols) as u8).collect();
+        // [N, blocks] to [blocks, N].
+        let t = |s: &[f64]| -> Vec<f64> { (0..blocks * cols).map(|i| s[(i % cols) * blocks + i / cols]).collect() };
+        let scales = Tensor::from_f64(sdtype, &[blocks, cols], &t(&scale));
+        let zeros = Tensor::from_vec(&[blocks, cols], t(&zero).iter().map(|&z| z as u8).collect::<Vec<u8>>());
+        let (q, s, z) = (e.konst(Tensor::from_vec(&[k, cols], codes)), e.konst(scales), e.konst(zeros));
+        let attrs = vec![("axis", Attr::Int(0)), ("block_size", Attr::Int(block as i64))];
+        let wn = e.op("DequantizeLinear", &[&q, &s, &z], attrs);
+        return matmul_bias(e, n, input(n, 0)?, &wn, n.input(5));
+    }
     let mut w = vec![0f32; k * cols];
     for c in 0..cols {
         for kk in 0..k {
-            let (blk, at) = (kk / block, kk % block);
-            let q = unpack(&bytes[(c * blocks + blk) * blob..], at, bits) as f64;
-            let g = g_idx.as_ref().map_or(blk, |g| g[kk]);
+            let q = code(c, kk) as f64;
+            let g = g_idx.as_ref().map_or(kk / block, |g| g[kk]);
             w[kk * cols + c] = ((q - zero[c * blocks + g]) * scale[c * blocks + g]) as f32;
         }
     }

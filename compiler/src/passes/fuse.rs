@@ -30,6 +30,9 @@ pub const TRANS_B: &str = "trans_b";
 
 /// The `[K, N]` dims of an `aim:Dense`'s weight `w`, read through [`TRANS_B`].
 pub fn dense_dims(n: &Node, w: &Tensor) -> Option<(usize, usize)> {
+    if let Some(s) = super::q4_weights::shape_of(n) {
+        return Some((s.k, s.n));
+    }
     let [a, b] = w.shape()[..] else { return None };
     Some(if n.int(TRANS_B, 0) != 0 { (b, a) } else { (a, b) })
 }
@@ -63,6 +66,10 @@ fn scalar(g: &Graph, name: Option<&str>) -> Option<Option<f32>> {
 /// MatMul's weight may also be the transpose of a constant (`producers`: the node computing
 /// each value), read in place as a transposed weight.
 fn start(g: &Graph, producers: &HashMap<String, usize>, n: &Node) -> Option<Node> {
+    // A dense layer with 4-bit weights (`q4_weights`) is already in its `aim` form.
+    if n.domain == "aim" && n.op == "Dense" && super::q4_weights::shape_of(n).is_some() {
+        return Some(n.clone());
+    }
     if n.domain.is_empty() && n.op == "MatMul" && !g.initializers.contains_key(n.input(1)?) {
         let w = transposed_constant(g, producers, n.input(1)?)?;
         let mut f = n.clone();

@@ -151,7 +151,8 @@ fn fresh(g: &Graph, base: &str) -> String {
 /// when the program packs them). Each weight is rounded to the nearest f16: a relative
 /// error of at most 2^-11 in f16's normal range.
 pub fn mark_weights(g: &mut Graph) -> Result<(), PassError> {
-    for n in g.nodes.iter_mut().filter(|n| n.domain == "aim" && n.op == "Dense") {
+    // Layers already holding 4-bit weights keep them.
+    for n in g.nodes.iter_mut().filter(|n| n.domain == "aim" && n.op == "Dense" && !n.attrs.contains_key("weights")) {
         n.attrs.insert("weights".into(), Attr::String("f16".into()));
     }
     Ok(())

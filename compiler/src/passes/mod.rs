@@ -17,6 +17,7 @@ pub mod layout;
 mod layout_ops;
 mod one_hot;
 mod pool_pads;
+pub mod q4_weights;
 mod qconv;
 mod qdense;
 mod qdense_static;
@@ -81,7 +82,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // 16-bit products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of
     // the f32 emulation's, and their sums are ORT's exact ones.
     let integer_dense = int8 || (target.features.avx2 && matches!(target.isa_kind(), IsaKind::Avx2 | IsaKind::Avx512));
-    let mut passes = graph_passes(Some(integer_dense), int8, round);
+    let mut passes = graph_passes(Some(integer_dense), int8, round, Some(target.isa_kind().nr()));
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
@@ -102,7 +103,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, false, true);
+    let mut passes = graph_passes(None, false, true, None);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
@@ -112,8 +113,9 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// and, inside it, whether integer kernels are used; `None`: not at all; `int8`: whether
 /// quantize-dequantize pairs become integer kernels), epilogue, GELU,
 /// layer norm, reduction, transpose and softmax fusion, and elementwise fusion (`round`:
-/// whether Round joins fused loops).
-fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool) -> Vec<Pass> {
+/// whether Round joins fused loops; `q4_panels`: the panel width dense layers with 4-bit
+/// weights are laid out for, or None to fold those weights into f32).
+fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool, q4_panels: Option<usize>) -> Vec<Pass> {
     // Dense layers, dynamically or statically quantized, on the integer GEMM.
     let integer_gemm = quantize_dense.unwrap_or(false);
     let mut passes = vec![
@@ -129,6 +131,9 @@ fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool) -> Vec<Pa
     ];
     if quantize_dense.is_some() {
         passes.push(Pass::new("quantize-dense", move |g| if integer_gemm { qdense::run(g) } else { Ok(()) }));
+    }
+    if let Some(nr) = q4_panels {
+        passes.push(Pass::new("four-bit-weights", move |g| q4_weights::run(g, nr)));
     }
     passes.extend([
         Pass::new("quantize-dequantize", move |g| qdq::run(g, int8, integer_gemm)),

@@ -9,9 +9,11 @@
 
 mod micro;
 mod pack;
+pub mod q4;
 
 pub use micro::{install_portable, portable_is_generated, MicroFn};
 pub use pack::{PackedA, PackedB};
+pub use q4::{Q4Shape, Q4};
 
 /// A microkernel family, as a name: what the target description and the schedule talk
 /// about. Code runs with an [`Isa`], which can only be had for a family this CPU has.
@@ -29,6 +31,17 @@ pub enum IsaKind {
 }
 
 impl IsaKind {
+    /// Columns of its microkernel tile (what [`Isa::nr`] gives once the CPU has it): the
+    /// width of the panels a compiler lays weights out in for this kind of CPU.
+    pub fn nr(self) -> usize {
+        match self {
+            IsaKind::Avx512 => 32,
+            IsaKind::Avx2 => 16,
+            IsaKind::Portable => 16,
+            IsaKind::Neon => 12,
+        }
+    }
+
     /// Whether this CPU can run it.
     pub fn available(self) -> bool {
         match self {
@@ -114,12 +127,7 @@ impl Isa {
 
     /// Columns of a microkernel tile.
     pub fn nr(self) -> usize {
-        match self.0 {
-            IsaKind::Avx512 => 32,
-            IsaKind::Avx2 => 16,
-            IsaKind::Portable => 16,
-            IsaKind::Neon => 12,
-        }
+        self.0.nr()
     }
 }
 

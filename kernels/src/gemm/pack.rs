@@ -39,6 +39,8 @@ pub struct PackedB {
     /// The same panels stored as f16 (then `data` is empty): half the memory, each panel
     /// widened to f32 as the GEMM reads it (see [`PackedB::to_half`]).
     half: Option<Vec<half::f16>>,
+    /// Or 4-bit codes (then `data` is empty), widened per panel (see [`PackedB::from_q4`]).
+    q4: Option<super::q4::Q4>,
 }
 
 /// Offset of k block `kb` in a packed operand with `panels` panels of `width`.
@@ -180,7 +182,7 @@ impl PackedB {
                 fill(kb * kc + p, pj * nr, &mut panel[p * nr..p * nr + cols]);
             }
         });
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None, q4: None }
     }
 
     /// Packs a row-major matrix (`trans`: B is stored transposed, n×k), copying rows of
@@ -206,7 +208,7 @@ impl PackedB {
                 }
             }
         }
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None, q4: None }
     }
 
     /// Packs a row-major matrix given as little-endian f32 bytes at any alignment (`trans`:
@@ -234,6 +236,21 @@ impl PackedB {
     /// The packed floats, in panel order (what a `.aim` file stores prepacked); widened
     /// from f16 when the weights are held as f16.
     pub fn packed(&self) -> std::borrow::Cow<'_, [f32]> {
+        if self.q4.is_some() {
+            let nr = self.isa.nr();
+            let mut out = vec![0f32; PackedB::packed_len(self.isa, self.k, self.n)];
+            let mut scratch = Vec::new();
+            for kb in 0..self.k.div_ceil(self.kc) {
+                for j in 0..self.n.div_ceil(nr) {
+                    let len = self.kc.min(self.k - kb * self.kc) * nr;
+                    let at = block_offset(kb, self.kc, self.n.div_ceil(nr), nr) + j * len;
+                    let p = self.panel(kb, j, &mut scratch);
+                    // SAFETY: a panel holds `len` floats.
+                    out[at..at + len].copy_from_slice(unsafe { std::slice::from_raw_parts(p, len) });
+                }
+            }
+            return std::borrow::Cow::Owned(out);
+        }
         match &self.half {
             Some(h) => std::borrow::Cow::Owned(h.iter().map(|v| v.to_f32()).collect()),
             None => std::borrow::Cow::Borrowed(&self.data),
@@ -248,7 +265,28 @@ impl PackedB {
     pub fn to_half(&self) -> PackedB {
         let half = self.packed().iter().map(|&v| half::f16::from_f32(v)).collect();
         let (isa, k, n, kc) = (self.isa, self.k, self.n, self.kc);
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(Vec::new()), half: Some(half) }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(Vec::new()), half: Some(half), q4: None }
+    }
+
+    /// A weight held as 4-bit codes in the layout of [`super::q4`], read in place: each panel
+    /// is widened to f32 as the GEMM reads it, with the bits of the f32 weight. An error when
+    /// the codes were laid out for another panel width than `isa`'s.
+    pub fn from_q4(isa: Isa, blocking: Blocking, q4: super::q4::Q4) -> Result<PackedB, String> {
+        let s = q4.shape;
+        if s.nr != isa.nr() {
+            return Err(format!(
+                "4-bit weights laid out in panels of {} columns, the {isa:?} kernels read {}",
+                s.nr,
+                isa.nr()
+            ));
+        }
+        let data = crate::floats::Floats::owned(Vec::new());
+        Ok(PackedB { isa, k: s.k, n: s.n, kc: blocking.kc.max(1), data, half: None, q4: Some(q4) })
+    }
+
+    /// Whether the weights are held as 4-bit codes.
+    pub fn is_q4(&self) -> bool {
+        self.q4.is_some()
     }
 
     /// Whether the weights are held as f16.
@@ -258,6 +296,9 @@ impl PackedB {
 
     /// Bytes the packed weights take.
     pub fn bytes(&self) -> usize {
+        if let Some(q) = &self.q4 {
+            return q.bytes();
+        }
         self.half.as_ref().map_or(self.data.len() * 4, |h| h.len() * 2)
     }
 
@@ -274,7 +315,7 @@ impl PackedB {
         if data.len() != want {
             return Err(format!("a packed {k}×{n} weight holds {want} floats, not {}", data.len()));
         }
-        Ok(PackedB { isa, k, n, kc: blocking.kc.max(1), data, half: None })
+        Ok(PackedB { isa, k, n, kc: blocking.kc.max(1), data, half: None, q4: None })
     }
 
     /// Panel `j` of k block `kb` (`kc_len × NR` floats): in place, or widened from f16 into
@@ -283,6 +324,11 @@ impl PackedB {
         use half::slice::HalfFloatSliceExt;
         let nr = self.isa.nr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
+        if let Some(q) = &self.q4 {
+            scratch.resize(kc_len * nr, 0.0);
+            q.widen(j, kb * self.kc, kc_len, scratch, self.isa.kind());
+            return scratch.as_ptr();
+        }
         let at = block_offset(kb, self.kc, self.n.div_ceil(nr), nr) + j * kc_len * nr;
         match &self.half {
             None => self.data[at..].as_ptr(),

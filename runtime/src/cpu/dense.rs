@@ -4,7 +4,7 @@ use super::{activation, const_f32, prep_err, In, Out, Prepared, Residual};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
-use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Epilogue, Isa, PackedB};
+use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Epilogue, Isa, PackedB, Q4Shape, Q4};
 
 pub(super) struct DensePrep {
     /// Shared with the model's other programs packing the same weight.
@@ -18,6 +18,9 @@ pub(super) struct DensePrep {
 }
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
+    if matches!(n.attrs.get("weights"), Some(aim_ir::Attr::String(s)) if s == "q4") {
+        return prepare_q4(g, n, isa, blocking);
+    }
     let (w, dims, prepacked) = super::prepacked::weight(g, n, 2)?;
     // `trans_b = 1`: the weight is stored `[N, K]` and packed from those bytes as they are
     // (packed weights are always stored with their logical `[K, N]` dims).
@@ -55,6 +58,39 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
     };
     let post = super::post_program(n, isa)?;
     Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), post, k, n: nn })))
+}
+
+/// A dense layer whose weight input holds 4-bit codes, scales and zero points in the GEMM's
+/// panel layout (`aim_kernels::gemm::q4`; the compiler's `four-bit-weights` pass), its
+/// shape in `q4_shape` = `[k, n, block, nr, zeros]`: read in place, checked against the
+/// shape and this CPU's panel width.
+fn prepare_q4(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
+    let shape = match n.ints("q4_shape") {
+        Some(&[k, nn, block, nr, zeros]) if [k, nn, block, nr].iter().all(|&d| d > 0) && (0..=1).contains(&zeros) => {
+            Q4Shape { k: k as usize, n: nn as usize, block: block as usize, nr: nr as usize, zeros: zeros == 1 }
+        }
+        other => {
+            return Err(prep_err(n, format!("4-bit weights need q4_shape = [k, n, block, nr, 0|1], not {other:?}")))
+        }
+    };
+    let w = n
+        .input(1)
+        .and_then(|w| g.initializers.get(w))
+        .ok_or_else(|| prep_err(n, "4-bit weights must be a constant u8 tensor"))?;
+    let q4 = Q4::new(shape, w.clone()).map_err(|e| prep_err(n, e))?;
+    let weight = std::sync::Arc::new(PackedB::from_q4(isa, blocking, q4).map_err(|e| prep_err(n, e))?);
+    let bias = match n.input(2) {
+        Some(b) => Some(
+            const_f32(g, Some(b))
+                .filter(|t| t.len() == shape.n)
+                .ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output"))?
+                .data::<f32>()
+                .to_vec(),
+        ),
+        None => None,
+    };
+    let post = super::post_program(n, isa)?;
+    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), post, k: shape.k, n: shape.n })))
 }
 
 pub(super) fn run_dense(

@@ -313,13 +313,17 @@ impl CpuProgram {
     /// (`direct`, `winograd`, `dense`) and the packed floats, which a graph given back to
     /// [`CpuProgram::new`] with them as the node's weight (and the attributes `prepacked` =
     /// kind and `weight_shape` = the weight's dims; see `prepacked.rs`) reads in place
-    /// instead of packing again. Only valid for the same ISA and blocking.
+    /// instead of packing again. Only valid for the same ISA and blocking. Dense layers with
+    /// 4-bit weights are left out: their weight input is their packing.
     pub fn prepacked(&self) -> Vec<(usize, &'static str, Tensor)> {
         let mut out: Vec<(usize, &'static str, Tensor)> = self
             .prepared
             .iter()
             .filter_map(|(&i, p)| match p {
                 Prepared::Blocked(c) => blocked::packed(c).map(|(kind, v)| (i, kind, v)),
+                // 4-bit weights are already stored in the kernel's layout (and would grow
+                // eightfold as floats).
+                Prepared::Dense(d) if d.weight.is_q4() => None,
                 Prepared::Dense(d) => Some((i, "dense", d.weight.packed().to_vec())),
                 _ => None,
             })

@@ -1,0 +1,131 @@
+//! Dense layers whose weights stay 4-bit (cpu backend): a MatMul whose B is a blocked
+//! `DequantizeLinear` (along K) of constant integer codes that fit in 4 bits — what
+//! `MatMulNBits` imports to, and what ONNX's own blocked quantization writes — becomes an
+//! `aim:Dense` holding the codes, their scales and zero points in the GEMM's panel layout
+//! (`aim_kernels::gemm::q4`), laid out here for the target's panel width. The runtime reads
+//! them in place and widens each panel as the GEMM reads it, with the f32 weights' bits:
+//! an eighth of their memory and of the bytes each product streams.
+
+use super::fuse::SOURCES;
+use super::PassError;
+use aim_ir::{Attr, DType, Graph, Node, Tensor};
+use aim_kernels::gemm::Q4Shape;
+use std::collections::HashMap;
+
+/// `weights` attribute value of a dense layer with 4-bit weights.
+pub const Q4: &str = "q4";
+/// Attribute of such a layer: `[k, n, block, nr, zeros]` of its [`Q4Shape`].
+pub const Q4_SHAPE: &str = "q4_shape";
+
+/// The [`Q4Shape`] a dense layer records, if its weights are 4-bit.
+pub fn shape_of(n: &Node) -> Option<Q4Shape> {
+    if !matches!(n.attrs.get("weights"), Some(Attr::String(s)) if s == Q4) {
+        return None;
+    }
+    match n.ints(Q4_SHAPE)? {
+        &[k, nn, block, nr, zeros] if [k, nn, block, nr].iter().all(|&d| d > 0) && (0..=1).contains(&zeros) => {
+            Some(Q4Shape { k: k as usize, n: nn as usize, block: block as usize, nr: nr as usize, zeros: zeros == 1 })
+        }
+        _ => None,
+    }
+}
+
+/// Rewrites every eligible MatMul for panels of `nr` columns.
+pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
+    let producers: HashMap<String, usize> =
+        g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
+    for i in 0..g.nodes.len() {
+        let n = &g.nodes[i];
+        if !n.domain.is_empty() || n.op != "MatMul" || n.inputs.len() != 2 {
+            continue;
+        }
+        let Some(&d) = producers.get(&n.inputs[1]) else { continue };
+        let Some((shape, blob)) = layout(g, &g.nodes[d], nr) else { continue };
+        let name = format!("{}::q4", g.nodes[d].outputs[0]);
+        if !g.initializers.contains_key(&name) {
+            g.initializers.insert(name.clone(), blob);
+        }
+        let dq = g.nodes[d].name.clone();
+        let f = &mut g.nodes[i];
+        let mut sources = super::fuse::sources_of(f);
+        sources.push(dq);
+        f.domain = "aim".into();
+        f.op = "Dense".into();
+        f.inputs = vec![f.inputs[0].clone(), name, String::new()];
+        f.attrs.insert(SOURCES.into(), Attr::Strings(sources));
+        f.attrs.insert("weights".into(), Attr::String(Q4.into()));
+        let s = shape;
+        let dims = [s.k, s.n, s.block, s.nr, s.zeros as usize].map(|v| v as i64).to_vec();
+        f.attrs.insert(Q4_SHAPE.into(), Attr::Ints(dims));
+    }
+    super::dce::run(g)
+}
+
+/// The 4-bit layout of `d`'s output, if `d` is a blocked DequantizeLinear along axis 0 of a
+/// constant 2-D u8 tensor of codes below 16, with constant f32 scales and u8 zero points.
+fn layout(g: &Graph, d: &Node, nr: usize) -> Option<(Q4Shape, Tensor)> {
+    if !d.domain.is_empty() || d.op != "DequantizeLinear" || !matches!(d.int("axis", 1), 0 | -2) {
+        return None;
+    }
+    let block = usize::try_from(d.int("block_size", 0)).ok().filter(|&b| b > 0)?;
+    let codes = g.initializers.get(d.input(0)?)?;
+    let scales = g.initializers.get(d.input(1)?)?;
+    let zeros = match d.input(2) {
+        Some(z) => Some(g.initializers.get(z)?),
+        None => None,
+    };
+    let [k, n] = codes.shape()[..] else { return None };
+    let blocks = k.div_ceil(block);
+    let params_ok = |t: &Tensor, dt: DType| t.dtype() == dt && t.shape() == [blocks, n];
+    if codes.dtype() != DType::U8 || !params_ok(scales, DType::F32) || zeros.is_some_and(|z| !params_ok(z, DType::U8)) {
+        return None;
+    }
+    let q = codes.bytes();
+    if q.iter().any(|&c| c > 15) {
+        return None;
+    }
+    let shape = Q4Shape { k, n, block, nr, zeros: zeros.is_some() };
+    shape.check().ok()?;
+    let s = scales.data::<f32>();
+    let z = zeros.map(|z| z.bytes());
+    let blob = shape.pack(|p, j| q[p * n + j], |b, j| s[b * n + j], |b, j| z.map_or(0, |z| z[b * n + j]));
+    Some((shape, Tensor::from_vec(&[blob.len()], blob)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aim_ir::text::parse_graph;
+
+    fn graph(codes: &str, zeros: bool) -> Graph {
+        let zp = if zeros { ", %z" } else { "" };
+        let text = format!(
+            "graph \"g\" {{\n  input %x: f32[2,3]\n  init %q = u8[3,2] [{codes}]\n  init %s = f32[2,2] [0.5, 0.25, 2.0, 1.0]\n  init %z = u8[2,2] [8, 8, 1, 0]\n  %w = DequantizeLinear(%q, %s{zp}) {{axis=0, block_size=2}}  # dq\n  %y = MatMul(%x, %w)  # mm\n  output %y: f32[2,2]\n}}\n"
+        );
+        parse_graph(&text).unwrap()
+    }
+
+    /// A MatMul of a blocked dequantization of 4-bit codes becomes a dense layer with its
+    /// codes laid out for the panel width, the dequantization gone; it records its shape.
+    #[test]
+    fn four_bit_codes_become_a_dense_layer() {
+        for zeros in [true, false] {
+            let mut g = graph("1, 2, 3, 4, 15, 0", zeros);
+            run(&mut g, 16).unwrap();
+            let ops: Vec<String> = g.nodes.iter().map(|n| format!("{}:{}", n.domain, n.op)).collect();
+            assert_eq!(ops, ["aim:Dense"]);
+            let s = shape_of(&g.nodes[0]).unwrap();
+            assert_eq!(s, Q4Shape { k: 3, n: 2, block: 2, nr: 16, zeros });
+            assert_eq!(g.initializers[&g.nodes[0].inputs[1]].len(), s.bytes());
+            assert_eq!(g.nodes[0].strings(SOURCES).unwrap(), ["mm", "dq"]);
+        }
+    }
+
+    /// Codes of more than 4 bits stay a DequantizeLinear (folded later into f32 weights).
+    #[test]
+    fn wider_codes_are_left_alone() {
+        let mut g = graph("1, 2, 3, 4, 16, 0", true);
+        run(&mut g, 16).unwrap();
+        assert_eq!(g.nodes.iter().map(|n| n.op.as_str()).collect::<Vec<_>>(), ["DequantizeLinear", "MatMul"]);
+    }
+}
