@@ -39,10 +39,23 @@ def main():
                                                                                    "attention_mask": mask}),
         "gpt2_small": (mm.gpt2_step(layers=12, hidden=768, heads=12, vocab=50257), gpt_in),
     }
+    past31 = {k: (rng.standard_normal((1, 12, 31, 64)).astype(np.float32) if k.startswith("past") else v)
+              for k, v in gpt_in.items()}
+    models["gpt2_small_int4"] = (int4(models["gpt2_small"][0]), past31)
     for name, (m, feeds) in models.items():
         onnx.save(m, os.path.join(out, f"{name}.onnx"))
         np.savez(os.path.join(out, f"{name}.inputs.npz"), **feeds)
-        print(f"{name}: {sum(np.prod(t.dims) for t in m.graph.initializer) * 4 / 2**20:.0f} MiB of weights")
+        print(f"{name}: {sum(t.raw_data.__len__() or np.prod(t.dims) * 4 for t in m.graph.initializer) / 2**20:.0f} MiB "
+              "of weights")
+
+
+def int4(m):
+    """`m` with its MatMul weights made 4-bit by ONNX Runtime's MatMulNBitsQuantizer."""
+    import copy
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    q = MatMulNBitsQuantizer(copy.deepcopy(m), bits=4, block_size=32, is_symmetric=True, accuracy_level=4)
+    q.process()
+    return q.model.model
 
 
 if __name__ == "__main__":

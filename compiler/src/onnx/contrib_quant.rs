@@ -275,13 +275,18 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     // DequantizeLinear of the codes, one byte each (a quarter of f32's bytes), which the cpu
     // backend keeps at 4 bits where they fit (`passes::q4_weights`) and the others fold.
     if integer_zeros && g_idx.as_ref().is_none_or(|g| g.iter().enumerate().all(|(kk, &b)| b == kk / block)) {
-        let codes: Vec<u8> = (0..k * cols).map(|i| code(i % cols, i / cols) as u8).collect();
+        let codes = codes_by_row(bytes, (k, cols), (bits, block, blocks, blob));
         // [N, blocks] to [blocks, N].
         let t = |s: &[f64]| -> Vec<f64> { (0..blocks * cols).map(|i| s[(i % cols) * blocks + i / cols]).collect() };
         let scales = Tensor::from_f64(sdtype, &[blocks, cols], &t(&scale));
         let zeros = Tensor::from_vec(&[blocks, cols], t(&zero).iter().map(|&z| z as u8).collect::<Vec<u8>>());
         let (q, s, z) = (e.konst(Tensor::from_vec(&[k, cols], codes)), e.konst(scales), e.konst(zeros));
-        let attrs = vec![("axis", Attr::Int(0)), ("block_size", Attr::Int(block as i64))];
+        // ONNX Runtime's accuracy_level (4: activations may be quantized to int8 per block)
+        // travels with the dequantization, for the kernel that reads the codes.
+        let mut attrs = vec![("axis", Attr::Int(0)), ("block_size", Attr::Int(block as i64))];
+        if let Some(level) = n.opt_int("accuracy_level") {
+            attrs.push((crate::passes::q4_weights::ACCURACY_LEVEL, Attr::Int(level)));
+        }
         let wn = e.op("DequantizeLinear", &[&q, &s, &z], attrs);
         return matmul_bias(e, n, input(n, 0)?, &wn, n.input(5));
     }
@@ -391,6 +396,33 @@ fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
 }
 
 /// The `bits`-bit value at position `i` of `packed` (low bits first).
+/// `B`'s codes (column-major, `[N, blocks, blob]`) as a row-major `[K, N]` u8 matrix, in
+/// tiles of 64 columns so that every row's bytes of a tile are written while in cache (a
+/// column at a time would touch a cache line per code).
+fn codes_by_row(b: &[u8], (k, cols): (usize, usize), (bits, block, blocks, blob): (usize, usize, usize, usize)) -> Vec<u8> {
+    let mut out = vec![0u8; k * cols];
+    for c0 in (0..cols).step_by(64) {
+        let c1 = cols.min(c0 + 64);
+        for c in c0..c1 {
+            let col = &b[c * blocks * blob..(c + 1) * blocks * blob];
+            if bits == 4 && block % 2 == 0 {
+                // Two codes a byte, low nibble first; blocks are whole bytes.
+                for (i, &byte) in col.iter().enumerate().take(k.div_ceil(2)) {
+                    out[2 * i * cols + c] = byte & 15;
+                    if 2 * i + 1 < k {
+                        out[(2 * i + 1) * cols + c] = byte >> 4;
+                    }
+                }
+            } else {
+                for kk in 0..k {
+                    out[kk * cols + c] = unpack(&col[(kk / block) * blob..], kk % block, bits) as u8;
+                }
+            }
+        }
+    }
+    out
+}
+
 fn unpack(packed: &[u8], i: usize, bits: usize) -> u32 {
     let bit = i * bits;
     let word = packed[bit / 8] as u32 | (packed.get(bit / 8 + 1).copied().unwrap_or(0) as u32) << 8;

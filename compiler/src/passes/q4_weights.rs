@@ -16,6 +16,9 @@ use std::collections::HashMap;
 pub const Q4: &str = "q4";
 /// Attribute of such a layer: `[k, n, block, nr, zeros]` of its [`Q4Shape`].
 pub const Q4_SHAPE: &str = "q4_shape";
+/// ONNX Runtime's `MatMulNBits` accuracy level, on the dequantization `MatMulNBits` imports
+/// to and then on the dense layer: at 4, few-row products may quantize their rows to int8.
+pub const ACCURACY_LEVEL: &str = "accuracy_level";
 
 /// The [`Q4Shape`] a dense layer records, if its weights are 4-bit.
 pub fn shape_of(n: &Node) -> Option<Q4Shape> {
@@ -46,6 +49,7 @@ pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
             g.initializers.insert(name.clone(), blob);
         }
         let dq = g.nodes[d].name.clone();
+        let level = g.nodes[d].opt_int(ACCURACY_LEVEL);
         let f = &mut g.nodes[i];
         let mut sources = super::fuse::sources_of(f);
         sources.push(dq);
@@ -57,6 +61,9 @@ pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
         let s = shape;
         let dims = [s.k, s.n, s.block, s.nr, s.zeros as usize].map(|v| v as i64).to_vec();
         f.attrs.insert(Q4_SHAPE.into(), Attr::Ints(dims));
+        if let Some(level) = level {
+            f.attrs.insert(ACCURACY_LEVEL.into(), Attr::Int(level));
+        }
     }
     super::dce::run(g)
 }

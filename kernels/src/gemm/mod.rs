@@ -612,7 +612,11 @@ fn small_m(a: ARows, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn
         let width = (j1 - j0) * nr;
         let mut acc = vec![0f32; m * width];
         let mut widened = Vec::new();
-        for kb in 0..kblocks {
+        // 4-bit weights and rows read in place: products on the codes, nothing widened.
+        if let (Some(q), ARows::Plain(rows, _, _)) = (b.q4(), a) {
+            q.rows_product(rows, m, (j0, j1), &mut acc, width, isa.kind());
+        }
+        for kb in (0..kblocks).filter(|_| b.q4().is_none() || matches!(a, ARows::Packed(_))) {
             let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
             for j in j0..j1 {
                 // SAFETY: the panels hold kc_len×NR (B) floats.

@@ -289,6 +289,10 @@ impl PackedB {
         self.q4.is_some()
     }
 
+    pub(crate) fn q4(&self) -> Option<&super::q4::Q4> {
+        self.q4.as_ref()
+    }
+
     /// Whether the weights are held as f16.
     pub fn is_half(&self) -> bool {
         self.half.is_some()

@@ -1,18 +1,23 @@
 //! Dense-layer weights held as 4-bit codes (LLM weights quantized blockwise along K, as ONNX
 //! Runtime's `MatMulNBits` and blocked `DequantizeLinear` write them): weight (k, j) is
 //! `(code − zero) · scale` of its block of `block` rows. They stay 4-bit in memory — an
-//! eighth of f32's bytes — and each B panel the GEMM reads is widened to f32 into a per-task
-//! buffer, giving exactly the f32 weights' bits: `code − zero` is a small integer, so the one
-//! rounding is the product's, as in a dequantization to f32.
+//! eighth of f32's bytes — and the GEMM reads them two ways:
+//! - tiles (many rows of A): each B panel is widened to f32 into a per-task buffer, giving
+//!   exactly the f32 weights' bits (`code − zero` is a small integer, so the one rounding is
+//!   the product's, as in a dequantization to f32);
+//! - a few rows (a decode step): products on the codes in registers, each block's sum scaled
+//!   once; or, where the layer allows it (ONNX Runtime's `accuracy_level` 4), with the rows
+//!   quantized per block to int8 and exact integer sums of code × activation (AVX2
+//!   `vpmaddubsw`: a code is at most 15, so the pair sums cannot saturate).
 //!
 //! The codes are stored in the layout the GEMM reads, fixed by the ISA's panel width NR and
 //! independent of the cache blocking (so a compiler can write it ahead of time):
-//! - codes: for each panel of NR columns, its K rows of NR/2 bytes; byte c of a row holds
-//!   column c of the panel in its low nibble and column NR/2 + c in its high nibble;
+//! - codes: for each panel of NR columns, its ⌈K/2⌉ pairs of rows, NR bytes each; byte c of
+//!   pair r holds column c of row 2r in its low nibble and of row 2r + 1 in its high nibble;
 //! - scales: for each panel, its ⌈K/block⌉ blocks of NR f32 (little-endian);
 //! - zero points (optional; 0 without them): for each panel, its blocks of NR bytes.
 //!
-//! Columns past N hold code 0 and scale 0.
+//! Columns past N and the row past an odd K hold code 0 and scale 0.
 
 use aim_ir::Tensor;
 
@@ -40,8 +45,12 @@ impl Q4Shape {
         self.k.div_ceil(self.block)
     }
 
+    fn pairs(&self) -> usize {
+        self.k.div_ceil(2)
+    }
+
     fn codes_len(&self) -> usize {
-        self.panels() * self.k * self.nr / 2
+        self.panels() * self.pairs() * self.nr
     }
 
     fn params(&self) -> usize {
@@ -53,37 +62,41 @@ impl Q4Shape {
         self.codes_len() + 4 * self.params() + if self.zeros { self.params() } else { 0 }
     }
 
-    /// Checks the shape is one the GEMM can read.
+    /// Checks the shape is one the GEMM can read: positive dims, an even block, a panel of
+    /// at most 32 columns.
     pub fn check(&self) -> Result<(), String> {
-        if self.k == 0 || self.n == 0 || self.block == 0 || self.nr == 0 || self.nr % 2 != 0 {
-            return Err(format!("4-bit weight {self:?}: k, n, block and an even nr must be positive"));
+        let ok = self.k > 0 && self.n > 0 && self.block > 0 && self.block % 2 == 0 && (1..=MAX_NR).contains(&self.nr);
+        if !ok {
+            return Err(format!("4-bit weight {self:?}: k, n positive, an even block, 1 to {MAX_NR} columns a panel"));
         }
         Ok(())
     }
 
-    /// Lays out a K×N weight given as codes (`code(p, j)` < 16), scales (`scale(b, j)` of
-    /// block b of column j) and zero points (`zero(b, j)` < 16, when `self.zeros`).
+    /// Lays out a K×N weight given as codes (`code(p, j)`, 4 bits kept), scales
+    /// (`scale(b, j)` of block b of column j) and zero points (`zero(b, j)`, when
+    /// `self.zeros`).
     pub fn pack(
         &self,
         code: impl Fn(usize, usize) -> u8,
         scale: impl Fn(usize, usize) -> f32,
         zero: impl Fn(usize, usize) -> u8,
     ) -> Vec<u8> {
-        let (nr, half, blocks) = (self.nr, self.nr / 2, self.blocks());
+        let (nr, blocks) = (self.nr, self.blocks());
         let mut out = vec![0u8; self.bytes()];
         let (codes, rest) = out.split_at_mut(self.codes_len());
         let (scales, zeros) = rest.split_at_mut(4 * self.params());
         for pj in 0..self.panels() {
-            for p in 0..self.k {
-                let row = &mut codes[(pj * self.k + p) * half..][..half];
-                for (c, byte) in row.iter_mut().enumerate() {
-                    let (lo, hi) = (pj * nr + c, pj * nr + half + c);
-                    let get = |j: usize| if j < self.n { code(p, j) & 15 } else { 0 };
-                    *byte = get(lo) | (get(hi) << 4);
+            let cols = nr.min(self.n - pj * nr);
+            for r in 0..self.pairs() {
+                let pair = &mut codes[(pj * self.pairs() + r) * nr..][..nr];
+                for (c, byte) in pair.iter_mut().enumerate().take(cols) {
+                    let lo = code(2 * r, pj * nr + c) & 15;
+                    let hi = if 2 * r + 1 < self.k { code(2 * r + 1, pj * nr + c) & 15 } else { 0 };
+                    *byte = lo | (hi << 4);
                 }
             }
             for b in 0..blocks {
-                for c in 0..nr.min(self.n - pj * nr) {
+                for c in 0..cols {
                     let at = (pj * blocks + b) * nr + c;
                     scales[4 * at..4 * at + 4].copy_from_slice(&scale(b, pj * nr + c).to_le_bytes());
                     if self.zeros {
@@ -101,6 +114,17 @@ impl Q4Shape {
 pub struct Q4 {
     pub(crate) shape: Q4Shape,
     bytes: Tensor,
+    /// Few-row products may quantize the rows to int8 per block (ORT's accuracy level 4).
+    int8_rows: bool,
+}
+
+/// The widest panel any ISA uses (AVX-512's 32 columns).
+const MAX_NR: usize = 32;
+
+/// A block's scales and zero points (as f32) for one panel.
+struct Params {
+    scale: [f32; MAX_NR],
+    zero: [f32; MAX_NR],
 }
 
 impl Q4 {
@@ -120,7 +144,16 @@ impl Q4 {
                 bytes.dtype()
             ));
         }
-        Ok(Q4 { shape, bytes })
+        Ok(Q4 { shape, bytes, int8_rows: false })
+    }
+
+    /// Lets few-row products quantize each block of a row to int8 (symmetric, scale
+    /// max|a|/127) and sum code × activation exactly in integers, as ONNX Runtime does for
+    /// `MatMulNBits` at accuracy level 4: the activations' rounding (at most half a step of
+    /// their block's scale) is the error added.
+    pub fn with_int8_rows(mut self, yes: bool) -> Q4 {
+        self.int8_rows = yes;
+        self
     }
 
     /// Bytes held.
@@ -128,63 +161,388 @@ impl Q4 {
         self.shape.bytes()
     }
 
-    /// Rows `p0..p0 + rows` of panel `pj`, widened to f32 into `out` (rows × NR).
-    pub(crate) fn widen(&self, pj: usize, p0: usize, rows: usize, out: &mut [f32], kind: super::IsaKind) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn v3(q: &Q4, pj: usize, p0: usize, rows: usize, out: &mut [f32]) {
-                widen(q, pj, p0, rows, out)
-            }
-            #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-            unsafe fn v4(q: &Q4, pj: usize, p0: usize, rows: usize, out: &mut [f32]) {
-                widen(q, pj, p0, rows, out)
-            }
-            // SAFETY: panels of an ISA are only made where the CPU has it (`Isa::new`).
-            match kind {
-                super::IsaKind::Avx512 => return unsafe { v4(self, pj, p0, rows, out) },
-                super::IsaKind::Avx2 => return unsafe { v3(self, pj, p0, rows, out) },
-                _ => {}
+    fn params(&self, pj: usize, b: usize) -> Params {
+        let s = self.shape;
+        let all = self.bytes.bytes();
+        let at = (pj * s.blocks() + b) * s.nr;
+        let (scales, zeros) = (&all[s.codes_len()..], &all[s.codes_len() + 4 * s.params()..]);
+        let mut p = Params { scale: [0.0; MAX_NR], zero: [0.0; MAX_NR] };
+        for (d, x) in p.scale[..s.nr].iter_mut().zip(scales[4 * at..4 * (at + s.nr)].chunks_exact(4)) {
+            *d = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+        }
+        if s.zeros {
+            for (d, &z) in p.zero[..s.nr].iter_mut().zip(&zeros[at..at + s.nr]) {
+                *d = z as f32;
             }
         }
-        widen(self, pj, p0, rows, out)
+        p
+    }
+
+    /// Pairs `r0..r1` of panel `pj`'s codes.
+    fn pairs(&self, pj: usize, r0: usize, r1: usize) -> &[u8] {
+        let s = self.shape;
+        &self.bytes.bytes()[(pj * s.pairs() + r0) * s.nr..(pj * s.pairs() + r1) * s.nr]
+    }
+
+    /// Rows `p0..p0 + rows` of panel `pj`, widened to f32 into `out` (rows × NR).
+    pub(crate) fn widen(&self, pj: usize, p0: usize, rows: usize, out: &mut [f32], kind: super::IsaKind) {
+        let s = self.shape;
+        let nr = s.nr;
+        assert!(p0 + rows <= s.k && out.len() >= rows * nr, "widening outside the weight");
+        let mut p = p0;
+        while p < p0 + rows {
+            let b = p / s.block;
+            let end = (p0 + rows).min((b + 1) * s.block);
+            let prm = self.params(pj, b);
+            let codes = self.pairs(pj, p / 2, end.div_ceil(2));
+            let out = &mut out[(p - p0) * nr..(end - p0) * nr];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if kind == super::IsaKind::Avx2 && nr == 16 {
+                    // SAFETY: AVX2 panels are only made where the CPU has it (`Isa::new`);
+                    // `codes` holds the pairs of rows p..end, `out` their NR floats each.
+                    unsafe { x86::widen16(codes, p % 2, end - p, &prm, out) };
+                    p = end;
+                    continue;
+                }
+            }
+            let _ = kind;
+            widen_portable(codes, nr, p % 2, end - p, &prm, out);
+            p = end;
+        }
+    }
+
+    /// `acc[i·width + (j − j0)·NR + c] += Σ_p a[i·k + p] · w(p, j·NR + c)` for rows
+    /// `i < m ≤ 4` of row-major `a` (m × k) and panels `j0..j1`: the few-row product (a
+    /// decode step) without widening panels to memory.
+    pub(crate) fn rows_product(
+        &self,
+        a: &[f32],
+        m: usize,
+        (j0, j1): (usize, usize),
+        acc: &mut [f32],
+        width: usize,
+        kind: super::IsaKind,
+    ) {
+        let s = self.shape;
+        let (k, nr, blocks) = (s.k, s.nr, s.blocks());
+        assert!(m <= 4 && a.len() >= m * k && j1 <= s.panels(), "a 4-bit product outside its operands");
+        assert!(m == 0 || acc.len() >= (m - 1) * width + (j1 - j0) * nr, "accumulators too short");
+        #[cfg(target_arch = "x86_64")]
+        let int8 = self.int8_rows && kind == super::IsaKind::Avx2 && nr == 16;
+        #[cfg(not(target_arch = "x86_64"))]
+        let int8 = false;
+        // Rows quantized per block: codes (i8, K rounded up to pairs), a scale and the sum of
+        // the codes per row and block.
+        let mut quant = Vec::new();
+        if int8 {
+            quant = quantize_rows(a, m, k, s.block);
+        }
+        let mut sums = [[0f32; MAX_NR]; 4];
+        for j in j0..j1 {
+            #[cfg(target_arch = "x86_64")]
+            if int8 {
+                let all = self.bytes.bytes();
+                let codes = self.pairs(j, 0, s.pairs());
+                let params = &all[s.codes_len() + 4 * (j * blocks * nr)..s.codes_len() + 4 * ((j + 1) * blocks * nr)];
+                let zeros = s.zeros.then(|| &all[s.codes_len() + 4 * s.params() + j * blocks * nr..][..blocks * nr]);
+                let rows: Vec<*mut f32> = (0..m).map(|i| acc[i * width + (j - j0) * nr..][..nr].as_mut_ptr()).collect();
+                // SAFETY: AVX2 panels are only made where the CPU has it; `codes` holds the
+                // panel's pairs, `params` and `zeros` its blocks' 16 scales and zero points,
+                // `quant` every row's codes; each row pointer has 16 floats of `acc`.
+                unsafe { x86::panel_int8(codes, params, zeros, &quant, m, k, s.block, &rows) };
+                continue;
+            }
+            for b in 0..blocks {
+                let (p0, p1) = (b * s.block, k.min((b + 1) * s.block));
+                let prm = self.params(j, b);
+                let codes = self.pairs(j, p0 / 2, p1.div_ceil(2));
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if kind == super::IsaKind::Avx2 && nr == 16 {
+                        // SAFETY: as above; `a` holds m rows of k values.
+                        unsafe { x86::block_f32(codes, a, k, m, (p0, p1), &prm, &mut sums) };
+                    } else {
+                        block_portable(codes, nr, a, k, m, (p0, p1), &prm, &mut sums);
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                block_portable(codes, nr, a, k, m, (p0, p1), &prm, &mut sums);
+                let _ = kind;
+                for (i, row) in sums.iter().enumerate().take(m) {
+                    let o = &mut acc[i * width + (j - j0) * nr..][..nr];
+                    for c in 0..nr {
+                        o[c] += row[c] * prm.scale[c];
+                    }
+                }
+            }
+        }
     }
 }
 
-/// The widest panel any ISA uses (AVX-512's 32 columns).
-const MAX_NR: usize = 32;
+/// Row-major `a` (m × k) quantized per block of `block` values to int8: per row, its codes
+/// (k rounded up to pairs, the extra one 0), then per block a scale (f32 bits) and the sum of
+/// its codes, both as i32 words after the codes of all rows.
+fn quantize_rows(a: &[f32], m: usize, k: usize, block: usize) -> Vec<i32> {
+    let (kp, blocks) = (k.div_ceil(2) * 2, k.div_ceil(block));
+    let words = kp.div_ceil(4);
+    let mut out = vec![0i32; m * words + 2 * m * blocks];
+    for i in 0..m {
+        let mut codes = vec![0i8; words * 4];
+        for b in 0..blocks {
+            let (p0, p1) = (b * block, k.min((b + 1) * block));
+            let row = &a[i * k + p0..i * k + p1];
+            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = max / 127.0;
+            let mut sum = 0i32;
+            if scale > 0.0 && scale.is_finite() {
+                for (p, v) in row.iter().enumerate() {
+                    let q = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+                    codes[p0 + p] = q;
+                    sum += q as i32;
+                }
+            }
+            let at = m * words + 2 * (i * blocks + b);
+            out[at] = scale.to_bits() as i32;
+            out[at + 1] = sum;
+        }
+        for (w, c) in out[i * words..(i + 1) * words].iter_mut().zip(codes.chunks_exact(4)) {
+            *w = i32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]);
+        }
+    }
+    out
+}
 
-#[inline(always)]
-fn widen(q: &Q4, pj: usize, p0: usize, rows: usize, out: &mut [f32]) {
-    let s = q.shape;
-    let (nr, half, blocks) = (s.nr, s.nr / 2, s.blocks());
-    assert!(nr <= MAX_NR && p0 + rows <= s.k && out.len() >= rows * nr, "widening outside the weight");
-    let all = q.bytes.bytes();
-    let codes = &all[(pj * s.k + p0) * half..(pj * s.k + p0 + rows) * half];
-    let scales = &all[s.codes_len()..s.codes_len() + 4 * s.params()];
-    let zeros = &all[s.codes_len() + 4 * s.params()..];
-    let (mut sc, mut zf) = ([0f32; MAX_NR], [0f32; MAX_NR]);
-    let mut p = 0;
-    while p < rows {
-        let b = (p0 + p) / s.block;
-        let end = rows.min((b + 1) * s.block - p0);
-        let at = (pj * blocks + b) * nr;
+/// `rows` rows from `first` (0: the low nibble of the first pair) of one block of a panel.
+fn widen_portable(codes: &[u8], nr: usize, first: usize, rows: usize, prm: &Params, out: &mut [f32]) {
+    for r in 0..rows {
+        let (pair, shift) = ((first + r) / 2, 4 * ((first + r) % 2));
         for c in 0..nr {
-            let x = &scales[4 * (at + c)..4 * (at + c) + 4];
-            sc[c] = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
-            zf[c] = if s.zeros { zeros[at + c] as f32 } else { 0.0 };
+            let q = (codes[pair * nr + c] >> shift) & 15;
+            out[r * nr + c] = (q as f32 - prm.zero[c]) * prm.scale[c];
         }
-        for r in p..end {
-            let row = &codes[r * half..(r + 1) * half];
-            let (lo, hi) = out[r * nr..(r + 1) * nr].split_at_mut(half);
-            for c in 0..half {
-                lo[c] = ((row[c] & 15) as f32 - zf[c]) * sc[c];
-            }
-            for c in 0..half {
-                hi[c] = ((row[c] >> 4) as f32 - zf[half + c]) * sc[half + c];
+    }
+}
+
+/// `sums[i][c] = Σ_p a[i·k + p] · (code(p, c) − zero[c])` over one block's rows `p0..p1`.
+#[allow(clippy::too_many_arguments)]
+fn block_portable(
+    codes: &[u8],
+    nr: usize,
+    a: &[f32],
+    k: usize,
+    m: usize,
+    (p0, p1): (usize, usize),
+    prm: &Params,
+    sums: &mut [[f32; MAX_NR]; 4],
+) {
+    sums.iter_mut().for_each(|s| s.fill(0.0));
+    for p in p0..p1 {
+        let (pair, shift) = ((p - p0) / 2, 4 * ((p - p0) % 2));
+        for (i, sum) in sums.iter_mut().enumerate().take(m) {
+            let x = a[i * k + p];
+            for c in 0..nr {
+                sum[c] += x * (((codes[pair * nr + c] >> shift) & 15) as f32 - prm.zero[c]);
             }
         }
-        p = end;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Params, MAX_NR};
+    use std::arch::x86_64::*;
+
+    /// The 16 codes of row `first + r` (its pair's low or high nibbles) as f32 minus the zeros.
+    #[inline(always)]
+    unsafe fn codes16(codes: *const u8, nib: usize, z0: __m256, z1: __m256) -> (__m256, __m256) {
+        // SAFETY: the caller's pointer holds 16 bytes.
+        unsafe {
+            let b = _mm_loadu_si128(codes as *const __m128i);
+            let q = if nib == 0 { b } else { _mm_srli_epi16(b, 4) };
+            let q = _mm_and_si128(q, _mm_set1_epi8(15));
+            let f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+            let f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
+            (_mm256_sub_ps(f0, z0), _mm256_sub_ps(f1, z1))
+        }
+    }
+
+    /// [`super::widen_portable`] for AVX2 panels of 16.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `codes` holds the pairs of rows `first..first + rows`, 16
+    /// bytes each, and `out` 16 floats per row.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn widen16(codes: &[u8], first: usize, rows: usize, prm: &Params, out: &mut [f32]) {
+        assert!(codes.len() >= (first + rows).div_ceil(2) * 16 && out.len() >= rows * 16);
+        // SAFETY: reads of 16 bytes per pair and writes of 16 floats per row, inside the slices.
+        unsafe {
+            let (s0, s1) = (_mm256_loadu_ps(prm.scale.as_ptr()), _mm256_loadu_ps(prm.scale.as_ptr().add(8)));
+            let (z0, z1) = (_mm256_loadu_ps(prm.zero.as_ptr()), _mm256_loadu_ps(prm.zero.as_ptr().add(8)));
+            for r in 0..rows {
+                let p = first + r;
+                let (w0, w1) = codes16(codes.as_ptr().add(p / 2 * 16), p % 2, z0, z1);
+                let o = out.as_mut_ptr().add(16 * r);
+                _mm256_storeu_ps(o, _mm256_mul_ps(w0, s0));
+                _mm256_storeu_ps(o.add(8), _mm256_mul_ps(w1, s1));
+            }
+        }
+    }
+
+    /// [`super::block_portable`] for AVX2 panels of 16, the sums of up to four rows in
+    /// registers, two sets over alternate rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `codes` holds the pairs of rows `p0..p1` (p0 even), 16 bytes
+    /// each; `a` holds m ≤ 4 rows of k ≥ p1 values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn block_f32(
+        codes: &[u8],
+        a: &[f32],
+        k: usize,
+        m: usize,
+        (p0, p1): (usize, usize),
+        prm: &Params,
+        sums: &mut [[f32; MAX_NR]; 4],
+    ) {
+        assert!(m <= 4 && p1 <= k && (m == 0 || a.len() >= (m - 1) * k + p1));
+        assert!(codes.len() >= (p1 - p0).div_ceil(2) * 16);
+        // SAFETY: reads of 16 code bytes per pair and of a[i·k + p], inside the slices.
+        unsafe {
+            let (z0, z1) = (_mm256_loadu_ps(prm.zero.as_ptr()), _mm256_loadu_ps(prm.zero.as_ptr().add(8)));
+            let zero = _mm256_setzero_ps();
+            let mut s = [[zero; 4]; 4];
+            for p in p0..p1 {
+                let (w0, w1) = codes16(codes.as_ptr().add((p - p0) / 2 * 16), (p - p0) % 2, z0, z1);
+                let odd = 2 * ((p - p0) % 2);
+                for (i, si) in s.iter_mut().enumerate().take(m) {
+                    let x = _mm256_set1_ps(*a.as_ptr().add(i * k + p));
+                    si[odd] = _mm256_fmadd_ps(x, w0, si[odd]);
+                    si[odd + 1] = _mm256_fmadd_ps(x, w1, si[odd + 1]);
+                }
+            }
+            for i in 0..m {
+                _mm256_storeu_ps(sums[i].as_mut_ptr(), _mm256_add_ps(s[i][0], s[i][2]));
+                _mm256_storeu_ps(sums[i].as_mut_ptr().add(8), _mm256_add_ps(s[i][1], s[i][3]));
+            }
+        }
+    }
+
+    /// A whole panel's product with the rows quantized to int8 (`quant`, from
+    /// [`super::quantize_rows`]), added to `rows` (16 floats each). Per block, two pairs of
+    /// rows a step: their 32 bytes of codes become, per 128-bit lane (one pair each), the 16
+    /// columns' (row 2r, row 2r + 1) code pairs, which `vpmaddubsw` multiplies by the row's
+    /// two activation codes (u8 code at most 15 times i8: exact, at most 3,810) and sums, in
+    /// 16 bits over up to 8 pairs a lane, then in 32; then per block
+    /// `row += scale · act_scale · (Σ code·q − zero · Σ q)`, exact in f32 until the products.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `codes` holds the panel's ⌈k/2⌉ pairs of 16 bytes;
+    /// `params` its ⌈k/block⌉ blocks of 16 f32 scales (bytes, little-endian) and `zeros` as
+    /// many of 16 bytes; `quant` is `quantize_rows(a, m, k, block)`; each of the m ≤ 4 row
+    /// pointers is valid for 16 floats.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn panel_int8(
+        codes: &[u8],
+        params: &[u8],
+        zeros: Option<&[u8]>,
+        quant: &[i32],
+        m: usize,
+        k: usize,
+        block: usize,
+        rows: &[*mut f32],
+    ) {
+        let (words, blocks) = ((k.div_ceil(2) * 2).div_ceil(4), k.div_ceil(block));
+        assert!(m <= 4 && rows.len() >= m && block % 2 == 0);
+        assert!(codes.len() >= k.div_ceil(2) * 16 && params.len() >= blocks * 64);
+        assert!(zeros.is_none_or(|z| z.len() >= blocks * 16) && quant.len() >= m * words + 2 * m * blocks);
+        // SAFETY: every read is inside the slices as asserted (a step of two pairs reads the
+        // activation codes of rows p..p + 4 < 2·⌈k/2⌉, inside the row's `words`); the row
+        // pointers are the caller's.
+        unsafe {
+            let mask = _mm256_set1_epi8(15);
+            let acts = quant.as_ptr() as *const u8;
+            // Per lane: lane 0 the first pair's two codes, lane 1 the second's.
+            let spread = _mm256_setr_epi8(
+                0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+            );
+            let z = _mm256_setzero_si256();
+            let mut out = [[_mm256_setzero_ps(); 2]; 4];
+            for (i, o) in out.iter_mut().enumerate().take(m) {
+                *o = [_mm256_loadu_ps(rows[i]), _mm256_loadu_ps(rows[i].add(8))];
+            }
+            for b in 0..blocks {
+                let (p0, p1) = (b * block, k.min((b + 1) * block));
+                let (r0, r1) = (p0 / 2, p1.div_ceil(2));
+                // Sums over the block: columns 0..8 and 8..16, per lane, in 32 bits.
+                let (mut c0, mut c1) = ([z; 4], [z; 4]);
+                let mut r = r0;
+                while r < r1 {
+                    let end = r1.min(r + 16);
+                    let (mut s0, mut s1) = ([z; 4], [z; 4]);
+                    while r + 2 <= end {
+                        let q = _mm256_loadu_si256(codes.as_ptr().add(16 * r) as *const __m256i);
+                        let (lo, hi) = (_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask));
+                        let (x0, x1) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+                        for i in 0..m {
+                            let four = (acts.add(4 * i * words + 2 * r) as *const i32).read_unaligned();
+                            let a = _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
+                            s0[i] = _mm256_add_epi16(s0[i], _mm256_maddubs_epi16(x0, a));
+                            s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(x1, a));
+                        }
+                        r += 2;
+                    }
+                    if r < end {
+                        // One pair left: lane 1 reads the next pair's bytes with zero codes.
+                        let q = _mm256_zextsi128_si256(_mm_loadu_si128(codes.as_ptr().add(16 * r) as *const __m128i));
+                        let (lo, hi) = (_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask));
+                        let (x0, x1) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+                        for i in 0..m {
+                            let at = acts.add(4 * i * words + 2 * r);
+                            let two = i16::from_le_bytes([*at, *at.add(1)]) as u16 as i32;
+                            let a = _mm256_shuffle_epi8(_mm256_set1_epi32(two), spread);
+                            s0[i] = _mm256_add_epi16(s0[i], _mm256_maddubs_epi16(x0, a));
+                            s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(x1, a));
+                        }
+                        r += 1;
+                    }
+                    for i in 0..m {
+                        let w = |v: __m256i| {
+                            _mm256_add_epi32(
+                                _mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)),
+                                _mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1)),
+                            )
+                        };
+                        c0[i] = _mm256_add_epi32(c0[i], w(s0[i]));
+                        c1[i] = _mm256_add_epi32(c1[i], w(s1[i]));
+                    }
+                }
+                let sc = params.as_ptr().add(64 * b) as *const f32;
+                let (sc0, sc1) = (_mm256_loadu_ps(sc), _mm256_loadu_ps(sc.add(8)));
+                let (z0, z1) = match zeros {
+                    Some(zs) => {
+                        let zb = _mm_loadu_si128(zs.as_ptr().add(16 * b) as *const __m128i);
+                        let z0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zb));
+                        (z0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(zb, 8))))
+                    }
+                    None => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+                };
+                for i in 0..m {
+                    let at = m * words + 2 * (i * blocks + b);
+                    let act = _mm256_set1_ps(f32::from_bits(*quant.get_unchecked(at) as u32));
+                    let sum = _mm256_set1_ps(*quant.get_unchecked(at + 1) as f32);
+                    let t0 = _mm256_mul_ps(_mm256_fnmadd_ps(z0, sum, _mm256_cvtepi32_ps(c0[i])), act);
+                    let t1 = _mm256_mul_ps(_mm256_fnmadd_ps(z1, sum, _mm256_cvtepi32_ps(c1[i])), act);
+                    out[i][0] = _mm256_fmadd_ps(t0, sc0, out[i][0]);
+                    out[i][1] = _mm256_fmadd_ps(t1, sc1, out[i][1]);
+                }
+            }
+            for (i, o) in out.iter().enumerate().take(m) {
+                _mm256_storeu_ps(rows[i], o[0]);
+                _mm256_storeu_ps(rows[i].add(8), o[1]);
+            }
+        }
     }
 }
 
@@ -193,13 +551,13 @@ mod tests {
     use super::super::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Sequential};
     use super::*;
 
-    /// A 4-bit weight gives the same products, bit for bit, as its f32 dequantization
-    /// packed as usual: on every ISA, with and without zero points, with K not a multiple of
-    /// the block nor the block of the depth blocking, N not a multiple of the panel, for a
-    /// row (the vector-matrix path) and for tiles.
+    /// A 4-bit weight gives the same tiled products, bit for bit, as its f32 dequantization
+    /// packed as usual, and few-row products (computed on the codes) within f32 rounding of
+    /// exact ones: on every ISA, with and without zero points, with K not a multiple of the
+    /// block nor the block of the depth blocking, N not a multiple of the panel.
     #[test]
     fn four_bit_weights_multiply_as_their_f32_dequantization() {
-        let (k, n, block) = (100, 37, 32);
+        let (k, n, block) = (101, 37, 32);
         let code = |p: usize, j: usize| ((p * 7 + j * 13 + p * j) % 16) as u8;
         let scale = |b: usize, j: usize| 0.01 + (b * 5 + j) as f32 * 0.003;
         let zero = |b: usize, j: usize| ((b + j) % 16) as u8;
@@ -226,7 +584,64 @@ mod tests {
                     let ep = Epilogue::default();
                     gemm_rows(&a, m, k, blocking, &q, &mut y1, n, &ep, &Sequential);
                     gemm_rows(&a, m, k, blocking, &f, &mut y2, n, &ep, &Sequential);
-                    assert!(y1.iter().zip(&y2).all(|(x, y)| x.to_bits() == y.to_bits()), "{isa:?} zeros {zeros} m {m}");
+                    if m > 4 {
+                        // Tiles: widened panels, the f32 weights' bits.
+                        let same = y1.iter().zip(&y2).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "{isa:?} zeros {zeros} m {m}");
+                        continue;
+                    }
+                    // A few rows: products on the codes, scaled per block; against f64.
+                    for i in 0..m {
+                        for j in 0..n {
+                            let terms = (0..k).map(|p| a[i * k + p] as f64 * w[p * n + j] as f64);
+                            let (want, mag) = terms.fold((0f64, 0f64), |(s, g), t| (s + t, g + t.abs()));
+                            let got = y1[i * n + j] as f64;
+                            assert!((got - want).abs() <= 1e-6 * mag, "{isa:?} zeros {zeros} m {m} ({i}, {j}): {got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Few-row products with the rows quantized to int8 per block (accuracy level 4): exact
+    /// integer sums of the quantized rows, so within f32 rounding of an exact product of
+    /// those rows (where the ISA has the integer path; elsewhere the f32 one).
+    #[test]
+    fn int8_rows_are_exact_sums_of_the_quantized_rows() {
+        let (k, n, block) = (70, 21, 32);
+        let code = |p: usize, j: usize| ((p * 11 + j * 5 + p * j) % 16) as u8;
+        let scale = |b: usize, j: usize| 0.02 + (b * 3 + j) as f32 * 0.001;
+        let zero = |b: usize, j: usize| ((2 * b + j) % 16) as u8;
+        for isa in Isa::all_available() {
+            let int8 = cfg!(target_arch = "x86_64") && isa.kind() == super::super::IsaKind::Avx2;
+            let shape = Q4Shape { k, n, block, nr: isa.nr(), zeros: true };
+            let bytes = shape.pack(code, scale, zero);
+            let q = Q4::new(shape, Tensor::from_vec(&[bytes.len()], bytes)).unwrap().with_int8_rows(true);
+            let blocking = Blocking { kc: 64, mc: 24 };
+            let q = PackedB::from_q4(isa, blocking, q).unwrap();
+            for m in 1..=4 {
+                let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 29) as f32 - 14.0) / 3.0).collect();
+                let mut y = vec![0f32; m * n];
+                gemm_rows(&a, m, k, blocking, &q, &mut y, n, &Epilogue::default(), &Sequential);
+                let quant = quantize_rows(&a, m, k, block);
+                let words = (k.div_ceil(2) * 2).div_ceil(4);
+                let act = |i: usize, p: usize| -> f64 {
+                    if !int8 {
+                        return a[i * k + p] as f64;
+                    }
+                    let code = quant[i * words + p / 4].to_le_bytes()[p % 4] as i8 as f64;
+                    let sc = f32::from_bits(quant[m * words + 2 * (i * k.div_ceil(block) + p / block)] as u32);
+                    code * sc as f64
+                };
+                for i in 0..m {
+                    for j in 0..n {
+                        let w = |p: usize| (code(p, j) as f64 - zero(p / block, j) as f64) * scale(p / block, j) as f64;
+                        let terms = (0..k).map(|p| act(i, p) * w(p));
+                        let (want, mag) = terms.fold((0f64, 0f64), |(s, g), t| (s + t, g + t.abs()));
+                        let got = y[i * n + j] as f64;
+                        assert!((got - want).abs() <= 1e-6 * mag, "{isa:?} m {m} ({i}, {j}): {got} vs {want}");
+                    }
                 }
             }
         }
@@ -236,6 +651,7 @@ mod tests {
     #[test]
     fn mismatched_layouts_are_refused() {
         let shape = Q4Shape { k: 64, n: 16, block: 32, nr: 16, zeros: true };
+        assert!(Q4Shape { block: 3, ..shape }.check().is_err());
         let short = Tensor::from_vec(&[shape.bytes() - 1], vec![0u8; shape.bytes() - 1]);
         assert!(Q4::new(shape, short).unwrap_err().contains("takes"));
         assert!(Q4::new(Q4Shape { nr: 3, ..shape }, Tensor::from_vec(&[1], vec![0u8])).is_err());

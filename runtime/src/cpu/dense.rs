@@ -77,7 +77,8 @@ fn prepare_q4(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepa
         .input(1)
         .and_then(|w| g.initializers.get(w))
         .ok_or_else(|| prep_err(n, "4-bit weights must be a constant u8 tensor"))?;
-    let q4 = Q4::new(shape, w.clone()).map_err(|e| prep_err(n, e))?;
+    // ONNX Runtime's accuracy level 4: rows may be quantized to int8 per block.
+    let q4 = Q4::new(shape, w.clone()).map_err(|e| prep_err(n, e))?.with_int8_rows(n.int("accuracy_level", 0) == 4);
     let weight = std::sync::Arc::new(PackedB::from_q4(isa, blocking, q4).map_err(|e| prep_err(n, e))?);
     let bias = match n.input(2) {
         Some(b) => Some(
