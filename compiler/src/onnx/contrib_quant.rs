@@ -399,7 +399,11 @@ fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
 /// `B`'s codes (column-major, `[N, blocks, blob]`) as a row-major `[K, N]` u8 matrix, in
 /// tiles of 64 columns so that every row's bytes of a tile are written while in cache (a
 /// column at a time would touch a cache line per code).
-fn codes_by_row(b: &[u8], (k, cols): (usize, usize), (bits, block, blocks, blob): (usize, usize, usize, usize)) -> Vec<u8> {
+fn codes_by_row(
+    b: &[u8],
+    (k, cols): (usize, usize),
+    (bits, block, blocks, blob): (usize, usize, usize, usize),
+) -> Vec<u8> {
     let mut out = vec![0u8; k * cols];
     for c0 in (0..cols).step_by(64) {
         let c1 = cols.min(c0 + 64);

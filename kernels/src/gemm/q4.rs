@@ -297,7 +297,10 @@ fn quantize_rows(a: &[f32], m: usize, k: usize, block: usize) -> Vec<i32> {
             let mut sum = 0i32;
             if scale > 0.0 && scale.is_finite() {
                 for (p, v) in row.iter().enumerate() {
-                    let q = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+                    // Rounded to nearest even by the 1.5·2²³ shift (exact below 2²²; no libm call
+                    // where the baseline has no rounding instruction).
+                    let x = (v / scale).clamp(-127.0, 127.0);
+                    let q = ((x + 12_582_912.0) - 12_582_912.0) as i8;
                     codes[p0 + p] = q;
                     sum += q as i32;
                 }
@@ -395,27 +398,52 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX2 and FMA; `codes` holds the pairs of rows `p0..p1` (p0 even), 16 bytes
     /// each; `a` holds m ≤ 4 rows of k ≥ p1 values.
-    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn block_f32(
         codes: &[u8],
         a: &[f32],
         k: usize,
         m: usize,
+        rows: (usize, usize),
+        prm: &Params,
+        sums: &mut [[f32; MAX_NR]; 4],
+    ) {
+        // SAFETY: as the caller promised; a constant row count keeps the sums in registers.
+        unsafe {
+            match m {
+                1 => block_f32_m::<1>(codes, a, k, rows, prm, sums),
+                2 => block_f32_m::<2>(codes, a, k, rows, prm, sums),
+                3 => block_f32_m::<3>(codes, a, k, rows, prm, sums),
+                4 => block_f32_m::<4>(codes, a, k, rows, prm, sums),
+                _ => {}
+            }
+        }
+    }
+
+    /// [`block_f32`] for `M` rows.
+    ///
+    /// # Safety
+    /// As for [`block_f32`] with m = `M`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_f32_m<const M: usize>(
+        codes: &[u8],
+        a: &[f32],
+        k: usize,
         (p0, p1): (usize, usize),
         prm: &Params,
         sums: &mut [[f32; MAX_NR]; 4],
     ) {
+        let m = M;
         assert!(m <= 4 && p1 <= k && (m == 0 || a.len() >= (m - 1) * k + p1));
         assert!(codes.len() >= (p1 - p0).div_ceil(2) * 16);
         // SAFETY: reads of 16 code bytes per pair and of a[i·k + p], inside the slices.
         unsafe {
             let (z0, z1) = (_mm256_loadu_ps(prm.zero.as_ptr()), _mm256_loadu_ps(prm.zero.as_ptr().add(8)));
             let zero = _mm256_setzero_ps();
-            let mut s = [[zero; 4]; 4];
+            let mut s = [[zero; 4]; M];
             for p in p0..p1 {
                 let (w0, w1) = codes16(codes.as_ptr().add((p - p0) / 2 * 16), (p - p0) % 2, z0, z1);
                 let odd = 2 * ((p - p0) % 2);
-                for (i, si) in s.iter_mut().enumerate().take(m) {
+                for (i, si) in s.iter_mut().enumerate() {
                     let x = _mm256_set1_ps(*a.as_ptr().add(i * k + p));
                     si[odd] = _mm256_fmadd_ps(x, w0, si[odd]);
                     si[odd + 1] = _mm256_fmadd_ps(x, w1, si[odd + 1]);
@@ -441,7 +469,6 @@ mod x86 {
     /// `params` its ⌈k/block⌉ blocks of 16 f32 scales (bytes, little-endian) and `zeros` as
     /// many of 16 bytes; `quant` is `quantize_rows(a, m, k, block)`; each of the m ≤ 4 row
     /// pointers is valid for 16 floats.
-    #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn panel_int8(
         codes: &[u8],
@@ -453,6 +480,35 @@ mod x86 {
         block: usize,
         rows: &[*mut f32],
     ) {
+        // SAFETY: as the caller promised. The row count is a constant inside, so that every
+        // row's sums stay in registers (a loop over a variable count kept them on the stack:
+        // a store-to-load round trip per step).
+        unsafe {
+            match m {
+                1 => panel_int8_m::<1>(codes, params, zeros, quant, k, block, rows),
+                2 => panel_int8_m::<2>(codes, params, zeros, quant, k, block, rows),
+                3 => panel_int8_m::<3>(codes, params, zeros, quant, k, block, rows),
+                4 => panel_int8_m::<4>(codes, params, zeros, quant, k, block, rows),
+                _ => {}
+            }
+        }
+    }
+
+    /// [`panel_int8`] for `M` rows.
+    ///
+    /// # Safety
+    /// As for [`panel_int8`] with m = `M`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn panel_int8_m<const M: usize>(
+        codes: &[u8],
+        params: &[u8],
+        zeros: Option<&[u8]>,
+        quant: &[i32],
+        k: usize,
+        block: usize,
+        rows: &[*mut f32],
+    ) {
+        let m = M;
         let (words, blocks) = ((k.div_ceil(2) * 2).div_ceil(4), k.div_ceil(block));
         assert!(m <= 4 && rows.len() >= m && block % 2 == 0);
         assert!(codes.len() >= k.div_ceil(2) * 16 && params.len() >= blocks * 64);
@@ -468,19 +524,19 @@ mod x86 {
                 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
             );
             let z = _mm256_setzero_si256();
-            let mut out = [[_mm256_setzero_ps(); 2]; 4];
-            for (i, o) in out.iter_mut().enumerate().take(m) {
+            let mut out = [[_mm256_setzero_ps(); 2]; M];
+            for (i, o) in out.iter_mut().enumerate() {
                 *o = [_mm256_loadu_ps(rows[i]), _mm256_loadu_ps(rows[i].add(8))];
             }
             for b in 0..blocks {
                 let (p0, p1) = (b * block, k.min((b + 1) * block));
                 let (r0, r1) = (p0 / 2, p1.div_ceil(2));
                 // Sums over the block: columns 0..8 and 8..16, per lane, in 32 bits.
-                let (mut c0, mut c1) = ([z; 4], [z; 4]);
+                let (mut c0, mut c1) = ([z; M], [z; M]);
                 let mut r = r0;
                 while r < r1 {
                     let end = r1.min(r + 16);
-                    let (mut s0, mut s1) = ([z; 4], [z; 4]);
+                    let (mut s0, mut s1) = ([z; M], [z; M]);
                     while r + 2 <= end {
                         let q = _mm256_loadu_si256(codes.as_ptr().add(16 * r) as *const __m256i);
                         let (lo, hi) = (_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask));
@@ -538,7 +594,7 @@ mod x86 {
                     out[i][1] = _mm256_fmadd_ps(t1, sc1, out[i][1]);
                 }
             }
-            for (i, o) in out.iter().enumerate().take(m) {
+            for (i, o) in out.iter().enumerate() {
                 _mm256_storeu_ps(rows[i], o[0]);
                 _mm256_storeu_ps(rows[i].add(8), o[1]);
             }
@@ -596,7 +652,10 @@ mod tests {
                             let terms = (0..k).map(|p| a[i * k + p] as f64 * w[p * n + j] as f64);
                             let (want, mag) = terms.fold((0f64, 0f64), |(s, g), t| (s + t, g + t.abs()));
                             let got = y1[i * n + j] as f64;
-                            assert!((got - want).abs() <= 1e-6 * mag, "{isa:?} zeros {zeros} m {m} ({i}, {j}): {got} vs {want}");
+                            assert!(
+                                (got - want).abs() <= 1e-6 * mag,
+                                "{isa:?} zeros {zeros} m {m} ({i}, {j}): {got} vs {want}"
+                            );
                         }
                     }
                 }
