@@ -82,7 +82,8 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // 16-bit products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of
     // the f32 emulation's, and their sums are ORT's exact ones.
     let integer_dense = int8 || (target.features.avx2 && matches!(target.isa_kind(), IsaKind::Avx2 | IsaKind::Avx512));
-    let mut passes = graph_passes(Some(integer_dense), int8, round, Some(target.isa_kind().nr()));
+    let mut passes =
+        graph_passes(Some(integer_dense), int8, round, Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())));
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),

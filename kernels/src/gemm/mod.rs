@@ -614,7 +614,10 @@ fn small_m(a: ARows, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn
         let mut widened = Vec::new();
         // 4-bit weights and rows read in place: products on the codes, nothing widened.
         if let (Some(q), ARows::Plain(rows, _, _)) = (b.q4(), a) {
-            q.rows_product(rows, m, (j0, j1), &mut acc, width, isa.kind());
+            // This task's columns in the 4-bit layout's (possibly narrower) panels.
+            let (w, panels) = (q.shape.nr, q.shape.n.div_ceil(q.shape.nr));
+            let span = ((j0 * nr / w).min(panels), (j1 * nr / w).min(panels));
+            q.rows_product(rows, m, span, &mut acc, width, isa.kind());
         }
         for kb in (0..kblocks).filter(|_| b.q4().is_none() || matches!(a, ARows::Packed(_))) {
             let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };

@@ -273,9 +273,9 @@ impl PackedB {
     /// the codes were laid out for another panel width than `isa`'s.
     pub fn from_q4(isa: Isa, blocking: Blocking, q4: super::q4::Q4) -> Result<PackedB, String> {
         let s = q4.shape;
-        if s.nr != isa.nr() {
+        if isa.nr() % s.nr != 0 {
             return Err(format!(
-                "4-bit weights laid out in panels of {} columns, the {isa:?} kernels read {}",
+                "4-bit weights laid out in panels of {} columns, the {isa:?} kernels read panels of {}",
                 s.nr,
                 isa.nr()
             ));
@@ -329,8 +329,17 @@ impl PackedB {
         let nr = self.isa.nr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
         if let Some(q) = &self.q4 {
+            // The GEMM's panel j: the 4-bit layout's panels j·ratio.. side by side.
+            let (w, panels) = (q.shape.nr, q.shape.n.div_ceil(q.shape.nr));
             scratch.resize(kc_len * nr, 0.0);
-            q.widen(j, kb * self.kc, kc_len, scratch, self.isa.kind());
+            for h in 0..nr / w {
+                let jj = j * (nr / w) + h;
+                if jj < panels {
+                    q.widen(jj, kb * self.kc, kc_len, &mut scratch[h * w..], nr, self.isa.kind());
+                } else {
+                    (0..kc_len).for_each(|r| scratch[r * nr + h * w..r * nr + (h + 1) * w].fill(0.0));
+                }
+            }
             return scratch.as_ptr();
         }
         let at = block_offset(kb, self.kc, self.n.div_ceil(nr), nr) + j * kc_len * nr;

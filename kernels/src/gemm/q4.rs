@@ -184,37 +184,48 @@ impl Q4 {
         &self.bytes.bytes()[(pj * s.pairs() + r0) * s.nr..(pj * s.pairs() + r1) * s.nr]
     }
 
-    /// Rows `p0..p0 + rows` of panel `pj`, widened to f32 into `out` (rows × NR).
-    pub(crate) fn widen(&self, pj: usize, p0: usize, rows: usize, out: &mut [f32], kind: super::IsaKind) {
+    /// Rows `p0..p0 + rows` of panel `pj`, widened to f32 into `out`: row r's NR floats at
+    /// `r · stride` (the GEMM's panel may hold several of these side by side).
+    pub(crate) fn widen(
+        &self,
+        pj: usize,
+        p0: usize,
+        rows: usize,
+        out: &mut [f32],
+        stride: usize,
+        kind: super::IsaKind,
+    ) {
         let s = self.shape;
         let nr = s.nr;
-        assert!(p0 + rows <= s.k && out.len() >= rows * nr, "widening outside the weight");
+        assert!(p0 + rows <= s.k && stride >= nr, "widening outside the weight");
+        assert!(rows == 0 || out.len() >= (rows - 1) * stride + nr, "widening outside the panel");
         let mut p = p0;
         while p < p0 + rows {
             let b = p / s.block;
             let end = (p0 + rows).min((b + 1) * s.block);
             let prm = self.params(pj, b);
             let codes = self.pairs(pj, p / 2, end.div_ceil(2));
-            let out = &mut out[(p - p0) * nr..(end - p0) * nr];
+            let out = &mut out[(p - p0) * stride..];
             #[cfg(target_arch = "x86_64")]
             {
-                if kind == super::IsaKind::Avx2 && nr == 16 {
-                    // SAFETY: AVX2 panels are only made where the CPU has it (`Isa::new`);
-                    // `codes` holds the pairs of rows p..end, `out` their NR floats each.
-                    unsafe { x86::widen16(codes, p % 2, end - p, &prm, out) };
+                if avx2(kind, nr) {
+                    // SAFETY: AVX2 and AVX-512 panels are only made where the CPU has AVX2 and
+                    // FMA (`Isa::new`); `codes` holds the pairs of rows p..end, `out` their
+                    // 16 floats each, `stride` apart.
+                    unsafe { x86::widen16(codes, p % 2, end - p, &prm, out, stride) };
                     p = end;
                     continue;
                 }
             }
             let _ = kind;
-            widen_portable(codes, nr, p % 2, end - p, &prm, out);
+            widen_portable(codes, nr, p % 2, end - p, &prm, out, stride);
             p = end;
         }
     }
 
     /// `acc[i·width + (j − j0)·NR + c] += Σ_p a[i·k + p] · w(p, j·NR + c)` for rows
-    /// `i < m ≤ 4` of row-major `a` (m × k) and panels `j0..j1`: the few-row product (a
-    /// decode step) without widening panels to memory.
+    /// `i < m ≤ 4` of row-major `a` (m × k) and this layout's panels `j0..j1`: the few-row
+    /// product (a decode step) without widening panels to memory.
     pub(crate) fn rows_product(
         &self,
         a: &[f32],
@@ -229,7 +240,7 @@ impl Q4 {
         assert!(m <= 4 && a.len() >= m * k && j1 <= s.panels(), "a 4-bit product outside its operands");
         assert!(m == 0 || acc.len() >= (m - 1) * width + (j1 - j0) * nr, "accumulators too short");
         #[cfg(target_arch = "x86_64")]
-        let int8 = self.int8_rows && kind == super::IsaKind::Avx2 && nr == 16;
+        let int8 = self.int8_rows && avx2(kind, nr);
         #[cfg(not(target_arch = "x86_64"))]
         let int8 = false;
         // Rows quantized per block: codes (i8, K rounded up to pairs), a scale and the sum of
@@ -259,7 +270,7 @@ impl Q4 {
                 let codes = self.pairs(j, p0 / 2, p1.div_ceil(2));
                 #[cfg(target_arch = "x86_64")]
                 {
-                    if kind == super::IsaKind::Avx2 && nr == 16 {
+                    if avx2(kind, nr) {
                         // SAFETY: as above; `a` holds m rows of k values.
                         unsafe { x86::block_f32(codes, a, k, m, (p0, p1), &prm, &mut sums) };
                     } else {
@@ -277,6 +288,23 @@ impl Q4 {
                 }
             }
         }
+    }
+}
+
+/// Whether panels of `nr` columns for an ISA of `kind` run the AVX2 kernels (AVX-512 CPUs
+/// have AVX2 and FMA too).
+#[cfg(target_arch = "x86_64")]
+fn avx2(kind: super::IsaKind, nr: usize) -> bool {
+    nr == 16 && matches!(kind, super::IsaKind::Avx2 | super::IsaKind::Avx512)
+}
+
+/// The panel width a compiler lays 4-bit weights out in for an ISA of `kind`: 16 columns on
+/// x86 with AVX2 (an AVX-512 panel of 32 reads two of them side by side, so that both use
+/// the same kernels), else the ISA's own panel width.
+pub fn panel_width(kind: super::IsaKind) -> usize {
+    match kind {
+        super::IsaKind::Avx2 | super::IsaKind::Avx512 => 16,
+        k => k.nr(),
     }
 }
 
@@ -317,12 +345,12 @@ fn quantize_rows(a: &[f32], m: usize, k: usize, block: usize) -> Vec<i32> {
 }
 
 /// `rows` rows from `first` (0: the low nibble of the first pair) of one block of a panel.
-fn widen_portable(codes: &[u8], nr: usize, first: usize, rows: usize, prm: &Params, out: &mut [f32]) {
+fn widen_portable(codes: &[u8], nr: usize, first: usize, rows: usize, prm: &Params, out: &mut [f32], stride: usize) {
     for r in 0..rows {
         let (pair, shift) = ((first + r) / 2, 4 * ((first + r) % 2));
         for c in 0..nr {
             let q = (codes[pair * nr + c] >> shift) & 15;
-            out[r * nr + c] = (q as f32 - prm.zero[c]) * prm.scale[c];
+            out[r * stride + c] = (q as f32 - prm.zero[c]) * prm.scale[c];
         }
     }
 }
@@ -374,10 +402,18 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; `codes` holds the pairs of rows `first..first + rows`, 16
-    /// bytes each, and `out` 16 floats per row.
+    /// bytes each, and `out` 16 floats per row, `stride` apart.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn widen16(codes: &[u8], first: usize, rows: usize, prm: &Params, out: &mut [f32]) {
-        assert!(codes.len() >= (first + rows).div_ceil(2) * 16 && out.len() >= rows * 16);
+    pub(super) unsafe fn widen16(
+        codes: &[u8],
+        first: usize,
+        rows: usize,
+        prm: &Params,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        assert!(codes.len() >= (first + rows).div_ceil(2) * 16 && stride >= 16);
+        assert!(rows == 0 || out.len() >= (rows - 1) * stride + 16);
         // SAFETY: reads of 16 bytes per pair and writes of 16 floats per row, inside the slices.
         unsafe {
             let (s0, s1) = (_mm256_loadu_ps(prm.scale.as_ptr()), _mm256_loadu_ps(prm.scale.as_ptr().add(8)));
@@ -385,7 +421,7 @@ mod x86 {
             for r in 0..rows {
                 let p = first + r;
                 let (w0, w1) = codes16(codes.as_ptr().add(p / 2 * 16), p % 2, z0, z1);
-                let o = out.as_mut_ptr().add(16 * r);
+                let o = out.as_mut_ptr().add(stride * r);
                 _mm256_storeu_ps(o, _mm256_mul_ps(w0, s0));
                 _mm256_storeu_ps(o.add(8), _mm256_mul_ps(w1, s1));
             }
@@ -617,9 +653,12 @@ mod tests {
         let code = |p: usize, j: usize| ((p * 7 + j * 13 + p * j) % 16) as u8;
         let scale = |b: usize, j: usize| 0.01 + (b * 5 + j) as f32 * 0.003;
         let zero = |b: usize, j: usize| ((b + j) % 16) as u8;
-        for isa in Isa::all_available() {
+        // The ISA's panel width, and half of it (two 4-bit panels side by side in one of the
+        // GEMM's, as AVX-512 reads the AVX2 layout).
+        let cases = Isa::all_available().into_iter().flat_map(|i| [(i, i.nr()), (i, i.nr() / 2)]);
+        for (isa, width) in cases {
             for zeros in [false, true] {
-                let shape = Q4Shape { k, n, block, nr: isa.nr(), zeros };
+                let shape = Q4Shape { k, n, block, nr: width, zeros };
                 let bytes = shape.pack(code, scale, zero);
                 let t = Tensor::from_vec(&[bytes.len()], bytes);
                 let blocking = Blocking { kc: 48, mc: 24 };
@@ -643,7 +682,7 @@ mod tests {
                     if m > 4 {
                         // Tiles: widened panels, the f32 weights' bits.
                         let same = y1.iter().zip(&y2).all(|(x, y)| x.to_bits() == y.to_bits());
-                        assert!(same, "{isa:?} zeros {zeros} m {m}");
+                        assert!(same, "{isa:?} width {width} zeros {zeros} m {m}");
                         continue;
                     }
                     // A few rows: products on the codes, scaled per block; against f64.
@@ -654,7 +693,7 @@ mod tests {
                             let got = y1[i * n + j] as f64;
                             assert!(
                                 (got - want).abs() <= 1e-6 * mag,
-                                "{isa:?} zeros {zeros} m {m} ({i}, {j}): {got} vs {want}"
+                                "{isa:?} width {width} zeros {zeros} m {m} ({i}, {j}): {got} vs {want}"
                             );
                         }
                     }
@@ -672,9 +711,11 @@ mod tests {
         let code = |p: usize, j: usize| ((p * 11 + j * 5 + p * j) % 16) as u8;
         let scale = |b: usize, j: usize| 0.02 + (b * 3 + j) as f32 * 0.001;
         let zero = |b: usize, j: usize| ((2 * b + j) % 16) as u8;
-        for isa in Isa::all_available() {
-            let int8 = cfg!(target_arch = "x86_64") && isa.kind() == super::super::IsaKind::Avx2;
-            let shape = Q4Shape { k, n, block, nr: isa.nr(), zeros: true };
+        let cases = Isa::all_available().into_iter().flat_map(|i| [(i, i.nr()), (i, i.nr() / 2)]);
+        for (isa, width) in cases {
+            let x86 = matches!(isa.kind(), super::super::IsaKind::Avx2 | super::super::IsaKind::Avx512);
+            let int8 = cfg!(target_arch = "x86_64") && x86 && width == 16;
+            let shape = Q4Shape { k, n, block, nr: width, zeros: true };
             let bytes = shape.pack(code, scale, zero);
             let q = Q4::new(shape, Tensor::from_vec(&[bytes.len()], bytes)).unwrap().with_int8_rows(true);
             let blocking = Blocking { kc: 64, mc: 24 };
@@ -699,7 +740,8 @@ mod tests {
                         let terms = (0..k).map(|p| act(i, p) * w(p));
                         let (want, mag) = terms.fold((0f64, 0f64), |(s, g), t| (s + t, g + t.abs()));
                         let got = y[i * n + j] as f64;
-                        assert!((got - want).abs() <= 1e-6 * mag, "{isa:?} m {m} ({i}, {j}): {got} vs {want}");
+                        let at = format!("{isa:?} width {width} m {m} ({i}, {j})");
+                        assert!((got - want).abs() <= 1e-6 * mag, "{at}: {got} vs {want}");
                     }
                 }
             }
@@ -714,7 +756,8 @@ mod tests {
         let short = Tensor::from_vec(&[shape.bytes() - 1], vec![0u8; shape.bytes() - 1]);
         assert!(Q4::new(shape, short).unwrap_err().contains("takes"));
         assert!(Q4::new(Q4Shape { nr: 3, ..shape }, Tensor::from_vec(&[1], vec![0u8])).is_err());
-        let other = if Isa::best().nr() == 16 { 32 } else { 16 };
+        // A width that does not divide the ISA's panel.
+        let other = [12, 32].into_iter().find(|w| Isa::best().nr() % w != 0).unwrap();
         let s = Q4Shape { nr: other, ..shape };
         let q = Q4::new(s, Tensor::from_vec(&[s.bytes()], vec![0u8; s.bytes()])).unwrap();
         assert!(PackedB::from_q4(Isa::best(), Blocking { kc: 64, mc: 8 }, q).is_err());
