@@ -186,8 +186,11 @@ fn input_tensor(t: &Value, i: usize, body: &Bytes, offset: &mut usize) -> Result
         .map(|d| d.as_u64().map(|d| d as usize))
         .collect::<Option<_>>()
         .ok_or_else(|| at("'shape' must hold non-negative integers".into()))?;
-    let count = aim_ir::limits::elements(&shape).map_err(|e| at(format!("shape {shape:?}: {e}")))?;
-    let bytes_needed = count.checked_mul(dtype.size()).ok_or_else(|| at(format!("shape {shape:?} is too large")))?;
+    // The declared size is checked against the tensor limit before anything is allocated,
+    // and nothing is sized from it until the data is there to match it (a shape of 2^40 once
+    // made the server abort on an allocation).
+    let count = aim_ir::limits::check(dtype, &shape).map_err(|e| at(format!("shape {shape:?}: {e}")))?;
+    let bytes_needed = count * dtype.size();
     let p = parameters(t.get("parameters"), &format!("input '{name}'"))?;
     let tensor = match p.and_then(|p| p.get("binary_data_size")) {
         Some(size) => {
@@ -207,7 +210,7 @@ fn input_tensor(t: &Value, i: usize, body: &Bytes, offset: &mut usize) -> Result
         }
         None => {
             let data = t.get("data").ok_or_else(|| at("no 'data' and no binary_data_size".into()))?;
-            let mut flat = Vec::with_capacity(count);
+            let mut flat = Vec::new();
             flatten(data, &mut flat);
             if flat.len() != count {
                 return Err(at(format!("'data' has {} elements but shape {shape:?} needs {count}", flat.len())));
@@ -374,6 +377,22 @@ mod tests {
         let mut body = json.as_bytes().to_vec();
         body.extend_from_slice(binary);
         parse_infer(Bytes::from(body), (!binary.is_empty()).then_some(json.len()))
+    }
+
+    /// A declared shape far larger than its data (or than any tensor may be) is a clean
+    /// error naming the input, on the JSON and binary paths, before anything is allocated.
+    #[test]
+    fn huge_declared_shapes_are_refused_before_allocating() {
+        for shape in ["[1099511627776,1]", "[4294967296,1]", "[3221225472,1]", "[2147483648,1]"] {
+            let json = format!(r#"{{"inputs":[{{"name":"input","datatype":"FP32","shape":{shape},"data":[0]}}]}}"#);
+            let e = req(&json, &[]).unwrap_err();
+            assert!(e.status == 400 && e.message.contains("input 'input'"), "{shape}: {e:?}");
+            let json = format!(
+                r#"{{"inputs":[{{"name":"input","datatype":"FP32","shape":{shape},"parameters":{{"binary_data_size":4}}}}]}}"#
+            );
+            let e = req(&json, &[0, 0, 0, 0]).unwrap_err();
+            assert!(e.status == 400 && e.message.contains("input 'input'"), "{shape}: {e:?}");
+        }
     }
 
     #[test]
