@@ -146,6 +146,11 @@ pub(crate) fn prepack(mut g: aim_ir::Graph, target: &Target, path: &str) -> Resu
         let name = format!("{}/packed_{kind}", n.name);
         n.inputs[1] = name.clone();
         n.attrs.insert("prepacked".into(), aim_ir::Attr::String(kind.into()));
+        // The dense layout depends on the depth blocking: recorded with it, as the cache
+        // sizes in the header may only change speed, never which floats are read where.
+        if let Some(kc) = prog.packed_kc(i) {
+            n.attrs.insert("packed_kc".into(), aim_ir::Attr::Int(kc as i64));
+        }
         n.attrs.insert("weight_shape".into(), aim_ir::Attr::Ints(dims.iter().map(|&d| d as i64).collect()));
         g.initializers.insert(name, packed);
     }

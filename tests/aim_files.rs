@@ -267,3 +267,43 @@ fn a_recorded_nchw_kernel_that_does_not_fit_is_an_error() {
     let e = aim::Model::load(&edited).err().expect("refused").to_string();
     assert!(e.contains("conv") && e.contains("kernel 'depthwise' cannot run this convolution"), "{e}");
 }
+
+/// The cache sizes a `.aim` file records may only change speed, never results: a dense layer
+/// deeper than every depth blocking (600, packed ahead of time with the blocking the
+/// recorded L1 gave) and a convolution, with the header's L1 and L2 edited from tiny to huge,
+/// give the ONNX model's numbers (within f32 rounding of a different summation order).
+/// Before the blocking was recorded beside the packed weights, an L1 of 8 KiB read them
+/// with the wrong depth: errors of about 2.
+#[test]
+fn recorded_cache_sizes_change_speed_not_results() {
+    let d = tempdir("aim-caches");
+    let (k, n) = (600, 24);
+    let w: Vec<String> = (0..k * n).map(|i| format!("{:.3}", ((i * 37) % 23) as f32 / 23.0 - 0.5)).collect();
+    let text = format!(
+        "opset 17\ngraph \"g\" {{\n  input %x: f32[2,{k}]\n  init %w = f32[{k},{n}] [{}]\n  %m = MatMul(%x, %w)  # dense\n  %r = Reshape(%m, %s)  # as_image\n  init %s = i64[4] [2, 6, 2, 2]\n  init %cw = f32[4,6,1,1] [{}]\n  %y = Conv(%r, %cw)  # conv\n  output %y: f32[2,4,2,2]\n}}\n",
+        w.join(", "),
+        (0..24).map(|i| format!("{:.2}", (i % 5) as f32 / 5.0 - 0.4)).collect::<Vec<_>>().join(", ")
+    );
+    let onnx = d.join("deep.onnx");
+    std::fs::write(&onnx, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    let x: Vec<f32> = (0..2 * k).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+    let inputs = vec![("x".to_string(), Tensor::from_slice(&[2, k], &x))];
+    let want = aim::Model::load_with(&onnx, aim::Backend::Reference).unwrap().run(inputs.clone()).unwrap();
+    let file = d.join("deep.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    let dense = f.model.graph.nodes.iter().find(|n| n.attrs.contains_key("prepacked")).expect("prepacked weights");
+    assert!(dense.attrs.contains_key("packed_kc"), "{:?}", dense.attrs);
+    for (l1, l2) in [(1u64 << 10, 1u64 << 12), (8 << 10, 256 << 10), (48 << 10, 2 << 20), (1 << 30, 1 << 34)] {
+        let mut header = f.header.clone();
+        header.target.insert("l1d".into(), l1.to_string());
+        header.target.insert("l2".into(), l2.to_string());
+        let edited = d.join(format!("l1_{l1}.aim"));
+        aim_ir::aim_file::write(&edited, &f.model, &header).unwrap();
+        let got = aim::Model::load(&edited).unwrap().run(inputs.clone()).unwrap();
+        let (g, w) = (got[0].1.data::<f32>(), want[0].1.data::<f32>());
+        let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= 1e-4 * scale, "L1 {l1}, L2 {l2}: max error {err} (outputs up to {scale})");
+    }
+}

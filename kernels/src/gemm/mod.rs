@@ -578,7 +578,9 @@ pub fn gemm_rows(
         // 7% of a 64-row dense layer, and the kernels read 12 (6) row streams as fast.
         tiled(ASrc::Plain(a), m, blocking.mc, b, c, ldc, ep, par);
     } else {
-        let pa = PackedA::from_rows(b.isa, blocking, a, m, k, par);
+        // A packed with B's depth blocking (B's may differ from `blocking`: weights packed
+        // ahead of time keep theirs).
+        let pa = PackedA::from_rows(b.isa, Blocking { kc: b.kc, ..blocking }, a, m, k, par);
         gemm(&pa, b, c, ldc, ep, par);
     }
 }

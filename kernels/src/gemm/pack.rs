@@ -284,6 +284,11 @@ impl PackedB {
         Ok(PackedB { isa, k: s.k, n: s.n, kc: blocking.kc.max(1), data, half: None, q4: Some(q4) })
     }
 
+    /// The depth of its k blocks, which the packed layout depends on.
+    pub fn kc(&self) -> usize {
+        self.kc
+    }
+
     /// Whether the weights are held as 4-bit codes.
     pub fn is_q4(&self) -> bool {
         self.q4.is_some()

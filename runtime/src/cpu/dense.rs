@@ -47,7 +47,14 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         Some("dense") => {
             let floats = aim_kernels::floats::Floats::view(w, 0, w.len())
                 .ok_or_else(|| prep_err(n, "prepacked weights are not f32"))?;
-            let packed = PackedB::with_packed(isa, blocking, k, nn, floats)
+            // Packed with the depth blocking recorded beside them (files written before it was
+            // recorded: the one this target's caches give, as then).
+            let kc = match n.opt_int("packed_kc") {
+                None => blocking.kc,
+                Some(kc) if (1..=1 << 20).contains(&kc) => kc as usize,
+                Some(kc) => return Err(prep_err(n, format!("prepacked weights: packed_kc {kc} is not a depth"))),
+            };
+            let packed = PackedB::with_packed(isa, Blocking { kc, ..blocking }, k, nn, floats)
                 .map_err(|e| prep_err(n, format!("prepacked weights: {e}")))?;
             std::sync::Arc::new(if half { packed.to_half() } else { packed })
         }

@@ -336,6 +336,16 @@ impl CpuProgram {
         out
     }
 
+    /// The depth blocking (`kc`) node `i`'s dense weights were packed with, which their
+    /// packed layout depends on: recorded with them (`packed_kc`), so that a program that
+    /// derives another blocking from other cache sizes still reads them right.
+    pub fn packed_kc(&self, i: usize) -> Option<usize> {
+        match self.prepared.get(&i) {
+            Some(Prepared::Dense(d)) => Some(d.weight.kc()),
+            _ => None,
+        }
+    }
+
     /// The optimised graph this program runs.
     pub fn graph(&self) -> &Graph {
         &self.graph
