@@ -307,3 +307,21 @@ fn recorded_cache_sizes_change_speed_not_results() {
         assert!(err <= 1e-4 * scale, "L1 {l1}, L2 {l2}: max error {err} (outputs up to {scale})");
     }
 }
+
+/// A fused activation the kernels do not know, written into a file, is an error naming the
+/// node at load (it was once run as no activation).
+#[test]
+fn an_unknown_fused_activation_is_an_error() {
+    let d = tempdir("aim-activation");
+    let onnx = conv_model(&d, "2");
+    let file = d.join("net.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    let (mut model, header) = (f.model.clone(), f.header.clone());
+    let conv = model.graph.nodes.iter_mut().find(|n| n.attrs.contains_key("activation")).expect("a fused activation");
+    conv.attrs.insert("activation".into(), aim_ir::Attr::String("bogus".into()));
+    let edited = d.join("edited.aim");
+    aim_ir::aim_file::write(&edited, &model, &header).unwrap();
+    let e = aim::Model::load(&edited).err().expect("refused").to_string();
+    assert!(e.contains("conv") && e.contains("unknown fused activation activation=\"bogus\""), "{e}");
+}

@@ -101,6 +101,20 @@ fn activation(n: &Node) -> Option<Activation> {
     activation_with(n, "")
 }
 
+/// A fused activation a kernel does not know (an edited `.aim` file, or a compiler bug) is
+/// an error naming the node, never run as no activation (`none`, the identity's name, is
+/// known).
+fn check_activations(n: &Node) -> Result<(), RunError> {
+    for prefix in ["", "res_"] {
+        let key = format!("{prefix}activation");
+        let name = n.string(&key, "none");
+        if name != "none" && activation_with(n, prefix).is_none() {
+            return Err(prep_err(n, format!("unknown fused activation {key}=\"{name}\"")));
+        }
+    }
+    Ok(())
+}
+
 /// The activation whose attributes carry `prefix` (`res_activation`, `res_clip_min`, ...
 /// for the one after a fused residual).
 fn activation_with(n: &Node, prefix: &str) -> Option<Activation> {
@@ -219,6 +233,9 @@ impl CpuProgram {
             let n = &graph.nodes[i];
             if n.domain != "aim" {
                 return None;
+            }
+            if let Err(e) = check_activations(n) {
+                return Some(Err(e));
             }
             Some(match n.op.as_str() {
                 "Conv" if n.attrs.contains_key("layout") => blocked::prepare(&graph, n, isa, blocking),
