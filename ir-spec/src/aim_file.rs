@@ -128,13 +128,23 @@ fn align(x: usize, a: usize) -> usize {
 /// larger constants in the data section.
 pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileError> {
     let err = |reason: String| AimFileError { path: path.display().to_string(), reason };
+    if path.is_dir() {
+        return Err(err("is a directory; give the file to write".into()));
+    }
     let tmp = path.with_extension("aim.partial");
     let file = std::fs::File::create(&tmp).map_err(|e| err(format!("cannot create {}: {e}", tmp.display())))?;
-    let mut w = std::io::BufWriter::new(file);
-    write_to(&mut w, model, header).map_err(err)?;
-    w.flush().map_err(|e| err(format!("write failed: {e}")))?;
-    drop(w);
-    std::fs::rename(&tmp, path).map_err(|e| err(format!("cannot move {} into place: {e}", tmp.display())))
+    let written = (|| {
+        let mut w = std::io::BufWriter::new(file);
+        write_to(&mut w, model, header)?;
+        w.flush().map_err(|e| format!("write failed: {e}"))?;
+        drop(w);
+        std::fs::rename(&tmp, path).map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))
+    })();
+    // No partial file is left behind on any error.
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(err)
 }
 
 /// The bytes of the `.aim` file [`write`] would write: what a shared object embeds.

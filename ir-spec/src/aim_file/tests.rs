@@ -153,3 +153,15 @@ fn static_images_are_read_in_place() {
     let shifted: &'static [u8] = &buf[start + 1..start + 1 + bytes.len() - 1];
     assert!(parse_static(shifted).err().expect("refused").contains("boundary"));
 }
+
+/// Writing over a directory is a clean error that leaves no partial file behind (one was
+/// once left beside the directory).
+#[test]
+fn writing_over_a_directory_leaves_nothing_behind() {
+    let dir = std::env::temp_dir().join(format!("aim-file-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = write(&dir, &sample(), &header()).unwrap_err();
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    assert!(!dir.with_extension("aim.partial").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
