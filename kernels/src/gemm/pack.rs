@@ -40,7 +40,7 @@ pub struct PackedB {
     /// widened to f32 as the GEMM reads it (see [`PackedB::to_half`]).
     half: Option<Vec<half::f16>>,
     /// Or 4-bit codes (then `data` is empty), widened per panel (see [`PackedB::from_q4`]).
-    q4: Option<super::q4::Q4>,
+    q4: Option<Box<super::q4::Q4>>,
 }
 
 /// Offset of k block `kb` in a packed operand with `panels` panels of `width`.
@@ -273,7 +273,7 @@ impl PackedB {
     /// the codes were laid out for another panel width than `isa`'s.
     pub fn from_q4(isa: Isa, blocking: Blocking, q4: super::q4::Q4) -> Result<PackedB, String> {
         let s = q4.shape;
-        if isa.nr() % s.nr != 0 {
+        if !isa.nr().is_multiple_of(s.nr) {
             return Err(format!(
                 "4-bit weights laid out in panels of {} columns, the {isa:?} kernels read panels of {}",
                 s.nr,
@@ -281,7 +281,7 @@ impl PackedB {
             ));
         }
         let data = crate::floats::Floats::owned(Vec::new());
-        Ok(PackedB { isa, k: s.k, n: s.n, kc: blocking.kc.max(1), data, half: None, q4: Some(q4) })
+        Ok(PackedB { isa, k: s.k, n: s.n, kc: blocking.kc.max(1), data, half: None, q4: Some(Box::new(q4)) })
     }
 
     /// The depth of its k blocks, which the packed layout depends on.
@@ -295,7 +295,7 @@ impl PackedB {
     }
 
     pub(crate) fn q4(&self) -> Option<&super::q4::Q4> {
-        self.q4.as_ref()
+        self.q4.as_deref()
     }
 
     /// Whether the weights are held as f16.

@@ -65,7 +65,11 @@ impl Q4Shape {
     /// Checks the shape is one the GEMM can read: positive dims, an even block, a panel of
     /// at most 32 columns.
     pub fn check(&self) -> Result<(), String> {
-        let ok = self.k > 0 && self.n > 0 && self.block > 0 && self.block % 2 == 0 && (1..=MAX_NR).contains(&self.nr);
+        let ok = self.k > 0
+            && self.n > 0
+            && self.block > 0
+            && self.block.is_multiple_of(2)
+            && (1..=MAX_NR).contains(&self.nr);
         if !ok {
             return Err(format!("4-bit weight {self:?}: k, n positive, an even block, 1 to {MAX_NR} columns a panel"));
         }
@@ -546,7 +550,7 @@ mod x86 {
     ) {
         let m = M;
         let (words, blocks) = ((k.div_ceil(2) * 2).div_ceil(4), k.div_ceil(block));
-        assert!(m <= 4 && rows.len() >= m && block % 2 == 0);
+        assert!(m <= 4 && rows.len() >= m && block.is_multiple_of(2));
         assert!(codes.len() >= k.div_ceil(2) * 16 && params.len() >= blocks * 64);
         assert!(zeros.is_none_or(|z| z.len() >= blocks * 16) && quant.len() >= m * words + 2 * m * blocks);
         // SAFETY: every read is inside the slices as asserted (a step of two pairs reads the
