@@ -29,6 +29,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu import batched, matmul_model  # noqa: E402  (the same batch-8 files and GEMM model as gpu.py)
+
 # (model, half model?) whose outputs are compared with the cpu backend's.
 ACCURACY = ["mlp", "mlp_b64", "resnet50", "mobilenetv2", "bert_l6", "mobilenetv2_f16", "bert_l6_f16",
             "mobilenetv3", "yolo_like", "dbnet_like", "bert_hf", "gpt2_step", "crnn_unrolled",
@@ -148,22 +151,6 @@ def compare(aim, model, inputs, tmp, tf32):
     return worst, None
 
 
-def batched(src, inputs, batch, tmp):
-    """The model and its inputs with every batch dim (dim 0 of inputs and outputs) = batch."""
-    import onnx
-    m = onnx.load(src)
-    for v in list(m.graph.input) + list(m.graph.output):
-        d = v.type.tensor_type.shape.dim
-        if d:
-            d[0].ClearField("dim_param")
-            d[0].dim_value = batch
-    name = os.path.basename(src).replace(".onnx", f"_b{batch}")
-    path, feeds = os.path.join(tmp, name + ".onnx"), os.path.join(tmp, name + ".inputs.npz")
-    onnx.save(m, path)
-    np.savez(feeds, **{k: np.concatenate([v] * batch) for k, v in np.load(inputs).items()})
-    return path, feeds
-
-
 def bert_batched(models, inputs, batch, half, tmp):
     """bert_l6_batch (bert_l6 with a symbolic batch dim; in f16 when `half`) and its inputs
     tiled to `batch` rows: bert_l6's reshapes fix the batch at 1."""
@@ -195,23 +182,6 @@ def torch_ms(name, batch, math, iters):
     if err:
         return None, err
     return json.loads(out.strip().splitlines()[-1])["median"], None
-
-
-def matmul_model(n, tmp, half):
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    rng = np.random.default_rng(0)
-    dt, ty = (np.float16, TensorProto.FLOAT16) if half else (np.float32, TensorProto.FLOAT)
-    w = numpy_helper.from_array(rng.standard_normal((n, n)).astype(dt), "w")
-    g = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "gemm",
-                          [helper.make_tensor_value_info("a", ty, [n, n])],
-                          [helper.make_tensor_value_info("y", ty, [n, n])], [w])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    tag = "gemm_f16" if half else "gemm"
-    path, feeds = os.path.join(tmp, tag + ".onnx"), os.path.join(tmp, tag + ".inputs.npz")
-    onnx.save(m, path)
-    np.savez(feeds, a=rng.standard_normal((n, n)).astype(dt))
-    return path, feeds
 
 
 def main():
