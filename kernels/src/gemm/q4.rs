@@ -761,7 +761,7 @@ mod tests {
         assert!(Q4::new(shape, short).unwrap_err().contains("takes"));
         assert!(Q4::new(Q4Shape { nr: 3, ..shape }, Tensor::from_vec(&[1], vec![0u8])).is_err());
         // A width that does not divide the ISA's panel.
-        let other = [12, 32].into_iter().find(|w| Isa::best().nr() % w != 0).unwrap();
+        let other = [12, 32].into_iter().find(|&w| !Isa::best().nr().is_multiple_of(w)).unwrap();
         let s = Q4Shape { nr: other, ..shape };
         let q = Q4::new(s, Tensor::from_vec(&[s.bytes()], vec![0u8; s.bytes()])).unwrap();
         assert!(PackedB::from_q4(Isa::best(), Blocking { kc: 64, mc: 8 }, q).is_err());
