@@ -449,7 +449,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                                         td == if d == channel_dim { c } else { 1 }
                                     })
                             });
-                            if shape_ok {
+                            // A dense layer's output ends in its features whatever its other dims
+                            // (known or not): a 1-D bias of one value per feature broadcasts along
+                            // them alone.
+                            let dense_vector = f.op == "Dense" && t.rank() == 1 && Some(t.len()) == channels;
+                            if shape_ok || dense_vector {
                                 let name = format!("{}::bias", n.name);
                                 g.initializers
                                     .insert(name.clone(), Tensor::from_vec(&[t.len()], t.data::<f32>().to_vec()));
@@ -506,4 +510,26 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     }
     super::uses::remove_marked(g, &removed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aim_ir::text::parse_graph;
+
+    /// A 1-D bias after a MatMul joins the dense layer even when the output's other dims are
+    /// not known (a decoder's `[batch, ?, features]`): it broadcasts along the features alone.
+    #[test]
+    fn a_vector_bias_joins_a_dense_layer_whatever_its_other_dims() {
+        let mut g = parse_graph(
+            "graph \"g\" {\n  input %x: f32[?,3]\n  init %w = f32[3,2] [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]\n  init %b = f32[2] [0.5, -0.5]\n  %m = MatMul(%x, %w)  # mm\n  %y = Add(%m, %b)  # bias\n  output %y: f32[?,2]\n}\n",
+        )
+        .unwrap();
+        aim_ir::infer::infer_types(&mut g).unwrap();
+        run(&mut g).unwrap();
+        let ops: Vec<String> = g.nodes.iter().map(|n| format!("{}:{}", n.domain, n.op)).collect();
+        assert_eq!(ops, ["aim:Dense"]);
+        assert_eq!(g.initializers[&g.nodes[0].inputs[2]].data::<f32>(), &[0.5, -0.5]);
+        assert_eq!(sources_of(&g.nodes[0]), ["mm", "bias"]);
+    }
 }
