@@ -269,13 +269,11 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
             Some(v.iter().map(|&x| x as usize).collect())
         }
     };
-    let bytes = b.bytes();
-    let code = |c: usize, kk: usize| unpack(&bytes[(c * blocks + kk / block) * blob..], kk % block, bits);
+    let codes = codes_by_row(b.bytes(), (k, cols), (bits, block, blocks, blob));
     // Integer codes and zero points in blocks along K: the weight is a blocked
     // DequantizeLinear of the codes, one byte each (a quarter of f32's bytes), which the cpu
     // backend keeps at 4 bits where they fit (`passes::q4_weights`) and the others fold.
     if integer_zeros && g_idx.as_ref().is_none_or(|g| g.iter().enumerate().all(|(kk, &b)| b == kk / block)) {
-        let codes = codes_by_row(bytes, (k, cols), (bits, block, blocks, blob));
         // [N, blocks] to [blocks, N].
         let t = |s: &[f64]| -> Vec<f64> { (0..blocks * cols).map(|i| s[(i % cols) * blocks + i / cols]).collect() };
         let scales = Tensor::from_f64(sdtype, &[blocks, cols], &t(&scale));
@@ -293,7 +291,7 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     let mut w = vec![0f32; k * cols];
     for c in 0..cols {
         for kk in 0..k {
-            let q = code(c, kk) as f64;
+            let q = codes[kk * cols + c] as f64;
             let g = g_idx.as_ref().map_or(kk / block, |g| g[kk]);
             w[kk * cols + c] = ((q - zero[c * blocks + g]) * scale[c * blocks + g]) as f32;
         }
@@ -395,7 +393,6 @@ fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     Ok(())
 }
 
-/// The `bits`-bit value at position `i` of `packed` (low bits first).
 /// `B`'s codes (column-major, `[N, blocks, blob]`) as a row-major `[K, N]` u8 matrix, in
 /// tiles of 64 columns so that every row's bytes of a tile are written while in cache (a
 /// column at a time would touch a cache line per code).
@@ -427,6 +424,7 @@ fn codes_by_row(
     out
 }
 
+/// The `bits`-bit value at position `i` of `packed` (low bits first).
 fn unpack(packed: &[u8], i: usize, bits: usize) -> u32 {
     let bit = i * bits;
     let word = packed[bit / 8] as u32 | (packed.get(bit / 8 + 1).copied().unwrap_or(0) as u32) << 8;

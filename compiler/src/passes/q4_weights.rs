@@ -25,12 +25,7 @@ pub fn shape_of(n: &Node) -> Option<Q4Shape> {
     if !matches!(n.attrs.get("weights"), Some(Attr::String(s)) if s == Q4) {
         return None;
     }
-    match n.ints(Q4_SHAPE)? {
-        &[k, nn, block, nr, zeros] if [k, nn, block, nr].iter().all(|&d| d > 0) && (0..=1).contains(&zeros) => {
-            Some(Q4Shape { k: k as usize, n: nn as usize, block: block as usize, nr: nr as usize, zeros: zeros == 1 })
-        }
-        _ => None,
-    }
+    Q4Shape::from_ints(n.ints(Q4_SHAPE)?)
 }
 
 /// Rewrites every eligible MatMul for panels of `nr` columns.
@@ -58,9 +53,7 @@ pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
         f.inputs = vec![f.inputs[0].clone(), name, String::new()];
         f.attrs.insert(SOURCES.into(), Attr::Strings(sources));
         f.attrs.insert("weights".into(), Attr::String(Q4.into()));
-        let s = shape;
-        let dims = [s.k, s.n, s.block, s.nr, s.zeros as usize].map(|v| v as i64).to_vec();
-        f.attrs.insert(Q4_SHAPE.into(), Attr::Ints(dims));
+        f.attrs.insert(Q4_SHAPE.into(), Attr::Ints(shape.to_ints()));
         if let Some(level) = level {
             f.attrs.insert(ACCURACY_LEVEL.into(), Attr::Int(level));
         }

@@ -62,6 +62,27 @@ impl Q4Shape {
         self.codes_len() + 4 * self.params() + if self.zeros { self.params() } else { 0 }
     }
 
+    /// The shape as a node attribute records it: `[k, n, block, nr, zeros (0 or 1)]`.
+    pub fn to_ints(&self) -> Vec<i64> {
+        [self.k, self.n, self.block, self.nr, self.zeros as usize].map(|v| v as i64).to_vec()
+    }
+
+    /// The shape [`Q4Shape::to_ints`] wrote, or None for a list that is not one.
+    pub fn from_ints(v: &[i64]) -> Option<Q4Shape> {
+        match *v {
+            [k, n, block, nr, zeros] if [k, n, block, nr].iter().all(|&d| d > 0) && (0..=1).contains(&zeros) => {
+                Some(Q4Shape {
+                    k: k as usize,
+                    n: n as usize,
+                    block: block as usize,
+                    nr: nr as usize,
+                    zeros: zeros == 1,
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// Checks the shape is one the GEMM can read: positive dims, an even block, a panel of
     /// at most 32 columns.
     pub fn check(&self) -> Result<(), String> {
@@ -261,7 +282,10 @@ impl Q4 {
                 let codes = self.pairs(j, 0, s.pairs());
                 let params = &all[s.codes_len() + 4 * (j * blocks * nr)..s.codes_len() + 4 * ((j + 1) * blocks * nr)];
                 let zeros = s.zeros.then(|| &all[s.codes_len() + 4 * s.params() + j * blocks * nr..][..blocks * nr]);
-                let rows: Vec<*mut f32> = (0..m).map(|i| acc[i * width + (j - j0) * nr..][..nr].as_mut_ptr()).collect();
+                let mut rows = [std::ptr::null_mut::<f32>(); 4];
+                for (i, r) in rows.iter_mut().enumerate().take(m) {
+                    *r = acc[i * width + (j - j0) * nr..][..nr].as_mut_ptr();
+                }
                 // SAFETY: AVX2 panels are only made where the CPU has it; `codes` holds the
                 // panel's pairs, `params` and `zeros` its blocks' 16 scales and zero points,
                 // `quant` every row's codes; each row pointer has 16 floats of `acc`.

@@ -5,6 +5,7 @@ use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
 use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Epilogue, Isa, PackedB, Q4Shape, Q4};
+use std::sync::Arc;
 
 pub(super) struct DensePrep {
     /// Shared with the model's other programs packing the same weight.
@@ -18,14 +19,11 @@ pub(super) struct DensePrep {
 }
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
-    if matches!(n.attrs.get("weights"), Some(aim_ir::Attr::String(s)) if s == "q4") {
-        return prepare_q4(g, n, isa, blocking);
-    }
-    let (w, dims, prepacked) = super::prepacked::weight(g, n, 2)?;
-    // `trans_b = 1`: the weight is stored `[N, K]` and packed from those bytes as they are
-    // (packed weights are always stored with their logical `[K, N]` dims).
-    let trans = prepacked.is_none() && n.int("trans_b", 0) != 0;
-    let (k, nn) = if trans { (dims[1], dims[0]) } else { (dims[0], dims[1]) };
+    let (weight, k, nn) = if matches!(n.attrs.get("weights"), Some(aim_ir::Attr::String(s)) if s == "q4") {
+        q4_weight(g, n, isa, blocking)?
+    } else {
+        f32_weight(g, n, isa, blocking)?
+    };
     let bias = match n.input(2) {
         Some(b) => Some(
             const_f32(g, Some(b))
@@ -36,6 +34,17 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         ),
         None => None,
     };
+    let post = super::post_program(n, isa)?;
+    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), post, k, n: nn })))
+}
+
+/// The packed weight (f32, or f16 with `weights = "f16"`), its depth and its outputs.
+fn f32_weight(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<(Arc<PackedB>, usize, usize), RunError> {
+    let (w, dims, prepacked) = super::prepacked::weight(g, n, 2)?;
+    // `trans_b = 1`: the weight is stored `[N, K]` and packed from those bytes as they are
+    // (packed weights are always stored with their logical `[K, N]` dims).
+    let trans = prepacked.is_none() && n.int("trans_b", 0) != 0;
+    let (k, nn) = if trans { (dims[1], dims[0]) } else { (dims[0], dims[1]) };
     // `weights = "f16"` (the `half-weights` pass): held as f16, widened per panel.
     let half = match n.attrs.get("weights") {
         None => false,
@@ -63,42 +72,26 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         }
         None => super::shared::packed_b(w, isa, blocking, (k, nn), trans, half),
     };
-    let post = super::post_program(n, isa)?;
-    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), post, k, n: nn })))
+    Ok((weight, k, nn))
 }
 
 /// A dense layer whose weight input holds 4-bit codes, scales and zero points in the GEMM's
 /// panel layout (`aim_kernels::gemm::q4`; the compiler's `four-bit-weights` pass), its
 /// shape in `q4_shape` = `[k, n, block, nr, zeros]`: read in place, checked against the
 /// shape and this CPU's panel width.
-fn prepare_q4(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
-    let shape = match n.ints("q4_shape") {
-        Some(&[k, nn, block, nr, zeros]) if [k, nn, block, nr].iter().all(|&d| d > 0) && (0..=1).contains(&zeros) => {
-            Q4Shape { k: k as usize, n: nn as usize, block: block as usize, nr: nr as usize, zeros: zeros == 1 }
-        }
-        other => {
-            return Err(prep_err(n, format!("4-bit weights need q4_shape = [k, n, block, nr, 0|1], not {other:?}")))
-        }
-    };
+fn q4_weight(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<(Arc<PackedB>, usize, usize), RunError> {
+    let recorded = n.ints("q4_shape");
+    let shape = recorded.and_then(Q4Shape::from_ints).ok_or_else(|| {
+        prep_err(n, format!("4-bit weights need q4_shape = [k, n, block, nr, 0|1], not {recorded:?}"))
+    })?;
     let w = n
         .input(1)
         .and_then(|w| g.initializers.get(w))
         .ok_or_else(|| prep_err(n, "4-bit weights must be a constant u8 tensor"))?;
     // ONNX Runtime's accuracy level 4: rows may be quantized to int8 per block.
     let q4 = Q4::new(shape, w.clone()).map_err(|e| prep_err(n, e))?.with_int8_rows(n.int("accuracy_level", 0) == 4);
-    let weight = std::sync::Arc::new(PackedB::from_q4(isa, blocking, q4).map_err(|e| prep_err(n, e))?);
-    let bias = match n.input(2) {
-        Some(b) => Some(
-            const_f32(g, Some(b))
-                .filter(|t| t.len() == shape.n)
-                .ok_or_else(|| prep_err(n, "bias must be constant f32 with one value per output"))?
-                .data::<f32>()
-                .to_vec(),
-        ),
-        None => None,
-    };
-    let post = super::post_program(n, isa)?;
-    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), post, k: shape.k, n: shape.n })))
+    let weight = Arc::new(PackedB::from_q4(isa, blocking, q4).map_err(|e| prep_err(n, e))?);
+    Ok((weight, shape.k, shape.n))
 }
 
 pub(super) fn run_dense(
