@@ -75,9 +75,11 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // Cranelift rounds vectors with SSE4.1's roundps or NEON's frintn.
     let round = target.features.sse41 || target.level == crate::target::Level::Neon;
     // Integer kernels where the target has instructions that make them pay (AVX-512 VNNI:
-    // four times the products per instruction of f32); elsewhere quantized layers run as
-    // f32 kernels (the quantize-dequantize pass).
-    let int8 = target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512;
+    // four times the products per instruction of f32; AVX2: `vpmaddubsw`, twice, exact
+    // with the sign kernel of `aim_kernels::int8`); elsewhere quantized layers run as f32
+    // kernels (the quantize-dequantize pass).
+    let int8 = (target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512)
+        || (target.features.avx2 && target.isa_kind() == IsaKind::Avx2);
     // Quantized dense layers (dynamic and static) also run as integer GEMMs on AVX2 (exact
     // 16-bit products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of
     // the f32 emulation's, and their sums are ORT's exact ones.

@@ -48,6 +48,9 @@ pub struct Conv8 {
     /// Per panel, what its sums start from: `−zx · Σ w` per output channel (the input's zero
     /// point taken out), 0 past the last channel.
     init: Vec<[i32; NR]>,
+    /// The same for the AVX2 sign kernel ([`super::sign::start`]), when the weights hold no
+    /// −128.
+    sign_init: Option<Vec<[i32; NR]>>,
     /// The epilogue, with each output channel's scale (input × weight) and bias.
     ep: Epilogue8,
 }
@@ -98,10 +101,12 @@ impl Conv8 {
         for (o, &s) in colsum.iter().enumerate() {
             init[o / NR][o % NR] = s.wrapping_mul(x.zero as i32).wrapping_neg();
         }
+        let sign_init = super::sign::fits(&panels)
+            .then(|| init.iter().enumerate().map(|(p, i)| super::sign::start(i, &colsum[p * NR..])).collect());
         let scale = (0..m).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
         let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
         let ep = Epilogue8::new(out, scale, bias);
-        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, init, ep })
+        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, init, sign_init, ep })
     }
 
     /// Output channels.
@@ -117,6 +122,11 @@ impl Conv8 {
     /// The window.
     pub fn window(&self) -> &Window {
         &self.window
+    }
+
+    /// The microkernel [`Conv8::run`] takes on `isa`, by name (for schedule texts).
+    pub fn micro_name(&self, isa: Isa) -> &'static str {
+        Micro::for_isa(isa, self.sign_init.is_some()).name()
     }
 
     /// The epilogue.
@@ -163,7 +173,11 @@ impl Conv8 {
         let blocks = rows.div_ceil(MR);
         let splits = (par.threads() * 4).div_ceil(chunks).clamp(1, blocks);
         let per_split = blocks.div_ceil(splits);
-        let micro = Micro::for_isa(isa);
+        let micro = Micro::for_isa(isa, self.sign_init.is_some());
+        let init = match &self.sign_init {
+            Some(i) if micro.signed_start() => i,
+            _ => &self.init,
+        };
         let fast = self.ep.fast(isa);
         let yp = SharedMut(y.as_mut_ptr());
         let pointwise = self.window.kernel == [1, 1] && self.window.stride == [1, 1] && self.window.pads == [0; 4];
@@ -188,7 +202,7 @@ impl Conv8 {
                     // SAFETY: every pointer has `kc` readable bytes (the input holds `need`
                     // bytes; the zero row and the edge rows `kc`); the panel holds
                     // taps·groups·NR·4 bytes; `micro` is one this CPU runs.
-                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), &self.init[p], &mut acc) };
+                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), &init[p], nrows, &mut acc) };
                     let j0 = p * NR;
                     let cols = (m - j0).min(NR);
                     let at = r0 * m + j0;

@@ -49,14 +49,14 @@ pub struct Out8 {
 /// bounds less it, and with a residual its coefficients and the output grid's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Clamped {
-    z1: f32,
-    lo1: f32,
-    hi1: f32,
+    pub(super) z1: f32,
+    pub(super) lo1: f32,
+    pub(super) hi1: f32,
     /// `z_mid`, `s_mid / s_out`, `s_res / s_out`, `z_res`.
-    res: Option<[f32; 4]>,
-    z2: f32,
-    lo2: f32,
-    hi2: f32,
+    pub(super) res: Option<[f32; 4]>,
+    pub(super) z2: f32,
+    pub(super) lo2: f32,
+    pub(super) hi2: f32,
 }
 
 impl Clamped {
@@ -122,6 +122,11 @@ impl Epilogue8 {
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn grid_columns(&self) -> Option<(&[f32], &[f32])> {
         self.clamped.as_ref().map(|(_, s, b)| (s.as_slice(), b.as_slice()))
+    }
+
+    /// The clamp steps' constants, where the activations are clamps.
+    pub(crate) fn clamp_constants(&self) -> Option<&Clamped> {
+        self.clamped.as_ref().map(|(c, _, _)| c)
     }
 
     /// What the result becomes.
@@ -226,8 +231,13 @@ impl Epilogue8 {
         ldy: usize,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if fast {
-            return tile_v4(self, acc, rows, c0, cols, res, y, ldy);
+        {
+            if fast {
+                return tile_v4(self, acc, rows, c0, cols, res, y, ldy);
+            }
+            if avx2_tiles(isa) && super::epilogue_avx2::tile_v3(self, acc, rows, c0, cols, res, y, ldy) {
+                return;
+            }
         }
         let _ = fast;
         let n = cols;
@@ -258,6 +268,21 @@ fn activate(v: &mut [f32], act: Option<Activation>) {
     match a.clamp_bounds() {
         Some((lo, hi)) => v.iter_mut().for_each(|x| *x = crate::gemm::clamp(*x, lo, hi)),
         None => v.iter_mut().for_each(|x| *x = a.apply(*x)),
+    }
+}
+
+/// Whether the AVX2 epilogues run on this CPU (AVX2 and FMA, for an AVX2 or AVX-512 ISA).
+pub(crate) fn avx2_tiles(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(isa.kind(), crate::gemm::IsaKind::Avx2 | crate::gemm::IsaKind::Avx512)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
     }
 }
 

@@ -11,19 +11,50 @@ pub(crate) enum Micro {
     /// AVX-512 VNNI: `vpdpbusd` on zmm registers, 24 accumulators.
     #[cfg(target_arch = "x86_64")]
     Vnni512,
+    /// AVX2: `vpmaddubsw` with the activations' signs moved onto the weights
+    /// ([`super::sign`]); the weights hold no −128 and the sums start from the sign
+    /// kernel's initial values.
+    #[cfg(target_arch = "x86_64")]
+    Avx2Sign,
     /// Plain Rust (exact, like every kernel here: the sums are integers).
     Portable,
 }
 
 impl Micro {
-    /// The best microkernel for `isa` on this CPU.
-    pub(crate) fn for_isa(isa: crate::gemm::Isa) -> Micro {
+    /// The best microkernel for `isa` on this CPU, for weights that the sign kernel takes
+    /// (`signable`: no −128) or not.
+    pub(crate) fn for_isa(isa: crate::gemm::Isa, signable: bool) -> Micro {
         #[cfg(target_arch = "x86_64")]
-        if crate::qgemm::use_vnni(isa) {
-            return Micro::Vnni512;
+        {
+            if crate::qgemm::use_vnni(isa) {
+                return Micro::Vnni512;
+            }
+            if signable && crate::qgemm::use_avx2(isa) {
+                return Micro::Avx2Sign;
+            }
         }
-        let _ = isa;
+        let _ = (isa, signable);
         Micro::Portable
+    }
+
+    /// The kernel's name, for schedule texts.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Micro::Vnni512 => "AVX-512 VNNI vpdpbusd",
+            #[cfg(target_arch = "x86_64")]
+            Micro::Avx2Sign => "AVX2 vpmaddubsw, signs moved onto the weights: exact",
+            Micro::Portable => "portable",
+        }
+    }
+
+    /// Whether this kernel's sums start from [`super::sign::start`]'s values.
+    pub(crate) fn signed_start(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self == Micro::Avx2Sign {
+            return true;
+        }
+        false
     }
 
     /// `acc[r][j] = init[j] + Σ_t Σ_k a[t][r][k] · panel[t][k][j]` for `taps` taps of `groups·4`
@@ -32,7 +63,9 @@ impl Micro {
     ///
     /// # Safety
     /// `ind` holds `taps·MR` pointers, each to `groups·4` readable bytes; `panel` holds
-    /// `taps·groups·NR·4` bytes; this CPU has the microkernel's instructions.
+    /// `taps·groups·NR·4` bytes; this CPU has the microkernel's instructions. Rows from
+    /// `rows` on may be left as they were.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn tile(
         self,
         ind: &[*const u8],
@@ -40,12 +73,16 @@ impl Micro {
         groups: usize,
         panel: *const u8,
         init: &[i32; NR],
+        rows: usize,
         acc: &mut [[i32; NR]; MR],
     ) {
-        debug_assert!(ind.len() >= taps * MR);
+        debug_assert!(ind.len() >= taps * MR && rows <= MR);
+        let _ = rows;
         match self {
             #[cfg(target_arch = "x86_64")]
             Micro::Vnni512 => vnni512(ind.as_ptr(), taps, groups, panel, init, acc),
+            #[cfg(target_arch = "x86_64")]
+            Micro::Avx2Sign => super::sign::tile(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr()),
             Micro::Portable => portable(ind.as_ptr(), taps, groups, panel, init, acc),
         }
     }

@@ -26,8 +26,11 @@ pub mod conv;
 pub mod convert;
 pub mod depthwise;
 pub(crate) mod epilogue;
+#[cfg(target_arch = "x86_64")]
+mod epilogue_avx2;
 mod micro;
 pub mod pool;
+pub(crate) mod sign;
 
 pub use epilogue::{Out8, Residual8};
 

@@ -60,12 +60,9 @@ fn epilogue(sum: i64, scale: f32, bias: f32, out: &Out8, res: Option<u8>) -> u8 
     q(out.q, v).clamp(0.0, 255.0) as u8
 }
 
+/// Every ISA this CPU runs: AVX-512 (VNNI where present), AVX2 (the sign kernel), portable.
 fn isas() -> Vec<Isa> {
-    let mut v = vec![Isa::best()];
-    if Isa::best() != Isa::PORTABLE {
-        v.push(Isa::PORTABLE);
-    }
-    v
+    Isa::all_available()
 }
 
 struct Case {
@@ -129,6 +126,19 @@ fn cases() -> Vec<Case> {
             residual: true,
             act: Some(Activation::Clip(0.0, 6.0)),
         },
+        // Multiples of 8 channels: the AVX2 depthwise runs (3×3 rolled at stride 1, more
+        // taps than it holds in registers).
+        Case {
+            n: 1,
+            h: 9,
+            w: 12,
+            c: 24,
+            m: 8,
+            window: win(3, 1, 1, [1; 4]),
+            residual: true,
+            act: Some(Activation::Relu),
+        },
+        Case { n: 2, h: 11, w: 10, c: 16, m: 36, window: win(5, 1, 1, [2; 4]), residual: false, act: None },
         Case {
             n: 1,
             h: 4,
@@ -150,12 +160,24 @@ fn conv_equals_its_definition() {
         let taps = window.taps();
         let x = bytes(&mut seed, n * h * w * c);
         let wt = bytes(&mut seed, m * c * taps);
-        let xq = Q8 { scale: 0.05, zero: (lcg(&mut seed) % 256) as u8 };
+        // With a −128 among the weights the AVX2 sign kernel declines them; without, it
+        // runs (activations of 0 and 255 and weights of ±127 are the sums that would
+        // saturate a plain `vpmaddubsw`).
+        for wt in [wt.clone(), wt.iter().map(|&v| if v == 0x80 { 0x81 } else { v }).collect()] {
+            conv_case(&case, &mut seed, &x, &wt);
+        }
+    }
+}
+
+fn conv_case(case: &Case, seed: &mut u64, x: &[u8], wt: &[u8]) {
+    let Case { n, h, w, c, m, window, .. } = *case;
+    {
+        let xq = Q8 { scale: 0.05, zero: (lcg(seed) % 256) as u8 };
         let w_scale: Vec<f32> = (0..m).map(|o| 0.001 + o as f32 * 1e-4).collect();
         let bias: Vec<f32> = (0..m).map(|o| (o as f32 - 20.0) * 0.1).collect();
-        let out = out_of(&case, &mut seed);
+        let out = out_of(case, seed);
         let (oh, ow) = window.output(h, w).unwrap();
-        let res = bytes(&mut seed, n * oh * ow * m);
+        let res = bytes(seed, n * oh * ow * m);
         let mut want = vec![0u8; n * oh * ow * m];
         for b in 0..n {
             for oy in 0..oh {
@@ -180,10 +202,10 @@ fn conv_equals_its_definition() {
                 }
             }
         }
-        let k = Conv8::new(c, m, window, Weights8 { w: &wt, scale: &w_scale, bias: Some(&bias) }, xq, out).unwrap();
+        let k = Conv8::new(c, m, window, Weights8 { w: wt, scale: &w_scale, bias: Some(&bias) }, xq, out).unwrap();
         for isa in isas() {
             let mut y = vec![0u8; want.len()];
-            let input = Nhwc { data: &x, n, h, w, c };
+            let input = Nhwc { data: x, n, h, w, c };
             k.run(isa, &input, case.residual.then_some(&res[..]), &mut y, &Sequential);
             assert_eq!(y, want, "{isa:?} c {c} m {m} {window:?}");
         }

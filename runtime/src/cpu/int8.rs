@@ -285,7 +285,6 @@ fn nhwc<'a>(o: &Operand<'a>) -> Result<Nhwc<'a>, String> {
 /// What runs for the op, as `aim explore --stage scheduled` prints it (`input` and `out`
 /// are the shapes when static).
 pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Option<&[usize]>) -> Vec<String> {
-    let micro = if aim_kernels::qgemm::use_vnni(isa) { "AVX-512 VNNI vpdpbusd" } else { "portable" };
     let q = |q: &Q8| format!("scale {} zero {}", q.scale, q.zero);
     let ep = |o: &Out8| {
         let mut s = String::from("epilogue: (Σ − zx·Σw)·sx·sw + bias");
@@ -314,6 +313,7 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
             q(qq)
         )],
         (Int8Prep::Conv(k), Some(&[_, _, _, c]), Some(&[n, oh, ow, m])) => {
+            let micro = k.micro_name(isa);
             let taps = k.window().taps();
             vec![
                 format!(

@@ -9,6 +9,9 @@
 //! fused multiply-adds or not, without the widening steps an i32 accumulator needs for
 //! byte operands. The epilogue is the one every byte-writing kernel shares.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 use super::epilogue::Epilogue8;
 use super::{Nhwc, Out8, SharedMut, Weights8, Window, Q8};
 use crate::gemm::{Isa, Parallel};
@@ -141,6 +144,10 @@ impl Depthwise8 {
             if self.ep.fast(isa) {
                 // SAFETY: AVX-512 F, BW and VL checked.
                 return unsafe { line_v4(self, row, taps, res, dst) };
+            }
+            if super::epilogue::avx2_tiles(isa) && avx2::fits(self) {
+                // SAFETY: AVX2 and FMA checked.
+                return unsafe { avx2::line(self, row, taps, res, dst) };
             }
             #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
             unsafe fn v4(k: &Depthwise8, row: &Row, t: &mut [*const u8], a: &mut [f32], r: &[u8], d: &mut [u8]) {

@@ -1,0 +1,115 @@
+//! The AVX2 integer microkernel: exact u8 × s8 sums at `vpmaddubsw`'s rate.
+//!
+//! `vpmaddubsw` multiplies unsigned bytes by signed ones and adds each pair of products
+//! into a 16-bit lane, saturating: with activations up to 255 and weights up to ±127 a pair
+//! can reach 64,770 and is clipped (ONNX Runtime's AVX2 kernel sums that way and gives
+//! wrong sums when weights use their whole range). Here the activations are first moved to
+//! signed terms, `a' = a − 128` (a flip of the top bit), and the sign of each `a'` is moved
+//! onto its weight: `a'·w = |a'| · (sign(a')·w)` (`vpabsb`, `vpsignb`). Then the unsigned
+//! side is at most 128 and the signed side at most 127 in magnitude, so a pair sum is at
+//! most 2 · 128 · 127 = 32,512 and never saturates. `vpmaddwd` by ones widens the pairs to
+//! 32 bits. The `−128 · Σw` this leaves is taken back by starting each column's sum from
+//! `128 · Σw` (the caller's `init`, computed when the weights are packed).
+//!
+//! The one condition is that no weight is −128 (its sign flip would not fit a byte):
+//! [`fits`] checks a packing, and ONNX Runtime's quantizer writes symmetric s8 weights in
+//! [−127, 127].
+//!
+//! Per group of four bytes of depth and 16 columns (two vectors of the panel), each row
+//! costs a broadcast, an xor and an abs, then per vector a sign, the two multiplies and an
+//! add: four operations per 32 products, with the two multiplies the bound on every AVX2
+//! core (as for ONNX Runtime's saturating sequence of three).
+
+use crate::qgemm::{MR, NR};
+
+/// Whether every byte of packed s8 weights can take the sign of an activation: none is
+/// −128.
+pub(crate) fn fits(panels: &[u8]) -> bool {
+    !panels.contains(&0x80)
+}
+
+/// What each column's sum must start from for the sign kernel: `init + 128 · Σw` (`colsum`
+/// the column's weight sum, 0 past the last column).
+pub(crate) fn start(init: &[i32; NR], colsum: &[i32]) -> [i32; NR] {
+    std::array::from_fn(|j| init[j].wrapping_add(colsum.get(j).copied().unwrap_or(0).wrapping_mul(128)))
+}
+
+/// `acc[r][j] = init[j] + Σ_t Σ_k (a[t][r][k] − 128) · panel[t][k][j]` for rows `0..rows`
+/// of the tile, `taps` taps of `groups·4` bytes: `ind[t·MR + r]` points at row `r`'s bytes
+/// for tap `t` (u8); the panel holds, per tap and group of four bytes, NR columns × 4 bytes
+/// (s8, none −128). With `init` from [`start`] the sums are `Σ a · w`, exactly.
+///
+/// # Safety
+/// The CPU has AVX2; `ind` holds `taps·MR` pointers (the first `rows` of each tap read),
+/// each to `groups·4` readable bytes; `panel` holds `taps·groups·NR·4` bytes; `acc` has
+/// `rows` writable rows; `rows ≤ MR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn tile(
+    ind: *const *const u8,
+    taps: usize,
+    groups: usize,
+    panel: *const u8,
+    init: &[i32; NR],
+    rows: usize,
+    acc: *mut [i32; NR],
+) {
+    debug_assert!(rows <= MR);
+    let mut r0 = 0;
+    while r0 < rows {
+        let args = (ind.add(r0), taps, groups, panel, init, acc.add(r0));
+        match rows - r0 {
+            1 => block::<1>(args),
+            2 => block::<2>(args),
+            3 => block::<3>(args),
+            _ => block::<4>(args),
+        }
+        r0 += 4;
+    }
+}
+
+/// The arguments of [`block`]: row pointers (tap `t`, row `r` at `t·MR + r`), taps,
+/// groups, panel, initial sums, first output row.
+#[cfg(target_arch = "x86_64")]
+type Block<'a> = (*const *const u8, usize, usize, *const u8, &'a [i32; NR], *mut [i32; NR]);
+
+/// Rows `0..R` of [`tile`], one half of the panel (16 columns, 8 accumulators) at a time.
+///
+/// # Safety
+/// As for [`tile`], for `R` rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block<const R: usize>((ind, taps, groups, panel, init, acc): Block) {
+    use std::arch::x86_64::*;
+    let flip = _mm256_set1_epi8(-128);
+    let ones = _mm256_set1_epi16(1);
+    for half in 0..2 {
+        let i0 = _mm256_loadu_si256(init.as_ptr().add(half * 16) as *const __m256i);
+        let i1 = _mm256_loadu_si256(init.as_ptr().add(half * 16 + 8) as *const __m256i);
+        let mut c = [[i0, i1]; R];
+        for t in 0..taps {
+            let a: [*const u8; R] = std::array::from_fn(|r| *ind.add(t * MR + r));
+            let mut pb = panel.add(t * groups * NR * 4 + half * 64);
+            for g in 0..groups {
+                let w0 = _mm256_loadu_si256(pb as *const __m256i);
+                let w1 = _mm256_loadu_si256(pb.add(32) as *const __m256i);
+                pb = pb.add(NR * 4);
+                for r in 0..R {
+                    let av = _mm256_set1_epi32((a[r].add(g * 4) as *const i32).read_unaligned());
+                    let s = _mm256_xor_si256(av, flip);
+                    let u = _mm256_abs_epi8(s);
+                    let p0 = _mm256_maddubs_epi16(u, _mm256_sign_epi8(w0, s));
+                    let p1 = _mm256_maddubs_epi16(u, _mm256_sign_epi8(w1, s));
+                    c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(p0, ones));
+                    c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(p1, ones));
+                }
+            }
+        }
+        for (r, c) in c.iter().enumerate() {
+            let out = (acc.add(r) as *mut i32).add(half * 16);
+            _mm256_storeu_si256(out as *mut __m256i, c[0]);
+            _mm256_storeu_si256(out.add(8) as *mut __m256i, c[1]);
+        }
+    }
+}
