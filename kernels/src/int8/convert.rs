@@ -136,7 +136,8 @@ pub fn dequantize_nhwc(x: &[u8], n: usize, c: usize, hw: usize, q: Q8, y: &mut [
 
 /// `y[i] = table[x[i]]`: an elementwise function of bytes as its table of 256 results
 /// (`aim:Lut8`), in parallel chunks; 64 bytes per step with AVX-512 VBMI (two two-register
-/// byte permutes and a blend on the top bit), one at a time elsewhere.
+/// byte permutes and a blend on the top bit), 32 with AVX2 (sixteen 16-byte shuffles),
+/// one at a time elsewhere.
 ///
 /// Panics when `y` is shorter than `x`.
 pub fn lookup(isa: Isa, x: &[u8], table: &[u8; 256], y: &mut [u8], par: &dyn Parallel) {
@@ -146,6 +147,8 @@ pub fn lookup(isa: Isa, x: &[u8], table: &[u8; 256], y: &mut [u8], par: &dyn Par
     let vbmi = isa.kind() == crate::gemm::IsaKind::Avx512
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vbmi");
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = crate::int8::epilogue::avx2_tiles(isa);
     let _ = isa;
     let yp = SharedMut(y.as_mut_ptr());
     par.for_each(x.len().div_ceil(CHUNK), &|c| {
@@ -159,10 +162,43 @@ pub fn lookup(isa: Isa, x: &[u8], table: &[u8; 256], y: &mut [u8], par: &dyn Par
             // SAFETY: AVX-512 F, BW and VBMI checked.
             return unsafe { lookup_vbmi(src, table, dst) };
         }
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 checked.
+            return unsafe { lookup_avx2(src, table, dst) };
+        }
         for (d, &v) in dst.iter_mut().zip(src) {
             *d = table[v as usize];
         }
     });
+}
+
+/// [`lookup`] of one chunk with `vpshufb`: the table as sixteen rows of 16 bytes, each
+/// shuffled by the index less the row's first index, offset by 0x70 with unsigned
+/// saturation so that only the indices of that row keep the top bit clear (`vpshufb`
+/// gives 0 for the others), the rows' results or-ed together.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn lookup_avx2(x: &[u8], table: &[u8; 256], y: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let rows: [__m256i; 16] =
+        std::array::from_fn(|k| _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().add(16 * k) as *const _)));
+    let (offset, sixteen) = (_mm256_set1_epi8(0x70), _mm256_set1_epi8(16));
+    let n = x.len().min(y.len());
+    let mut i = 0;
+    while i + 32 <= n {
+        let mut v = _mm256_loadu_si256(x.as_ptr().add(i) as *const __m256i);
+        let mut r = _mm256_setzero_si256();
+        for row in &rows {
+            r = _mm256_or_si256(r, _mm256_shuffle_epi8(*row, _mm256_adds_epu8(v, offset)));
+            v = _mm256_sub_epi8(v, sixteen);
+        }
+        _mm256_storeu_si256(y.as_mut_ptr().add(i) as *mut __m256i, r);
+        i += 32;
+    }
+    for k in i..n {
+        y[k] = table[x[k] as usize];
+    }
 }
 
 /// [`lookup`] of one chunk with `vpermi2b`: the index's low seven bits pick from the table's
