@@ -154,7 +154,7 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
             };
             let base = (img * s.m + gi * mg) * npx;
             let out = &mut y[base..base + mg * npx];
-            tiles(isa, &rows, &packed, groups4, npx, out, npx, par, |r, _j0, sums, dst| {
+            tiles(isa, &rows, &packed, None, groups4, npx, out, npx, par, |r, _j0, sums, dst| {
                 let o = gi * mg + r;
                 let corr = zx.wrapping_mul(p.sums[o]);
                 let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];

@@ -36,6 +36,9 @@ pub struct PackedQB {
     colsum: Vec<i32>,
     /// The zero point per column, in the s8 values' terms.
     zero: Vec<i32>,
+    /// Per panel, where the AVX2 sign kernel's sums start (`128 · Σb`), when no weight is
+    /// −128 in s8 terms (see [`crate::int8::sign`]).
+    sign_init: Option<Vec<[i32; NR]>>,
 }
 
 /// Why weights could not be packed.
@@ -86,7 +89,9 @@ impl PackedQB {
             }
         }
         let zero = (0..n).map(|j| zero[if zero.len() == 1 { 0 } else { j }] - shift).collect();
-        Ok(PackedQB { k, n, data, colsum, zero })
+        let sign_init = crate::int8::sign::fits(&data)
+            .then(|| (0..panels).map(|p| crate::int8::sign::start(&[0; NR], &colsum[p * NR..])).collect());
+        Ok(PackedQB { k, n, data, colsum, zero, sign_init })
     }
 
     /// Depth (rows of the unpacked weights).
@@ -250,7 +255,7 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
         return narrow(isa, a, b, y, ldy, par, store);
     }
     let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
-    tiles(isa, &rows, &b.data, k.div_ceil(4), n, y, ldy, par, store);
+    tiles(isa, &rows, &b.data, b.sign_init.as_deref(), k.div_ceil(4), n, y, ldy, par, store);
 }
 
 /// Below this many columns a product runs as dot products of rows and columns
@@ -330,12 +335,14 @@ pub(crate) struct Rows<'a> {
 
 /// Runs every MR×NR tile of `rows · panels` (`groups` groups of four deep, `n` columns in
 /// panels of NR) over `par`'s threads and hands each tile row's sums to `store` with its
-/// row, first column and destination in `y` (`ldy` apart).
+/// row, first column and destination in `y` (`ldy` apart). `sign_init`, per panel, is
+/// where the AVX2 sign kernel's sums start, when the panels take it (u8 rows only).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tiles<F>(
     isa: Isa,
     a: &Rows,
     panels_data: &[u8],
+    sign_init: Option<&[[i32; NR]]>,
     groups: usize,
     n: usize,
     y: &mut [f32],
@@ -360,6 +367,7 @@ pub(crate) fn tiles<F>(
     let out = OutPtr(y.as_mut_ptr());
     let vnni = use_vnni(isa);
     let avx2 = !vnni && use_avx2(isa);
+    let sign_init = sign_init.filter(|i| avx2 && !a.signed && i.len() >= panels);
     par.for_each(panels * splits, &|t| {
         let out = out;
         let (p, s) = (t / splits, t % splits);
@@ -390,6 +398,11 @@ pub(crate) fn tiles<F>(
                         2..=4 => micro_vnni::<true, 4>(&ptrs, panel.as_ptr(), groups, out),
                         _ => micro_vnni::<true, MR>(&ptrs, panel.as_ptr(), groups, out),
                     },
+                    #[cfg(target_arch = "x86_64")]
+                    _ if sign_init.is_some() => {
+                        let init = &sign_init.unwrap_or_default()[p];
+                        crate::int8::sign::tile(ptrs.as_ptr(), 1, groups, panel.as_ptr(), init, rows, out as *mut _);
+                    }
                     #[cfg(target_arch = "x86_64")]
                     _ if avx2 => {
                         // Six rows at a time: 12 accumulators and 3 operands in 16 ymm.
