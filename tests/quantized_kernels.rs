@@ -28,11 +28,19 @@ fn caps() -> Vec<&'static str> {
     }
 }
 
-/// Whether `cpu` gives this machine's integer dense kernel.
+/// Whether `cpu` gives this machine the integer convolution kernels (the byte regions and
+/// `aim:QConv`): AVX-512 VNNI, or the AVX2 level (the sign kernel,
+/// `aim_kernels::int8::sign`); natively on an AVX-512 CPU without VNNI they stay f32.
 fn integer_kernel(cpu: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        cpu == "native" && std::arch::is_x86_feature_detected!("avx512vnni")
+        use aim_kernels::gemm::{Isa, IsaKind};
+        let avx2 = Isa::new(IsaKind::Avx2).is_some();
+        match cpu {
+            "native" if Isa::best().kind() == IsaKind::Avx512 => std::arch::is_x86_feature_detected!("avx512vnni"),
+            "native" | "x86-64-v3" => avx2,
+            _ => false,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -42,7 +50,7 @@ fn integer_kernel(cpu: &str) -> bool {
 }
 
 /// Whether `cpu` gives this machine an integer GEMM for quantized dense layers (dynamic
-/// or static): AVX-512 VNNI, or AVX2's exact 16-bit products (`aim_kernels::qgemm`).
+/// or static): AVX-512 VNNI, or AVX2's exact kernels (`aim_kernels::qgemm`).
 fn integer_gemm(cpu: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {

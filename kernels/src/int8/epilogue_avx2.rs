@@ -134,10 +134,20 @@ pub(crate) unsafe fn tile_v3(
     let n = cols.min(NR);
     let chunks = n.div_ceil(8);
     let width = |h: usize| (n - 8 * h).min(8);
-    let qs: [__m256; NR / 8] =
-        std::array::from_fn(|h| if h < chunks { load8_ps(qs.as_ptr().add(c0 + 8 * h), width(h)) } else { _mm256_setzero_ps() });
-    let qb: [__m256; NR / 8] =
-        std::array::from_fn(|h| if h < chunks { load8_ps(qb.as_ptr().add(c0 + 8 * h), width(h)) } else { _mm256_setzero_ps() });
+    let qs: [__m256; NR / 8] = std::array::from_fn(|h| {
+        if h < chunks {
+            load8_ps(qs.as_ptr().add(c0 + 8 * h), width(h))
+        } else {
+            _mm256_setzero_ps()
+        }
+    });
+    let qb: [__m256; NR / 8] = std::array::from_fn(|h| {
+        if h < chunks {
+            load8_ps(qb.as_ptr().add(c0 + 8 * h), width(h))
+        } else {
+            _mm256_setzero_ps()
+        }
+    });
     let residual = e.out().residual.is_some();
     for (r, sums) in acc.iter().enumerate().take(rows) {
         for h in 0..chunks {
