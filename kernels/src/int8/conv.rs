@@ -174,9 +174,10 @@ impl Conv8 {
         let splits = (par.threads() * 4).div_ceil(chunks).clamp(1, blocks);
         let per_split = blocks.div_ceil(splits);
         let micro = Micro::for_isa(isa, self.sign_init.is_some());
-        let init = match &self.sign_init {
-            Some(i) if micro.signed_start() => i,
-            _ => &self.init,
+        // Where the sums start: the sign kernel's values when it runs.
+        let starts = match &self.sign_init {
+            Some(i) if micro.signed_start() => i.as_slice(),
+            _ => self.init.as_slice(),
         };
         let fast = self.ep.fast(isa);
         let yp = SharedMut(y.as_mut_ptr());
@@ -197,12 +198,13 @@ impl Conv8 {
                 } else {
                     geo.pixels(data, r0, nrows, &zrow, &mut ind);
                 }
-                for p in chunk * per_chunk..((chunk + 1) * per_chunk).min(npanels) {
+                let panels = chunk * per_chunk..((chunk + 1) * per_chunk).min(npanels);
+                for (p, start) in starts.iter().enumerate().take(panels.end).skip(panels.start) {
                     let panel = &self.panels[p * panel_bytes..(p + 1) * panel_bytes];
                     // SAFETY: every pointer has `kc` readable bytes (the input holds `need`
                     // bytes; the zero row and the edge rows `kc`); the panel holds
                     // taps·groups·NR·4 bytes; `micro` is one this CPU runs.
-                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), &init[p], nrows, &mut acc) };
+                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc) };
                     let j0 = p * NR;
                     let cols = (m - j0).min(NR);
                     let at = r0 * m + j0;
