@@ -366,8 +366,12 @@ pub(crate) fn tiles<F>(
     let per = blocks.div_ceil(splits);
     let out = OutPtr(y.as_mut_ptr());
     let vnni = use_vnni(isa);
+    #[cfg(target_arch = "x86_64")]
     let avx2 = !vnni && use_avx2(isa);
+    #[cfg(target_arch = "x86_64")]
     let sign_init = sign_init.filter(|i| avx2 && !a.signed && i.len() >= panels);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = sign_init;
     par.for_each(panels * splits, &|t| {
         let out = out;
         let (p, s) = (t / splits, t % splits);

@@ -51,6 +51,8 @@ struct Step {
 /// value (reused once it is dead), the last instruction into the output.
 #[derive(Clone, Debug)]
 pub struct Wide {
+    /// The ISA the blocks run on (read only on x86-64: elsewhere `new` makes none).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     isa: Isa,
     steps: Vec<Step>,
     temps: usize,

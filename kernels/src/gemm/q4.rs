@@ -266,14 +266,10 @@ impl Q4 {
         assert!(m == 0 || acc.len() >= (m - 1) * width + (j1 - j0) * nr, "accumulators too short");
         #[cfg(target_arch = "x86_64")]
         let int8 = self.int8_rows && avx2(kind, nr);
-        #[cfg(not(target_arch = "x86_64"))]
-        let int8 = false;
         // Rows quantized per block: codes (i8, K rounded up to pairs), a scale and the sum of
         // the codes per row and block.
-        let mut quant = Vec::new();
-        if int8 {
-            quant = quantize_rows(a, m, k, s.block);
-        }
+        #[cfg(target_arch = "x86_64")]
+        let quant = if int8 { quantize_rows(a, m, k, s.block) } else { Vec::new() };
         let mut sums = [[0f32; MAX_NR]; 4];
         for j in j0..j1 {
             #[cfg(target_arch = "x86_64")]
@@ -339,6 +335,8 @@ pub fn panel_width(kind: super::IsaKind) -> usize {
 /// Row-major `a` (m × k) quantized per block of `block` values to int8: per row, its codes
 /// (k rounded up to pairs, the extra one 0), then per block a scale (f32 bits) and the sum of
 /// its codes, both as i32 words after the codes of all rows.
+/// Used by the AVX2 kernels, elsewhere only by the tests.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn quantize_rows(a: &[f32], m: usize, k: usize, block: usize) -> Vec<i32> {
     let (kp, blocks) = (k.div_ceil(2) * 2, k.div_ceil(block));
     let words = kp.div_ceil(4);

@@ -125,6 +125,7 @@ impl Epilogue8 {
     }
 
     /// The clamp steps' constants, where the activations are clamps.
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn clamp_constants(&self) -> Option<&Clamped> {
         self.clamped.as_ref().map(|(c, _, _)| c)
     }
@@ -272,18 +273,11 @@ fn activate(v: &mut [f32], act: Option<Activation>) {
 }
 
 /// Whether the AVX2 epilogues run on this CPU (AVX2 and FMA, for an AVX2 or AVX-512 ISA).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2_tiles(isa: Isa) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        matches!(isa.kind(), crate::gemm::IsaKind::Avx2 | crate::gemm::IsaKind::Avx512)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = isa;
-        false
-    }
+    matches!(isa.kind(), crate::gemm::IsaKind::Avx2 | crate::gemm::IsaKind::Avx512)
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
 }
 
 /// Whether the AVX-512 epilogues run on this CPU (F, BW and VL).

@@ -22,7 +22,9 @@
 //! three). Two rows of the whole panel measured 6–9% faster than four rows of half of it
 //! (the sign and magnitude of a row are then made once per group, not twice).
 
-use crate::qgemm::{MR, NR};
+#[cfg(target_arch = "x86_64")]
+use crate::qgemm::MR;
+use crate::qgemm::NR;
 
 /// Whether every byte of packed s8 weights can take the sign of an activation: none is
 /// −128.
