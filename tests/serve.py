@@ -172,6 +172,7 @@ def main():
         grpc_failures = grpc_checks(srv, feeds, expected, mlp_numpy(paths["mlp"]))
         errors = error_cases(srv, feeds) + grpc_failures
         load_test(srv, feeds, expected, mlp_numpy(paths["mlp"]), errors)
+        poisoned_batches(srv, feeds)
         shutdown_in_flight(srv, feeds["bert"])
     finally:
         srv.stop()
@@ -402,6 +403,50 @@ def load_test(srv, feeds, expected, mlp_ref, mlp_failures):
     check("metrics: the failed mlp requests are counted",
           srv.metric("nv_inference_request_failure", "mlp") == mlp_failures,
           f"{srv.metric('nv_inference_request_failure', 'mlp')} vs {mlp_failures}")
+
+
+def poisoned_batches(srv, feeds):
+    """Requests that fail (a token id outside the embedding table) among valid ones, 10
+    concurrent clients, so that they share dynamic batches: each valid request gets its own
+    right answer and each bad one its own error (a failed batch is run again request by
+    request; the number of runs is printed)."""
+    ids, mask = feeds["bert"]["input_ids"], feeds["bert"]["attention_mask"]
+    good = {"input_ids": ids, "attention_mask": mask}
+    want = infer(triton.InferenceServerClient(srv.url), "bert", good)
+    bad = {"input_ids": np.full_like(ids, 10 ** 9), "attention_mask": mask}
+    execs0 = srv.metric("nv_inference_exec_count", "bert")
+    problems, answered = [], {"good": 0, "bad": 0}
+    lock = threading.Lock()
+
+    def one(k):
+        cl = triton.InferenceServerClient(srv.url)
+        if k % 5 == 4:
+            try:
+                infer(cl, "bert", bad)
+                problems.append(f"request {k} (bad ids) succeeded")
+            except InferenceServerException as e:
+                if "1000000000" not in str(e):
+                    problems.append(f"request {k} (bad ids) got another error: {str(e)[:120]}")
+            with lock:
+                answered["bad"] += 1
+            return
+        try:
+            got = infer(cl, "bert", good)
+        except InferenceServerException as e:
+            problems.append(f"valid request {k} failed: {str(e)[:160]}")
+            return
+        for n, v in got.items():
+            if not np.allclose(v, want[n], rtol=1e-4, atol=1e-4):
+                problems.append(f"valid request {k}: {n} off by {np.abs(v - want[n]).max()}")
+        with lock:
+            answered["good"] += 1
+    with cf.ThreadPoolExecutor(10) as ex:
+        for f in [ex.submit(one, k) for k in range(60)]:
+            f.result(timeout=600)
+    execs = srv.metric("nv_inference_exec_count", "bert") - execs0
+    check(f"poisoned batches: {answered['good']} valid requests answered right, {answered['bad']} bad ones "
+          f"their own error ({int(execs)} runs)", not problems and answered == {"good": 48, "bad": 12},
+          "; ".join(problems[:4]))
 
 
 def shutdown_in_flight(srv, bert_feeds):

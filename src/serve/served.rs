@@ -363,6 +363,13 @@ impl Worker {
         self.stats.exec_count.fetch_add(1, Relaxed);
         let outputs = match result {
             Ok(o) => o.into_iter().map(|(_, t)| t).collect::<Vec<_>>(),
+            Err(_) if batch.len() > 1 => {
+                // One request's data (an index out of range, say) fails the whole batch:
+                // each request runs again alone, so that the valid ones get their answers
+                // and no client sees another's error.
+                batch.into_iter().for_each(|j| self.run(vec![j]));
+                return;
+            }
             Err(e) => {
                 let msg = format!("running the model: {e}");
                 batch.into_iter().for_each(|j| j.answer(Err(ApiError::new(500, msg.clone()))));
