@@ -173,6 +173,7 @@ def main():
         errors = error_cases(srv, feeds) + grpc_failures
         load_test(srv, feeds, expected, mlp_numpy(paths["mlp"]), errors)
         poisoned_batches(srv, feeds)
+        keep_alive_after_unread_bodies(srv)
         shutdown_in_flight(srv, feeds["bert"])
     finally:
         srv.stop()
@@ -303,6 +304,48 @@ def error_cases(srv, feeds):
         check(f"error: a body over --max-request-bytes{' (chunked)' if chunked else ''} -> 413",
               code == 413 and "over the server's limit" in msg, f"{code} {msg}")
     return sum(1 for c in cases if c[1] == "mlp") + 2
+
+
+def read_response(sock):
+    """One HTTP response from a raw socket (a Content-Length body): status, lower-cased head."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = sock.recv(65536)
+        if not part:
+            return 0, data.decode(errors="replace").lower()
+        data += part
+    head, _, body = data.partition(b"\r\n\r\n")
+    m = re.search(rb"content-length: *(\d+)", head.lower())
+    need = int(m.group(1)) if m else 0
+    while len(body) < need:
+        part = sock.recv(65536)
+        if not part:
+            break
+        body += part
+    return (int(head.split()[1]) if head.startswith(b"HTTP/") else 0), head.decode(errors="replace").lower()
+
+
+def keep_alive_after_unread_bodies(srv):
+    """A request answered before its body is read (an unknown model, a 100 KB body): the
+    connection stays usable for the next request; a body over the limit: the answer says
+    `Connection: close`."""
+    with socket.create_connection(("127.0.0.1", srv.http), timeout=30) as s:
+        body = b" " * 100_000
+        s.sendall(b"POST /v2/models/nosuch/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+                  + body)
+        first, _ = read_response(s)
+        s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            second, _ = read_response(s)
+        except OSError as e:
+            second = repr(e)
+    check("keep-alive: an unknown model's 100 KB body is drained, the next request on the connection works",
+          first == 400 and second == 200, f"{first} then {second}")
+    with socket.create_connection(("127.0.0.1", srv.http), timeout=30) as s:
+        s.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (5 << 20))
+        code, head = read_response(s)
+    check("keep-alive: a body over the limit is answered with Connection: close",
+          code == 413 and "connection: close" in head, f"{code} {head!r}")
 
 
 def oversized(srv, chunked):

@@ -242,7 +242,7 @@ async fn infer(State(s): St, model: String, version: Option<String>, headers: He
     let start = Instant::now();
     let m = match s.find(&model, version.as_deref()) {
         Ok(m) => m.clone(),
-        Err(e) => return e.into_response(),
+        Err(e) => return unread(body, e.into_response()).await,
     };
     m.stats.pending.fetch_add(1, Relaxed);
     let result = infer_on(&s, &m, headers, body).await;
@@ -250,8 +250,46 @@ async fn infer(State(s): St, model: String, version: Option<String>, headers: He
     m.stats.answered(result.is_ok(), start.elapsed());
     match result {
         Ok(r) => r,
+        // A body over the limit is refused before it is all read: the connection closes.
+        Err(e) if e.status == 413 => closing(e.into_response()),
         Err(e) => e.into_response(),
     }
+}
+
+/// Bytes of an unread request body that are read and dropped so that its connection stays
+/// usable, and how long that may take.
+const DRAIN_BYTES: usize = 1 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `r`, answering a request whose body was not read: the connection's next request would
+/// start inside that body, so hyper closes it — without a word, and the client's next
+/// request on it failed with a broken pipe. A small body (up to [`DRAIN_BYTES`], within
+/// [`DRAIN_TIME`]) is read and dropped first, so the connection stays alive; past that the
+/// response says `Connection: close`.
+async fn unread(mut body: Body, r: Response) -> Response {
+    let drained = tokio::time::timeout(DRAIN_TIME, async {
+        let mut left = DRAIN_BYTES;
+        while let Some(frame) = body.frame().await {
+            match frame.map(|f| f.into_data()) {
+                Ok(Ok(d)) if d.len() <= left => left -= d.len(),
+                Ok(Err(_)) => {}
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await;
+    if drained == Ok(true) {
+        r
+    } else {
+        closing(r)
+    }
+}
+
+/// `r` with `Connection: close`: the server closes the connection after it.
+fn closing(mut r: Response) -> Response {
+    r.headers_mut().insert(axum::http::header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
