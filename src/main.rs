@@ -383,6 +383,11 @@ enum Cmd {
         /// The largest request body taken (bytes, or with a K, M or G suffix).
         #[arg(long, default_value = "64M")]
         max_request_bytes: String,
+        /// After SIGTERM or Ctrl-C, how long (seconds) to wait for the requests received to
+        /// finish before closing the connections still open (a client that sent half a
+        /// request would otherwise keep the server alive).
+        #[arg(long, default_value_t = 30.0)]
+        shutdown_timeout: f64,
     },
     /// Run ONNX backend test cases (directories with model.onnx and test_data_set_N/).
     TestOnnx {
@@ -1138,6 +1143,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
             max_queue_delay_us,
             max_queue_size,
             max_request_bytes,
+            shutdown_timeout,
         } => {
             use aim::serve::config::{BatchingFlags, ServeConfig};
             if threads.is_some_and(|t| t == 0 || t > aim::MAX_THREADS) {
@@ -1158,7 +1164,11 @@ fn dispatch(cli: Cli) -> Result<bool> {
                     ServeConfig::from_flags(&models, &flags, threads)?
                 }
             };
-            let listen = aim::serve::Listen { host, http_port, grpc_port, metrics_port, max_body };
+            if !(shutdown_timeout.is_finite() && shutdown_timeout >= 0.0 && shutdown_timeout <= 86_400.0) {
+                bail!("--shutdown-timeout {shutdown_timeout}: expected seconds between 0 and 86400");
+            }
+            let shutdown_timeout = std::time::Duration::from_secs_f64(shutdown_timeout);
+            let listen = aim::serve::Listen { host, http_port, grpc_port, metrics_port, max_body, shutdown_timeout };
             aim::serve::serve(cfg, &listen).map(|_| true)
         }
         Cmd::Run { model, inputs, outputs, backend, seed, load } => {

@@ -177,6 +177,7 @@ def main():
         shutdown_in_flight(srv, feeds["bert"])
     finally:
         srv.stop()
+    half_sent_requests(aim, models, tmp)
     deploy_file(aim, models, tmp)
     print(f"serve: {RESULTS['passed']} passed, {RESULTS['failed']} failed")
     sys.exit(1 if RESULTS["failed"] else 0)
@@ -513,6 +514,27 @@ def shutdown_in_flight(srv, bert_feeds):
     rc = srv.proc.wait(120)
     check(f"shutdown: {int(pending)} requests in flight at SIGTERM, all answered 200, exit 0",
           pending > 0 and codes == [200] * 12 and rc == 0, f"codes {codes}, exit {rc}")
+
+
+def half_sent_requests(aim, models, tmp):
+    """SIGTERM while a client holds half a request (its headers, and 10 of the 1000 body
+    bytes it announced): the server closes it after --shutdown-timeout (2 s here) and exits,
+    instead of waiting for the client."""
+    srv = Server(aim, ["--model", f"mlp={models}/mlp_batch.onnx", "--shutdown-timeout", "2"],
+                 os.path.join(tmp, "half.log"))
+    with socket.create_connection(("127.0.0.1", srv.http), timeout=30) as s:
+        s.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"{" * 10)
+        time.sleep(0.5)
+        t = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = srv.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.time() - t
+    srv.stop()
+    check(f"shutdown: a half-sent request is closed after --shutdown-timeout 2 ({took:.1f} s), exit 0",
+          rc == 0 and took < 10, f"exit {rc} after {took:.1f} s")
 
 
 def deploy_file(aim, models, tmp):

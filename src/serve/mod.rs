@@ -36,6 +36,9 @@ pub struct Listen {
     pub metrics_port: u16,
     /// The largest request body taken, in bytes.
     pub max_body: usize,
+    /// After the stop signal, how long the requests received may take to finish; then the
+    /// connections still open are closed.
+    pub shutdown_timeout: std::time::Duration,
 }
 
 /// Loads every model version on every serving device, then serves until SIGTERM or Ctrl-C.
@@ -116,6 +119,14 @@ async fn run(shared: Arc<http::Shared>, listen: &Listen) -> Result<()> {
         metrics.local_addr()?
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut deadline_rx = stop_rx.clone();
+    let timeout = listen.shutdown_timeout;
+    // The drain is bounded: past the timeout the servers are dropped, closing whatever
+    // connections remain (a client holding a half-sent request kept the server alive).
+    let deadline = async move {
+        let _ = deadline_rx.wait_for(|s| *s).await;
+        tokio::time::sleep(timeout).await;
+    };
     let flag = shared.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -133,7 +144,16 @@ async fn run(shared: Arc<http::Shared>, listen: &Listen) -> Result<()> {
         stopped(stop_rx.clone()),
     );
     let m = axum::serve(metrics, http::metrics_router(shared)).with_graceful_shutdown(stopped(stop_rx));
-    let (a, g, m) = tokio::join!(a, g, m);
+    let (a, g, m) = tokio::select! {
+        r = async { tokio::join!(a, g, m) } => r,
+        _ = deadline => {
+            eprintln!(
+                "aim serve: connections still open {:.0} s after the stop signal (--shutdown-timeout): closing them",
+                timeout.as_secs_f64()
+            );
+            return Ok(());
+        }
+    };
     a.context("the inference server")?;
     g.context("the gRPC inference server")?;
     m.context("the metrics server")?;
