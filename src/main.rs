@@ -1164,7 +1164,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
                     ServeConfig::from_flags(&models, &flags, threads)?
                 }
             };
-            if !(shutdown_timeout.is_finite() && shutdown_timeout >= 0.0 && shutdown_timeout <= 86_400.0) {
+            if !(0.0..=86_400.0).contains(&shutdown_timeout) {
                 bail!("--shutdown-timeout {shutdown_timeout}: expected seconds between 0 and 86400");
             }
             let shutdown_timeout = std::time::Duration::from_secs_f64(shutdown_timeout);
