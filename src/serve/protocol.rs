@@ -106,7 +106,7 @@ pub fn parse_infer(body: Bytes, header_len: Option<usize>) -> Result<InferReques
         Some(v) => return Err(ApiError::bad(format!("'id' must be a string, got {v}"))),
     };
     let params = parameters(obj.get("parameters"), "the request")?;
-    let binary_output = params.and_then(|p| p.get("binary_data_output")).and_then(Value::as_bool).unwrap_or(false);
+    let binary_output = flag(params, "binary_data_output", "the request")?.unwrap_or(false);
     let timeout = match params.and_then(|p| p.get("timeout")) {
         None => None,
         Some(v) => match v.as_u64() {
@@ -146,7 +146,7 @@ pub fn parse_infer(body: Bytes, header_len: Option<usize>) -> Result<InferReques
                         .and_then(Value::as_str)
                         .ok_or_else(|| ApiError::bad(format!("outputs[{i}] has no 'name'")))?;
                     let p = parameters(o.get("parameters"), &format!("output '{name}'"))?;
-                    let binary = p.and_then(|p| p.get("binary_data")).and_then(Value::as_bool).unwrap_or(binary_output);
+                    let binary = flag(p, "binary_data", &format!("output '{name}'"))?.unwrap_or(binary_output);
                     Ok(OutputRequest { name: name.to_string(), binary })
                 })
                 .collect::<Result<Vec<_>, ApiError>>()?,
@@ -154,6 +154,15 @@ pub fn parse_infer(body: Bytes, header_len: Option<usize>) -> Result<InferReques
         Some(v) => return Err(ApiError::bad(format!("'outputs' must be an array, got {v}"))),
     };
     Ok(InferRequest { id, inputs: out, outputs, binary_output, timeout })
+}
+
+/// A boolean parameter, if present (`"yes"` or 1 is an error, not false).
+fn flag(params: Option<&serde_json::Map<String, Value>>, key: &str, of: &str) -> Result<Option<bool>, ApiError> {
+    match params.and_then(|p| p.get(key)) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(ApiError::bad(format!("parameter '{key}' of {of} must be true or false, got {v}"))),
+    }
 }
 
 /// A `parameters` object, if present.
@@ -238,8 +247,18 @@ fn from_json(dtype: DType, shape: &[usize], flat: &[&Value]) -> Result<Tensor, S
         return Ok(Tensor::from_bools(shape, &b));
     }
     if dtype.is_float() {
-        let v: Vec<f64> =
-            flat.iter().enumerate().map(|(i, v)| v.as_f64().ok_or_else(|| bad(i))).collect::<Result<_, _>>()?;
+        // A number past the type's range would become an infinity: refused, naming it.
+        let fits = |x: f64| match dtype {
+            DType::F16 => half::f16::from_f64(x).is_finite(),
+            DType::BF16 => half::bf16::from_f64(x).is_finite(),
+            DType::F32 => (x as f32).is_finite(),
+            _ => true,
+        };
+        let v: Vec<f64> = flat
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.as_f64().filter(|&x| fits(x)).ok_or_else(|| bad(i)))
+            .collect::<Result<_, _>>()?;
         return Ok(Tensor::from_f64(dtype, shape, &v));
     }
     let (lo, hi) = int_range(dtype);
@@ -440,6 +459,18 @@ mod tests {
             .contains("needs 3"));
         assert!(e(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[300]}]}"#).message.contains("300"));
         assert!(e(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[1.5]}]}"#).message.contains("1.5"));
+        // Past FP32's range (it became an infinity, then null in the JSON answer).
+        let m = e(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1e39]}]}"#).message;
+        assert!(m.contains("1e+39 is not a FP32"), "{m}");
+        assert!(e(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP16","data":[70000]}]}"#)
+            .message
+            .contains("70000"));
+        assert!(req(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[3e38]}]}"#, &[]).is_ok());
+        // A flag that is not a boolean (it was taken as false).
+        let yes = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"parameters":{"binary_data_output":"yes"}}"#;
+        assert!(e(yes).message.contains("binary_data_output"));
+        let one = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"outputs":[{"name":"y","parameters":{"binary_data":1}}]}"#;
+        assert!(e(one).message.contains("binary_data"));
         assert!(e(r#"{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[1]}]}"#).message.contains("shape"));
         assert!(e(r#"{"input":[]}"#).message.contains("unknown field 'input'"));
         assert!(e(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]},{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#).message.contains("twice"));
