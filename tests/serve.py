@@ -193,6 +193,19 @@ def grpc_infer(client, model, feeds):
     return {n: r.as_numpy(n) for n in OUTPUTS[model]}
 
 
+def raw_and_typed(srv, x):
+    """A gRPC request whose one input has both raw_input_contents and typed contents (the
+    Triton client never sends that; the protocol allows writing it)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    with grpc.insecure_channel(f"127.0.0.1:{srv.grpc}") as ch:
+        req = service_pb2.ModelInferRequest(model_name="mlp")
+        t = req.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+        t.contents.fp32_contents.extend(x.ravel().tolist())
+        req.raw_input_contents.append(x.tobytes())
+        service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
+
+
 def grpc_status(call):
     """The gRPC status name and message a call fails with ("OK" when it does not)."""
     try:
@@ -200,6 +213,10 @@ def grpc_status(call):
         return "OK", ""
     except InferenceServerException as e:
         return str(e.status()), e.message()
+    except Exception as e:  # noqa: BLE001 (grpc.RpcError from the raw stub)
+        if hasattr(e, "code") and hasattr(e, "details"):
+            return str(e.code()), e.details()
+        raise
 
 
 def grpc_checks(srv, feeds, expected, mlp_ref):
@@ -233,12 +250,17 @@ def grpc_checks(srv, feeds, expected, mlp_ref):
         ("unknown output", lambda: client.infer("mlp", [good], outputs=[triton_grpc.InferRequestedOutput("nope")]),
          "StatusCode.INVALID_ARGUMENT", "no output named 'nope'"),
         ("a call aim does not serve", lambda: client.get_model_config("mlp"), "StatusCode.UNIMPLEMENTED", "ModelConfig"),
+        ("an input given twice", lambda: client.infer("mlp", [good, good]), "StatusCode.INVALID_ARGUMENT",
+         "input 'input' is given twice"),
+        ("raw and typed contents together", lambda: raw_and_typed(srv, x), "StatusCode.INVALID_ARGUMENT",
+         "has both raw_input_contents and contents"),
     ]
     for name, call, code, words in cases:
         got, msg = grpc_status(call)
         check(f"grpc error: {name} -> {code}", got == code and words in msg, f"{got} {msg}")
     # The malformed requests that reached the mlp count as its failures.
-    mlp_failures = sum(1 for c in cases if c[0] in ("wrong datatype", "wrong shape", "unknown output"))
+    mlp_failures = sum(1 for c in cases if c[0] in ("wrong datatype", "wrong shape", "unknown output",
+                                                    "an input given twice", "raw and typed contents together"))
     # Concurrent gRPC clients: every answer right, batched, counted with the REST requests.
     ok0 = srv.metric("nv_inference_request_success", "mlp")
     exec0, count0 = srv.metric("nv_inference_exec_count", "mlp"), srv.metric("nv_inference_count", "mlp")

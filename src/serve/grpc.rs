@@ -207,8 +207,13 @@ async fn infer_on(m: &Served, r: ModelInferRequest) -> Result<ModelInferResponse
             .iter()
             .map(|&d| usize::try_from(d).map_err(|_| what(format!("shape {:?} has a negative dim", t.shape))))
             .collect::<Result<Vec<usize>, _>>()?;
+        if inputs.iter().any(|(n, _): &(String, Tensor)| n == &t.name) {
+            return Err(ApiError::bad(format!("input '{}' is given twice", t.name)));
+        }
         let bytes = match (raws.next(), &t.contents) {
-            (Some(b), _) => b,
+            // One rule with HTTP, which refuses binary data and a 'data' list together.
+            (Some(_), Some(_)) => return Err(what("has both raw_input_contents and contents".into())),
+            (Some(b), None) => b,
             (None, Some(c)) => typed_bytes(dtype, c).map_err(what)?,
             (None, None) => return Err(what("no data: neither raw_input_contents nor contents".into())),
         };
