@@ -9,7 +9,7 @@ mod common;
 
 use aim::npz::write_npz;
 use aim::Tensor;
-use aim_compiler::onnx::proto::{tensor_proto::DataLocation, StringStringEntryProto, TensorProto};
+use aim_compiler::onnx::proto::{tensor_proto::DataLocation, AttributeProto, StringStringEntryProto, TensorProto};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -328,6 +328,25 @@ fn build(dir: &Path) -> Vec<Case> {
     ] {
         c.text("attributes", name, &one("", node, "2,2"), When::Load, wanted);
     }
+    // An attribute with neither a type nor a value (ORT refuses it; it was dropped).
+    let untyped = AttributeProto { name: Some("alpha".into()), ..Default::default() };
+    let undefined = model(
+        vec![node("LeakyRelu", "n", &["x"], &["y"], vec![untyped])],
+        vec![value("x", 1, &[Ok(2)])],
+        vec![value("y", 1, &[Ok(2)])],
+        vec![],
+        17,
+    );
+    c.bytes("attributes", "undefined-type", &undefined, When::Load, "its type is UNDEFINED and it holds no value");
+    // More outputs than elements to split (ORT refuses; the last ones were empty).
+    let split = model(
+        vec![node("Split", "n", &["x"], &["a", "b", "c"], vec![int_attr("num_outputs", 3)])],
+        vec![value("x", 1, &[Ok(2)])],
+        ["a", "b", "c"].iter().map(|o| value(o, 1, &[Ok(1)])).collect(),
+        vec![],
+        18,
+    );
+    c.bytes("attributes", "split-more-outputs-than-elements", &split, When::Load, "3 outputs of an axis of 2 elements");
     let w = format!("  init %w = f32[1,1,3,3] [{}]\n", ["1.0"; 9].join(", "));
     for (name, attrs, wanted) in [
         ("conv-float-strides", "strides=[1.0, 1.0]", "must be a list of integers"),

@@ -265,7 +265,11 @@ impl Importer<'_> {
                 } else if !a.strings.is_empty() {
                     AttributeType::Strings
                 } else {
-                    return Ok(None);
+                    // ORT refuses it too: nothing says what it is.
+                    return Err(ImportError::BadTensor {
+                        what: what.into(),
+                        reason: "its type is UNDEFINED and it holds no value".into(),
+                    });
                 }
             }
             t => t,

@@ -166,6 +166,10 @@ fn split(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<Option<Vec<Dim>>>, String>
         }
         (None, Some(d)) if n.input(1).is_none() => {
             let k = n.opt_int("num_outputs").map_or(outs, |v| v.max(1) as usize).max(1);
+            // ORT's rule: no output of nothing (more outputs than elements).
+            if k > d {
+                return Err(format!("{k} outputs of an axis of {d} elements"));
+            }
             let chunk = d.div_ceil(k);
             (0..outs).map(|i| Dim::Known(chunk.min(d.saturating_sub(i * chunk)))).collect()
         }
