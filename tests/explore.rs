@@ -163,6 +163,7 @@ fn is_structure(l: &str) -> bool {
     let t = l.trim_start();
     t.is_empty()
         || t.starts_with("== ")
+        || t.starts_with("// == ")
         || t.starts_with("-- pass ")
         || t.starts_with("graph ")
         || t == "}"
@@ -183,7 +184,8 @@ fn is_structure(l: &str) -> bool {
 fn assert_items_have_sources(out: &str, what: &str) {
     for l in out.lines() {
         let l = l.strip_prefix("+ ").or_else(|| l.strip_prefix("- ")).unwrap_or(l).trim_start();
-        assert!(is_structure(l) || l.contains("  ; from: "), "{what}: an item without its source nodes: {l}");
+        let traced = l.contains("  ; from: ") || (what == "ptx" && l.contains("  // from: "));
+        assert!(is_structure(l) || traced, "{what}: an item without its source nodes: {l}");
     }
 }
 
@@ -195,17 +197,34 @@ fn write_model(tag: &str, bytes: Vec<u8>) -> (common::TempDir, std::path::PathBu
     (d, p)
 }
 
+/// The ptx stage as printed is a module: ASCII, comments as `//`, each kernel once, and
+/// ptxas assembles it for sm_80 (where ptxas is installed; `AIM_REQUIRE_PTXAS=1` requires it).
+fn ptx_stage_assembles(out: &str, dir: &std::path::Path) {
+    assert!(out.is_ascii(), "the ptx stage has non-ASCII characters");
+    let entries: Vec<&str> = out.lines().filter_map(|l| l.trim_start().strip_prefix(".visible .entry ")).collect();
+    let names: std::collections::BTreeSet<&str> = entries.iter().map(|e| e.split('(').next().unwrap()).collect();
+    assert_eq!(names.len(), entries.len(), "a kernel is defined twice");
+    let Some(ptxas) = aim_compiler::cuda::ptxas::find() else {
+        assert!(std::env::var_os("AIM_REQUIRE_PTXAS").is_none(), "ptxas not found (pip install nvidia-cuda-nvcc-cu12)");
+        return;
+    };
+    aim_compiler::cuda::ptxas::check(&ptxas, out, 80, dir).unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 #[cfg(target_arch = "x86_64")]
 fn every_stage_of_a_small_cnn() {
     if !std::arch::is_x86_feature_detected!("avx2") {
         return;
     }
-    let (_dir, m) = write_model("cnn", tiny_cnn());
+    let (dir, m) = write_model("cnn", tiny_cnn());
     for stage in ["onnx", "graph", "optimized", "scheduled", "clif", "asm", "ptx"] {
         let out = explore(&m, &["--stage", stage]);
         assert_eq!(out, explore(&m, &["--stage", stage]), "{stage} printed twice differs");
         assert_items_have_sources(&out, stage);
+        if stage == "ptx" {
+            ptx_stage_assembles(&out, &dir.join("ptxas"));
+        }
         insta::assert_snapshot!(format!("cnn_{stage}"), out);
     }
     let passes = explore(&m, &["--stage", "optimized", "--passes"]);
@@ -219,11 +238,14 @@ fn every_stage_of_a_small_transformer_block() {
     if !std::arch::is_x86_feature_detected!("avx2") {
         return;
     }
-    let (_dir, m) = write_model("block", tiny_block());
+    let (dir, m) = write_model("block", tiny_block());
     for stage in ["optimized", "scheduled", "clif", "asm", "ptx"] {
         let out = explore(&m, &["--stage", stage]);
         assert_eq!(out, explore(&m, &["--stage", stage]), "{stage} printed twice differs");
         assert_items_have_sources(&out, stage);
+        if stage == "ptx" {
+            ptx_stage_assembles(&out, &dir.join("ptxas"));
+        }
         insta::assert_snapshot!(format!("block_{stage}"), out);
     }
 }

@@ -438,14 +438,14 @@ fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_compiler::cuda::GpuTarget) -> Vec<Line
     let gpu = &gpu.with_half(crate::gpu::half_model(g).or(gpu.half));
     let mut g = g.clone();
     if let Err(e) = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false) {
-        return vec![Line { text: format!("; {e}"), sources: vec![] }];
+        return vec![Line { text: format!("// {e}"), sources: vec![] }];
     }
     let p = match aim_compiler::cuda::lower::lower(&g, gpu) {
         Ok(p) => p,
         Err(e) => {
             // The node's ONNX sources, when the failing node is one of the graph's.
             let src = g.nodes.iter().find(|n| n.name == e.node).map(sources).unwrap_or_default();
-            return vec![Line { text: format!("; {e}"), sources: src }];
+            return vec![Line { text: format!("// {e}"), sources: src }];
         }
     };
     let mut out: Vec<Line> = aim_compiler::cuda::ptx::module(gpu.sm, &[])
@@ -462,10 +462,23 @@ fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_compiler::cuda::GpuTarget) -> Vec<Line
         ),
         sources: vec![],
     });
+    // Each kernel once (ptxas refuses a module defining one twice), in the order of its
+    // first launch, its launches listed in a comment.
+    let mut order: Vec<usize> = Vec::new();
     for l in &p.launches {
-        let k = &p.kernels[l.kernel];
+        if !order.contains(&l.kernel) {
+            order.push(l.kernel);
+        }
+    }
+    for ki in order {
+        let k = &p.kernels[ki];
+        let nodes: Vec<&str> = p.launches.iter().filter(|l| l.kernel == ki).map(|l| l.node.as_str()).collect();
         out.push(Line { text: String::new(), sources: vec![] });
         out.push(Line { text: k.header(), sources: k.sources.clone() });
+        out.push(Line {
+            text: format!("// launched {} time(s), for: {}", nodes.len(), nodes.join(", ")),
+            sources: k.sources.clone(),
+        });
         out.extend(k.ptx.lines().map(|t| Line { text: t.to_string(), sources: k.sources.clone() }));
     }
     out
@@ -530,6 +543,19 @@ fn push_line(out: &mut String, mark: &str, l: &Line) {
     out.push('\n');
 }
 
+/// A line of the ptx stage as PTX: the sources in a `//` comment, and ASCII only (node
+/// names are the model's; ptxas takes nothing else), so that the stage as printed is a
+/// module ptxas assembles.
+fn push_ptx_line(out: &mut String, l: &Line) {
+    let mut text = l.text.clone();
+    if !l.sources.is_empty() {
+        text += "  // from: ";
+        text += &l.sources.join(", ");
+    }
+    out.extend(text.chars().map(|c| if c.is_ascii() { c } else { '?' }));
+    out.push('\n');
+}
+
 /// The terminal view: the chosen stages (and the pass pipeline), optionally only the lines
 /// of one node.
 pub fn render_text(e: &Exploration, stages: &[String], node: Option<&str>, passes: bool) -> String {
@@ -539,9 +565,14 @@ pub fn render_text(e: &Exploration, stages: &[String], node: Option<&str>, passe
         if !all && !stages.iter().any(|k| k == s.key) {
             continue;
         }
-        out.push_str(&format!("== {}: {} ==\n", s.key, s.title));
+        let ptx = s.key == "ptx";
+        out.push_str(&format!("{}== {}: {} ==\n", if ptx { "// " } else { "" }, s.key, s.title));
         for l in s.lines.iter().filter(|l| node.is_none_or(|n| matches(l, n))) {
-            push_line(&mut out, "", l);
+            if ptx {
+                push_ptx_line(&mut out, l);
+            } else {
+                push_line(&mut out, "", l);
+            }
         }
         out.push('\n');
     }

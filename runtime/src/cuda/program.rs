@@ -28,7 +28,7 @@ impl Kernel {
     /// The launch line `aim explore --stage ptx` prints above the kernel.
     pub fn header(&self) -> String {
         format!(
-            "// kernel {}: grid ({}, {}, {}) × block ({}, {}, {}), {} B shared",
+            "// kernel {}: grid ({}, {}, {}) x block ({}, {}, {}), {} B shared",
             self.name,
             self.grid[0],
             self.grid[1],
