@@ -370,8 +370,6 @@ pub(crate) fn tiles<F>(
     let avx2 = !vnni && use_avx2(isa);
     #[cfg(target_arch = "x86_64")]
     let sign_init = sign_init.filter(|i| avx2 && !a.signed && i.len() >= panels);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = sign_init;
     par.for_each(panels * splits, &|t| {
         let out = out;
         let (p, s) = (t / splits, t % splits);
@@ -389,23 +387,23 @@ pub(crate) fn tiles<F>(
             // panel `groups·NR·4`; VNNI only when this CPU has it.
             unsafe {
                 let out = acc.as_mut_ptr();
-                match (vnni, a.signed) {
+                match (vnni, a.signed, sign_init) {
                     #[cfg(target_arch = "x86_64")]
-                    (true, false) => match rows {
+                    (true, false, _) => match rows {
                         1 => micro_vnni::<false, 1>(&ptrs, panel.as_ptr(), groups, out),
                         2..=4 => micro_vnni::<false, 4>(&ptrs, panel.as_ptr(), groups, out),
                         _ => micro_vnni::<false, MR>(&ptrs, panel.as_ptr(), groups, out),
                     },
                     #[cfg(target_arch = "x86_64")]
-                    (true, true) => match rows {
+                    (true, true, _) => match rows {
                         1 => micro_vnni::<true, 1>(&ptrs, panel.as_ptr(), groups, out),
                         2..=4 => micro_vnni::<true, 4>(&ptrs, panel.as_ptr(), groups, out),
                         _ => micro_vnni::<true, MR>(&ptrs, panel.as_ptr(), groups, out),
                     },
                     #[cfg(target_arch = "x86_64")]
-                    _ if sign_init.is_some() => {
-                        let init = &sign_init.unwrap_or_default()[p];
-                        crate::int8::sign::tile(ptrs.as_ptr(), 1, groups, panel.as_ptr(), init, rows, out as *mut _);
+                    (_, _, Some(starts)) => {
+                        let (start, out) = (&starts[p], out as *mut [i32; NR]);
+                        crate::int8::sign::tile(ptrs.as_ptr(), 1, groups, panel.as_ptr(), start, rows, out);
                     }
                     #[cfg(target_arch = "x86_64")]
                     _ if avx2 => {
@@ -426,8 +424,8 @@ pub(crate) fn tiles<F>(
                             }
                         }
                     }
-                    (_, false) => micro_portable::<false>(&ptrs, panel, groups, out),
-                    (_, true) => micro_portable::<true>(&ptrs, panel, groups, out),
+                    (_, false, _) => micro_portable::<false>(&ptrs, panel, groups, out),
+                    (_, true, _) => micro_portable::<true>(&ptrs, panel, groups, out),
                 }
             }
             let written = acc.as_ptr() as *const [i32; NR];
@@ -464,8 +462,9 @@ pub fn use_vnni(isa: Isa) -> bool {
     }
 }
 
-/// Whether `isa` runs the AVX2 integer kernel here (exact 16-bit products through
-/// `vpmaddwd`): AVX2 or AVX-512 chosen, without VNNI.
+/// Whether `isa` runs the AVX2 integer kernels here (the sign kernel of
+/// [`crate::int8::sign`], exact 16-bit products through `vpmaddwd`, the AVX2 byte
+/// epilogues): AVX2 or AVX-512 chosen (an [`Isa`] of either kind has AVX2 and FMA).
 pub fn use_avx2(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {

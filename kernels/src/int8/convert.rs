@@ -148,7 +148,7 @@ pub fn lookup(isa: Isa, x: &[u8], table: &[u8; 256], y: &mut [u8], par: &dyn Par
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vbmi");
     #[cfg(target_arch = "x86_64")]
-    let avx2 = crate::int8::epilogue::avx2_tiles(isa);
+    let avx2 = crate::qgemm::use_avx2(isa);
     let _ = isa;
     let yp = SharedMut(y.as_mut_ptr());
     par.for_each(x.len().div_ceil(CHUNK), &|c| {

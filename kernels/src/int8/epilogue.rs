@@ -236,7 +236,7 @@ impl Epilogue8 {
             if fast {
                 return tile_v4(self, acc, rows, c0, cols, res, y, ldy);
             }
-            if avx2_tiles(isa) && super::epilogue_avx2::tile_v3(self, acc, rows, c0, cols, res, y, ldy) {
+            if crate::qgemm::use_avx2(isa) && super::epilogue_avx2::tile_v3(self, acc, rows, c0, cols, res, y, ldy) {
                 return;
             }
         }
@@ -270,14 +270,6 @@ fn activate(v: &mut [f32], act: Option<Activation>) {
         Some((lo, hi)) => v.iter_mut().for_each(|x| *x = crate::gemm::clamp(*x, lo, hi)),
         None => v.iter_mut().for_each(|x| *x = a.apply(*x)),
     }
-}
-
-/// Whether the AVX2 epilogues run on this CPU (AVX2 and FMA, for an AVX2 or AVX-512 ISA).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn avx2_tiles(isa: Isa) -> bool {
-    matches!(isa.kind(), crate::gemm::IsaKind::Avx2 | crate::gemm::IsaKind::Avx512)
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
 }
 
 /// Whether the AVX-512 epilogues run on this CPU (F, BW and VL).

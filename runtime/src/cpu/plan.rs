@@ -125,7 +125,7 @@ pub struct Plan {
 /// output's buffer (`loc` set to it, through chains of such views), and the node runs no
 /// step. Without this the node copied its whole input into the output on every run (a
 /// 2.9 MiB softmax reshaped into a recogniser's output took 1.3% of its time).
-fn output_views(g: &Graph, v: &Values, loc: &mut [Option<Loc>]) -> Result<Vec<usize>, String> {
+fn output_views(g: &Graph, v: &Values, loc: &mut [Option<Loc>]) -> Vec<usize> {
     let mut producer = HashMap::new();
     for (i, outs) in v.outs.iter().enumerate() {
         for &o in outs.iter().flatten() {
@@ -148,8 +148,7 @@ fn output_views(g: &Graph, v: &Values, loc: &mut [Option<Loc>]) -> Result<Vec<us
                         && loc[x].is_none()
                         && producer.contains_key(&x)
                         && !chain.iter().any(|c| c.1 == x)
-                        && bytes(x).is_some()
-                        && bytes(x) == bytes(o) =>
+                        && bytes(x).is_some_and(|b| Some(b) == bytes(o)) =>
                 {
                     chain.push((i, x));
                     o = x;
@@ -170,7 +169,7 @@ fn output_views(g: &Graph, v: &Values, loc: &mut [Option<Loc>]) -> Result<Vec<us
             views.push(i);
         }
     }
-    Ok(views)
+    views
 }
 
 /// Loops over fewer elements than this run inline in the entry function (one parallel
@@ -213,7 +212,7 @@ impl Plan {
             outputs.push(t.clone());
             types[x] = Some(t);
         }
-        let output_views = output_views(g, v, &mut loc)?;
+        let output_views = output_views(g, v, &mut loc);
         let mut arena_bytes = v.arena_bytes.next_multiple_of(64);
         let mut steps = Vec::new();
         for (i, n) in g.nodes.iter().enumerate() {

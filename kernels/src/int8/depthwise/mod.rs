@@ -145,7 +145,7 @@ impl Depthwise8 {
                 // SAFETY: AVX-512 F, BW and VL checked.
                 return unsafe { line_v4(self, row, taps, res, dst) };
             }
-            if super::epilogue::avx2_tiles(isa) && avx2::fits(self) {
+            if crate::qgemm::use_avx2(isa) && avx2::fits(self) {
                 // SAFETY: AVX2 and FMA checked.
                 return unsafe { avx2::line(self, row, taps, res, dst) };
             }
