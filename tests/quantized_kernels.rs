@@ -286,6 +286,76 @@ fn byte_regions_match_the_interpreter() {
     }
 }
 
+/// A Conv1d of `%{x}_d` with dequantized per-channel s8 weights `[m, c, k]` and a bias,
+/// into `%{y}` (padding `k / 2` each side).
+fn qconv1d(r: &mut Rng, x: &str, y: &str, c: usize, m: usize, k: usize, s: usize) -> String {
+    let wv = list((0..m * c * k).map(|_| ((r.next() % 255) as i64 - 127).to_string()));
+    let sw = list((0..m).map(|_| format!("{}", 0.004 + (r.next() % 50) as f32 * 2e-4)));
+    let b = list((0..m).map(|_| format!("{}", (r.next() % 100) as f32 / 100.0 - 0.5)));
+    let p = k / 2;
+    format!(
+        "  init %{y}_w = i8[{m},{c},{k}] [{wv}]\n  init %{y}_ws = f32[{m}] [{sw}]\n  init %{y}_b = f32[{m}] [{b}]\n  %{y}_wd = DequantizeLinear(%{y}_w, %{y}_ws) {{axis=0}}  # {y}_dqw\n  %{y} = Conv(%{x}_d, %{y}_wd, %{y}_b) {{kernel_shape=[{k}], pads=[{p}, {p}], strides=[{s}]}}  # {y}_conv\n"
+    )
+}
+
+/// A quantized 1-D CNN (the front end of speech encoders: Conv1d, GELU, a strided Conv1d,
+/// a 1-D max pool) runs on bytes like a 2-D one, its values `[N, C, W]` as height-1 images,
+/// and matches the reference interpreter within a few quanta.
+#[test]
+fn one_dimensional_byte_regions_match_the_interpreter() {
+    let mut r = Rng(29);
+    for case in 0..4 {
+        let signed = case % 2 == 1;
+        let w = r.pick(&[17, 40, 64]);
+        let z = |r: &mut Rng| if signed { (r.next() % 40) as i64 - 20 } else { (r.next() % 40) as i64 };
+        let mut t = String::new();
+        t += &qdq("x", 0.02, signed, z(&mut r));
+        t += &qconv1d(&mut r, "x", "c1", 5, 16, 3, 1);
+        t += &qdq("c1", 0.04, signed, z(&mut r));
+        // GELU written out as exporters write it, between two quantizations: a table.
+        t += "  init %rt2 = f32[] [1.4142135]\n  init %one = f32[] [1.0]\n  init %half = f32[] [0.5]\n";
+        t += "  %g1 = Div(%c1_d, %rt2)  # div\n  %g2 = Erf(%g1)  # erf\n  %g3 = Add(%g2, %one)  # add1\n";
+        t += "  %g4 = Mul(%g3, %half)  # half\n  %g = Mul(%c1_d, %g4)  # gelu\n";
+        t += &qdq("g", 0.03, signed, z(&mut r));
+        t += &qconv1d(&mut r, "g", "c2", 16, 12, 3, 2);
+        t += &qdq("c2", 0.05, signed, z(&mut r));
+        t += "  %p = MaxPool(%c2_d) {kernel_shape=[2], strides=[2]}  # pool\n";
+        t +=
+            "  %p_q = QuantizeLinear(%p, %c2_s, %c2_z)  # p_q\n  %p_d = DequantizeLinear(%p_q, %c2_s, %c2_z)  # p_dq\n";
+        let ow = ((w - 1) / 2 + 1) / 2;
+        let text =
+            format!("opset 17\ngraph \"g\" {{\n  input %x: f32[2,5,{w}]\n{t}  output %p_d: f32[2,12,{ow}]\n}}\n");
+        let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
+        let d = tempdir(&format!("qregion1d-{case}"));
+        let path = d.join("m.onnx");
+        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        let x: Vec<f32> = (0..2 * 5 * w).map(|_| (r.next() % 2001) as f32 / 400.0 - 2.5).collect();
+        let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, 5, w], x))];
+        let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
+        let wv = want[0].1.data::<f32>();
+        for cpu in caps() {
+            let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
+            let m = Model::load_with_options(&path, &opts).unwrap();
+            let g = m.optimized_graph().unwrap();
+            if integer_kernel(cpu) {
+                let count = |op: &str| g.nodes.iter().filter(|n| n.op == op).count();
+                assert_eq!(count("Conv8"), 2, "case {case} [{cpu}]: both convolutions run on bytes");
+                for op in ["Quantize8", "MaxPool8", "Dequantize8", "Lut8"] {
+                    assert_eq!(count(op), 1, "case {case} [{cpu}]: one {op}");
+                }
+                assert!(g.nodes.iter().any(|n| n.op == "Dequantize8" && n.int("ncw", 0) == 1), "case {case}");
+            }
+            let got = m.run(inputs.clone()).unwrap();
+            assert_eq!(got[0].1.shape(), want[0].1.shape(), "case {case} [{cpu}]");
+            let q = 0.05f32;
+            let diffs: Vec<f32> = got[0].1.data::<f32>().iter().zip(wv).map(|(a, b)| ((a - b) / q).abs()).collect();
+            let worst = diffs.iter().fold(0f32, |a, &d| a.max(d));
+            let mean = diffs.iter().sum::<f32>() / diffs.len() as f32;
+            assert!(worst <= 4.01 && mean <= 0.25, "case {case} [{cpu}]: worst {worst} quanta, mean {mean}\n{text}");
+        }
+    }
+}
+
 /// Statically quantized dense layers (the QDQ form: a quantize-dequantize pair on the
 /// input, dequantized 8-bit weights, per tensor or per column, with zero points; MatMul
 /// with a following bias Add, or Gemm with transposed weights and a bias) against the

@@ -18,6 +18,10 @@
 //! - a reader of the integer tensor itself (a graph output, an integer op) gets it back
 //!   exactly, as the QuantizeLinear of its dequantization.
 //!
+//! A 1-D convolution's values (`[N, C, W]`) join as 2-D ones of height 1: their bytes are
+//! `[N, 1, W, C]`, the Conv8 (or MaxPool8) takes 2-D attributes and weights, and their
+//! dequantizations are `aim:Dequantize8` with `ncw = 1`, back to `[N, C, W]`.
+//!
 //! Finally an `aim:Add8` whose operand is a convolution's result read by nothing else takes
 //! that convolution in: it adds the other operand in the convolution's epilogue.
 //!
@@ -38,8 +42,10 @@ struct Quantized {
     /// Scale and zero point in u8 terms.
     scale: f32,
     zero: i64,
-    /// Its dims in NCHW order.
+    /// Its dims in NCHW order (a 1-D value's `[N, C, W]` as `[N, C, 1, W]`).
     dims: Vec<Dim>,
+    /// Whether the value is 1-D, `[N, C, W]`.
+    ncw: bool,
 }
 
 /// An activation folded into a byte op, with the nodes it takes.
@@ -114,7 +120,9 @@ pub fn run(g: &mut Graph) {
             "MaxPool" if n.outputs.len() == 1 && pool_ok(n) => (|| {
                 let input = dequantizes(n.input(0)?)?;
                 let (act, out) = quantized_by(&n.outputs[0])?;
+                let one_d = n.ints("kernel_shape").is_some_and(|k| k.len() == 1);
                 let same = act.is_none()
+                    && quantized[input.as_str()].ncw == one_d
                     && same_params(g, &g.nodes[quantized[input.as_str()].node], &g.nodes[quantized[out.as_str()].node]);
                 (same && made.contains(&input)).then_some((IntOp::MaxPool { pool: i, input }, out))
             })(),
@@ -149,14 +157,18 @@ fn quantized_values(g: &Graph) -> HashMap<String, Quantized> {
             _ => continue,
         };
         let ty = n.input(0).and_then(|x| g.value_type(x));
-        let dims = match ty {
-            Some(ValueType { dtype: Some(DType::F32), shape: Some(s) }) if s.len() == 4 => s,
+        let (dims, ncw) = match ty {
+            Some(ValueType { dtype: Some(DType::F32), shape: Some(s) }) if s.len() == 4 => (s, false),
+            Some(ValueType { dtype: Some(DType::F32), shape: Some(s) }) if s.len() == 3 => {
+                (vec![s[0].clone(), s[1].clone(), Dim::Known(1), s[2].clone()], true)
+            }
             _ => continue,
         };
         if !(p.scale > 0.0 && p.scale.is_finite()) {
             continue;
         }
-        out.insert(n.outputs[0].clone(), Quantized { node: i, scale: p.scale, zero: p.zero as i64 + shift, dims });
+        let zero = p.zero as i64 + shift;
+        out.insert(n.outputs[0].clone(), Quantized { node: i, scale: p.scale, zero, dims, ncw });
     }
     out
 }
@@ -178,7 +190,7 @@ fn same_params(g: &Graph, a: &Node, b: &Node) -> bool {
         && eq(t(a, 2), t(b, 2))
 }
 
-/// Whether a Conv runs on bytes: 2-D, explicit padding, s8 weights (the dequantization of
+/// Whether a Conv runs on bytes: 2-D (or 1-D, as 2-D of height 1), explicit padding, s8 weights (the dequantization of
 /// constants with zero point 0, per tensor or per output channel), a constant bias, and
 /// one group (`Some(false)`) or one channel per group (`Some(true)`, depthwise).
 fn conv_op(g: &Graph, by_output: &HashMap<&str, usize>, n: &Node) -> Option<bool> {
@@ -189,7 +201,11 @@ fn conv_op(g: &Graph, by_output: &HashMap<&str, usize>, n: &Node) -> Option<bool
     if !(dqw.domain.is_empty() && dqw.op == "DequantizeLinear") || dqw.attrs.contains_key("block_size") {
         return None;
     }
-    let w = g.initializers.get(dqw.input(0)?).filter(|t| t.dtype() == DType::I8 && t.rank() == 4)?;
+    let x_rank = g.value_type(n.input(0)?)?.shape?.len();
+    let w = g.initializers.get(dqw.input(0)?).filter(|t| t.dtype() == DType::I8 && t.rank() == x_rank)?;
+    if !matches!(x_rank, 3 | 4) {
+        return None;
+    }
     let ws = w.shape();
     let sw = g.initializers.get(dqw.input(1)?).filter(|t| t.dtype() == DType::F32)?;
     if sw.len() != 1 && !(sw.len() == ws[0] && matches!(dqw.int("axis", 1), 0 | -4)) {
@@ -217,9 +233,9 @@ fn conv_op(g: &Graph, by_output: &HashMap<&str, usize>, n: &Node) -> Option<bool
     }
 }
 
-/// Whether a MaxPool runs on bytes: 2-D, explicit padding, no storage order.
+/// Whether a MaxPool runs on bytes: 2-D (or 1-D), explicit padding, no storage order.
 fn pool_ok(n: &Node) -> bool {
-    n.ints("kernel_shape").is_some_and(|k| k.len() == 2)
+    n.ints("kernel_shape").is_some_and(|k| matches!(k.len(), 1 | 2))
         && n.string("auto_pad", "NOTSET") == "NOTSET"
         && n.int("storage_order", 0) == 0
 }
@@ -238,6 +254,16 @@ fn fresh(taken: &mut HashSet<String>, base: &str) -> String {
 /// NCHW dims to NHWC.
 fn nhwc(d: &[Dim]) -> Vec<Dim> {
     vec![d[0].clone(), d[2].clone(), d[3].clone(), d[1].clone()]
+}
+
+/// A 1-D window attribute as the 2-D one of height 1: `kernel_shape`, `strides` and
+/// `dilations` `[x]` as `[1, x]`, `pads` `[b, e]` as `[0, b, 0, e]`; others as they are.
+fn two_d(key: &str, a: &Attr) -> Attr {
+    match (key, a) {
+        ("kernel_shape" | "strides" | "dilations", Attr::Ints(v)) if v.len() == 1 => Attr::Ints(vec![1, v[0]]),
+        ("pads", Attr::Ints(v)) if v.len() == 2 => Attr::Ints(vec![0, v[0], 0, v[1]]),
+        _ => a.clone(),
+    }
 }
 
 fn float(v: f32) -> Attr {
@@ -282,6 +308,25 @@ fn rewrite(
             }
         }
     }
+    // A 1-D convolution's s8 weights `[M, C, k]` as 2-D ones, `[M, C, 1, k]`.
+    let mut two_d_weights: HashMap<String, String> = HashMap::new();
+    for (op, _) in &ops {
+        let IntOp::Conv { conv, .. } = op else { continue };
+        let Some(dqw) = g.nodes[*conv].input(1).and_then(|w| g.nodes.iter().find(|d| d.outputs[0] == w)) else {
+            continue;
+        };
+        let w = &dqw.inputs[0];
+        match g.initializers.get(w) {
+            Some(t) if t.rank() == 3 && !two_d_weights.contains_key(w) => {
+                let s = t.shape();
+                let t2 = t.reshaped(&[s[0], s[1], 1, s[2]]);
+                let name = fresh(&mut taken, &format!("{w}/2d"));
+                two_d_weights.insert(w.clone(), name.clone());
+                g.initializers.insert(name, t2);
+            }
+            _ => {}
+        }
+    }
     let by_output: HashMap<&str, usize> =
         g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
     let made_by_op: HashMap<&str, usize> = ops.iter().enumerate().map(|(k, (_, out))| (out.as_str(), k)).collect();
@@ -296,7 +341,7 @@ fn rewrite(
         let (scale, zero) = q8(v);
         let mut nodes = Vec::new();
         match made_by_op.get(v.as_str()) {
-            Some(&k) => nodes.push(int_node(g, &by_output, &ops[k].0, &bytes, quantized, v, b)),
+            Some(&k) => nodes.push(int_node(g, &by_output, &ops[k].0, &bytes, quantized, &two_d_weights, v, b)),
             None => nodes.push(Node {
                 name: fresh(&mut taken, &format!("{}/quantize8", qnode.name)),
                 op: "Quantize8".into(),
@@ -325,7 +370,7 @@ fn rewrite(
                         .is_some_and(|rd| rd.iter().all(|&x| x != usize::MAX && read_by_ops.contains(&x)));
                     let mut dq = Vec::new();
                     if !only_ops {
-                        dq.push(dequantize8(&mut taken, d, b, scale, zero, &d.outputs[0]));
+                        dq.push(dequantize8(&mut taken, d, b, (scale, zero, qv.ncw), &d.outputs[0]));
                     }
                     replace.insert(k, dq);
                 }
@@ -337,11 +382,15 @@ fn rewrite(
                 // The QuantizeLinear's f32 input is gone: quantize the dequantization.
                 Some(_) => {
                     let f = fresh(&mut taken, &format!("{v}/dequantized"));
-                    nodes.push(dequantize8(&mut taken, qnode, b, scale, zero, &f));
+                    nodes.push(dequantize8(&mut taken, qnode, b, (scale, zero, qv.ncw), &f));
                     let mut q = qnode.clone();
                     q.inputs[0] = f.clone();
                     nodes.push(q);
-                    types.push((f, ValueType { dtype: Some(DType::F32), shape: Some(qv.dims.clone()) }));
+                    let dims = match qv.ncw {
+                        true => vec![qv.dims[0].clone(), qv.dims[1].clone(), qv.dims[3].clone()],
+                        false => qv.dims.clone(),
+                    };
+                    types.push((f, ValueType { dtype: Some(DType::F32), shape: Some(dims) }));
                 }
                 None => nodes.insert(0, qnode.clone()),
             }
@@ -362,9 +411,16 @@ fn rewrite(
     g.value_types.extend(types);
 }
 
-/// `aim:Dequantize8(bytes) → out`, for the DequantizeLinear or QuantizeLinear `n`.
-fn dequantize8(taken: &mut HashSet<String>, n: &Node, bytes: &str, scale: f32, zero: i64, out: &str) -> Node {
-    Node {
+/// `aim:Dequantize8(bytes) → out`, for the DequantizeLinear or QuantizeLinear `n`: scale,
+/// zero point, and whether `out` is 1-D (`ncw`).
+fn dequantize8(
+    taken: &mut HashSet<String>,
+    n: &Node,
+    bytes: &str,
+    (scale, zero, ncw): (f32, i64, bool),
+    out: &str,
+) -> Node {
+    let mut node = Node {
         name: fresh(taken, &format!("{}/dequantize8", n.name)),
         op: "Dequantize8".into(),
         domain: "aim".into(),
@@ -377,16 +433,23 @@ fn dequantize8(taken: &mut HashSet<String>, n: &Node, bytes: &str, scale: f32, z
         ]
         .into_iter()
         .collect(),
+    };
+    if ncw {
+        node.attrs.insert("ncw".into(), Attr::Int(1));
     }
+    node
 }
 
-/// The byte op making `v` (bytes `b`), in place of `v`'s QuantizeLinear.
+/// The byte op making `v` (bytes `b`), in place of `v`'s QuantizeLinear (`two_d_weights`:
+/// the 2-D copy of each 1-D convolution's weights).
+#[allow(clippy::too_many_arguments)]
 fn int_node(
     g: &Graph,
     by_output: &HashMap<&str, usize>,
     op: &IntOp,
     bytes: &BTreeMap<String, String>,
     quantized: &HashMap<String, Quantized>,
+    two_d_weights: &HashMap<String, String>,
     v: &str,
     b: &str,
 ) -> Node {
@@ -419,7 +482,7 @@ fn int_node(
             input_attrs(&mut attrs, "x", input);
             for k in ["strides", "pads", "dilations", "group", "kernel_shape"] {
                 if let Some(a) = n.attrs.get(k) {
-                    attrs.insert(k.into(), a.clone());
+                    attrs.insert(k.into(), two_d(k, a));
                 }
             }
             if *depthwise {
@@ -433,9 +496,10 @@ fn int_node(
             }
             sources.extend(sources_of(n));
             set_act(&mut attrs, &mut sources, act);
+            let w = &dqw.inputs[0];
             let ins = vec![
                 bytes[input].clone(),
-                dqw.inputs[0].clone(),
+                two_d_weights.get(w).unwrap_or(w).clone(),
                 dqw.inputs[1].clone(),
                 n.input(2).unwrap_or("").to_string(),
             ];
@@ -458,7 +522,7 @@ fn int_node(
             let n = &g.nodes[*pool];
             for (k, a) in &n.attrs {
                 if k != SOURCES {
-                    attrs.insert(k.clone(), a.clone());
+                    attrs.insert(k.clone(), two_d(k, a));
                 }
             }
             attrs.remove("y_scale");
@@ -580,7 +644,7 @@ fn fuse_global_pools(g: &mut Graph) {
         let Some(&d) = n.input(0).and_then(|x| by_output.get(x)) else { continue };
         let dq = &g.nodes[d];
         let alone = r.get(&dq.outputs[0]).is_some_and(|rd| rd.as_slice() == [i]);
-        if !(dq.domain == "aim" && dq.op == "Dequantize8" && alone) {
+        if !(dq.domain == "aim" && dq.op == "Dequantize8" && alone) || dq.int("ncw", 0) != 0 {
             continue;
         }
         let mut node = dq.clone();

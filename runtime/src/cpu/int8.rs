@@ -2,7 +2,9 @@
 //! `aim_kernels::int8`): values as bytes NHWC between `aim:Quantize8` and `aim:Dequantize8`.
 //!
 //! - `aim:Quantize8(x)` — f32 NCHW to bytes NHWC: `scale`, `zero` (in u8 terms).
-//! - `aim:Dequantize8(x)` — bytes NHWC to f32 NCHW: `scale`, `zero`.
+//! - `aim:Dequantize8(x)` — bytes NHWC to f32 NCHW: `scale`, `zero`; with `ncw = 1` the
+//!   f32 side is 1-D, `[N, C, W]`, of bytes `[N, 1, W, C]` (a 1-D convolution's values;
+//!   `aim:Quantize8` takes such an f32 `[N, C, W]` by its rank).
 //! - `aim:Conv8(x, W, w_scale, B?, R?)` — a convolution: `x_scale` / `x_zero` the input's
 //!   quantization, W s8 `[M, C, kh, kw]` (`[C, 1, kh, kw]` with `depthwise = 1`), its
 //!   scale (one or per output channel), an f32 bias, `activation` (and its parameters),
@@ -25,7 +27,8 @@ use aim_kernels::int8::{Nhwc, Out8, Residual8, Weights8, Window, Q8};
 /// A prepared byte op.
 pub(super) enum Int8Prep {
     Quantize(Q8),
-    Dequantize(Q8),
+    /// With whether the f32 side is `[N, C, W]` (`ncw`).
+    Dequantize(Q8, bool),
     GlobalMean(Q8),
     Conv(Box<Conv8>),
     Depthwise(Box<Depthwise8>),
@@ -82,7 +85,7 @@ pub(super) fn window(n: &Node, kernel: [usize; 2]) -> Result<Window, RunError> {
 pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
     let p = match n.op.as_str() {
         "Quantize8" => Int8Prep::Quantize(q8(n, "")?),
-        "Dequantize8" => Int8Prep::Dequantize(q8(n, "")?),
+        "Dequantize8" => Int8Prep::Dequantize(q8(n, "")?, n.int("ncw", 0) != 0),
         "GlobalAveragePool8" => Int8Prep::GlobalMean(q8(n, "")?),
         "Add8" => Int8Prep::Add { a: q8(n, "a")?, b: q8(n, "b")?, act: activation_with(n, ""), y: q8(n, "y")? },
         "MaxPool8" => {
@@ -168,15 +171,19 @@ pub(super) fn output(p: &Int8Prep, ins: &[Option<Operand>]) -> Result<(DType, Ve
     };
     match p {
         Int8Prep::Quantize(_) => {
-            let [n, c, h, w] = want(DType::F32)?;
+            let [n, c, h, w] = match (x.dtype, x.shape) {
+                (DType::F32, &[n, c, w]) => [n, c, 1, w],
+                _ => want(DType::F32)?,
+            };
             Ok((DType::U8, vec![n, h, w, c]))
         }
         Int8Prep::Table(_) if x.dtype == DType::U8 => Ok((DType::U8, x.shape.to_vec())),
         Int8Prep::Table(_) => Err(format!("the input must be u8, got {}", x.dtype)),
-        Int8Prep::Dequantize(_) => {
-            let [n, h, w, c] = want(DType::U8)?;
-            Ok((DType::F32, vec![n, c, h, w]))
-        }
+        Int8Prep::Dequantize(_, ncw) => match (want(DType::U8)?, ncw) {
+            ([n, 1, w, c], true) => Ok((DType::F32, vec![n, c, w])),
+            (s, true) => Err(format!("ncw needs bytes [N, 1, W, C], got {s:?}")),
+            ([n, h, w, c], false) => Ok((DType::F32, vec![n, c, h, w])),
+        },
         Int8Prep::GlobalMean(_) => {
             let [n, _, _, c] = want(DType::U8)?;
             Ok((DType::F32, vec![n, c, 1, 1]))
@@ -241,10 +248,14 @@ pub(super) fn run(
     };
     match p {
         Int8Prep::Quantize(q) => {
-            let [n, c, h, w] = *x.shape else { return Err("a 4-D input expected".into()) };
+            let [n, c, h, w] = match *x.shape {
+                [n, c, w] => [n, c, 1, w],
+                [n, c, h, w] => [n, c, h, w],
+                _ => return Err("a 3-D or 4-D input expected".into()),
+            };
             aim_kernels::int8::convert::quantize_nchw(isa, floats(x.bytes)?, n, c, h * w, *q, y, pool);
         }
-        Int8Prep::Dequantize(q) => {
+        Int8Prep::Dequantize(q, _) => {
             let [n, h, w, c] = *x.shape else { return Err("a 4-D input expected".into()) };
             aim_kernels::int8::convert::dequantize_nhwc(x.bytes, n, c, h * w, *q, floats_mut(y)?, pool);
         }
@@ -300,6 +311,10 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
         s + &format!(", quantized to bytes ({})", q(&o.q))
     };
     match (p, input, out) {
+        (Int8Prep::Quantize(qq), Some(&[n, c, w]), _) => vec![format!(
+            "quantize f32 NCW [{n},{c},{w}] into bytes NHWC [{n},1,{w},{c}] ({}): parallel for image × 64-pixel tile, 64×64 transposes",
+            q(qq)
+        )],
         (Int8Prep::Quantize(qq), Some(&[n, c, h, w]), _) => vec![format!(
             "quantize f32 NCHW [{n},{c},{h},{w}] into bytes NHWC ({}): parallel for image × 64-pixel tile, 64×64 transposes",
             q(qq)
@@ -308,8 +323,9 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
             "global average of bytes NHWC [{n},{h},{w},{c}] ({}): exact integer sums per channel, dequantized into f32 [N, C, 1, 1]",
             q(qq)
         )],
-        (Int8Prep::Dequantize(qq), Some(&[n, h, w, c]), _) => vec![format!(
-            "dequantize bytes NHWC [{n},{h},{w},{c}] into f32 NCHW ({}): parallel for image × 64-channel tile, 64×64 transposes",
+        (Int8Prep::Dequantize(qq, ncw), Some(&[n, h, w, c]), _) => vec![format!(
+            "dequantize bytes NHWC [{n},{h},{w},{c}] into f32 {} ({}): parallel for image × 64-channel tile, 64×64 transposes",
+            if *ncw { "NCW" } else { "NCHW" },
             q(qq)
         )],
         (Int8Prep::Conv(k), Some(&[_, _, _, c]), Some(&[n, oh, ow, m])) => {
