@@ -306,7 +306,7 @@ fn one_dimensional_byte_regions_match_the_interpreter() {
     let mut r = Rng(29);
     for case in 0..4 {
         let signed = case % 2 == 1;
-        let w = r.pick(&[17, 40, 64]);
+        let w: usize = r.pick(&[17, 40, 64]);
         let z = |r: &mut Rng| if signed { (r.next() % 40) as i64 - 20 } else { (r.next() % 40) as i64 };
         let mut t = String::new();
         t += &qdq("x", 0.02, signed, z(&mut r));
@@ -322,7 +322,7 @@ fn one_dimensional_byte_regions_match_the_interpreter() {
         t += "  %p = MaxPool(%c2_d) {kernel_shape=[2], strides=[2]}  # pool\n";
         t +=
             "  %p_q = QuantizeLinear(%p, %c2_s, %c2_z)  # p_q\n  %p_d = DequantizeLinear(%p_q, %c2_s, %c2_z)  # p_dq\n";
-        let ow = ((w - 1) / 2 + 1) / 2;
+        let ow = w.div_ceil(2) / 2;
         let text =
             format!("opset 17\ngraph \"g\" {{\n  input %x: f32[2,5,{w}]\n{t}  output %p_d: f32[2,12,{ow}]\n}}\n");
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
