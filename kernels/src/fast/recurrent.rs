@@ -227,6 +227,94 @@ impl RecurrentWeights {
     }
 }
 
+/// Y's values, which the directions' recurrences write at disjoint places (each its own
+/// direction's states), perhaps from two threads at once.
+#[derive(Clone, Copy)]
+struct SharedY(*mut f32, usize);
+// SAFETY: each recurrence writes only its own direction's states.
+unsafe impl Send for SharedY {}
+unsafe impl Sync for SharedY {}
+
+/// Direction `d`'s recurrence over the sequence: per step `h · Rᵀ` added to the step's
+/// row of the input projection `xp` (with 8-bit weights: h quantized, the exact integer
+/// product scaled by h's scale times R's `r_scales`, and the biases `b` added after), the
+/// gates, and h written into Y. Returns the final h and c.
+#[allow(clippy::too_many_arguments)]
+fn steps(
+    q: &Seq,
+    d: usize,
+    panels: &Panels,
+    b: &[f32],
+    r_scales: Option<&[f32]>,
+    xp: &[f32],
+    (mut h, mut c): (Vec<f32>, Vec<f32>),
+    (isa, blocking): (Isa, crate::gemm::Blocking),
+    step_par: &dyn crate::gemm::Parallel,
+    y: SharedY,
+) -> (Vec<f32>, Vec<f32>) {
+    let (batch, hidden, t_len) = (q.batch, q.hidden, q.t_len);
+    let g4 = 4 * hidden;
+    let h_stride = hidden.div_ceil(4) * 4;
+    let quantized = r_scales.is_some();
+    let int8 = matches!(panels, Panels::Int8(..));
+    let mut g = vec![0f32; batch * g4];
+    let mut xt = vec![0f32; batch * g4];
+    let mut h_whole = vec![0f32; if quantized && !int8 { batch * hidden } else { 0 }];
+    let (mut h_bytes, mut h_sums) = (vec![0u8; if int8 { batch * h_stride } else { 0 }], vec![0i32; batch]);
+    let mut mult = vec![0f32; g4];
+    for s in 0..t_len {
+        let t = if q.reverse(d) { t_len - 1 - s } else { s };
+        // This step's projections, one row per batch entry.
+        for bi in 0..batch {
+            let row = q.x_row(t, bi);
+            xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
+        }
+        match (panels, r_scales) {
+            (Panels::F32(_, pr), None) => {
+                let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
+                gemm_rows(&h, batch, hidden, blocking, pr, &mut g, g4, &ep, step_par);
+            }
+            (panels, Some(rs)) => {
+                // h in u8 (one range over the batch), the product of whole numbers
+                // scaled by h's scale times R's, then `x·W + h·R + B` as ORT adds them.
+                match panels {
+                    Panels::F32(_, pr) => {
+                        let sh = super::quant::centered(isa, &h, &mut h_whole);
+                        let ep = Epilogue::default();
+                        gemm_rows(&h_whole, batch, hidden, blocking, pr, &mut g, g4, &ep, step_par);
+                        mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
+                        g.chunks_exact_mut(g4).for_each(|gr| gr.iter_mut().zip(&mult).for_each(|(v, &m)| *v *= m));
+                    }
+                    Panels::Int8(_, pr) => {
+                        let seq = &crate::gemm::Sequential;
+                        let (sh, zh) = quantize_dynamic(isa, &h, hidden, &mut h_bytes, h_stride, &mut h_sums, seq);
+                        mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
+                        let a = QuantizedA { data: &h_bytes, m: batch, stride: h_stride, zero: zh, row_sums: &h_sums };
+                        let ep = QEpilogue { scale: &mult, bias: None, act: None };
+                        qgemm(isa, &a, pr, &ep, &mut g, g4, step_par);
+                    }
+                }
+                for (gr, xr) in g.chunks_exact_mut(g4).zip(xt.chunks_exact(g4)) {
+                    for j in 0..g4 {
+                        gr[j] = (xr[j] + gr[j]) + b[j];
+                    }
+                }
+            }
+            // The caller pairs 8-bit panels with their scales.
+            (Panels::Int8(..), None) => unreachable!("8-bit weights without scales"),
+        }
+        gates(isa, &g, &mut c, &mut h, hidden);
+        for bi in 0..batch {
+            let at = q.y_at(t, bi, d);
+            assert!(at + hidden <= y.1, "Y holds every step's state");
+            // SAFETY: inside Y (checked); this direction's states alone are written here.
+            let dst = unsafe { std::slice::from_raw_parts_mut(y.0.add(at), hidden) };
+            dst.copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
+        }
+    }
+    (h, c)
+}
+
 pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
     run(n, ins, cx, None)
 }
@@ -277,11 +365,11 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
         x_whole = vec![0f32; x.len()];
         (super::quant::centered(cx.isa, x, &mut x_whole), 0)
     };
-    let h_stride = hidden.div_ceil(4) * 4;
-    for d in 0..q.dirs {
-        let (panels, b) = &weights.dirs[d];
+    // Every direction's input projection first (the pool's threads share each product).
+    let mut xps = Vec::with_capacity(q.dirs);
+    for (d, (panels, b)) in weights.dirs.iter().enumerate() {
         // This direction's scales per gate column (W's, R's) when the weights are 8-bit.
-        let scales = weights.scales.as_ref().map(|(ws, rs)| (&ws[d * g4..(d + 1) * g4], &rs[d * g4..(d + 1) * g4]));
+        let scales = weights.scales.as_ref().map(|(ws, _)| &ws[d * g4..(d + 1) * g4]);
         // The input projection of every step: rows in X's own order. With 8-bit weights
         // the sums are of whole numbers, scaled by X's scale times W's; the biases are
         // then added at each step, after the recurrent product, in ORT's order.
@@ -292,75 +380,48 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
                 let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
                 gemm_rows(x, rows, input, cx.blocking, pw, &mut xp, g4, &ep, par);
             }
-            (Panels::F32(pw, _), Some((ws, _))) => {
+            (Panels::F32(pw, _), Some(ws)) => {
                 gemm_rows(&x_whole, rows, input, cx.blocking, pw, &mut xp, g4, &Epilogue::default(), par);
                 let mult: Vec<f32> = ws.iter().map(|&w| x_scale * w).collect();
                 for row in xp.chunks_exact_mut(g4) {
                     row.iter_mut().zip(&mult).for_each(|(v, &m)| *v *= m);
                 }
             }
-            (Panels::Int8(pw, _), Some((ws, _))) => {
+            (Panels::Int8(pw, _), Some(ws)) => {
                 let mult: Vec<f32> = ws.iter().map(|&w| x_scale * w).collect();
                 let a = QuantizedA { data: &x_bytes, m: rows, stride: x_stride, zero: x_zero, row_sums: &x_sums };
                 qgemm(cx.isa, &a, pw, &QEpilogue { scale: &mult, bias: None, act: None }, &mut xp, g4, par);
             }
             (Panels::Int8(..), None) => return None,
         }
-        let (mut h, mut c) = (q.initial(h0, d), q.initial(c0, d));
-        let step_par = super::sequence::parallel_for(batch * hidden * g4, cx.par);
-        let mut g = vec![0f32; batch * g4];
-        let mut xt = vec![0f32; batch * g4];
-        let mut h_whole = vec![0f32; if quantized && !int8 { batch * hidden } else { 0 }];
-        let (mut h_bytes, mut h_sums) = (vec![0u8; if int8 { batch * h_stride } else { 0 }], vec![0i32; batch]);
-        let mut mult = vec![0f32; g4];
-        for s in 0..t_len {
-            let t = if q.reverse(d) { t_len - 1 - s } else { s };
-            // This step's projections, one row per batch entry.
-            for bi in 0..batch {
-                let row = q.x_row(t, bi);
-                xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
-            }
-            match (panels, scales) {
-                (Panels::F32(_, pr), None) => {
-                    let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
-                    gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, step_par);
-                }
-                (panels, Some((_, rs))) => {
-                    // h in u8 (one range over the batch), the product of whole numbers
-                    // scaled by h's scale times R's, then `x·W + h·R + B` as ORT adds them.
-                    match panels {
-                        Panels::F32(_, pr) => {
-                            let sh = super::quant::centered(cx.isa, &h, &mut h_whole);
-                            let ep = Epilogue::default();
-                            gemm_rows(&h_whole, batch, hidden, cx.blocking, pr, &mut g, g4, &ep, step_par);
-                            mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
-                            g.chunks_exact_mut(g4).for_each(|gr| gr.iter_mut().zip(&mult).for_each(|(v, &m)| *v *= m));
-                        }
-                        Panels::Int8(_, pr) => {
-                            let seq = &crate::gemm::Sequential;
-                            let (sh, zh) =
-                                quantize_dynamic(cx.isa, &h, hidden, &mut h_bytes, h_stride, &mut h_sums, seq);
-                            mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
-                            let a =
-                                QuantizedA { data: &h_bytes, m: batch, stride: h_stride, zero: zh, row_sums: &h_sums };
-                            let ep = QEpilogue { scale: &mult, bias: None, act: None };
-                            qgemm(cx.isa, &a, pr, &ep, &mut g, g4, step_par);
-                        }
-                    }
-                    for (gr, xr) in g.chunks_exact_mut(g4).zip(xt.chunks_exact(g4)) {
-                        for j in 0..g4 {
-                            gr[j] = (xr[j] + gr[j]) + b[j];
-                        }
-                    }
-                }
-                (Panels::Int8(..), None) => return None,
-            }
-            gates(cx.isa, &g, &mut c, &mut h, hidden);
-            for bi in 0..batch {
-                let at = q.y_at(t, bi, d);
-                yd[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
-            }
-        }
+        xps.push(xp);
+    }
+    // Then the recurrences. A step too small to share between threads leaves the threads
+    // to the directions: a bidirectional layer runs its two side by side.
+    let step_macs = batch * hidden * g4;
+    let side_by_side = q.dirs == 2 && cx.par.threads() >= 2 && step_macs < super::sequence::STEP_PARALLEL_MACS;
+    let step_par =
+        if side_by_side { &crate::gemm::Sequential } else { super::sequence::parallel_for(step_macs, cx.par) };
+    let y_out = SharedY(yd.as_mut_ptr(), yd.len());
+    let kernels = (cx.isa, cx.blocking);
+    let recurrence = |d: usize| -> (Vec<f32>, Vec<f32>) {
+        let (panels, b) = &weights.dirs[d];
+        let r_scales = weights.scales.as_ref().map(|(_, rs)| &rs[d * g4..(d + 1) * g4]);
+        let (h, c) =
+            steps(&q, d, panels, b, r_scales, &xps[d], (q.initial(h0, d), q.initial(c0, d)), kernels, step_par, y_out);
+        (h, c)
+    };
+    let finals: Vec<(Vec<f32>, Vec<f32>)> = if side_by_side {
+        let slots: [std::sync::Mutex<Option<(Vec<f32>, Vec<f32>)>>; 2] = Default::default();
+        cx.par.for_each(2, &|d| {
+            let r = recurrence(d);
+            *slots[d].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        });
+        slots.into_iter().filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+    } else {
+        (0..q.dirs).map(recurrence).collect()
+    };
+    for (d, (h, c)) in finals.iter().enumerate() {
         for bi in 0..batch {
             let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
