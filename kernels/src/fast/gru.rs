@@ -8,7 +8,7 @@
 
 use super::math;
 use super::output::Output;
-use super::sequence::Seq;
+use super::sequence::{Seq, SharedY};
 use super::Ctx;
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB};
 use crate::util::Result;
@@ -119,14 +119,28 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) 
     let (xd, yd) = (q.x.data::<f32>(), y.bits_mut());
     let g3 = 3 * hidden;
     let rows = q.t_len * batch;
-    for (d, dw) in weights.dirs.iter().enumerate() {
-        let mut xp = vec![0f32; rows * g3];
-        let ep = Epilogue { col_bias: Some(&dw.bias_x), ..Epilogue::default() };
-        let proj_par = super::sequence::parallel_for(rows * q.input * g3, cx.par);
-        gemm_rows(xd, rows, q.input, cx.blocking, &dw.w, &mut xp, g3, &ep, proj_par);
+    // Every direction's input projection first (the pool's threads share each product).
+    let xps: Vec<Vec<f32>> = weights
+        .dirs
+        .iter()
+        .map(|dw| {
+            let mut xp = vec![0f32; rows * g3];
+            let ep = Epilogue { col_bias: Some(&dw.bias_x), ..Epilogue::default() };
+            let proj_par = super::sequence::parallel_for(rows * q.input * g3, cx.par);
+            gemm_rows(xd, rows, q.input, cx.blocking, &dw.w, &mut xp, g3, &ep, proj_par);
+            xp
+        })
+        .collect();
+    // Then the recurrences (two directions side by side where a step is small).
+    let y_out = SharedY::new(yd);
+    let (isa, blocking) = (cx.isa, cx.blocking);
+    let finals = super::sequence::by_direction(q.dirs, batch * hidden * g3, cx.par, &|d, par| {
         let mut h = q.initial(h0, d);
-        let job = Direction { dw, xp: &xp, q: &q, d, linear_before_reset, blocking: cx.blocking, par: cx.par };
-        job.run(cx.isa, &mut h, yd);
+        let job = Direction { dw: &weights.dirs[d], xp: &xps[d], q: &q, d, linear_before_reset, blocking, par };
+        job.run(isa, &mut h, y_out);
+        h
+    });
+    for (d, h) in finals.iter().enumerate() {
         for bi in 0..batch {
             let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
@@ -149,20 +163,21 @@ struct Direction<'a> {
     d: usize,
     linear_before_reset: bool,
     blocking: Blocking,
+    /// The threads of a step's products.
     par: &'a dyn crate::gemm::Parallel,
 }
 
 impl Direction<'_> {
     /// Runs with the gate loops compiled for the ISA (the fast sigmoid and tanh vectorise).
-    fn run(&self, isa: Isa, h: &mut [f32], y: &mut [f32]) {
+    fn run(&self, isa: Isa, h: &mut [f32], y: SharedY) {
         #[cfg(target_arch = "x86_64")]
         {
             #[target_feature(enable = "avx512f,avx2,fma")]
-            unsafe fn v4(j: &Direction, h: &mut [f32], y: &mut [f32]) {
+            unsafe fn v4(j: &Direction, h: &mut [f32], y: SharedY) {
                 j.steps(h, y)
             }
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn v3(j: &Direction, h: &mut [f32], y: &mut [f32]) {
+            unsafe fn v3(j: &Direction, h: &mut [f32], y: SharedY) {
                 j.steps(h, y)
             }
             // SAFETY: an `Isa` exists only for features this CPU has.
@@ -177,15 +192,14 @@ impl Direction<'_> {
     }
 
     #[inline(always)]
-    fn steps(&self, h: &mut [f32], y: &mut [f32]) {
+    fn steps(&self, h: &mut [f32], y: SharedY) {
         let q = self.q;
         let (batch, hidden, t_len) = (q.batch, q.hidden, q.t_len);
         let (g3, dw) = (3 * hidden, self.dw);
         let (mut zr, mut cand, mut rh) =
             (vec![0f32; batch * 2 * hidden], vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
         let bias_rh = Epilogue { col_bias: Some(&dw.bias_rh), ..Epilogue::default() };
-        // A step's products are small (one row per sequence).
-        let par = super::sequence::parallel_for(batch * hidden * g3, self.par);
+        let par = self.par;
         for s in 0..t_len {
             let t = if q.reverse(self.d) { t_len - 1 - s } else { s };
             let xrow = |bi: usize| {
@@ -226,8 +240,8 @@ impl Direction<'_> {
                     let c = math::tanh(c + xv);
                     *hv = (1.0 - zv) * c + zv * *hv;
                 }
-                let at = q.y_at(t, bi, self.d);
-                y[at..at + hidden].copy_from_slice(hr);
+                // SAFETY: this direction's states alone are written here, Y outlives the run.
+                unsafe { y.write(q.y_at(t, bi, self.d), hr) };
             }
         }
     }

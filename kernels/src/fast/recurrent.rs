@@ -8,7 +8,7 @@
 
 use super::math;
 use super::output::Output;
-use super::sequence::Seq;
+use super::sequence::{Seq, SharedY};
 use super::Ctx;
 #[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
@@ -227,14 +227,6 @@ impl RecurrentWeights {
     }
 }
 
-/// Y's values, which the directions' recurrences write at disjoint places (each its own
-/// direction's states), perhaps from two threads at once.
-#[derive(Clone, Copy)]
-struct SharedY(*mut f32, usize);
-// SAFETY: each recurrence writes only its own direction's states.
-unsafe impl Send for SharedY {}
-unsafe impl Sync for SharedY {}
-
 /// Direction `d`'s recurrence over the sequence: per step `h · Rᵀ` added to the step's
 /// row of the input projection `xp` (with 8-bit weights: h quantized, the exact integer
 /// product scaled by h's scale times R's `r_scales`, and the biases `b` added after), the
@@ -306,10 +298,8 @@ fn steps(
         gates(isa, &g, &mut c, &mut h, hidden);
         for bi in 0..batch {
             let at = q.y_at(t, bi, d);
-            assert!(at + hidden <= y.1, "Y holds every step's state");
-            // SAFETY: inside Y (checked); this direction's states alone are written here.
-            let dst = unsafe { std::slice::from_raw_parts_mut(y.0.add(at), hidden) };
-            dst.copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
+            // SAFETY: this direction's states alone are written here, Y outlives the run.
+            unsafe { y.write(at, &h[bi * hidden..(bi + 1) * hidden]) };
         }
     }
     (h, c)
@@ -396,31 +386,15 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
         }
         xps.push(xp);
     }
-    // Then the recurrences. A step too small to share between threads leaves the threads
-    // to the directions: a bidirectional layer runs its two side by side.
-    let step_macs = batch * hidden * g4;
-    let side_by_side = q.dirs == 2 && cx.par.threads() >= 2 && step_macs < super::sequence::STEP_PARALLEL_MACS;
-    let step_par =
-        if side_by_side { &crate::gemm::Sequential } else { super::sequence::parallel_for(step_macs, cx.par) };
-    let y_out = SharedY(yd.as_mut_ptr(), yd.len());
+    // Then the recurrences (two directions side by side where a step is small).
+    let y_out = SharedY::new(yd);
     let kernels = (cx.isa, cx.blocking);
-    let recurrence = |d: usize| -> (Vec<f32>, Vec<f32>) {
+    let finals = super::sequence::by_direction(q.dirs, batch * hidden * g4, cx.par, &|d, step_par| {
         let (panels, b) = &weights.dirs[d];
         let r_scales = weights.scales.as_ref().map(|(_, rs)| &rs[d * g4..(d + 1) * g4]);
-        let (h, c) =
-            steps(&q, d, panels, b, r_scales, &xps[d], (q.initial(h0, d), q.initial(c0, d)), kernels, step_par, y_out);
-        (h, c)
-    };
-    let finals: Vec<(Vec<f32>, Vec<f32>)> = if side_by_side {
-        let slots: [std::sync::Mutex<Option<(Vec<f32>, Vec<f32>)>>; 2] = Default::default();
-        cx.par.for_each(2, &|d| {
-            let r = recurrence(d);
-            *slots[d].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        });
-        slots.into_iter().filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
-    } else {
-        (0..q.dirs).map(recurrence).collect()
-    };
+        let state = (q.initial(h0, d), q.initial(c0, d));
+        steps(&q, d, panels, b, r_scales, &xps[d], state, kernels, step_par, y_out)
+    });
     for (d, (h, c)) in finals.iter().enumerate() {
         for bi in 0..batch {
             let at = q.state_at(bi, d);

@@ -6,7 +6,7 @@
 
 use super::math;
 use super::output::Output;
-use super::sequence::Seq;
+use super::sequence::{Seq, SharedY};
 use super::Ctx;
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB};
 use crate::util::Result;
@@ -118,12 +118,23 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&RnnWeights>) 
     let mut yh = vec![0f32; q.dirs * batch * hidden];
     let (xd, yd) = (q.x.data::<f32>(), y.bits_mut());
     let rows = q.t_len * batch;
-    let par = super::sequence::parallel_for(batch * hidden * hidden, cx.par);
-    for (d, (pw, pr, b)) in weights.dirs.iter().enumerate() {
-        let mut xp = vec![0f32; rows * hidden];
-        let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
-        let proj_par = super::sequence::parallel_for(rows * input * hidden, cx.par);
-        gemm_rows(xd, rows, input, cx.blocking, pw, &mut xp, hidden, &ep, proj_par);
+    // Every direction's input projection first (the pool's threads share each product).
+    let xps: Vec<Vec<f32>> = weights
+        .dirs
+        .iter()
+        .map(|(pw, _, b)| {
+            let mut xp = vec![0f32; rows * hidden];
+            let ep = Epilogue { col_bias: Some(b), ..Epilogue::default() };
+            let proj_par = super::sequence::parallel_for(rows * input * hidden, cx.par);
+            gemm_rows(xd, rows, input, cx.blocking, pw, &mut xp, hidden, &ep, proj_par);
+            xp
+        })
+        .collect();
+    // Then the recurrences (two directions side by side where a step is small).
+    let y_out = SharedY::new(yd);
+    let blocking = cx.blocking;
+    let finals = super::sequence::by_direction(q.dirs, batch * hidden * hidden, cx.par, &|d, par| {
+        let (pr, xp) = (&weights.dirs[d].1, &xps[d]);
         let mut h = q.initial(h0, d);
         let (mut g, mut xt) = (vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
         for s in 0..q.t_len {
@@ -133,15 +144,18 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&RnnWeights>) 
                 xt[bi * hidden..(bi + 1) * hidden].copy_from_slice(&xp[row * hidden..(row + 1) * hidden]);
             }
             let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
-            gemm_rows(&h, batch, hidden, cx.blocking, pr, &mut g, hidden, &ep, par);
+            gemm_rows(&h, batch, hidden, blocking, pr, &mut g, hidden, &ep, par);
             for (hv, &gv) in h.iter_mut().zip(&g) {
                 *hv = acts[d](gv);
             }
             for bi in 0..batch {
-                let at = q.y_at(t, bi, d);
-                yd[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
+                // SAFETY: this direction's states alone are written here, Y outlives the run.
+                unsafe { y_out.write(q.y_at(t, bi, d), &h[bi * hidden..(bi + 1) * hidden]) };
             }
         }
+        h
+    });
+    for (d, h) in finals.iter().enumerate() {
         for bi in 0..batch {
             let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);

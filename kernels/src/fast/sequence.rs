@@ -150,3 +150,52 @@ pub(super) fn parallel_for(macs: usize, par: &dyn crate::gemm::Parallel) -> &dyn
         par
     }
 }
+
+/// Runs `f(d, step_par)` for each of `dirs` directions and returns the results in order.
+/// When a step (`step_macs` multiply-adds) is too small to share between threads (see
+/// [`parallel_for`]) and there are two directions and two threads, the directions run side
+/// by side, each on one thread with its steps sequential; otherwise one after the other,
+/// with `step_par` from [`parallel_for`].
+pub(super) fn by_direction<T: Send>(
+    dirs: usize,
+    step_macs: usize,
+    par: &dyn crate::gemm::Parallel,
+    f: &(dyn Fn(usize, &dyn crate::gemm::Parallel) -> T + Sync),
+) -> Vec<T> {
+    if dirs == 2 && par.threads() >= 2 && step_macs < STEP_PARALLEL_MACS {
+        let slots: [std::sync::Mutex<Option<T>>; 2] = Default::default();
+        par.for_each(2, &|d| {
+            let r = f(d, &crate::gemm::Sequential);
+            *slots[d].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        });
+        slots.into_iter().filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+    } else {
+        let step_par = parallel_for(step_macs, par);
+        (0..dirs).map(|d| f(d, step_par)).collect()
+    }
+}
+
+/// Y's values, which the directions' recurrences write at disjoint places (each its own
+/// direction's states), perhaps from two threads at once.
+#[derive(Clone, Copy)]
+pub(super) struct SharedY(*mut f32, usize);
+// SAFETY: writers keep to disjoint places (see `write`).
+unsafe impl Send for SharedY {}
+unsafe impl Sync for SharedY {}
+
+impl SharedY {
+    /// Y's values.
+    pub fn new(y: &mut [f32]) -> SharedY {
+        SharedY(y.as_mut_ptr(), y.len())
+    }
+
+    /// Copies `src` to Y from `at` on. Panics outside Y.
+    ///
+    /// # Safety
+    /// No other thread reads or writes `at..at + src.len()` meanwhile, and Y outlives the
+    /// call.
+    pub unsafe fn write(&self, at: usize, src: &[f32]) {
+        assert!(at + src.len() <= self.1, "Y holds every step's state");
+        std::slice::from_raw_parts_mut(self.0.add(at), src.len()).copy_from_slice(src);
+    }
+}
