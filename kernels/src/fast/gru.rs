@@ -174,11 +174,11 @@ impl Direction<'_> {
         {
             #[target_feature(enable = "avx512f,avx2,fma")]
             unsafe fn v4(j: &Direction, h: &mut [f32], y: SharedY) {
-                j.steps(h, y)
+                j.steps::<true>(h, y)
             }
             #[target_feature(enable = "avx2,fma")]
             unsafe fn v3(j: &Direction, h: &mut [f32], y: SharedY) {
-                j.steps(h, y)
+                j.steps::<true>(h, y)
             }
             // SAFETY: an `Isa` exists only for features this CPU has.
             match isa.kind() {
@@ -188,11 +188,12 @@ impl Direction<'_> {
             }
         }
         let _ = isa;
-        self.steps(h, y)
+        self.steps::<{ cfg!(target_arch = "aarch64") }>(h, y)
     }
 
+    /// The steps, the gates' functions with fused multiply-adds where `FMA`.
     #[inline(always)]
-    fn steps(&self, h: &mut [f32], y: SharedY) {
+    fn steps<const FMA: bool>(&self, h: &mut [f32], y: SharedY) {
         let q = self.q;
         let (batch, hidden, t_len) = (q.batch, q.hidden, q.t_len);
         let (g3, dw) = (3 * hidden, self.dw);
@@ -211,7 +212,7 @@ impl Direction<'_> {
             for bi in 0..batch {
                 let (xr, g) = (xrow(bi), &mut zr[bi * 2 * hidden..(bi + 1) * 2 * hidden]);
                 for (v, &xv) in g.iter_mut().zip(&xr[..2 * hidden]) {
-                    *v = math::sigmoid(*v + xv);
+                    *v = math::sigmoid_with::<FMA>(*v + xv);
                 }
             }
             if self.linear_before_reset {
@@ -237,7 +238,7 @@ impl Direction<'_> {
                 let z = &zr[bi * 2 * hidden..bi * 2 * hidden + hidden];
                 let (hr, cr) = (&mut h[bi * hidden..(bi + 1) * hidden], &cand[bi * hidden..(bi + 1) * hidden]);
                 for (((hv, &c), &xv), &zv) in hr.iter_mut().zip(cr).zip(xr).zip(z) {
-                    let c = math::tanh(c + xv);
+                    let c = math::tanh_with::<FMA>(c + xv);
                     *hv = (1.0 - zv) * c + zv * *hv;
                 }
                 // SAFETY: this direction's states alone are written here, Y outlives the run.

@@ -241,20 +241,33 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
             chunked(cx.par, xd.len(), y.bits_mut(), &|r, d| map(isa, &xd[r], d, &f));
         }};
     }
+    // `$f` with the constant `FMA` naming whether the ISA fuses multiply-adds (the math
+    // functions' polynomials then take half the operations).
+    macro_rules! go_fma {
+        ($f:expr) => {{
+            if math::fma(isa) {
+                const FMA: bool = true;
+                go!($f)
+            } else {
+                const FMA: bool = false;
+                go!($f)
+            }
+        }};
+    }
     match n.op.as_str() {
-        "Erf" => go!(math::erf),
-        "Exp" => go!(math::exp),
-        "Tanh" => go!(math::tanh),
-        "Sigmoid" => go!(math::sigmoid),
+        "Erf" => go_fma!(math::erf_with::<FMA>),
+        "Exp" => go_fma!(math::exp_with::<FMA>),
+        "Tanh" => go_fma!(math::tanh_with::<FMA>),
+        "Sigmoid" => go_fma!(math::sigmoid_with::<FMA>),
         "Relu" => go!(crate::gemm::relu),
         "Sqrt" => go!(f32::sqrt),
         "Neg" => go!(|v: f32| -v),
         "Abs" => go!(f32::abs),
         "Reciprocal" => go!(|v: f32| 1.0 / v),
         "Gelu" if n.string("approximate", "none") == "tanh" => {
-            go!(|v: f32| 0.5 * v * (1.0 + math::tanh(0.797_884_6 * (v + 0.044_715 * v * v * v))))
+            go_fma!(|v: f32| 0.5 * v * (1.0 + math::tanh_with::<FMA>(0.797_884_6 * (v + 0.044_715 * v * v * v))))
         }
-        "Gelu" => go!(|v: f32| 0.5 * v * (1.0 + math::erf(v * std::f32::consts::FRAC_1_SQRT_2))),
+        "Gelu" => go_fma!(|v: f32| 0.5 * v * (1.0 + math::erf_with::<FMA>(v * std::f32::consts::FRAC_1_SQRT_2))),
         "Log" => go!(f32::ln),
         "Floor" => go!(f32::floor),
         "Ceil" => go!(f32::ceil),
@@ -263,7 +276,7 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
         "Round" => go!(f32::round_ties_even),
         "Softplus" => go!(softplus),
         "Softsign" => go!(|v: f32| v / (1.0 + v.abs())),
-        "Mish" => go!(|v: f32| v * math::tanh(softplus(v))),
+        "Mish" => go_fma!(|v: f32| v * math::tanh_with::<FMA>(softplus(v))),
         "LeakyRelu" => {
             let a = n.float("alpha", 0.01);
             go!(move |v: f32| if v < 0.0 { a * v } else { v })

@@ -36,18 +36,19 @@ fn default_activations(n: &Node) -> bool {
 /// One step's gates for `batch` rows: `g` holds `[i, o, f, c]` pre-activations per row;
 /// updates `c` and `h` in place.
 #[inline(always)]
-fn gates_generic(g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
+fn gates_generic<const FMA: bool>(g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
+    let (sigmoid, tanh) = (math::sigmoid_with::<FMA>, math::tanh_with::<FMA>);
     for ((gr, cr), hr) in g.chunks_exact(4 * hidden).zip(c.chunks_exact_mut(hidden)).zip(h.chunks_exact_mut(hidden)) {
         let (gi, rest) = gr.split_at(hidden);
         let (go, rest) = rest.split_at(hidden);
         let (gf, gc) = rest.split_at(hidden);
         for j in 0..hidden {
-            let i = math::sigmoid(gi[j]);
-            let f = math::sigmoid(gf[j]);
-            let cand = math::tanh(gc[j]);
+            let i = sigmoid(gi[j]);
+            let f = sigmoid(gf[j]);
+            let cand = tanh(gc[j]);
             let cn = f * cr[j] + i * cand;
             cr[j] = cn;
-            hr[j] = math::sigmoid(go[j]) * math::tanh(cn);
+            hr[j] = sigmoid(go[j]) * tanh(cn);
         }
     }
 }
@@ -57,11 +58,11 @@ fn gates(isa: Isa, g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
         unsafe fn v4(g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
-            gates_generic(g, c, h, hidden)
+            gates_generic::<true>(g, c, h, hidden)
         }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v3(g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
-            gates_generic(g, c, h, hidden)
+            gates_generic::<true>(g, c, h, hidden)
         }
         // SAFETY: an `Isa` exists only for features this CPU has.
         match isa.kind() {
@@ -71,7 +72,7 @@ fn gates(isa: Isa, g: &[f32], c: &mut [f32], h: &mut [f32], hidden: usize) {
         }
     }
     let _ = isa;
-    gates_generic(g, c, h, hidden)
+    gates_generic::<{ cfg!(target_arch = "aarch64") }>(g, c, h, hidden)
 }
 
 /// One direction's W and R packed for the microkernels.
