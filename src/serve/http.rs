@@ -29,6 +29,42 @@ pub struct Shared {
     pub max_body: usize,
     /// False once shutdown began.
     pub ready: AtomicBool,
+    /// The memory that bodies being decoded may take at once.
+    pub decoding: DecodeBudget,
+}
+
+/// Bytes of memory a body's decoding may take per byte of body, at most: a JSON number of
+/// two bytes (`0,`) becomes a 16-byte leaf, then 8 bytes of f64 and up to 8 of tensor.
+const DECODE_BYTES_PER_BODY_BYTE: usize = 16;
+
+/// The memory that request bodies being decoded may take at once, in KiB: each request
+/// reserves its share (its body's length times [`DECODE_BYTES_PER_BODY_BYTE`]) before its
+/// body is parsed on the blocking pool, and waits while others hold the rest. JSON is
+/// parsed off the runtime's two threads, so that health checks and metrics answer at once
+/// whatever the requests in flight; the budget keeps many large bodies from taking all
+/// memory together.
+pub struct DecodeBudget {
+    permits: tokio::sync::Semaphore,
+    kib: u32,
+}
+
+impl DecodeBudget {
+    /// Room for two bodies of `max_body` bytes at their worst, and at least 256 MiB.
+    pub fn new(max_body: usize) -> DecodeBudget {
+        let kib = (max_body / 1024).saturating_mul(2 * DECODE_BYTES_PER_BODY_BYTE).clamp(256 * 1024, 1 << 30);
+        DecodeBudget { permits: tokio::sync::Semaphore::new(kib), kib: kib as u32 }
+    }
+
+    /// Waits for the share of a body of `len` bytes.
+    async fn reserve(&self, len: usize) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        let want = (len / 1024).saturating_mul(DECODE_BYTES_PER_BODY_BYTE).clamp(1, self.kib as usize) as u32;
+        self.permits.acquire_many(want).await.map_err(|_| ApiError::new(503, "the server is shutting down"))
+    }
+}
+
+/// Runs `f` on the blocking pool (decoding or encoding a body), off the runtime's threads.
+async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::new(500, format!("a request's decoding failed: {e}")))
 }
 
 type St = State<Arc<Shared>>;
@@ -322,7 +358,9 @@ async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Res
                 .ok_or_else(|| ApiError::bad(format!("{HEADER_LEN} must be a byte count, got {v:?}")))?,
         ),
     };
-    let req = protocol::parse_infer(bytes, header_len)?;
+    let share = s.decoding.reserve(bytes.len()).await?;
+    let req = off_runtime(move || protocol::parse_infer(bytes, header_len)).await??;
+    drop(share);
     let wanted: Vec<(usize, bool)> = match &req.outputs {
         None => (0..m.outputs.len()).map(|i| (i, req.binary_output)).collect(),
         Some(list) => list
@@ -333,7 +371,8 @@ async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Res
     let done = m.request(req.inputs, req.timeout).await?;
     let outputs: Vec<(String, aim_ir::Tensor, bool)> =
         wanted.iter().map(|&(i, b)| (m.outputs[i].name.clone(), done.outputs[i].clone(), b)).collect();
-    let enc = protocol::encode_response(&m.model, m.version, req.id.as_deref(), &outputs);
+    let (model, version, id) = (m.model.clone(), m.version, req.id.clone());
+    let enc = off_runtime(move || protocol::encode_response(&model, version, id.as_deref(), &outputs)).await?;
     let mut r = Response::new(Body::from(enc.body));
     let h = r.headers_mut();
     match enc.header_len {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod grpc;
 pub mod grpc_messages;
 pub mod http;
+pub mod json_data;
 pub mod metrics;
 pub mod protocol;
 pub mod queue;
@@ -83,6 +84,7 @@ pub fn serve(cfg: ServeConfig, listen: &Listen) -> Result<()> {
         devices: serving.iter().map(|(_, s)| s.clone()).collect(),
         max_body: listen.max_body,
         ready: AtomicBool::new(true),
+        decoding: http::DecodeBudget::new(listen.max_body),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

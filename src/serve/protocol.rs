@@ -2,10 +2,13 @@
 //! and the binary tensor data extension (a JSON header of `Inference-Header-Content-Length`
 //! bytes, then each binary tensor's bytes in order), which Triton's clients use by default.
 
+use super::json_data::{Leaf, Leaves};
 use aim_ir::{DType, Tensor};
 use axum::body::Bytes;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A request the server refuses or could not serve: the HTTP status and the message sent as
@@ -92,10 +95,22 @@ pub fn parse_infer(body: Bytes, header_len: Option<usize>) -> Result<InferReques
         Some(n) => n,
         None => body.len(),
     };
-    let header: Value = serde_json::from_slice(&body[..json_len])
-        .map_err(|e| ApiError::bad(format!("the request is not valid JSON: {e}")))?;
-    let obj = header.as_object().ok_or_else(|| ApiError::bad("the request must be a JSON object"))?;
-    for k in obj.keys() {
+    // The JSON is checked whole, then read field by field: every field but the inputs' `data`
+    // as a small `Value`, each `data` decoded straight into its leaves (see `json_data`).
+    let not_json = |e: serde_json::Error| ApiError::bad(format!("the request is not valid JSON: {e}"));
+    let header: &RawValue = serde_json::from_slice(&body[..json_len]).map_err(not_json)?;
+    if !header.get().trim_start().starts_with('{') {
+        return Err(ApiError::bad("the request must be a JSON object"));
+    }
+    let fields: BTreeMap<String, &RawValue> = serde_json::from_str(header.get()).map_err(not_json)?;
+    let small = |raw: &RawValue| serde_json::from_str::<Value>(raw.get()).map_err(not_json);
+    let mut obj = serde_json::Map::new();
+    for (k, raw) in &fields {
+        if k != "inputs" {
+            obj.insert(k.clone(), small(raw)?);
+        }
+    }
+    for k in fields.keys() {
         if !["id", "parameters", "inputs", "outputs"].contains(&k.as_str()) {
             return Err(ApiError::bad(format!("unknown field '{k}' in the request")));
         }
@@ -115,14 +130,22 @@ pub fn parse_infer(body: Bytes, header_len: Option<usize>) -> Result<InferReques
             None => return Err(ApiError::bad(format!("parameter 'timeout' must be microseconds, got {v}"))),
         },
     };
-    let inputs = obj
+    let inputs: Vec<&RawValue> = fields
         .get("inputs")
-        .and_then(Value::as_array)
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
         .ok_or_else(|| ApiError::bad("the request has no 'inputs' array"))?;
     let mut offset = json_len;
     let mut out = Vec::with_capacity(inputs.len());
-    for (i, t) in inputs.iter().enumerate() {
-        let (name, tensor) = input_tensor(t, i, &body, &mut offset)?;
+    for (i, raw) in inputs.iter().enumerate() {
+        // An input's fields other than `data` as a Value (not an object: no fields).
+        let parts: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get()).unwrap_or_default();
+        let mut t = serde_json::Map::new();
+        for (k, raw) in &parts {
+            if k != "data" {
+                t.insert(k.clone(), small(raw)?);
+            }
+        }
+        let (name, tensor) = input_tensor(&Value::Object(t), parts.get("data").copied(), i, &body, &mut offset)?;
         if out.iter().any(|(n, _): &(String, Tensor)| n == &name) {
             return Err(ApiError::bad(format!("input '{name}' is given twice")));
         }
@@ -174,8 +197,15 @@ fn parameters<'a>(v: Option<&'a Value>, of: &str) -> Result<Option<&'a serde_jso
     }
 }
 
-/// One input tensor: from its binary bytes (advancing `offset`) or its JSON `data`.
-fn input_tensor(t: &Value, i: usize, body: &Bytes, offset: &mut usize) -> Result<(String, Tensor), ApiError> {
+/// One input tensor: from its binary bytes (advancing `offset`) or its JSON `data` (`t` the
+/// input's other fields).
+fn input_tensor(
+    t: &Value,
+    data: Option<&RawValue>,
+    i: usize,
+    body: &Bytes,
+    offset: &mut usize,
+) -> Result<(String, Tensor), ApiError> {
     let name =
         t.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::bad(format!("inputs[{i}] has no 'name'")))?;
     let at = |m: String| ApiError::bad(format!("input '{name}': {m}"));
@@ -204,7 +234,7 @@ fn input_tensor(t: &Value, i: usize, body: &Bytes, offset: &mut usize) -> Result
     let tensor = match p.and_then(|p| p.get("binary_data_size")) {
         Some(size) => {
             let size = size.as_u64().ok_or_else(|| at("binary_data_size must be a byte count".into()))? as usize;
-            if t.get("data").is_some() {
+            if data.is_some() {
                 return Err(at("has both binary_data_size and data".into()));
             }
             if size != bytes_needed {
@@ -218,32 +248,42 @@ fn input_tensor(t: &Value, i: usize, body: &Bytes, offset: &mut usize) -> Result
             Tensor::from_shared_bytes(dtype, &shape, bytes).map_err(|e| at(e.to_string()))?
         }
         None => {
-            let data = t.get("data").ok_or_else(|| at("no 'data' and no binary_data_size".into()))?;
-            let mut flat = Vec::new();
-            flatten(data, &mut flat);
-            if flat.len() != count {
-                return Err(at(format!("'data' has {} elements but shape {shape:?} needs {count}", flat.len())));
+            let data = data.ok_or_else(|| at("no 'data' and no binary_data_size".into()))?;
+            let leaves = super::json_data::decode(data).map_err(at)?;
+            if leaves.values.len() != count {
+                return Err(at(format!(
+                    "'data' has {} elements but shape {shape:?} needs {count}",
+                    leaves.values.len()
+                )));
             }
-            from_json(dtype, &shape, &flat).map_err(at)?
+            from_json(dtype, &shape, &leaves).map_err(at)?
         }
     };
     Ok((name.to_string(), tensor))
 }
 
-/// The leaves of a (possibly nested) JSON array, in row-major order.
-fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
-    match v {
-        Value::Array(a) => a.iter().for_each(|x| flatten(x, out)),
-        x => out.push(x),
+/// A tensor from the leaves of its JSON `data`, checked against the dtype's range.
+fn from_json(dtype: DType, shape: &[usize], leaves: &Leaves) -> Result<Tensor, String> {
+    let flat = &leaves.values;
+    let bad = |i: usize| {
+        let shown = match &leaves.invalid {
+            Some((j, json)) if *j == i => json.clone(),
+            _ => flat[i].to_string(),
+        };
+        format!("data[{i}] = {shown} is not a {}", datatype_name(dtype))
+    };
+    if let Some((i, _)) = leaves.invalid {
+        return Err(bad(i));
     }
-}
-
-/// A tensor from JSON numbers (or booleans), checked against the dtype's range.
-fn from_json(dtype: DType, shape: &[usize], flat: &[&Value]) -> Result<Tensor, String> {
-    let bad = |i: usize| format!("data[{i}] = {} is not a {}", flat[i], datatype_name(dtype));
     if dtype == DType::Bool {
-        let b: Vec<bool> =
-            flat.iter().enumerate().map(|(i, v)| v.as_bool().ok_or_else(|| bad(i))).collect::<Result<_, _>>()?;
+        let b: Vec<bool> = flat
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Leaf::B(b) => Ok(*b),
+                _ => Err(bad(i)),
+            })
+            .collect::<Result<_, _>>()?;
         return Ok(Tensor::from_bools(shape, &b));
     }
     if dtype.is_float() {
@@ -265,13 +305,7 @@ fn from_json(dtype: DType, shape: &[usize], flat: &[&Value]) -> Result<Tensor, S
     let ints: Vec<i128> = flat
         .iter()
         .enumerate()
-        .map(|(i, v)| {
-            let x = v.as_i64().map(|x| x as i128).or_else(|| v.as_u64().map(|x| x as i128)).ok_or_else(|| bad(i))?;
-            if x < lo || x > hi {
-                return Err(bad(i));
-            }
-            Ok(x)
-        })
+        .map(|(i, v)| v.as_int().filter(|x| (lo..=hi).contains(x)).ok_or_else(|| bad(i)))
         .collect::<Result<_, _>>()?;
     Ok(match dtype {
         // Exact past 2^53: from the integers themselves.
