@@ -1,7 +1,8 @@
 //! A JSON tensor's `data` decoded as it is read: the leaves of the (possibly nested) array
 //! go straight into one compact vector, 16 bytes a number, without the tree of
 //! `serde_json::Value`s (about 80 bytes a number with the flattening pass, and most of the
-//! server's memory for a large JSON request).
+//! server's memory for a large JSON request). NaN and the infinities, which JSON has no
+//! numbers for, come as the strings `"NaN"`, `"Infinity"` and `"-Infinity"`.
 
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
@@ -118,7 +119,13 @@ impl<'de> Visitor<'de> for Seed<'_> {
         Ok(())
     }
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.other(serde_json::Value::from(v).to_string());
+        // JSON has no numbers for these; the server writes them as strings, and reads them.
+        match v {
+            "NaN" => self.push(Leaf::F(f64::NAN)),
+            "Infinity" => self.push(Leaf::F(f64::INFINITY)),
+            "-Infinity" => self.push(Leaf::F(f64::NEG_INFINITY)),
+            _ => self.other(serde_json::Value::from(v).to_string()),
+        }
         Ok(())
     }
     fn visit_unit<E>(self) -> Result<(), E> {
@@ -160,6 +167,9 @@ mod tests {
         assert_eq!(l.values.len(), 4);
         assert_eq!(l.invalid, Some((1, "null".to_string())));
         assert_eq!(leaves(r#"["x"]"#).invalid, Some((0, "\"x\"".to_string())));
+        let l = leaves(r#"["Infinity", "-Infinity"]"#);
+        assert_eq!((l.values, l.invalid), (vec![Leaf::F(f64::INFINITY), Leaf::F(f64::NEG_INFINITY)], None));
+        assert!(matches!(leaves(r#"["NaN"]"#).values[..], [Leaf::F(x)] if x.is_nan()));
         assert_eq!(Leaf::F(3.5e38).to_string(), "3.5e+38");
     }
 }

@@ -287,12 +287,16 @@ fn from_json(dtype: DType, shape: &[usize], leaves: &Leaves) -> Result<Tensor, S
         return Ok(Tensor::from_bools(shape, &b));
     }
     if dtype.is_float() {
-        // A number past the type's range would become an infinity: refused, naming it.
-        let fits = |x: f64| match dtype {
-            DType::F16 => half::f16::from_f64(x).is_finite(),
-            DType::BF16 => half::bf16::from_f64(x).is_finite(),
-            DType::F32 => (x as f32).is_finite(),
-            _ => true,
+        // A number past the type's range would become an infinity: refused, naming it (an
+        // infinity sent as the string "Infinity" is one).
+        let fits = |x: f64| {
+            !x.is_finite()
+                || match dtype {
+                    DType::F16 => half::f16::from_f64(x).is_finite(),
+                    DType::BF16 => half::bf16::from_f64(x).is_finite(),
+                    DType::F32 => (x as f32).is_finite(),
+                    _ => true,
+                }
         };
         let v: Vec<f64> = flat
             .iter()
@@ -333,8 +337,8 @@ fn int_range(d: DType) -> (i128, i128) {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Data<'a> {
-    F32(&'a [f32]),
-    F64(&'a [f64]),
+    F32(Floats<'a, f32>),
+    F64(Floats<'a, f64>),
     I64(&'a [i64]),
     I32(&'a [i32]),
     I16(&'a [i16]),
@@ -344,13 +348,40 @@ enum Data<'a> {
     U16(&'a [u16]),
     U8(&'a [u8]),
     Bool(Vec<bool>),
-    Widened(Vec<f64>),
+    Widened(Floats<'static, f64>),
+}
+
+/// Floats as JSON numbers, except NaN and the infinities, which JSON has no numbers for:
+/// the strings `"NaN"`, `"Infinity"` and `"-Infinity"` (which requests may send too), not
+/// the `null` serde would write.
+struct Floats<'a, T>(std::borrow::Cow<'a, [T]>)
+where
+    [T]: ToOwned<Owned = Vec<T>>;
+
+impl<T: Copy + Into<f64> + Serialize> Serialize for Floats<'_, T>
+where
+    [T]: ToOwned<Owned = Vec<T>>,
+{
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = ser.serialize_seq(Some(self.0.len()))?;
+        for &v in self.0.iter() {
+            let x: f64 = v.into();
+            match x {
+                x if x.is_nan() => seq.serialize_element("NaN")?,
+                f64::INFINITY => seq.serialize_element("Infinity")?,
+                f64::NEG_INFINITY => seq.serialize_element("-Infinity")?,
+                _ => seq.serialize_element(&v)?,
+            }
+        }
+        seq.end()
+    }
 }
 
 fn data(t: &Tensor) -> Data<'_> {
     match t.dtype() {
-        DType::F32 => Data::F32(t.data()),
-        DType::F64 => Data::F64(t.data()),
+        DType::F32 => Data::F32(Floats(t.data::<f32>().into())),
+        DType::F64 => Data::F64(Floats(t.data::<f64>().into())),
         DType::I64 => Data::I64(t.data()),
         DType::I32 => Data::I32(t.data()),
         DType::I16 => Data::I16(t.data()),
@@ -360,7 +391,7 @@ fn data(t: &Tensor) -> Data<'_> {
         DType::U16 => Data::U16(t.data()),
         DType::U8 => Data::U8(t.data()),
         DType::Bool => Data::Bool(t.bytes().iter().map(|&b| b != 0).collect()),
-        DType::F16 | DType::BF16 => Data::Widened(t.to_f64_vec()),
+        DType::F16 | DType::BF16 => Data::Widened(Floats(t.to_f64_vec().into())),
     }
 }
 
@@ -510,6 +541,29 @@ mod tests {
         assert!(e(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]},{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#).message.contains("twice"));
         let big = parse_infer(Bytes::from_static(b"{}"), Some(10)).unwrap_err();
         assert!(big.message.contains("Inference-Header-Content-Length"));
+    }
+
+    /// NaN and the infinities go out as the strings "NaN", "Infinity", "-Infinity" (not
+    /// null), for every float type, and come back in from them; other strings are refused.
+    #[test]
+    fn non_finite_floats_are_strings_both_ways() {
+        let y = Tensor::from_slice(&[4], &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.5]);
+        let d = Tensor::from_slice(&[2], &[f64::NEG_INFINITY, 2.0]);
+        let h = Tensor::from_f64(DType::F16, &[1], &[f64::INFINITY]);
+        let outs = [("y".into(), y, false), ("d".into(), d, false), ("h".into(), h, false)];
+        let e = encode_response("m", 1, None, &outs);
+        let v: Value = serde_json::from_slice(&e.body).unwrap();
+        assert_eq!(v["outputs"][0]["data"], serde_json::json!(["NaN", "Infinity", "-Infinity", 1.5]));
+        assert_eq!(v["outputs"][1]["data"], serde_json::json!(["-Infinity", 2.0]));
+        assert_eq!(v["outputs"][2]["data"], serde_json::json!(["Infinity"]));
+        let back = req(r#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":["NaN","Infinity",-2]}]}"#, &[]);
+        let x = back.unwrap().inputs.remove(0).1;
+        let xs = x.data::<f32>();
+        assert!(xs[0].is_nan() && xs[1] == f32::INFINITY && xs[2] == -2.0);
+        let bad = req(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["inf"]}]}"#, &[]).unwrap_err();
+        assert!(bad.message.contains(r#"data[0] = "inf" is not a FP32"#), "{}", bad.message);
+        let int = req(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT64","data":["Infinity"]}]}"#, &[]);
+        assert!(int.unwrap_err().message.contains("is not a INT64"));
     }
 
     #[test]
