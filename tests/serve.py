@@ -587,6 +587,18 @@ def large_json_bodies(aim, models, tmp):
         time.sleep(0.05)
     for t in threads:
         t.join()
+    # Metrics as Triton keeps them: failures are counted, not timed; the clock starts once a
+    # body is decoded, so a client's slow upload (1 s here) is not the server's latency.
+    failed_us = srv.metric("nv_inference_request_duration_us", "mlp")
+    good = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784],
+                                   "data": [0.0] * 784}]}).encode()
+    with socket.create_connection(("127.0.0.1", srv.http), timeout=30) as sk:
+        sk.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   + f"Content-Length: {len(good)}\r\n\r\n".encode() + good[:100])
+        time.sleep(1.0)
+        sk.sendall(good[100:])
+        status, _ = read_response(sk)
+    slow_us = srv.metric("nv_inference_request_duration_us", "mlp") - failed_us
     hwm = 0
     with open(f"/proc/{srv.proc.pid}/status") as f:
         for line in f:
@@ -602,6 +614,9 @@ def large_json_bodies(aim, models, tmp):
     check(f"large JSON bodies: /v2/health/live within 0.12 s throughout (worst {max(waits):.3f} s)",
           max(waits) < 0.12, str(sorted(waits)[-5:]))
     check(f"large JSON bodies: peak memory {hwm} MiB, under 330 MiB for two 40 MB bodies at once", hwm < 330)
+    check(f"metrics: {len(answers)} failed requests add no request duration ({failed_us:.0f} us)", failed_us == 0)
+    check(f"metrics: a request uploaded over 1 s is timed from its decoding ({slow_us:.0f} us)",
+          status == 200 and 0 < slow_us < 500_000, f"status {status}")
 
 
 def deploy_file(aim, models, tmp):

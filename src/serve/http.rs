@@ -275,15 +275,16 @@ fn config(State(s): St, model: String, version: Option<String>) -> Response {
 }
 
 async fn infer(State(s): St, model: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
-    let start = Instant::now();
     let m = match s.find(&model, version.as_deref()) {
         Ok(m) => m.clone(),
         Err(e) => return unread(body, e.into_response()).await,
     };
     m.stats.pending.fetch_add(1, Relaxed);
-    let result = infer_on(&s, &m, headers, body).await;
+    // The clock starts once the body is read and decoded (`infer_on` sets it), as Triton's.
+    let mut decoded = None;
+    let result = infer_on(&s, &m, headers, body, &mut decoded).await;
     m.stats.pending.fetch_sub(1, Relaxed);
-    m.stats.answered(result.is_ok(), start.elapsed());
+    m.stats.answered(result.is_ok(), decoded.map(|t: Instant| t.elapsed()).unwrap_or_default());
     match result {
         Ok(r) => r,
         // A body over the limit is refused before it is all read: the connection closes.
@@ -328,7 +329,15 @@ fn closing(mut r: Response) -> Response {
     r
 }
 
-async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+/// Reads, decodes and serves a request; `decoded` is set when the request is decoded (where
+/// its metrics' clock starts).
+async fn infer_on(
+    s: &Shared,
+    m: &Served,
+    headers: HeaderMap,
+    body: Body,
+    decoded: &mut Option<Instant>,
+) -> Result<Response, ApiError> {
     let too_big = || ApiError::new(413, format!("the request body is over the server's limit of {} bytes", s.max_body));
     if let Some(n) = headers.get("content-length").and_then(|v| v.to_str().ok()?.parse::<usize>().ok()) {
         if n > s.max_body {
@@ -361,6 +370,7 @@ async fn infer_on(s: &Shared, m: &Served, headers: HeaderMap, body: Body) -> Res
     let share = s.decoding.reserve(bytes.len()).await?;
     let req = off_runtime(move || protocol::parse_infer(bytes, header_len)).await??;
     drop(share);
+    *decoded = Some(Instant::now());
     let wanted: Vec<(usize, bool)> = match &req.outputs {
         None => (0..m.outputs.len()).map(|i| (i, req.binary_output)).collect(),
         Some(list) => list

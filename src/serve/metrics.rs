@@ -22,7 +22,8 @@ pub struct ModelStats {
     pub inference_count: AtomicU64,
     /// Runs of the model (one per batch).
     pub exec_count: AtomicU64,
-    /// Cumulative request time, receipt to response, in microseconds.
+    /// Cumulative time of the successful requests, from the request decoded (its body read
+    /// and parsed, as Triton starts the clock) to its outputs, in microseconds.
     pub request_us: AtomicU64,
     /// Cumulative time requests waited in the queue.
     pub queue_us: AtomicU64,
@@ -42,14 +43,16 @@ struct Latency {
 }
 
 impl ModelStats {
-    /// Records an answered request: its outcome and its time from receipt.
+    /// Records an answered request: its outcome and its time from decoded to answered. As
+    /// in Triton, the durations (`nv_inference_request_duration_us` and the latency
+    /// quantiles) are of successful requests only; a failure is counted, not timed.
     pub fn answered(&self, ok: bool, took: Duration) {
         let us = took.as_micros() as u64;
-        if ok {
-            self.success.fetch_add(1, Relaxed);
-        } else {
+        if !ok {
             self.failure.fetch_add(1, Relaxed);
+            return;
         }
+        self.success.fetch_add(1, Relaxed);
         self.request_us.fetch_add(us, Relaxed);
         let mut l = self.latency.lock().unwrap_or_else(|p| p.into_inner());
         if l.recent.len() == LATENCY_WINDOW {
@@ -199,11 +202,12 @@ mod tests {
             "nv_inference_request_failure{model=\"mlp\",version=\"1\"} 1",
             "nv_inference_count{model=\"mlp\",version=\"1\"} 99",
             "nv_inference_exec_count{model=\"mlp\",version=\"1\"} 30",
-            "nv_inference_request_duration_us{model=\"mlp\",version=\"1\"} 50500",
+            // The failed request (the 100th, 1000 us) is counted, not timed.
+            "nv_inference_request_duration_us{model=\"mlp\",version=\"1\"} 49500",
             "# TYPE nv_inference_pending_request_count gauge",
-            "aim_inference_latency{model=\"mlp\",version=\"1\",quantile=\"0.5\"} 0.00051",
-            "aim_inference_latency{model=\"mlp\",version=\"1\",quantile=\"0.99\"} 0.00099",
-            "aim_inference_latency_count{model=\"mlp\",version=\"1\"} 100",
+            "aim_inference_latency{model=\"mlp\",version=\"1\",quantile=\"0.5\"} 0.0005",
+            "aim_inference_latency{model=\"mlp\",version=\"1\",quantile=\"0.99\"} 0.00098",
+            "aim_inference_latency_count{model=\"mlp\",version=\"1\"} 99",
             "aim_model_versions{model=\"mlp\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
