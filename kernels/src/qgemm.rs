@@ -36,9 +36,14 @@ pub struct PackedQB {
     colsum: Vec<i32>,
     /// The zero point per column, in the s8 values' terms.
     zero: Vec<i32>,
-    /// Per panel, where the AVX2 sign kernel's sums start (`128 · Σb`), when no weight is
-    /// −128 in s8 terms (see [`crate::int8::sign`]).
+    /// Per panel, where the AVX2 sign kernel's sums start (`128 · Σb` of the packed
+    /// values), when no packed weight is −128 (see [`crate::int8::sign`]).
     sign_init: Option<Vec<[i32; NR]>>,
+    /// Per panel, the weights that were −128 in s8 terms (a u8 weight of 0, the bottom of
+    /// an asymmetric range, typically one per matrix): packed as −127, so that the sign
+    /// kernel takes the matrix, and each sum then less the activation at that depth
+    /// (`(column within the panel, depth)`, sorted).
+    fixes: Vec<Vec<(u32, u32)>>,
 }
 
 /// Why weights could not be packed.
@@ -70,6 +75,7 @@ impl PackedQB {
         let panels = n.div_ceil(NR);
         let mut data = vec![0u8; panels * groups * NR * 4];
         let mut colsum = vec![0i32; n];
+        let mut fixes = vec![Vec::new(); panels];
         for p in 0..panels {
             for g in 0..groups {
                 for jj in 0..NR {
@@ -81,17 +87,25 @@ impl PackedQB {
                         let kk = g * 4 + t;
                         if kk < k {
                             let v = value(kk, j);
-                            data[((p * groups + g) * NR + jj) * 4 + t] = v as i8 as u8;
                             colsum[j] += v;
+                            if v == -128 {
+                                fixes[p].push((jj as u32, kk as u32));
+                            }
+                            data[((p * groups + g) * NR + jj) * 4 + t] = v.max(-127) as i8 as u8;
                         }
                     }
                 }
             }
         }
         let zero = (0..n).map(|j| zero[if zero.len() == 1 { 0 } else { j }] - shift).collect();
-        let sign_init = crate::int8::sign::fits(&data)
-            .then(|| (0..panels).map(|p| crate::int8::sign::start(&[0; NR], &colsum[p * NR..])).collect());
-        Ok(PackedQB { k, n, data, colsum, zero, sign_init })
+        // The packed values' sums (each −128 packed as −127 adds one).
+        let mut packed_sum = colsum.clone();
+        for (p, f) in fixes.iter().enumerate() {
+            f.iter().for_each(|&(jj, _)| packed_sum[p * NR + jj as usize] += 1);
+        }
+        debug_assert!(crate::int8::sign::fits(&data));
+        let sign_init = Some((0..panels).map(|p| crate::int8::sign::start(&[0; NR], &packed_sum[p * NR..])).collect());
+        Ok(PackedQB { k, n, data, colsum, zero, sign_init, fixes })
     }
 
     /// Depth (rows of the unpacked weights).
@@ -245,6 +259,19 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
     assert!(ep.bias.is_none_or(|v| v.len() == n), "one bias per column");
     assert!(!b.needs_row_sums() || a.row_sums.len() >= m, "the weights' zero points need row sums");
     let store = |row: usize, j0: usize, sums: &[i32; NR], dst: &mut [f32]| {
+        // Each −128 weight was packed as −127: the sum is short of one activation there.
+        let fixes = &b.fixes[j0 / NR];
+        let mut fixed;
+        let sums = if fixes.is_empty() {
+            sums
+        } else {
+            fixed = *sums;
+            let x = &a.data[row * a.stride..];
+            fixes
+                .iter()
+                .for_each(|&(jj, kk)| fixed[jj as usize] = fixed[jj as usize].wrapping_sub(x[kk as usize] as i32));
+            &fixed
+        };
         // Σ(a − za)(b − zb) = Σab − za·Σb − zb·(Σa − k·za).
         let rs = a.row_sums.get(row).copied().unwrap_or(0).wrapping_sub((k as i32).wrapping_mul(a.zero));
         let cols = dst.len();

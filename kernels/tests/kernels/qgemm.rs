@@ -51,7 +51,8 @@ fn matches_the_definition_on_every_edge() {
     let isas = Isa::all_available();
     let mut cases = 0;
     for &(m, k, n) in &[(1, 1, 1), (5, 3, 31), (12, 4, 32), (13, 7, 33), (30, 64, 70), (3, 385, 40), (25, 96, 7)] {
-        // Without a −128 in s8 terms among the weights (`clean`), AVX2 runs the sign kernel.
+        // Weights with −128 in s8 terms (not `clean`) are packed as −127 and their sums
+        // corrected afterwards (on every ISA); clean ones need no correction.
         for (signed, clean) in [(true, false), (false, false), (true, true), (false, true)] {
             for per_column in [false, true] {
                 let seed = (m * 1000 + k * 10 + n) as u64;
