@@ -1,7 +1,9 @@
 //! Elementwise fusion: a chain of f32 elementwise ops over tensors of one shape (scalar
 //! constants allowed) becomes one `aim:Elementwise` node whose `program` the code generator
 //! turns into a single loop — one pass over memory instead of one per op (GELU's five ops,
-//! for example).
+//! for example). Where the shape has dims unknown at compile time (a dynamic image width
+//! through a convolution), a chain that reads a single value is fused: SiLU's Sigmoid and Mul
+//! of one tensor, a scale and an activation.
 
 use super::{fuse::sources_of, uses::readers, PassError, SOURCES};
 use crate::ewprog::{Binary, Inst, Operand, Unary};
@@ -60,6 +62,12 @@ impl Builder<'_> {
         }
         let ty = self.g.value_type(v)?;
         if ty.dtype != Some(DType::F32) || ty.shape? != self.shape {
+            return None;
+        }
+        // Dims unknown at compile time cannot show two values to have one shape: such a
+        // group reads one value (and scalar constants), so that every value in it has that
+        // value's shape whatever it is at run time.
+        if self.shape.contains(&Dim::Unknown) && !self.inputs.is_empty() {
             return None;
         }
         let k = self.inputs.len();
@@ -246,13 +254,7 @@ pub fn run(g: &mut Graph, round: bool) -> Result<(), PassError> {
             continue;
         }
         let start = &g.nodes[i];
-        let Some(shape) = start
-            .outputs
-            .first()
-            .and_then(|o| g.value_type(o))
-            .and_then(|t| t.shape)
-            .filter(|s| !s.contains(&Dim::Unknown))
-        else {
+        let Some(shape) = start.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.shape) else {
             continue;
         };
         let mut b = Builder { g, round, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
@@ -318,4 +320,37 @@ pub fn run(g: &mut Graph, round: bool) -> Result<(), PassError> {
     }
     super::uses::remove_marked(g, &removed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use aim_ir::text::{parse_graph, print_graph, TensorDetail};
+
+    /// With a dim unknown at compile time, a chain reading one value fuses (SiLU of a scaled
+    /// value, which two nodes read, so the scale stays apart); an Add of two such values does
+    /// not (they might broadcast at run time), and the chain after it fuses without it.
+    #[test]
+    fn unknown_dims_fuse_chains_of_one_value() {
+        let mut g = parse_graph(concat!(
+            "graph \"g\" {\n",
+            " input %x: f32[1,?]\n",
+            " input %y: f32[1,?]\n",
+            " init %s = f32[] [0.5]\n",
+            " %a: f32[1,?] = Mul(%x, %s)  # scale\n",
+            " %b: f32[1,?] = Sigmoid(%a)  # sig\n",
+            " %c: f32[1,?] = Mul(%a, %b)  # silu\n",
+            " %d: f32[1,?] = Add(%c, %y)  # add\n",
+            " %e: f32[1,?] = Tanh(%d)  # tanh\n",
+            " %f: f32[1,?] = Mul(%e, %s)  # scale2\n",
+            " output %f: f32[1,?]\n",
+            "}\n"
+        ))
+        .unwrap();
+        super::run(&mut g, true).unwrap();
+        let text = print_graph(&g, TensorDetail::Full);
+        let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
+        assert_eq!(ops, ["Mul", "Elementwise", "Add", "Elementwise"], "{text}");
+        assert_eq!(g.nodes[1].inputs, ["a"], "{text}");
+        assert_eq!(g.nodes[3].inputs, ["d"], "{text}");
+    }
 }
