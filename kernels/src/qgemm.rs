@@ -40,9 +40,9 @@ pub struct PackedQB {
     /// values), when no packed weight is −128 (see [`crate::int8::sign`]).
     sign_init: Option<Vec<[i32; NR]>>,
     /// Per panel, the weights that were −128 in s8 terms (a u8 weight of 0, the bottom of
-    /// an asymmetric range, typically one per matrix): packed as −127, so that the sign
-    /// kernel takes the matrix, and each sum then less the activation at that depth
-    /// (`(column within the panel, depth)`, sorted).
+    /// an asymmetric range, typically one per matrix), when few (`crate::int8::fixes`):
+    /// packed as −127, so that the sign kernel takes the matrix, and each sum then less the
+    /// activation at that depth (`(column within the panel, depth)`).
     fixes: Vec<Vec<(u32, u32)>>,
 }
 
@@ -75,7 +75,7 @@ impl PackedQB {
         let panels = n.div_ceil(NR);
         let mut data = vec![0u8; panels * groups * NR * 4];
         let mut colsum = vec![0i32; n];
-        let mut fixes = vec![Vec::new(); panels];
+        let mut lowest = vec![Vec::new(); panels];
         for p in 0..panels {
             for g in 0..groups {
                 for jj in 0..NR {
@@ -89,22 +89,28 @@ impl PackedQB {
                             let v = value(kk, j);
                             colsum[j] += v;
                             if v == -128 {
-                                fixes[p].push((jj as u32, kk as u32));
+                                lowest[p].push((jj as u32, kk as u32));
                             }
-                            data[((p * groups + g) * NR + jj) * 4 + t] = v.max(-127) as i8 as u8;
+                            data[((p * groups + g) * NR + jj) * 4 + t] = v as i8 as u8;
                         }
                     }
                 }
             }
         }
         let zero = (0..n).map(|j| zero[if zero.len() == 1 { 0 } else { j }] - shift).collect();
-        // The packed values' sums (each −128 packed as −127 adds one).
+        // A few −128s are packed as −127 and corrected per row (`crate::int8::fixes`); the
+        // packed values' sums (one more per −128) start the sign kernel.
+        let fixes = crate::int8::fixes::few(&lowest, k * n, 256);
         let mut packed_sum = colsum.clone();
         for (p, f) in fixes.iter().enumerate() {
-            f.iter().for_each(|&(jj, _)| packed_sum[p * NR + jj as usize] += 1);
+            for &(jj, kk) in f {
+                let (g, t) = (kk as usize / 4, kk as usize % 4);
+                data[((p * groups + g) * NR + jj as usize) * 4 + t] = (-127i8) as u8;
+                packed_sum[p * NR + jj as usize] += 1;
+            }
         }
-        debug_assert!(crate::int8::sign::fits(&data));
-        let sign_init = Some((0..panels).map(|p| crate::int8::sign::start(&[0; NR], &packed_sum[p * NR..])).collect());
+        let sign_init = crate::int8::sign::fits(&data)
+            .then(|| (0..panels).map(|p| crate::int8::sign::start(&[0; NR], &packed_sum[p * NR..])).collect());
         Ok(PackedQB { k, n, data, colsum, zero, sign_init, fixes })
     }
 

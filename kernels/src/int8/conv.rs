@@ -48,9 +48,13 @@ pub struct Conv8 {
     /// Per panel, what its sums start from: `−zx · Σ w` per output channel (the input's zero
     /// point taken out), 0 past the last channel.
     init: Vec<[i32; NR]>,
-    /// The same for the AVX2 sign kernel ([`super::sign::start`]), when the weights hold no
-    /// −128.
+    /// The same for the AVX2 sign kernel ([`super::sign::start`]), when the packed weights
+    /// hold no −128.
     sign_init: Option<Vec<[i32; NR]>>,
+    /// Per panel, the weights of −128 packed as −127 (a few, see [`super::fixes`]): each
+    /// tile's sums are then less the activation there (`(channel within the panel, tap,
+    /// byte within the tap)`).
+    fixes: Vec<Vec<(u32, u32, u32)>>,
     /// The epilogue, with each output channel's scale (input × weight) and bias.
     ep: Epilogue8,
 }
@@ -85,6 +89,7 @@ impl Conv8 {
         let panel_bytes = ntaps * groups * NR * 4;
         let mut panels = vec![0u8; npanels * panel_bytes];
         let mut colsum = vec![0i32; m];
+        let mut lowest: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); npanels];
         for (o, sum) in colsum.iter_mut().enumerate() {
             let (p, j) = (o / NR, o % NR);
             for ci in 0..c {
@@ -92,6 +97,9 @@ impl Conv8 {
                     let v = w[(o * c + ci) * taps + t];
                     *sum += v as i8 as i32;
                     let (tap, at) = if wide { (t / kw, (t % kw) * c + ci) } else { (t, ci) };
+                    if v == 0x80 {
+                        lowest[p].push((j as u32, tap as u32, at as u32));
+                    }
                     let (g, i) = (at / 4, at % 4);
                     panels[p * panel_bytes + ((tap * groups + g) * NR + j) * 4 + i] = v;
                 }
@@ -101,12 +109,23 @@ impl Conv8 {
         for (o, &s) in colsum.iter().enumerate() {
             init[o / NR][o % NR] = s.wrapping_mul(x.zero as i32).wrapping_neg();
         }
+        // A few −128s are packed as −127 and corrected per tile, so that the sign kernel
+        // takes the convolution; the packed values' sums (one more per −128) start it.
+        let fixes = super::fixes::few(&lowest, m * c * taps, 8);
+        let mut packed_sum = colsum.clone();
+        for (p, f) in fixes.iter().enumerate() {
+            for &(j, tap, at) in f {
+                let (g, i) = (at as usize / 4, at as usize % 4);
+                panels[p * panel_bytes + ((tap as usize * groups + g) * NR + j as usize) * 4 + i] = (-127i8) as u8;
+                packed_sum[p * NR + j as usize] += 1;
+            }
+        }
         let sign_init = super::sign::fits(&panels)
-            .then(|| init.iter().enumerate().map(|(p, i)| super::sign::start(i, &colsum[p * NR..])).collect());
+            .then(|| init.iter().enumerate().map(|(p, i)| super::sign::start(i, &packed_sum[p * NR..])).collect());
         let scale = (0..m).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
         let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
         let ep = Epilogue8::new(out, scale, bias);
-        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, init, sign_init, ep })
+        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, init, sign_init, fixes, ep })
     }
 
     /// Output channels.
@@ -205,6 +224,13 @@ impl Conv8 {
                     // bytes; the zero row and the edge rows `kc`); the panel holds
                     // taps·groups·NR·4 bytes; `micro` is one this CPU runs.
                     unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc) };
+                    for &(j, tap, at) in &self.fixes[p] {
+                        for (r, sums) in acc.iter_mut().enumerate().take(nrows) {
+                            // SAFETY: as for the tile: the pointer has `kc` bytes, `at < kc`.
+                            let a = unsafe { *ind[tap as usize * MR + r].add(at as usize) };
+                            sums[j as usize] = sums[j as usize].wrapping_sub(a as i32);
+                        }
+                    }
                     let j0 = p * NR;
                     let cols = (m - j0).min(NR);
                     let at = r0 * m + j0;

@@ -28,6 +28,7 @@ pub mod depthwise;
 pub(crate) mod epilogue;
 #[cfg(target_arch = "x86_64")]
 mod epilogue_avx2;
+pub(crate) mod fixes;
 mod micro;
 pub mod pool;
 pub(crate) mod sign;

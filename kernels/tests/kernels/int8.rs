@@ -160,16 +160,30 @@ fn conv_equals_its_definition() {
         let taps = window.taps();
         let x = bytes(&mut seed, n * h * w * c);
         let wt = bytes(&mut seed, m * c * taps);
-        // With a −128 among the weights the AVX2 sign kernel declines them; without, it
-        // runs (activations of 0 and 255 and weights of ±127 are the sums that would
-        // saturate a plain `vpmaddubsw`).
-        for wt in [wt.clone(), wt.iter().map(|&v| if v == 0x80 { 0x81 } else { v }).collect()] {
-            conv_case(&case, &mut seed, &x, &wt);
+        // Weights as drawn, without any −128 (the AVX2 sign kernel as it is: activations of
+        // 0 and 255 and weights of ±127 are the sums that would saturate a plain
+        // `vpmaddubsw`), with one −128 per output channel or one in 16 (packed as −127 and
+        // corrected per tile, so the sign kernel still runs) and with one in 4 (too many to
+        // correct: another kernel).
+        let all = wt.len();
+        let clean: Vec<u8> = wt.iter().map(|&v| if v == 0x80 { 0x81 } else { v }).collect();
+        let with = |count: usize, step: usize| {
+            let mut v = clean.clone();
+            (0..count).for_each(|i| v[(i * step + 13) % all] = 0x80);
+            v
+        };
+        let per_channel = with(m, c * taps + 1);
+        let (some, many) = (with(all / 16, 7919), with(all / 4 + 2, 4099));
+        let cases = [(wt, None), (clean, Some(true)), (per_channel, None), (some, Some(true)), (many, Some(false))];
+        for (wt, sign) in cases {
+            conv_case(&case, &mut seed, &x, &wt, sign);
         }
     }
 }
 
-fn conv_case(case: &Case, seed: &mut u64, x: &[u8], wt: &[u8]) {
+/// One convolution against its definition on every ISA; `sign`: whether the AVX2 sign
+/// kernel must be the one that runs on AVX2 (None: either).
+fn conv_case(case: &Case, seed: &mut u64, x: &[u8], wt: &[u8], sign: Option<bool>) {
     let Case { n, h, w, c, m, window, .. } = *case;
     {
         let xq = Q8 { scale: 0.05, zero: (lcg(seed) % 256) as u8 };
@@ -204,6 +218,10 @@ fn conv_case(case: &Case, seed: &mut u64, x: &[u8], wt: &[u8]) {
         }
         let k = Conv8::new(c, m, window, Weights8 { w: wt, scale: &w_scale, bias: Some(&bias) }, xq, out).unwrap();
         for isa in isas() {
+            if isa.kind() == aim_kernels::gemm::IsaKind::Avx2 {
+                let runs_sign = k.micro_name(isa).contains("signs moved");
+                assert!(sign.is_none_or(|s| s == runs_sign), "{isa:?} c {c} m {m}: sign kernel {runs_sign}");
+            }
             let mut y = vec![0u8; want.len()];
             let input = Nhwc { data: x, n, h, w, c };
             k.run(isa, &input, case.residual.then_some(&res[..]), &mut y, &Sequential);
