@@ -128,3 +128,27 @@ fn print_some_generated_graphs() {
         println!("{}", graphgen::generate(&bytes).text);
     }
 }
+
+/// The server's request decoding (`fuzz/fuzz_targets/serve_request.rs`): every seed, its
+/// truncations and single-byte changes decode into tensors of the sizes their shapes say or
+/// are refused with a 400.
+#[cfg(feature = "serve")]
+#[test]
+fn serve_request_corpus_decodes_or_refuses() {
+    let seeds = corpus("serve_request");
+    let mut decoded = 0;
+    for (_, bytes) in &seeds {
+        decoded += aim::serve::protocol::decode_check(bytes) as usize;
+        for cut in (0..bytes.len()).step_by(5) {
+            aim::serve::protocol::decode_check(&bytes[..cut]);
+        }
+        for at in 0..bytes.len() {
+            for flip in [0x01u8, 0x20, 0x80] {
+                let mut b = bytes.clone();
+                b[at] ^= flip;
+                aim::serve::protocol::decode_check(&b);
+            }
+        }
+    }
+    assert!(decoded >= 4, "only {decoded} of {} seeds decoded: the valid seeds must", seeds.len());
+}

@@ -358,15 +358,7 @@ async fn infer_on(
         }
     }
     let bytes = axum::body::Bytes::from(buf);
-    let header_len = match headers.get(HEADER_LEN) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .ok_or_else(|| ApiError::bad(format!("{HEADER_LEN} must be a byte count, got {v:?}")))?,
-        ),
-    };
+    let header_len = protocol::header_len(headers.get(HEADER_LEN).map(|v| v.as_bytes()))?;
     let share = s.decoding.reserve(bytes.len()).await?;
     let req = off_runtime(move || protocol::parse_infer(bytes, header_len)).await??;
     drop(share);

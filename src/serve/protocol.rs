@@ -82,6 +82,48 @@ pub struct InferRequest {
     pub timeout: Option<Duration>,
 }
 
+/// The `Inference-Header-Content-Length` header's value (absent: None): a byte count, or a
+/// 400 naming the header.
+pub fn header_len(value: Option<&[u8]>) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(v) => {
+            std::str::from_utf8(v).ok().and_then(|v| v.trim().parse::<usize>().ok()).map(Some).ok_or_else(|| {
+                ApiError::bad(format!(
+                    "Inference-Header-Content-Length must be a byte count, got {:?}",
+                    String::from_utf8_lossy(v)
+                ))
+            })
+        }
+    }
+}
+
+/// The fuzz target's check (`fuzz/fuzz_targets/serve_request.rs`, replayed by
+/// `tests/fuzz_corpus.rs`): `data` is an optional `Inference-Header-Content-Length` value
+/// (the bytes before the first newline; none when that line is empty) and a body. Decodes it
+/// and panics if a decoded tensor's bytes disagree with its shape; returns whether it
+/// decoded.
+pub fn decode_check(data: &[u8]) -> bool {
+    let (head, body) = match data.iter().position(|&b| b == b'\n') {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (&data[..0], data),
+    };
+    let Ok(len) = header_len((!head.is_empty()).then_some(head)) else { return false };
+    match parse_infer(Bytes::copy_from_slice(body), len) {
+        Ok(req) => {
+            for (name, t) in &req.inputs {
+                let want = t.shape().iter().product::<usize>() * t.dtype().size();
+                assert_eq!(t.bytes().len(), want, "input {name}: {:?} {:?}", t.dtype(), t.shape());
+            }
+            true
+        }
+        Err(e) => {
+            assert_eq!(e.status, 400, "{}", e.message);
+            false
+        }
+    }
+}
+
 /// Parses a request body; `header_len` is the `Inference-Header-Content-Length` header (the
 /// JSON's length when binary tensors follow it).
 pub fn parse_infer(body: Bytes, header_len: Option<usize>) -> Result<InferRequest, ApiError> {
