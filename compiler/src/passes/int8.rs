@@ -308,11 +308,13 @@ fn rewrite(
             }
         }
     }
+    let by_output: HashMap<&str, usize> =
+        g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
     // A 1-D convolution's s8 weights `[M, C, k]` as 2-D ones, `[M, C, 1, k]`.
     let mut two_d_weights: HashMap<String, String> = HashMap::new();
     for (op, _) in &ops {
         let IntOp::Conv { conv, .. } = op else { continue };
-        let Some(dqw) = g.nodes[*conv].input(1).and_then(|w| g.nodes.iter().find(|d| d.outputs[0] == w)) else {
+        let Some(dqw) = g.nodes[*conv].input(1).and_then(|w| by_output.get(w)).map(|&k| &g.nodes[k]) else {
             continue;
         };
         let w = &dqw.inputs[0];
@@ -327,8 +329,6 @@ fn rewrite(
             _ => {}
         }
     }
-    let by_output: HashMap<&str, usize> =
-        g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
     let made_by_op: HashMap<&str, usize> = ops.iter().enumerate().map(|(k, (_, out))| (out.as_str(), k)).collect();
     let q8 = |v: &str| -> (f32, i64) { (quantized[v].scale, quantized[v].zero) };
     // Per node index: what replaces it (None: dropped).
