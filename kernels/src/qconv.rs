@@ -154,13 +154,24 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
             };
             let base = (img * s.m + gi * mg) * npx;
             let out = &mut y[base..base + mg * npx];
-            tiles(isa, &rows, &packed, None, groups4, npx, out, npx, par, |r, _j0, sums, dst| {
-                let o = gi * mg + r;
-                let corr = zx.wrapping_mul(p.sums[o]);
-                let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
-                let bias = a.bias.map_or(0.0, |b| b[o]);
-                epilogue(isa, sums, corr, scale, bias, a.act, a.requant, dst);
-            });
+            tiles(
+                isa,
+                &rows,
+                &packed,
+                crate::qgemm::Avx2Kernel::Wide,
+                groups4,
+                npx,
+                out,
+                npx,
+                par,
+                |r, _j0, sums, dst| {
+                    let o = gi * mg + r;
+                    let corr = zx.wrapping_mul(p.sums[o]);
+                    let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
+                    let bias = a.bias.map_or(0.0, |b| b[o]);
+                    epilogue(isa, sums, corr, scale, bias, a.act, a.requant, dst);
+                },
+            );
         }
     }
 }

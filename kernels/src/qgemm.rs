@@ -36,14 +36,49 @@ pub struct PackedQB {
     colsum: Vec<i32>,
     /// The zero point per column, in the s8 values' terms.
     zero: Vec<i32>,
-    /// Per panel, where the AVX2 sign kernel's sums start (`128 · Σb` of the packed
-    /// values), when no packed weight is −128 (see [`crate::int8::sign`]).
-    sign_init: Option<Vec<[i32; NR]>>,
-    /// Per panel, the weights that were −128 in s8 terms (a u8 weight of 0, the bottom of
-    /// an asymmetric range, typically one per matrix), when few (`crate::int8::fixes`):
-    /// packed as −127, so that the sign kernel takes the matrix, and each sum then less the
-    /// activation at that depth (`(column within the panel, depth)`).
-    fixes: Vec<Vec<(u32, u32)>>,
+    /// The AVX2 microkernel the packing was made for.
+    avx2: Avx2Packing,
+    /// Per panel, the packed weights that differ from the true ones, as `(column within
+    /// the panel, depth, true − packed)`: each sum is then the kernel's plus the activation
+    /// at that depth times the difference. Pairs that `vpmaddubsw` could saturate, shrunk
+    /// for the plain kernel ([`crate::int8::plain::split_pairs`]); or, for the sign kernel,
+    /// weights of −128 in s8 terms (a u8 weight of 0, the bottom of an asymmetric range,
+    /// typically one per matrix) packed as −127, when few (`crate::int8::fixes`).
+    fixes: Vec<Vec<crate::int8::plain::Fix>>,
+}
+
+/// Which AVX2 microkernel a packing takes (VNNI and the portable kernel take any, the
+/// corrections being applied whatever the kernel).
+#[derive(Clone, Debug)]
+pub(crate) enum Avx2Packing {
+    /// Every pair of neighbouring depths fits `vpmaddubsw` ([`crate::int8::plain`]).
+    Plain,
+    /// No weight is −128: the sign kernel ([`crate::int8::sign`]), each panel's sums
+    /// starting from `128 · Σb` of the packed values.
+    Sign(Vec<[i32; NR]>),
+    /// Neither: exact 16-bit products (`vpmaddwd`).
+    Wide,
+}
+
+/// [`Avx2Packing`] as [`tiles`] reads it.
+#[derive(Clone, Copy)]
+pub(crate) enum Avx2Kernel<'a> {
+    /// See [`Avx2Packing::Plain`].
+    Plain,
+    /// See [`Avx2Packing::Sign`].
+    Sign(&'a [[i32; NR]]),
+    /// See [`Avx2Packing::Wide`].
+    Wide,
+}
+
+impl Avx2Packing {
+    fn kernel(&self) -> Avx2Kernel<'_> {
+        match self {
+            Avx2Packing::Plain => Avx2Kernel::Plain,
+            Avx2Packing::Sign(init) => Avx2Kernel::Sign(init),
+            Avx2Packing::Wide => Avx2Kernel::Wide,
+        }
+    }
 }
 
 /// Why weights could not be packed.
@@ -98,20 +133,31 @@ impl PackedQB {
             }
         }
         let zero = (0..n).map(|j| zero[if zero.len() == 1 { 0 } else { j }] - shift).collect();
-        // A few −128s are packed as −127 and corrected per row (`crate::int8::fixes`); the
-        // packed values' sums (one more per −128) start the sign kernel.
-        let fixes = crate::int8::fixes::few(&lowest, k * n, 256);
+        // The plain kernel when few pairs need shrinking (one in 256 weights: weights
+        // quantized per tensor, or with headroom, have about none).
+        if let Some(fixes) = crate::int8::plain::split_pairs(&mut data, groups, k * n, 256) {
+            return Ok(PackedQB { k, n, data, colsum, zero, avx2: Avx2Packing::Plain, fixes });
+        }
+        // Else a few −128s are packed as −127 and corrected per row
+        // (`crate::int8::fixes`); the packed values' sums (one more per −128) start the
+        // sign kernel.
+        let lowest = crate::int8::fixes::few(&lowest, k * n, 256);
         let mut packed_sum = colsum.clone();
-        for (p, f) in fixes.iter().enumerate() {
+        let mut fixes = vec![Vec::new(); panels];
+        for (p, f) in lowest.iter().enumerate() {
             for &(jj, kk) in f {
                 let (g, t) = (kk as usize / 4, kk as usize % 4);
                 data[((p * groups + g) * NR + jj as usize) * 4 + t] = (-127i8) as u8;
                 packed_sum[p * NR + jj as usize] += 1;
+                fixes[p].push((jj, kk, -1));
             }
         }
-        let sign_init = crate::int8::sign::fits(&data)
-            .then(|| (0..panels).map(|p| crate::int8::sign::start(&[0; NR], &packed_sum[p * NR..])).collect());
-        Ok(PackedQB { k, n, data, colsum, zero, sign_init, fixes })
+        let avx2 = if crate::int8::sign::fits(&data) {
+            Avx2Packing::Sign((0..panels).map(|p| crate::int8::sign::start(&[0; NR], &packed_sum[p * NR..])).collect())
+        } else {
+            Avx2Packing::Wide
+        };
+        Ok(PackedQB { k, n, data, colsum, zero, avx2, fixes })
     }
 
     /// Depth (rows of the unpacked weights).
@@ -122,6 +168,23 @@ impl PackedQB {
     /// Columns.
     pub fn n(&self) -> usize {
         self.n
+    }
+
+    /// The microkernel these weights run on with `isa`, for schedule texts.
+    pub fn micro_name(&self, isa: Isa) -> &'static str {
+        if use_vnni(isa) || !use_avx2(isa) {
+            return micro_name(isa);
+        }
+        match self.avx2 {
+            Avx2Packing::Plain => "AVX2 vpmaddubsw (every pair of weights fits 16 bits)",
+            Avx2Packing::Sign(_) => "AVX2 vpmaddubsw (signs moved onto the weights)",
+            Avx2Packing::Wide => "AVX2 vpmaddwd (exact 16-bit products)",
+        }
+    }
+
+    /// How many packed weights differ from the true ones (each corrected per row).
+    pub fn corrections(&self) -> usize {
+        self.fixes.iter().map(Vec::len).sum()
     }
 
     /// Whether any column has a nonzero zero point (then the activations' row sums are
@@ -265,7 +328,8 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
     assert!(ep.bias.is_none_or(|v| v.len() == n), "one bias per column");
     assert!(!b.needs_row_sums() || a.row_sums.len() >= m, "the weights' zero points need row sums");
     let store = |row: usize, j0: usize, sums: &[i32; NR], dst: &mut [f32]| {
-        // Each −128 weight was packed as −127: the sum is short of one activation there.
+        // Where a packed weight differs from the true one, the sum differs by the
+        // activation there times the difference.
         let fixes = &b.fixes[j0 / NR];
         let mut fixed;
         let sums = if fixes.is_empty() {
@@ -273,9 +337,9 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
         } else {
             fixed = *sums;
             let x = &a.data[row * a.stride..];
-            fixes
-                .iter()
-                .for_each(|&(jj, kk)| fixed[jj as usize] = fixed[jj as usize].wrapping_sub(x[kk as usize] as i32));
+            fixes.iter().for_each(|&(jj, kk, d)| {
+                fixed[jj as usize] = fixed[jj as usize].wrapping_add((x[kk as usize] as i32).wrapping_mul(d))
+            });
             &fixed
         };
         // Σ(a − za)(b − zb) = Σab − za·Σb − zb·(Σa − k·za).
@@ -288,7 +352,7 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
         return narrow(isa, a, b, y, ldy, par, store);
     }
     let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
-    tiles(isa, &rows, &b.data, b.sign_init.as_deref(), k.div_ceil(4), n, y, ldy, par, store);
+    tiles(isa, &rows, &b.data, b.avx2.kernel(), k.div_ceil(4), n, y, ldy, par, store);
 }
 
 /// Below this many columns a product runs as dot products of rows and columns
@@ -368,14 +432,14 @@ pub(crate) struct Rows<'a> {
 
 /// Runs every MR×NR tile of `rows · panels` (`groups` groups of four deep, `n` columns in
 /// panels of NR) over `par`'s threads and hands each tile row's sums to `store` with its
-/// row, first column and destination in `y` (`ldy` apart). `sign_init`, per panel, is
-/// where the AVX2 sign kernel's sums start, when the panels take it (u8 rows only).
+/// row, first column and destination in `y` (`ldy` apart). `avx2` is the AVX2 kernel the
+/// panels were packed for (the plain and sign kernels take u8 rows only).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tiles<F>(
     isa: Isa,
     a: &Rows,
     panels_data: &[u8],
-    sign_init: Option<&[[i32; NR]]>,
+    avx2: Avx2Kernel,
     groups: usize,
     n: usize,
     y: &mut [f32],
@@ -400,9 +464,19 @@ pub(crate) fn tiles<F>(
     let out = OutPtr(y.as_mut_ptr());
     let vnni = use_vnni(isa);
     #[cfg(target_arch = "x86_64")]
-    let avx2 = !vnni && use_avx2(isa);
-    #[cfg(target_arch = "x86_64")]
-    let sign_init = sign_init.filter(|i| avx2 && !a.signed && i.len() >= panels);
+    let (avx2, plain, sign_init) = {
+        let on = !vnni && use_avx2(isa) && !a.signed;
+        let sign = match avx2 {
+            Avx2Kernel::Sign(i) if on && i.len() >= panels => Some(i),
+            _ => None,
+        };
+        (!vnni && use_avx2(isa), on && matches!(avx2, Avx2Kernel::Plain), sign)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (plain, sign_init) = {
+        let _ = avx2;
+        (false, None::<&[[i32; NR]]>)
+    };
     par.for_each(panels * splits, &|t| {
         let out = out;
         let (p, s) = (t / splits, t % splits);
@@ -421,6 +495,11 @@ pub(crate) fn tiles<F>(
             unsafe {
                 let out = acc.as_mut_ptr();
                 match (vnni, a.signed, sign_init) {
+                    #[cfg(target_arch = "x86_64")]
+                    (false, false, None) if plain => {
+                        let out = out as *mut [i32; NR];
+                        crate::int8::plain::tile(ptrs.as_ptr(), 1, groups, panel.as_ptr(), &[0; NR], rows, out);
+                    }
                     #[cfg(target_arch = "x86_64")]
                     (true, false, _) => match rows {
                         1 => micro_vnni::<false, 1>(&ptrs, panel.as_ptr(), groups, out),

@@ -14,7 +14,7 @@
 //! Weights must be symmetric (zero point 0), as ONNX Runtime's quantizer writes s8 weights.
 
 use super::epilogue::Epilogue8;
-use super::micro::Micro;
+use super::micro::{Avx2, Micro};
 use super::{Nhwc, Out8, SharedMut, Weights8, Window, Q8};
 use crate::gemm::{Isa, Parallel};
 use crate::qgemm::{MR, NR};
@@ -48,13 +48,16 @@ pub struct Conv8 {
     /// Per panel, what its sums start from: `−zx · Σ w` per output channel (the input's zero
     /// point taken out), 0 past the last channel.
     init: Vec<[i32; NR]>,
-    /// The same for the AVX2 sign kernel ([`super::sign::start`]), when the packed weights
-    /// hold no −128.
+    /// The same for the AVX2 sign kernel ([`super::sign::start`]), when it takes the packed
+    /// weights (no −128).
     sign_init: Option<Vec<[i32; NR]>>,
-    /// Per panel, the weights of −128 packed as −127 (a few, see [`super::fixes`]): each
-    /// tile's sums are then less the activation there (`(channel within the panel, tap,
-    /// byte within the tap)`).
-    fixes: Vec<Vec<(u32, u32, u32)>>,
+    /// Whether every pair of packed weights fits the AVX2 plain kernel ([`super::plain`]).
+    plain: bool,
+    /// Per panel, the packed weights that differ from the true ones: pairs shrunk for the
+    /// plain kernel, or −128s packed as −127 for the sign kernel (a few, see
+    /// [`super::fixes`]). Each tile's sums then gain the activation there times the
+    /// difference (`(channel within the panel, tap, byte within the tap, true − packed)`).
+    fixes: Vec<Vec<(u32, u32, u32, i32)>>,
     /// The epilogue, with each output channel's scale (input × weight) and bias.
     ep: Epilogue8,
 }
@@ -109,23 +112,37 @@ impl Conv8 {
         for (o, &s) in colsum.iter().enumerate() {
             init[o / NR][o % NR] = s.wrapping_mul(x.zero as i32).wrapping_neg();
         }
-        // A few −128s are packed as −127 and corrected per tile, so that the sign kernel
-        // takes the convolution; the packed values' sums (one more per −128) start it.
-        let fixes = super::fixes::few(&lowest, m * c * taps, 8);
+        let scale = (0..m).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
+        let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
+        let ep = Epilogue8::new(out, scale, bias);
+        let x_zero = x.zero;
+        // The plain kernel when few pairs need shrinking (the depth of a panel runs over
+        // its taps' groups).
+        if let Some(pairs) = super::plain::split_pairs(&mut panels, ntaps * groups, m * c * taps, 256) {
+            let fixes = pairs
+                .iter()
+                .map(|f| f.iter().map(|&(j, d, v)| (j, d / (groups as u32 * 4), d % (groups as u32 * 4), v)).collect())
+                .collect();
+            let (taps, sign_init, plain) = (ntaps, None, true);
+            return Ok(Conv8 { c, m, window, wide, taps, groups, panels, x_zero, init, sign_init, plain, fixes, ep });
+        }
+        // Else a few −128s are packed as −127 and corrected per tile, so that the sign
+        // kernel takes the convolution; the packed values' sums (one more per −128) start it.
+        let lowest = super::fixes::few(&lowest, m * c * taps, 8);
         let mut packed_sum = colsum.clone();
-        for (p, f) in fixes.iter().enumerate() {
+        let mut fixes = vec![Vec::new(); npanels];
+        for (p, f) in lowest.iter().enumerate() {
             for &(j, tap, at) in f {
                 let (g, i) = (at as usize / 4, at as usize % 4);
                 panels[p * panel_bytes + ((tap as usize * groups + g) * NR + j as usize) * 4 + i] = (-127i8) as u8;
                 packed_sum[p * NR + j as usize] += 1;
+                fixes[p].push((j, tap, at, -1));
             }
         }
         let sign_init = super::sign::fits(&panels)
             .then(|| init.iter().enumerate().map(|(p, i)| super::sign::start(i, &packed_sum[p * NR..])).collect());
-        let scale = (0..m).map(|o| x.scale * w_scale[if w_scale.len() == 1 { 0 } else { o }]).collect();
-        let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
-        let ep = Epilogue8::new(out, scale, bias);
-        Ok(Conv8 { c, m, window, wide, taps: ntaps, groups, panels, x_zero: x.zero, init, sign_init, fixes, ep })
+        let (taps, plain) = (ntaps, false);
+        Ok(Conv8 { c, m, window, wide, taps, groups, panels, x_zero, init, sign_init, plain, fixes, ep })
     }
 
     /// Output channels.
@@ -145,7 +162,16 @@ impl Conv8 {
 
     /// The microkernel [`Conv8::run`] takes on `isa`, by name (for schedule texts).
     pub fn micro_name(&self, isa: Isa) -> &'static str {
-        Micro::for_isa(isa, self.sign_init.is_some()).name()
+        Micro::for_isa(isa, self.avx2()).name()
+    }
+
+    /// The AVX2 kernel the packed weights take.
+    fn avx2(&self) -> Avx2 {
+        match (self.plain, &self.sign_init) {
+            (true, _) => Avx2::Plain,
+            (false, Some(_)) => Avx2::Sign,
+            (false, None) => Avx2::Neither,
+        }
     }
 
     /// The epilogue.
@@ -192,7 +218,7 @@ impl Conv8 {
         let blocks = rows.div_ceil(MR);
         let splits = (par.threads() * 4).div_ceil(chunks).clamp(1, blocks);
         let per_split = blocks.div_ceil(splits);
-        let micro = Micro::for_isa(isa, self.sign_init.is_some());
+        let micro = Micro::for_isa(isa, self.avx2());
         // Where the sums start: the sign kernel's values when it runs.
         let starts = match &self.sign_init {
             Some(i) if micro.signed_start() => i.as_slice(),
@@ -224,11 +250,11 @@ impl Conv8 {
                     // bytes; the zero row and the edge rows `kc`); the panel holds
                     // taps·groups·NR·4 bytes; `micro` is one this CPU runs.
                     unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc) };
-                    for &(j, tap, at) in &self.fixes[p] {
+                    for &(j, tap, at, d) in &self.fixes[p] {
                         for (r, sums) in acc.iter_mut().enumerate().take(nrows) {
                             // SAFETY: as for the tile: the pointer has `kc` bytes, `at < kc`.
                             let a = unsafe { *ind[tap as usize * MR + r].add(at as usize) };
-                            sums[j as usize] = sums[j as usize].wrapping_sub(a as i32);
+                            sums[j as usize] = sums[j as usize].wrapping_add((a as i32).wrapping_mul(d));
                         }
                     }
                     let j0 = p * NR;

@@ -5,6 +5,17 @@
 
 use crate::qgemm::{MR, NR};
 
+/// Which AVX2 kernel a convolution's packed weights take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Avx2 {
+    /// Every pair of weights fits `vpmaddubsw` ([`super::plain`]).
+    Plain,
+    /// No weight is −128 ([`super::sign`]).
+    Sign,
+    /// Neither: the portable kernel.
+    Neither,
+}
+
 /// Which microkernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Micro {
@@ -16,24 +27,31 @@ pub(crate) enum Micro {
     /// kernel's initial values.
     #[cfg(target_arch = "x86_64")]
     Avx2Sign,
+    /// AVX2: `vpmaddubsw` on weights whose every pair fits 16 bits ([`super::plain`]).
+    #[cfg(target_arch = "x86_64")]
+    Avx2Plain,
     /// Plain Rust (exact, like every kernel here: the sums are integers).
     Portable,
 }
 
 impl Micro {
-    /// The best microkernel for `isa` on this CPU, for weights that the sign kernel takes
-    /// (`signable`: no −128) or not.
-    pub(crate) fn for_isa(isa: crate::gemm::Isa, signable: bool) -> Micro {
+    /// The best microkernel for `isa` on this CPU, for weights packed for the AVX2 kernel
+    /// `avx2` (what their pairs and −128s allow).
+    pub(crate) fn for_isa(isa: crate::gemm::Isa, avx2: Avx2) -> Micro {
         #[cfg(target_arch = "x86_64")]
         {
             if crate::qgemm::use_vnni(isa) {
                 return Micro::Vnni512;
             }
-            if signable && crate::qgemm::use_avx2(isa) {
-                return Micro::Avx2Sign;
+            if crate::qgemm::use_avx2(isa) {
+                match avx2 {
+                    Avx2::Plain => return Micro::Avx2Plain,
+                    Avx2::Sign => return Micro::Avx2Sign,
+                    Avx2::Neither => {}
+                }
             }
         }
-        let _ = (isa, signable);
+        let _ = (isa, avx2);
         Micro::Portable
     }
 
@@ -44,6 +62,8 @@ impl Micro {
             Micro::Vnni512 => "AVX-512 VNNI vpdpbusd",
             #[cfg(target_arch = "x86_64")]
             Micro::Avx2Sign => "AVX2 vpmaddubsw, signs moved onto the weights: exact",
+            #[cfg(target_arch = "x86_64")]
+            Micro::Avx2Plain => "AVX2 vpmaddubsw, every pair of weights fits 16 bits: exact",
             Micro::Portable => "portable",
         }
     }
@@ -83,6 +103,8 @@ impl Micro {
             Micro::Vnni512 => vnni512(ind.as_ptr(), taps, groups, panel, init, acc),
             #[cfg(target_arch = "x86_64")]
             Micro::Avx2Sign => super::sign::tile(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr()),
+            #[cfg(target_arch = "x86_64")]
+            Micro::Avx2Plain => super::plain::tile(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr()),
             Micro::Portable => portable(ind.as_ptr(), taps, groups, panel, init, acc),
         }
     }

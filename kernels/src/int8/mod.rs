@@ -30,6 +30,7 @@ pub(crate) mod epilogue;
 mod epilogue_avx2;
 pub(crate) mod fixes;
 mod micro;
+pub(crate) mod plain;
 pub mod pool;
 pub(crate) mod sign;
 

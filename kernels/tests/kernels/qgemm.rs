@@ -107,6 +107,50 @@ fn matches_the_definition_on_every_edge() {
     assert!(cases >= 112);
 }
 
+/// Weights with headroom (per-tensor quantization leaves most columns well inside ±127)
+/// and a few pairs of neighbouring depths that `vpmaddubsw` would saturate against
+/// activations of 255: packed for the AVX2 plain kernel, those pairs shrunk and their
+/// sums corrected, exact on every ISA and every split of the work. Without the
+/// correction the saturated pairs miss by thousands.
+#[test]
+fn weights_with_a_few_saturating_pairs_are_exact_on_the_plain_kernel() {
+    let (m, k, n) = (14, 4 * 97 + 2, 70);
+    let mut b: Vec<u8> = bytes(k * n, 5).iter().map(|&v| ((v % 121) as i32 - 60) as i8 as u8).collect();
+    // Pairs (even depth, next depth) of one column each, both signs, with −128.
+    let heavy: [(usize, usize, i8, i8); 5] =
+        [(0, 0, 127, 127), (2, 5, -128, -1), (10, 33, 100, 29), (k - 2, n - 1, -70, -70), (64, 40, 127, 2)];
+    for &(kk, j, w1, w2) in &heavy {
+        b[kk * n + j] = w1 as u8;
+        b[(kk + 1) * n + j] = w2 as u8;
+    }
+    let packed = PackedQB::new(&b, true, k, n, &[0]).unwrap();
+    assert_eq!(packed.corrections(), heavy.len(), "one correction per saturating pair");
+    let stride = k.div_ceil(4) * 4;
+    // Every activation 255 where the heavy pairs read, else anything.
+    let mut a = bytes(m * stride, 6);
+    for i in 0..m {
+        for &(kk, ..) in &heavy {
+            a[i * stride + kk] = 255;
+            a[i * stride + kk + 1] = 255;
+        }
+    }
+    let dense: Vec<u8> = (0..m).flat_map(|i| a[i * stride..i * stride + k].to_vec()).collect();
+    let exact = want(&dense, 0, &b, true, &[0], m, k, n);
+    for isa in Isa::all_available() {
+        if isa.kind() == aim_kernels::gemm::IsaKind::Avx2 {
+            assert!(packed.micro_name(isa).contains("pair"), "{isa:?}: {}", packed.micro_name(isa));
+        }
+        for par in [&Sequential as &dyn Parallel, &Three] {
+            let mut y = vec![f32::NAN; m * n];
+            let qa = QuantizedA { data: &a, m, stride, zero: 0, row_sums: &[] };
+            qgemm(isa, &qa, &packed, &QEpilogue { scale: &[1.0], bias: None, act: None }, &mut y, n, par);
+            for (i, (got, want)) in y.iter().zip(&exact).enumerate() {
+                assert_eq!(*got, *want as f32, "{isa:?} at {},{}", i / n, i % n);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_clamping_activation_is_applied() {
     let (m, k, n) = (2, 8, 3);

@@ -112,7 +112,7 @@ pub(super) fn run(d: &QDensePrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPoo
 pub(super) fn schedule(d: &QDensePrep, isa: Isa, m: usize, threads: usize) -> Vec<String> {
     use aim_kernels::qgemm::{MR, NR};
     let (k, n) = (d.weight.k(), d.weight.n());
-    let micro = aim_kernels::qgemm::micro_name(isa);
+    let micro = d.weight.micro_name(isa);
     let panels = n.div_ceil(NR);
     let blocks = m.div_ceil(MR);
     let splits = (threads * 4).div_ceil(panels).clamp(1, blocks.max(1));
@@ -126,8 +126,12 @@ pub(super) fn schedule(d: &QDensePrep, isa: Isa, m: usize, threads: usize) -> Ve
         format!("C[{m}×{n}] = A·W in i32 (W s8, packed at load time in panels of {NR} columns × groups of 4 rows)"),
         format!("  parallel for column panel × row split in 0..{} ({panels} panels, {splits} splits)", panels * splits),
         format!(
-            "    for row tile ({blocks} tiles of {MR}): microkernel {micro} {MR}×{NR} over {} groups of 4",
-            k.div_ceil(4)
+            "    for row tile ({blocks} tiles of {MR}): microkernel {micro} {MR}×{NR} over {} groups of 4{}",
+            k.div_ceil(4),
+            match d.weight.corrections() {
+                0 => String::new(),
+                c => format!(", {c} packed weights corrected per row"),
+            }
         ),
         format!(
             "    epilogue on the tile in registers: − zero-point terms, × scale ({}), {}, {}",

@@ -1,0 +1,134 @@
+//! The AVX2 integer microkernel for weights whose pairs fit `vpmaddubsw`: u8 activations
+//! times s8 weights as ONNX Runtime's AVX2 kernel multiplies them (`vpmaddubsw`, then
+//! `vpmaddwd` by ones, then `vpaddd`: three operations per 32 products), made exact.
+//!
+//! `vpmaddubsw` adds the products of two neighbouring depths in 16 bits, saturating. With
+//! activations up to 255, a pair of weights `w₁, w₂` can saturate only when both have the
+//! same sign and `|w₁| + |w₂| > 128` (`255 · 128 = 32,640` fits, `255 · 129` does not).
+//! Weights quantized per tensor or with headroom have few such pairs; those few are
+//! packed with the second weight shrunk until the pair fits, and the sum corrected per
+//! row by the activation times what was taken off (see [`split_pairs`]). Then the sums
+//! are exact, and the kernel runs a third faster than the sign kernel
+//! ([`super::sign`]), which needs a fourth operation per vector: a packing chooses this
+//! one when the corrections are few, the sign kernel otherwise (weights quantized per
+//! channel to the full range, where one pair in fifty or more would need one).
+//!
+//! Per group of four bytes of depth, two rows and the panel's 32 columns (four vectors,
+//! eight accumulators), as the sign kernel.
+
+#[cfg(target_arch = "x86_64")]
+use crate::qgemm::MR;
+use crate::qgemm::NR;
+
+/// A correction of a packed weight: `(column within the panel, depth, what was taken
+/// off)`: the true sum is the kernel's plus the activation at that depth times the third.
+pub(crate) type Fix = (u32, u32, i32);
+
+/// Shrinks, in s8 `panels` (per panel, per group of four depths, [`NR`] columns × 4
+/// bytes), every pair of neighbouring depths that `vpmaddubsw` could saturate, and returns
+/// the corrections per panel, or `None` (the panels unchanged) when there are more than
+/// one in `one_in` of the `weights`: past that share the corrections cost more than this
+/// kernel saves over the sign kernel.
+pub(crate) fn split_pairs(panels: &mut [u8], groups: usize, weights: usize, one_in: usize) -> Option<Vec<Vec<Fix>>> {
+    let count = panels.len() / (groups * NR * 4).max(1);
+    let mut fixes = vec![Vec::new(); count];
+    let mut total = 0;
+    let mut changed = Vec::new();
+    for (p, fix) in fixes.iter_mut().enumerate() {
+        for g in 0..groups {
+            for jj in 0..NR {
+                for t in [0, 2] {
+                    let at = ((p * groups + g) * NR + jj) * 4 + t;
+                    let (w1, w2) = (panels[at] as i8 as i32, panels[at + 1] as i8 as i32);
+                    if w1.signum() * w2.signum() <= 0 || w1.abs() + w2.abs() <= 128 {
+                        continue;
+                    }
+                    // The second takes what the first leaves of 128 (the first is at most
+                    // 128 in magnitude, so that is at least 0).
+                    let kept = w2.signum() * (128 - w1.abs());
+                    fix.push((jj as u32, (g * 4 + t + 1) as u32, w2 - kept));
+                    changed.push((at + 1, kept as i8 as u8));
+                    total += 1;
+                    if total > weights / one_in.max(1) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+    for (at, v) in changed {
+        panels[at] = v;
+    }
+    Some(fixes)
+}
+
+/// `acc[r][j] = init[j] + Σ_t Σ_k a[t][r][k] · panel[t][k][j]` for rows `0..rows` of the tile,
+/// `taps` taps of `groups·4` bytes: `ind[t·MR + r]` points at row `r`'s bytes for tap `t`
+/// (u8); the panel holds, per tap and group of four bytes, NR columns × 4 bytes (s8, no
+/// pair that [`split_pairs`] would shrink).
+///
+/// # Safety
+/// The CPU has AVX2; `ind` holds `taps·MR` pointers (the first `rows` of each tap read),
+/// each to `groups·4` readable bytes; `panel` holds `taps·groups·NR·4` bytes; `acc` has
+/// `rows` writable rows; `rows ≤ MR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn tile(
+    ind: *const *const u8,
+    taps: usize,
+    groups: usize,
+    panel: *const u8,
+    init: &[i32; NR],
+    rows: usize,
+    acc: *mut [i32; NR],
+) {
+    debug_assert!(rows <= MR);
+    let mut r0 = 0;
+    while r0 < rows {
+        let args = (ind.add(r0), taps, groups, panel, init, acc.add(r0));
+        match rows - r0 {
+            1 => block::<1>(args),
+            _ => block::<2>(args),
+        }
+        r0 += 2;
+    }
+}
+
+/// The arguments of [`block`]: row pointers (tap `t`, row `r` at `t·MR + r`), taps,
+/// groups, panel, initial sums, first output row.
+#[cfg(target_arch = "x86_64")]
+type Block<'a> = (*const *const u8, usize, usize, *const u8, &'a [i32; NR], *mut [i32; NR]);
+
+/// Rows `0..R` (one or two) of [`tile`], the whole panel at once (8 accumulators).
+///
+/// # Safety
+/// As for [`tile`], for `R` rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block<const R: usize>((ind, taps, groups, panel, init, acc): Block) {
+    use std::arch::x86_64::*;
+    let ones = _mm256_set1_epi16(1);
+    let i: [__m256i; 4] = std::array::from_fn(|h| _mm256_loadu_si256(init.as_ptr().add(h * 8) as *const __m256i));
+    let mut c = [i; R];
+    for t in 0..taps {
+        let a: [*const u8; R] = std::array::from_fn(|r| *ind.add(t * MR + r));
+        let mut pb = panel.add(t * groups * NR * 4);
+        for g in 0..groups {
+            let w: [__m256i; 4] = std::array::from_fn(|h| _mm256_loadu_si256(pb.add(h * 32) as *const __m256i));
+            pb = pb.add(NR * 4);
+            for r in 0..R {
+                let av = _mm256_set1_epi32((a[r].add(g * 4) as *const i32).read_unaligned());
+                for h in 0..4 {
+                    let p = _mm256_maddubs_epi16(av, w[h]);
+                    c[r][h] = _mm256_add_epi32(c[r][h], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+    }
+    for (r, c) in c.iter().enumerate() {
+        for (h, c) in c.iter().enumerate() {
+            _mm256_storeu_si256((acc.add(r) as *mut i32).add(h * 8) as *mut __m256i, *c);
+        }
+    }
+}
