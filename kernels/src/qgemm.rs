@@ -60,8 +60,9 @@ pub(crate) enum Avx2Packing {
     Wide,
 }
 
-/// [`Avx2Packing`] as [`tiles`] reads it.
+/// [`Avx2Packing`] as [`tiles`] reads it (only on x86-64).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Avx2Kernel<'a> {
     /// See [`Avx2Packing::Plain`].
     Plain,
@@ -473,9 +474,9 @@ pub(crate) fn tiles<F>(
         (!vnni && use_avx2(isa), on && matches!(avx2, Avx2Kernel::Plain), sign)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let (plain, sign_init) = {
+    let sign_init = {
         let _ = avx2;
-        (false, None::<&[[i32; NR]]>)
+        None::<&[[i32; NR]]>
     };
     par.for_each(panels * splits, &|t| {
         let out = out;
