@@ -1,5 +1,7 @@
 //! Direct convolution whose output is in the blocked layout: each microkernel tile holds
-//! `R` output pixels of one row × two channel blocks in vector registers and sums over
+//! `R` output pixels of one row × two or three channel blocks in vector registers (three
+//! where the layer has an odd number of blocks, so that no block runs alone at half the
+//! kernel's rate: 24 or 72 channels in blocks of 8) and sums over
 //! `k = (ky, kx, ci)`, broadcasting one input value per pixel and loading two weight
 //! vectors per step. The input is read where it lies — blocked, or plain NCHW for a first
 //! layer with few channels — through a table of per-`k` offsets, so 1×1, k×k, strided and
@@ -24,9 +26,11 @@ pub struct Conv {
     geo: Geometry,
     /// Input channels as the kernel sees them: `cin`, rounded up to a block when blocked.
     cin_eff: usize,
-    /// `[pair of output blocks][k][2 · lanes]`, zero where a channel is padding.
+    /// Output blocks per panel of packed weights (2 or 3, see [`panel_blocks`]).
+    g: usize,
+    /// `[panel of g output blocks][k][g · lanes]`, zero where a channel is padding.
     weights: crate::floats::Floats,
-    /// `[pair][2 · lanes]`.
+    /// `[panel][g · lanes]`.
     bias: Vec<f32>,
     act: Activation,
     /// The program applied after the activation, if any.
@@ -64,6 +68,32 @@ pub struct ConvIo<'a> {
     pub y: &'a mut [f32],
 }
 
+/// Output blocks per panel of packed weights for `cout` output channels on `isa`: three
+/// when there is an odd number of blocks (at least three) on x86-64, whose tiles of three
+/// blocks keep as many accumulators as tiles of two (4 × 3 and 6 × 2 on AVX2), else two.
+/// A pair with one real block would run at half the rate.
+pub fn panel_blocks(isa: Isa, cout: usize) -> usize {
+    let blocks = cout.div_ceil(super::lanes(isa));
+    let wide = matches!(isa.kind(), crate::gemm::IsaKind::Avx2 | crate::gemm::IsaKind::Avx512);
+    if wide && blocks >= 3 && blocks % 2 == 1 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Output pixels in one tile of `nb` blocks. Three blocks: half the pixels (3 × 3
+/// accumulators on AVX2's 16 registers, with the three weight vectors and a broadcast:
+/// at 4 × 3 the compiler spills one accumulator, which costs a third of the speed).
+fn tile_pixels(isa: Isa, nb: usize) -> usize {
+    let r = super::tile_rows(isa);
+    if nb == 3 {
+        r / 2
+    } else {
+        r
+    }
+}
+
 /// Input channels as the kernel sees them: `cin`, rounded up to a block of `lanes` when the
 /// input is blocked.
 fn cin_eff(input: Layout, cin: usize, lanes: usize) -> usize {
@@ -74,8 +104,9 @@ fn cin_eff(input: Layout, cin: usize, lanes: usize) -> usize {
 }
 
 impl Conv {
-    /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block; `kc`
-    /// is the k block (see [`crate::gemm::Blocking`]: its `kc` is sized for the same tile).
+    /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block, in
+    /// panels of [`panel_blocks`] output blocks; `kc` is the k block (see
+    /// [`crate::gemm::Blocking`]: its `kc` is sized for the same tile).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         isa: Isa,
@@ -88,32 +119,58 @@ impl Conv {
         act: Activation,
         kc: usize,
     ) -> Conv {
+        let g = panel_blocks(isa, cout);
+        Conv::new_in_panels(isa, weights, bias, cout, cin, geo, input, act, kc, g)
+    }
+
+    /// [`Conv::new`] in panels of `g` (2 or 3) output blocks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_in_panels(
+        isa: Isa,
+        weights: &[f32],
+        bias: Option<&[f32]>,
+        cout: usize,
+        cin: usize,
+        geo: Geometry,
+        input: Layout,
+        act: Activation,
+        kc: usize,
+        g: usize,
+    ) -> Conv {
         let lanes = super::lanes(isa);
         let [kh, kw] = geo.kernel;
         assert_eq!(weights.len(), cout * cin * kh * kw, "weights do not match the shape");
+        assert!(g == 2 || g == 3, "panels of two or three blocks");
         let cin_eff = cin_eff(input, cin, lanes);
         let k = kh * kw * cin_eff;
-        let pairs = cout.div_ceil(2 * lanes);
-        let mut packed = vec![0f32; pairs * k * 2 * lanes];
+        let gl = g * lanes;
+        let mut packed = vec![0f32; cout.div_ceil(gl) * k * gl];
         // Where each weight of one output channel goes, relative to that channel's column:
-        // source (ci, ky, kx) → row (ky, kx, ci) of the pair's k × 2L panel.
+        // source (ci, ky, kx) → row (ky, kx, ci) of the panel's k × gL floats.
         let taps = kh * kw;
-        let dst: Vec<usize> = (0..cin * taps).map(|i| ((i % taps) * cin_eff + i / taps) * 2 * lanes).collect();
+        let dst: Vec<usize> = (0..cin * taps).map(|i| ((i % taps) * cin_eff + i / taps) * gl).collect();
         for (co, src) in weights.chunks_exact(cin * taps).enumerate() {
-            let (pair, col) = (co / (2 * lanes), co % (2 * lanes));
-            let panel = &mut packed[pair * k * 2 * lanes + col..];
+            let (p, col) = (co / gl, co % gl);
+            let panel = &mut packed[p * k * gl + col..];
             for (&v, &d) in src.iter().zip(&dst) {
                 panel[d] = v;
             }
         }
-        Conv::assemble(isa, crate::floats::Floats::owned(packed), bias, cout, cin, geo, input, act, kc)
+        Conv::assemble(isa, crate::floats::Floats::owned(packed), bias, cout, cin, geo, input, act, kc, g)
     }
 
-    /// Floats of the packed weights of a convolution of this shape for `isa`.
-    pub fn packed_len(isa: Isa, cout: usize, cin: usize, geo: Geometry, input: Layout) -> usize {
+    /// Floats of the packed weights of a convolution of this shape for `isa`, in panels of
+    /// `g` output blocks.
+    pub fn packed_len(isa: Isa, cout: usize, cin: usize, geo: Geometry, input: Layout, g: usize) -> usize {
         let lanes = super::lanes(isa);
         let cin_eff = cin_eff(input, cin, lanes);
-        cout.div_ceil(2 * lanes) * geo.kernel[0] * geo.kernel[1] * cin_eff * 2 * lanes
+        cout.div_ceil(g * lanes) * geo.kernel[0] * geo.kernel[1] * cin_eff * g * lanes
+    }
+
+    /// Output blocks per panel of the packed weights (what [`Conv::with_packed`] takes
+    /// back with them).
+    pub fn panel(&self) -> usize {
+        self.g
     }
 
     /// The packed weights, as [`Conv::with_packed`] takes them back.
@@ -122,7 +179,8 @@ impl Conv {
     }
 
     /// A convolution over weights packed before by [`Conv::new`] for the same `isa` and
-    /// shape (read in place); an error when their count does not fit.
+    /// shape in panels of `g` blocks (read in place); an error when their count does not
+    /// fit.
     #[allow(clippy::too_many_arguments)]
     pub fn with_packed(
         isa: Isa,
@@ -134,8 +192,12 @@ impl Conv {
         input: Layout,
         act: Activation,
         kc: usize,
+        g: usize,
     ) -> Result<Conv, String> {
-        let want = Conv::packed_len(isa, cout, cin, geo, input);
+        if g != 2 && g != 3 {
+            return Err(format!("panels of {g} output blocks (two or three)"));
+        }
+        let want = Conv::packed_len(isa, cout, cin, geo, input, g);
         if packed.len() != want {
             return Err(format!(
                 "packed weights of {cout}×{cin}×{:?} hold {want} floats, not {}",
@@ -143,7 +205,7 @@ impl Conv {
                 packed.len()
             ));
         }
-        Ok(Conv::assemble(isa, packed, bias, cout, cin, geo, input, act, kc))
+        Ok(Conv::assemble(isa, packed, bias, cout, cin, geo, input, act, kc, g))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -157,14 +219,15 @@ impl Conv {
         input: Layout,
         act: Activation,
         kc: usize,
+        g: usize,
     ) -> Conv {
         let lanes = super::lanes(isa);
         let cin_eff = cin_eff(input, cin, lanes);
-        let mut b = vec![0f32; cout.div_ceil(2 * lanes) * 2 * lanes];
+        let mut b = vec![0f32; cout.div_ceil(g * lanes) * g * lanes];
         if let Some(bias) = bias {
             b[..cout].copy_from_slice(&bias[..cout]);
         }
-        Conv { isa, lanes, cin, cout, input, geo, cin_eff, weights, bias: b, act, post: None, kc: kc.max(1) }
+        Conv { isa, lanes, cin, cout, input, geo, cin_eff, g, weights, bias: b, act, post: None, kc: kc.max(1) }
     }
 
     /// The channel block (floats per pixel of a block).
@@ -188,7 +251,8 @@ impl Conv {
         let (rows, row_len) = if pointwise { (batch, oh * ow) } else { (batch * oh, ow) };
         let segment = SEGMENT_TILES * super::tile_rows(self.isa);
         let segs = row_len.div_ceil(segment);
-        let pairs = self.cout.div_ceil(2 * l);
+        let g = self.g;
+        let panels = self.cout.div_ceil(g * l);
         let k = kh * kw * self.cin_eff;
         let mut v = Vec::new();
         if padded {
@@ -199,9 +263,9 @@ impl Conv {
             Layout::Blocked => "blocked input",
         };
         v.push(format!(
-            "parallel for (output-block pair in 0..{pairs}, row in 0..{rows}{}, segment in 0..{segs} of ≤{segment} px): {} tasks",
+            "parallel for (panel of {g} output blocks in 0..{panels}, row in 0..{rows}{}, segment in 0..{segs} of ≤{segment} px): {} tasks",
             if pointwise { " (1×1: each image one row)" } else { "" },
-            pairs * rows * segs
+            panels * rows * segs
         ));
         v.push(format!(
             "  for k-block in 0..{} (≤{} of k = {kh}·{kw}·{} = {k}; weights {}×{} floats stay in L1)",
@@ -209,15 +273,16 @@ impl Conv {
             self.kc,
             self.cin_eff,
             self.kc.min(k),
-            2 * l
+            g * l
         ));
+        let last = self.cout.div_ceil(l) - (panels - 1) * g;
         v.push(format!(
             "    for tile in segment (≤{} px): acc[px][{} of {l} ch] += broadcast x[px·{}+koff[k]] · w[k] ({input}, {:?})",
-            super::tile_rows(self.isa),
-            match self.cout.div_ceil(l) {
-                1 => "1 block",
-                b if b % 2 == 1 => "2 blocks (1 in the last pair)",
-                _ => "2 blocks",
+            tile_pixels(self.isa, g),
+            match (panels, last) {
+                (1, b) => format!("{b} block{}", if b == 1 { "" } else { "s" }),
+                (_, b) if b == g => format!("{g} blocks"),
+                (_, b) => format!("{g} blocks ({b} in the last panel, ≤{} px)", tile_pixels(self.isa, b)),
             },
             self.geo.strides[1],
             self.isa
@@ -305,11 +370,11 @@ impl Conv {
                 }
             })
             .collect();
-        let pairs = self.cout.div_ceil(2 * l);
+        let panels = self.cout.div_ceil(self.g * l);
         let rows = io.batch * io.oh;
         let k = koff.len();
         // Re-stream the smaller of the weights and the input: output rows innermost when
-        // the weights are the larger (they stay in cache for one pair at a time).
+        // the weights are the larger (they stay in cache for one panel at a time).
         let weights_bytes = self.weights.len() * 4;
         let pair_outer = weights_bytes > planes * plane * 4;
         let x = padded.as_ref().map_or(io.x.as_ptr(), |p| p.as_ptr());
@@ -320,8 +385,8 @@ impl Conv {
         // Small layers (a 7×7 image, a few output blocks) have few tasks: split rows into
         // shorter segments (down to one tile) until every thread has several.
         let want = 4 * par.threads();
-        if pairs * rows * segs < want {
-            segs = want.div_ceil(pairs * rows).min(io.ow.div_ceil(super::tile_rows(self.isa))).max(segs);
+        if panels * rows * segs < want {
+            segs = want.div_ceil(panels * rows).min(io.ow.div_ceil(super::tile_rows(self.isa))).max(segs);
         }
         Ok(Job {
             conv: self,
@@ -336,7 +401,7 @@ impl Conv {
             lo,
             hi,
             ptrs,
-            pairs,
+            panels,
             units: rows * segs,
             segs,
             pair_outer,
@@ -380,7 +445,8 @@ pub(super) struct Job<'a> {
     lo: f32,
     hi: f32,
     ptrs: Ptrs,
-    pairs: usize,
+    /// Panels of output blocks.
+    panels: usize,
     /// Row segments: rows × segments per row.
     units: usize,
     segs: usize,
@@ -396,49 +462,51 @@ pub(super) struct Job<'a> {
 impl Job<'_> {
     /// How many tasks [`Job::task`] takes.
     pub(super) fn tasks(&self) -> usize {
-        self.pairs * self.units
+        self.panels * self.units
     }
 
-    /// Runs task `t` (`t < tasks()`): one segment of one output row of two output blocks.
+    /// Runs task `t` (`t < tasks()`): one segment of one output row of one panel's output
+    /// blocks.
     pub(super) fn task(&self, t: usize) {
         let (pair, unit) =
-            if self.pair_outer { (t / self.units, t % self.units) } else { (t % self.pairs, t / self.pairs) };
+            if self.pair_outer { (t / self.units, t % self.units) } else { (t % self.panels, t / self.panels) };
         let (row, seg) = (unit / self.segs, unit % self.segs);
         // Segments (and the tiles in them) of near-equal length, not a short one at the end.
         let cols = seg * self.ow / self.segs..(seg + 1) * self.ow / self.segs;
         assert!(t < self.tasks(), "task {t} of {}", self.tasks());
         // SAFETY: `plan` checked the buffer sizes against the geometry; task t writes only
-        // its segment of its row of its two output blocks.
+        // its segment of its row of its panel's output blocks.
         unsafe { self.segment(pair, row, cols, self.ptrs) }
     }
 
-    /// Output pixels `cols` of row `row` (image-major) of blocks `2·pair` and `2·pair + 1`.
+    /// Output pixels `cols` of row `row` (image-major) of the blocks of panel `pair`.
     unsafe fn segment(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
         match self.conv.isa.kind() {
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx512 => self.segment_avx512(pair, row, cols, p),
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => self.segment_avx2(pair, row, cols, p),
-            _ => self.segment_generic::<super::simd::Portable8, 4>(pair, row, cols, p),
+            _ => self.segment_generic::<super::simd::Portable8, 4, 2>(pair, row, cols, p),
         }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn segment_avx512(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
-        self.segment_generic::<super::simd::F32x16, 12>(pair, row, cols, p)
+        self.segment_generic::<super::simd::F32x16, 12, 6>(pair, row, cols, p)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn segment_avx2(&self, pair: usize, row: usize, cols: std::ops::Range<usize>, p: Ptrs) {
-        self.segment_generic::<super::simd::F32x8, 6>(pair, row, cols, p)
+        self.segment_generic::<super::simd::F32x8, 6, 3>(pair, row, cols, p)
     }
 
     /// The segment's tiles, k block by k block: a block of weights is loaded into L1 once
-    /// and used by every tile; partial sums wait in the output.
+    /// and used by every tile; partial sums wait in the output. Tiles of two blocks (or
+    /// one) hold `RMAX` pixels, of three `RMAX3` (see [`tile_pixels`]).
     #[inline(always)]
-    unsafe fn segment_generic<V: Vf32, const RMAX: usize>(
+    unsafe fn segment_generic<V: Vf32, const RMAX: usize, const RMAX3: usize>(
         &self,
         pair: usize,
         row: usize,
@@ -447,9 +515,11 @@ impl Job<'_> {
     ) {
         let l = V::LANES;
         let (n, oy) = (row / self.oh, row % self.oh);
-        let nb = (self.cb_out - 2 * pair).min(2);
+        let g = self.conv.g;
+        let gl = g * l;
+        let nb = (self.cb_out - g * pair).min(g);
         let yblk = self.oh * self.ow * l;
-        let yoff = (n * self.cb_out + 2 * pair) * yblk + oy * self.ow * l;
+        let yoff = (n * self.cb_out + g * pair) * yblk + oy * self.ow * l;
         let x = p.x.add(n * self.image + oy * self.xrow);
         let kc = self.conv.kc;
         let mut k0 = 0;
@@ -462,41 +532,67 @@ impl Job<'_> {
                 last: k1 == self.k,
                 koff: self.koff.as_ptr(),
                 xps: self.xps,
-                w: self.conv.weights.as_ptr().add(pair * self.k * 2 * l),
-                bias: self.conv.bias.as_ptr().add(pair * 2 * l),
+                gl,
+                w: self.conv.weights.as_ptr().add(pair * self.k * gl),
+                bias: self.conv.bias.as_ptr().add(pair * gl),
                 lo: self.lo,
                 hi: self.hi,
+                leak: leak(self.conv.act),
             };
-            let tiles = cols.len().div_ceil(RMAX);
+            let tiles = cols.len().div_ceil(if nb == 3 { RMAX3 } else { RMAX });
             let mut ox = cols.start;
             for i in 0..tiles {
                 let r = cols.start + (i + 1) * cols.len() / tiles - ox;
                 let y0 = p.y.add(yoff + ox * l);
-                // With one real block left there is no second output (never touched).
-                let y1 = if nb == 2 { y0.add(yblk) } else { std::ptr::null_mut() };
                 let r0 = if p.res.is_null() { p.res } else { p.res.add(yoff + ox * l) };
-                let r1 = if nb == 2 && !r0.is_null() { r0.add(yblk) } else { std::ptr::null() };
-                let (y, res) = ([y0, y1], [r0, r1]);
+                // Blocks past the panel's real ones have no output (never touched).
+                let y: [*mut f32; 3] =
+                    std::array::from_fn(|b| if b < nb { y0.add(b * yblk) } else { std::ptr::null_mut() });
+                let res: [*const f32; 3] =
+                    std::array::from_fn(|b| if b < nb && !r0.is_null() { r0.add(b * yblk) } else { std::ptr::null() });
                 let x = x.add(ox * self.xps);
                 // The input stride between pixels as a constant where it is one or two
                 // vectors (blocked input, stride 1 or 2) or one or two floats (NCHW input):
-                // addresses then fold into displacements. Codes: see `Tile::run`. A pair
-                // with one real block computes that block only.
+                // addresses then fold into displacements. Codes: see `Tile::run`. A panel
+                // with fewer real blocks computes those only.
                 macro_rules! go {
-                    ($xs:literal; $($r:literal)*) => {
+                    ($xs:literal) => {
                         match (r, nb) {
-                            $(($r, 2) => t.run::<V, $r, $xs, 2>(x, y, res),)*
-                            $(($r, _) => t.run::<V, $r, $xs, 1>(x, y, res),)*
+                            (1, 3) => t.run::<V, 1, $xs, 3>(x, y, res),
+                            (2, 3) => t.run::<V, 2, $xs, 3>(x, y, res),
+                            (3, 3) => t.run::<V, 3, $xs, 3>(x, y, res),
+                            (4, 3) => t.run::<V, 4, $xs, 3>(x, y, res),
+                            (5, 3) => t.run::<V, 5, $xs, 3>(x, y, res),
+                            (6, 3) => t.run::<V, 6, $xs, 3>(x, y, res),
+                            (_, 3) => unreachable!("tiles of three blocks are 1..=6 pixels"),
+                            (r, 2) => go!(@rows $xs 2 r),
+                            (r, _) => go!(@rows $xs 1 r),
+                        }
+                    };
+                    (@rows $xs:literal $nb:literal $r:ident) => {
+                        match $r {
+                            1 => t.run::<V, 1, $xs, $nb>(x, y, res),
+                            2 => t.run::<V, 2, $xs, $nb>(x, y, res),
+                            3 => t.run::<V, 3, $xs, $nb>(x, y, res),
+                            4 => t.run::<V, 4, $xs, $nb>(x, y, res),
+                            5 => t.run::<V, 5, $xs, $nb>(x, y, res),
+                            6 => t.run::<V, 6, $xs, $nb>(x, y, res),
+                            7 => t.run::<V, 7, $xs, $nb>(x, y, res),
+                            8 => t.run::<V, 8, $xs, $nb>(x, y, res),
+                            9 => t.run::<V, 9, $xs, $nb>(x, y, res),
+                            10 => t.run::<V, 10, $xs, $nb>(x, y, res),
+                            11 => t.run::<V, 11, $xs, $nb>(x, y, res),
+                            12 => t.run::<V, 12, $xs, $nb>(x, y, res),
                             _ => unreachable!("tile rows are 1..=12"),
                         }
                     };
                 }
                 match self.xps {
-                    s if s == l => go!(1; 1 2 3 4 5 6 7 8 9 10 11 12),
-                    s if s == 2 * l => go!(2; 1 2 3 4 5 6 7 8 9 10 11 12),
-                    1 => go!(3; 1 2 3 4 5 6 7 8 9 10 11 12),
-                    2 => go!(4; 1 2 3 4 5 6 7 8 9 10 11 12),
-                    _ => go!(0; 1 2 3 4 5 6 7 8 9 10 11 12),
+                    s if s == l => go!(1),
+                    s if s == 2 * l => go!(2),
+                    1 => go!(3),
+                    2 => go!(4),
+                    _ => go!(0),
                 }
                 ox += r;
             }
@@ -505,7 +601,7 @@ impl Job<'_> {
         // Activations other than a clamp run over the segment just written (in L1).
         for b in 0..nb {
             super::shared::finish(
-                self.conv.act,
+                if leak(self.conv.act).is_some() { Activation::Identity } else { self.conv.act },
                 self.conv.post.as_deref(),
                 self.conv.isa,
                 p.y.add(yoff + b * yblk + cols.start * l),
@@ -526,24 +622,38 @@ struct Tile {
     last: bool,
     koff: *const usize,
     xps: usize,
+    /// Floats of weights per k step (the panel's blocks × lanes).
+    gl: usize,
     w: *const f32,
     bias: *const f32,
     lo: f32,
     hi: f32,
+    /// A LeakyRelu's slope, applied in registers (see [`leak`]).
+    leak: Option<f32>,
+}
+
+/// The slope of a LeakyRelu that the tiles apply in registers as `max(x, α·x)`: the same
+/// values as the activation (−0 and NaN included) for `0 ≤ α ≤ 1`, which is every slope
+/// seen in practice; other activations run over the segment after the store.
+fn leak(act: Activation) -> Option<f32> {
+    match act {
+        Activation::LeakyRelu(a) if (0.0..=1.0).contains(&a) => Some(a),
+        _ => None,
+    }
 }
 
 impl Tile {
-    /// `R` pixels × `NB` (one or two) blocks: `y = act(bias + Σ_k x[koff[k] + r·xps] · w[k]
-    /// (+ res))`, with the input stride between pixels `xps` given by `XS`: 1 and 2 are one
-    /// and two vectors, 3 and 4 one and two floats, 0 the runtime `self.xps`. The weights
-    /// hold two blocks per k step either way (the pair's second block is zero padding when
-    /// the layer has an odd number of blocks).
+    /// `R` pixels × `NB` (one to three) blocks: `y = act(bias + Σ_k x[koff[k] + r·xps] ·
+    /// w[k] (+ res))`, with the input stride between pixels `xps` given by `XS`: 1 and 2
+    /// are one and two vectors, 3 and 4 one and two floats, 0 the runtime `self.xps`. The
+    /// weights hold the panel's blocks per k step either way (those past the layer's last
+    /// block are zero padding).
     #[inline(always)]
     unsafe fn run<V: Vf32, const R: usize, const XS: usize, const NB: usize>(
         &self,
         x: *const f32,
-        y: [*mut f32; 2],
-        res: [*const f32; 2],
+        y: [*mut f32; 3],
+        res: [*const f32; 3],
     ) {
         let l = V::LANES;
         let xps = match XS {
@@ -563,7 +673,7 @@ impl Tile {
         }
         for kk in self.k0..self.k1 {
             let xk = x.add(*self.koff.add(kk));
-            let wk = self.w.add(kk * 2 * l);
+            let wk = self.w.add(kk * self.gl);
             let w: [V; NB] = std::array::from_fn(|j| V::load(wk.add(j * l)));
             for (r, a) in acc.iter_mut().enumerate() {
                 let xv = V::splat(*xk.add(r * xps));
@@ -588,7 +698,11 @@ impl Tile {
                 if !res[j].is_null() {
                     v = v.add(V::load(res[j].add(r * l)));
                 }
-                v.clamp(lo, hi).store(y[j].add(r * l));
+                v = v.clamp(lo, hi);
+                if let Some(a) = self.leak {
+                    v = v.mul(V::splat(a)).max_nan(v);
+                }
+                v.store(y[j].add(r * l));
             }
         }
     }

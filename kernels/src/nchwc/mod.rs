@@ -14,7 +14,7 @@ mod shared;
 mod simd;
 mod winograd;
 
-pub use conv::{Conv, ConvIo};
+pub use conv::{panel_blocks, Conv, ConvIo};
 pub use depthwise::Depthwise;
 pub use pool::{global_average, Pool};
 pub use reorder::{from_blocked, to_blocked};

@@ -87,7 +87,10 @@ impl Winograd {
                 }
             }
             for w in u.chunks_exact(cout * cin) {
-                products.push(Conv::new(isa, w, None, cout, cin, one, Layout::Blocked, Activation::Identity, kc));
+                // Panels of two blocks, whatever the channel count: the layout that
+                // `.aim` files store for these products.
+                let id = Activation::Identity;
+                products.push(Conv::new_in_panels(isa, w, None, cout, cin, one, Layout::Blocked, id, kc, 2));
             }
         }
         let mut b = vec![0f32; cout.div_ceil(lanes) * lanes];
@@ -99,7 +102,7 @@ impl Winograd {
 
     /// Floats of the transformed, packed weights of a `cout × cin` 3×3 convolution.
     pub fn packed_len(isa: Isa, cout: usize, cin: usize) -> usize {
-        T * T * Conv::packed_len(isa, cout, cin, ONE, Layout::Blocked)
+        T * T * Conv::packed_len(isa, cout, cin, ONE, Layout::Blocked, 2)
     }
 
     /// The transformed, packed weights (the 36 products' in order), as
@@ -121,7 +124,7 @@ impl Winograd {
         act: Activation,
         kc: usize,
     ) -> Result<Winograd, String> {
-        let per = Conv::packed_len(isa, cout, cin, ONE, Layout::Blocked);
+        let per = Conv::packed_len(isa, cout, cin, ONE, Layout::Blocked, 2);
         if packed.dtype() != aim_ir::DType::F32 || packed.len() != T * T * per {
             return Err(format!(
                 "Winograd weights of {cout}×{cin} hold {} f32 values, not {} {}",
@@ -133,7 +136,7 @@ impl Winograd {
         let products = (0..T * T)
             .map(|i| {
                 let view = crate::floats::Floats::view(packed, i * per, per).expect("checked above");
-                Conv::with_packed(isa, view, None, cout, cin, ONE, Layout::Blocked, Activation::Identity, kc)
+                Conv::with_packed(isa, view, None, cout, cin, ONE, Layout::Blocked, Activation::Identity, kc, 2)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let lanes = super::lanes(isa);

@@ -186,14 +186,21 @@ fn conv_matches_the_definition() {
         (3, 32, 15, 15, 3, 2, 1, [1, 1, 1, 1], Layout::Nchw),
         (3, 20, 16, 17, 7, 2, 1, [3, 3, 3, 3], Layout::Nchw),
         (4, 8, 6, 6, 2, 1, 1, [0, 1, 1, 0], Layout::Nchw),
+        // Odd block counts (panels of three blocks, and a last panel of one or two).
+        (8, 56, 6, 19, 3, 1, 1, [1, 1, 1, 1], Layout::Blocked),
+        (16, 72, 5, 9, 1, 1, 1, [0, 0, 0, 0], Layout::Blocked),
+        (24, 88, 4, 23, 1, 3, 1, [0, 1, 0, 2], Layout::Blocked),
     ];
     for isa in isas() {
         for (i, &(cin, cout, h, w, k, s, d, pads, layout)) in cases.iter().enumerate() {
             // Small k blocks too, so that partial sums wait in the output.
             let kc = [7, 64, 1000][i % 3];
-            for (act, with_res) in
-                [(Activation::Identity, false), (Activation::Relu, true), (Activation::Clip(-0.5, 0.5), false)]
-            {
+            for (act, with_res) in [
+                (Activation::Identity, false),
+                (Activation::Relu, true),
+                (Activation::Clip(-0.5, 0.5), false),
+                (Activation::LeakyRelu(0.2), true),
+            ] {
                 let n = 2;
                 let g = Geometry { kernel: [k, k], strides: [s, s], dilations: [d, d] };
                 let oh = (h + pads[0] + pads[2] - (k - 1) * d - 1) / s + 1;

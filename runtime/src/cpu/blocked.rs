@@ -83,6 +83,12 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         None => shape.choose().ok_or_else(|| prep_err(n, "blocked convolutions are plain (group 1) or depthwise"))?,
     };
     let bad = |e: String| prep_err(n, format!("prepacked weights: {e}"));
+    // The direct kernel's weights come in panels of two output blocks ("direct", also what
+    // files written before panels of three existed hold) or three ("direct3").
+    let (prepacked, panel) = match prepacked {
+        Some("direct3") => (Some("direct"), 3),
+        other => (other, 2),
+    };
     if let Some(kind) = prepacked.filter(|&k| k != choice.name()) {
         return Err(bad(format!("packed for the {kind} kernel, but the node runs the {} one", choice.name())));
     }
@@ -97,7 +103,7 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
             (Kernel::Winograd(nchwc::Winograd::new(isa, w.data::<f32>(), bias, cout, cg, act, blocking.kc)), cg)
         }
         (nchwc::BlockedKernel::Direct, true) => {
-            let conv = nchwc::Conv::with_packed(isa, packed(w)?, bias, cout, cg, kgeo, input, act, blocking.kc);
+            let conv = nchwc::Conv::with_packed(isa, packed(w)?, bias, cout, cg, kgeo, input, act, blocking.kc, panel);
             (Kernel::Conv(conv.map_err(bad)?), cg)
         }
         (nchwc::BlockedKernel::Direct, false) => {
@@ -122,7 +128,7 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
 pub(super) fn packed(c: &BlockedConv) -> Option<(&'static str, Vec<f32>)> {
     match &c.kernel {
         Kernel::Winograd(w) => Some(("winograd", w.packed_weights())),
-        Kernel::Conv(k) => Some(("direct", k.packed_weights().to_vec())),
+        Kernel::Conv(k) => Some((if k.panel() == 3 { "direct3" } else { "direct" }, k.packed_weights().to_vec())),
         Kernel::Depthwise(_) => None,
     }
 }

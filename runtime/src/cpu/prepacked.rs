@@ -1,7 +1,8 @@
 //! Weights stored already packed (a `.aim` file written with `aim compile`): an `aim:Conv`
 //! or `aim:Dense` whose weight input holds the floats its kernel reads, in the layout of
 //! the target the program was compiled for, says so with two attributes — `prepacked`
-//! (the kind of kernel they were packed for: `direct`, `winograd` or `dense`) and
+//! (the kind of kernel they were packed for: `direct` or `direct3` (panels of two or three
+//! output blocks), `winograd` or `dense`) and
 //! `weight_shape` (the weight's logical dims) — and is prepared by viewing them in place.
 //! [`CpuProgram::prepacked`](super::CpuProgram::prepacked) gives a program's packed weights
 //! for writing such a file.
