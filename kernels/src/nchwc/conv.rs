@@ -43,6 +43,10 @@ pub struct Conv {
 /// Output pixels one task computes (a segment of an output row), in tiles of the ISA.
 const SEGMENT_TILES: usize = 8;
 
+/// Bytes of packed weights a group of panels may hold to stay in L2 while the row segments
+/// pass over them (half of the smallest L2 of the CPUs measured, 512 KiB).
+const WEIGHTS_IN_L2: usize = 256 * 1024;
+
 /// One call's tensors and sizes.
 pub struct ConvIo<'a> {
     /// The input: `[n][cin][h][w]` (NCHW) or `[n][ceil(cin/L)][h][w][L]` (blocked).
@@ -377,6 +381,12 @@ impl Conv {
         // the weights are the larger (they stay in cache for one panel at a time).
         let weights_bytes = self.weights.len() * 4;
         let pair_outer = weights_bytes > planes * plane * 4;
+        // Panels by groups whose weights stay in L2 while every row segment passes over
+        // them: with both the weights and the input larger than L2 (a 1×1 layer of 384 to
+        // 768 channels over 240 pixels), one panel at a time re-read the whole input from
+        // L3 once per panel.
+        let panel_bytes = (k * self.g * l * 4).max(1);
+        let group = (WEIGHTS_IN_L2 / panel_bytes).clamp(1, panels);
         let x = padded.as_ref().map_or(io.x.as_ptr(), |p| p.as_ptr());
         let ptrs = Ptrs { x, y: io.y.as_mut_ptr(), res: io.residual.map_or(std::ptr::null(), |r| r.as_ptr()) };
         let (lo, hi) = super::shared::bounds(self.act);
@@ -405,6 +415,7 @@ impl Conv {
             units: rows * segs,
             segs,
             pair_outer,
+            group,
             acc_first: io.residual_in_y,
             _padded: padded,
             _buffers: std::marker::PhantomData,
@@ -451,6 +462,8 @@ pub(super) struct Job<'a> {
     units: usize,
     segs: usize,
     pair_outer: bool,
+    /// Panels per group when the panels are outer (see `plan`).
+    group: usize,
     /// Whether the first k block starts from the output (which holds the residual).
     acc_first: bool,
     /// The zero-padded input the pointers may point into.
@@ -468,12 +481,20 @@ impl Job<'_> {
     /// Runs task `t` (`t < tasks()`): one segment of one output row of one panel's output
     /// blocks.
     pub(super) fn task(&self, t: usize) {
-        let (pair, unit) =
-            if self.pair_outer { (t / self.units, t % self.units) } else { (t % self.panels, t / self.panels) };
+        let (pair, unit) = if self.pair_outer {
+            // Groups of panels one after the other; in a group, each row segment for
+            // every panel of the group.
+            let g = t / (self.group * self.units);
+            let size = self.group.min(self.panels - g * self.group);
+            let rest = t - g * self.group * self.units;
+            (g * self.group + rest % size, rest / size)
+        } else {
+            (t % self.panels, t / self.panels)
+        };
         let (row, seg) = (unit / self.segs, unit % self.segs);
         // Segments (and the tiles in them) of near-equal length, not a short one at the end.
         let cols = seg * self.ow / self.segs..(seg + 1) * self.ow / self.segs;
-        assert!(t < self.tasks(), "task {t} of {}", self.tasks());
+        assert!(t < self.tasks() && pair < self.panels && unit < self.units, "task {t} of {}", self.tasks());
         // SAFETY: `plan` checked the buffer sizes against the geometry; task t writes only
         // its segment of its row of its panel's output blocks.
         unsafe { self.segment(pair, row, cols, self.ptrs) }

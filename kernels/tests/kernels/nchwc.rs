@@ -190,6 +190,9 @@ fn conv_matches_the_definition() {
         (8, 56, 6, 19, 3, 1, 1, [1, 1, 1, 1], Layout::Blocked),
         (16, 72, 5, 9, 1, 1, 1, [0, 0, 0, 0], Layout::Blocked),
         (24, 88, 4, 23, 1, 3, 1, [0, 1, 0, 2], Layout::Blocked),
+        // Weights larger than the input and than one group of panels that stays in L2 (a
+        // last group of fewer panels).
+        (1024, 112, 4, 5, 1, 1, 1, [0, 0, 0, 0], Layout::Blocked),
     ];
     for isa in isas() {
         for (i, &(cin, cout, h, w, k, s, d, pads, layout)) in cases.iter().enumerate() {
