@@ -29,8 +29,8 @@ fn caps() -> Vec<&'static str> {
 }
 
 /// Whether `cpu` gives this machine the integer convolution kernels (the byte regions and
-/// `aim:QConv`): AVX-512 VNNI, or the AVX2 level (the sign kernel,
-/// `aim_kernels::int8::sign`); natively on an AVX-512 CPU without VNNI they stay f32.
+/// `aim:QConv`): AVX-512 VNNI, or the AVX2 level (the plain and sign kernels,
+/// `aim_kernels::int8::{plain, sign}`); natively on an AVX-512 CPU without VNNI they stay f32.
 fn integer_kernel(cpu: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -7,7 +7,10 @@
 //! group of four activations, accumulating 16 sums at once (four times the products per
 //! instruction of f32 FMAs). Weights stored as u8 are moved to s8 by subtracting 128 (and
 //! their zero point with them), so every form runs on the one instruction. Where the CPU
-//! has no VNNI the same packed layout runs a portable kernel with the same results.
+//! has no VNNI the same packed layout runs an AVX2 kernel chosen at packing by what the
+//! weights allow (`vpmaddubsw` as ONNX Runtime runs it with a few sums corrected,
+//! [`crate::int8::plain`]; or with the activations' signs moved onto the weights,
+//! [`crate::int8::sign`]; or 16-bit products), or a portable kernel, with the same results.
 //!
 //! With `a` and `b` the stored integers and `za`, `zb` their zero points, the product of
 //! the dequantized operands is
@@ -575,8 +578,9 @@ pub fn use_vnni(isa: Isa) -> bool {
     }
 }
 
-/// Whether `isa` runs the AVX2 integer kernels here (the sign kernel of
-/// [`crate::int8::sign`], exact 16-bit products through `vpmaddwd`, the AVX2 byte
+/// Whether `isa` runs the AVX2 integer kernels here (the plain and sign kernels of
+/// [`crate::int8::plain`] and [`crate::int8::sign`], exact 16-bit products through
+/// `vpmaddwd`, the AVX2 byte
 /// epilogues): AVX2 or AVX-512 chosen (an [`Isa`] of either kind has AVX2 and FMA).
 pub fn use_avx2(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]

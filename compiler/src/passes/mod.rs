@@ -76,7 +76,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     let round = target.features.sse41 || target.level == crate::target::Level::Neon;
     // Integer kernels where the target has instructions that make them pay (AVX-512 VNNI:
     // four times the products per instruction of f32; AVX2: `vpmaddubsw`, twice, exact
-    // with the sign kernel of `aim_kernels::int8`); elsewhere quantized layers run as f32
+    // with the plain or sign kernel of `aim_kernels::int8`); elsewhere quantized layers run as f32
     // kernels (the quantize-dequantize pass).
     let int8 = (target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512)
         || (target.features.avx2 && target.isa_kind() == IsaKind::Avx2);

@@ -60,7 +60,7 @@ fn epilogue(sum: i64, scale: f32, bias: f32, out: &Out8, res: Option<u8>) -> u8 
     q(out.q, v).clamp(0.0, 255.0) as u8
 }
 
-/// Every ISA this CPU runs: AVX-512 (VNNI where present), AVX2 (the sign kernel), portable.
+/// Every ISA this CPU runs: AVX-512 (VNNI where present), AVX2 (the plain or sign kernel), portable.
 fn isas() -> Vec<Isa> {
     Isa::all_available()
 }
