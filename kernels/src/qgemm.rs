@@ -9,8 +9,8 @@
 //! their zero point with them), so every form runs on the one instruction. Where the CPU
 //! has no VNNI the same packed layout runs an AVX2 kernel chosen at packing by what the
 //! weights allow (`vpmaddubsw` as ONNX Runtime runs it with a few sums corrected,
-//! [`crate::int8::plain`]; or with the activations' signs moved onto the weights,
-//! [`crate::int8::sign`]; or 16-bit products), or a portable kernel, with the same results.
+//! `int8::plain`; or with the activations' signs moved onto the weights,
+//! `int8::sign`; or 16-bit products), or a portable kernel, with the same results.
 //!
 //! With `a` and `b` the stored integers and `za`, `zb` their zero points, the product of
 //! the dequantized operands is
@@ -579,7 +579,7 @@ pub fn use_vnni(isa: Isa) -> bool {
 }
 
 /// Whether `isa` runs the AVX2 integer kernels here (the plain and sign kernels of
-/// [`crate::int8::plain`] and [`crate::int8::sign`], exact 16-bit products through
+/// `int8::plain` and `int8::sign`, exact 16-bit products through
 /// `vpmaddwd`, the AVX2 byte
 /// epilogues): AVX2 or AVX-512 chosen (an [`Isa`] of either kind has AVX2 and FMA).
 pub fn use_avx2(isa: Isa) -> bool {
