@@ -171,3 +171,49 @@ unsafe fn portable(
         }
     }
 }
+
+/// The arguments of an AVX2 row block ([`TwoRows`]): row pointers (tap `t`, row `r` at
+/// `t·MR + r`), taps, groups, panel, initial sums, first output row.
+#[cfg(target_arch = "x86_64")]
+pub(crate) type Block<'a> = (*const *const u8, usize, usize, *const u8, &'a [i32; NR], *mut [i32; NR]);
+
+/// An AVX2 kernel of one or two rows of a whole panel (eight accumulators): the plain and
+/// sign kernels, run over a tile's rows by [`by_two_rows`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait TwoRows {
+    /// Rows `0..R` (`R` is one or two) of the tile.
+    ///
+    /// # Safety
+    /// As for [`by_two_rows`], for `R` rows.
+    unsafe fn block<const R: usize>(args: Block);
+}
+
+/// `K`'s blocks over rows `0..rows` of a tile, two rows at a time.
+///
+/// # Safety
+/// The CPU has AVX2; `ind` holds `taps·MR` pointers (the first `rows` of each tap read),
+/// each to `groups·4` readable bytes; `panel` holds `taps·groups·NR·4` bytes; `acc` has
+/// `rows` writable rows; `rows ≤ MR`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn by_two_rows<K: TwoRows>(
+    ind: *const *const u8,
+    taps: usize,
+    groups: usize,
+    panel: *const u8,
+    init: &[i32; NR],
+    rows: usize,
+    acc: *mut [i32; NR],
+) {
+    debug_assert!(rows <= MR);
+    let mut r0 = 0;
+    while r0 < rows {
+        let args = (ind.add(r0), taps, groups, panel, init, acc.add(r0));
+        match rows - r0 {
+            1 => K::block::<1>(args),
+            _ => K::block::<2>(args),
+        }
+        r0 += 2;
+    }
+}

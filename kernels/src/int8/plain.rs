@@ -82,22 +82,23 @@ pub(crate) unsafe fn tile(
     rows: usize,
     acc: *mut [i32; NR],
 ) {
-    debug_assert!(rows <= MR);
-    let mut r0 = 0;
-    while r0 < rows {
-        let args = (ind.add(r0), taps, groups, panel, init, acc.add(r0));
-        match rows - r0 {
-            1 => block::<1>(args),
-            _ => block::<2>(args),
-        }
-        r0 += 2;
+    super::micro::by_two_rows::<Plain>(ind, taps, groups, panel, init, rows, acc)
+}
+
+/// This kernel's row blocks, for [`super::micro::by_two_rows`].
+#[cfg(target_arch = "x86_64")]
+struct Plain;
+
+#[cfg(target_arch = "x86_64")]
+impl super::micro::TwoRows for Plain {
+    #[inline(always)]
+    unsafe fn block<const R: usize>(args: Block) {
+        block::<R>(args)
     }
 }
 
-/// The arguments of [`block`]: row pointers (tap `t`, row `r` at `t·MR + r`), taps,
-/// groups, panel, initial sums, first output row.
 #[cfg(target_arch = "x86_64")]
-type Block<'a> = (*const *const u8, usize, usize, *const u8, &'a [i32; NR], *mut [i32; NR]);
+use super::micro::Block;
 
 /// Rows `0..R` (one or two) of [`tile`], the whole panel at once (8 accumulators).
 ///
