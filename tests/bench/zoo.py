@@ -212,6 +212,9 @@ def timing(aim, path, inputs, threads, rounds, iters, path_kind):
 
 def main():
     args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return
     opts = {"--threads": "1,2", "--rounds": "3", "--iters": "30", "--paths": "native,avx2", "--json": "",
             "--markdown": ""}
     for k in list(opts):
@@ -240,9 +243,17 @@ def run(args, opts, no_timing):
     """Measures the models `args` names (see the module doc)."""
     if not args:
         sys.exit(__doc__)
+    unknown = [a for a in args if a.startswith("-")]
+    if unknown:
+        sys.exit(f"zoo.py: unknown option {unknown[0]} (see --help)")
     aim = args[0]
+    if not (os.path.isfile(aim) and os.access(aim, os.X_OK)):
+        sys.exit(f"zoo.py: {aim}: not an executable aim binary (build it with cargo build --release)")
     zoo = args[1] if len(args) > 1 else os.path.join("target", "zoo")
     only = set(args[2:])
+    names = {name for name, _ in corpus()}
+    if only - names:
+        sys.exit(f"zoo.py: not in tests/zoo/manifest.toml: {', '.join(sorted(only - names))}")
     threads = [int(t) for t in opts["--threads"].split(",")]
     paths = opts["--paths"].split(",")
     rounds, iters = int(opts["--rounds"]), int(opts["--iters"])
