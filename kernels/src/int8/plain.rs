@@ -30,34 +30,33 @@ pub(crate) type Fix = (u32, u32, i32);
 /// one in `one_in` of the `weights`: past that share the corrections cost more than this
 /// kernel saves over the sign kernel.
 pub(crate) fn split_pairs(panels: &mut [u8], groups: usize, weights: usize, one_in: usize) -> Option<Vec<Vec<Fix>>> {
-    let count = panels.len() / (groups * NR * 4).max(1);
-    let mut fixes = vec![Vec::new(); count];
-    let mut total = 0;
-    let mut changed = Vec::new();
-    for (p, fix) in fixes.iter_mut().enumerate() {
-        for g in 0..groups {
-            for jj in 0..NR {
-                for t in [0, 2] {
-                    let at = ((p * groups + g) * NR + jj) * 4 + t;
-                    let (w1, w2) = (panels[at] as i8 as i32, panels[at + 1] as i8 as i32);
-                    if w1.signum() * w2.signum() <= 0 || w1.abs() + w2.abs() <= 128 {
-                        continue;
-                    }
-                    // The second takes what the first leaves of 128 (the first is at most
-                    // 128 in magnitude, so that is at least 0).
-                    let kept = w2.signum() * (128 - w1.abs());
-                    fix.push((jj as u32, (g * 4 + t + 1) as u32, w2 - kept));
-                    changed.push((at + 1, kept as i8 as u8));
-                    total += 1;
-                    if total > weights / one_in.max(1) {
-                        return None;
-                    }
-                }
-            }
-        }
+    let panel_bytes = (groups * NR * 4).max(1);
+    let mut fixes = vec![Vec::new(); panels.len() / panel_bytes];
+    let limit = weights / one_in.max(1);
+    // The pairs are the packing's consecutive byte pairs (depths 0–1 and 2–3 of each
+    // column's group of four): one pass over them, positions worked out for the few that
+    // saturate (a load of large weights spends its time here otherwise).
+    let saturates = |w: &[u8]| {
+        let (a, b) = (w[0] as i8 as i32, w[1] as i8 as i32);
+        (a > 0 && b > 0 && a + b > 128) || (a < 0 && b < 0 && a + b < -128)
+    };
+    let bad = panels.chunks_exact(2).filter(|w| saturates(w)).take(limit + 1).count();
+    if bad > limit {
+        return None;
     }
-    for (at, v) in changed {
-        panels[at] = v;
+    for (c, w) in panels.chunks_exact_mut(2).enumerate() {
+        if !saturates(w) {
+            continue;
+        }
+        let (w1, w2) = (w[0] as i8 as i32, w[1] as i8 as i32);
+        // The second takes what the first leaves of 128 (the first is at most 128 in
+        // magnitude, so that is at least 0).
+        let kept = w2.signum() * (128 - w1.abs());
+        w[1] = kept as i8 as u8;
+        let at = 2 * c;
+        let (p, within) = (at / panel_bytes, at % panel_bytes);
+        let (g, jj, t) = (within / (NR * 4), within % (NR * 4) / 4, within % 4);
+        fixes[p].push((jj as u32, (g * 4 + t + 1) as u32, w2 - kept));
     }
     Some(fixes)
 }
