@@ -158,7 +158,7 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
                 isa,
                 &rows,
                 &packed,
-                crate::qgemm::Avx2Kernel::Wide,
+                &crate::qgemm::Avx2Packing::Wide,
                 groups4,
                 npx,
                 out,

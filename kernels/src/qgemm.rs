@@ -53,6 +53,7 @@ pub struct PackedQB {
 /// Which AVX2 microkernel a packing takes (VNNI and the portable kernel take any, the
 /// corrections being applied whatever the kernel).
 #[derive(Clone, Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Avx2Packing {
     /// Every pair of neighbouring depths fits `vpmaddubsw` ([`crate::int8::plain`]).
     Plain,
@@ -61,28 +62,6 @@ pub(crate) enum Avx2Packing {
     Sign(Vec<[i32; NR]>),
     /// Neither: exact 16-bit products (`vpmaddwd`).
     Wide,
-}
-
-/// [`Avx2Packing`] as [`tiles`] reads it (only on x86-64).
-#[derive(Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) enum Avx2Kernel<'a> {
-    /// See [`Avx2Packing::Plain`].
-    Plain,
-    /// See [`Avx2Packing::Sign`].
-    Sign(&'a [[i32; NR]]),
-    /// See [`Avx2Packing::Wide`].
-    Wide,
-}
-
-impl Avx2Packing {
-    fn kernel(&self) -> Avx2Kernel<'_> {
-        match self {
-            Avx2Packing::Plain => Avx2Kernel::Plain,
-            Avx2Packing::Sign(init) => Avx2Kernel::Sign(init),
-            Avx2Packing::Wide => Avx2Kernel::Wide,
-        }
-    }
 }
 
 /// Why weights could not be packed.
@@ -356,7 +335,7 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
         return narrow(isa, a, b, y, ldy, par, store);
     }
     let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
-    tiles(isa, &rows, &b.data, b.avx2.kernel(), k.div_ceil(4), n, y, ldy, par, store);
+    tiles(isa, &rows, &b.data, &b.avx2, k.div_ceil(4), n, y, ldy, par, store);
 }
 
 /// Below this many columns a product runs as dot products of rows and columns
@@ -443,7 +422,7 @@ pub(crate) fn tiles<F>(
     isa: Isa,
     a: &Rows,
     panels_data: &[u8],
-    avx2: Avx2Kernel,
+    avx2: &Avx2Packing,
     groups: usize,
     n: usize,
     y: &mut [f32],
@@ -471,10 +450,10 @@ pub(crate) fn tiles<F>(
     let (avx2, plain, sign_init) = {
         let on = !vnni && use_avx2(isa) && !a.signed;
         let sign = match avx2 {
-            Avx2Kernel::Sign(i) if on && i.len() >= panels => Some(i),
+            Avx2Packing::Sign(i) if on && i.len() >= panels => Some(i.as_slice()),
             _ => None,
         };
-        (!vnni && use_avx2(isa), on && matches!(avx2, Avx2Kernel::Plain), sign)
+        (!vnni && use_avx2(isa), on && matches!(avx2, Avx2Packing::Plain), sign)
     };
     #[cfg(not(target_arch = "x86_64"))]
     let sign_init = {
@@ -502,7 +481,15 @@ pub(crate) fn tiles<F>(
                     #[cfg(target_arch = "x86_64")]
                     (false, false, None) if plain => {
                         let out = out as *mut [i32; NR];
-                        crate::int8::plain::tile(ptrs.as_ptr(), 1, groups, panel.as_ptr(), &[0; NR], rows, out);
+                        crate::int8::micro::by_two_rows::<crate::int8::plain::Plain>(
+                            ptrs.as_ptr(),
+                            1,
+                            groups,
+                            panel.as_ptr(),
+                            &[0; NR],
+                            rows,
+                            out,
+                        );
                     }
                     #[cfg(target_arch = "x86_64")]
                     (true, false, _) => match rows {
@@ -519,7 +506,15 @@ pub(crate) fn tiles<F>(
                     #[cfg(target_arch = "x86_64")]
                     (_, _, Some(starts)) => {
                         let (start, out) = (&starts[p], out as *mut [i32; NR]);
-                        crate::int8::sign::tile(ptrs.as_ptr(), 1, groups, panel.as_ptr(), start, rows, out);
+                        crate::int8::micro::by_two_rows::<crate::int8::sign::Sign>(
+                            ptrs.as_ptr(),
+                            1,
+                            groups,
+                            panel.as_ptr(),
+                            start,
+                            rows,
+                            out,
+                        );
                     }
                     #[cfg(target_arch = "x86_64")]
                     _ if avx2 => {

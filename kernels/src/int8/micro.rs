@@ -102,9 +102,13 @@ impl Micro {
             #[cfg(target_arch = "x86_64")]
             Micro::Vnni512 => vnni512(ind.as_ptr(), taps, groups, panel, init, acc),
             #[cfg(target_arch = "x86_64")]
-            Micro::Avx2Sign => super::sign::tile(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr()),
+            Micro::Avx2Sign => {
+                by_two_rows::<super::sign::Sign>(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr())
+            }
             #[cfg(target_arch = "x86_64")]
-            Micro::Avx2Plain => super::plain::tile(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr()),
+            Micro::Avx2Plain => {
+                by_two_rows::<super::plain::Plain>(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr())
+            }
             Micro::Portable => portable(ind.as_ptr(), taps, groups, panel, init, acc),
         }
     }
@@ -188,14 +192,15 @@ pub(crate) trait TwoRows {
     unsafe fn block<const R: usize>(args: Block);
 }
 
-/// `K`'s blocks over rows `0..rows` of a tile, two rows at a time.
+/// `K`'s blocks over rows `0..rows` of a tile, two rows at a time: the tile of the AVX2
+/// plain and sign kernels (what its sums are, each kernel's type says).
 ///
 /// # Safety
 /// The CPU has AVX2; `ind` holds `taps·MR` pointers (the first `rows` of each tap read),
 /// each to `groups·4` readable bytes; `panel` holds `taps·groups·NR·4` bytes; `acc` has
 /// `rows` writable rows; `rows ≤ MR`.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
+#[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn by_two_rows<K: TwoRows>(
     ind: *const *const u8,

@@ -29,7 +29,7 @@ pub(crate) mod epilogue;
 #[cfg(target_arch = "x86_64")]
 mod epilogue_avx2;
 pub(crate) mod fixes;
-mod micro;
+pub(crate) mod micro;
 pub(crate) mod plain;
 pub mod pool;
 pub(crate) mod sign;

@@ -17,6 +17,8 @@
 //! eight accumulators), as the sign kernel.
 
 #[cfg(target_arch = "x86_64")]
+use super::micro::Block;
+#[cfg(target_arch = "x86_64")]
 use crate::qgemm::MR;
 use crate::qgemm::NR;
 
@@ -61,32 +63,13 @@ pub(crate) fn split_pairs(panels: &mut [u8], groups: usize, weights: usize, one_
     Some(fixes)
 }
 
-/// `acc[r][j] = init[j] + Σ_t Σ_k a[t][r][k] · panel[t][k][j]` for rows `0..rows` of the tile,
-/// `taps` taps of `groups·4` bytes: `ind[t·MR + r]` points at row `r`'s bytes for tap `t`
-/// (u8); the panel holds, per tap and group of four bytes, NR columns × 4 bytes (s8, no
-/// pair that [`split_pairs`] would shrink).
-///
-/// # Safety
-/// The CPU has AVX2; `ind` holds `taps·MR` pointers (the first `rows` of each tap read),
-/// each to `groups·4` readable bytes; `panel` holds `taps·groups·NR·4` bytes; `acc` has
-/// `rows` writable rows; `rows ≤ MR`.
+/// The kernel, run by [`super::micro::by_two_rows`]: `acc[r][j] = init[j] + Σ_t Σ_k
+/// a[t][r][k] · panel[t][k][j]` for rows `0..rows` of the tile, `taps` taps of `groups·4`
+/// bytes: `ind[t·MR + r]` points at row `r`'s bytes for tap `t` (u8); the panel holds, per
+/// tap and group of four bytes, NR columns × 4 bytes (s8, no pair that [`split_pairs`]
+/// would shrink).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn tile(
-    ind: *const *const u8,
-    taps: usize,
-    groups: usize,
-    panel: *const u8,
-    init: &[i32; NR],
-    rows: usize,
-    acc: *mut [i32; NR],
-) {
-    super::micro::by_two_rows::<Plain>(ind, taps, groups, panel, init, rows, acc)
-}
-
-/// This kernel's row blocks, for [`super::micro::by_two_rows`].
-#[cfg(target_arch = "x86_64")]
-struct Plain;
+pub(crate) struct Plain;
 
 #[cfg(target_arch = "x86_64")]
 impl super::micro::TwoRows for Plain {
@@ -96,13 +79,11 @@ impl super::micro::TwoRows for Plain {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-use super::micro::Block;
-
-/// Rows `0..R` (one or two) of [`tile`], the whole panel at once (8 accumulators).
+/// Rows `0..R` (one or two) of a tile of [`Plain`], the whole panel at once (8
+/// accumulators).
 ///
 /// # Safety
-/// As for [`tile`], for `R` rows.
+/// As for [`super::micro::by_two_rows`], for `R` rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]

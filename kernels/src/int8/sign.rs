@@ -23,6 +23,8 @@
 //! (the sign and magnitude of a row are then made once per group, not twice).
 
 #[cfg(target_arch = "x86_64")]
+use super::micro::Block;
+#[cfg(target_arch = "x86_64")]
 use crate::qgemm::MR;
 use crate::qgemm::NR;
 
@@ -38,32 +40,13 @@ pub(crate) fn start(init: &[i32; NR], colsum: &[i32]) -> [i32; NR] {
     std::array::from_fn(|j| init[j].wrapping_add(colsum.get(j).copied().unwrap_or(0).wrapping_mul(128)))
 }
 
-/// `acc[r][j] = init[j] + Σ_t Σ_k (a[t][r][k] − 128) · panel[t][k][j]` for rows `0..rows`
-/// of the tile, `taps` taps of `groups·4` bytes: `ind[t·MR + r]` points at row `r`'s bytes
-/// for tap `t` (u8); the panel holds, per tap and group of four bytes, NR columns × 4 bytes
-/// (s8, none −128). With `init` from [`start`] the sums are `Σ a · w`, exactly.
-///
-/// # Safety
-/// The CPU has AVX2; `ind` holds `taps·MR` pointers (the first `rows` of each tap read),
-/// each to `groups·4` readable bytes; `panel` holds `taps·groups·NR·4` bytes; `acc` has
-/// `rows` writable rows; `rows ≤ MR`.
+/// The kernel, run by [`super::micro::by_two_rows`]: `acc[r][j] = init[j] + Σ_t Σ_k
+/// (a[t][r][k] − 128) · panel[t][k][j]` for rows `0..rows` of the tile, `taps` taps of
+/// `groups·4` bytes: `ind[t·MR + r]` points at row `r`'s bytes for tap `t` (u8); the panel
+/// holds, per tap and group of four bytes, NR columns × 4 bytes (s8, none −128). With
+/// `init` from [`start`] the sums are `Σ a · w`, exactly.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn tile(
-    ind: *const *const u8,
-    taps: usize,
-    groups: usize,
-    panel: *const u8,
-    init: &[i32; NR],
-    rows: usize,
-    acc: *mut [i32; NR],
-) {
-    super::micro::by_two_rows::<Sign>(ind, taps, groups, panel, init, rows, acc)
-}
-
-/// This kernel's row blocks, for [`super::micro::by_two_rows`].
-#[cfg(target_arch = "x86_64")]
-struct Sign;
+pub(crate) struct Sign;
 
 #[cfg(target_arch = "x86_64")]
 impl super::micro::TwoRows for Sign {
@@ -73,14 +56,12 @@ impl super::micro::TwoRows for Sign {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-use super::micro::Block;
-
-/// Rows `0..R` (one or two) of [`tile`], the whole panel at once (8 accumulators): each
-/// row's sign and magnitude computed once per group for the panel's four vectors.
+/// Rows `0..R` (one or two) of a tile of [`Sign`], the whole panel at once (8
+/// accumulators): each row's sign and magnitude computed once per group for the panel's
+/// four vectors.
 ///
 /// # Safety
-/// As for [`tile`], for `R` rows.
+/// As for [`super::micro::by_two_rows`], for `R` rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
