@@ -66,6 +66,14 @@ CONTRIB="bert_hf_ort gpt2_step_ort ms_gelu ms_bias_gelu ms_skip_ln ms_embed_ln m
   ms_attention_sizes ms_mha ms_mha_causal ms_gqa ms_gqa_rotary ms_rotary ms_fused_conv ms_fused_matmul"
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $CONTRIB --backend cpu
+echo "   decoders as onnxruntime-genai writes them at int4 (MatMulNBits, GroupQueryAttention, SimplifiedLayerNormalization,"
+echo "   GatherBlockQuantized): equal to ORT at accuracy level 0, within ORT's own level 0-vs-4 spread at level 4"
+GENAI="genai_int4_l0 genai_int4_tied_l0"
+python3 tests/compare_ort.py target/release/aim target/models $GENAI --backend reference
+python3 tests/compare_ort.py target/release/aim target/models $GENAI --backend cpu
+for m in genai_int4 genai_int4_tied; do
+  python3 tests/bench/nbits_spread.py target/release/aim target/models/$m.onnx target/models/$m.inputs.npz
+done
 
 section "aim serve: KServe v2 with Triton's clients (tritonclient[http,grpc]): metadata, JSON and binary inference equal"
 echo "   to aim run, malformed requests, 16 concurrent clients with dynamic batching, SIGTERM in flight, deploy.yml"

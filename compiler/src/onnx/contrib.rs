@@ -36,13 +36,19 @@ pub fn expands(op: &str) -> bool {
                 | "MultiHeadAttention"
                 | "RotaryEmbedding"
                 | "GroupQueryAttention"
+                | "GatherBlockQuantized"
         )
 }
 
-/// Replaces every [`DOMAIN`] node of `g` by its expansion, in place (graph order kept).
+/// RMS normalisation as ONNX Runtime registers it in the default domain (opset 1), where
+/// onnxruntime-genai's model builder writes it.
+const SIMPLIFIED_LN: &str = "SimplifiedLayerNormalization";
+
+/// Replaces every [`DOMAIN`] node of `g` (and the default-domain [`SIMPLIFIED_LN`]) by its expansion, in place (graph order kept).
 /// Ops this module does not know stay as they are (the supported-op check reports them).
 pub fn expand(g: &mut Graph) -> Result<(), ImportError> {
-    if !g.nodes.iter().any(|n| n.domain == DOMAIN && expands(&n.op)) {
+    let ours = |n: &Node| (n.domain == DOMAIN && expands(&n.op)) || (n.domain.is_empty() && n.op == SIMPLIFIED_LN);
+    if !g.nodes.iter().any(ours) {
         return Ok(());
     }
     let mut names: HashSet<String> = g.nodes.iter().map(|n| n.name.clone()).collect();
@@ -51,7 +57,7 @@ pub fn expand(g: &mut Graph) -> Result<(), ImportError> {
     names.extend(g.inputs.iter().map(|v| v.name.clone()));
     let nodes = std::mem::take(&mut g.nodes);
     for n in nodes {
-        if n.domain != DOMAIN || !expands(&n.op) {
+        if !ours(&n) {
             g.nodes.push(n);
             continue;
         }
@@ -80,11 +86,19 @@ pub fn expand(g: &mut Graph) -> Result<(), ImportError> {
             "FusedConv" => fused_conv(&mut e, &n)?,
             "SkipLayerNormalization" => skip_layer_norm(&mut e, &n, false)?,
             "SkipSimplifiedLayerNormalization" => skip_layer_norm(&mut e, &n, true)?,
+            SIMPLIFIED_LN => {
+                if output(&n, 1).is_some() {
+                    return Err(bad(&n, "the inv_std_var output is not supported"));
+                }
+                let y = n.outputs.first().cloned().unwrap_or_default();
+                rms_norm(&mut e, &n, input(&n, 0)?, input(&n, 1)?, &y, 1e-5)?
+            }
             "EmbedLayerNormalization" => embed_layer_norm(&mut e, &n)?,
             "Attention" => attention(&mut e, &n)?,
             "MultiHeadAttention" => multi_head_attention(&mut e, &n)?,
             "RotaryEmbedding" => rotary(&mut e, &n)?,
             "GroupQueryAttention" => group_query_attention(&mut e, &n)?,
+            "GatherBlockQuantized" => super::contrib_gather_q::gather_block_quantized(&mut e, &n)?,
             op if super::contrib_quant::expands(op) => super::contrib_quant::expand(&mut e, &n)?,
             _ => unreachable!("expands() lists the ops matched here"),
         }
@@ -151,6 +165,37 @@ impl Emit<'_> {
     /// The constant `name`, if it is one.
     pub(super) fn constant(&self, name: &str) -> Option<&Tensor> {
         self.g.initializers.get(name)
+    }
+
+    /// The constant `name`, or the constant that a Reshape of a constant by a constant
+    /// shape made it (as exporters write a table shared in another shape), reshaped.
+    pub(super) fn constant_or_reshaped(&self, name: &str) -> Option<Tensor> {
+        if let Some(t) = self.constant(name) {
+            return Some(t.clone());
+        }
+        let n = self.g.nodes.iter().rev().find(|n| n.outputs.iter().any(|o| o == name))?;
+        if n.op != "Reshape" || !n.domain.is_empty() || n.int("allowzero", 0) != 0 {
+            return None;
+        }
+        let t = self.constant(n.input(0)?)?;
+        let dims = self.constant(n.input(1)?)?.to_f64_vec();
+        let mut shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        for (i, d) in shape.iter_mut().enumerate() {
+            if *d == 0 {
+                *d = *t.shape().get(i)? as i64;
+            }
+        }
+        let known: i64 = shape.iter().filter(|&&d| d != -1).product();
+        let holes = shape.iter().filter(|&&d| d == -1).count();
+        if holes > 1 || shape.iter().any(|&d| d < -1) || known <= 0 {
+            return None;
+        }
+        if holes == 1 {
+            let fill = t.len() as i64 / known;
+            shape.iter_mut().filter(|d| **d == -1).for_each(|d| *d = fill);
+        }
+        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        (aim_ir::limits::elements(&shape).ok() == Some(t.len())).then(|| t.reshaped(&shape))
     }
 
     pub(super) fn konst(&mut self, t: Tensor) -> String {
@@ -296,7 +341,8 @@ fn skip_layer_norm(e: &mut Emit, n: &Node, simplified: bool) -> Result<(), Impor
         if output(n, 1).is_some() || output(n, 2).is_some() {
             return Err(bad(n, "the mean and inverse standard deviation outputs are not supported"));
         }
-        return rms_norm(e, n, &s, input(n, 2)?, &y);
+        // ONNX Runtime's default epsilon for the skip forms.
+        return rms_norm(e, n, &s, input(n, 2)?, &y, 1e-12);
     }
     let mut ins = vec![s.as_str(), input(n, 2)?];
     if let Some(b) = n.input(3) {
@@ -308,15 +354,23 @@ fn skip_layer_norm(e: &mut Emit, n: &Node, simplified: bool) -> Result<(), Impor
     Ok(())
 }
 
-/// `x / sqrt(mean(x²) + ε) · scale` over the last axis, into `y`.
-fn rms_norm(e: &mut Emit, n: &Node, x: &str, scale: &str, y: &str) -> Result<(), ImportError> {
-    if n.int("axis", -1) != -1 {
-        return Err(bad(n, "only axis -1 is supported"));
-    }
+/// `x / sqrt(mean(x²) + ε) · scale` over the axes from `axis` (default the last) on,
+/// into `y`; `epsilon` defaults to `eps`.
+fn rms_norm(e: &mut Emit, n: &Node, x: &str, scale: &str, y: &str, eps: f32) -> Result<(), ImportError> {
+    let axis = n.int("axis", -1);
+    let axes: Vec<i64> = if axis == -1 {
+        vec![-1]
+    } else {
+        let rank = e.rank(x).ok_or_else(|| bad(n, "the rank of the input is not known"))? as i64;
+        if axis < -rank || axis >= rank {
+            return Err(bad(n, format!("axis {axis} is outside the input's {rank} axes")));
+        }
+        ((axis + rank) % rank..rank).collect()
+    };
     let sq = e.op("Mul", &[x, x], vec![]);
-    let axes = e.ints(&[-1]);
+    let axes = e.ints(&axes);
     let mean = e.op("ReduceMean", &[&sq, &axes], vec![("keepdims", Attr::Int(1))]);
-    let eps = e.scalar(n.float("epsilon", 1e-6));
+    let eps = e.scalar(n.float("epsilon", eps));
     let var = e.op("Add", &[&mean, &eps], vec![]);
     let rms = e.op("Sqrt", &[&var], vec![]);
     let normed = e.op("Div", &[x, &rms], vec![]);

@@ -210,6 +210,9 @@ impl Importer<'_> {
                     node.attrs.insert("output_dtype".into(), Attr::Int(code as i64));
                 }
             }
+            if node.op == "GatherBlockQuantized" && node.input(0).is_some_and(|d| four_bit.contains_key(d)) {
+                node.attrs.insert(super::contrib_gather_q::FOUR_BIT_DATA.into(), Attr::Int(1));
+            }
             if matches!(node.domain.as_str(), "" | "ai.onnx") {
                 canonicalize(node, self.opset, &mut out)?;
             } else {

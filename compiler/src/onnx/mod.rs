@@ -3,6 +3,7 @@
 
 mod canon;
 pub mod contrib;
+mod contrib_gather_q;
 mod contrib_quant;
 mod error;
 mod export;
