@@ -491,6 +491,17 @@ fn fast_kernels_match_reference() {
             ],
             vec![],
         ),
+        // B broadcast over consecutive batch items (grouped attention heads sharing a
+        // key/value head): [2,4,6,10] × [2,1,10,6], one product of 4·6 rows per B.
+        (
+            "matmul-shared-b",
+            vec![
+                node("ReduceMean", "kv", &["x"], &["r"], vec![ints("axes", &[1])]),
+                node("Transpose", "t", &["r"], &["rt"], vec![ints("perm", &[0, 1, 3, 2])]),
+                node("MatMul", "mm", &["x", "rt"], &["y"], vec![]),
+            ],
+            vec![],
+        ),
         // Both operands broadcast: a column times a row (a LayerNorm written out in full).
         (
             "outer-broadcast",

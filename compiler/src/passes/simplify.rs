@@ -58,6 +58,17 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                     changed = true;
                     continue;
                 }
+                if let Some((p, j)) = renamable_producer(g, &src, i) {
+                    // A graph output copied from a value that other nodes read too (a
+                    // decoder's present key/value, also read by its attention): the
+                    // producer writes the output itself, and its readers read that.
+                    g.nodes.remove(i);
+                    g.nodes[p].outputs[j] = out.clone();
+                    replace_uses(g, &src, &out);
+                    g.value_types.remove(&src);
+                    changed = true;
+                    continue;
+                }
             }
             if collapse_pair(g, i) {
                 changed = true;
@@ -69,6 +80,16 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             return Ok(());
         }
     }
+}
+
+/// The node (and output slot) of this graph that defines `src`, when node `at` may hand
+/// its graph output's name to it: `src` is no graph input, initializer or output, and is
+/// defined before `at` in this graph (not in an enclosing one).
+fn renamable_producer(g: &Graph, src: &str, at: usize) -> Option<(usize, usize)> {
+    if is_output(g, src) || g.initializers.contains_key(src) || g.inputs.iter().any(|v| v.name == src) {
+        return None;
+    }
+    g.nodes[..at].iter().enumerate().find_map(|(p, n)| Some((p, n.outputs.iter().position(|o| o == src)?)))
 }
 
 /// Transpose∘Transpose and Reshape∘Reshape where the inner node has no other reader: the
@@ -128,6 +149,22 @@ mod tests {
         super::run(&mut g).unwrap();
         super::super::dce::run(&mut g).unwrap();
         print_graph(&g, TensorDetail::Full)
+    }
+
+    #[test]
+    fn a_graph_output_copied_from_a_value_read_elsewhere_is_written_by_its_producer() {
+        let t = simplified(
+            "graph \"g\" {\n input %x: f32[2,3]\n %c = Concat(%x, %x) {axis=0}  # cat\n %p = Identity(%c)  # id\n %y = Relu(%c)  # relu\n output %p: f32[4,3]\n output %y: f32[4,3]\n}\n",
+        );
+        assert!(
+            !t.contains("Identity") && t.contains("%p: f32[4,3] = Concat(%x, %x)") && t.contains("Relu(%p)"),
+            "{t}"
+        );
+        // An output that is a graph input stays a copy.
+        let t = simplified(
+            "graph \"g\" {\n input %x: f32[2,3]\n %p = Identity(%x)  # id\n %y = Relu(%x)  # relu\n output %p: f32[2,3]\n output %y: f32[2,3]\n}\n",
+        );
+        assert!(t.contains("Identity"), "{t}");
     }
 
     #[test]

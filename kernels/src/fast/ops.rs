@@ -961,14 +961,30 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
     let (isa, blocking) = (cx.isa, cx.blocking);
     let out = Out(y.bits_mut().as_mut_ptr());
-    let nbatch = oa.len();
-    let one = |i: usize, par: &dyn Parallel| {
+    // Consecutive batch items that read one B (B broadcast over them, as grouped attention
+    // heads share a key/value head) with consecutive A items are one product of more rows:
+    // B is packed once for all of them.
+    let groups = shared_b_runs(&oa, &ob);
+    let nbatch = groups.len();
+    let one = |g: usize, par: &dyn Parallel| {
         let out = out;
+        let (i, count) = groups[g];
         let pb = PackedB::from_slice(isa, blocking, &bd[ob[i] * k * nn..(ob[i] + 1) * k * nn], k, nn, false);
-        // SAFETY: batch item i owns its m×n block of y.
-        let c = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * m * nn), m * nn) };
+        let rows = m * count;
+        // SAFETY: batch items i..i + count own their m×n blocks of y, which are contiguous.
+        let c = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * m * nn), rows * nn) };
         // A's rows are read in place where the kernels can (see `gemm_rows`).
-        gemm_rows(&ad[oa[i] * m * k..(oa[i] + 1) * m * k], m, k, blocking, &pb, c, nn, &Epilogue::default(), par);
+        gemm_rows(
+            &ad[oa[i] * m * k..(oa[i] + count) * m * k],
+            rows,
+            k,
+            blocking,
+            &pb,
+            c,
+            nn,
+            &Epilogue::default(),
+            par,
+        );
     };
     if nbatch >= cx.par.threads() {
         cx.par.for_each(nbatch, &|i| one(i, &Sequential));
@@ -976,6 +992,19 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
         (0..nbatch).for_each(|i| one(i, cx.par));
     }
     Some(Ok(vec![y.finish()]))
+}
+
+/// The batch items of a broadcast MatMul as runs `(first, count)` of consecutive items that
+/// read the same B item and consecutive A items.
+fn shared_b_runs(oa: &[usize], ob: &[usize]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for i in 0..oa.len() {
+        match runs.last_mut() {
+            Some((first, count)) if ob[*first] == ob[i] && oa[*first] + *count == oa[i] => *count += 1,
+            _ => runs.push((i, 1)),
+        }
+    }
+    runs
 }
 
 fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
