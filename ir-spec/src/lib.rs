@@ -6,6 +6,7 @@
 //! and of every op is `ir-spec/SPEC.md`.
 
 pub mod aim_file;
+mod column_codes;
 mod dtype;
 mod graph;
 pub mod infer;
@@ -18,6 +19,7 @@ mod tensor;
 pub mod text;
 mod verify;
 
+pub use column_codes::{field, ColumnCodes};
 pub use dtype::DType;
 pub use graph::{Attr, Graph, Model, Node, ValueInfo};
 pub use shape::{Dim, ValueType};

@@ -26,6 +26,9 @@ enum Storage {
     /// Memory owned by someone else (an executor's arena), valid and unchanged for as long
     /// as the tensor lives: see [`Tensor::borrowed`].
     Borrowed { ptr: *const u8, len: usize },
+    /// Sub-byte codes packed column by column (`packed`, in `form`), read as their
+    /// row-major u8 matrix: unpacked the first time the bytes are read.
+    Codes { packed: Tensor, form: crate::ColumnCodes, rows: std::sync::OnceLock<Vec<Block>> },
 }
 
 // SAFETY: every variant is read-only shared data; `Borrowed` memory is, by the contract of
@@ -42,6 +45,13 @@ impl Storage {
             Storage::Shared { bytes, .. } => bytes,
             // SAFETY: the contract of `Tensor::borrowed`.
             Storage::Borrowed { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+            Storage::Codes { packed, form, rows } => {
+                let blocks = rows.get_or_init(|| match Storage::from_bytes(&form.unpack_rows(packed.bytes())) {
+                    Storage::Owned { blocks, .. } => blocks,
+                    _ => unreachable!("from_bytes makes owned storage"),
+                });
+                &bytemuck::cast_slice::<Block, u8>(blocks)[..form.k * form.n]
+            }
         }
     }
 
@@ -77,7 +87,7 @@ impl Storage {
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Storage::Owned { blocks, len } => &mut bytemuck::cast_slice_mut::<Block, u8>(blocks)[..*len],
-            Storage::Mapped { .. } | Storage::Shared { .. } | Storage::Borrowed { .. } => {
+            Storage::Mapped { .. } | Storage::Shared { .. } | Storage::Borrowed { .. } | Storage::Codes { .. } => {
                 unreachable!("borrowed storage is copied before writing")
             }
         }
@@ -254,6 +264,27 @@ impl Tensor {
     /// True when the tensor has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The u8 `[k, n]` matrix of the codes that `packed` holds column by column in `form`
+    /// (as `MatMulNBits` stores them), unpacked only when its bytes are first read: kernels
+    /// that take the packed form read it through [`Tensor::column_codes`] instead.
+    pub fn from_column_codes(packed: Tensor, form: crate::ColumnCodes) -> Result<Tensor, SizeMismatch> {
+        let want = form.packed_len().filter(|&l| l == packed.bytes().len() && form.k.checked_mul(form.n).is_some());
+        if want.is_none() {
+            let (dtype, shape) = (DType::U8, vec![form.n, form.blocks(), form.blob()]);
+            return Err(SizeMismatch { dtype, shape, expected: form.packed_len(), got: packed.bytes().len() });
+        }
+        let storage = Storage::Codes { packed, form, rows: std::sync::OnceLock::new() };
+        Ok(Tensor { dtype: DType::U8, shape: vec![form.k, form.n], storage: Arc::new(storage) })
+    }
+
+    /// The packed bytes and their form, for a tensor made by [`Tensor::from_column_codes`].
+    pub fn column_codes(&self) -> Option<(&[u8], crate::ColumnCodes)> {
+        match &*self.storage {
+            Storage::Codes { packed, form, .. } => Some((packed.bytes(), *form)),
+            _ => None,
+        }
     }
 
     /// The raw little-endian bytes.

@@ -240,7 +240,9 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
             let per_col = (blocks * bits).div_ceil(8);
             if z.dtype() == DType::U8 && z.len() == cols * per_col {
                 let zb = z.bytes();
-                (0..cols * blocks).map(|i| unpack(&zb[(i / blocks) * per_col..], i % blocks, bits) as f64).collect()
+                (0..cols * blocks)
+                    .map(|i| aim_ir::field(&zb[(i / blocks) * per_col..], i % blocks, bits) as f64)
+                    .collect()
             } else if z.dtype() == sdtype && z.len() == cols * blocks {
                 integer_zeros = false;
                 z.to_f64_vec()
@@ -269,7 +271,7 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
             Some(v.iter().map(|&x| x as usize).collect())
         }
     };
-    let codes = codes_by_row(b.bytes(), (k, cols), (bits, block, blocks, blob));
+    let form = aim_ir::ColumnCodes { bits, block, k, n: cols };
     // Integer codes and zero points in blocks along K: the weight is a blocked
     // DequantizeLinear of the codes, one byte each (a quarter of f32's bytes), which the cpu
     // backend keeps at 4 bits where they fit (`passes::q4_weights`) and the others fold.
@@ -278,7 +280,11 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         let t = |s: &[f64]| -> Vec<f64> { (0..blocks * cols).map(|i| s[(i % cols) * blocks + i / cols]).collect() };
         let scales = Tensor::from_f64(sdtype, &[blocks, cols], &t(&scale));
         let zeros = Tensor::from_vec(&[blocks, cols], t(&zero).iter().map(|&z| z as u8).collect::<Vec<u8>>());
-        let (q, s, z) = (e.konst(Tensor::from_vec(&[k, cols], codes)), e.konst(scales), e.konst(zeros));
+        // The codes stay packed as the file holds them (`Tensor::from_column_codes`): the
+        // cpu backend's 4-bit layout is made from those bytes directly, and the other
+        // backends unpack them when they fold the weight.
+        let codes = Tensor::from_column_codes(b, form).map_err(|err| bad(n, format!("B: {err}")))?;
+        let (q, s, z) = (e.konst(codes), e.konst(scales), e.konst(zeros));
         // ONNX Runtime's accuracy_level (4: activations may be quantized to int8 per block)
         // travels with the dequantization, for the kernel that reads the codes.
         let mut attrs = vec![("axis", Attr::Int(0)), ("block_size", Attr::Int(block as i64))];
@@ -288,6 +294,7 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         let wn = e.op("DequantizeLinear", &[&q, &s, &z], attrs);
         return matmul_bias(e, n, input(n, 0)?, &wn, n.input(5));
     }
+    let codes = form.unpack_rows(b.bytes());
     let mut w = vec![0f32; k * cols];
     for c in 0..cols {
         for kk in 0..k {
@@ -391,42 +398,4 @@ fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     );
     e.op_to("LSTM", &ins, &n.outputs, attrs);
     Ok(())
-}
-
-/// `B`'s codes (column-major, `[N, blocks, blob]`) as a row-major `[K, N]` u8 matrix, in
-/// tiles of 64 columns so that every row's bytes of a tile are written while in cache (a
-/// column at a time would touch a cache line per code).
-fn codes_by_row(
-    b: &[u8],
-    (k, cols): (usize, usize),
-    (bits, block, blocks, blob): (usize, usize, usize, usize),
-) -> Vec<u8> {
-    let mut out = vec![0u8; k * cols];
-    for c0 in (0..cols).step_by(64) {
-        let c1 = cols.min(c0 + 64);
-        for c in c0..c1 {
-            let col = &b[c * blocks * blob..(c + 1) * blocks * blob];
-            if bits == 4 && block % 2 == 0 {
-                // Two codes a byte, low nibble first; blocks are whole bytes.
-                for (i, &byte) in col.iter().enumerate().take(k.div_ceil(2)) {
-                    out[2 * i * cols + c] = byte & 15;
-                    if 2 * i + 1 < k {
-                        out[(2 * i + 1) * cols + c] = byte >> 4;
-                    }
-                }
-            } else {
-                for kk in 0..k {
-                    out[kk * cols + c] = unpack(&col[(kk / block) * blob..], kk % block, bits) as u8;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// The `bits`-bit value at position `i` of `packed` (low bits first).
-fn unpack(packed: &[u8], i: usize, bits: usize) -> u32 {
-    let bit = i * bits;
-    let word = packed[bit / 8] as u32 | (packed.get(bit / 8 + 1).copied().unwrap_or(0) as u32) << 8;
-    (word >> (bit % 8)) & ((1 << bits) - 1)
 }

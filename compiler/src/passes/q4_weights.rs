@@ -32,6 +32,18 @@ pub fn shape_of(n: &Node) -> Option<Q4Shape> {
 pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
     let producers: HashMap<String, usize> =
         g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
+    // Readers per value, so that each layer's unpacked codes are dropped as soon as their
+    // packed form exists (every layer's codes and packing alive at once would be the peak of
+    // the load: a byte per weight on top of the packed half byte).
+    let mut readers: HashMap<String, usize> = HashMap::new();
+    for n in &g.nodes {
+        for x in n.inputs.iter().filter(|x| !x.is_empty()) {
+            *readers.entry(x.clone()).or_default() += 1;
+        }
+    }
+    for o in &g.outputs {
+        *readers.entry(o.name.clone()).or_default() += 1;
+    }
     for i in 0..g.nodes.len() {
         let n = &g.nodes[i];
         if !n.domain.is_empty() || n.op != "MatMul" || n.inputs.len() != 2 {
@@ -57,8 +69,29 @@ pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
         if let Some(level) = level {
             f.attrs.insert(ACCURACY_LEVEL.into(), Attr::Int(level));
         }
+        let out = g.nodes[d].outputs[0].clone();
+        if release(&mut readers, &out) {
+            // The dequantization is now unread (DCE removes it below): so are its constants
+            // unless something else reads them.
+            for x in g.nodes[d].inputs.clone() {
+                if release(&mut readers, &x) {
+                    g.initializers.remove(&x);
+                }
+            }
+        }
     }
     super::dce::run(g)
+}
+
+/// One reader of `x` fewer; whether none is left.
+fn release(readers: &mut HashMap<String, usize>, x: &str) -> bool {
+    match readers.get_mut(x) {
+        Some(c) => {
+            *c = c.saturating_sub(1);
+            *c == 0
+        }
+        None => false,
+    }
 }
 
 /// The 4-bit layout of `d`'s output, if `d` is a blocked DequantizeLinear along axis 0 of a
@@ -80,15 +113,36 @@ fn layout(g: &Graph, d: &Node, nr: usize) -> Option<(Q4Shape, Tensor)> {
     if codes.dtype() != DType::U8 || !params_ok(scales, DType::F32) || zeros.is_some_and(|z| !params_ok(z, DType::U8)) {
         return None;
     }
-    let q = codes.bytes();
-    if q.iter().any(|&c| c > 15) {
-        return None;
-    }
     let shape = Q4Shape { k, n, block, nr, zeros: zeros.is_some() };
     shape.check().ok()?;
     let s = scales.data::<f32>();
     let z = zeros.map(|z| z.bytes());
-    let blob = shape.pack(|p, j| q[p * n + j], |b, j| s[b * n + j], |b, j| z.map_or(0, |z| z[b * n + j]));
+    let (scale, zero) = (|b, j| s[b * n + j], |b, j| z.map_or(0, |z: &[u8]| z[b * n + j]));
+    let blob = match codes.column_codes() {
+        // 4-bit codes as MatMulNBits stores them: a column's byte r holds its rows 2r, 2r + 1.
+        Some((packed, form)) if form.bits == 4 && (form.k, form.n) == (k, n) => {
+            let per_col = form.blocks() * form.blob();
+            let pair = |r: usize, j: usize| {
+                let byte = packed[j * per_col + r];
+                if 2 * r + 1 < k {
+                    byte
+                } else {
+                    byte & 15
+                }
+            };
+            let blob = shape.pack_pairs(pair, scale, zero);
+            // Those bytes of the model file are now held in the kernel's layout.
+            aim_ir::mapped::release_range(packed);
+            blob
+        }
+        _ => {
+            let q = codes.bytes();
+            if q.iter().any(|&c| c > 15) {
+                return None;
+            }
+            shape.pack(|p, j| q[p * n + j], scale, zero)
+        }
+    };
     Some((shape, Tensor::from_vec(&[blob.len()], blob)))
 }
 
@@ -119,6 +173,23 @@ mod tests {
             assert_eq!(g.initializers[&g.nodes[0].inputs[1]].len(), s.bytes());
             assert_eq!(g.nodes[0].strings(SOURCES).unwrap(), ["mm", "dq"]);
         }
+    }
+
+    /// Codes kept packed as MatMulNBits stores them (column by column, two a byte) are laid
+    /// out without unpacking them, into the same bytes as the unpacked codes give.
+    #[test]
+    fn codes_packed_by_column_give_the_same_layout() {
+        let blob = |g: &Graph| g.initializers[&g.nodes[0].inputs[1]].bytes().to_vec();
+        let mut plain = graph("1, 2, 3, 4, 15, 0", true);
+        run(&mut plain, 16).unwrap();
+        let mut packed = graph("1, 2, 3, 4, 15, 0", true);
+        // Column 0 holds 1, 3, 15; column 1 holds 2, 4, 0; blocks of two codes, a byte each.
+        let codes = || Tensor::from_vec(&[4], vec![0x31u8, 0x0F, 0x42, 0x00]);
+        let form = aim_ir::ColumnCodes { bits: 4, block: 2, k: 3, n: 2 };
+        assert_eq!(Tensor::from_column_codes(codes(), form).unwrap().bytes(), [1, 2, 3, 4, 15, 0]);
+        packed.initializers.insert("q".into(), Tensor::from_column_codes(codes(), form).unwrap());
+        run(&mut packed, 16).unwrap();
+        assert_eq!(blob(&packed), blob(&plain));
     }
 
     /// Codes of more than 4 bits stay a DequantizeLinear (folded later into f32 weights).

@@ -106,6 +106,22 @@ impl Q4Shape {
         scale: impl Fn(usize, usize) -> f32,
         zero: impl Fn(usize, usize) -> u8,
     ) -> Vec<u8> {
+        let pair = |r: usize, j: usize| {
+            let hi = if 2 * r + 1 < self.k { code(2 * r + 1, j) & 15 } else { 0 };
+            (code(2 * r, j) & 15) | (hi << 4)
+        };
+        self.pack_pairs(pair, scale, zero)
+    }
+
+    /// [`Q4Shape::pack`] from the byte that holds rows `2r` (low nibble) and `2r + 1` (high
+    /// nibble, zero past k) of column `j` — as `MatMulNBits` stores each column's codes, so
+    /// that its weights are laid out without unpacking them.
+    pub fn pack_pairs(
+        &self,
+        pair: impl Fn(usize, usize) -> u8,
+        scale: impl Fn(usize, usize) -> f32,
+        zero: impl Fn(usize, usize) -> u8,
+    ) -> Vec<u8> {
         let (nr, blocks) = (self.nr, self.blocks());
         let mut out = vec![0u8; self.bytes()];
         let (codes, rest) = out.split_at_mut(self.codes_len());
@@ -113,11 +129,9 @@ impl Q4Shape {
         for pj in 0..self.panels() {
             let cols = nr.min(self.n - pj * nr);
             for r in 0..self.pairs() {
-                let pair = &mut codes[(pj * self.pairs() + r) * nr..][..nr];
-                for (c, byte) in pair.iter_mut().enumerate().take(cols) {
-                    let lo = code(2 * r, pj * nr + c) & 15;
-                    let hi = if 2 * r + 1 < self.k { code(2 * r + 1, pj * nr + c) & 15 } else { 0 };
-                    *byte = lo | (hi << 4);
+                let bytes = &mut codes[(pj * self.pairs() + r) * nr..][..nr];
+                for (c, byte) in bytes.iter_mut().enumerate().take(cols) {
+                    *byte = pair(r, pj * nr + c);
                 }
             }
             for b in 0..blocks {
