@@ -502,6 +502,31 @@ fn fast_kernels_match_reference() {
             ],
             vec![],
         ),
+        // Attention over a key/value head shared by the four query heads, scaled and
+        // masked (one aim:Attention on the cpu backend), and without either.
+        (
+            "attention-shared-kv",
+            vec![
+                node("ReduceMean", "kv", &["x"], &["k"], vec![ints("axes", &[1])]),
+                node("Transpose", "t", &["k"], &["kt"], vec![ints("perm", &[0, 1, 3, 2])]),
+                node("MatMul", "qk", &["x", "kt"], &["s"], vec![]),
+                node("Mul", "scale", &["s", "c"], &["sc"], vec![]),
+                node("Add", "mask", &["sc", "m"], &["sm"], vec![]),
+                node("Softmax", "p", &["sm"], &["p"], vec![int_attr("axis", -1)]),
+                node("MatMul", "pv", &["p", "k"], &["y"], vec![]),
+            ],
+            vec![f32_tensor("c", &[], &[0.3]), f32_tensor("m", &[1, 1, 1, 6], &[0.0, -1e30, 0.0, 0.5, -2.0, 0.0])],
+        ),
+        (
+            "attention-plain",
+            vec![
+                node("Transpose", "t", &["x"], &["xt"], vec![ints("perm", &[0, 1, 3, 2])]),
+                node("MatMul", "qk", &["x", "xt"], &["s"], vec![]),
+                node("Softmax", "p", &["s"], &["p"], vec![int_attr("axis", -1)]),
+                node("MatMul", "pv", &["p", "x"], &["y"], vec![]),
+            ],
+            vec![],
+        ),
         // Both operands broadcast: a column times a row (a LayerNorm written out in full).
         (
             "outer-broadcast",
@@ -575,6 +600,11 @@ fn fast_kernels_match_reference() {
             let slow: Vec<&String> =
                 kinds.iter().filter(|(_, k)| *k == aim_runtime::cpu::NodeKind::Reference).map(|(n, _)| n).collect();
             assert!(slow.is_empty(), "{tag}: nodes on reference kernels: {slow:?}");
+        }
+        if tag.starts_with("attention") {
+            let model = cpu_model(&format!("fused-{tag}"), &m);
+            let ops: Vec<String> = model.optimized_graph().unwrap().nodes.iter().map(|n| n.op.clone()).collect();
+            assert!(ops.contains(&"Attention".to_string()) && !ops.contains(&"MatMul".to_string()), "{tag}: {ops:?}");
         }
         if tag.starts_with("gelu") {
             let model = cpu_model(&format!("fused-{tag}"), &m);

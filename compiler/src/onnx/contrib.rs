@@ -831,8 +831,10 @@ fn group_query_attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     let sg = e.ints(&[0, 0, kv, heads / kv, -1]);
     let q5 = e.op("Reshape", &[&qh, &sg], vec![]);
     let q5 = e.op("Transpose", &[&q5], vec![("perm", Attr::Ints(vec![0, 2, 3, 1, 4]))]);
-    let kt = e.op("Transpose", &[&keys], vec![("perm", Attr::Ints(vec![0, 1, 3, 2]))]);
-    let kt = e.unsqueeze(&kt, &[2]);
+    // Keys transposed on their last two axes right before the product (the form the cpu
+    // backend's attention fusion reads in place).
+    let k5 = e.unsqueeze(&keys, &[2]);
+    let kt = e.op("Transpose", &[&k5], vec![("perm", Attr::Ints(vec![0, 1, 2, 4, 3]))]);
     let v5 = e.unsqueeze(&values, &[2]);
     let scale = n.float("scale", 0.0);
     let scale = if scale != 0.0 {

@@ -1,6 +1,7 @@
 //! Graph passes: each a named function over the graph that the pass manager runs in order,
 //! timing each and (on request) keeping the graph after each for printing.
 
+mod attention;
 mod byte_tables;
 mod const_fold;
 mod cse;
@@ -84,8 +85,13 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
     // 16-bit products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of
     // the f32 emulation's, and their sums are ORT's exact ones.
     let integer_dense = int8 || (target.features.avx2 && matches!(target.isa_kind(), IsaKind::Avx2 | IsaKind::Avx512));
-    let mut passes =
-        graph_passes(Some(integer_dense), int8, round, Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())));
+    let mut passes = graph_passes(
+        Some(integer_dense),
+        int8,
+        round,
+        Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())),
+        true,
+    );
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
@@ -106,7 +112,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, false, true, None);
+    let mut passes = graph_passes(None, false, true, None, false);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
@@ -117,8 +123,15 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// quantize-dequantize pairs become integer kernels), epilogue, GELU,
 /// layer norm, reduction, transpose and softmax fusion, and elementwise fusion (`round`:
 /// whether Round joins fused loops; `q4_panels`: the panel width dense layers with 4-bit
-/// weights are laid out for, or None to fold those weights into f32).
-fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool, q4_panels: Option<usize>) -> Vec<Pass> {
+/// weights are laid out for, or None to fold those weights into f32; `attention`: whether
+/// attention chains become `aim:Attention`, which the cpu backend runs).
+fn graph_passes(
+    quantize_dense: Option<bool>,
+    int8: bool,
+    round: bool,
+    q4_panels: Option<usize>,
+    attention: bool,
+) -> Vec<Pass> {
     // Dense layers, dynamically or statically quantized, on the integer GEMM.
     let integer_gemm = quantize_dense.unwrap_or(false);
     let mut passes = vec![
@@ -146,9 +159,14 @@ fn graph_passes(quantize_dense: Option<bool>, int8: bool, round: bool, q4_panels
         Pass::new("fuse-layer-norm", layernorm::run),
         Pass::new("fuse-epilogues", fuse::run),
         Pass::new("infer-types", infer),
+        Pass::new("fuse-softmax", softmax::run),
+    ]);
+    if attention {
+        passes.push(Pass::new("fuse-attention", attention::run));
+    }
+    passes.extend([
         Pass::new("lower-reductions", reduce::run),
         Pass::new("lower-transposes", transpose::run),
-        Pass::new("fuse-softmax", softmax::run),
         Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, round)),
     ]);
     passes

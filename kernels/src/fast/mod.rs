@@ -6,6 +6,7 @@
 //! pattern it has no fast path for), and the backend then runs the reference kernel. The
 //! approximations' errors are stated in [`math`] and tested.
 
+mod attention;
 pub mod copy;
 mod data;
 mod gru;
@@ -24,6 +25,7 @@ mod reduce;
 mod resize;
 mod taps;
 
+pub use attention::attention;
 pub use copy::{copy_short, zero_short};
 pub use taps::{tap_rows, MAX_TAPS};
 

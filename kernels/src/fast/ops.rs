@@ -117,8 +117,8 @@ macro_rules! versions {
 
 /// Like `versions!`, for functions without a closure argument.
 macro_rules! plain_versions {
-    ($name:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
-        fn $name(isa: Isa, $($arg: $ty),*) {
+    ($vis:vis $name:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
+        $vis fn $name(isa: Isa, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -195,7 +195,7 @@ fn scaled_softmax_row_generic(s: &[f32], m: &[f32], scale: f32, tmp: &mut [f32],
     }
     softmax_row_generic(tmp, d);
 }
-plain_versions!(scaled_softmax_row, scaled_softmax_row_generic, (s: &[f32], m: &[f32], scale: f32, tmp: &mut [f32], d: &mut [f32]));
+plain_versions!(pub(super) scaled_softmax_row, scaled_softmax_row_generic, (s: &[f32], m: &[f32], scale: f32, tmp: &mut [f32], d: &mut [f32]));
 
 /// One layer-norm row: (x − mean) / √(var + eps) · scale + bias.
 #[inline(always)]
@@ -996,7 +996,7 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
 
 /// The batch items of a broadcast MatMul as runs `(first, count)` of consecutive items that
 /// read the same B item and consecutive A items.
-fn shared_b_runs(oa: &[usize], ob: &[usize]) -> Vec<(usize, usize)> {
+pub(super) fn shared_b_runs(oa: &[usize], ob: &[usize]) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for i in 0..oa.len() {
         match runs.last_mut() {

@@ -55,6 +55,7 @@ impl CpuProgram {
                     return match n.op.as_str() {
                         "Elementwise" | "Reduce" | "Transpose" => NodeKind::Generated,
                         "Softmax" => NodeKind::RowKernel,
+                        "Attention" => NodeKind::Fast,
                         _ => NodeKind::Library,
                     };
                 }

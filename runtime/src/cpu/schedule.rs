@@ -128,6 +128,11 @@ impl CpuProgram {
                         NodeKind::View => "a view of its input: no kernel runs (the input's arena slot, read with the output's shape)".to_string(),
                         NodeKind::Metadata => format!("{}: a new shape over the same bytes, or a read of the input's shape (no data moved)", n.op),
                         NodeKind::CompiledControlFlow => format!("{}: its bodies run as compiled programs of their own", n.op),
+                        NodeKind::Fast if n.domain == "aim" && n.op == "Attention" => format!(
+                            "attention kernel: per key/value item, the query rows of every batch item reading it (4 at a time) scored against each key row where it lies, softmax(scores·{} {}), then Σ p·V rows",
+                            n.float("scale", 1.0),
+                            if n.input(3).is_some() { "+ mask row" } else { "" }
+                        ),
                         NodeKind::Fast if aim_kernels::fast::covers(&n.op, Some(aim_ir::DType::I64)) => {
                             format!("fast kernel for {} (rows of the output, parallel when large; integer and other dtypes too)", n.op)
                         }
