@@ -424,6 +424,9 @@ mod x86 {
     use super::{Params, MAX_NR};
     use std::arch::x86_64::*;
 
+    /// How many blocks ahead of the one it sums the decode kernel asks for weights.
+    const PREFETCH_BLOCKS: usize = 8;
+
     /// The 16 codes of row `first + r` (its pair's low or high nibbles) as f32 minus the zeros.
     #[inline(always)]
     unsafe fn codes16(codes: *const u8, nib: usize, z0: __m256, z1: __m256) -> (__m256, __m256) {
@@ -607,6 +610,15 @@ mod x86 {
             for b in 0..blocks {
                 let (p0, p1) = (b * block, k.min((b + 1) * block));
                 let (r0, r1) = (p0 / 2, p1.div_ceil(2));
+                // A decode step streams every weight once: ask for the codes and scales a
+                // few blocks ahead (past the panel's end they are the next panel's, which
+                // follows in memory; a prefetch past the buffer is only a hint).
+                let (code_bytes, ahead) = (8 * block, PREFETCH_BLOCKS);
+                let next = codes.as_ptr().wrapping_add(code_bytes * (b + ahead));
+                for line in (0..code_bytes).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+                }
+                _mm_prefetch::<_MM_HINT_T0>(params.as_ptr().wrapping_add(64 * (b + ahead)) as *const i8);
                 // Sums over the block: columns 0..8 and 8..16, per lane, in 32 bits.
                 let (mut c0, mut c1) = ([z; M], [z; M]);
                 let mut r = r0;
