@@ -7,7 +7,6 @@
 
 use super::ops::{scaled_softmax_row, shared_b_runs, Ctx};
 use super::output::{Out, Output};
-use crate::gemm::IsaKind;
 use crate::util::{broadcast_offsets, broadcast_shapes, err, Result};
 use aim_ir::{DType, Node, Tensor};
 
@@ -115,9 +114,9 @@ macro_rules! by_isa {
             unsafe fn v3(f: impl FnOnce()) { f() }
             match $isa.kind() {
                 // SAFETY: the ISA was checked available when the program was built.
-                IsaKind::Avx512 => unsafe { v4(#[inline(always)] || $generic($($arg),*)) },
-                IsaKind::Avx2 => unsafe { v3(#[inline(always)] || $generic($($arg),*)) },
-                IsaKind::Portable | IsaKind::Neon => $generic($($arg),*),
+                crate::gemm::IsaKind::Avx512 => unsafe { v4(#[inline(always)] || $generic($($arg),*)) },
+                crate::gemm::IsaKind::Avx2 => unsafe { v3(#[inline(always)] || $generic($($arg),*)) },
+                crate::gemm::IsaKind::Portable | crate::gemm::IsaKind::Neon => $generic($($arg),*),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
