@@ -625,16 +625,28 @@ mod x86 {
                 while r < r1 {
                     let end = r1.min(r + 16);
                     let (mut s0, mut s1) = ([z; M], [z; M]);
-                    while r + 2 <= end {
-                        let q = _mm256_loadu_si256(codes.as_ptr().add(16 * r) as *const __m256i);
-                        let (lo, hi) = (_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask));
-                        let (x0, x1) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
-                        for i in 0..m {
-                            let four = (acts.add(4 * i * words + 2 * r) as *const i32).read_unaligned();
-                            let a = _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
-                            s0[i] = _mm256_add_epi16(s0[i], _mm256_maddubs_epi16(x0, a));
-                            s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(x1, a));
-                        }
+                    // Two pairs of rows (32 bytes of codes) per step, two steps per turn.
+                    macro_rules! step {
+                        ($r:expr) => {{
+                            let r = $r;
+                            let q = _mm256_loadu_si256(codes.as_ptr().add(16 * r) as *const __m256i);
+                            let (lo, hi) = (_mm256_and_si256(q, mask), _mm256_and_si256(_mm256_srli_epi16(q, 4), mask));
+                            let (x0, x1) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+                            for i in 0..m {
+                                let four = (acts.add(4 * i * words + 2 * r) as *const i32).read_unaligned();
+                                let a = _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
+                                s0[i] = _mm256_add_epi16(s0[i], _mm256_maddubs_epi16(x0, a));
+                                s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(x1, a));
+                            }
+                        }};
+                    }
+                    while r + 4 <= end {
+                        step!(r);
+                        step!(r + 2);
+                        r += 4;
+                    }
+                    if r + 2 <= end {
+                        step!(r);
                         r += 2;
                     }
                     if r < end {
