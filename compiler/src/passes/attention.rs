@@ -19,23 +19,7 @@ use std::collections::HashMap;
 
 /// Runs the pass.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
-    let mut i = 0;
-    while i < g.nodes.len() {
-        if let Some((node, mut remove)) = fuse_at(g, i) {
-            g.nodes[i] = node;
-            remove.sort_unstable();
-            for k in remove.into_iter().rev() {
-                for o in g.nodes[k].outputs.clone() {
-                    g.value_types.remove(&o);
-                }
-                g.nodes.remove(k);
-                if k < i {
-                    i -= 1;
-                }
-            }
-        }
-        i += 1;
-    }
+    super::fuse::fuse_each(g, fuse_at);
     Ok(())
 }
 

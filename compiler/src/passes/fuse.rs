@@ -47,6 +47,29 @@ fn transposed_constant(g: &Graph, producers: &HashMap<String, usize>, name: &str
         .then(|| t.inputs[0].clone())
 }
 
+/// Replaces, front to back, each node `at` for which `fuse(g, at)` gives a fused node by that
+/// node, removing the nodes it absorbs (and their outputs' types): the driver of the passes
+/// that fold a chain into its last node.
+pub fn fuse_each(g: &mut Graph, fuse: impl Fn(&Graph, usize) -> Option<(Node, Vec<usize>)>) {
+    let mut i = 0;
+    while i < g.nodes.len() {
+        if let Some((node, mut remove)) = fuse(g, i) {
+            g.nodes[i] = node;
+            remove.sort_unstable();
+            for k in remove.into_iter().rev() {
+                for o in g.nodes[k].outputs.clone() {
+                    g.value_types.remove(&o);
+                }
+                g.nodes.remove(k);
+                if k < i {
+                    i -= 1;
+                }
+            }
+        }
+        i += 1;
+    }
+}
+
 /// The ONNX nodes a node stands for: its `sources` attribute, or its own name.
 pub fn sources_of(n: &Node) -> Vec<String> {
     n.strings(SOURCES).map(|s| s.to_vec()).unwrap_or_else(|| vec![n.name.clone()])

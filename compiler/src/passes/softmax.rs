@@ -35,21 +35,7 @@ fn mask_fits(g: &Graph, mask: &str, x: &[Dim]) -> bool {
 
 /// Runs the pass.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
-    let mut i = 0;
-    while i < g.nodes.len() {
-        if let Some((node, remove)) = fuse_at(g, i) {
-            g.nodes[i] = node;
-            let mut remove = remove;
-            remove.sort_unstable();
-            for k in remove.into_iter().rev() {
-                g.nodes.remove(k);
-                if k < i {
-                    i -= 1;
-                }
-            }
-        }
-        i += 1;
-    }
+    super::fuse::fuse_each(g, fuse_at);
     Ok(())
 }
 
