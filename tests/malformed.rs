@@ -381,6 +381,42 @@ fn build(dir: &Path) -> Vec<Case> {
     );
     c.text("types", "conv-channels", &one(&w, "Conv(%x, %w)", "1,2,4,4"), When::Load, "channels");
 
+    // 4-bit weights (ONNX Runtime's contrib ops) whose attributes do not fit their tensors:
+    // an error naming the node, never a read past the packed bytes.
+    let codes = |n: usize| vec!["17"; n].join(", ");
+    let nbits = |b_shape: &str, b_len: usize, scales: usize, attrs: &str| {
+        let inits = format!(
+            "  init %b = u8[{b_shape}] [{}]\n  init %s = f32[{scales}] [{}]\n",
+            codes(b_len),
+            vec!["0.5"; scales].join(", ")
+        );
+        one(&inits, &format!("com.microsoft:MatMulNBits(%x, %b, %s) {{{attrs}}}"), "2,64")
+    };
+    for (name, text, wanted) in [
+        ("nbits-k-past-b", nbits("4,2,16", 128, 8, "K=96, N=4, bits=4, block_size=32"), "B is u8 of 128 values"),
+        ("nbits-n-past-b", nbits("4,2,16", 128, 8, "K=64, N=9, bits=4, block_size=32"), "B is u8 of 128 values"),
+        ("nbits-bits", nbits("4,2,16", 128, 8, "K=64, N=4, bits=9, block_size=32"), "bits 2 to 8"),
+        ("nbits-block", nbits("4,2,16", 128, 8, "K=64, N=4, bits=4, block_size=24"), "block_size"),
+        ("nbits-scales", nbits("4,2,16", 128, 5, "K=64, N=4, bits=4, block_size=32"), "the scales are"),
+    ] {
+        c.text("contrib", name, &text, When::Load, wanted);
+    }
+    let gather = |scales: &str, n: usize, attrs: &str| {
+        let inits = format!(
+            "  init %t = u8[8,16] [{}]\n  init %s = f32[{scales}] [{}]\n  init %i = i64[2] [1, 7]\n",
+            codes(128),
+            vec!["0.5"; n].join(", ")
+        );
+        one(&inits, &format!("com.microsoft:GatherBlockQuantized(%t, %i, %s) {{{attrs}}}"), "2")
+    };
+    for (name, text, wanted) in [
+        ("gather-q-scales", gather("8,3", 24, "block_size=16"), "the scales are"),
+        ("gather-q-block", gather("8,2", 16, "block_size=8"), "block_size"),
+        ("gather-q-axis", gather("8,2", 16, "block_size=16, gather_axis=2"), "outside"),
+    ] {
+        c.text("contrib", name, &text, When::Load, wanted);
+    }
+
     // Sizes: impossible (overflowing) and huge ones fail when run, not at load.
     for (name, inits, node, wanted) in [
         (
