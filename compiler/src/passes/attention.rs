@@ -9,13 +9,12 @@
 //! in `sources`. Runs after `fuse-softmax`, before transposes are lowered.
 
 use super::fuse::{sources_of, SOURCES};
-use super::uses::readers;
+use super::uses::Chains;
 use super::PassError;
 use aim_ir::{Attr, DType, Dim, Graph, Node};
 
 /// The most query rows per batch item the fused kernel takes.
 pub const MAX_ROWS: usize = 16;
-use std::collections::HashMap;
 
 /// Runs the pass.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
@@ -24,20 +23,13 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
 }
 
 /// The attention node for the MatMul at `i` (the product with V), and the nodes it absorbs.
-fn fuse_at(g: &Graph, i: usize) -> Option<(Node, Vec<usize>)> {
+fn fuse_at(g: &Graph, c: &Chains, i: usize) -> Option<(Node, Vec<usize>)> {
     let o = &g.nodes[i];
     if !o.domain.is_empty() || o.op != "MatMul" || o.inputs.len() != 2 {
         return None;
     }
-    let rd = readers(g);
-    let by_output: HashMap<&str, usize> =
-        g.nodes.iter().enumerate().flat_map(|(k, n)| n.outputs.iter().map(move |o| (o.as_str(), k))).collect();
     // The producer of `v` when node `reader` is its only reader.
-    let only = |v: &str, reader: usize| -> Option<usize> {
-        let k = *by_output.get(v)?;
-        let single = rd.get(v).is_some_and(|r| r.as_slice() == [reader]) && !g.outputs.iter().any(|o| o.name == v);
-        (single && g.nodes[k].outputs.len() == 1).then_some(k)
-    };
+    let only = |v: &str, reader: usize| c.sole_producer(v, reader).filter(|&k| g.nodes[k].outputs.len() == 1);
     let (p, v) = (o.inputs[0].as_str(), o.inputs[1].as_str());
     let ks = only(p, i)?;
     let sm = &g.nodes[ks];

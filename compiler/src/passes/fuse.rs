@@ -5,7 +5,8 @@
 //! `aim:Conv` or `aim:Dense`, that the CPU backend runs as one GEMM with an epilogue. The
 //! fused node lists every ONNX node it came from in its `sources` attribute.
 
-use super::{uses::readers, PassError};
+use super::uses::{readers, Chains};
+use super::PassError;
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
 use aim_kernels::gemm::Activation;
 use std::collections::HashMap;
@@ -50,10 +51,11 @@ fn transposed_constant(g: &Graph, producers: &HashMap<String, usize>, name: &str
 /// Replaces, front to back, each node `at` for which `fuse(g, at)` gives a fused node by that
 /// node, removing the nodes it absorbs (and their outputs' types): the driver of the passes
 /// that fold a chain into its last node.
-pub fn fuse_each(g: &mut Graph, fuse: impl Fn(&Graph, usize) -> Option<(Node, Vec<usize>)>) {
+pub fn fuse_each(g: &mut Graph, fuse: impl Fn(&Graph, &Chains, usize) -> Option<(Node, Vec<usize>)>) {
+    let mut chains = Chains::new(g);
     let mut i = 0;
     while i < g.nodes.len() {
-        if let Some((node, mut remove)) = fuse(g, i) {
+        if let Some((node, mut remove)) = fuse(g, &chains, i) {
             g.nodes[i] = node;
             remove.sort_unstable();
             for k in remove.into_iter().rev() {
@@ -65,6 +67,7 @@ pub fn fuse_each(g: &mut Graph, fuse: impl Fn(&Graph, usize) -> Option<(Node, Ve
                     i -= 1;
                 }
             }
+            chains = Chains::new(g);
         }
         i += 1;
     }

@@ -6,10 +6,9 @@
 //! match; the node keeps every original node in `sources`.
 
 use super::fuse::{sources_of, SOURCES};
-use super::uses::readers;
+use super::uses::Chains;
 use super::PassError;
 use aim_ir::{Attr, DType, Dim, Graph, Node};
-use std::collections::HashMap;
 
 /// The f32 scalar constant `name` holds, if it is one.
 fn scalar(g: &Graph, name: &str) -> Option<f32> {
@@ -40,7 +39,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
 }
 
 /// The fused node for the Softmax at `i`, and the nodes it absorbs.
-fn fuse_at(g: &Graph, i: usize) -> Option<(Node, Vec<usize>)> {
+fn fuse_at(g: &Graph, c: &Chains, i: usize) -> Option<(Node, Vec<usize>)> {
     let sm = &g.nodes[i];
     if !sm.domain.is_empty() || sm.op != "Softmax" || sm.outputs.len() != 1 {
         return None;
@@ -52,15 +51,11 @@ fn fuse_at(g: &Graph, i: usize) -> Option<(Node, Vec<usize>)> {
     if r == 0 || (axis != -1 && axis != r - 1) {
         return None;
     }
-    let rd = readers(g);
-    let by_output: HashMap<&str, usize> =
-        g.nodes.iter().enumerate().flat_map(|(k, n)| n.outputs.iter().map(move |o| (o.as_str(), k))).collect();
     // The producer of `v` when this chain is its only reader and it is a plain binary op.
     let only = |v: &str, reader: usize| -> Option<usize> {
-        let k = *by_output.get(v)?;
+        let k = c.sole_producer(v, reader)?;
         let n = &g.nodes[k];
-        let single = rd.get(v).is_some_and(|r| r.as_slice() == [reader]) && !g.outputs.iter().any(|o| o.name == v);
-        (single && n.domain.is_empty() && n.outputs.len() == 1 && n.inputs.len() == 2).then_some(k)
+        (n.domain.is_empty() && n.outputs.len() == 1 && n.inputs.len() == 2).then_some(k)
     };
     let mut absorbed = Vec::new();
     let (mut x, mut mask, mut scale) = (input.to_string(), None, 1.0f32);

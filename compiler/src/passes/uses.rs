@@ -35,6 +35,28 @@ pub fn readers(g: &Graph) -> HashMap<String, Vec<usize>> {
     m
 }
 
+/// Readers and producers of a graph's values, for the passes that fold a chain into its
+/// last node (`fuse::fuse_each`): built once, and again after each fold.
+pub struct Chains {
+    readers: HashMap<String, Vec<usize>>,
+    producers: HashMap<String, usize>,
+}
+
+impl Chains {
+    /// The readers and producers of `g` as it is now.
+    pub fn new(g: &Graph) -> Chains {
+        let producers = producers(g).into_iter().map(|(v, k)| (v.to_string(), k)).collect();
+        Chains { readers: readers(g), producers }
+    }
+
+    /// The node computing `v` when node `reader` is `v`'s only reader (a graph output is
+    /// read by the caller too).
+    pub fn sole_producer(&self, v: &str, reader: usize) -> Option<usize> {
+        let k = *self.producers.get(v)?;
+        self.readers.get(v).is_some_and(|r| r.as_slice() == [reader]).then_some(k)
+    }
+}
+
 /// Removes the nodes whose index is marked in `removed` (the fusion passes mark the nodes they
 /// absorbed while indices must stay valid, then drop them all at once).
 pub fn remove_marked(g: &mut Graph, removed: &[bool]) {
