@@ -168,34 +168,18 @@ impl Emit<'_> {
     }
 
     /// The constant `name`, or the constant that a Reshape of a constant by a constant
-    /// shape made it (as exporters write a table shared in another shape), reshaped.
+    /// shape made it (as exporters write a table shared in another shape), reshaped by the
+    /// Reshape kernel itself.
     pub(super) fn constant_or_reshaped(&self, name: &str) -> Option<Tensor> {
         if let Some(t) = self.constant(name) {
             return Some(t.clone());
         }
         let n = self.g.nodes.iter().rev().find(|n| n.outputs.iter().any(|o| o == name))?;
-        if n.op != "Reshape" || !n.domain.is_empty() || n.int("allowzero", 0) != 0 {
+        if n.op != "Reshape" || !n.domain.is_empty() {
             return None;
         }
-        let t = self.constant(n.input(0)?)?;
-        let dims = self.constant(n.input(1)?)?.to_f64_vec();
-        let mut shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
-        for (i, d) in shape.iter_mut().enumerate() {
-            if *d == 0 {
-                *d = *t.shape().get(i)? as i64;
-            }
-        }
-        let known: i64 = shape.iter().filter(|&&d| d != -1).product();
-        let holes = shape.iter().filter(|&&d| d == -1).count();
-        if holes > 1 || shape.iter().any(|&d| d < -1) || known <= 0 {
-            return None;
-        }
-        if holes == 1 {
-            let fill = t.len() as i64 / known;
-            shape.iter_mut().filter(|d| **d == -1).for_each(|d| *d = fill);
-        }
-        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-        (aim_ir::limits::elements(&shape).ok() == Some(t.len())).then(|| t.reshaped(&shape))
+        let ins = [Some(self.constant(n.input(0)?)?.clone()), Some(self.constant(n.input(1)?)?.clone())];
+        aim_kernels::kernel("Reshape")?(n, &ins).ok()?.into_iter().next()
     }
 
     pub(super) fn konst(&mut self, t: Tensor) -> String {

@@ -136,9 +136,7 @@ pub(super) fn gather_block_quantized(e: &mut Emit, n: &Node) -> Result<(), Impor
 
 /// Codes packed `8 / bits` a byte, low bits first, one a byte.
 fn unpack(packed: &[u8], bits: usize) -> Vec<u8> {
-    let per = 8 / bits;
-    let mask = ((1u16 << bits) - 1) as u8;
-    packed.iter().flat_map(|&b| (0..per).map(move |i| (b >> (i * bits)) & mask)).collect()
+    (0..packed.len() * 8 / bits).map(|i| aim_ir::field(packed, i, bits)).collect()
 }
 
 #[cfg(test)]

@@ -35,15 +35,7 @@ pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
     // Readers per value, so that each layer's unpacked codes are dropped as soon as their
     // packed form exists (every layer's codes and packing alive at once would be the peak of
     // the load: a byte per weight on top of the packed half byte).
-    let mut readers: HashMap<String, usize> = HashMap::new();
-    for n in &g.nodes {
-        for x in n.inputs.iter().filter(|x| !x.is_empty()) {
-            *readers.entry(x.clone()).or_default() += 1;
-        }
-    }
-    for o in &g.outputs {
-        *readers.entry(o.name.clone()).or_default() += 1;
-    }
+    let mut readers: HashMap<String, usize> = super::uses::readers(g).into_iter().map(|(v, r)| (v, r.len())).collect();
     for i in 0..g.nodes.len() {
         let n = &g.nodes[i];
         if !n.domain.is_empty() || n.op != "MatMul" || n.inputs.len() != 2 {

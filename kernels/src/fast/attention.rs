@@ -5,7 +5,7 @@
 //! query heads of one grouped key/value head) are taken together, so each key and value row
 //! is loaded once for all of them.
 
-use super::ops::{scaled_softmax_row, shared_b_runs, Ctx};
+use super::ops::{mask_row_offsets, scaled_softmax_row, shared_b_runs, Ctx};
 use super::output::{Out, Output};
 use crate::util::{broadcast_offsets, broadcast_shapes, err, Result};
 use aim_ir::{DType, Node, Tensor};
@@ -42,22 +42,11 @@ fn run(scale: f32, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, cx
     // The scores' shape, and each score row's mask row.
     let mut scores = batch.clone();
     scores.extend([m, t]);
-    let mask_rows: Option<(&[f32], Vec<usize>)> = match mask {
+    let mask_rows = match mask {
         None => None,
         Some(mt) => {
-            let ms = mt.shape();
-            let fits = !ms.is_empty()
-                && ms.len() <= scores.len()
-                && ms[ms.len() - 1] == t
-                && ms[..ms.len() - 1]
-                    .iter()
-                    .zip(&scores[scores.len() - ms.len()..scores.len() - 1])
-                    .all(|(&a, &b)| a == 1 || a == b);
-            if !fits {
-                return err(format!("mask {ms:?} does not run along the last axis of the scores {scores:?}"));
-            }
-            let offs = broadcast_offsets(&ms[..ms.len() - 1], &scores[..scores.len() - 1])?;
-            Some((mt.data::<f32>(), offs.into_iter().map(|o| o * t).collect()))
+            let md = mt.data::<f32>();
+            Some((md, mask_row_offsets(md, mt.shape(), &scores).map_err(crate::KernelError)?))
         }
     };
     let mut shape = batch;

@@ -118,7 +118,7 @@ macro_rules! versions {
 /// Like `versions!`, for functions without a closure argument.
 macro_rules! plain_versions {
     ($vis:vis $name:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
-        $vis fn $name(isa: Isa, $($arg: $ty),*) {
+        $vis fn $name(isa: $crate::gemm::Isa, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -127,9 +127,9 @@ macro_rules! plain_versions {
                 unsafe fn v3($($arg: $ty),*) { $generic($($arg),*) }
                 // SAFETY: the ISA was checked available when the program was built.
                 match isa.kind() {
-                    IsaKind::Avx512 => return unsafe { v4($($arg),*) },
-                    IsaKind::Avx2 => return unsafe { v3($($arg),*) },
-                    IsaKind::Portable | IsaKind::Neon => {}
+                    $crate::gemm::IsaKind::Avx512 => return unsafe { v4($($arg),*) },
+                    $crate::gemm::IsaKind::Avx2 => return unsafe { v3($($arg),*) },
+                    $crate::gemm::IsaKind::Portable | $crate::gemm::IsaKind::Neon => {}
                 }
             }
             let _ = isa;
@@ -1115,6 +1115,21 @@ fn global_pool(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<
     Some(Ok(vec![y.finish()]))
 }
 
+/// For each row of scores shaped `xs`, where its row of `mask` (shaped `ms`: running along
+/// the last axis, other dims 1 or the scores') starts.
+pub(super) fn mask_row_offsets(mask: &[f32], ms: &[usize], xs: &[usize]) -> std::result::Result<Vec<usize>, String> {
+    let (r, len) = (xs.len(), xs.last().copied().unwrap_or(0));
+    let fits = !ms.is_empty()
+        && ms.len() <= r
+        && ms[ms.len() - 1] == len
+        && ms[..ms.len() - 1].iter().zip(&xs[r - ms.len()..r - 1]).all(|(&a, &b)| a == 1 || a == b);
+    if !fits || mask.len() != ms.iter().product::<usize>() {
+        return Err(format!("mask {ms:?} does not run along the last axis of {xs:?}"));
+    }
+    let offs = broadcast_offsets(&ms[..ms.len() - 1], &xs[..r - 1]).map_err(|e| e.0)?;
+    Ok(offs.into_iter().map(|o| o * len).collect())
+}
+
 /// `softmax(x · scale + mask)` over the last axis of `x` (shape `xs`), into `y`: the scaled,
 /// masked softmax of attention in one pass per row instead of three. `mask` (with its
 /// shape) broadcasts to `xs` and runs along the whole last axis (its last dim is that
@@ -1129,25 +1144,14 @@ pub fn scaled_masked_softmax(
     mask: Option<(&[f32], &[usize])>,
     y: &mut [f32],
 ) -> std::result::Result<(), String> {
-    let r = xs.len();
     let len = *xs.last().ok_or("softmax of a scalar")?;
     if x.len() != xs.iter().product::<usize>() || y.len() != x.len() {
         return Err(format!("buffer sizes {} / {} do not match {xs:?}", x.len(), y.len()));
     }
     // Per row of x, the offset of its mask row.
-    let mask_rows: Option<(&[f32], Vec<usize>)> = match mask {
+    let mask_rows = match mask {
         None => None,
-        Some((m, ms)) => {
-            let fits = !ms.is_empty()
-                && ms.len() <= r
-                && ms[ms.len() - 1] == len
-                && ms[..ms.len() - 1].iter().zip(&xs[r - ms.len()..r - 1]).all(|(&a, &b)| a == 1 || a == b);
-            if !fits || m.len() != ms.iter().product::<usize>() {
-                return Err(format!("mask {ms:?} does not run along the last axis of {xs:?}"));
-            }
-            let offs = broadcast_offsets(&ms[..ms.len() - 1], &xs[..r - 1]).map_err(|e| e.0)?;
-            Some((m, offs.into_iter().map(|o| o * len).collect()))
-        }
+        Some((m, ms)) => Some((m, mask_row_offsets(m, ms, xs)?)),
     };
     let nrows = x.len() / len.max(1);
     let per = (CHUNK / len.max(1)).max(1);
