@@ -491,7 +491,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                         }
                         None if !has_residual
                             && out_ty.is_some()
-                            && g.value_types.get(other).and_then(|t| t.shape.clone()) == out_ty =>
+                            && g.value_type(other).and_then(|t| t.shape) == out_ty =>
                         {
                             f.inputs.resize(4, String::new());
                             f.inputs[3] = other.clone();
