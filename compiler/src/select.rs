@@ -48,6 +48,7 @@ pub fn run(g: &mut Graph, lanes: usize, tile: (usize, usize)) -> Result<(), Pass
             cin,
             cout,
             lanes: n.int(BLOCK, lanes as i64).max(1) as usize,
+            exact: n.int(aim_kernels::nchwc::EXACT_SUMS, 0) != 0,
         };
         if let Some(k) = shape.choose() {
             choices.push((i, k.name()));

@@ -19,6 +19,9 @@ struct Emit<'a, 'b> {
     ty: Type,
     /// Flags of the bitcasts (native endianness).
     cast: MemFlagsData,
+    /// Whether polynomial steps are fused multiply-adds (targets with FMA: the bits
+    /// `aim_kernels::fast::math`'s `FMA = true` forms, and ONNX Runtime's MLAS, give there).
+    fma: bool,
 }
 
 impl Emit<'_, '_> {
@@ -80,13 +83,18 @@ impl Emit<'_, '_> {
         self.b.ins().fcmp(FloatCC::GreaterThanOrEqual, x, k)
     }
 
-    /// Horner evaluation of `coeffs[0] + x·(coeffs[1] + x·(...))`.
+    /// Horner evaluation of `coeffs[0] + x·(coeffs[1] + x·(...))`, each step one fused
+    /// multiply-add where the target has them.
     fn poly(&mut self, x: Value, coeffs: &[f32]) -> Value {
         let mut acc = self.f(coeffs[coeffs.len() - 1]);
         for &c in coeffs[..coeffs.len() - 1].iter().rev() {
-            let m = self.b.ins().fmul(acc, x);
             let k = self.f(c);
-            acc = self.b.ins().fadd(m, k);
+            acc = if self.fma {
+                self.b.ins().fma(acc, x, k)
+            } else {
+                let m = self.b.ins().fmul(acc, x);
+                self.b.ins().fadd(m, k)
+            };
         }
         acc
     }
@@ -169,31 +177,30 @@ impl Emit<'_, '_> {
         self.select(big, sat, r)
     }
 
-    /// tanh as `c·P(c²)/Q(c²)` with c = x clamped to ±7.905311, and x itself below 4e-4: the
-    /// rational fit of `aim_kernels::fast::math::tanh`, operation for operation, so that a
-    /// program gives the same bits here as at the full vector width.
+    /// tanh as `c·P(c²)/Q(c²)` with c = x clamped to ±9, kept within [−1, 1]: the rational fit of
+    /// `aim_kernels::fast::math::tanh`, operation for operation, so that a program gives
+    /// the same bits here as at the full vector width.
     fn tanh(&mut self, x: Value) -> Value {
-        let a = self.b.ins().fabs(x);
-        let tiny = self.lt(a, 4e-4);
-        let c = self.at_least(x, -7.905_311);
-        let c = self.at_most(c, 7.905_311);
+        let c = self.at_least(x, -9.0);
+        let c = self.at_most(c, 9.0);
         let x2 = self.b.ins().fmul(c, c);
         let p = self.poly(
             x2,
             &[
                 4.893_524_6e-3,
                 6.372_619_3e-4,
-                1.485_722_4e-5,
-                5.122_297e-8,
+                1.485_722_35e-5,
+                5.122_297_3e-8,
                 -8.604_672e-11,
                 2.000_188e-13,
-                -2.760_768_5e-16,
+                -2.760_768_4e-16,
             ],
         );
-        let q = self.poly(x2, &[4.893_525e-3, 2.268_434_6e-3, 1.185_347_1e-4, 1.198_258_4e-6]);
+        let q = self.poly(x2, &[4.893_525e-3, 2.268_434_7e-3, 1.185_347_1e-4, 1.198_258_4e-6]);
         let cp = self.b.ins().fmul(c, p);
         let r = self.b.ins().fdiv(cp, q);
-        self.select(tiny, x, r)
+        let r = self.at_least(r, -1.0);
+        self.at_most(r, 1.0)
     }
 
     /// The logistic function as `0.5 + v·P(v²)/Q(v²)` with v = x clamped to ±18, clamped to
@@ -202,9 +209,9 @@ impl Emit<'_, '_> {
         let v = self.at_least(x, -18.0);
         let v = self.at_most(v, 18.0);
         let v2 = self.b.ins().fmul(v, v);
-        let p = self.poly(v2, &[2.482_879_5e-1, 8.513_771e-3, 6.085_748_6e-5, 1.156_273_2e-7, 4.370_31e-11]);
-        let q =
-            self.poly(v2, &[9.931_519e-1, 1.168_176_6e-1, 1.701_988_2e-3, 6.291_068e-6, 5.761_021_4e-9, 6.102_474e-13]);
+        let p = self.poly(v2, &[2.482_879_5e-1, 8.513_771e-3, 6.085_749e-5, 1.156_273_2e-7, 4.370_31e-11]);
+        let q = self
+            .poly(v2, &[9.931_519e-1, 1.168_176_5e-1, 1.701_988_2e-3, 6.291_068e-6, 5.761_021_4e-9, 6.102_473_7e-13]);
         let vp = self.b.ins().fmul(v, p);
         let r = self.b.ins().fdiv(vp, q);
         let half = self.f(0.5);
@@ -277,8 +284,9 @@ impl Emit<'_, '_> {
     }
 }
 
-/// Builds the CLIF function of a program with `n_inputs` inputs.
-pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cfg: TargetFrontendConfig) {
+/// Builds the CLIF function of a program with `n_inputs` inputs; `fma`: whether the target
+/// has fused multiply-adds (see [`super::has_fma`]).
+pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cfg: TargetFrontendConfig, fma: bool) {
     let ptr = types::I64;
     let mut fbc = FunctionBuilderContext::new();
     let (mut b, _, params) = super::begin(func, &mut fbc, 4);
@@ -312,7 +320,7 @@ pub fn lower_elementwise(prog: &[Inst], n_inputs: usize, func: &mut Function, cf
                 b.ins().load(ty, flags, addr, 0)
             })
             .collect();
-        let v = Emit { b: &mut b, ty, cast }.program(prog, &loaded);
+        let v = Emit { b: &mut b, ty, cast, fma }.program(prog, &loaded);
         let addr = b.ins().iadd(out, off);
         b.ins().store(flags, v, addr, 0);
         let next = b.ins().iadd_imm_s(i, step);
@@ -342,7 +350,8 @@ pub fn compile_elementwise<M: Module>(
     prog: &[Inst],
     n_inputs: usize,
 ) -> Result<FuncId, CodegenError> {
-    super::define(module, node, name, export, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg))
+    let fma = super::has_fma(module.isa());
+    super::define(module, node, name, export, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg, fma))
 }
 
 #[cfg(test)]
@@ -352,8 +361,9 @@ mod tests {
     use aim_ir::{Attr, Graph, Node};
 
     /// Compiles `program` as the only node of a graph, for the host and for the SSE4.2
-    /// baseline, and runs it over `xs`.
-    fn run(program: &[&str], xs: &[f32]) -> Vec<Vec<f32>> {
+    /// baseline, and runs it over `xs`: the outputs, each with whether its target fused
+    /// multiply-adds.
+    fn run_with_fma(program: &[&str], xs: &[f32]) -> Vec<(bool, Vec<f32>)> {
         let mut g = Graph::default();
         g.nodes.push(Node {
             name: "n".into(),
@@ -375,9 +385,14 @@ mod tests {
                 let ins = [xs.as_ptr()];
                 // SAFETY: one input of xs.len() elements, an output as long.
                 unsafe { f(ins.as_ptr(), out.as_mut_ptr(), 0, xs.len()) };
-                out
+                (target.features.fma || target.arch == "aarch64", out)
             })
             .collect()
+    }
+
+    /// [`run_with_fma`]'s outputs.
+    fn run(program: &[&str], xs: &[f32]) -> Vec<Vec<f32>> {
+        run_with_fma(program, xs).into_iter().map(|(_, out)| out).collect()
     }
 
     /// The same lowering emits into an object file (the ahead-of-time path): an exported
@@ -429,9 +444,10 @@ mod tests {
         check("sigmoid", 3e-7, false, |x| 1.0 / (1.0 + (-x).exp()));
     }
 
-    /// A generated loop computes a program's bits exactly as `ewprog::eval` does (and so as
-    /// the full-width blocks of `ewprog::wide`, which the runtime runs on AVX2 and AVX-512
-    /// for the longer loops): a node's result does not depend on which of them ran it.
+    /// A generated loop computes a program's bits exactly as `ewprog::eval_with` does, with
+    /// multiply-adds fused where the target has FMA (and so as the full-width blocks of
+    /// `ewprog::wide`, which the runtime runs on AVX2 and AVX-512 for the longer loops): a
+    /// node's result does not depend on which of them ran it.
     #[test]
     fn generated_loops_give_the_bits_eval_gives() {
         let xs = grid(-30.0, 30.0, 20_011);
@@ -443,9 +459,14 @@ mod tests {
         for prog in progs {
             let lines: Vec<String> = prog.iter().map(|s| s.to_string()).collect();
             let parsed = crate::ewprog::parse(&lines).unwrap();
-            for got in run(prog, &xs) {
+            for (fma, got) in run_with_fma(prog, &xs) {
                 for (&x, &g) in xs.iter().zip(&got) {
-                    let want = crate::ewprog::eval(&parsed, &[x]).unwrap();
+                    let want = if fma {
+                        aim_kernels::ewprog::eval_with::<true>(&parsed, &[x])
+                    } else {
+                        aim_kernels::ewprog::eval_with::<false>(&parsed, &[x])
+                    }
+                    .unwrap();
                     assert_eq!(g.to_bits(), want.to_bits(), "{prog:?} at {x}: {g} vs {want}");
                 }
             }

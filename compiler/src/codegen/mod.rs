@@ -194,7 +194,8 @@ pub fn elementwise_text(
     n_inputs: usize,
     target: &Target,
 ) -> Result<(String, String), CodegenError> {
-    function_text(name, target, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg))
+    let fma = has_fma(&*isa_for(target)?);
+    function_text(name, target, |f, cfg| lower_elementwise(prog, n_inputs, f, cfg, fma))
 }
 
 /// The Cranelift IR and machine code of an `aim:Reduce` node's loop.
@@ -234,6 +235,19 @@ fn begin<'a>(
 
 /// Declares and defines in `module` the function `lower` builds, under `name`; exported
 /// (`Linkage::Export`) when `export`. Errors name `node`.
+/// Whether code for `isa` has fused multiply-adds as instructions (AArch64; x86-64 with
+/// the FMA feature): generated loops fuse their polynomial steps there, as the kernels'
+/// `FMA = true` forms do. Elsewhere Cranelift would call a library `fma`.
+pub(crate) fn has_fma(isa: &dyn cranelift_codegen::isa::TargetIsa) -> bool {
+    match isa.triple().architecture {
+        target_lexicon::Architecture::Aarch64(_) => true,
+        target_lexicon::Architecture::X86_64 => {
+            isa.isa_flags().iter().any(|v| v.name == "has_fma" && v.as_bool() == Some(true))
+        }
+        _ => false,
+    }
+}
+
 fn define<M: cranelift_module::Module>(
     module: &mut M,
     node: &str,

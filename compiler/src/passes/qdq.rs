@@ -419,7 +419,8 @@ fn cast_reader(
 /// `ConvInteger(X, W, x_zero, w_zero)` read only by a Cast to f32 (writing `y`), as what
 /// `quantize_dynamic` writes for a convolution: an f32 Conv of the zero-point-shifted
 /// operands (X cast and shifted; W by a DequantizeLinear with scale 1, per output channel
-/// or per tensor, which folds into a constant), exact while the sums stay below 2²⁴.
+/// or per tensor, which folds into a constant), exact while the sums stay below 2²⁴ and
+/// marked `exact_sums` so that kernel selection keeps them exact (no Winograd).
 fn conv_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
     let (x, w) = (n.input(0).ok_or(())?, n.input(1).ok_or(())?);
     // X's zero point must be one value (a per-tensor shift): a constant, or a computed
@@ -437,10 +438,12 @@ fn conv_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
     let unit = Tensor::from_vec(&[wz_len], vec![1f32; wz_len]);
     e.consts.push((ws.clone(), if wz_len == 1 { unit.reshaped(&[]) } else { unit }));
     let wf = dq(e, w, &ws, n.input(3), (wz_len > 1).then_some(0));
-    let attrs: Vec<(&str, Attr)> = ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"]
+    let mut attrs: Vec<(&str, Attr)> = ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"]
         .into_iter()
         .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
         .collect();
+    // Whole numbers in, their exact sums out: no kernel that rounds on the way (Winograd).
+    attrs.push((aim_kernels::nchwc::EXACT_SUMS, Attr::Int(1)));
     e.op_to("Conv", &[&xf, &wf], y, attrs);
     Ok(())
 }

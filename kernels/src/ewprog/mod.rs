@@ -168,6 +168,13 @@ pub fn parse(lines: &[String]) -> Result<Vec<Inst>, String> {
 /// the rest is exact f32 arithmetic in the program's order). For tables of a byte's 256
 /// values (`passes::byte_tables`). `None` for a program that reads a missing input.
 pub fn eval(prog: &[Inst], inputs: &[f32]) -> Option<f32> {
+    eval_with::<false>(prog, inputs)
+}
+
+/// [`eval`] with the transcendental functions' multiply-adds fused where `FMA`: what the
+/// generated loop and [`wide`] compute on targets with FMA (`f32::mul_add` is a library
+/// call where this code is not compiled for FMA: for tests and tables, not hot loops).
+pub fn eval_with<const FMA: bool>(prog: &[Inst], inputs: &[f32]) -> Option<f32> {
     use crate::fast::math;
     let mut v: Vec<f32> = Vec::with_capacity(prog.len());
     for inst in prog {
@@ -191,10 +198,10 @@ pub fn eval(prog: &[Inst], inputs: &[f32]) -> Option<f32> {
                             a
                         }
                     }
-                    Unary::Exp => math::exp(a),
-                    Unary::Erf => math::erf(a),
-                    Unary::Tanh => math::tanh(a),
-                    Unary::Sigmoid => math::sigmoid(a),
+                    Unary::Exp => math::exp_with::<FMA>(a),
+                    Unary::Erf => math::erf_with::<FMA>(a),
+                    Unary::Tanh => math::tanh_with::<FMA>(a),
+                    Unary::Sigmoid => math::sigmoid_with::<FMA>(a),
                     Unary::Reciprocal => 1.0 / a,
                     Unary::Round => a.round_ties_even(),
                 }

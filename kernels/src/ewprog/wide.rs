@@ -3,8 +3,8 @@
 //! those CPUs a program runs here instead, one instruction at a time over a block of
 //! [`BLOCK`] elements held in L1 (each instruction one loop the compiler vectorises at the
 //! full width), the last instruction writing the output: the same arithmetic in the same
-//! order per element as [`super::eval`], with `fast::math`'s approximations for the
-//! transcendental functions.
+//! order per element as [`super::eval_with`], with `fast::math`'s approximations for the
+//! transcendental functions (their multiply-adds fused: every CPU with AVX2 has FMA).
 
 use super::{operands, Binary, Inst, Operand, Unary};
 use crate::fast::math;
@@ -234,12 +234,12 @@ impl Wide {
             #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
             unsafe fn v4(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, start: usize, end: usize) {
                 // SAFETY: as for `run`.
-                unsafe { blocks(w, ins, out, tp, start, end) }
+                unsafe { blocks::<true>(w, ins, out, tp, start, end) }
             }
             #[target_feature(enable = "avx2,fma")]
             unsafe fn v3(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, start: usize, end: usize) {
                 // SAFETY: as for `run`.
-                unsafe { blocks(w, ins, out, tp, start, end) }
+                unsafe { blocks::<true>(w, ins, out, tp, start, end) }
             }
             // SAFETY: the ISA was checked available when the program was built; the
             // pointers are as the caller promised, `tp` holds `temps` blocks.
@@ -250,16 +250,17 @@ impl Wide {
             }
         }
         // SAFETY: as above.
-        unsafe { blocks(self, ins, out, tp, start, end) }
+        unsafe { blocks::<{ cfg!(target_arch = "aarch64") }>(self, ins, out, tp, start, end) }
     }
 }
 
-/// Every block of `start..end`, every step over it.
+/// Every block of `start..end`, every step over it (the transcendental functions'
+/// multiply-adds fused where `FMA`, as the generated loop fuses them on such targets).
 ///
 /// # Safety
 /// As for [`Wide::run`]; `tp` holds `w.temps` blocks.
 #[inline(always)]
-unsafe fn blocks(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, start: usize, end: usize) {
+unsafe fn blocks<const FMA: bool>(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, start: usize, end: usize) {
     let in_place = ins.iter().any(|&p| std::ptr::eq(p, out));
     let result = w.temps;
     let mut at = start;
@@ -274,7 +275,7 @@ unsafe fn blocks(w: &Wide, ins: &[*const f32], out: *mut f32, tp: *mut f32, star
                     None if in_place => std::slice::from_raw_parts_mut(tp.add(result * BLOCK), len),
                     None => std::slice::from_raw_parts_mut(out.add(at), len),
                 };
-                step(s, operand(s.a, ins, tp, at, len), operand(s.b, ins, tp, at, len), dst);
+                step::<FMA>(s, operand(s.a, ins, tp, at, len), operand(s.b, ins, tp, at, len), dst);
             }
         }
         if in_place {
@@ -308,7 +309,7 @@ unsafe fn operand<'a>(s: Src, ins: &[*const f32], tp: *mut f32, at: usize, len: 
 /// One step over one block. Each arm is one loop over the block (vectorised at the width
 /// of the caller's target features).
 #[inline(always)]
-fn step(s: &Step, a: Val, b: Val, dst: &mut [f32]) {
+fn step<const FMA: bool>(s: &Step, a: Val, b: Val, dst: &mut [f32]) {
     match s.op {
         Op::Copy => unary(a, dst, |x| x),
         Op::Unary(u) => match u {
@@ -317,10 +318,10 @@ fn step(s: &Step, a: Val, b: Val, dst: &mut [f32]) {
             Unary::Sqrt => unary(a, dst, f32::sqrt),
             // NaN stays NaN, as in the generated loop.
             Unary::Relu => unary(a, dst, |x| if x < 0.0 { 0.0 } else { x }),
-            Unary::Exp => unary(a, dst, math::exp),
-            Unary::Erf => unary(a, dst, math::erf),
-            Unary::Tanh => unary(a, dst, math::tanh),
-            Unary::Sigmoid => unary(a, dst, math::sigmoid),
+            Unary::Exp => unary(a, dst, math::exp_with::<FMA>),
+            Unary::Erf => unary(a, dst, math::erf_with::<FMA>),
+            Unary::Tanh => unary(a, dst, math::tanh_with::<FMA>),
+            Unary::Sigmoid => unary(a, dst, math::sigmoid_with::<FMA>),
             Unary::Reciprocal => unary(a, dst, |x| 1.0 / x),
             Unary::Round => unary(a, dst, f32::round_ties_even),
         },
@@ -415,7 +416,9 @@ mod tests {
         for text in &progs {
             let lines: Vec<String> = text.iter().map(|s| s.to_string()).collect();
             let prog = super::super::parse(&lines).unwrap();
-            let want: Vec<f32> = (0..n).map(|i| super::super::eval(&prog, &[x[i], y[i]]).unwrap()).collect();
+            // The full-width blocks fuse multiply-adds (AVX2 and AVX-512 have FMA).
+            let want: Vec<f32> =
+                (0..n).map(|i| super::super::eval_with::<true>(&prog, &[x[i], y[i]]).unwrap()).collect();
             for kind in [IsaKind::Avx512, IsaKind::Avx2] {
                 let Some(isa) = Isa::new(kind) else { continue };
                 let w = Wide::new(isa, &prog).unwrap();

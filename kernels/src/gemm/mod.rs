@@ -188,9 +188,18 @@ pub enum Activation {
 
 impl Activation {
     /// Applies the activation to one value (written to vectorise: selects, no branches
-    /// but loop-invariant ones; the transcendental functions are `fast::math`'s).
+    /// but loop-invariant ones; the transcendental functions are `fast::math`'s, with
+    /// separate multiplies and adds: for scalar code compiled without FMA).
     #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
+        self.apply_with::<false>(x)
+    }
+
+    /// [`Activation::apply`] with the transcendental functions' multiply-adds fused where
+    /// `FMA` (for loops compiled with the FMA feature: the bits ONNX Runtime's MLAS gives on
+    /// such CPUs, see `fast::math`).
+    #[inline(always)]
+    pub fn apply_with<const FMA: bool>(self, x: f32) -> f32 {
         use crate::fast::math;
         match self {
             Activation::Identity => x,
@@ -205,16 +214,16 @@ impl Activation {
             }
             Activation::HardSigmoid(a, b) => clamp(a * x + b, 0.0, 1.0),
             Activation::HardSwish => x * clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0),
-            Activation::Sigmoid => math::sigmoid(x),
-            Activation::Silu => x * math::sigmoid(x),
-            Activation::Tanh => math::tanh(x),
-            Activation::Gelu => 0.5 * x * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2)),
-            Activation::GeluTanh => 0.5 * x * (1.0 + math::tanh(0.797_884_6 * (x + 0.044_715 * x * x * x))),
+            Activation::Sigmoid => math::sigmoid_with::<FMA>(x),
+            Activation::Silu => x * math::sigmoid_with::<FMA>(x),
+            Activation::Tanh => math::tanh_with::<FMA>(x),
+            Activation::Gelu => 0.5 * x * (1.0 + math::erf_with::<FMA>(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::GeluTanh => 0.5 * x * (1.0 + math::tanh_with::<FMA>(0.797_884_6 * (x + 0.044_715 * x * x * x))),
             Activation::Elu(a) => {
                 if x > 0.0 {
                     x
                 } else {
-                    a * (math::exp(x) - 1.0)
+                    a * (math::exp_with::<FMA>(x) - 1.0)
                 }
             }
         }
@@ -227,11 +236,11 @@ impl Activation {
         {
             #[target_feature(enable = "avx512f,avx2,fma")]
             unsafe fn v4(a: Activation, v: &mut [f32]) {
-                a.apply_body(v)
+                a.apply_body::<true>(v)
             }
             #[target_feature(enable = "avx2,fma")]
             unsafe fn v3(a: Activation, v: &mut [f32]) {
-                a.apply_body(v)
+                a.apply_body::<true>(v)
             }
             // SAFETY: an `Isa` exists only for features this CPU has.
             match isa.kind() {
@@ -241,12 +250,13 @@ impl Activation {
             }
         }
         let _ = isa;
-        self.apply_body(v)
+        self.apply_body::<{ cfg!(target_arch = "aarch64") }>(v)
     }
 
-    /// The loops of `apply_all`: one per kind, its parameters hoisted.
+    /// The loops of `apply_all`: one per kind, its parameters hoisted (multiply-adds fused
+    /// where `FMA`).
     #[inline(always)]
-    fn apply_body(self, v: &mut [f32]) {
+    fn apply_body<const FMA: bool>(self, v: &mut [f32]) {
         use crate::fast::math;
         macro_rules! each {
             ($f:expr) => {
@@ -262,14 +272,12 @@ impl Activation {
             Activation::LeakyRelu(a) => each!(|x: f32| if x < 0.0 { a * x } else { x }),
             Activation::HardSigmoid(a, b) => each!(|x: f32| clamp(a * x + b, 0.0, 1.0)),
             Activation::HardSwish => each!(|x: f32| x * clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0)),
-            Activation::Sigmoid => each!(math::sigmoid),
-            Activation::Silu => each!(|x: f32| x * math::sigmoid(x)),
-            Activation::Tanh => each!(math::tanh),
-            Activation::Gelu => each!(|x: f32| 0.5 * x * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2))),
-            Activation::GeluTanh => {
-                each!(|x: f32| 0.5 * x * (1.0 + math::tanh(0.797_884_6 * (x + 0.044_715 * x * x * x))))
-            }
-            Activation::Elu(a) => each!(|x: f32| if x > 0.0 { x } else { a * (math::exp(x) - 1.0) }),
+            Activation::Sigmoid => each!(math::sigmoid_with::<FMA>),
+            Activation::Silu => each!(|x: f32| x * math::sigmoid_with::<FMA>(x)),
+            Activation::Tanh => each!(math::tanh_with::<FMA>),
+            Activation::Gelu => each!(|x: f32| Activation::Gelu.apply_with::<FMA>(x)),
+            Activation::GeluTanh => each!(|x: f32| Activation::GeluTanh.apply_with::<FMA>(x)),
+            Activation::Elu(a) => each!(|x: f32| if x > 0.0 { x } else { a * (math::exp_with::<FMA>(x) - 1.0) }),
         }
     }
 
@@ -935,11 +943,11 @@ unsafe fn epilogue(isa: Isa, dst: *mut f32, ldc: usize, r0: usize, c0: usize, ro
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
         unsafe fn v4(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
-            epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
+            epilogue_body::<true>(dst, ldc, r0, c0, rows, cols, ep)
         }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v3(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
-            epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
+            epilogue_body::<true>(dst, ldc, r0, c0, rows, cols, ep)
         }
         match isa.kind() {
             IsaKind::Avx512 => return v4(dst, ldc, r0, c0, rows, cols, ep),
@@ -948,12 +956,21 @@ unsafe fn epilogue(isa: Isa, dst: *mut f32, ldc: usize, r0: usize, c0: usize, ro
         }
     }
     let _ = isa;
-    epilogue_body(dst, ldc, r0, c0, rows, cols, ep)
+    epilogue_body::<{ cfg!(target_arch = "aarch64") }>(dst, ldc, r0, c0, rows, cols, ep)
 }
 
-/// The epilogue's loops, one branch-free loop per combination so that each vectorises.
+/// The epilogue's loops, one branch-free loop per combination so that each vectorises
+/// (the activations' multiply-adds fused where `FMA`).
 #[inline(always)]
-unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: usize, cols: usize, ep: &Epilogue) {
+unsafe fn epilogue_body<const FMA: bool>(
+    dst: *mut f32,
+    ldc: usize,
+    r0: usize,
+    c0: usize,
+    rows: usize,
+    cols: usize,
+    ep: &Epilogue,
+) {
     let act = ep.act.unwrap_or(Activation::Identity);
     for r in 0..rows {
         let row = std::slice::from_raw_parts_mut(dst.add(r * ldc), cols);
@@ -980,12 +997,12 @@ unsafe fn epilogue_body(dst: *mut f32, ldc: usize, r0: usize, c0: usize, rows: u
             Activation::LeakyRelu(a) => apply!(|x: f32| if x < 0.0 { a * x } else { x }),
             Activation::HardSigmoid(a, b) => apply!(|x: f32| clamp(a * x + b, 0.0, 1.0)),
             Activation::HardSwish => apply!(|x: f32| Activation::HardSwish.apply(x)),
-            Activation::Sigmoid => apply!(crate::fast::math::sigmoid),
-            Activation::Silu => apply!(|x: f32| x * crate::fast::math::sigmoid(x)),
-            Activation::Tanh => apply!(crate::fast::math::tanh),
-            Activation::Gelu => apply!(|x: f32| Activation::Gelu.apply(x)),
-            Activation::GeluTanh => apply!(|x: f32| Activation::GeluTanh.apply(x)),
-            Activation::Elu(a) => apply!(|x: f32| if x > 0.0 { x } else { a * (crate::fast::math::exp(x) - 1.0) }),
+            a @ (Activation::Sigmoid
+            | Activation::Silu
+            | Activation::Tanh
+            | Activation::Gelu
+            | Activation::GeluTanh
+            | Activation::Elu(_)) => apply!(|x: f32| a.apply_with::<FMA>(x)),
         }
     }
     if let Some(post) = ep.post {

@@ -18,7 +18,7 @@ pub use conv::{panel_blocks, Conv, ConvIo};
 pub use depthwise::Depthwise;
 pub use pool::{global_average, Pool};
 pub use reorder::{from_blocked, to_blocked};
-pub use select::{BlockedKernel, ConvShape};
+pub use select::{BlockedKernel, ConvShape, EXACT_SUMS};
 pub use winograd::Winograd;
 
 use crate::gemm::IsaKind;

@@ -48,7 +48,15 @@ pub struct ConvShape {
     pub cout: usize,
     /// The channel block of the target.
     pub lanes: usize,
+    /// Whether the operands are whole numbers whose sums must come out exact (a
+    /// `ConvInteger` run in f32, node attribute [`EXACT_SUMS`]): not Winograd, whose
+    /// transforms take fractions of them and round.
+    pub exact: bool,
 }
+
+/// The node attribute (an int, 1) that marks a convolution whose operands are whole
+/// numbers and whose sums must stay exact (see [`ConvShape::exact`]).
+pub const EXACT_SUMS: &str = "exact_sums";
 
 /// The largest transformed filter (36/9 of the 3×3 one) that Winograd may use, in bytes:
 /// larger layers (ResNet-50's 512-channel ones, 7×7 images) gain little and would hold
@@ -60,7 +68,8 @@ impl ConvShape {
     pub fn fits(&self, kernel: BlockedKernel) -> bool {
         match kernel {
             BlockedKernel::Winograd => {
-                self.kernel == [3, 3]
+                !self.exact
+                    && self.kernel == [3, 3]
                     && self.strides == [1, 1]
                     && self.dilations == [1, 1]
                     && self.group == 1

@@ -72,6 +72,7 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         cin: cg,
         cout,
         lanes,
+        exact: n.int(nchwc::EXACT_SUMS, 0) != 0,
     };
     // The compiler's choice (`select-kernels`), checked; the same rule where it made none.
     let choice = match n.attrs.get("kernel") {
