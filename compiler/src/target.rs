@@ -24,6 +24,29 @@ pub struct Features {
     pub neon: bool,
 }
 
+impl Features {
+    /// The features every CPU of `level` has (x86-64's psABI levels; NEON on AArch64):
+    /// what a target for a level names when it is not this machine's CPU.
+    pub fn guaranteed_by(level: Level) -> Features {
+        let v2 = level >= Level::X86V2 && level != Level::Neon;
+        let v3 = level >= Level::X86V3 && level != Level::Neon;
+        let v4 = level == Level::X86V4;
+        Features {
+            sse41: v2,
+            sse42: v2,
+            avx: v3,
+            avx2: v3,
+            fma: v3,
+            avx512f: v4,
+            avx512bw: v4,
+            avx512dq: v4,
+            avx512vl: v4,
+            neon: level == Level::Neon,
+            ..Features::default()
+        }
+    }
+}
+
 /// The ISA tiers aim has kernels for, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -272,22 +295,7 @@ impl Target {
                 return Ok(capped);
             }
         }
-        let v2 = level >= Level::X86V2 && level != Level::Neon;
-        let v3 = level >= Level::X86V3 && level != Level::Neon;
-        let v4 = level == Level::X86V4;
-        let features = Features {
-            sse41: v2,
-            sse42: v2,
-            avx: v3,
-            avx2: v3,
-            fma: v3,
-            avx512f: v4,
-            avx512bw: v4,
-            avx512dq: v4,
-            avx512vl: v4,
-            neon: level == Level::Neon,
-            ..Features::default()
-        };
+        let features = Features::guaranteed_by(level);
         let same = host.arch == arch;
         Ok(Target {
             arch: if arch == "aarch64" { "aarch64" } else { "x86_64" },

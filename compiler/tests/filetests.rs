@@ -67,24 +67,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
         "aarch64-neon" => Level::Neon,
         other => return Err(format!("unknown target level '{other}'")),
     };
-    let (v2, v3, v4) = (
-        level >= Level::X86V2 && level != Level::Neon,
-        level >= Level::X86V3 && level != Level::Neon,
-        level == Level::X86V4,
-    );
-    let mut features = Features {
-        sse41: v2,
-        sse42: v2,
-        avx: v3,
-        avx2: v3,
-        fma: v3,
-        avx512f: v4,
-        avx512bw: v4,
-        avx512dq: v4,
-        avx512vl: v4,
-        neon: level == Level::Neon,
-        ..Features::default()
-    };
+    let mut features = Features::guaranteed_by(level);
     let mut half_weights = false;
     for w in words {
         match w {
