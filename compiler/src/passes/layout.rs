@@ -123,7 +123,8 @@ impl State {
             return b.clone();
         }
         let b = self.fresh(g, &format!("{name}.nchwc"));
-        if let Some(t) = blocked_type(g.value_types.get(name), self.lanes) {
+        // `value_type`, not `value_types`: a graph input's type is on the input.
+        if let Some(t) = blocked_type(g.value_type(name).as_ref(), self.lanes) {
             g.value_types.insert(b.clone(), t);
         }
         let mut attrs = std::collections::BTreeMap::new();
