@@ -257,7 +257,6 @@ impl Activation {
     /// where `FMA`).
     #[inline(always)]
     fn apply_body<const FMA: bool>(self, v: &mut [f32]) {
-        use crate::fast::math;
         macro_rules! each {
             ($f:expr) => {
                 for x in v.iter_mut() {
@@ -272,12 +271,13 @@ impl Activation {
             Activation::LeakyRelu(a) => each!(|x: f32| if x < 0.0 { a * x } else { x }),
             Activation::HardSigmoid(a, b) => each!(|x: f32| clamp(a * x + b, 0.0, 1.0)),
             Activation::HardSwish => each!(|x: f32| x * clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0)),
-            Activation::Sigmoid => each!(math::sigmoid_with::<FMA>),
-            Activation::Silu => each!(|x: f32| x * math::sigmoid_with::<FMA>(x)),
-            Activation::Tanh => each!(math::tanh_with::<FMA>),
+            // Each arm names its variant, so the match inside `apply_with` folds away.
+            Activation::Sigmoid => each!(|x: f32| Activation::Sigmoid.apply_with::<FMA>(x)),
+            Activation::Silu => each!(|x: f32| Activation::Silu.apply_with::<FMA>(x)),
+            Activation::Tanh => each!(|x: f32| Activation::Tanh.apply_with::<FMA>(x)),
             Activation::Gelu => each!(|x: f32| Activation::Gelu.apply_with::<FMA>(x)),
             Activation::GeluTanh => each!(|x: f32| Activation::GeluTanh.apply_with::<FMA>(x)),
-            Activation::Elu(a) => each!(|x: f32| if x > 0.0 { x } else { a * (math::exp_with::<FMA>(x) - 1.0) }),
+            Activation::Elu(a) => each!(|x: f32| Activation::Elu(a).apply_with::<FMA>(x)),
         }
     }
 
@@ -997,12 +997,14 @@ unsafe fn epilogue_body<const FMA: bool>(
             Activation::LeakyRelu(a) => apply!(|x: f32| if x < 0.0 { a * x } else { x }),
             Activation::HardSigmoid(a, b) => apply!(|x: f32| clamp(a * x + b, 0.0, 1.0)),
             Activation::HardSwish => apply!(|x: f32| Activation::HardSwish.apply(x)),
-            a @ (Activation::Sigmoid
-            | Activation::Silu
-            | Activation::Tanh
-            | Activation::Gelu
-            | Activation::GeluTanh
-            | Activation::Elu(_)) => apply!(|x: f32| a.apply_with::<FMA>(x)),
+            // Each arm names its variant, so the match inside `apply_with` folds away (one
+            // arm for the six would leave a six-way branch in the loop).
+            Activation::Sigmoid => apply!(|x: f32| Activation::Sigmoid.apply_with::<FMA>(x)),
+            Activation::Silu => apply!(|x: f32| Activation::Silu.apply_with::<FMA>(x)),
+            Activation::Tanh => apply!(|x: f32| Activation::Tanh.apply_with::<FMA>(x)),
+            Activation::Gelu => apply!(|x: f32| Activation::Gelu.apply_with::<FMA>(x)),
+            Activation::GeluTanh => apply!(|x: f32| Activation::GeluTanh.apply_with::<FMA>(x)),
+            Activation::Elu(a) => apply!(|x: f32| Activation::Elu(a).apply_with::<FMA>(x)),
         }
     }
     if let Some(post) = ep.post {
