@@ -32,6 +32,8 @@ pub struct AotOptions {
     /// The linker driver; `None`: `$CC`, else `cc` for the host's architecture and
     /// `<arch>-linux-gnu-gcc` for another.
     pub linker: Option<String>,
+    /// Which passes run (`-O1` … `-O3`, `--disable-pass`); `-O0` has no program to write.
+    pub optimization: aim_compiler::passes::Optimization,
 }
 
 /// What a compile wrote.
@@ -90,7 +92,18 @@ pub fn compile_shared_object(model: &Path, out: &Path, opts: &AotOptions) -> Res
             Architecture::X86_64 => "x86_64",
             _ => "aarch64",
         };
-        let target = Target::for_arch(arch, &level)?;
+        let mut target = Target::for_arch(arch, &level)?;
+        if opts.optimization.level == crate::OptLevel::O0 {
+            return Err(Error::BadOption {
+                option: "opt-level",
+                reason: "-O0 runs the reference kernels: there is no compiled program to write".into(),
+            });
+        }
+        target.optimization = opts.optimization.clone();
+        target
+            .optimization
+            .check(&aim_compiler::passes::cpu_pass_names(&target))
+            .map_err(|reason| Error::BadOption { option: "disable-pass", reason })?;
         let name = opts.name.clone().unwrap_or_else(|| default_name(out));
         if name.is_empty()
             || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')

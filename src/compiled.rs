@@ -61,9 +61,14 @@ pub fn header(path: &Path, verify: bool) -> Result<(Header, usize, Option<usize>
 pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<CompileSummary, Error> {
     let p = model.display().to_string();
     crate::guard::contain(&format!("compiling {p}"), || {
+        if opts.opt_level == crate::OptLevel::O0 {
+            return Err(Error::BadOption {
+                option: "opt-level",
+                reason: "-O0 runs the reference kernels: there is no compiled program to write".into(),
+            });
+        }
         let mut ir = import_checked(model)?;
-        let mut target = Target::host().with_cpu(&opts.cpu)?;
-        target.half_weights = opts.half_weights;
+        let target = crate::cpu_target(opts)?;
         let sigs = crate::signatures(&ir.graph, &opts.shapes, &p)?;
         let stage = match sigs.as_slice() {
             [] if specialize::worthwhile(&ir.graph) => "source",
@@ -114,8 +119,11 @@ pub(crate) fn header_for(stage: &str, target: &Target, model: &Path, plan: Optio
             ("l1d", target.l1d.to_string()),
             ("l2", target.l2.to_string()),
             ("l3", target.l3.to_string()),
+            ("opt_level", target.optimization.level.number().to_string()),
+            ("disabled_passes", target.optimization.disabled.join(",")),
         ]
         .into_iter()
+        .filter(|(k, v)| !(*k == "disabled_passes" && v.is_empty()))
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
         writer: format!("aim {}", env!("CARGO_PKG_VERSION")),
@@ -223,6 +231,14 @@ pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
                     reason: format!("{p} holds a program compiled for static shapes"),
                 });
             }
+            if opts.opt_level != crate::OptLevel::O3 || !opts.disabled_passes.is_empty() {
+                return Err(Error::BadOption {
+                    option: if opts.disabled_passes.is_empty() { "opt-level" } else { "disable-pass" },
+                    reason: format!(
+                        "{p} holds a program optimised when it was compiled: give -O and --disable-pass to aim compile"
+                    ),
+                });
+            }
             if let Some(t) = opts.threads.filter(|&t| t > crate::MAX_THREADS) {
                 return Err(Error::BadOption {
                     option: "threads",
@@ -248,6 +264,13 @@ pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
                 backend: Backend::Cpu,
                 exec: Exec::Cpu(generic, None),
                 run_opts: aim_runtime::RunOptions { timeout: opts.timeout },
+                // Files from before levels were recorded were compiled at -O3.
+                opt_level: header
+                    .target
+                    .get("opt_level")
+                    .and_then(|l| l.parse().ok())
+                    .and_then(crate::OptLevel::from_number)
+                    .unwrap_or(crate::OptLevel::O3),
             })
         }
         other => Err(Error::Compile {

@@ -27,6 +27,7 @@ pub mod serve;
 mod specialize;
 mod views;
 
+pub use aim_compiler::passes::OptLevel;
 pub use aim_ir::{DType, Dim, Tensor, ValueType};
 pub use random::{random_inputs, random_inputs_shaped};
 pub use views::TensorView;
@@ -154,6 +155,13 @@ pub struct Options {
     /// mantissas in the products, f32 sums), as ONNX Runtime's CUDA provider and PyTorch
     /// may.
     pub allow_tf32: bool,
+    /// How much of the compiler runs on the cpu backend (`-O0` … `-O3`; default `-O3`,
+    /// everything). `-O0` runs every node on its reference kernel, as the reference
+    /// backend does.
+    pub opt_level: OptLevel,
+    /// Passes of the cpu pipeline not to run, by name (`--disable-pass`; `aim explore
+    /// --passes` lists them): for finding which pass a wrong result or a slowdown comes from.
+    pub disabled_passes: Vec<String>,
 }
 
 /// The shapes of a model's inputs by name: one signature to specialise for.
@@ -174,8 +182,58 @@ impl Default for Options {
             shape_cache: None,
             half_weights: false,
             allow_tf32: false,
+            opt_level: OptLevel::O3,
+            disabled_passes: Vec::new(),
         }
     }
+}
+
+/// The cpu backend's target for `opts`: this CPU capped by `opts.cpu`, with the user's
+/// weight and pass choices, which are checked here (an unknown pass name, or f16 weights
+/// at a level without the packed kernels that keep them, is an error naming the option).
+pub(crate) fn cpu_target(opts: &Options) -> Result<aim_compiler::target::Target, Error> {
+    let mut target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
+    target.half_weights = opts.half_weights;
+    target.optimization =
+        aim_compiler::passes::Optimization { level: opts.opt_level, disabled: opts.disabled_passes.clone() };
+    target
+        .optimization
+        .check(&aim_compiler::passes::cpu_pass_names(&target))
+        .map_err(|reason| Error::BadOption { option: "disable-pass", reason })?;
+    if opts.half_weights && !target.optimization.runs("half-weights") {
+        return Err(Error::BadOption {
+            option: "weights",
+            reason: format!(
+                "f16 weights are kept by the packed dense kernels, which -O{} {}does not run (they need -O2 or above and the half-weights pass)",
+                opts.opt_level.number(),
+                if opts.disabled_passes.is_empty() { "" } else { "with the passes disabled " }
+            ),
+        });
+    }
+    Ok(target)
+}
+
+/// Refuses pass choices on a backend that has no pass levels (cuda: its kernels need the
+/// whole pipeline; reference: it runs no passes).
+fn check_pass_choices(opts: &Options) -> Result<(), Error> {
+    let name = match opts.backend {
+        Backend::Cpu => return Ok(()),
+        Backend::Reference => "the reference backend runs no passes",
+        Backend::Cuda => "the cuda backend runs its whole pipeline (its kernels read what the fusions make)",
+    };
+    if opts.opt_level != OptLevel::O3 {
+        return Err(Error::BadOption {
+            option: "opt-level",
+            reason: format!("{name}: -O levels apply to the cpu backend"),
+        });
+    }
+    if let Some(d) = opts.disabled_passes.first() {
+        return Err(Error::BadOption {
+            option: "disable-pass",
+            reason: format!("{name}: cannot disable '{d}' (passes can be disabled on the cpu backend)"),
+        });
+    }
+    Ok(())
 }
 
 enum Exec {
@@ -422,6 +480,7 @@ pub struct Model {
     backend: Backend,
     exec: Exec,
     run_opts: RunOptions,
+    opt_level: OptLevel,
 }
 
 impl Model {
@@ -468,14 +527,27 @@ impl Model {
         if let Some(b) = opts.max_tensor_bytes {
             aim_ir::limits::set_max_tensor_bytes(b);
         }
+        check_pass_choices(opts)?;
         aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
         let ops = aim_runtime::unsupported_ops(&ir.graph);
         if !ops.is_empty() {
             return Err(Error::Unsupported { path: p, ops });
         }
         aim_ir::infer::infer_types(&mut ir.graph).map_err(|cause| Error::Infer { path: p.clone(), cause })?;
+        let mut backend = opts.backend;
         let exec = match opts.backend {
             Backend::Reference => Exec::Reference,
+            // -O0: no compiled program, every node on its reference kernel.
+            Backend::Cpu if opts.opt_level == OptLevel::O0 => {
+                if let Some(d) = opts.disabled_passes.first() {
+                    return Err(Error::BadOption {
+                        option: "disable-pass",
+                        reason: format!("-O0 runs no passes: cannot disable '{d}'"),
+                    });
+                }
+                backend = Backend::Reference;
+                Exec::Reference
+            }
             #[cfg(feature = "cuda")]
             Backend::Cuda => Exec::Cuda(Box::new(cuda::CudaExec::new(
                 ir.graph.clone(),
@@ -492,8 +564,7 @@ impl Model {
                 })
             }
             Backend::Cpu => {
-                let mut target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
-                target.half_weights = opts.half_weights;
+                let target = cpu_target(opts)?;
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
                 let pool = aim_runtime::pool::ThreadPool::new(threads)
                     .map(std::sync::Arc::new)
@@ -527,9 +598,10 @@ impl Model {
         Ok(Model {
             ir,
             path: path.to_path_buf(),
-            backend: opts.backend,
+            backend,
             exec,
             run_opts: RunOptions { timeout: opts.timeout },
+            opt_level: if opts.backend == Backend::Cpu { opts.opt_level } else { OptLevel::O3 },
         })
     }
 
@@ -639,9 +711,16 @@ impl Model {
         &self.path
     }
 
-    /// The backend it runs on.
+    /// The backend it runs on (the reference backend for a cpu load at `-O0`, which runs
+    /// the reference kernels).
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The optimisation level its cpu program was compiled at (`-O3` on the other
+    /// backends, which have no levels).
+    pub fn opt_level(&self) -> OptLevel {
+        self.opt_level
     }
 
     /// The device it runs on: the GPU's name and architecture on the cuda backend, `None`

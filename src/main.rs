@@ -51,6 +51,36 @@ struct LoadArgs {
     /// On the cuda backend, let f32 GEMMs and convolutions use TF32 tensor cores.
     #[arg(long)]
     allow_tf32: bool,
+    #[command(flatten)]
+    passes: PassArgs,
+}
+
+/// Which passes run: `-O` and `--disable-pass`, for every command that compiles.
+#[derive(Args, Clone)]
+struct PassArgs {
+    /// Optimisation level (cpu backend): 0 runs every node on its reference kernel,
+    /// interpreted; 1 adds constant folding, simplification, dead-code elimination and
+    /// BatchNormalization folding; 2 fusion, packed-weight, quantized and 4-bit kernels; 3
+    /// (the default) blocked layouts and every other pass.
+    #[arg(short = 'O', long = "opt-level", value_name = "LEVEL", default_value_t = 3)]
+    opt_level: u32,
+    /// Do not run this pass of the cpu pipeline (repeatable; `aim explore --passes` lists
+    /// them by name).
+    #[arg(long = "disable-pass", value_name = "NAME")]
+    disable_pass: Vec<String>,
+}
+
+impl PassArgs {
+    /// The level, checked.
+    fn level(&self) -> Result<aim::OptLevel> {
+        aim::OptLevel::from_number(self.opt_level)
+            .ok_or_else(|| anyhow::anyhow!("-O{}: the levels are 0, 1, 2 and 3", self.opt_level))
+    }
+
+    /// The compiler's pass selection.
+    fn optimization(&self) -> Result<aim_compiler::passes::Optimization> {
+        Ok(aim_compiler::passes::Optimization { level: self.level()?, disabled: self.disable_pass.clone() })
+    }
 }
 
 /// `--shape` values as signatures: a name given again starts the next one.
@@ -111,6 +141,8 @@ impl LoadArgs {
             shape_cache: self.shape_cache,
             half_weights,
             allow_tf32: self.allow_tf32,
+            opt_level: self.passes.level()?,
+            disabled_passes: self.passes.disable_pass.clone(),
         })
     }
 }
@@ -213,6 +245,8 @@ enum Cmd {
         /// With --quantize: one weight scale per output channel.
         #[arg(long, requires = "quantize")]
         per_channel: bool,
+        #[command(flatten)]
+        passes: PassArgs,
     },
     /// Quantize a model to 8 bits, as ONNX that ONNX Runtime runs too: static (QDQ: the
     /// ranges of the activations Conv, MatMul and Gemm read calibrated over a directory of
@@ -315,6 +349,8 @@ enum Cmd {
         /// type: f16 or bf16 (a model whose weights are f16 or bf16 gets its own type).
         #[arg(long, value_name = "f16|bf16")]
         half: Option<String>,
+        #[command(flatten)]
+        pass_choice: PassArgs,
     },
     /// Find where the cpu backend's numbers part from the reference: run both keeping every
     /// intermediate value and print, per node output in graph order, max abs error, max
@@ -445,8 +481,15 @@ fn compile_cmd(
     output: &std::path::Path,
     cpu: &str,
     shape: &[String],
+    passes: &PassArgs,
 ) -> Result<()> {
-    let opts = aim::Options { cpu: cpu.to_string(), shapes: parse_shapes(shape)?, ..aim::Options::default() };
+    let opts = aim::Options {
+        cpu: cpu.to_string(),
+        shapes: parse_shapes(shape)?,
+        opt_level: passes.level()?,
+        disabled_passes: passes.disable_pass.clone(),
+        ..aim::Options::default()
+    };
     let t0 = std::time::Instant::now();
     let s = aim::compiled::compile_to_file(model, output, &opts)?;
     writeln!(
@@ -545,8 +588,15 @@ fn compile_so(
     name: Option<String>,
     linker: Option<String>,
     shape: &[String],
+    passes: &PassArgs,
 ) -> Result<()> {
-    let opts = aim::aot::AotOptions { target, name, shapes: parse_shapes(shape)?, linker };
+    let opts = aim::aot::AotOptions {
+        target,
+        name,
+        shapes: parse_shapes(shape)?,
+        linker,
+        optimization: passes.optimization()?,
+    };
     let t0 = std::time::Instant::now();
     let s = aim::aot::compile_shared_object(model, output, &opts)?;
     writeln!(
@@ -1066,7 +1116,7 @@ fn explore_options(
             Some([l1, l2, l3])
         }
     };
-    Ok(aim::explore::Options { cpu, caches, passes, profile, shapes, gpu })
+    Ok(aim::explore::Options { cpu, caches, passes, profile, shapes, gpu, ..Default::default() })
 }
 
 fn explore(
@@ -1194,6 +1244,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
             method,
             symmetric,
             per_channel,
+            passes,
         } => {
             // Quantized first, next to the output, then compiled like any model.
             let q = output.with_extension("quantized.onnx");
@@ -1202,27 +1253,27 @@ fn dispatch(cli: Cli) -> Result<bool> {
                 Some(_) if cpu != "native" => {
                     Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
                 }
-                Some(t) => compile_so(&mut out, &q, &output, t, name, linker, &shape),
+                Some(t) => compile_so(&mut out, &q, &output, t, name, linker, &shape, &passes),
                 None if name.is_some() || linker.is_some() => {
                     Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
                 }
-                None => compile_cmd(&mut out, &q, &output, &cpu, &shape),
+                None => compile_cmd(&mut out, &q, &output, &cpu, &shape, &passes),
             });
             let _ = std::fs::remove_file(&q);
             done.map(|_| true)
         }
-        Cmd::Compile { model, output, cpu, shape, target: Some(target), name, linker, .. } => {
+        Cmd::Compile { model, output, cpu, shape, target: Some(target), name, linker, passes, .. } => {
             if cpu != "native" {
                 Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
             } else {
-                compile_so(&mut out, &model, &output, target, name, linker, &shape).map(|_| true)
+                compile_so(&mut out, &model, &output, target, name, linker, &shape, &passes).map(|_| true)
             }
         }
-        Cmd::Compile { model, output, cpu, shape, target: None, name, linker, .. } => {
+        Cmd::Compile { model, output, cpu, shape, target: None, name, linker, passes, .. } => {
             if name.is_some() || linker.is_some() {
                 Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
             } else {
-                compile_cmd(&mut out, &model, &output, &cpu, &shape).map(|_| true)
+                compile_cmd(&mut out, &model, &output, &cpu, &shape, &passes).map(|_| true)
             }
         }
         Cmd::Quantize {
@@ -1244,9 +1295,24 @@ fn dispatch(cli: Cli) -> Result<bool> {
             load.options(Backend::Cpu).and_then(|o| compare(&mut out, &model, inputs, &against, tolerance, json, &o))
         }
         Cmd::TestOnnx { dirs, backend, quiet } => test_onnx(&mut out, dirs, backend, quiet),
-        Cmd::Explore { model, stage, node, passes, html, profile, cpu, caches, shape, gpu, allow_tf32, half } => {
+        Cmd::Explore {
+            model,
+            stage,
+            node,
+            passes,
+            html,
+            profile,
+            cpu,
+            caches,
+            shape,
+            gpu,
+            allow_tf32,
+            half,
+            pass_choice,
+        } => {
             let gpu = gpu_for_explore(&stage, gpu.as_deref(), allow_tf32, half.as_deref())?;
-            let opts = explore_options(passes, profile, cpu, caches, &shape, gpu)?;
+            let mut opts = explore_options(passes, profile, cpu, caches, &shape, gpu)?;
+            opts.optimization = pass_choice.optimization()?;
             explore(&mut out, &model, &stage, node.as_deref(), html, &opts).map(|_| true)
         }
     }

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Run models in aim and in ONNX Runtime on the same inputs and compare every output.
 
-Usage: compare_ort.py AIM_BINARY MODELS_DIR NAME [NAME...] [--backend reference] [--quantized] [--one-quantum] [--half]
+Usage: compare_ort.py AIM_BINARY MODELS_DIR NAME [NAME...] [--backend reference] [--opt-level N] [--quantized]
+       [--one-quantum] [--half]
 
 For each NAME, reads MODELS_DIR/NAME.onnx and MODELS_DIR/NAME.inputs.npz (as
 tests/models/make_models.py writes them), runs both, and checks that every output matches
 within 1e-3 of that output's largest magnitude. Prints one line per model and exits 1 on a
 mismatch. Needs: pip install onnxruntime numpy.
+
+--opt-level N runs aim at -ON (cpu backend): each level must give the same answers.
 
 With --half (f16 or bf16 models) outputs must have ORT's dtype and agree within 1e-2 of
 their largest magnitude: ten f16 steps, the rounding of intermediates that ORT's half
@@ -56,6 +59,11 @@ def main():
         i = args.index("--backend")
         backend = args[i + 1]
         del args[i : i + 2]
+    level = []
+    if "--opt-level" in args:
+        i = args.index("--opt-level")
+        level = ["--opt-level", args[i + 1]]
+        del args[i : i + 2]
     quantized = "--quantized" in args
     if quantized:
         args.remove("--quantized")
@@ -96,7 +104,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out.npz")
             run = subprocess.run(
-                [aim, "run", onnx_path, "--inputs", inputs_path, "--outputs", out, "--backend", backend],
+                [aim, "run", onnx_path, "--inputs", inputs_path, "--outputs", out, "--backend", backend] + level,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,

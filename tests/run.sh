@@ -44,6 +44,9 @@ section "benchmark models: aim against ONNX Runtime (reference and cpu backends)
 MODELS="mlp mlp_b64 mobilenetv2 bert_l6 resnet50 yolo_like dbnet_like crnn_like crnn_unrolled vad_like mobilenetv3 bert_hf gpt2_step"
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend reference
 python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu
+echo "   and at -O1 and -O2 (fewer passes: the same answers)"
+python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu --opt-level 1
+python3 tests/compare_ort.py target/release/aim target/models $MODELS --backend cpu --opt-level 2
 section "quantized models (ONNX Runtime's quantize_static QDQ and QOperator, quantize_dynamic): aim within ORT's own spread"
 QUANT="resnet50_qdq mobilenetv2_qdq resnet50_qop mobilenetv2_qop bert_l6_dyn bert_l6_qdq dq_int4"
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend reference --quantized

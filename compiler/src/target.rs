@@ -126,6 +126,8 @@ pub struct Target {
     /// Whether dense layers keep their weights as f16 (`--weights f16`): a choice of the
     /// user's that travels with the target the program is compiled for, like `capped_to`.
     pub half_weights: bool,
+    /// Which passes run (`-O` level, `--disable-pass`): the user's choice too.
+    pub optimization: crate::passes::Optimization,
 }
 
 fn level_of(f: &Features, arch: &str) -> Level {
@@ -217,6 +219,7 @@ impl Target {
             logical_cores: logical,
             capped_to: None,
             half_weights: false,
+            optimization: Default::default(),
         };
         #[cfg(target_arch = "x86_64")]
         detect_x86(&mut t);
@@ -310,6 +313,7 @@ impl Target {
             logical_cores: 1,
             capped_to: Some(level),
             half_weights: false,
+            optimization: Default::default(),
         })
     }
 

@@ -17,6 +17,7 @@ from several Python threads proceed in parallel. Errors are raised as ``aim.AimE
 aim's message, naming the file, node or input at fault.
 """
 
+import enum
 import warnings
 
 import numpy as np
@@ -26,7 +27,7 @@ from ._aim import Model as _NativeModel
 from ._aim import compile as _compile
 from ._aim import cuda_device as _cuda_device
 
-__all__ = ["AimError", "InferenceSession", "Model", "NodeArg", "SessionOptions", "compile",
+__all__ = ["AimError", "GraphOptimizationLevel", "InferenceSession", "Model", "NodeArg", "SessionOptions", "compile",
            "get_available_providers", "__version__"]
 
 
@@ -85,20 +86,24 @@ def _feeds(feeds, declared):
 
 class Model:
     """A model compiled for this CPU: ``Model(path_or_bytes, threads=None, cpu=None,
-    backend=None)``.
+    backend=None, opt_level=None, disabled_passes=None)``.
 
     ``threads``: worker threads per run (default: one per physical core); ``cpu``: an ISA
     cap such as ``"x86-64-v3"``; ``backend``: ``"cpu"`` (default), ``"reference"`` (the
     reference kernels, interpreted) or ``"cuda"`` (aim's PTX on an NVIDIA GPU, sm_80 or
-    later; an AimError says what is missing on a host without one).
+    later; an AimError says what is missing on a host without one); ``opt_level``: 0 to 3
+    (the command line's ``-O``; default 3), ``disabled_passes``: pass names not to run
+    (``--disable-pass``), both for the cpu backend.
     """
 
-    def __init__(self, model, threads=None, cpu=None, backend=None):
+    def __init__(self, model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None):
         if not isinstance(model, (bytes, bytearray)):
             model = str(model)
         elif isinstance(model, bytearray):
             model = bytes(model)
-        self._native = _NativeModel(model, threads=threads, cpu=cpu, backend=backend)
+        self._native = _NativeModel(model, threads=threads, cpu=cpu, backend=backend,
+                                    opt_level=None if opt_level is None else int(opt_level),
+                                    disabled_passes=None if disabled_passes is None else list(disabled_passes))
         self._declared = {n: d for n, d, _ in self._native.inputs if d is not None and d != "bfloat16"}
 
     @property
@@ -116,6 +121,12 @@ class Model:
     def threads(self):
         """Worker threads a run uses."""
         return self._native.threads
+
+    @property
+    def opt_level(self):
+        """The optimisation level (0 to 3, the command line's ``-O``) the model was
+        compiled at."""
+        return self._native.opt_level
 
     def run(self, feeds):
         """Runs the model on ``feeds`` ({input name: array}); returns {output name: array}
@@ -140,11 +151,41 @@ class NodeArg:
         return f"NodeArg(name='{self.name}', type='{self.type}', shape={self.shape})"
 
 
+class GraphOptimizationLevel(enum.IntEnum):
+    """ONNX Runtime's graph optimisation levels, with its values, as aim's ``-O`` levels
+    run them: ``ORT_DISABLE_ALL`` is ``-O0`` (the reference kernels, interpreted),
+    ``ORT_ENABLE_BASIC`` ``-O1`` (folding, simplification, dead code, BatchNormalization
+    folding), ``ORT_ENABLE_EXTENDED`` ``-O2`` (fusion, packed and quantized kernels),
+    ``ORT_ENABLE_LAYOUT`` and ``ORT_ENABLE_ALL`` ``-O3`` (blocked layouts: everything)."""
+
+    ORT_DISABLE_ALL = 0
+    ORT_ENABLE_BASIC = 1
+    ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_LAYOUT = 3
+    ORT_ENABLE_ALL = 99
+
+
+def _opt_level(level):
+    """aim's ``-O`` level for a ``graph_optimization_level``: aim's or ONNX Runtime's enum,
+    or its integer value; None is ORT_ENABLE_ALL, ONNX Runtime's default."""
+    if level is None:
+        return 3
+    try:
+        value = int(level)
+    except (TypeError, ValueError):
+        raise ValueError(f"graph_optimization_level must be a GraphOptimizationLevel, got {level!r}") from None
+    if value not in (0, 1, 2, 3, 99):
+        raise ValueError(f"graph_optimization_level {value} is not one of ONNX Runtime's levels (0, 1, 2, 3, 99)")
+    return min(value, 3)
+
+
 class SessionOptions:
     """ONNX Runtime's session options, as far as they mean something to aim.
 
-    ``intra_op_num_threads`` (0: one thread per physical core) sets aim's worker threads.
-    aim always optimises fully and runs nodes in order, so ``graph_optimization_level``,
+    ``intra_op_num_threads`` (0: one thread per physical core) sets aim's worker threads;
+    ``graph_optimization_level`` (a GraphOptimizationLevel, aim's or ONNX Runtime's) picks
+    aim's ``-O`` level on the CPU as the enum's documentation says (the cuda backend runs
+    its whole pipeline whatever the level). aim runs nodes in order, so
     ``execution_mode`` and ``inter_op_num_threads`` are accepted and have no effect; the
     logging fields likewise. Setting any other attribute is an AttributeError, as in ONNX
     Runtime.
@@ -157,7 +198,7 @@ class SessionOptions:
     def __init__(self):
         self.intra_op_num_threads = 0
         self.inter_op_num_threads = 0
-        self.graph_optimization_level = None
+        self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
         self.execution_mode = None
         self.log_severity_level = 2
         self.log_verbosity_level = 0
@@ -186,6 +227,7 @@ class InferenceSession:
         threads = int(opts.intra_op_num_threads or 0)
         if threads < 0:
             raise ValueError(f"intra_op_num_threads must be 0 or more, got {threads}")
+        level = _opt_level(opts.graph_optimization_level)
         self._model, self._providers = None, [_CPU]
         for p in providers or [_CPU]:
             name = p[0] if isinstance(p, tuple) else p
@@ -207,7 +249,7 @@ class InferenceSession:
                 warnings.warn(f"Specified provider '{name}' is not in available provider names "
                               f"({', '.join(get_available_providers())})", RuntimeWarning, stacklevel=2)
         if self._model is None:
-            self._model = Model(path_or_bytes, threads=threads or None)
+            self._model = Model(path_or_bytes, threads=threads or None, opt_level=level)
         self._inputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.inputs]
         self._outputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.outputs]
 

@@ -122,15 +122,22 @@ fn describe<'py>(py: Python<'py>, v: &aim_ir::ValueInfo) -> PyResult<Bound<'py, 
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (model, threads=None, cpu=None, backend=None))]
+    #[pyo3(signature = (model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None))]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyAny>,
         threads: Option<usize>,
         cpu: Option<String>,
         backend: Option<String>,
+        opt_level: Option<u32>,
+        disabled_passes: Option<Vec<String>>,
     ) -> PyResult<Model> {
         let mut opts = Options { threads: threads.filter(|&t| t > 0), ..Options::default() };
+        if let Some(l) = opt_level {
+            opts.opt_level = aim::OptLevel::from_number(l)
+                .ok_or_else(|| AimError::new_err(format!("opt_level {l}: the levels are 0, 1, 2 and 3")))?;
+        }
+        opts.disabled_passes = disabled_passes.unwrap_or_default();
         if let Some(c) = cpu {
             opts.cpu = c;
         }
@@ -161,6 +168,12 @@ impl Model {
     #[getter]
     fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         self.inner.outputs().iter().map(|v| describe(py, v)).collect()
+    }
+
+    /// The optimisation level (`-O`) its program was compiled at.
+    #[getter]
+    fn opt_level(&self) -> u32 {
+        self.inner.opt_level().number()
     }
 
     /// Worker threads a run uses.

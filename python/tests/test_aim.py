@@ -121,6 +121,34 @@ def test_errors_are_aim_errors_with_the_reason():
 
 
 @needs_models
+def test_graph_optimization_level_picks_the_opt_level():
+    x = feeds("mobilenetv2")
+    want = ort_session("mobilenetv2").run(None, x)
+    levels = [(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, 0), (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, 1),
+              (aim.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, 2), (ort.GraphOptimizationLevel.ORT_ENABLE_LAYOUT, 3),
+              (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, 3), (2, 2)]
+    for level, o in levels:
+        opts = aim.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.graph_optimization_level = level
+        sess = aim.InferenceSession(path("mobilenetv2"), opts)
+        assert sess._model.opt_level == o, level
+        for g, w in zip(sess.run(None, x), want):
+            close(g, w)
+    assert aim.InferenceSession(path("mlp"))._model.opt_level == 3
+    opts = aim.SessionOptions()
+    opts.graph_optimization_level = 7
+    with pytest.raises(ValueError, match="not one of ONNX Runtime's levels"):
+        aim.InferenceSession(path("mlp"), opts)
+    with pytest.raises(aim.AimError, match="no pass is named 'nope'"):
+        aim.Model(path("mlp"), disabled_passes=["nope"])
+    m = aim.Model(path("mlp"), opt_level=2, disabled_passes=["fuse-epilogues"])
+    assert m.opt_level == 2
+    np.testing.assert_allclose(m.run(feeds("mlp"))["gemm_15"], aim.Model(path("mlp")).run(feeds("mlp"))["gemm_15"],
+                               rtol=1e-5, atol=1e-6)
+
+
+@needs_models
 def test_concurrent_runs_from_python_threads():
     m = aim.Model(path("mlp_b64"), threads=1)
     x = feeds("mlp_b64")

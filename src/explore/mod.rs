@@ -36,6 +36,34 @@ pub struct Stage {
     pub lines: Vec<Line>,
 }
 
+/// The level a target's pipeline ran at and the passes it left out, with why.
+fn pass_choice(target: &aim_compiler::target::Target) -> String {
+    let o = &target.optimization;
+    let mut skipped: Vec<String> = Vec::new();
+    for name in aim_compiler::passes::cpu_pass_names(target) {
+        if name == "half-weights" && !target.half_weights {
+            continue;
+        }
+        let why = if o.disabled.iter().any(|d| d == name) {
+            "disabled".to_string()
+        } else if aim_compiler::passes::min_level(name) > o.level {
+            format!("from -O{}", aim_compiler::passes::min_level(name).number())
+        } else {
+            continue;
+        };
+        let entry = format!("{name} ({why})");
+        if !skipped.contains(&entry) {
+            skipped.push(entry);
+        }
+    }
+    let level = format!("-O{}", o.level.number());
+    if skipped.is_empty() {
+        format!("{level}: every pass")
+    } else {
+        format!("{level}; not run: {}", skipped.join(", "))
+    }
+}
+
 /// The graph after one pass of the pipeline.
 #[derive(Clone, Debug)]
 pub struct PassView {
@@ -77,6 +105,9 @@ pub struct Exploration {
     pub stages: Vec<Stage>,
     /// The graph after each pass (when asked for).
     pub passes: Vec<PassView>,
+    /// The optimisation level and the passes of the full pipeline that did not run, with
+    /// why (`-O1; not run: fuse-gelu (-O2), ...`).
+    pub pass_choice: String,
     /// Figures per node of the optimised graph.
     pub figures: Vec<Figures>,
 }
@@ -99,6 +130,8 @@ pub struct Options {
     /// The GPU to show the cuda backend's PTX for (the `ptx` stage; computed only when
     /// asked, as it runs the cuda pipeline too).
     pub gpu: Option<aim_compiler::cuda::GpuTarget>,
+    /// Which passes of the cpu pipeline run (`-O`, `--disable-pass`), as for `aim run`.
+    pub optimization: aim_compiler::passes::Optimization,
 }
 
 /// The node line of the IR printer without its `# name` comment and `sources` attribute
@@ -241,6 +274,11 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
     let graph = graph_lines(&ir.graph);
 
     let mut target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
+    if opts.optimization.level == crate::OptLevel::O0 {
+        bail!("-O0 runs every node on its reference kernel: it compiles nothing to explore (try -O1)");
+    }
+    target.optimization = opts.optimization.clone();
+    target.optimization.check(&aim_compiler::passes::cpu_pass_names(&target)).map_err(anyhow::Error::msg)?;
     if let Some([l1, l2, l3]) = opts.caches {
         target = target.with_caches(l1, l2, l3);
     }
@@ -426,6 +464,7 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         target: target.to_string().lines().take(3).collect::<Vec<_>>().join("; "),
         stages,
         passes,
+        pass_choice: pass_choice(&target),
         figures,
     })
 }
@@ -580,6 +619,7 @@ pub fn render_text(e: &Exploration, stages: &[String], node: Option<&str>, passe
         out.push_str(
             "== passes: the graph after each pass; + marks lines it added or changed, - lines it removed ==\n",
         );
+        out.push_str(&format!("-- {}\n", e.pass_choice));
         for (i, p) in e.passes.iter().enumerate() {
             let changed = p.lines.iter().any(|(c, _)| *c) || !p.removed.is_empty();
             out.push_str(&format!(

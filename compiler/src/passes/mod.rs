@@ -16,6 +16,7 @@ mod int8;
 mod layernorm;
 pub mod layout;
 mod layout_ops;
+mod levels;
 mod one_hot;
 mod pool_pads;
 pub mod q4_weights;
@@ -31,6 +32,7 @@ mod transpose;
 mod uses;
 
 pub use fuse::{sources_of, ACTIVATION, ACT_ALPHA, ACT_BETA, CLIP_MAX, CLIP_MIN, SOURCES};
+pub use levels::{min_level, OptLevel, Optimization, REQUIRED};
 
 use aim_ir::Graph;
 use aim_kernels::gemm::IsaKind;
@@ -63,7 +65,8 @@ impl Pass {
     }
 }
 
-/// The CPU pipeline for a target, in order.
+/// The CPU pipeline for a target, in order: the passes its optimisation level and disabled
+/// passes (`target.optimization`) let run.
 ///
 /// Elementwise fusion takes every op the programs have, exp/erf/tanh/sigmoid included: the
 /// generated loops are Cranelift's, whose vectors are 128 bits wide on x86-64, but where the
@@ -71,6 +74,20 @@ impl Pass {
 /// (`aim_kernels::ewprog::wide`), with the same bits. (Before that, a 4-lane fused GELU
 /// measured 3.7 ms against 2 ms as separate 16-lane kernels on bert_l6.)
 pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
+    target.optimization.select(every_cpu_pass(target))
+}
+
+/// The names of every pass the cpu pipeline has for `target` at `-O3` (those
+/// `--disable-pass` may name, with the required ones), in order, repeats included.
+pub fn cpu_pass_names(target: &crate::target::Target) -> Vec<&'static str> {
+    let mut full = target.clone();
+    full.optimization = Optimization::default();
+    full.half_weights = true;
+    every_cpu_pass(&full).iter().map(|p| p.name).collect()
+}
+
+/// The whole cpu pipeline for `target`, before the level selects from it.
+fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
     let lanes = aim_kernels::nchwc::lanes_of(target.isa_kind());
     let tile = aim_kernels::gemm::Isa::new(target.isa_kind()).map_or((4, 16), |i| (i.mr(), i.nr()));
     // Cranelift rounds vectors with SSE4.1's roundps or NEON's frintn.
@@ -91,6 +108,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
         round,
         Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())),
         true,
+        target.optimization.runs("quantize-dequantize"),
     );
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
@@ -112,7 +130,7 @@ pub fn cpu_pipeline(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, false, true, None, false);
+    let mut passes = graph_passes(None, false, true, None, false, true);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
@@ -124,13 +142,16 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// layer norm, reduction, transpose and softmax fusion, and elementwise fusion (`round`:
 /// whether Round joins fused loops; `q4_panels`: the panel width dense layers with 4-bit
 /// weights are laid out for, or None to fold those weights into f32; `attention`: whether
-/// attention chains become `aim:Attention`, which the cpu backend runs).
+/// attention chains become `aim:Attention`, which the cpu backend runs; `qdq`: whether the
+/// quantize-dequantize pass will run, which folding then leaves the weights'
+/// DequantizeLinear nodes to).
 fn graph_passes(
     quantize_dense: Option<bool>,
     int8: bool,
     round: bool,
     q4_panels: Option<usize>,
     attention: bool,
+    qdq: bool,
 ) -> Vec<Pass> {
     // Dense layers, dynamically or statically quantized, on the integer GEMM.
     let integer_gemm = quantize_dense.unwrap_or(false);
@@ -139,7 +160,9 @@ fn graph_passes(
         Pass::new("infer-types", infer),
         // The dequantization of constant weights waits for the quantize-dequantize pass,
         // which reads the integers (and folds them then).
-        Pass::new("constant-folding", |g| const_fold::run_deferring(g, &["DequantizeLinear"])),
+        Pass::new("constant-folding", move |g| {
+            const_fold::run_deferring(g, if qdq { &["DequantizeLinear"] } else { &[] })
+        }),
         Pass::new("simplify", simplify::run),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("dead-code-elimination", dce::run),
