@@ -251,9 +251,7 @@ pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
             aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
             let target = recorded_target(&header, &p, &opts.cpu)?;
             let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
-            let pool = aim_runtime::pool::ThreadPool::new(threads)
-                .map(std::sync::Arc::new)
-                .map_err(|e| aim_runtime::RunError::Threads { threads, reason: e.to_string() })?;
+            let pool = crate::thread_pool(threads, opts)?;
             let prog = crate::build_program(ir.graph.clone(), &target, &pool, &p)?;
             let generic = Generic { cell: std::sync::OnceLock::new(), threads };
             let _ = generic.cell.set(Ok(Box::new(prog)));

@@ -19,6 +19,7 @@ mod cuda;
 pub mod explore;
 pub mod gpu;
 mod guard;
+pub mod logging;
 pub mod npz;
 pub mod quantize;
 mod random;
@@ -33,6 +34,7 @@ pub use random::{random_inputs, random_inputs_shaped};
 pub use views::TensorView;
 
 use aim_runtime::RunOptions;
+use logging::{log, ms};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -58,6 +60,16 @@ impl std::str::FromStr for Backend {
             "cuda" => Ok(Backend::Cuda),
             _ => Err(format!("unknown backend '{s}' (expected reference, cpu or cuda)")),
         }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Reference => "reference",
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        })
     }
 }
 
@@ -162,6 +174,10 @@ pub struct Options {
     /// Passes of the cpu pipeline not to run, by name (`--disable-pass`; `aim explore
     /// --passes` lists them): for finding which pass a wrong result or a slowdown comes from.
     pub disabled_passes: Vec<String>,
+    /// Bind each worker thread to a core of its own (one per physical core first; see
+    /// `aim_runtime::affinity`). Also on when the `AIM_PIN_THREADS` environment variable
+    /// is `cores`. Off by default.
+    pub pin_threads: bool,
 }
 
 /// The shapes of a model's inputs by name: one signature to specialise for.
@@ -184,6 +200,7 @@ impl Default for Options {
             allow_tf32: false,
             opt_level: OptLevel::O3,
             disabled_passes: Vec::new(),
+            pin_threads: false,
         }
     }
 }
@@ -211,6 +228,36 @@ pub(crate) fn cpu_target(opts: &Options) -> Result<aim_compiler::target::Target,
         });
     }
     Ok(target)
+}
+
+/// The cpu backend's thread pool for `opts`: `threads` in all, pinned when asked for
+/// (`opts.pin_threads`, or `AIM_PIN_THREADS=cores`; another value of that variable is an
+/// error naming it).
+pub(crate) fn thread_pool(
+    threads: usize,
+    opts: &Options,
+) -> Result<std::sync::Arc<aim_runtime::pool::ThreadPool>, Error> {
+    let from_env = match std::env::var("AIM_PIN_THREADS") {
+        Err(_) => false,
+        Ok(v) => match v.trim() {
+            "cores" => true,
+            "" | "none" => false,
+            other => {
+                return Err(Error::BadOption {
+                    option: "AIM_PIN_THREADS",
+                    reason: format!("'{other}': expected cores (pin each worker to a core) or none"),
+                })
+            }
+        },
+    };
+    let pin = opts.pin_threads || from_env;
+    let pool = aim_runtime::pool::ThreadPool::with_pinning(threads, pin)
+        .map(std::sync::Arc::new)
+        .map_err(|e| aim_runtime::RunError::Threads { threads, reason: e.to_string() })?;
+    if pin {
+        log!(Info, "{threads} threads: workers pinned to CPUs {:?}, the calling thread not pinned", pool.pinned_cpus());
+    }
+    Ok(pool)
 }
 
 /// Refuses pass choices on a backend that has no pass levels (cuda: its kernels need the
@@ -282,8 +329,21 @@ pub(crate) fn optimize(
     target: &aim_compiler::target::Target,
     path: &str,
 ) -> Result<aim_ir::Graph, Error> {
-    aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cpu_pipeline(target), false)
+    let (t0, before) = (std::time::Instant::now(), g.nodes.len());
+    let passes = aim_compiler::passes::cpu_pipeline(target);
+    let records = aim_compiler::passes::run_pipeline(&mut g, &passes, false)
         .map_err(|cause| Error::Pass { path: path.to_string(), cause })?;
+    for r in &records {
+        log!(Debug, "{path}: pass {} ({:.2} ms)", r.name, r.time.as_secs_f64() * 1e3);
+    }
+    log!(
+        Info,
+        "{path}: optimised at -O{}: {before} nodes to {} by {} passes ({:.1} ms)",
+        target.optimization.level.number(),
+        g.nodes.len(),
+        records.len(),
+        ms(t0)
+    );
     // Folding has read the weights it rewrote: their file pages need not stay resident
     // while the packed forms are built (packing reads the others in again, once).
     aim_compiler::onnx::release_pages();
@@ -304,10 +364,22 @@ pub(crate) fn build_program(
         // cannot be generated, the Rust one stays.
         let _ = aim_compiler::codegen::install_portable_microkernel(target);
     }
+    let t0 = std::time::Instant::now();
     let code = aim_compiler::codegen::generate(&g, target)
         .map_err(|cause| Error::Codegen { path: path.to_string(), cause })?;
-    let placement = placement(&aim_compiler::memory_plan::plan(&g));
+    log!(Info, "{path}: generated the loops' code ({:.1} ms)", ms(t0));
+    let t0 = std::time::Instant::now();
+    let plan = aim_compiler::memory_plan::plan(&g);
+    log!(
+        Info,
+        "{path}: memory plan: {} values in a {:.2} MiB arena ({:.1} ms)",
+        plan.slots.len(),
+        plan.arena_bytes as f64 / (1 << 20) as f64,
+        ms(t0)
+    );
+    let placement = placement(&plan);
     let bodies = compile_bodies(&g, target, pool, path);
+    let t0 = std::time::Instant::now();
     let prog = aim_runtime::cpu::CpuProgram::new(
         g,
         target.gemm_isa(),
@@ -316,6 +388,7 @@ pub(crate) fn build_program(
         code,
         &placement,
     )?;
+    log!(Info, "{path}: weights packed, kernels prepared ({:.1} ms)", ms(t0));
     // Everything the program reads is packed or copied now.
     aim_compiler::onnx::release_pages();
     // A program of static shapes runs its typed steps from one generated function.
@@ -498,13 +571,25 @@ impl Model {
     /// Loads an ONNX or `.aim` file (told apart by their first bytes) with options.
     pub fn load_with_options(path: impl AsRef<Path>, opts: &Options) -> Result<Model, Error> {
         let path = path.as_ref();
-        guard::contain(&format!("loading {}", path.display()), || {
+        let t0 = std::time::Instant::now();
+        let m = guard::contain(&format!("loading {}", path.display()), || {
             if compiled::is_aim_file(path) {
                 return compiled::load(path, opts);
             }
             let ir = aim_compiler::onnx::import_file(path)?;
+            log!(
+                Info,
+                "{}: imported: {} nodes, {} weights, opset {} ({:.1} ms)",
+                path.display(),
+                ir.graph.nodes.len(),
+                ir.graph.initializers.len(),
+                ir.opset,
+                ms(t0)
+            );
             Model::from_ir_with(ir, path, opts)
-        })
+        })?;
+        log!(Info, "{}: loaded on the {} backend ({:.1} ms in all)", path.display(), m.backend, ms(t0));
+        Ok(m)
     }
 
     /// Wraps an imported model for the reference backend: verifies it, infers types and
@@ -528,12 +613,14 @@ impl Model {
             aim_ir::limits::set_max_tensor_bytes(b);
         }
         check_pass_choices(opts)?;
+        let t0 = std::time::Instant::now();
         aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
         let ops = aim_runtime::unsupported_ops(&ir.graph);
         if !ops.is_empty() {
             return Err(Error::Unsupported { path: p, ops });
         }
         aim_ir::infer::infer_types(&mut ir.graph).map_err(|cause| Error::Infer { path: p.clone(), cause })?;
+        log!(Info, "{p}: verified, ops supported, types inferred ({:.1} ms)", ms(t0));
         let mut backend = opts.backend;
         let exec = match opts.backend {
             Backend::Reference => Exec::Reference,
@@ -566,9 +653,15 @@ impl Model {
             Backend::Cpu => {
                 let target = cpu_target(opts)?;
                 let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
-                let pool = aim_runtime::pool::ThreadPool::new(threads)
-                    .map(std::sync::Arc::new)
-                    .map_err(|e| aim_runtime::RunError::Threads { threads, reason: e.to_string() })?;
+                log!(
+                    Info,
+                    "{p}: compiling for {}{} at -O{}, {threads} thread{}",
+                    target.level.name(),
+                    if target.brand.is_empty() { String::new() } else { format!(" ({})", target.brand.trim()) },
+                    opts.opt_level.number(),
+                    if threads == 1 { "" } else { "s" }
+                );
+                let pool = thread_pool(threads, opts)?;
                 let generic = Generic { cell: std::sync::OnceLock::new(), threads };
                 // Models with symbolic input dims keep their weights to specialise per input
                 // shape; the others do not need the imported weights (memory-mapped or
@@ -747,6 +840,9 @@ impl Model {
     /// order with their names.
     pub fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, Error> {
         let map = self.input_map(inputs)?;
+        if logging::enabled(logging::LogLevel::Debug) {
+            return self.run_logged(map);
+        }
         let o = &self.run_opts;
         let outs = guard::contain(&format!("running {}", self.path.display()), || {
             Ok(match &self.exec {
@@ -760,6 +856,74 @@ impl Model {
             })
         })?;
         Ok(self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect())
+    }
+
+    /// [`Model::run`] with `AIM_LOG=debug` or more: the profiled run, each node logged with
+    /// its kernel, output shapes and time (and at trace, its input shapes and the run's
+    /// inputs and outputs).
+    fn run_logged(&self, map: HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
+        let path = self.path_text();
+        if logging::enabled(logging::LogLevel::Trace) {
+            let mut ins: Vec<String> = map.iter().map(|(n, t)| format!("{n}: {}", logging::shape_text(t))).collect();
+            ins.sort();
+            log!(Trace, "{path}: run with {}", ins.join(", "));
+        }
+        let o = &self.run_opts;
+        let t0 = std::time::Instant::now();
+        let (outs, timings, graph, kinds) = guard::contain(&format!("running {path}"), || {
+            Ok(match &self.exec {
+                Exec::Reference => {
+                    let (outs, t) = aim_runtime::run_graph_profiled(&self.ir.graph, map, o)?;
+                    (outs, t, None, None)
+                }
+                #[cfg(feature = "cuda")]
+                Exec::Cuda(c) => (c.run(&map)?, Vec::new(), None, None),
+                Exec::Cpu(g, spec) => {
+                    let special = spec.as_ref().and_then(|s| s.program_for(&map));
+                    let prog = match &special {
+                        Some(p) => &**p,
+                        None => g.get(spec.as_deref(), &path)?,
+                    };
+                    let (outs, t) = prog.run_profiled(map, o)?;
+                    (outs, t, Some(prog.graph().clone()), Some(prog.node_kinds()))
+                }
+            })
+        })?;
+        let graph = graph.as_ref().unwrap_or(&self.ir.graph);
+        let at: HashMap<&str, usize> = graph.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let types = |names: &[String]| -> String {
+            let shown: Vec<String> = names
+                .iter()
+                .filter(|v| !v.is_empty())
+                .map(|v| graph.value_type(v).map_or_else(|| "?".to_string(), |t| t.to_string()))
+                .collect();
+            shown.join(", ")
+        };
+        for t in &timings {
+            let Some(&i) = at.get(t.node.as_str()) else { continue };
+            let n = &graph.nodes[i];
+            let kind = match (&kinds, n.attrs.get("kernel")) {
+                (Some(k), Some(aim_ir::Attr::String(how))) => format!("{} ({how})", k[i].short()),
+                (Some(k), _) => k[i].short().to_string(),
+                (None, _) => "reference".to_string(),
+            };
+            log!(
+                Debug,
+                "{path}: node {} {}: {kind} -> {} ({:.3} ms)",
+                n.name,
+                t.op,
+                types(&n.outputs),
+                t.time.as_secs_f64() * 1e3
+            );
+            log!(Trace, "{path}: node {} reads {}", n.name, types(&n.inputs));
+        }
+        log!(Debug, "{path}: run: {} nodes in {:.3} ms", timings.len(), ms(t0));
+        let named: Vec<(String, Tensor)> = self.ir.graph.outputs.iter().map(|o| o.name.clone()).zip(outs).collect();
+        if logging::enabled(logging::LogLevel::Trace) {
+            let outs: Vec<String> = named.iter().map(|(n, t)| format!("{n}: {}", logging::shape_text(t))).collect();
+            log!(Trace, "{path}: run gave {}", outs.join(", "));
+        }
+        Ok(named)
     }
 
     /// Runs the model keeping every value its nodes make, in the order they were made: on

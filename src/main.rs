@@ -13,6 +13,11 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log what aim does to stderr (or the file AIM_LOG_FILE names): info (load phases with
+    /// times), debug (also every pass, and every node of every run with its kernel, shapes
+    /// and time) or trace (also input shapes); overrides AIM_LOG.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log: Option<String>,
 }
 
 /// How a model is loaded and run: the options `run`, `bench` and `compare` share.
@@ -53,6 +58,10 @@ struct LoadArgs {
     allow_tf32: bool,
     #[command(flatten)]
     passes: PassArgs,
+    /// Bind each worker thread to a core of its own (one per physical core first; the
+    /// calling thread is not pinned). Also AIM_PIN_THREADS=cores.
+    #[arg(long)]
+    pin_threads: bool,
 }
 
 /// Which passes run: `-O` and `--disable-pass`, for every command that compiles.
@@ -143,6 +152,7 @@ impl LoadArgs {
             allow_tf32: self.allow_tf32,
             opt_level: self.passes.level()?,
             disabled_passes: self.passes.disable_pass.clone(),
+            pin_threads: self.pin_threads,
         })
     }
 }
@@ -580,25 +590,31 @@ fn quantize_cmd(
     Ok(())
 }
 
-fn compile_so(
-    out: &mut dyn Write,
-    model: &std::path::Path,
-    output: &std::path::Path,
+/// `aim compile --target`'s options from its flags.
+fn aot_options(
     target: String,
     name: Option<String>,
     linker: Option<String>,
     shape: &[String],
     passes: &PassArgs,
-) -> Result<()> {
-    let opts = aim::aot::AotOptions {
+) -> Result<aim::aot::AotOptions> {
+    Ok(aim::aot::AotOptions {
         target,
         name,
         shapes: parse_shapes(shape)?,
         linker,
         optimization: passes.optimization()?,
-    };
+    })
+}
+
+fn compile_so(
+    out: &mut dyn Write,
+    model: &std::path::Path,
+    output: &std::path::Path,
+    opts: &aim::aot::AotOptions,
+) -> Result<()> {
     let t0 = std::time::Instant::now();
-    let s = aim::aot::compile_shared_object(model, output, &opts)?;
+    let s = aim::aot::compile_shared_object(model, output, opts)?;
     writeln!(
         out,
         "{}: {} program{} for {} ({}), weights {}, entry {}, {:.1} MiB, in {:.0} ms",
@@ -1162,6 +1178,12 @@ fn one_line(msg: &str) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(l) = &cli.log {
+        match l.parse() {
+            Ok(level) => aim::logging::set_level(level),
+            Err(e) => return finish(Err(anyhow::anyhow!("--log: {e}"))),
+        }
+    }
     // A panic is a bug in aim: the user gets one error line, not a panic message and a
     // backtrace (AIM_SHOW_PANICS=1 shows them, for debugging aim).
     if std::env::var_os("AIM_SHOW_PANICS").is_none_or(|v| v == "0") {
@@ -1253,7 +1275,9 @@ fn dispatch(cli: Cli) -> Result<bool> {
                 Some(_) if cpu != "native" => {
                     Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
                 }
-                Some(t) => compile_so(&mut out, &q, &output, t, name, linker, &shape, &passes),
+                Some(t) => {
+                    aot_options(t, name, linker, &shape, &passes).and_then(|o| compile_so(&mut out, &q, &output, &o))
+                }
                 None if name.is_some() || linker.is_some() => {
                     Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
                 }
@@ -1266,7 +1290,9 @@ fn dispatch(cli: Cli) -> Result<bool> {
             if cpu != "native" {
                 Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
             } else {
-                compile_so(&mut out, &model, &output, target, name, linker, &shape, &passes).map(|_| true)
+                aot_options(target, name, linker, &shape, &passes)
+                    .and_then(|o| compile_so(&mut out, &model, &output, &o))
+                    .map(|_| true)
             }
         }
         Cmd::Compile { model, output, cpu, shape, target: None, name, linker, passes, .. } => {

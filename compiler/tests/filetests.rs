@@ -24,7 +24,8 @@
 //! malformed graph fails its tests even where the checks would match.
 //!
 //! `; test: pipeline` runs the target's whole cpu pipeline; `; test: cuda-pipeline` the
-//! cuda one.
+//! cuda one. The target line may give an optimisation level (`-O1`) and passes to leave
+//! out (`-disable=fuse-gelu`), which `pipeline` then honours.
 
 use aim_compiler::passes::{cpu_pipeline, cuda_pipeline, Pass};
 use aim_compiler::target::{Features, Level, Target};
@@ -69,14 +70,23 @@ fn target_of(spec: &str) -> Result<Target, String> {
     };
     let mut features = Features::guaranteed_by(level);
     let mut half_weights = false;
+    let mut optimization = aim_compiler::passes::Optimization::default();
     for w in words {
         match w {
             "+avx512vnni" => features.avx512vnni = true,
             "+avx512bf16" => features.avx512bf16 = true,
             "+f16-weights" => half_weights = true,
-            other => {
-                return Err(format!("unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights)"))
+            _ if w.starts_with("-O") => {
+                optimization.level = w[2..]
+                    .parse()
+                    .ok()
+                    .and_then(aim_compiler::passes::OptLevel::from_number)
+                    .ok_or_else(|| format!("unknown level '{w}'"))?
             }
+            _ if w.starts_with("-disable=") => optimization.disabled.push(w["-disable=".len()..].to_string()),
+            other => return Err(format!(
+                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, -ON, -disable=PASS)"
+            )),
         }
     }
     Ok(Target {
@@ -92,6 +102,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
         logical_cores: 1,
         capped_to: Some(level),
         half_weights,
+        optimization,
     })
 }
 

@@ -6,7 +6,7 @@
 //! the Python side makes others contiguous first), the GIL is released while a model loads
 //! or runs, and every aim error is raised as `aim.AimError` with aim's message.
 
-use aim_facade::{DType, Dim, Model as Inner, Options, Tensor, TensorView};
+use aim_facade::{DType, Dim, Model as Inner, OptLevel, Options, Tensor, TensorView};
 use numpy::{PyArray, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -134,7 +134,7 @@ impl Model {
     ) -> PyResult<Model> {
         let mut opts = Options { threads: threads.filter(|&t| t > 0), ..Options::default() };
         if let Some(l) = opt_level {
-            opts.opt_level = aim::OptLevel::from_number(l)
+            opts.opt_level = OptLevel::from_number(l)
                 .ok_or_else(|| AimError::new_err(format!("opt_level {l}: the levels are 0, 1, 2 and 3")))?;
         }
         opts.disabled_passes = disabled_passes.unwrap_or_default();

@@ -14,6 +14,7 @@
 // closure so that it captures the whole wrapper, not its raw-pointer field.
 #![allow(clippy::redundant_locals)]
 
+pub mod affinity;
 mod claims;
 mod control;
 pub mod cpu;

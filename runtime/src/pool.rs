@@ -57,6 +57,8 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     /// Serialises `for_each` calls from different threads.
     gate: Mutex<()>,
+    /// The logical CPU each worker is bound to, when pinned.
+    pinned: Vec<usize>,
 }
 
 const SPIN: Duration = Duration::from_micros(200);
@@ -130,6 +132,14 @@ impl ThreadPool {
     /// A pool running loops on `threads` threads in all (the caller counts as one), or the
     /// error of the first worker thread that could not be started.
     pub fn new(threads: usize) -> std::io::Result<ThreadPool> {
+        ThreadPool::with_pinning(threads, false)
+    }
+
+    /// [`ThreadPool::new`], with each worker bound to a core of its own when `pin` is set
+    /// (see [`crate::affinity`]; the first core in the order is left to the calling
+    /// thread, which is not pinned), or the error that prevented it.
+    pub fn with_pinning(threads: usize, pin: bool) -> std::io::Result<ThreadPool> {
+        let order = if pin { crate::affinity::pin_order()? } else { Vec::new() };
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -137,19 +147,39 @@ impl ThreadPool {
             sleepers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
         });
-        let mut pool = ThreadPool { shared, workers: Vec::new(), gate: Mutex::new(()) };
+        let mut pool = ThreadPool { shared, workers: Vec::new(), gate: Mutex::new(()), pinned: Vec::new() };
+        let (said, told) = std::sync::mpsc::channel();
         for w in 1..threads.max(1) {
             let s = pool.shared.clone();
+            // More workers than CPUs: they share them round the order.
+            let cpu = (!order.is_empty()).then(|| order[w % order.len()]);
+            let said = said.clone();
             // On failure, dropping the pool stops the workers started so far.
-            let h = std::thread::Builder::new().name(format!("aim-worker-{w}")).spawn(move || worker(&s))?;
+            let h = std::thread::Builder::new().name(format!("aim-worker-{w}")).spawn(move || {
+                if let Some(cpu) = cpu {
+                    let _ = said.send(crate::affinity::pin_current_thread(cpu).map(|()| cpu));
+                }
+                drop(said);
+                worker(&s)
+            })?;
             pool.workers.push(h);
         }
+        drop(said);
+        for r in told {
+            pool.pinned.push(r?);
+        }
+        pool.pinned.sort_unstable();
         Ok(pool)
     }
 
     /// Threads in all, the caller included.
     pub fn size(&self) -> usize {
         self.workers.len() + 1
+    }
+
+    /// The logical CPUs the workers are bound to (empty when not pinned).
+    pub fn pinned_cpus(&self) -> &[usize] {
+        &self.pinned
     }
 }
 

@@ -26,6 +26,20 @@ pub enum NodeKind {
 }
 
 impl NodeKind {
+    /// The kind in a word or two, for log lines.
+    pub fn short(self) -> &'static str {
+        match self {
+            NodeKind::Generated => "generated",
+            NodeKind::RowKernel => "row kernel",
+            NodeKind::Library => "packed kernel",
+            NodeKind::View => "view",
+            NodeKind::Metadata => "metadata",
+            NodeKind::Fast => "fast kernel",
+            NodeKind::CompiledControlFlow => "compiled control flow",
+            NodeKind::Reference => "reference kernel",
+        }
+    }
+
     /// The kind as `aim info` prints it.
     pub fn label(self) -> &'static str {
         match self {
