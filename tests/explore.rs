@@ -165,6 +165,7 @@ fn is_structure(l: &str) -> bool {
         || t.starts_with("== ")
         || t.starts_with("// == ")
         || t.starts_with("-- pass ")
+        || t.starts_with("-- level -O")
         || t.starts_with("graph ")
         || t == "}"
         || t.starts_with("input %")

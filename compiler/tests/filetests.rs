@@ -84,9 +84,11 @@ fn target_of(spec: &str) -> Result<Target, String> {
                     .ok_or_else(|| format!("unknown level '{w}'"))?
             }
             _ if w.starts_with("-disable=") => optimization.disabled.push(w["-disable=".len()..].to_string()),
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, -ON, -disable=PASS)"
-            )),
+            ))
+            }
         }
     }
     Ok(Target {

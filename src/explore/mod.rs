@@ -619,7 +619,7 @@ pub fn render_text(e: &Exploration, stages: &[String], node: Option<&str>, passe
         out.push_str(
             "== passes: the graph after each pass; + marks lines it added or changed, - lines it removed ==\n",
         );
-        out.push_str(&format!("-- {}\n", e.pass_choice));
+        out.push_str(&format!("-- level {}\n", e.pass_choice));
         for (i, p) in e.passes.iter().enumerate() {
             let changed = p.lines.iter().any(|(c, _)| *c) || !p.removed.is_empty();
             out.push_str(&format!(
