@@ -907,6 +907,10 @@ impl Model {
                 (Some(k), _) => k[i].short().to_string(),
                 (None, _) => "reference".to_string(),
             };
+            let kind = match n.attrs.get(aim_compiler::passes::ACTIVATION) {
+                Some(aim_ir::Attr::String(act)) => format!("{kind} + {act}"),
+                _ => kind,
+            };
             log!(
                 Debug,
                 "{path}: node {} {}: {kind} -> {} ({:.3} ms)",
