@@ -17,6 +17,18 @@
 // host can check at run time that it was built against the library it loaded.
 #define AIM_ABI_VERSION 1
 
+// The custom-op ABI this aim speaks; a library's table of a higher version is refused.
+#define AIM_CUSTOM_OP_ABI_VERSION 1
+
+// The most dims a custom op's tensor has.
+#define AIM_CUSTOM_MAX_RANK 8
+
+// `flags`: `compute` may run on one kernel instance from several threads at once.
+#define AIM_CUSTOM_OP_THREAD_SAFE 1
+
+// The bytes an error message may take, its NUL included.
+#define AIM_CUSTOM_ERROR_LEN 512
+
 // What a call did: `AIM_STATUS_OK`, or why it failed (the message is in
 // [`aim_last_error`]).
 typedef enum AimStatus {
@@ -126,6 +138,102 @@ typedef struct AimBuffer {
   size_t byte_len;
 } AimBuffer;
 
+// One attribute of the node, as a custom op's `infer` and `create` read it.
+typedef struct AimCustomAttribute {
+  // Its name (UTF-8, NUL-terminated).
+  const char *name;
+  // 1 int, 2 float, 3 string, 4 ints, 5 floats, 6 strings (as `count` NUL-terminated
+  // strings in `strings`), 0 another kind (a tensor or a graph: not passed on).
+  int32_t kind;
+  // The value of an int.
+  int64_t int_value;
+  // The value of a float.
+  float float_value;
+  // The value of a string.
+  const char *string_value;
+  // The values of ints.
+  const int64_t *ints;
+  // The values of floats.
+  const float *floats;
+  // The values of strings.
+  const char *const *strings;
+  // How many values a list has.
+  size_t count;
+} AimCustomAttribute;
+
+// A tensor type: dtype (an `AimDtype` code; 0 not known), rank (-1 not known) and dims
+// (-1 for a dim not known before the run).
+typedef struct AimCustomType {
+  // The element type, an `AimDtype` code.
+  int32_t dtype;
+  // The rank, at most `AIM_CUSTOM_MAX_RANK`.
+  int32_t rank;
+  // The dims.
+  int64_t dims[AIM_CUSTOM_MAX_RANK];
+} AimCustomType;
+
+// A tensor a kernel reads (an input) or writes (an output aim allocated): its type and
+// `bytes` bytes at `data`, dense, row-major. An absent optional input has null `data`.
+typedef struct AimCustomTensor {
+  // Its type (every dim known).
+  struct AimCustomType ty;
+  // The elements.
+  void *data;
+  // Their size in bytes.
+  size_t bytes;
+} AimCustomTensor;
+
+// One custom operator of a library: its identity and its callbacks. A library exports
+// `const AimCustomOp *const *aim_custom_ops(uint32_t abi_version, size_t *count)`, which
+// sets `*count` and returns its table (or null when it cannot serve `abi_version`);
+// `examples/custom_op/custom_ops.c` is one.
+typedef struct AimCustomOp {
+  // The layout the library was built against: `AIM_CUSTOM_OP_ABI_VERSION` of its header.
+  uint32_t abi_version;
+  // `sizeof(AimCustomOp)` as the library was built: fields past it are absent.
+  uint32_t struct_size;
+  // Its domain (not `""`, `ai.onnx` or `aim`).
+  const char *domain;
+  // Its op type.
+  const char *name;
+  // `AIM_CUSTOM_OP_THREAD_SAFE` or 0.
+  uint32_t flags;
+  // Passed to `infer` and `create` as they are.
+  void *user_data;
+  // Required: fills `outputs` (one type per output of the node) from the input types
+  // and the node's attributes; returns 0, or non-zero with a message in `error`. Dims
+  // may be -1 where the inputs' are; for inputs whose dims are all known, every output
+  // dim must be known.
+  int32_t (*infer)(void *user_data,
+                   const struct AimCustomAttribute *attributes,
+                   size_t num_attributes,
+                   const struct AimCustomType *inputs,
+                   size_t num_inputs,
+                   struct AimCustomType *outputs,
+                   size_t num_outputs,
+                   char *error,
+                   size_t error_len);
+  // Optional: a kernel instance for a node with these attributes (made once per node),
+  // or null with a message in `error`. Without it the instance is `user_data`.
+  void *(*create)(void *user_data,
+                  const struct AimCustomAttribute *attributes,
+                  size_t num_attributes,
+                  char *error,
+                  size_t error_len);
+  // Required: computes every output into the buffers aim allocated from `infer`'s
+  // types (it must not change their types, write past `bytes`, or write its inputs);
+  // returns 0, or non-zero with a message in `error`. C++ exceptions must not escape it.
+  int32_t (*compute)(void *kernel,
+                     const struct AimCustomTensor *inputs,
+                     size_t num_inputs,
+                     struct AimCustomTensor *outputs,
+                     size_t num_outputs,
+                     char *error,
+                     size_t error_len);
+  // Optional: frees a kernel instance from `create`.
+  void (*destroy)(void *kernel);
+} AimCustomOp;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -148,6 +256,12 @@ uint32_t aim_abi_version(void);
 // The message of the last failed call on this thread (empty if none failed). Valid until
 // the next failing call on this thread.
 const char *aim_last_error(void);
+
+// Loads the custom-op library at `path` (UTF-8; it exports `aim_custom_ops`, see
+// `AimCustomOp`) and registers its operators for the whole process: models loaded after
+// this call may use them. On failure (the library cannot be opened, has no entry point,
+// or a table entry is malformed) nothing of it is registered and `aim_last_error` says why.
+enum AimStatus aim_register_custom_ops_library(const char *path);
 
 // Frees a model (null is allowed). No run may be in progress on it.
 void aim_model_free(struct AimModel *model);

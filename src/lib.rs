@@ -86,7 +86,10 @@ pub enum Error {
     #[error("{path}: {cause}")]
     Infer { path: String, cause: aim_ir::infer::InferError },
     /// The model uses ops aim cannot run; every one is listed with its nodes.
-    #[error("{path}: unsupported ops: {}", list_unsupported(.ops))]
+    #[error(
+        "{path}: unsupported ops: {} (an op aim lacks can come from a custom-op library: --custom-ops LIB.so, aim_register_custom_ops_library in C, SessionOptions.register_custom_ops_library in Python)",
+        list_unsupported(.ops)
+    )]
     Unsupported { path: String, ops: BTreeMap<String, Vec<String>> },
     /// A run failed.
     #[error(transparent)]
@@ -178,6 +181,10 @@ pub struct Options {
     /// `aim_runtime::affinity`). Also on when the `AIM_PIN_THREADS` environment variable
     /// is `cores`. Off by default.
     pub pin_threads: bool,
+    /// Custom-op libraries to load before the model (each exports `aim_custom_ops`; see
+    /// `include/aim.h`): their ops are registered for the whole process, as
+    /// [`register_custom_ops_library`] does.
+    pub custom_ops: Vec<PathBuf>,
 }
 
 /// The shapes of a model's inputs by name: one signature to specialise for.
@@ -201,6 +208,7 @@ impl Default for Options {
             opt_level: OptLevel::O3,
             disabled_passes: Vec::new(),
             pin_threads: false,
+            custom_ops: Vec::new(),
         }
     }
 }
@@ -258,6 +266,17 @@ pub(crate) fn thread_pool(
         log!(Info, "{threads} threads: workers pinned to CPUs {:?}, the calling thread not pinned", pool.pinned_cpus());
     }
     Ok(pool)
+}
+
+/// Loads the custom-op library at `path` and registers its ops for the whole process
+/// (a library loaded before is not loaded again); returns them as `domain:name`. Rust code
+/// registers its own ops with `aim_ir::custom::register`.
+pub fn register_custom_ops_library(path: impl AsRef<Path>) -> Result<Vec<String>, Error> {
+    let path = path.as_ref();
+    let ops = aim_runtime::custom_library::load_library(path)
+        .map_err(|reason| Error::BadOption { option: "custom-ops", reason })?;
+    log!(Info, "{}: custom ops {}", path.display(), ops.join(", "));
+    Ok(ops)
 }
 
 /// Refuses pass choices on a backend that has no pass levels (cuda: its kernels need the
@@ -572,6 +591,9 @@ impl Model {
     pub fn load_with_options(path: impl AsRef<Path>, opts: &Options) -> Result<Model, Error> {
         let path = path.as_ref();
         let t0 = std::time::Instant::now();
+        for lib in &opts.custom_ops {
+            register_custom_ops_library(lib)?;
+        }
         let m = guard::contain(&format!("loading {}", path.display()), || {
             if compiled::is_aim_file(path) {
                 return compiled::load(path, opts);

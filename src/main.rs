@@ -18,6 +18,11 @@ struct Cli {
     /// and time) or trace (also input shapes); overrides AIM_LOG.
     #[arg(long, global = true, value_name = "LEVEL")]
     log: Option<String>,
+    /// Load a custom-op library first (it exports `aim_custom_ops`, see include/aim.h and
+    /// examples/custom_op/); its ops are registered for every model this command loads.
+    /// Repeatable.
+    #[arg(long = "custom-ops", global = true, value_name = "LIB.so")]
+    custom_ops: Vec<PathBuf>,
 }
 
 /// How a model is loaded and run: the options `run`, `bench` and `compare` share.
@@ -153,6 +158,7 @@ impl LoadArgs {
             opt_level: self.passes.level()?,
             disabled_passes: self.passes.disable_pass.clone(),
             pin_threads: self.pin_threads,
+            custom_ops: Vec::new(),
         })
     }
 }
@@ -1182,6 +1188,11 @@ fn main() -> ExitCode {
         match l.parse() {
             Ok(level) => aim::logging::set_level(level),
             Err(e) => return finish(Err(anyhow::anyhow!("--log: {e}"))),
+        }
+    }
+    for lib in &cli.custom_ops {
+        if let Err(e) = aim::register_custom_ops_library(lib) {
+            return finish(Err(anyhow::anyhow!("--custom-ops: {e}")));
         }
     }
     // A panic is a bug in aim: the user gets one error line, not a panic message and a

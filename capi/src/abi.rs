@@ -266,6 +266,20 @@ pub extern "C" fn aim_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
+/// Loads the custom-op library at `path` (UTF-8; it exports `aim_custom_ops`, see
+/// `AimCustomOp`) and registers its operators for the whole process: models loaded after
+/// this call may use them. On failure (the library cannot be opened, has no entry point,
+/// or a table entry is malformed) nothing of it is registered and `aim_last_error` says why.
+#[no_mangle]
+pub unsafe extern "C" fn aim_register_custom_ops_library(path: *const c_char) -> AimStatus {
+    call(|| {
+        let path = text(path, "aim_register_custom_ops_library: path")?;
+        aim_runtime::custom_library::load_library(std::path::Path::new(path))
+            .map(|_| ())
+            .map_err(|e| Failure(AimStatus::LoadFailed, e))
+    })
+}
+
 /// Frees a model (null is allowed). No run may be in progress on it.
 #[no_mangle]
 pub unsafe extern "C" fn aim_model_free(model: *mut AimModel) {

@@ -10,8 +10,9 @@
  * of our own) and writes the first output's bytes to OUTPUT.bin after checking both runs
  * agree. DIMS (like 1x3x224x224; several inputs: separated by commas) gives the inputs'
  * shapes where the model leaves dims dynamic. With TIMED_RUNS, it then runs that many more times and
- * prints the median latency. Exit status 0 on success, 1 with aim's message on stderr
- * otherwise.
+ * prints the median latency. With the environment variable AIM_CUSTOM_OPS naming a custom-op
+ * library (examples/custom_op/), it registers that library first. Exit status 0 on success,
+ * 1 with aim's message on stderr otherwise.
  *
  * Build against the JIT (every kind of MODEL):
  *   gcc -O2 -Iinclude examples/c/run_model.c -Ltarget/release -laim -ldl -o run_model
@@ -120,6 +121,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "run_model: built for ABI %u, loaded %u\n", AIM_ABI_VERSION, aim_abi_version());
         return 1;
     }
+    /* A custom-op library to register before loading (see AimCustomOp in aim.h), if named. */
+    const char *custom_ops = getenv("AIM_CUSTOM_OPS");
+    if (custom_ops && *custom_ops && aim_register_custom_ops_library(custom_ops) != AIM_STATUS_OK)
+        return fail("custom ops");
     AimLoadOptions options = {0};
     options.threads = argc > 5 ? (uint32_t)atoi(argv[5]) : 0;
     AimModel *model = NULL;

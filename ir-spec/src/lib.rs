@@ -7,6 +7,7 @@
 
 pub mod aim_file;
 mod column_codes;
+pub mod custom;
 mod dtype;
 mod graph;
 pub mod infer;

@@ -19,6 +19,7 @@ mod claims;
 mod control;
 pub mod cpu;
 pub mod cuda;
+pub mod custom_library;
 pub mod denormals;
 pub mod embedded;
 mod exec;

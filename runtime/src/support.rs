@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 /// The ops executed by the runtime itself rather than by a kernel.
 pub const CONTROL_FLOW: &[&str] = &["If", "Loop", "Scan"];
 
-/// Whether an op of `domain` can be executed.
+/// Whether an op of `domain` can be executed: aim's own, or a registered custom op
+/// (`aim_ir::custom`).
 pub fn is_supported(domain: &str, op: &str) -> bool {
-    matches!(domain, "" | "ai.onnx") && (CONTROL_FLOW.contains(&op) || aim_kernels::kernel(op).is_some())
+    (matches!(domain, "" | "ai.onnx") && (CONTROL_FLOW.contains(&op) || aim_kernels::kernel(op).is_some()))
+        || aim_ir::custom::lookup(domain, op).is_some()
 }
 
 /// Every unsupported op in a graph (subgraphs included), as `domain:op` or `op`, with the

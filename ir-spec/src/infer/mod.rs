@@ -266,6 +266,9 @@ const COMPARE: &[&str] = &["Equal", "Less", "Greater", "LessOrEqual", "GreaterOr
 fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
     let op = n.op.as_str();
     let unknown = || vec![ValueType::unknown(); n.outputs.len()];
+    if let Some(custom) = crate::custom::lookup(&n.domain, op) {
+        return crate::custom::infer(&*custom, n, ins);
+    }
     if !n.domain.is_empty() && n.domain != "ai.onnx" {
         return Ok(unknown());
     }

@@ -21,6 +21,8 @@ pub enum NodeKind {
     Fast,
     /// Control flow whose bodies are compiled programs.
     CompiledControlFlow,
+    /// A custom operator the user registered (`aim_ir::custom`).
+    Custom,
     /// The reference kernel (interpreted, unoptimised).
     Reference,
 }
@@ -36,6 +38,7 @@ impl NodeKind {
             NodeKind::Metadata => "metadata",
             NodeKind::Fast => "fast kernel",
             NodeKind::CompiledControlFlow => "compiled control flow",
+            NodeKind::Custom => "custom op",
             NodeKind::Reference => "reference kernel",
         }
     }
@@ -50,6 +53,7 @@ impl NodeKind {
             NodeKind::Metadata => "shape metadata (new shape over the same bytes, or a shape read: no data moved)",
             NodeKind::Fast => "fast kernels (vectorised / parallel)",
             NodeKind::CompiledControlFlow => "control flow with compiled bodies",
+            NodeKind::Custom => "custom operators (the user's kernels)",
             NodeKind::Reference => "reference kernels (fallback)",
         }
     }
@@ -78,6 +82,9 @@ impl CpuProgram {
                 }
                 if self.bodies.contains_key(&i) {
                     return NodeKind::CompiledControlFlow;
+                }
+                if aim_ir::custom::lookup(&n.domain, &n.op).is_some() {
+                    return NodeKind::Custom;
                 }
                 if !n.domain.is_empty() {
                     return NodeKind::Reference;
