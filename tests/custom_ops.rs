@@ -118,7 +118,7 @@ fn a_kernel_failure_is_an_error_naming_the_node() {
     let opts = Options { custom_ops: vec![lib.clone()], ..Options::default() };
     let run_err = |tag: &str, attrs: &str| -> String {
         let m = Model::load_with_options(model(&d, tag, true, attrs), &opts).unwrap();
-        m.run(vec![("x".into(), input(2))]).err().expect("the run fails").to_string()
+        m.run(vec![("x".into(), input(2))]).expect_err("the run fails").to_string()
     };
     // A non-zero status, with the kernel's message.
     let e = run_err("fails", ", fail=1");
