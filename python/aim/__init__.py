@@ -26,9 +26,77 @@ from ._aim import AimError, __version__
 from ._aim import Model as _NativeModel
 from ._aim import compile as _compile
 from ._aim import cuda_device as _cuda_device
+from ._aim import register_custom_ops_library as _register_library
+from ._aim import register_python_op as _register_python_op
 
 __all__ = ["AimError", "GraphOptimizationLevel", "InferenceSession", "Model", "NodeArg", "SessionOptions", "compile",
-           "get_available_providers", "__version__"]
+           "get_available_providers", "operator", "register_custom_ops_library", "__version__"]
+
+
+def register_custom_ops_library(path):
+    """Loads a custom-op library (a shared object exporting ``aim_custom_ops``; see
+    ``AimCustomOp`` in aim.h and examples/custom_op/) and registers its operators for the
+    whole process; returns them as ``"domain:name"`` strings."""
+    return _register_library(str(path))
+
+
+def operator(op, inputs=None, outputs=("float32",), shape=None):
+    """Registers a NumPy function as the custom operator ``op`` (``"domain::Name"``), for
+    prototyping an op aim lacks::
+
+        @aim.operator("com.example::PairSum", inputs=["float32"], outputs=["float32"],
+                      shape=lambda x: (*x[:-1], None if x[-1] is None else x[-1] // 2))
+        def pair_sum(x):
+            return x[..., 0::2] + x[..., 1::2]
+
+    The function gets one NumPy array per input (None for an absent optional input) and the
+    node's attributes as keyword arguments, and returns one array per output (a tuple for
+    several); each is converted to the declared output dtype. ``inputs``: the dtypes the
+    inputs must have (None: any). ``shape``: the output shape(s) from the input shapes
+    (tuples with None for dims not known before the run; attributes as keyword
+    arguments); default: the first input's shape. The interpreter lock is taken for each
+    call, so a Python operator runs one call at a time. Returns the function unchanged.
+    """
+    domain, sep, name = op.rpartition("::")
+    if not sep or not domain or not name:
+        raise ValueError(f"operator name {op!r} must be 'domain::Name'")
+    out_dtypes = [np.dtype(d).name for d in outputs]
+    in_dtypes = None if inputs is None else [None if d is None else np.dtype(d).name for d in inputs]
+
+    def infer(types, attrs):
+        if in_dtypes is not None:
+            if len(types) != len(in_dtypes):
+                raise TypeError(f"{op} takes {len(in_dtypes)} inputs, the node gives {len(types)}")
+            for i, (t, want) in enumerate(zip(types, in_dtypes)):
+                if t is not None and want is not None and t[0] is not None and t[0] != want:
+                    raise TypeError(f"{op} input {i} must be {want}, got {t[0]}")
+        shapes = [None if t is None or t[1] is None else tuple(t[1]) for t in types]
+        if shape is None:
+            outs = [shapes[0] if shapes else None] * len(out_dtypes)
+        else:
+            got = shape(*shapes, **attrs)
+            outs = [got] if len(out_dtypes) == 1 else list(got)
+        if len(outs) != len(out_dtypes):
+            raise ValueError(f"{op}: shape gave {len(outs)} shapes for {len(out_dtypes)} outputs")
+        return [(d, None if s is None else [None if x is None else int(x) for x in s])
+                for d, s in zip(out_dtypes, outs)]
+
+    def compute(*arrays, **attrs):
+        got = fn_ref[0](*arrays, **attrs)
+        if len(out_dtypes) == 1 and not isinstance(got, (tuple, list)):
+            got = (got,)
+        if len(got) != len(out_dtypes):
+            raise ValueError(f"{op} returned {len(got)} arrays for {len(out_dtypes)} outputs")
+        return tuple(np.ascontiguousarray(np.asarray(a, dtype=d)) for a, d in zip(got, out_dtypes))
+
+    fn_ref = [None]
+
+    def decorate(fn):
+        fn_ref[0] = fn
+        _register_python_op(domain, name, compute, infer)
+        return fn
+
+    return decorate
 
 
 def compile(model, output, cpu=None, shapes=None):
@@ -93,10 +161,14 @@ class Model:
     reference kernels, interpreted) or ``"cuda"`` (aim's PTX on an NVIDIA GPU, sm_80 or
     later; an AimError says what is missing on a host without one); ``opt_level``: 0 to 3
     (the command line's ``-O``; default 3), ``disabled_passes``: pass names not to run
-    (``--disable-pass``), both for the cpu backend.
+    (``--disable-pass``), both for the cpu backend; ``custom_ops``: custom-op libraries to
+    register first (see ``register_custom_ops_library``).
     """
 
-    def __init__(self, model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None):
+    def __init__(self, model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None,
+                 custom_ops=None):
+        for lib in custom_ops or []:
+            register_custom_ops_library(lib)
         if not isinstance(model, (bytes, bytearray)):
             model = str(model)
         elif isinstance(model, bytearray):
@@ -193,7 +265,7 @@ class SessionOptions:
 
     __slots__ = ("intra_op_num_threads", "inter_op_num_threads", "graph_optimization_level", "execution_mode",
                  "log_severity_level", "log_verbosity_level", "enable_profiling", "enable_cpu_mem_arena",
-                 "enable_mem_pattern", "optimized_model_filepath", "logid")
+                 "enable_mem_pattern", "optimized_model_filepath", "logid", "_custom_ops")
 
     def __init__(self):
         self.intra_op_num_threads = 0
@@ -207,6 +279,13 @@ class SessionOptions:
         self.enable_mem_pattern = True
         self.optimized_model_filepath = ""
         self.logid = ""
+        self._custom_ops = []
+
+    def register_custom_ops_library(self, path):
+        """ONNX Runtime's name: a custom-op library (see ``aim.register_custom_ops_library``)
+        that sessions made with these options load first. aim registers its ops for the
+        whole process."""
+        self._custom_ops.append(str(path))
 
 
 class InferenceSession:
@@ -228,6 +307,8 @@ class InferenceSession:
         if threads < 0:
             raise ValueError(f"intra_op_num_threads must be 0 or more, got {threads}")
         level = _opt_level(opts.graph_optimization_level)
+        for lib in opts._custom_ops:
+            register_custom_ops_library(lib)
         self._model, self._providers = None, [_CPU]
         for p in providers or [_CPU]:
             name = p[0] if isinstance(p, tuple) else p

@@ -6,6 +6,8 @@
 //! the Python side makes others contiguous first), the GIL is released while a model loads
 //! or runs, and every aim error is raised as `aim.AimError` with aim's message.
 
+mod operator;
+
 use aim_facade::{DType, Dim, Model as Inner, OptLevel, Options, Tensor, TensorView};
 use numpy::{PyArray, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyRuntimeError;
@@ -286,6 +288,8 @@ fn _aim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
     m.add_function(wrap_pyfunction!(cuda_device, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(operator::register_python_op, m)?)?;
+    m.add_function(wrap_pyfunction!(operator::register_custom_ops_library, m)?)?;
     m.add("AimError", m.py().get_type::<AimError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

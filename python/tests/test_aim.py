@@ -144,8 +144,7 @@ def test_graph_optimization_level_picks_the_opt_level():
         aim.Model(path("mlp"), disabled_passes=["nope"])
     m = aim.Model(path("mlp"), opt_level=2, disabled_passes=["fuse-epilogues"])
     assert m.opt_level == 2
-    np.testing.assert_allclose(m.run(feeds("mlp"))["gemm_15"], aim.Model(path("mlp")).run(feeds("mlp"))["gemm_15"],
-                               rtol=1e-5, atol=1e-6)
+    close(m.run(feeds("mlp"))["gemm_15"], aim.Model(path("mlp")).run(feeds("mlp"))["gemm_15"])
 
 
 @needs_models
@@ -242,3 +241,71 @@ def test_compiled_aim_files_load_in_place_of_onnx(tmp_path):
         np.testing.assert_array_equal(v, want[k])
     with pytest.raises(aim.AimError, match="no input named 'nope'"):
         aim.compile(path("yolo_like"), tmp_path / "z.aim", shapes={"nope": [1]})
+
+
+def _custom_model(domain, attrs=None):
+    """x -> ScaleShift(scale=2, shift=-1) -> Relu -> PairSum -> y, the custom ops in
+    `domain` (None: written out in ONNX ops), as serialized ONNX."""
+    import onnx
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    inits = []
+    if domain is None:
+        inits = [helper.make_tensor("k", TensorProto.FLOAT, [], [2.0]), helper.make_tensor("b", TensorProto.FLOAT, [], [-1.0]),
+                 helper.make_tensor("pairs", TensorProto.INT64, [3], [0, -1, 2]),
+                 helper.make_tensor("axis", TensorProto.INT64, [1], [-1])]
+        nodes = [helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]),
+                 helper.make_node("Relu", ["s"], ["r"]), helper.make_node("Reshape", ["r", "pairs"], ["p"]),
+                 helper.make_node("ReduceSum", ["p", "axis"], ["y"], keepdims=0)]
+        opsets = [helper.make_opsetid("", 17)]
+    else:
+        nodes = [helper.make_node("ScaleShift", ["x"], ["s"], domain=domain, name="ss", scale=2.0, shift=-1.0,
+                                  **(attrs or {})),
+                 helper.make_node("Relu", ["s"], ["r"], name="relu"),
+                 helper.make_node("PairSum", ["r"], ["y"], domain=domain, name="ps")]
+        opsets = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=opsets).SerializeToString()
+
+
+def test_python_operators_run_like_the_ops_written_out():
+    @aim.operator("com.pyops::PairSum", inputs=["float32"], outputs=["float32"],
+                  shape=lambda x: (*x[:-1], None if x[-1] is None else x[-1] // 2))
+    def pair_sum(x):
+        return x[..., 0::2] + x[..., 1::2]
+
+    @aim.operator("com.pyops::ScaleShift", inputs=["float32"])
+    def scale_shift(x, scale=1.0, shift=0.0, fail=0):
+        if fail:
+            raise ValueError("asked to fail")
+        return x * scale + shift
+
+    want = ort.InferenceSession(_custom_model(None), providers=["CPUExecutionProvider"])
+    sess = aim.InferenceSession(_custom_model("com.pyops"))
+    for batch in (2, 5):
+        x = np.random.default_rng(batch).standard_normal((batch, 6)).astype(np.float32)
+        close(sess.run(None, {"x": x})[0], want.run(None, {"x": x})[0])
+    # An exception in the function is an AimError naming the node and the exception.
+    failing = aim.Model(_custom_model("com.pyops", {"fail": 1}))
+    with pytest.raises(aim.AimError, match=r"ss.*ValueError\('asked to fail'\)"):
+        failing.run({"x": np.zeros((1, 6), np.float32)})
+    # A name without a domain is refused.
+    with pytest.raises(ValueError, match="domain::Name"):
+        aim.operator("NoDomain")
+
+
+def test_a_c_custom_op_library_through_session_options(tmp_path):
+    import subprocess
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    lib = str(tmp_path / "libcustom_ops.so")
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-I", os.path.join(root, "include"),
+                    os.path.join(root, "examples", "custom_op", "custom_ops.c"), "-o", lib], check=True)
+    opts = aim.SessionOptions()
+    opts.register_custom_ops_library(lib)
+    sess = aim.InferenceSession(_custom_model("com.example"), opts)
+    want = ort.InferenceSession(_custom_model(None), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)
+    close(sess.run(None, {"x": x})[0], want.run(None, {"x": x})[0])
+    assert "com.example:PairSum" in aim.register_custom_ops_library(lib)
+    with pytest.raises(aim.AimError, match="status 7.*asked to fail"):
+        aim.Model(_custom_model("com.example", {"fail": 1})).run({"x": x})
