@@ -134,6 +134,7 @@ def main():
         else:
             refused = [line for line in r.stdout.splitlines() if line.startswith("a half-sized input is refused")]
             print(f"ok   {label}: {want.dtype} {list(want.shape)} identical to aim run; {refused[0] if refused else ''}")
+    failed += custom_ops(aim, host, root, work, exe, exe_rt)
     if int(timed) > 0:
         # JIT and shared object in the same C host, alternating rounds; medians of medians.
         for name in names:
@@ -151,6 +152,69 @@ def main():
                   f"({threads} threads, median of 5 rounds of {timed} runs); {os.path.getsize(so) / 2**20:.1f} MiB")
     if failed:
         sys.exit(f"{failed} of {len(runs)} runs failed")
+
+
+def custom_ops(aim, host, root, work, exe, exe_rt):
+    """A model with custom ops from a C library (examples/custom_op/custom_ops.c, built with
+    gcc), run from C (AIM_CUSTOM_OPS makes run_model register the library) as ONNX through
+    libaim and as a compiled shared object through libaim and libaim_runtime: each equal to
+    aim run on the same model with the ops written out in ONNX. Returns the failures."""
+    import onnx
+    from onnx import TensorProto, helper
+    lib = os.path.join(work, "libcustom_ops.so")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(root, "include"),
+                    os.path.join(root, "examples", "custom_op", "custom_ops.c"), "-o", lib], check=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    custom = helper.make_model(helper.make_graph(
+        [helper.make_node("ScaleShift", ["x"], ["s"], domain="com.example", scale=2.0, shift=-1.0),
+         helper.make_node("Relu", ["s"], ["r"]), helper.make_node("PairSum", ["r"], ["y"], domain="com.example")],
+        "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    plain = helper.make_model(helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]),
+         helper.make_node("Relu", ["s"], ["r"]), helper.make_node("Reshape", ["r", "pairs"], ["p"]),
+         helper.make_node("ReduceSum", ["p", "axis"], ["y"], keepdims=0)], "g", [x], [y],
+        [helper.make_tensor("k", TensorProto.FLOAT, [], [2.0]), helper.make_tensor("b", TensorProto.FLOAT, [], [-1.0]),
+         helper.make_tensor("pairs", TensorProto.INT64, [3], [0, -1, 2]),
+         helper.make_tensor("axis", TensorProto.INT64, [1], [-1])]), opset_imports=[helper.make_opsetid("", 17)])
+    paths = {k: os.path.join(work, f"{k}.onnx") for k in ("custom", "plain")}
+    onnx.save(custom, paths["custom"])
+    onnx.save(plain, paths["plain"])
+    xv = np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32)
+    bin_in, npz_in, want_npz = (os.path.join(work, f) for f in ("custom.in.bin", "custom.in.npz", "plain.out.npz"))
+    xv.tofile(bin_in)
+    np.savez(npz_in, x=xv)
+    subprocess.run([aim, "run", paths["plain"], "--inputs", npz_in, "--outputs", want_npz], check=True, capture_output=True)
+    with np.load(want_npz) as z:
+        want = z["y"]
+    so = os.path.join(work, "libcustom_model.so")
+    subprocess.run([aim, "compile", paths["custom"], "--target", host, "-o", so, "--shape", "x=4x6",
+                    "--custom-ops", lib], check=True, capture_output=True)
+    env = dict(os.environ, AIM_CUSTOM_OPS=lib)
+    failed = 0
+    for label, model, program in [("custom ops (ONNX)", paths["custom"], exe), ("custom ops (.so)", so, exe),
+                                  ("custom ops (.so, libaim_runtime)", so, exe_rt)]:
+        out = os.path.join(work, "custom.out.bin")
+        r = subprocess.run([program, model, bin_in, out, "4x6", "1"], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            print(f"FAIL {label}: run_model exited {r.returncode}\n{r.stdout}{r.stderr}")
+            failed += 1
+            continue
+        got = np.fromfile(out, dtype=np.float32).reshape(want.shape)
+        if not np.allclose(got, want, rtol=1e-6, atol=1e-6):
+            print(f"FAIL {label}: differs from the ops written out by {np.max(np.abs(got - want)):.3g}")
+            failed += 1
+        else:
+            print(f"ok   {label}: equal to the ops written out in ONNX")
+    # Without the library, the load fails naming the ops and how to provide them.
+    r = subprocess.run([exe, paths["custom"], bin_in, os.path.join(work, "none.bin"), "4x6", "1"],
+                       capture_output=True, text=True)
+    if r.returncode == 0 or "com.example:PairSum" not in r.stderr or "aim_register_custom_ops_library" not in r.stderr:
+        print(f"FAIL custom ops without the library: exit {r.returncode}, {r.stderr.strip()}")
+        failed += 1
+    else:
+        print("ok   custom ops without the library: refused, naming the ops")
+    return failed
 
 
 def run_cross(arch, aim, libdir, models, names, threads, root, work):
