@@ -159,3 +159,47 @@ fn a_kernel_failure_is_an_error_naming_the_node() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.code() == Some(1) && e.contains("no aim_custom_ops entry point"), "{e}");
 }
+
+/// `x[..., 2i] + x[..., 2i + 1]` in Rust.
+struct RustPairSum;
+
+impl aim_ir::custom::CustomOp for RustPairSum {
+    fn domain(&self) -> &str {
+        "com.rust"
+    }
+    fn name(&self) -> &str {
+        "PairSum"
+    }
+    fn infer(&self, _: &aim_ir::Node, inputs: &[Option<aim_ir::ValueType>]) -> Result<Vec<aim_ir::ValueType>, String> {
+        let mut t = inputs.first().cloned().flatten().ok_or("PairSum takes one input")?;
+        if let Some(last) = t.shape.as_mut().and_then(|s| s.last_mut()) {
+            *last = match last {
+                aim_ir::Dim::Known(n) if *n % 2 == 0 => aim_ir::Dim::Known(*n / 2),
+                aim_ir::Dim::Known(n) => return Err(format!("the last dim ({n}) must be even")),
+                _ => aim_ir::Dim::Unknown,
+            };
+        }
+        Ok(vec![t])
+    }
+    fn compute(&self, _: &aim_ir::Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+        let x = inputs[0].as_ref().ok_or("no input")?;
+        let v: Vec<f32> = x.data::<f32>().chunks(2).map(|p| p[0] + p[1]).collect();
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().ok_or("a scalar")? /= 2;
+        Ok(vec![Tensor::from_slice(&shape, &v)])
+    }
+}
+
+#[test]
+fn a_rust_custom_op_runs_in_a_compiled_program() {
+    let d = common::tempdir("custom-op-rust");
+    aim_ir::custom::register(std::sync::Arc::new(RustPairSum)).unwrap();
+    let text = "opset 17\ngraph \"g\" {\n  input %x: f32[batch,6]\n  init %k = f32[] [2.0]\n  %m = Mul(%x, %k)  # mul\n  %y = com.rust:PairSum(%m)  # ps\n  %z = Relu(%y)  # relu\n  output %z: f32[batch,3]\n}\n";
+    let p = d.join("rust.onnx");
+    std::fs::write(&p, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    let m = Model::load(&p).unwrap();
+    let x = input(3);
+    let got = m.run(vec![("x".into(), x.clone())]).unwrap();
+    let want: Vec<f32> = x.data::<f32>().chunks(2).map(|p| (2.0 * p[0] + 2.0 * p[1]).max(0.0)).collect();
+    close(&got[0].1, &Tensor::from_slice(&[3, 3], &want));
+}

@@ -180,6 +180,7 @@ def main():
     half_sent_requests(aim, models, tmp)
     large_json_bodies(aim, models, tmp)
     deploy_file(aim, models, tmp)
+    custom_ops(aim, tmp)
     print(f"serve: {RESULTS['passed']} passed, {RESULTS['failed']} failed")
     sys.exit(1 if RESULTS["failed"] else 0)
 
@@ -658,6 +659,48 @@ def deploy_file(aim, models, tmp):
                        capture_output=True, text=True, timeout=60)
     check("deploy.yml: an unknown key is refused before start, naming it",
           r.returncode != 0 and "max_batch" in r.stderr, r.stderr.strip())
+
+
+def custom_ops(aim, tmp):
+    """A model with custom ops (examples/custom_op/custom_ops.c, built with gcc), served with
+    the library given by --custom-ops and by deploy.yml's custom_ops: batched requests
+    answered as the same model with the ops written out in ONNX answers them."""
+    import onnx
+    from onnx import TensorProto, helper
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = os.path.join(tmp, "libcustom_ops.so")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-I", os.path.join(root, "include"),
+                    os.path.join(root, "examples", "custom_op", "custom_ops.c"), "-o", lib], check=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = os.path.join(tmp, "custom.onnx")
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("ScaleShift", ["x"], ["s"], domain="com.example", scale=2.0, shift=-1.0),
+         helper.make_node("Relu", ["s"], ["r"]), helper.make_node("PairSum", ["r"], ["y"], domain="com.example")],
+        "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]), model)
+    cfg = os.path.join(tmp, "custom.yml")
+    with open(cfg, "w") as f:
+        f.write(f"models:\n  - {{name: custom, path: {model}}}\ncustom_ops: [libcustom_ops.so]\n")
+    for how, args in [("--custom-ops", ["--custom-ops", lib, "--model", f"custom={model}"]),
+                      ("deploy.yml custom_ops", ["--config", cfg])]:
+        srv = Server(aim, args, os.path.join(tmp, "custom.log"))
+        try:
+            client = triton.InferenceServerClient(srv.url, concurrency=8)
+            xs = [np.random.default_rng(k).standard_normal((1 + k % 3, 6)).astype(np.float32) for k in range(8)]
+            ins = []
+            for xv in xs:
+                i = triton.InferInput("x", list(xv.shape), "FP32")
+                i.set_data_from_numpy(xv)
+                ins.append(i)
+            pending = [client.async_infer("custom", [i]) for i in ins]
+            worst = 0.0
+            for xv, p in zip(xs, pending):
+                r = np.maximum(xv * 2 - 1, 0)
+                worst = max(worst, float(np.abs(p.get_result().as_numpy("y") - (r[:, 0::2] + r[:, 1::2])).max()))
+            check(f"custom ops ({how}): 8 concurrent requests equal to the ops written out", worst < 1e-5,
+                  f"max diff {worst}")
+        finally:
+            srv.stop()
 
 
 if __name__ == "__main__":

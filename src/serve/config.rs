@@ -16,6 +16,9 @@ pub struct ServeConfig {
     pub devices: Vec<Device>,
     /// How requests are spread over the devices that serve.
     pub policy: Policy,
+    /// Custom-op libraries to register before the models load (`custom_ops:`, paths from
+    /// the deploy file's directory; `--custom-ops` registers its own first).
+    pub custom_ops: Vec<PathBuf>,
 }
 
 /// One model: its versions (ascending) and how its requests are batched.
@@ -120,6 +123,8 @@ struct DeployFile {
     devices: Vec<DeviceEntry>,
     #[serde(default)]
     scheduler: SchedulerEntry,
+    #[serde(default)]
+    custom_ops: Vec<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -235,7 +240,12 @@ impl ServeConfig {
         if out.is_empty() {
             bail!("aim serve needs --model NAME=PATH (repeatable) or --config deploy.yml");
         }
-        Ok(ServeConfig { models: out, devices: vec![host_device(threads)], policy: Policy::LatencyAware })
+        Ok(ServeConfig {
+            models: out,
+            devices: vec![host_device(threads)],
+            policy: Policy::LatencyAware,
+            custom_ops: Vec::new(),
+        })
     }
 
     /// Reads and checks `deploy.yml`; relative model paths are taken from its directory.
@@ -275,7 +285,12 @@ impl ServeConfig {
             models.push(ModelConfig { name: m.name.clone(), versions, batching });
         }
         let devices = resolve_devices(&file.devices, threads)?;
-        Ok(ServeConfig { models, devices, policy: file.scheduler.policy.unwrap_or(Policy::LatencyAware) })
+        Ok(ServeConfig {
+            models,
+            devices,
+            policy: file.scheduler.policy.unwrap_or(Policy::LatencyAware),
+            custom_ops: file.custom_ops.iter().map(|p| base.join(p)).collect(),
+        })
     }
 
     /// The devices that run models here (those whose traffic is their own).
@@ -414,6 +429,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.policy, Policy::RoundRobin);
+        assert!(c.custom_ops.is_empty());
+        let with_ops = parse("models:\n  - {name: a, path: a.onnx}\ncustom_ops: [lib/libops.so]\n").unwrap();
+        assert_eq!(with_ops.custom_ops, vec![PathBuf::from("/m/lib/libops.so")]);
         assert_eq!(c.models[0].versions, vec![(1, PathBuf::from("/m/r1.onnx")), (2, PathBuf::from("/m/r2.onnx"))]);
         assert_eq!(c.models[0].batching.max_batch_size, 4);
         assert!(c.models[0].batching.explicit);

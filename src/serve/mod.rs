@@ -44,6 +44,10 @@ pub struct Listen {
 
 /// Loads every model version on every serving device, then serves until SIGTERM or Ctrl-C.
 pub fn serve(cfg: ServeConfig, listen: &Listen) -> Result<()> {
+    for lib in &cfg.custom_ops {
+        let ops = crate::register_custom_ops_library(lib)?;
+        eprintln!("aim serve: custom ops {} from {}", ops.join(", "), lib.display());
+    }
     for d in &cfg.devices {
         if let Some(why) = &d.unavailable {
             eprintln!(
