@@ -76,45 +76,6 @@ pub struct AimCustomTensor {
     pub bytes: usize,
 }
 
-/// A custom op's infer callback: fills `outputs` (one per output of the node) from the
-/// input types; returns 0, or non-zero with a message in `error`.
-type AimCustomInfer = unsafe extern "C" fn(
-    user_data: *mut c_void,
-    attributes: *const AimCustomAttribute,
-    num_attributes: usize,
-    inputs: *const AimCustomType,
-    num_inputs: usize,
-    outputs: *mut AimCustomType,
-    num_outputs: usize,
-    error: *mut c_char,
-    error_len: usize,
-) -> i32;
-
-/// A custom op's create callback: a kernel instance for a node with these attributes, or
-/// null with a message in `error`.
-type AimCustomCreate = unsafe extern "C" fn(
-    user_data: *mut c_void,
-    attributes: *const AimCustomAttribute,
-    num_attributes: usize,
-    error: *mut c_char,
-    error_len: usize,
-) -> *mut c_void;
-
-/// A custom op's compute callback: writes every output; returns 0, or non-zero with a
-/// message in `error`.
-type AimCustomCompute = unsafe extern "C" fn(
-    kernel: *mut c_void,
-    inputs: *const AimCustomTensor,
-    num_inputs: usize,
-    outputs: *mut AimCustomTensor,
-    num_outputs: usize,
-    error: *mut c_char,
-    error_len: usize,
-) -> i32;
-
-/// A custom op's destroy callback: frees a kernel instance from `create`.
-type AimCustomDestroy = unsafe extern "C" fn(kernel: *mut c_void);
-
 /// One custom operator of a library: its identity and its callbacks. A library exports
 /// `const AimCustomOp *const *aim_custom_ops(uint32_t abi_version, size_t *count)`, which
 /// sets `*count` and returns its table (or null when it cannot serve `abi_version`);
@@ -236,16 +197,12 @@ fn loaded() -> &'static Mutex<HashMap<std::path::PathBuf, Vec<String>>> {
     LOADED.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// A C library's op, as an `aim_ir::custom` op.
+/// A C library's op, as an `aim_ir::custom` op: its table entry (the library stays loaded
+/// for the life of the process, so the entry does too), checked at load.
 struct LibraryOp {
+    table: &'static AimCustomOp,
     domain: String,
     name: String,
-    thread_safe: bool,
-    user_data: *mut c_void,
-    infer: AimCustomInfer,
-    create: Option<AimCustomCreate>,
-    compute: AimCustomCompute,
-    destroy: Option<AimCustomDestroy>,
     /// Kernel instances by node (name and attributes), each with the lock that serialises
     /// its calls unless the op is thread-safe.
     kernels: Mutex<HashMap<String, Arc<Instance>>>,
@@ -260,7 +217,7 @@ unsafe impl Sync for LibraryOp {}
 struct Instance {
     kernel: *mut c_void,
     lock: Mutex<()>,
-    destroy: Option<AimCustomDestroy>,
+    destroy: Option<unsafe extern "C" fn(kernel: *mut c_void)>,
 }
 
 // SAFETY: see `LibraryOp`.
@@ -285,37 +242,37 @@ unsafe fn c_text(p: *const c_char, what: &str) -> Result<String, String> {
 }
 
 impl LibraryOp {
-    /// The op the table entry `op` (the `i`-th of library `lib`) describes, checked.
+    /// The op the table entry `op` (the `i`-th of library `lib`, which stays loaded) describes,
+    /// checked.
     unsafe fn new(op: *const AimCustomOp, lib: &str, i: usize) -> Result<LibraryOp, String> {
         let at = |m: String| format!("{lib}: op {i}: {m}");
-        let op = op.as_ref().ok_or_else(|| at("null entry".into()))?;
-        if op.abi_version == 0 || op.abi_version > AIM_CUSTOM_OP_ABI_VERSION {
+        let table: &'static AimCustomOp = op.as_ref().ok_or_else(|| at("null entry".into()))?;
+        if table.abi_version == 0 || table.abi_version > AIM_CUSTOM_OP_ABI_VERSION {
             return Err(at(format!(
                 "built for custom-op ABI version {}, this aim speaks {AIM_CUSTOM_OP_ABI_VERSION}",
-                op.abi_version
+                table.abi_version
             )));
         }
-        if (op.struct_size as usize) < std::mem::size_of::<AimCustomOp>() {
+        if (table.struct_size as usize) < std::mem::size_of::<AimCustomOp>() {
             return Err(at(format!(
                 "struct_size {} is less than version 1's {} bytes",
-                op.struct_size,
+                table.struct_size,
                 std::mem::size_of::<AimCustomOp>()
             )));
         }
-        let domain = c_text(op.domain, "domain").map_err(at)?;
-        let name = c_text(op.name, "name").map_err(at)?;
-        let at = |m: &str| format!("{lib}: {domain}:{name}: {m}");
-        Ok(LibraryOp {
-            thread_safe: op.flags & AIM_CUSTOM_OP_THREAD_SAFE != 0,
-            user_data: op.user_data,
-            infer: op.infer.ok_or_else(|| at("no infer callback"))?,
-            create: op.create,
-            compute: op.compute.ok_or_else(|| at("no compute callback"))?,
-            destroy: op.destroy,
-            kernels: Mutex::new(HashMap::new()),
-            domain,
-            name,
-        })
+        let domain = c_text(table.domain, "domain").map_err(at)?;
+        let name = c_text(table.name, "name").map_err(at)?;
+        for (missing, what) in [(table.infer.is_none(), "infer"), (table.compute.is_none(), "compute")] {
+            if missing {
+                return Err(format!("{lib}: {domain}:{name}: no {what} callback"));
+            }
+        }
+        Ok(LibraryOp { table, kernels: Mutex::new(HashMap::new()), domain, name })
+    }
+
+    /// Calls on one kernel instance are serialised unless the op says otherwise.
+    fn thread_safe(&self) -> bool {
+        self.table.flags & AIM_CUSTOM_OP_THREAD_SAFE != 0
     }
 
     /// The kernel instance for `node`, created on first use.
@@ -325,20 +282,22 @@ impl LibraryOp {
         if let Some(k) = kernels.get(&key) {
             return Ok(k.clone());
         }
-        let kernel = match self.create {
-            None => self.user_data,
+        let kernel = match self.table.create {
+            None => self.table.user_data,
             Some(create) => {
                 let attrs = Attributes::of(node);
                 let mut err = ErrorBuf::new();
                 // SAFETY: the attribute array lives across the call; `err` is writable.
-                let k = unsafe { create(self.user_data, attrs.list.as_ptr(), attrs.list.len(), err.ptr(), err.len()) };
+                let k = unsafe {
+                    create(self.table.user_data, attrs.list.as_ptr(), attrs.list.len(), err.ptr(), err.len())
+                };
                 if k.is_null() {
                     return Err(format!("create failed: {}", err.message()));
                 }
                 k
             }
         };
-        let destroy = if self.create.is_some() { self.destroy } else { None };
+        let destroy = if self.table.create.is_some() { self.table.destroy } else { None };
         let inst = Arc::new(Instance { kernel, lock: Mutex::new(()), destroy });
         kernels.insert(key, inst.clone());
         Ok(inst)
@@ -486,10 +445,11 @@ impl CustomOp for LibraryOp {
         let mut outs = vec![AimCustomType { dtype: 0, rank: -1, dims: [-1; AIM_CUSTOM_MAX_RANK] }; node.outputs.len()];
         let attrs = Attributes::of(node);
         let mut err = ErrorBuf::new();
+        let infer = self.table.infer.ok_or("no infer callback")?;
         // SAFETY: every array lives across the call, with the lengths given.
         let status = unsafe {
-            (self.infer)(
-                self.user_data,
+            infer(
+                self.table.user_data,
                 attrs.list.as_ptr(),
                 attrs.list.len(),
                 ins.as_ptr(),
@@ -544,13 +504,14 @@ impl CustomOp for LibraryOp {
         let before: Vec<(i32, i32, [i64; AIM_CUSTOM_MAX_RANK], usize)> =
             c_outs.iter().map(|o| (o.ty.dtype, o.ty.rank, o.ty.dims, o.bytes)).collect();
         let inst = self.instance(node)?;
+        let compute = self.table.compute.ok_or("no compute callback")?;
         let mut err = ErrorBuf::new();
         let status = {
-            let _serial = (!self.thread_safe).then(|| inst.lock.lock().unwrap_or_else(|e| e.into_inner()));
+            let _serial = (!self.thread_safe()).then(|| inst.lock.lock().unwrap_or_else(|e| e.into_inner()));
             // SAFETY: the arrays and the buffers they point to live across the call, with
             // the lengths given; the kernel instance came from this op.
             unsafe {
-                (self.compute)(
+                compute(
                     inst.kernel,
                     c_ins.as_ptr(),
                     c_ins.len(),
