@@ -183,6 +183,21 @@ typedef struct AimCustomTensor {
   size_t bytes;
 } AimCustomTensor;
 
+// What aim lends a kernel while it computes: its worker threads. `parallel_for(pool, n,
+// task, ctx)` calls `task(ctx, i)` for every `i` in `0..n`, spread over `threads` threads
+// (the calling one included), and returns when all have returned; `task` may run on
+// several threads at once and must not call `parallel_for` itself.
+typedef struct AimCustomHost {
+  // `sizeof(AimCustomHost)` as aim has it: fields past it are absent.
+  uint32_t struct_size;
+  // How many threads `parallel_for` spreads over.
+  uint32_t threads;
+  // Passed back to `parallel_for` as it is.
+  void *pool;
+  // Runs `task(ctx, 0..n)` on the runtime's threads.
+  void (*parallel_for)(void *pool, size_t n, void (*task)(void *ctx, size_t i), void *ctx);
+} AimCustomHost;
+
 // One custom operator of a library: its identity and its callbacks. A library exports
 // `const AimCustomOp *const *aim_custom_ops(uint32_t abi_version, size_t *count)`, which
 // sets `*count` and returns its table (or null when it cannot serve `abi_version`);
@@ -221,13 +236,15 @@ typedef struct AimCustomOp {
                   char *error,
                   size_t error_len);
   // Required: computes every output into the buffers aim allocated from `infer`'s
-  // types (it must not change their types, write past `bytes`, or write its inputs);
-  // returns 0, or non-zero with a message in `error`. C++ exceptions must not escape it.
+  // types (it must not change their types, write past `bytes`, or write its inputs),
+  // with the runtime's threads in `host`; returns 0, or non-zero with a message in
+  // `error`. C++ exceptions must not escape it.
   int32_t (*compute)(void *kernel,
                      const struct AimCustomTensor *inputs,
                      size_t num_inputs,
                      struct AimCustomTensor *outputs,
                      size_t num_outputs,
+                     const struct AimCustomHost *host,
                      char *error,
                      size_t error_len);
   // Optional: frees a kernel instance from `create`.

@@ -195,7 +195,7 @@ def custom_ops(aim, host, root, work, exe, exe_rt):
     for label, model, program in [("custom ops (ONNX)", paths["custom"], exe), ("custom ops (.so)", so, exe),
                                   ("custom ops (.so, libaim_runtime)", so, exe_rt)]:
         out = os.path.join(work, "custom.out.bin")
-        r = subprocess.run([program, model, bin_in, out, "4x6", "1"], capture_output=True, text=True, env=env)
+        r = subprocess.run([program, model, bin_in, out, "4x6", "2"], capture_output=True, text=True, env=env)
         if r.returncode != 0:
             print(f"FAIL {label}: run_model exited {r.returncode}\n{r.stdout}{r.stderr}")
             failed += 1

@@ -181,9 +181,21 @@ impl aim_ir::custom::CustomOp for RustPairSum {
         }
         Ok(vec![t])
     }
-    fn compute(&self, _: &aim_ir::Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+    fn compute(
+        &self,
+        _: &aim_ir::Node,
+        inputs: &[Option<Tensor>],
+        host: &aim_ir::custom::Host<'_>,
+    ) -> Result<Vec<Tensor>, String> {
         let x = inputs[0].as_ref().ok_or("no input")?;
-        let v: Vec<f32> = x.data::<f32>().chunks(2).map(|p| p[0] + p[1]).collect();
+        // One task per pair, on the runtime's threads.
+        let x32 = x.data::<f32>();
+        let sums: Vec<std::sync::atomic::AtomicU32> =
+            (0..x32.len() / 2).map(|_| std::sync::atomic::AtomicU32::new(0)).collect();
+        (host.parallel_for)(sums.len(), &|i| {
+            sums[i].store((x32[2 * i] + x32[2 * i + 1]).to_bits(), std::sync::atomic::Ordering::Relaxed)
+        });
+        let v: Vec<f32> = sums.iter().map(|s| f32::from_bits(s.load(std::sync::atomic::Ordering::Relaxed))).collect();
         let mut shape = x.shape().to_vec();
         *shape.last_mut().ok_or("a scalar")? /= 2;
         Ok(vec![Tensor::from_slice(&shape, &v)])

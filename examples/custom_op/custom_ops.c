@@ -3,7 +3,7 @@
  *   com.example:ScaleShift  y = x * scale + shift      (float attributes scale, shift)
  *   com.example:PairSum     y[..., i] = x[..., 2i] + x[..., 2i+1]   (last dim halved)
  *
- * Both take and give f32. A node attribute `fail` = 1 makes compute fail, and
+ * Both take and give f32; PairSum spreads its rows over aim's threads (AimCustomHost). A node attribute `fail` = 1 makes compute fail, and
  * `bad_shape` = 1 makes it change its output's shape, to show how aim reports a kernel's
  * errors. Build: cc -shared -fPIC -O2 -I include examples/custom_op/custom_ops.c -o libcustom_ops.so
  * Use: aim run model.onnx --custom-ops ./libcustom_ops.so */
@@ -78,8 +78,8 @@ static int scale_shift_infer(void *user_data, const AimCustomAttribute *attrs, s
 }
 
 static int scale_shift_compute(void *kernel, const AimCustomTensor *in, size_t num_in, AimCustomTensor *out,
-                               size_t num_out, char *error, size_t error_len) {
-    (void)num_in, (void)num_out;
+                               size_t num_out, const AimCustomHost *host, char *error, size_t error_len) {
+    (void)num_in, (void)num_out, (void)host;
     const Kernel *k = kernel;
     if (k->fail) {
         snprintf(error, error_len, "asked to fail by the node's 'fail' attribute");
@@ -110,12 +110,28 @@ static int pair_sum_infer(void *user_data, const AimCustomAttribute *attrs, size
     return 0;
 }
 
+/* PairSum's rows, one task each on aim's threads. */
+typedef struct {
+    const float *x;
+    float *y;
+    size_t row;
+} Rows;
+
+static void pair_sum_row(void *ctx, size_t r) {
+    const Rows *t = ctx;
+    for (size_t i = r * t->row; i < (r + 1) * t->row; i++) t->y[i] = t->x[2 * i] + t->x[2 * i + 1];
+}
+
 static int pair_sum_compute(void *kernel, const AimCustomTensor *in, size_t num_in, AimCustomTensor *out,
-                            size_t num_out, char *error, size_t error_len) {
+                            size_t num_out, const AimCustomHost *host, char *error, size_t error_len) {
     (void)kernel, (void)num_in, (void)num_out, (void)error, (void)error_len;
-    const float *x = in[0].data;
-    float *y = out[0].data;
-    for (size_t i = 0; i < out[0].bytes / sizeof(float); i++) y[i] = x[2 * i] + x[2 * i + 1];
+    size_t n = out[0].bytes / sizeof(float), row = out[0].ty.rank ? (size_t)out[0].ty.dims[out[0].ty.rank - 1] : 1;
+    Rows t = {in[0].data, out[0].data, row};
+    size_t rows = row ? n / row : 0;
+    if (host && host->struct_size >= sizeof(AimCustomHost) && host->parallel_for)
+        host->parallel_for(host->pool, rows, pair_sum_row, &t);
+    else
+        for (size_t r = 0; r < rows; r++) pair_sum_row(&t, r);
     return 0;
 }
 

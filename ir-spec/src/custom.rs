@@ -13,6 +13,23 @@ use crate::{DType, Dim, Node, Tensor, ValueType};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+/// What the runtime lends a kernel while it computes: its worker threads.
+pub struct Host<'a> {
+    /// Runs `f(0..n)` on the runtime's threads (the calling one included) and returns when
+    /// every call has returned. `f` must not call `parallel_for` itself.
+    pub parallel_for: &'a (dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync),
+    /// How many threads `parallel_for` spreads over.
+    pub threads: usize,
+}
+
+impl Host<'_> {
+    /// A host of one thread: `parallel_for` runs the calls in order (the reference
+    /// interpreter's, and for tests).
+    pub fn sequential() -> Host<'static> {
+        Host { parallel_for: &|n, f| (0..n).for_each(f), threads: 1 }
+    }
+}
+
 /// An operator the user provides.
 pub trait CustomOp: Send + Sync {
     /// Its domain (`com.example`).
@@ -24,9 +41,10 @@ pub trait CustomOp: Send + Sync {
     /// dims are allowed where the inputs have them; when a run's inputs are all known the
     /// output types must be too.
     fn infer(&self, node: &Node, inputs: &[Option<ValueType>]) -> Result<Vec<ValueType>, String>;
-    /// Computes the node's outputs from its inputs (`None` for an absent optional input);
-    /// each must have the type `infer` gives for these inputs.
-    fn compute(&self, node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>, String>;
+    /// Computes the node's outputs from its inputs (`None` for an absent optional input),
+    /// with the runtime's threads in `host`; each output must have the type `infer` gives
+    /// for these inputs.
+    fn compute(&self, node: &Node, inputs: &[Option<Tensor>], host: &Host<'_>) -> Result<Vec<Tensor>, String>;
 }
 
 type Registry = HashMap<(String, String), Arc<dyn CustomOp>>;
@@ -86,14 +104,14 @@ pub fn infer(op: &dyn CustomOp, node: &Node, inputs: &[Option<ValueType>]) -> Re
     Ok(outs)
 }
 
-/// Runs `op` on `node`'s inputs: a panic in it, a failure, or outputs of other types than
-/// its own inference gives for these inputs become an error message (the caller names the
-/// node).
-pub fn run(op: &dyn CustomOp, node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+/// Runs `op` on `node`'s inputs with `host`'s threads: a panic in it, a failure, or outputs
+/// of other types than its own inference gives for these inputs become an error message
+/// (the caller names the node).
+pub fn run(op: &dyn CustomOp, node: &Node, inputs: &[Option<Tensor>], host: &Host<'_>) -> Result<Vec<Tensor>, String> {
     let types: Vec<Option<ValueType>> =
         inputs.iter().map(|t| t.as_ref().map(|t| ValueType::known(t.dtype(), t.shape()))).collect();
     let want = infer(op, node, &types)?;
-    let outs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.compute(node, inputs))) {
+    let outs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.compute(node, inputs, host))) {
         Ok(r) => r?,
         Err(p) => {
             let msg = p
@@ -153,7 +171,7 @@ mod tests {
         fn infer(&self, _: &Node, inputs: &[Option<ValueType>]) -> Result<Vec<ValueType>, String> {
             Ok(vec![inputs.first().cloned().flatten().ok_or("Scale needs an input")?])
         }
-        fn compute(&self, node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+        fn compute(&self, node: &Node, inputs: &[Option<Tensor>], _: &Host<'_>) -> Result<Vec<Tensor>, String> {
             let x = inputs[0].as_ref().ok_or("no input")?;
             let k = node.float("k", 1.0) as f64;
             if k == 13.0 {
@@ -178,11 +196,11 @@ mod tests {
         };
         n.attrs.insert("k".into(), crate::Attr::Float(2.0));
         let x = Tensor::from_slice(&[2], &[1.0f32, 3.0]);
-        let y = run(&*op, &n, &[Some(x.clone())]).unwrap();
+        let y = run(&*op, &n, &[Some(x.clone())], &Host::sequential()).unwrap();
         assert_eq!(y[0].to_f64_vec(), vec![2.0, 6.0]);
         // A kernel whose output disagrees with its own inference is an error, not a value.
         n.attrs.insert("k".into(), crate::Attr::Float(13.0));
-        let e = run(&*op, &n, &[Some(x)]).unwrap_err();
+        let e = run(&*op, &n, &[Some(x)], &Host::sequential()).unwrap_err();
         assert!(e.contains("output 0 as f32[1]") && e.contains("f32[2]"), "{e}");
     }
 
@@ -199,7 +217,7 @@ mod tests {
             fn infer(&self, _: &Node, _: &[Option<ValueType>]) -> Result<Vec<ValueType>, String> {
                 Ok(vec![])
             }
-            fn compute(&self, _: &Node, _: &[Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+            fn compute(&self, _: &Node, _: &[Option<Tensor>], _: &Host<'_>) -> Result<Vec<Tensor>, String> {
                 Ok(vec![])
             }
         }

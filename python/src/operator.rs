@@ -85,7 +85,12 @@ impl CustomOp for PyOp {
         })
     }
 
-    fn compute(&self, node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+    fn compute(
+        &self,
+        node: &Node,
+        inputs: &[Option<Tensor>],
+        _: &aim_ir::custom::Host<'_>,
+    ) -> Result<Vec<Tensor>, String> {
         Python::attach(|py| {
             let run = || -> PyResult<Vec<Tensor>> {
                 let mut args = Vec::with_capacity(inputs.len());

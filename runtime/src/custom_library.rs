@@ -76,6 +76,53 @@ pub struct AimCustomTensor {
     pub bytes: usize,
 }
 
+/// What aim lends a kernel while it computes: its worker threads. `parallel_for(pool, n,
+/// task, ctx)` calls `task(ctx, i)` for every `i` in `0..n`, spread over `threads` threads
+/// (the calling one included), and returns when all have returned; `task` may run on
+/// several threads at once and must not call `parallel_for` itself.
+#[repr(C)]
+pub struct AimCustomHost {
+    /// `sizeof(AimCustomHost)` as aim has it: fields past it are absent.
+    pub struct_size: u32,
+    /// How many threads `parallel_for` spreads over.
+    pub threads: u32,
+    /// Passed back to `parallel_for` as it is.
+    pub pool: *mut c_void,
+    /// Runs `task(ctx, 0..n)` on the runtime's threads.
+    pub parallel_for: Option<
+        unsafe extern "C" fn(
+            pool: *mut c_void,
+            n: usize,
+            task: Option<unsafe extern "C" fn(ctx: *mut c_void, i: usize)>,
+            ctx: *mut c_void,
+        ),
+    >,
+}
+
+/// `AimCustomHost::parallel_for`: `pool` is the `Host` the adapter lent.
+unsafe extern "C" fn parallel_for(
+    pool: *mut c_void,
+    n: usize,
+    task: Option<unsafe extern "C" fn(ctx: *mut c_void, i: usize)>,
+    ctx: *mut c_void,
+) {
+    /// The task's context, shared by the threads that run it (the kernel's to make safe).
+    struct Shared(*mut c_void);
+    // SAFETY: `parallel_for`'s contract: the task may run on several threads at once.
+    unsafe impl Sync for Shared {}
+    let (Some(task), Some(host)) = (task, (pool as *const aim_ir::custom::Host<'_>).as_ref()) else { return };
+    let shared = Shared(ctx);
+    let shared = &shared;
+    // A panic must not unwind into the C caller: the runtime's pool re-raises a task's
+    // panic on this thread, caught here (the tasks are C, which does not panic).
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        (host.parallel_for)(n, &|i| {
+            // SAFETY: the task and its context are the kernel's, valid for this call.
+            unsafe { task(shared.0, i) }
+        })
+    }));
+}
+
 /// One custom operator of a library: its identity and its callbacks. A library exports
 /// `const AimCustomOp *const *aim_custom_ops(uint32_t abi_version, size_t *count)`, which
 /// sets `*count` and returns its table (or null when it cannot serve `abi_version`);
@@ -123,8 +170,9 @@ pub struct AimCustomOp {
         ) -> *mut c_void,
     >,
     /// Required: computes every output into the buffers aim allocated from `infer`'s
-    /// types (it must not change their types, write past `bytes`, or write its inputs);
-    /// returns 0, or non-zero with a message in `error`. C++ exceptions must not escape it.
+    /// types (it must not change their types, write past `bytes`, or write its inputs),
+    /// with the runtime's threads in `host`; returns 0, or non-zero with a message in
+    /// `error`. C++ exceptions must not escape it.
     pub compute: Option<
         unsafe extern "C" fn(
             kernel: *mut c_void,
@@ -132,6 +180,7 @@ pub struct AimCustomOp {
             num_inputs: usize,
             outputs: *mut AimCustomTensor,
             num_outputs: usize,
+            host: *const AimCustomHost,
             error: *mut c_char,
             error_len: usize,
         ) -> i32,
@@ -466,7 +515,12 @@ impl CustomOp for LibraryOp {
         outs.iter().enumerate().map(|(i, c)| from_c_type(c, i)).collect()
     }
 
-    fn compute(&self, node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+    fn compute(
+        &self,
+        node: &Node,
+        inputs: &[Option<Tensor>],
+        host: &aim_ir::custom::Host<'_>,
+    ) -> Result<Vec<Tensor>, String> {
         let types: Vec<Option<ValueType>> =
             inputs.iter().map(|t| t.as_ref().map(|t| ValueType::known(t.dtype(), t.shape()))).collect();
         let want = self.infer(node, &types)?;
@@ -505,6 +559,12 @@ impl CustomOp for LibraryOp {
             c_outs.iter().map(|o| (o.ty.dtype, o.ty.rank, o.ty.dims, o.bytes)).collect();
         let inst = self.instance(node)?;
         let compute = self.table.compute.ok_or("no compute callback")?;
+        let c_host = AimCustomHost {
+            struct_size: std::mem::size_of::<AimCustomHost>() as u32,
+            threads: host.threads as u32,
+            pool: host as *const aim_ir::custom::Host<'_> as *mut c_void,
+            parallel_for: Some(parallel_for),
+        };
         let mut err = ErrorBuf::new();
         let status = {
             let _serial = (!self.thread_safe()).then(|| inst.lock.lock().unwrap_or_else(|e| e.into_inner()));
@@ -517,6 +577,7 @@ impl CustomOp for LibraryOp {
                     c_ins.len(),
                     c_outs.as_mut_ptr(),
                     c_outs.len(),
+                    &c_host,
                     err.ptr(),
                     err.len(),
                 )

@@ -275,11 +275,8 @@ pub(crate) fn run_with(
 pub(crate) fn run_node(n: &Node, ins: &[Option<Tensor>], scope: &Scope) -> Result<Vec<Tensor>, RunError> {
     let fail = |msg: String| RunError::Node { node: n.name.clone(), op: n.op.clone(), msg };
     if let Some(custom) = aim_ir::custom::lookup(&n.domain, &n.op) {
-        return aim_ir::custom::run(&*custom, n, ins).map_err(|msg| RunError::Node {
-            node: n.name.clone(),
-            op: format!("{}:{}", n.domain, n.op),
-            msg,
-        });
+        return aim_ir::custom::run(&*custom, n, ins, &aim_ir::custom::Host::sequential())
+            .map_err(|msg| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg });
     }
     if !matches!(n.domain.as_str(), "" | "ai.onnx") {
         return Err(fail(format!("op domain '{}' is not supported", n.domain)));

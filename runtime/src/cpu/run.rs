@@ -703,6 +703,18 @@ impl CpuProgram {
                 Err(e) => Err(node_err(format!("internal error: {}", panic_message(&*e)))),
             };
         }
+        if let Some(custom) = aim_ir::custom::lookup(&n.domain, &n.op) {
+            use aim_kernels::gemm::Parallel;
+            let host = aim_ir::custom::Host {
+                parallel_for: &|count, f| self.pool.for_each(count, f),
+                threads: self.pool.size(),
+            };
+            return aim_ir::custom::run(&*custom, n, ins, &host).map_err(|msg| RunError::Node {
+                node: n.name.clone(),
+                op: format!("{}:{}", n.domain, n.op),
+                msg,
+            });
+        }
         if n.domain.is_empty() {
             if let Some(k) = aim_kernels::fast::kernel(&n.op) {
                 let cx = aim_kernels::fast::Ctx { par: &*self.pool, isa: self.isa, blocking: self.blocking, out };
