@@ -166,6 +166,11 @@ pub struct Options {
     /// weight is rounded to the nearest f16 (relative error at most 2^-11). Models whose
     /// weights are f16 or bf16 get this on the cuda backend without asking.
     pub half_weights: bool,
+    /// Quantize dense layers' (MatMul / Gemm) f32 weights to 4 bits in blocks of this many
+    /// rows along K (`--weights int4`; 32, 64 or 128), asymmetric with a scale and zero
+    /// point per block and column as ONNX Runtime's `MatMulNBitsQuantizer` writes them,
+    /// kept at 4 bits in the GEMM (cpu backend).
+    pub int4_weights: Option<usize>,
     /// Let the cuda backend's f32 GEMMs and convolutions use TF32 tensor cores (10-bit
     /// mantissas in the products, f32 sums), as ONNX Runtime's CUDA provider and PyTorch
     /// may.
@@ -204,6 +209,7 @@ impl Default for Options {
             shapes: Vec::new(),
             shape_cache: None,
             half_weights: false,
+            int4_weights: None,
             allow_tf32: false,
             opt_level: OptLevel::O3,
             disabled_passes: Vec::new(),
@@ -225,6 +231,24 @@ pub(crate) fn cpu_target(opts: &Options) -> Result<aim_compiler::target::Target,
         .optimization
         .check(&aim_compiler::passes::cpu_pass_names(&target))
         .map_err(|reason| Error::BadOption { option: "disable-pass", reason })?;
+    target.int4_weights = opts.int4_weights;
+    if let Some(b) = opts.int4_weights {
+        if ![32, 64, 128].contains(&b) {
+            return Err(Error::BadOption {
+                option: "weights",
+                reason: format!("int4 blocks of {b} rows: 32, 64 or 128"),
+            });
+        }
+        if opts.half_weights {
+            return Err(Error::BadOption { option: "weights", reason: "f16 or int4 weights, not both".into() });
+        }
+        if !target.optimization.runs("int4-weights") || !target.optimization.runs("four-bit-weights") {
+            return Err(Error::BadOption {
+                option: "weights",
+                reason: "int4 weights are kept by the 4-bit dense kernels, which need -O2 or above and the int4-weights and four-bit-weights passes".into(),
+            });
+        }
+    }
     if opts.half_weights && !target.optimization.runs("half-weights") {
         return Err(Error::BadOption {
             option: "weights",
@@ -931,6 +955,10 @@ impl Model {
             };
             let kind = match n.attrs.get(aim_compiler::passes::ACTIVATION) {
                 Some(aim_ir::Attr::String(act)) => format!("{kind} + {act}"),
+                _ => kind,
+            };
+            let kind = match n.attrs.get("weights") {
+                Some(aim_ir::Attr::String(w)) => format!("{kind}, {w} weights"),
                 _ => kind,
             };
             log!(

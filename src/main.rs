@@ -52,11 +52,13 @@ struct LoadArgs {
     /// How many shape-specialised programs to keep (the most recently used; default 8).
     #[arg(long, value_name = "N")]
     shape_cache: Option<usize>,
-    /// How dense layers (MatMul / Gemm) hold their weights: f32, or f16 (half the memory,
-    /// widened inside the GEMM; each weight rounded to the nearest f16). On the cuda
-    /// backend f16 also covers convolutions and multiplies on f16 tensor cores (a model
-    /// whose weights are f16 or bf16 gets that without asking).
-    #[arg(long, value_name = "f32|f16", default_value = "f32")]
+    /// How dense layers (MatMul / Gemm) hold their weights: f32, f16 (half the memory,
+    /// widened inside the GEMM; each weight rounded to the nearest f16), or int4 / int4:BLOCK
+    /// (an eighth of the memory: 4-bit codes per block of 32, 64 or 128 rows with a scale
+    /// and zero point each, as ONNX Runtime's MatMulNBits quantizer writes them; cpu
+    /// backend). On the cuda backend f16 also covers convolutions and multiplies on f16
+    /// tensor cores (a model whose weights are f16 or bf16 gets that without asking).
+    #[arg(long, value_name = "f32|f16|int4[:BLOCK]", default_value = "f32")]
     weights: String,
     /// On the cuda backend, let f32 GEMMs and convolutions use TF32 tensor cores.
     #[arg(long)]
@@ -95,6 +97,19 @@ impl PassArgs {
     fn optimization(&self) -> Result<aim_compiler::passes::Optimization> {
         Ok(aim_compiler::passes::Optimization { level: self.level()?, disabled: self.disable_pass.clone() })
     }
+}
+
+/// `--weights`: whether f16, and the int4 block size.
+fn parse_weights(w: &str) -> Result<(bool, Option<usize>)> {
+    Ok(match w {
+        "f32" => (false, None),
+        "f16" => (true, None),
+        "int4" => (false, Some(32)),
+        _ => match w.strip_prefix("int4:").and_then(|b| b.parse::<usize>().ok()) {
+            Some(b) => (false, Some(b)),
+            None => bail!("--weights {w}: expected f32, f16, int4 or int4:BLOCK (32, 64 or 128)"),
+        },
+    })
 }
 
 /// `--shape` values as signatures: a name given again starts the next one.
@@ -140,11 +155,7 @@ impl LoadArgs {
         if self.shape_cache == Some(0) {
             bail!("--shape-cache must be at least 1");
         }
-        let half_weights = match self.weights.as_str() {
-            "f32" => false,
-            "f16" => true,
-            w => bail!("--weights {w}: expected f32 or f16"),
-        };
+        let (half_weights, int4_weights) = parse_weights(&self.weights)?;
         Ok(aim::Options {
             backend,
             threads: self.threads,
@@ -154,6 +165,7 @@ impl LoadArgs {
             shapes: parse_shapes(&self.shape)?,
             shape_cache: self.shape_cache,
             half_weights,
+            int4_weights,
             allow_tf32: self.allow_tf32,
             opt_level: self.passes.level()?,
             disabled_passes: self.passes.disable_pass.clone(),

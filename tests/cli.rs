@@ -403,6 +403,73 @@ fn half_weights_round_each_weight_to_f16() {
     assert_clean_error(&aim(&["run", d.join("m.onnx").to_str().unwrap(), "--weights", "f8"]), "--weights f8");
 }
 
+/// `--weights int4`: each dense weight within half a quantization step of its block's range
+/// (what bounds every output's error), kept at 4 bits by the kernel; a Gemm with `transB`
+/// and a bias too; a layer shorter than a block stays f32.
+#[test]
+fn int4_weights_stay_within_half_a_step() {
+    let d = tempdir("int4-weights");
+    let (k, n) = (64usize, 8usize);
+    let w: Vec<f32> = (0..k * n).map(|i| ((i * 7919) % 97) as f32 / 48.0 - 1.0).collect();
+    // The Gemm reads the same weight transposed ([n, k], transB = 1).
+    let wt: Vec<f32> = (0..k * n).map(|i| w[(i % k) * n + i / k]).collect();
+    let m = model(
+        vec![
+            node("MatMul", "mm", &["x", "W"], &["h"], vec![]),
+            node("Gemm", "gemm", &["x", "Wt", "b"], &["g"], vec![int_attr("transB", 1)]),
+            node("Add", "sum", &["h", "g"], &["y"], vec![]),
+        ],
+        vec![value("x", 1, &[Ok(3), Ok(k as i64)])],
+        vec![value("y", 1, &[Ok(3), Ok(n as i64)])],
+        vec![
+            f32_tensor("W", &[k as i64, n as i64], &w),
+            f32_tensor("Wt", &[n as i64, k as i64], &wt),
+            f32_tensor("b", &[n as i64], &[0.5; 8]),
+        ],
+        17,
+    );
+    let path = d.join("m.onnx");
+    std::fs::write(&path, m).unwrap();
+    let xv: Vec<f32> = (0..3 * k).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
+    let x = vec![("x".to_string(), Tensor::from_slice(&[3, k], &xv))];
+    let load = |int4: Option<usize>| {
+        aim::Model::load_with_options(&path, &aim::Options { int4_weights: int4, ..aim::Options::default() }).unwrap()
+    };
+    let q = load(Some(32));
+    let q4_layers = q
+        .optimized_graph()
+        .unwrap()
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.attrs.get("weights"), Some(aim_ir::Attr::String(s)) if s == "q4"))
+        .count();
+    assert_eq!(q4_layers, 2, "both layers keep 4-bit weights");
+    let full = load(None).run(x.clone()).unwrap()[0].1.data::<f32>().to_vec();
+    let quant = q.run(x).unwrap()[0].1.data::<f32>().to_vec();
+    assert_ne!(full, quant, "the weights are quantized");
+    // Each weight moves by at most half a step, a step being its block's range (with 0) / 15.
+    for r in 0..3 {
+        for j in 0..n {
+            let mut bound = 0f32;
+            for kk in 0..k {
+                let blk = (kk / 32) * 32..(kk / 32 + 1) * 32;
+                let (lo, hi) = blk.fold((0f32, 0f32), |(lo, hi), b| (lo.min(w[b * n + j]), hi.max(w[b * n + j])));
+                bound += xv[r * k + kk].abs() * (hi - lo) / 30.0;
+            }
+            // Two layers read the same weights.
+            let (a, b) = (full[r * n + j], quant[r * n + j]);
+            assert!((a - b).abs() <= 2.0 * bound + 1e-4, "[{r},{j}] {a} vs {b}, bound {}", 2.0 * bound);
+        }
+    }
+    // Blocks of 64 rows: still bounded; K below a block (128): left in f32.
+    assert_eq!(
+        load(Some(128)).run(vec![("x".into(), Tensor::from_slice(&[3, k], &xv))]).unwrap()[0].1.data::<f32>(),
+        &full[..]
+    );
+    assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int4:48"]), "32, 64 or 128");
+    assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int4", "-O1"]), "need -O2");
+}
+
 /// `--backend cuda`: on a machine with an NVIDIA GPU the outputs are the cpu backend's;
 /// without one, one line saying what is missing (driver, device or architecture).
 #[test]

@@ -128,6 +128,9 @@ pub struct Target {
     pub half_weights: bool,
     /// Which passes run (`-O` level, `--disable-pass`): the user's choice too.
     pub optimization: crate::passes::Optimization,
+    /// Whether dense layers' f32 weights are quantized to 4 bits in blocks of this many
+    /// rows (`--weights int4`): the user's choice too.
+    pub int4_weights: Option<usize>,
 }
 
 fn level_of(f: &Features, arch: &str) -> Level {
@@ -220,6 +223,7 @@ impl Target {
             capped_to: None,
             half_weights: false,
             optimization: Default::default(),
+            int4_weights: None,
         };
         #[cfg(target_arch = "x86_64")]
         detect_x86(&mut t);
@@ -314,6 +318,7 @@ impl Target {
             capped_to: Some(level),
             half_weights: false,
             optimization: Default::default(),
+            int4_weights: None,
         })
     }
 

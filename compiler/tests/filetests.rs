@@ -70,12 +70,14 @@ fn target_of(spec: &str) -> Result<Target, String> {
     };
     let mut features = Features::guaranteed_by(level);
     let mut half_weights = false;
+    let mut int4_weights = None;
     let mut optimization = aim_compiler::passes::Optimization::default();
     for w in words {
         match w {
             "+avx512vnni" => features.avx512vnni = true,
             "+avx512bf16" => features.avx512bf16 = true,
             "+f16-weights" => half_weights = true,
+            "+int4-weights" => int4_weights = Some(32),
             _ if w.starts_with("-O") => {
                 optimization.level = w[2..]
                     .parse()
@@ -86,7 +88,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
             _ if w.starts_with("-disable=") => optimization.disabled.push(w["-disable=".len()..].to_string()),
             other => {
                 return Err(format!(
-                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, -ON, -disable=PASS)"
+                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, +int4-weights, -ON, -disable=PASS)"
             ))
             }
         }
@@ -105,6 +107,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
         capped_to: Some(level),
         half_weights,
         optimization,
+        int4_weights,
     })
 }
 
@@ -227,6 +230,7 @@ fn every_pass_has_filetests() {
     let mut names: Vec<&str> = cpu_pipeline(&target).iter().chain(&cuda_pipeline()).map(|p| p.name).collect();
     let mut half = target.clone();
     half.half_weights = true;
+    half.int4_weights = Some(32);
     names.extend(cpu_pipeline(&half).iter().map(|p| p.name));
     names.sort();
     names.dedup();

@@ -12,6 +12,7 @@ pub mod fuse;
 mod fuse_elementwise;
 mod gelu;
 mod half;
+pub mod int4_weights;
 mod int8;
 mod layernorm;
 pub mod layout;
@@ -83,6 +84,7 @@ pub fn cpu_pass_names(target: &crate::target::Target) -> Vec<&'static str> {
     let mut full = target.clone();
     full.optimization = Optimization::default();
     full.half_weights = true;
+    full.int4_weights = Some(32);
     every_cpu_pass(&full).iter().map(|p| p.name).collect()
 }
 
@@ -110,6 +112,11 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         true,
         target.optimization.runs("quantize-dequantize"),
     );
+    if let Some(block) = target.int4_weights {
+        // Before the four-bit-weights pass, which keeps what it makes at 4 bits.
+        let at = passes.iter().position(|p| p.name == "four-bit-weights").unwrap_or(passes.len());
+        passes.insert(at, Pass::new("int4-weights", move |g| int4_weights::run(g, block)));
+    }
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
