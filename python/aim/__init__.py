@@ -162,11 +162,13 @@ class Model:
     later; an AimError says what is missing on a host without one); ``opt_level``: 0 to 3
     (the command line's ``-O``; default 3), ``disabled_passes``: pass names not to run
     (``--disable-pass``), both for the cpu backend; ``custom_ops``: custom-op libraries to
-    register first (see ``register_custom_ops_library``).
+    register first (see ``register_custom_ops_library``); ``weights``: how dense layers
+    hold their weights, ``"f32"`` (default), ``"f16"`` or ``"int4"`` / ``"int4:BLOCK"`` (the
+    command line's ``--weights``).
     """
 
     def __init__(self, model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None,
-                 custom_ops=None):
+                 custom_ops=None, weights=None):
         for lib in custom_ops or []:
             register_custom_ops_library(lib)
         if not isinstance(model, (bytes, bytearray)):
@@ -175,7 +177,8 @@ class Model:
             model = bytes(model)
         self._native = _NativeModel(model, threads=threads, cpu=cpu, backend=backend,
                                     opt_level=None if opt_level is None else int(opt_level),
-                                    disabled_passes=None if disabled_passes is None else list(disabled_passes))
+                                    disabled_passes=None if disabled_passes is None else list(disabled_passes),
+                                    weights=weights)
         self._declared = {n: d for n, d, _ in self._native.inputs if d is not None and d != "bfloat16"}
 
     @property

@@ -124,7 +124,7 @@ fn describe<'py>(py: Python<'py>, v: &aim_ir::ValueInfo) -> PyResult<Bound<'py, 
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None))]
+    #[pyo3(signature = (model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None, weights=None))]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyAny>,
@@ -133,6 +133,7 @@ impl Model {
         backend: Option<String>,
         opt_level: Option<u32>,
         disabled_passes: Option<Vec<String>>,
+        weights: Option<String>,
     ) -> PyResult<Model> {
         let mut opts = Options { threads: threads.filter(|&t| t > 0), ..Options::default() };
         if let Some(l) = opt_level {
@@ -140,6 +141,19 @@ impl Model {
                 .ok_or_else(|| AimError::new_err(format!("opt_level {l}: the levels are 0, 1, 2 and 3")))?;
         }
         opts.disabled_passes = disabled_passes.unwrap_or_default();
+        match weights.as_deref() {
+            None | Some("f32") => {}
+            Some("f16") => opts.half_weights = true,
+            Some("int4") => opts.int4_weights = Some(32),
+            Some(w) => match w.strip_prefix("int4:").and_then(|b| b.parse().ok()) {
+                Some(b) => opts.int4_weights = Some(b),
+                None => {
+                    return Err(AimError::new_err(format!(
+                        "weights '{w}': expected 'f32', 'f16', 'int4' or 'int4:BLOCK' (32, 64 or 128)"
+                    )))
+                }
+            },
+        }
         if let Some(c) = cpu {
             opts.cpu = c;
         }

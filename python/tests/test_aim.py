@@ -120,6 +120,34 @@ def test_errors_are_aim_errors_with_the_reason():
         aim.InferenceSession(path("mlp"), providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
 
 
+def _int4_mlp(model, x, block=32):
+    """The mlp (Gemm with transB, Relu) in numpy with each weight quantized to 4 bits per
+    block of `block` rows along K: scale (max - min) / 15 over the block and 0, zero point
+    round(-min / scale), codes clamp(round(w / scale) + zero, 0, 15)."""
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(model)
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+
+    def q4(w):
+        out = np.empty_like(w)
+        for b in range(0, w.shape[0], block):
+            blk = w[b:b + block]
+            lo, hi = np.minimum(blk.min(0), 0), np.maximum(blk.max(0), 0)
+            s = np.where(hi > lo, (hi - lo) / 15, 1.0).astype(np.float32)
+            z = np.clip(np.round(-lo / s), 0, 15)
+            out[b:b + block] = (np.clip(np.round(blk / s) + z, 0, 15) - z) * s
+        return out
+
+    h = x
+    for n in m.graph.node:
+        if n.op_type == "Gemm":
+            h = h @ q4(inits[n.input[1]].T) + inits[n.input[2]]
+        elif n.op_type == "Relu":
+            h = np.maximum(h, 0)
+    return h.astype(np.float32)
+
+
 @needs_models
 def test_graph_optimization_level_picks_the_opt_level():
     x = feeds("mobilenetv2")
@@ -142,6 +170,13 @@ def test_graph_optimization_level_picks_the_opt_level():
         aim.InferenceSession(path("mlp"), opts)
     with pytest.raises(aim.AimError, match="no pass is named 'nope'"):
         aim.Model(path("mlp"), disabled_passes=["nope"])
+    # weights="int4": the mlp's three Gemms with blockwise 4-bit weights, as numpy computes
+    # them with the same quantization (ORT's MatMulNBits asymmetric formula, blocks of 32).
+    q = aim.Model(path("mlp"), weights="int4")
+    got = q.run(feeds("mlp"))["gemm_15"]
+    close(got, _int4_mlp(path("mlp"), feeds("mlp")["input"]))
+    with pytest.raises(aim.AimError, match="int4:BLOCK"):
+        aim.Model(path("mlp"), weights="int3")
     m = aim.Model(path("mlp"), opt_level=2, disabled_passes=["fuse-epilogues"])
     assert m.opt_level == 2
     close(m.run(feeds("mlp"))["gemm_15"], aim.Model(path("mlp")).run(feeds("mlp"))["gemm_15"])
