@@ -13,11 +13,14 @@ use crate::{DType, Dim, Node, Tensor, ValueType};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+/// Runs `f(0..n)` on the runtime's threads (the calling one included) and returns when
+/// every call has returned. `f` must not call it itself.
+pub type ParallelFor<'f> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'f;
+
 /// What the runtime lends a kernel while it computes: its worker threads.
 pub struct Host<'a> {
-    /// Runs `f(0..n)` on the runtime's threads (the calling one included) and returns when
-    /// every call has returned. `f` must not call `parallel_for` itself.
-    pub parallel_for: &'a (dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync),
+    /// See [`ParallelFor`].
+    pub parallel_for: &'a ParallelFor<'a>,
     /// How many threads `parallel_for` spreads over.
     pub threads: usize,
 }

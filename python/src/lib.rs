@@ -125,6 +125,8 @@ fn describe<'py>(py: Python<'py>, v: &aim_ir::ValueInfo) -> PyResult<Bound<'py, 
 impl Model {
     #[new]
     #[pyo3(signature = (model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None, weights=None))]
+    // Each argument is one of Python's keyword arguments.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyAny>,

@@ -111,7 +111,7 @@ fn weight(g: &Graph, n: &Node) -> Option<(Tensor, bool)> {
         _ => return None,
     };
     let w = g.initializers.get(n.input(1)?)?;
-    (w.dtype() == DType::F32 && w.rank() == 2 && w.len() > 0).then(|| (w.clone(), trans))
+    (w.dtype() == DType::F32 && w.rank() == 2 && !w.is_empty()).then(|| (w.clone(), trans))
 }
 
 /// `w` (`[a, b]`; `weight` gives only 2-D ones) as `[b, a]`.
