@@ -10,6 +10,31 @@ cd "$(dirname "$0")/.."
 # Each section starts with the seconds elapsed so far, so a slow CI run shows where it went.
 section() { echo "== [${SECONDS}s] $*"; }
 
+# `tests/run.sh quick`: what to run before a commit (a few minutes after a build): formatting,
+# clippy, the unit tests and pass filetests of the core crates, the library's fast
+# integration tests, and three benchmark models against ONNX Runtime. CI runs everything.
+if [ "${1:-}" = "quick" ]; then
+    section "quick: formatting"
+    cargo fmt --all -- --check
+    (cd fuzz && cargo fmt -- --check)
+    section "quick: release build and clippy (warnings are errors)"
+    cargo build --release --locked
+    cargo clippy --workspace --release --all-targets --locked -- -D warnings
+    section "quick: unit tests and pass filetests (aim-ir, aim-kernels, aim-runtime, aim-compiler)"
+    cargo test --release --locked -p aim-ir -p aim-kernels -p aim-runtime -p aim-compiler
+    if [ ! -f target/models/mobilenetv2.onnx ]; then
+        python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+        python3 tests/models/make_models.py target/models
+    fi
+    section "quick: the library's unit tests, the command line, levels, custom ops, logging, .aim files"
+    AIM_MODELS="$PWD/target/models" cargo test --release --locked -p aim --lib --test cli --test opt_levels \
+        --test custom_ops --test logging --test aim_files --test doc_paths
+    section "quick: three models against ONNX Runtime"
+    python3 tests/compare_ort.py target/release/aim target/models mlp mobilenetv2 bert_l6 --backend cpu
+    section "quick: done"
+    exit 0
+fi
+
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 # ptxas (from NVIDIA's PyPI package, no CUDA toolkit or GPU needed) checks every PTX kernel
 # the cuda backend generates, for sm_80 and sm_90 (compiler/src/cuda/tests.rs).
