@@ -34,6 +34,10 @@ pub struct AotOptions {
     pub linker: Option<String>,
     /// Which passes run (`-O1` … `-O3`, `--disable-pass`); `-O0` has no program to write.
     pub optimization: aim_compiler::passes::Optimization,
+    /// Dense layers' weights as f16 (`--weights f16`).
+    pub half_weights: bool,
+    /// Dense layers' weights as 4-bit blocks of this many rows (`--weights int4`).
+    pub int4_weights: Option<usize>,
 }
 
 /// What a compile wrote.
@@ -100,6 +104,8 @@ pub fn compile_shared_object(model: &Path, out: &Path, opts: &AotOptions) -> Res
             });
         }
         target.optimization = opts.optimization.clone();
+        target.half_weights = opts.half_weights;
+        target.int4_weights = opts.int4_weights;
         target
             .optimization
             .check(&aim_compiler::passes::cpu_pass_names(&target))

@@ -52,14 +52,6 @@ struct LoadArgs {
     /// How many shape-specialised programs to keep (the most recently used; default 8).
     #[arg(long, value_name = "N")]
     shape_cache: Option<usize>,
-    /// How dense layers (MatMul / Gemm) hold their weights: f32, f16 (half the memory,
-    /// widened inside the GEMM; each weight rounded to the nearest f16), or int4 / int4:BLOCK
-    /// (an eighth of the memory: 4-bit codes per block of 32, 64 or 128 rows with a scale
-    /// and zero point each, as ONNX Runtime's MatMulNBits quantizer writes them; cpu
-    /// backend). On the cuda backend f16 also covers convolutions and multiplies on f16
-    /// tensor cores (a model whose weights are f16 or bf16 gets that without asking).
-    #[arg(long, value_name = "f32|f16|int4[:BLOCK]", default_value = "f32")]
-    weights: String,
     /// On the cuda backend, let f32 GEMMs and convolutions use TF32 tensor cores.
     #[arg(long)]
     allow_tf32: bool,
@@ -71,7 +63,8 @@ struct LoadArgs {
     pin_threads: bool,
 }
 
-/// Which passes run: `-O` and `--disable-pass`, for every command that compiles.
+/// How the program is compiled: `-O`, `--disable-pass` and `--weights`, for every command
+/// that compiles.
 #[derive(Args, Clone)]
 struct PassArgs {
     /// Optimisation level (cpu backend): 0 runs every node on its reference kernel,
@@ -84,6 +77,14 @@ struct PassArgs {
     /// them by name).
     #[arg(long = "disable-pass", value_name = "NAME")]
     disable_pass: Vec<String>,
+    /// How dense layers (MatMul / Gemm) hold their weights: f32, f16 (half the memory,
+    /// widened inside the GEMM; each weight rounded to the nearest f16), or int4 / int4:BLOCK
+    /// (an eighth of the memory: 4-bit codes per block of 32, 64 or 128 rows with a scale
+    /// and zero point each, as ONNX Runtime's MatMulNBits quantizer writes them; cpu
+    /// backend). On the cuda backend f16 also covers convolutions and multiplies on f16
+    /// tensor cores (a model whose weights are f16 or bf16 gets that without asking).
+    #[arg(long, value_name = "f32|f16|int4[:BLOCK]", default_value = "f32")]
+    weights: String,
 }
 
 impl PassArgs {
@@ -155,7 +156,7 @@ impl LoadArgs {
         if self.shape_cache == Some(0) {
             bail!("--shape-cache must be at least 1");
         }
-        let (half_weights, int4_weights) = parse_weights(&self.weights)?;
+        let (half_weights, int4_weights) = parse_weights(&self.passes.weights)?;
         Ok(aim::Options {
             backend,
             threads: self.threads,
@@ -511,11 +512,14 @@ fn compile_cmd(
     shape: &[String],
     passes: &PassArgs,
 ) -> Result<()> {
+    let (half_weights, int4_weights) = parse_weights(&passes.weights)?;
     let opts = aim::Options {
         cpu: cpu.to_string(),
         shapes: parse_shapes(shape)?,
         opt_level: passes.level()?,
         disabled_passes: passes.disable_pass.clone(),
+        half_weights,
+        int4_weights,
         ..aim::Options::default()
     };
     let t0 = std::time::Instant::now();
@@ -616,12 +620,15 @@ fn aot_options(
     shape: &[String],
     passes: &PassArgs,
 ) -> Result<aim::aot::AotOptions> {
+    let (half_weights, int4_weights) = parse_weights(&passes.weights)?;
     Ok(aim::aot::AotOptions {
         target,
         name,
         shapes: parse_shapes(shape)?,
         linker,
         optimization: passes.optimization()?,
+        half_weights,
+        int4_weights,
     })
 }
 

@@ -466,6 +466,12 @@ fn int4_weights_stay_within_half_a_step() {
         load(Some(128)).run(vec![("x".into(), Tensor::from_slice(&[3, k], &xv))]).unwrap()[0].1.data::<f32>(),
         &full[..]
     );
+    // Compiled ahead of time with --weights int4: the same outputs, bit for bit.
+    let file = d.join("m.aim");
+    let o = aim(&["compile", path.to_str().unwrap(), "-o", file.to_str().unwrap(), "--weights", "int4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let x = vec![("x".to_string(), Tensor::from_slice(&[3, k], &xv))];
+    assert_eq!(aim::Model::load(&file).unwrap().run(x).unwrap()[0].1.data::<f32>(), &quant[..]);
     assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int4:48"]), "32, 64 or 128");
     assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int4", "-O1"]), "need -O2");
 }
