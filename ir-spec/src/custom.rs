@@ -208,6 +208,35 @@ mod tests {
     }
 
     #[test]
+    fn a_panicking_kernel_is_an_error() {
+        struct Panics;
+        impl CustomOp for Panics {
+            fn domain(&self) -> &str {
+                "test.custom"
+            }
+            fn name(&self) -> &str {
+                "Panics"
+            }
+            fn infer(&self, _: &Node, inputs: &[Option<ValueType>]) -> Result<Vec<ValueType>, String> {
+                Ok(vec![inputs[0].clone().unwrap_or_else(ValueType::unknown)])
+            }
+            fn compute(&self, _: &Node, _: &[Option<Tensor>], _: &Host<'_>) -> Result<Vec<Tensor>, String> {
+                panic!("index 9 out of range")
+            }
+        }
+        let n = Node {
+            name: "p".into(),
+            op: "Panics".into(),
+            domain: "test.custom".into(),
+            inputs: vec!["x".into()],
+            outputs: vec!["y".into()],
+            attrs: Default::default(),
+        };
+        let e = run(&Panics, &n, &[Some(Tensor::from_slice(&[1], &[1.0f32]))], &Host::sequential()).unwrap_err();
+        assert!(e.contains("panicked") && e.contains("index 9 out of range"), "{e}");
+    }
+
+    #[test]
     fn aims_own_domains_are_refused() {
         struct Shadow;
         impl CustomOp for Shadow {
