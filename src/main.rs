@@ -1369,6 +1369,7 @@ fn dispatch(cli: Cli) -> Result<bool> {
             let gpu = gpu_for_explore(&stage, gpu.as_deref(), allow_tf32, half.as_deref())?;
             let mut opts = explore_options(passes, profile, cpu, caches, &shape, gpu)?;
             opts.optimization = pass_choice.optimization()?;
+            (opts.half_weights, opts.int4_weights) = parse_weights(&pass_choice.weights)?;
             explore(&mut out, &model, &stage, node.as_deref(), html, &opts).map(|_| true)
         }
     }

@@ -132,6 +132,10 @@ pub struct Options {
     pub gpu: Option<aim_compiler::cuda::GpuTarget>,
     /// Which passes of the cpu pipeline run (`-O`, `--disable-pass`), as for `aim run`.
     pub optimization: aim_compiler::passes::Optimization,
+    /// Dense layers' weights as f16 (`--weights f16`), as for `aim run`.
+    pub half_weights: bool,
+    /// Dense layers' weights as 4-bit blocks of this many rows (`--weights int4`).
+    pub int4_weights: Option<usize>,
 }
 
 /// The node line of the IR printer without its `# name` comment and `sources` attribute
@@ -278,6 +282,8 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         bail!("-O0 runs every node on its reference kernel: it compiles nothing to explore (try -O1)");
     }
     target.optimization = opts.optimization.clone();
+    target.half_weights = opts.half_weights;
+    target.int4_weights = opts.int4_weights;
     target.optimization.check(&aim_compiler::passes::cpu_pass_names(&target)).map_err(anyhow::Error::msg)?;
     if let Some([l1, l2, l3]) = opts.caches {
         target = target.with_caches(l1, l2, l3);

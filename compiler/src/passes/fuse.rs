@@ -507,7 +507,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                 break;
             }
             let mut srcs = sources_of(&f);
-            srcs.extend(sources_of(&m));
+            // A node made from the same ONNX node (a Gemm's bias Add) names it once.
+            srcs.extend(sources_of(&m).into_iter().filter(|s| !sources_of(&f).contains(s)));
             f.attrs.insert(SOURCES.into(), Attr::Strings(srcs));
             out = m.outputs[0].clone();
             absorbed.push(next);

@@ -90,6 +90,11 @@ pub fn run(g: &mut Graph, block: usize) -> Result<(), PassError> {
         } else {
             added.push(mm);
         }
+        // Every node made here traces back to the layer's own ONNX nodes.
+        let sources = Attr::Strings(super::fuse::sources_of(&n));
+        for a in &mut added {
+            a.attrs.insert(super::fuse::SOURCES.into(), sources.clone());
+        }
         let count = added.len();
         g.nodes.splice(i..=i, added);
         i += count;

@@ -47,11 +47,15 @@ pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
         if !g.initializers.contains_key(&name) {
             g.initializers.insert(name.clone(), blob);
         }
-        let dq = g.nodes[d].name.clone();
+        let dq = super::fuse::sources_of(&g.nodes[d]);
         let level = g.nodes[d].opt_int(ACCURACY_LEVEL);
         let f = &mut g.nodes[i];
         let mut sources = super::fuse::sources_of(f);
-        sources.push(dq);
+        for s in dq {
+            if !sources.contains(&s) {
+                sources.push(s);
+            }
+        }
         f.domain = "aim".into();
         f.op = "Dense".into();
         f.inputs = vec![f.inputs[0].clone(), name, String::new()];
