@@ -69,3 +69,32 @@ fn every_path_the_docs_cite_exists() {
     assert!(checked > 50, "only {checked} paths found: is the parsing still right?");
     assert!(missing.is_empty(), "paths cited by the docs that do not exist:\n{}", missing.join("\n"));
 }
+
+/// ARCHITECTURE.md's pass table lists the cpu pipeline in order (every pass of a target with
+/// every option on), each with the level it starts at and files that exist.
+#[test]
+fn the_pass_table_is_the_pipeline() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | # | `pass` | files | level | what |
+        if cells.len() == 7 && cells[1].parse::<usize>().is_ok() && cells[2].starts_with('`') {
+            rows.push((cells[2].trim_matches('`').to_string(), cells[3].to_string(), cells[4].to_string()));
+        }
+    }
+    let mut target = aim_compiler::target::Target::host();
+    target.features.avx512vnni = true;
+    let names = aim_compiler::passes::cpu_pass_names(&target);
+    let table: Vec<&str> = rows.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(table, names, "ARCHITECTURE.md's pass table against cpu_pass_names");
+    for (name, files, level) in &rows {
+        let want = aim_compiler::passes::min_level(name).number().to_string();
+        assert_eq!(level, &want, "{name}'s level");
+        for f in files.split(',').map(|f| f.trim().trim_matches('`')).filter(|f| f.ends_with(".rs")) {
+            let path = if f.starts_with("compiler/") { root.join(f) } else { root.join("compiler/src/passes").join(f) };
+            assert!(path.exists(), "{name}: {} does not exist", path.display());
+        }
+    }
+}
