@@ -14,8 +14,9 @@
 #include <stdlib.h>
 
 // The version of this ABI: bumped when a declaration in `aim.h` changes incompatibly, so a
-// host can check at run time that it was built against the library it loaded.
-#define AIM_ABI_VERSION 1
+// host can check at run time that it was built against the library it loaded. 2:
+// `AimLoadOptions` gained `weights` and `pin_threads`.
+#define AIM_ABI_VERSION 2
 
 // The custom-op ABI this aim speaks; a library's table of a higher version is refused.
 #define AIM_CUSTOM_OP_ABI_VERSION 1
@@ -95,6 +96,12 @@ typedef struct AimLoadOptions {
   // interpreted) or `"cuda"` (aim's PTX on an NVIDIA GPU, sm_80 or later; a load error
   // says what is missing on a host without one).
   const char *backend;
+  // How dense layers hold their weights: null or `"f32"`, `"f16"`, `"int4"` or
+  // `"int4:BLOCK"` (as `aim run --weights`; `aim_model_load` only: a compiled model holds
+  // its weights as it was compiled).
+  const char *weights;
+  // Non-zero: each worker thread bound to a core of its own (as `--pin-threads`).
+  uint32_t pin_threads;
 } AimLoadOptions;
 
 // A model input or output as the model declares it. The pointers stay valid as long as

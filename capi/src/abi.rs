@@ -23,8 +23,9 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The version of this ABI: bumped when a declaration in `aim.h` changes incompatibly, so a
-/// host can check at run time that it was built against the library it loaded.
-pub const AIM_ABI_VERSION: u32 = 1;
+/// host can check at run time that it was built against the library it loaded. 2:
+/// `AimLoadOptions` gained `weights` and `pin_threads`.
+pub const AIM_ABI_VERSION: u32 = 2;
 
 /// What a call did: `AIM_STATUS_OK`, or why it failed (the message is in
 /// [`aim_last_error`]).
@@ -92,6 +93,12 @@ pub struct AimLoadOptions {
     /// interpreted) or `"cuda"` (aim's PTX on an NVIDIA GPU, sm_80 or later; a load error
     /// says what is missing on a host without one).
     pub backend: *const c_char,
+    /// How dense layers hold their weights: null or `"f32"`, `"f16"`, `"int4"` or
+    /// `"int4:BLOCK"` (as `aim run --weights`; `aim_model_load` only: a compiled model holds
+    /// its weights as it was compiled).
+    pub weights: *const c_char,
+    /// Non-zero: each worker thread bound to a core of its own (as `--pin-threads`).
+    pub pin_threads: u32,
 }
 
 /// A model input or output as the model declares it. The pointers stay valid as long as
@@ -557,10 +564,16 @@ pub unsafe extern "C" fn aim_runtime_load_embedded(
         if programs.is_null() || count == 0 {
             return Err(invalid("aim_runtime_load_embedded: no programs"));
         }
-        let mut threads = None;
+        let (mut threads, mut pin) = (None, false);
         if let Some(o) = options.as_ref() {
             if o.threads > 0 {
                 threads = Some(o.threads as usize);
+            }
+            pin = o.pin_threads != 0;
+            if !o.weights.is_null() && !matches!(text(o.weights, "options.weights")?, "f32" | "") {
+                return Err(invalid(
+                    "a compiled model holds its weights as it was compiled (options.weights must be null or \"f32\"; compile with aim compile --weights)",
+                ));
             }
             if !o.backend.is_null() && text(o.backend, "options.backend")? != "cpu" {
                 return Err(invalid(
@@ -572,7 +585,7 @@ pub unsafe extern "C" fn aim_runtime_load_embedded(
             }
         }
         let list = std::slice::from_raw_parts(programs.cast::<aim_runtime::embedded::EmbeddedProgram>(), count);
-        let model = aim_runtime::embedded::Compiled::load(list, threads)
+        let model = aim_runtime::embedded::Compiled::load(list, threads, pin)
             .map_err(|e| Failure(AimStatus::LoadFailed, format!("loading a compiled model: {e}")))?;
         *out = Box::into_raw(Box::new(AimModel::new(Box::new(model))));
         Ok(())

@@ -76,6 +76,23 @@ pub unsafe extern "C" fn aim_model_load(
             if !o.backend.is_null() {
                 opts.backend = text(o.backend, "aim_model_load: options.backend")?.parse().map_err(invalid)?;
             }
+            if !o.weights.is_null() {
+                let w = text(o.weights, "aim_model_load: options.weights")?;
+                (opts.half_weights, opts.int4_weights) = match w {
+                    "f32" | "" => (false, None),
+                    "f16" => (true, None),
+                    "int4" => (false, Some(32)),
+                    _ => match w.strip_prefix("int4:").and_then(|b| b.parse().ok()) {
+                        Some(b) => (false, Some(b)),
+                        None => {
+                            return Err(invalid(format!(
+                                "aim_model_load: options.weights '{w}': expected f32, f16, int4 or int4:BLOCK"
+                            )))
+                        }
+                    },
+                };
+            }
+            opts.pin_threads = o.pin_threads != 0;
         }
         let model = Model::load_with_options(path, &opts).map_err(|e| Failure(load_status(&e), e.to_string()))?;
         *out = Box::into_raw(Box::new(AimModel::new(Box::new(model))));

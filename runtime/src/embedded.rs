@@ -122,20 +122,23 @@ pub fn host_supports(level: &str) -> bool {
 
 impl Compiled {
     /// Loads the programs a compiled object passes, running on `threads` threads (`None`:
-    /// one per physical core). The first program must be the shape-generic one.
+    /// one per physical core; workers pinned to cores when `pin`). The first program must
+    /// be the shape-generic one.
     ///
     /// # Safety
     /// Every pointer must be what the object's entry function passes: images that live for
     /// the rest of the process (the object is never unloaded while the model lives, and
     /// `dlclose` of it is the host's error, as for any code it calls), and kernel tables whose
     /// functions have the signatures their kinds name.
-    pub unsafe fn load(programs: &[EmbeddedProgram], threads: Option<usize>) -> Result<Compiled, String> {
+    pub unsafe fn load(programs: &[EmbeddedProgram], threads: Option<usize>, pin: bool) -> Result<Compiled, String> {
         if programs.is_empty() {
             return Err("the object holds no program".into());
         }
         let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let threads = threads.unwrap_or_else(|| crate::pool::physical_cores(logical)).max(1);
-        let pool = Arc::new(ThreadPool::new(threads).map_err(|e| format!("cannot start {threads} threads: {e}"))?);
+        let pool = Arc::new(
+            ThreadPool::with_pinning(threads, pin).map_err(|e| format!("cannot start {threads} threads: {e}"))?,
+        );
         let mut loaded = Vec::with_capacity(programs.len());
         let mut source = String::new();
         for (k, p) in programs.iter().enumerate() {
@@ -359,7 +362,7 @@ mod tests {
         let (_, graph) = image();
         let ops = crate::cpu::entry_ops_for(&graph, &Placement::default()).unwrap();
         // SAFETY: the image lives for the process and `entry` has the entry signature.
-        let m = unsafe { Compiled::load(&[program(crate::cpu::fingerprint(&ops))], Some(1)) }.unwrap();
+        let m = unsafe { Compiled::load(&[program(crate::cpu::fingerprint(&ops))], Some(1), false) }.unwrap();
         let before = ENTRY_RUNS.load(Ordering::SeqCst);
         let x = Tensor::from_vec(&[1, 8], vec![-2.0f32, -1.0, 0.0, 1.0, 2.0, -3.0, 3.0, 0.5]);
         let y = m.run(vec![("x".into(), x)], &RunOptions::default()).unwrap();
@@ -370,7 +373,7 @@ mod tests {
     #[test]
     fn an_object_entry_function_for_other_steps_is_refused() {
         // SAFETY: as above.
-        let r = unsafe { Compiled::load(&[program(0x1234)], Some(1)) };
+        let r = unsafe { Compiled::load(&[program(0x1234)], Some(1), false) };
         let e = r.err().expect("a wrong fingerprint is refused");
         assert!(e.contains("other steps"), "{e}");
     }
