@@ -181,6 +181,7 @@ def main():
     large_json_bodies(aim, models, tmp)
     deploy_file(aim, models, tmp)
     custom_ops(aim, tmp)
+    int4_weights(aim, models, tmp)
     print(f"serve: {RESULTS['passed']} passed, {RESULTS['failed']} failed")
     sys.exit(1 if RESULTS["failed"] else 0)
 
@@ -701,6 +702,29 @@ def custom_ops(aim, tmp):
                   f"max diff {worst}")
         finally:
             srv.stop()
+
+
+def int4_weights(aim, models, tmp):
+    """deploy.yml's `weights: int4`: the served model answers as `aim run --weights int4`."""
+    model = os.path.abspath(f"{models}/mlp_batch.onnx")
+    cfg = os.path.join(tmp, "int4.yml")
+    with open(cfg, "w") as f:
+        f.write(f"models:\n  - {{name: mlp, path: {model}, weights: int4}}\n")
+    x = np.random.default_rng(0).random((2, 784), dtype=np.float32)
+    srv = Server(aim, ["--config", cfg], os.path.join(tmp, "int4.log"))
+    try:
+        i = triton.InferInput("input", [2, 784], "FP32")
+        i.set_data_from_numpy(x)
+        got = triton.InferenceServerClient(srv.url).infer("mlp", [i]).as_numpy("gemm_15")
+    finally:
+        srv.stop()
+    np.savez(os.path.join(tmp, "int4.in.npz"), input=x)
+    out = os.path.join(tmp, "int4.out.npz")
+    subprocess.run([aim, "run", model, "--weights", "int4", "--inputs", os.path.join(tmp, "int4.in.npz"), "--outputs", out],
+                   check=True, capture_output=True)
+    want = np.load(out)["gemm_15"]
+    check("deploy.yml weights: int4 answers as aim run --weights int4", np.array_equal(got, want),
+          f"max diff {float(np.abs(got - want).max())}")
 
 
 if __name__ == "__main__":

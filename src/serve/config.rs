@@ -30,6 +30,9 @@ pub struct ModelConfig {
     pub versions: Vec<(u64, PathBuf)>,
     /// Dynamic batching, with Triton's fields.
     pub batching: Batching,
+    /// How its dense layers hold their weights (`weights:`, as `aim run --weights`): f16,
+    /// and the int4 block size.
+    pub weights: (bool, Option<usize>),
 }
 
 /// Dynamic batching for one model, with Triton's semantics.
@@ -138,6 +141,7 @@ struct ModelEntry {
     max_queue_delay_microseconds: Option<u64>,
     max_queue_size: Option<usize>,
     default_timeout_microseconds: Option<u64>,
+    weights: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -235,7 +239,12 @@ impl ServeConfig {
                 ..BatchingEntry::default()
             };
             let batching = batching(&BatchingEntry::default(), &entry).with_context(|| format!("--model {m}"))?;
-            out.push(ModelConfig { name: name.to_string(), versions: vec![(1, PathBuf::from(path))], batching });
+            out.push(ModelConfig {
+                name: name.to_string(),
+                versions: vec![(1, PathBuf::from(path))],
+                batching,
+                weights: (false, None),
+            });
         }
         if out.is_empty() {
             bail!("aim serve needs --model NAME=PATH (repeatable) or --config deploy.yml");
@@ -282,7 +291,16 @@ impl ServeConfig {
             }
             let batching =
                 batching(&batching_entry!(file.scheduler), &batching_entry!(m)).with_context(|| at.clone())?;
-            models.push(ModelConfig { name: m.name.clone(), versions, batching });
+            let weights = match m.weights.as_deref() {
+                None | Some("f32") => (false, None),
+                Some("f16") => (true, None),
+                Some("int4") => (false, Some(32)),
+                Some(w) => match w.strip_prefix("int4:").and_then(|b| b.parse().ok()) {
+                    Some(b) => (false, Some(b)),
+                    None => bail!("{at}.weights: '{w}' (expected f32, f16, int4 or int4:BLOCK)"),
+                },
+            };
+            models.push(ModelConfig { name: m.name.clone(), versions, batching, weights });
         }
         let devices = resolve_devices(&file.devices, threads)?;
         Ok(ServeConfig {
@@ -430,6 +448,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.policy, Policy::RoundRobin);
         assert!(c.custom_ops.is_empty());
+        assert_eq!(c.models[0].weights, (false, None));
+        let int4 = parse("models:\n  - {name: a, path: a.onnx, weights: 'int4:64'}\n").unwrap();
+        assert_eq!(int4.models[0].weights, (false, Some(64)));
         let with_ops = parse("models:\n  - {name: a, path: a.onnx}\ncustom_ops: [lib/libops.so]\n").unwrap();
         assert_eq!(with_ops.custom_ops, vec![PathBuf::from("/m/lib/libops.so")]);
         assert_eq!(c.models[0].versions, vec![(1, PathBuf::from("/m/r1.onnx")), (2, PathBuf::from("/m/r2.onnx"))]);
@@ -471,6 +492,7 @@ mod tests {
         );
         assert!(err("models:\n  - {name: 'a/b', path: a.onnx}\n").contains("a/b"));
         assert!(err("models:\n  - {name: a}\n").contains("missing path"));
+        assert!(err("models:\n  - {name: a, path: a.onnx, weights: int3}\n").contains("int3"));
         assert!(err("models:\n  - {name: a, path: a.onnx}\n  - {name: a, path: b.onnx}\n").contains("twice"));
         assert!(err("models:\n  - {name: a, path: a.onnx}\ndevices:\n  - {name: c, type: x86, weight: 0}\n")
             .contains("weight"));
