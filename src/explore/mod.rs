@@ -41,7 +41,9 @@ fn pass_choice(target: &aim_compiler::target::Target) -> String {
     let o = &target.optimization;
     let mut skipped: Vec<String> = Vec::new();
     for name in aim_compiler::passes::cpu_pass_names(target) {
-        if name == "half-weights" && !target.half_weights {
+        // Passes of options not asked for are not "left out".
+        if (name == "half-weights" && !target.half_weights) || (name == "int4-weights" && target.int4_weights.is_none())
+        {
             continue;
         }
         let why = if o.disabled.iter().any(|d| d == name) {
