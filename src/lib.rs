@@ -219,6 +219,22 @@ impl Default for Options {
     }
 }
 
+/// How dense layers hold their weights, from its name (`f32`, `f16`, `int4`, `int4:BLOCK`;
+/// the command line's `--weights`, C's `options.weights`, Python's `weights=`,
+/// `deploy.yml`'s `weights:`): whether f16 ([`Options::half_weights`]) and the int4 block
+/// ([`Options::int4_weights`]); otherwise what is expected (the caller names the option).
+pub fn parse_weights(w: &str) -> Result<(bool, Option<usize>), String> {
+    match w {
+        "f32" | "" => Ok((false, None)),
+        "f16" => Ok((true, None)),
+        "int4" => Ok((false, Some(32))),
+        _ => match w.strip_prefix("int4:").and_then(|b| b.parse::<usize>().ok()) {
+            Some(b) => Ok((false, Some(b))),
+            None => Err("expected f32, f16, int4 or int4:BLOCK (BLOCK 32, 64 or 128)".into()),
+        },
+    }
+}
+
 /// The cpu backend's target for `opts`: this CPU capped by `opts.cpu`, with the user's
 /// weight and pass choices, which are checked here (an unknown pass name, or f16 weights
 /// at a level without the packed kernels that keep them, is an error naming the option).

@@ -102,15 +102,7 @@ impl PassArgs {
 
 /// `--weights`: whether f16, and the int4 block size.
 fn parse_weights(w: &str) -> Result<(bool, Option<usize>)> {
-    Ok(match w {
-        "f32" => (false, None),
-        "f16" => (true, None),
-        "int4" => (false, Some(32)),
-        _ => match w.strip_prefix("int4:").and_then(|b| b.parse::<usize>().ok()) {
-            Some(b) => (false, Some(b)),
-            None => bail!("--weights {w}: expected f32, f16, int4 or int4:BLOCK (32, 64 or 128)"),
-        },
-    })
+    aim::parse_weights(w).map_err(|e| anyhow::anyhow!("--weights {w}: {e}"))
 }
 
 /// `--shape` values as signatures: a name given again starts the next one.

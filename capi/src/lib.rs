@@ -78,19 +78,8 @@ pub unsafe extern "C" fn aim_model_load(
             }
             if !o.weights.is_null() {
                 let w = text(o.weights, "aim_model_load: options.weights")?;
-                (opts.half_weights, opts.int4_weights) = match w {
-                    "f32" | "" => (false, None),
-                    "f16" => (true, None),
-                    "int4" => (false, Some(32)),
-                    _ => match w.strip_prefix("int4:").and_then(|b| b.parse().ok()) {
-                        Some(b) => (false, Some(b)),
-                        None => {
-                            return Err(invalid(format!(
-                                "aim_model_load: options.weights '{w}': expected f32, f16, int4 or int4:BLOCK"
-                            )))
-                        }
-                    },
-                };
+                (opts.half_weights, opts.int4_weights) = aim_facade::parse_weights(w)
+                    .map_err(|e| invalid(format!("aim_model_load: options.weights '{w}': {e}")))?;
             }
             opts.pin_threads = o.pin_threads != 0;
         }

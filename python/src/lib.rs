@@ -143,18 +143,9 @@ impl Model {
                 .ok_or_else(|| AimError::new_err(format!("opt_level {l}: the levels are 0, 1, 2 and 3")))?;
         }
         opts.disabled_passes = disabled_passes.unwrap_or_default();
-        match weights.as_deref() {
-            None | Some("f32") => {}
-            Some("f16") => opts.half_weights = true,
-            Some("int4") => opts.int4_weights = Some(32),
-            Some(w) => match w.strip_prefix("int4:").and_then(|b| b.parse().ok()) {
-                Some(b) => opts.int4_weights = Some(b),
-                None => {
-                    return Err(AimError::new_err(format!(
-                        "weights '{w}': expected 'f32', 'f16', 'int4' or 'int4:BLOCK' (32, 64 or 128)"
-                    )))
-                }
-            },
+        if let Some(w) = weights.as_deref() {
+            (opts.half_weights, opts.int4_weights) =
+                aim_facade::parse_weights(w).map_err(|e| AimError::new_err(format!("weights '{w}': {e}")))?;
         }
         if let Some(c) = cpu {
             opts.cpu = c;

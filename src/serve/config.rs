@@ -291,15 +291,8 @@ impl ServeConfig {
             }
             let batching =
                 batching(&batching_entry!(file.scheduler), &batching_entry!(m)).with_context(|| at.clone())?;
-            let weights = match m.weights.as_deref() {
-                None | Some("f32") => (false, None),
-                Some("f16") => (true, None),
-                Some("int4") => (false, Some(32)),
-                Some(w) => match w.strip_prefix("int4:").and_then(|b| b.parse().ok()) {
-                    Some(b) => (false, Some(b)),
-                    None => bail!("{at}.weights: '{w}' (expected f32, f16, int4 or int4:BLOCK)"),
-                },
-            };
+            let w = m.weights.as_deref().unwrap_or("f32");
+            let weights = crate::parse_weights(w).map_err(|e| anyhow::anyhow!("{at}.weights: '{w}': {e}"))?;
             models.push(ModelConfig { name: m.name.clone(), versions, batching, weights });
         }
         let devices = resolve_devices(&file.devices, threads)?;
