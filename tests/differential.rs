@@ -1106,6 +1106,54 @@ fn strided_broadcasts_match_reference() {
     }
 }
 
+/// Elementwise chains whose inputs broadcast run as one loop over rows of the output: two
+/// projections broadcast against each other (additive attention), a per-channel scale over
+/// maps whose rows exceed one task (the row is split), a bias of lower rank, and a third
+/// input of the output's shape (which the loop may overwrite in place); each is one fused
+/// node and gives the reference's values under every cap.
+#[test]
+fn broadcast_loops_match_reference() {
+    let mut r = Rng(33);
+    type Case<'a> = (&'a [usize], &'a [usize], Option<&'a [usize]>);
+    let cases: [Case; 4] = [
+        (&[1, 4, 1, 64], &[1, 1, 4, 64], None),
+        (&[1, 2, 160, 128], &[1, 2, 1, 1], None),
+        (&[3, 5, 70], &[70], None),
+        (&[2, 1, 3, 80], &[1, 4, 1, 80], Some(&[2, 4, 3, 80])),
+    ];
+    for (a, b, c) in cases {
+        let out: Vec<usize> = (0..a.len().max(b.len()))
+            .map(|i| {
+                let at = |s: &[usize]| (i + s.len()).checked_sub(a.len().max(b.len())).map_or(1, |j| s[j]);
+                at(a).max(at(b))
+            })
+            .collect();
+        let dims = |s: &[usize]| s.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>();
+        let mut nodes = vec![
+            node("Add", "add", &["a", "b"], &["s"], vec![]),
+            node("Tanh", "tanh", &["s"], &[if c.is_some() { "t" } else { "y" }], vec![]),
+        ];
+        let mut ins = vec![value("a", 1, &dims(a)), value("b", 1, &dims(b))];
+        let mut inputs = vec![
+            ("a".to_string(), Tensor::from_vec(a, r.values(a.iter().product()))),
+            ("b".to_string(), Tensor::from_vec(b, r.values(b.iter().product()))),
+        ];
+        if let Some(c) = c {
+            nodes.push(node("Mul", "mul", &["t", "c"], &["y"], vec![]));
+            ins.push(value("c", 1, &dims(c)));
+            inputs.push(("c".to_string(), Tensor::from_vec(c, r.values(c.iter().product()))));
+        }
+        let m = model(nodes, ins, vec![value("y", 1, &dims(&out))], vec![], 17);
+        let tag = format!("broadcast-{a:?}-{b:?}");
+        check(&tag, m.clone(), inputs);
+        let loaded = cpu_model(&tag, &m);
+        let g = loaded.optimized_graph().unwrap();
+        let fused: Vec<_> = g.nodes.iter().filter(|n| n.op == "Elementwise").collect();
+        assert_eq!(fused.len(), 1, "{tag}: {:?}", g.nodes);
+        assert_eq!(fused[0].inputs.len(), 2 + usize::from(c.is_some()), "{tag}: {:?}", g.nodes);
+    }
+}
+
 /// An i64 tensor proto.
 fn i64s(name: &str, dims: &[i64], v: &[i64]) -> aim_compiler::onnx::proto::TensorProto {
     aim_compiler::onnx::proto::TensorProto {

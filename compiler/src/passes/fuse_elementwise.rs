@@ -8,6 +8,11 @@
 use super::{fuse::sources_of, uses::readers, PassError, SOURCES};
 use crate::ewprog::{Binary, Inst, Operand, Unary};
 use aim_ir::{Attr, DType, Dim, Graph, Node};
+use aim_kernels::ewprog::Rows;
+
+/// The shortest row of a loop whose inputs broadcast: shorter rows would spend more in the
+/// per-row call than the loop saves over separate kernels.
+const MIN_ROW: usize = 64;
 
 fn unary(op: &str, round: bool) -> Option<Unary> {
     Some(match op {
@@ -42,6 +47,9 @@ struct Builder<'g> {
     g: &'g Graph,
     /// Whether Round may (the target rounds vectors: SSE4.1 or NEON).
     round: bool,
+    /// Whether inputs may broadcast to the group's shape (the cpu runtime runs such loops
+    /// row by row).
+    broadcast: bool,
     /// The common shape (symbolic dims allowed: equal names are equal sizes).
     shape: Vec<Dim>,
     insts: Vec<Inst>,
@@ -61,7 +69,8 @@ impl Builder<'_> {
                 .then(|| Operand::Const(t.data::<f32>()[0]));
         }
         let ty = self.g.value_type(v)?;
-        if ty.dtype != Some(DType::F32) || ty.shape? != self.shape {
+        let shape = ty.shape?;
+        if ty.dtype != Some(DType::F32) || (shape != self.shape && !self.broadcasts(&shape)) {
             return None;
         }
         // Dims unknown at compile time cannot show two values to have one shape: such a
@@ -149,6 +158,28 @@ impl Builder<'_> {
 }
 
 impl Builder<'_> {
+    /// Whether an input of `shape` may join the group although it broadcasts to the group's
+    /// shape: where the target allows it, all dims are known, and the output's rows
+    /// ([`Rows`]) stay at least [`MIN_ROW`] long with it and the inputs so far — each row is
+    /// one call of the loop.
+    fn broadcasts(&self, shape: &[Dim]) -> bool {
+        let known = |s: &[Dim]| s.iter().map(|d| d.known()).collect::<Option<Vec<usize>>>();
+        let (Some(out), Some(new)) = (known(&self.shape), known(shape)) else { return false };
+        if !self.broadcast {
+            return false;
+        }
+        let mut shapes = Vec::new();
+        for v in &self.inputs {
+            match self.g.value_type(v).and_then(|t| t.shape).as_deref().and_then(known) {
+                Some(s) => shapes.push(s),
+                None => return false,
+            }
+        }
+        shapes.push(new);
+        let views: Vec<&[usize]> = shapes.iter().map(|s| s.as_slice()).collect();
+        Rows::new(&views, &out).is_ok_and(|r| r.len() >= MIN_ROW)
+    }
+
     /// Appends `inst` and returns it as an operand.
     fn emit(&mut self, inst: Inst) -> Operand {
         self.insts.push(inst);
@@ -241,12 +272,13 @@ fn worth_alone(n: &Node) -> bool {
     !aim_kernels::fast::covers(&n.op, Some(DType::F32))
 }
 
-/// Fuses chains of two or more elementwise nodes (Round only when `round`).
+/// Fuses chains of two or more elementwise nodes (Round only when `round`; inputs that
+/// broadcast to the chain's shape only when `broadcast`).
 ///
 /// One reader index serves the whole pass: a fused node takes its last member's place and the
 /// other members become tombstones, removed at the end, so node indices stay valid and the
 /// index needs only the fused node's inputs redirected. Linear in the graph size.
-pub fn run(g: &mut Graph, round: bool) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, round: bool, broadcast: bool) -> Result<(), PassError> {
     let mut r = readers(g);
     let mut removed = vec![false; g.nodes.len()];
     for i in 0..g.nodes.len() {
@@ -257,7 +289,7 @@ pub fn run(g: &mut Graph, round: bool) -> Result<(), PassError> {
         let Some(shape) = start.outputs.first().and_then(|o| g.value_type(o)).and_then(|t| t.shape) else {
             continue;
         };
-        let mut b = Builder { g, round, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
+        let mut b = Builder { g, round, broadcast, shape, insts: Vec::new(), inputs: Vec::new(), defined: Vec::new() };
         if !b.push(start) {
             continue;
         }
@@ -346,7 +378,7 @@ mod tests {
             "}\n"
         ))
         .unwrap();
-        super::run(&mut g, true).unwrap();
+        super::run(&mut g, true, true).unwrap();
         let text = print_graph(&g, TensorDetail::Full);
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
         assert_eq!(ops, ["Mul", "Elementwise", "Add", "Elementwise"], "{text}");

@@ -9,7 +9,10 @@
 //!
 //! Operands are instruction indices or `c<float>` constants.
 
+mod rows;
 pub mod wide;
+
+pub use rows::Rows;
 
 /// One operand: an earlier instruction's value or a constant.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -224,6 +224,22 @@ impl Wide {
         unsafe { self.dispatch(ins, out, temps.as_mut_ptr(), start, end) }
     }
 
+    /// Floats of scratch [`Wide::run_in`] needs: a caller making many short calls (one per
+    /// row of a broadcast) takes them once instead of once per call.
+    pub fn scratch_len(&self) -> usize {
+        (self.temps + 1) * BLOCK
+    }
+
+    /// [`Wide::run`] with its temporaries at `tp`.
+    ///
+    /// # Safety
+    /// As for [`Wide::run`], and `tp` holds [`Wide::scratch_len`] floats no one else uses.
+    pub unsafe fn run_in(&self, ins: &[*const f32], out: *mut f32, start: usize, end: usize, tp: *mut f32) {
+        assert!(ins.len() >= self.inputs, "wide program: {} inputs given, {} read", ins.len(), self.inputs);
+        // SAFETY: as the caller promised.
+        unsafe { self.dispatch(ins, out, tp, start, end) }
+    }
+
     /// `run` with temporaries at `tp` (`self.temps + 1` blocks), at the ISA's width.
     ///
     /// # Safety

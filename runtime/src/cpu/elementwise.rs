@@ -5,6 +5,7 @@ use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::Node;
 use aim_kernels::ewprog::wide::Wide;
+pub(super) use aim_kernels::ewprog::Rows;
 use aim_kernels::gemm::Parallel;
 
 /// Input pointers of a generated loop, shared by the tasks that call it.
@@ -62,6 +63,80 @@ pub(super) unsafe fn run_elementwise(l: &Loop, ins: &[*const f32], out: *mut f32
         match &l.wide {
             Some(w) if ptrs.0.len() >= w.inputs() => unsafe { w.run(ptrs.0, out.0, start, end) },
             _ => unsafe { f(ptrs.0.as_ptr(), out.0, start, end) },
+        }
+    });
+}
+
+/// Runs an elementwise loop whose inputs broadcast, row by row ([`Rows`]) in tasks of about
+/// [`CHUNK`] elements on the pool (a row longer than that is split).
+///
+/// # Safety
+/// Each input pointer holds the elements its shape (as given to [`Rows::new`]) has, `out`
+/// holds `rows.elements()`; `out` may be an input of the output's shape but overlaps no other.
+pub(super) unsafe fn run_rows(l: &Loop, ins: &[*const f32], rows: &Rows, out: *mut f32, pool: &ThreadPool) {
+    let (len, count) = (rows.len(), rows.count());
+    if len == 0 || count == 0 {
+        return;
+    }
+    let (ptrs, out) = (Ptrs(ins), OutPtr(out));
+    // Rows per task, or segments per row where a row is longer than a task.
+    let (per, segs) = if len >= CHUNK { (1, len.div_ceil(CHUNK)) } else { ((CHUNK / len).max(1), 1) };
+    let tasks = if segs > 1 { count * segs } else { count.div_ceil(per) };
+    let f = l.generated;
+    pool.for_each(tasks, &|t| {
+        let (ptrs, out) = (ptrs, out);
+        let (r0, r1, c0, c1) = if segs > 1 {
+            let (r, c) = (t / segs, t % segs);
+            (r, r + 1, c * CHUNK, ((c + 1) * CHUNK).min(len))
+        } else {
+            (t * per, ((t + 1) * per).min(count), 0, len)
+        };
+        let splats = rows.splats();
+        let w = c1 - c0;
+        let mut fill = aim_kernels::scratch::take(splats * w);
+        let fp = fill.as_mut_ptr();
+        // The value each filled segment holds (its bits), so that it is refilled only when
+        // the next row's value differs.
+        let mut last: Vec<Option<u32>> = vec![None; splats];
+        let mut temps = aim_kernels::scratch::take(l.wide.as_ref().map_or(0, |w| w.scratch_len()));
+        let mut row = vec![std::ptr::null::<f32>(); ptrs.0.len()];
+        for r in r0..r1 {
+            let mut splat = 0;
+            for (k, slot) in row.iter_mut().enumerate() {
+                let (strides, one) = rows.input(k);
+                let (mut rem, mut off) = (r, 0);
+                for (d, s) in rows.outer().iter().zip(strides).rev() {
+                    off += (rem % d) * s;
+                    rem /= d;
+                }
+                // SAFETY: `off` is the place of this row's first element (or its one
+                // value) in input k, which holds its shape's elements.
+                let at = unsafe { ptrs.0[k].add(off) };
+                *slot = if one {
+                    // SAFETY: as above; segment `splat` of `fill` holds w floats.
+                    let (v, seg) = unsafe { (*at, fp.add(splat * w)) };
+                    if last[splat] != Some(v.to_bits()) {
+                        // SAFETY: as above; nothing reads the segment while it is filled.
+                        unsafe { std::slice::from_raw_parts_mut(seg, w) }.fill(v);
+                        last[splat] = Some(v.to_bits());
+                    }
+                    splat += 1;
+                    // Indexed from c0 by the loop: only c0..c1 is read.
+                    seg.cast_const().wrapping_sub(c0)
+                } else {
+                    at
+                };
+            }
+            // SAFETY: row r of the output is out[r·len..][..len]; every input pointer reads
+            // c0..c1 of its row (whole inputs) or of its filled segment; tasks write disjoint
+            // parts of the output.
+            unsafe {
+                let o = out.0.add(r * len);
+                match &l.wide {
+                    Some(w) if row.len() >= w.inputs() => w.run_in(&row, o, c0, c1, temps.as_mut_ptr()),
+                    _ => f(row.as_ptr(), o, c0, c1),
+                }
+            }
         }
     });
 }

@@ -215,13 +215,18 @@ impl Plan {
                 let n = &g.nodes[s.node];
                 let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
                 match (s.kernel, s.outs.first()) {
-                    (KernelRef::Loop, Some(Some(y))) if y.elements() <= super::plan::INLINE_LOOP => EntryOp::Loop {
-                        step: k,
-                        node: s.node,
-                        ins: s.ins.iter().flatten().map(|o| addr(o.loc)).collect(),
-                        out: addr(y.loc),
-                        len: y.elements(),
-                    },
+                    (KernelRef::Loop, Some(Some(y)))
+                        if y.elements() <= super::plan::INLINE_LOOP
+                            && s.ins.iter().flatten().all(|o| o.shape == y.shape) =>
+                    {
+                        EntryOp::Loop {
+                            step: k,
+                            node: s.node,
+                            ins: s.ins.iter().flatten().map(|o| addr(o.loc)).collect(),
+                            out: addr(y.loc),
+                            len: y.elements(),
+                        }
+                    }
                     (KernelRef::Library, _) => {
                         EntryOp::Call { step: k, what: format!("{} ({op}, {})", n.name, s.kernel.label()) }
                     }

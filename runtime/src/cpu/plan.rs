@@ -260,11 +260,12 @@ impl Plan {
             match kernel {
                 KernelRef::Loop => {
                     let y = first.ok_or_else(|| format!("node '{}' has no output", n.name))?;
-                    let same =
-                        ins.iter().all(|o| o.as_ref().is_some_and(|o| o.dtype == DType::F32 && o.shape == y.shape));
-                    if !same || y.dtype != DType::F32 || ins.is_empty() {
-                        return Err(format!("node '{}': a loop's operands must all be f32 of one shape", n.name));
+                    let f32s = ins.iter().all(|o| o.as_ref().is_some_and(|o| o.dtype == DType::F32));
+                    if !f32s || y.dtype != DType::F32 || ins.is_empty() {
+                        return Err(format!("node '{}': a loop's operands must all be f32", n.name));
                     }
+                    let shapes: Vec<&[usize]> = ins.iter().flatten().map(|o| o.shape.as_slice()).collect();
+                    elementwise::Rows::new(&shapes, &y.shape).map_err(|e| format!("node '{}': {e}", n.name))?;
                 }
                 KernelRef::Prepared => {
                     if ins.first().is_none_or(|x| x.is_none()) || !(0..4).all(f32_at) || first.is_none() {
@@ -559,10 +560,17 @@ impl CpuProgram {
         let Prepared::Elementwise(func) = p else { return Err("the step's kernel is not a loop".into()) };
         let y = s.outs[0].as_ref().ok_or("the node has no output")?;
         let ptrs: Vec<*const f32> = ops[..s.ins.len()].iter().map(|&a| a as *const f32).collect();
-        // SAFETY: every operand holds `len` floats (checked when the plan was built); the
-        // output overlaps no input or is exactly one (the memory plan's rule for loops).
+        let shapes: Vec<&[usize]> = s.ins.iter().flatten().map(|o| o.shape.as_slice()).collect();
+        let rows = elementwise::Rows::new(&shapes, &y.shape)?;
+        let out = ops[s.ins.len()] as *mut f32;
+        // SAFETY: every operand holds its shape's floats, which broadcast to the output's
+        // (checked when the plan was built); the output overlaps no input or is exactly one
+        // (the memory plan's rule for loops).
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-            elementwise::run_elementwise(func, &ptrs, ops[s.ins.len()] as *mut f32, y.elements(), &self.pool)
+            match rows.flat() {
+                true => elementwise::run_elementwise(func, &ptrs, out, y.elements(), &self.pool),
+                false => elementwise::run_rows(func, &ptrs, &rows, out, &self.pool),
+            }
         }));
         run.map_err(|e| format!("internal error: {}", panic_message(&*e)))
     }

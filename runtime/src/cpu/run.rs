@@ -420,7 +420,7 @@ impl CpuProgram {
         let result = if let Prepared::Elementwise(f) = p {
             // The loop may write over an input in place: everything goes by raw pointer.
             let mut ptrs = Vec::with_capacity(v.ins[i].len());
-            let mut shape: Option<&[usize]> = None;
+            let mut shapes: Vec<&[usize]> = Vec::with_capacity(v.ins[i].len());
             for x in &v.ins[i] {
                 let x = x.ok_or_else(|| fail("an input is missing".into()))?;
                 let (ptr, s) = match &vals[x] {
@@ -434,16 +434,16 @@ impl CpuProgram {
                     }
                     Val::Arena { .. } => return Err(fail(format!("input '{}' is not f32", v.names[x]))),
                 };
-                if shape.is_some_and(|first| first != s) {
-                    return Err(fail(format!(
-                        "inputs must all have one shape, got {:?} and {s:?}",
-                        shape.unwrap_or_default()
-                    )));
-                }
-                shape = Some(s);
+                shapes.push(s);
                 ptrs.push(ptr);
             }
-            let shape = shape.ok_or_else(|| fail("no inputs".into()))?.to_vec();
+            if shapes.is_empty() {
+                return Err(fail("no inputs".into()));
+            }
+            // The output has the inputs' broadcast shape (the fusion pass lets inputs that
+            // broadcast into one loop).
+            let shape = aim_kernels::util::broadcast_shapes(&shapes).map_err(|e| fail(format!("inputs: {e}")))?;
+            let rows = elementwise::Rows::new(&shapes, &shape).map_err(fail)?;
             let len: usize = shape.iter().product();
             let (dst, made) = match slot {
                 Some((off, bytes)) if bytes >= 4 * len => {
@@ -458,7 +458,10 @@ impl CpuProgram {
             // SAFETY: every pointer holds `len` floats; the output is a fresh tensor or its
             // slot, which overlaps no input or is exactly one (checked at load).
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                elementwise::run_elementwise(f, &ptrs, dst, len, &self.pool)
+                match rows.flat() {
+                    true => elementwise::run_elementwise(f, &ptrs, dst, len, &self.pool),
+                    false => elementwise::run_rows(f, &ptrs, &rows, dst, &self.pool),
+                }
             }));
             run.map_err(|e| fail(format!("internal error: {}", panic_message(&*e))))?;
             made.map_or(Val::Arena { off: slot.map_or(0, |s| s.0), shape, dtype: DType::F32 }, Val::Tensor)
