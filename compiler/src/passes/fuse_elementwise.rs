@@ -100,6 +100,9 @@ impl Builder<'_> {
     }
 
     fn try_push(&mut self, n: &Node) -> bool {
+        if n.domain == "aim" && n.op == "Elementwise" && n.outputs.len() == 1 {
+            return self.inline(n);
+        }
         if !n.domain.is_empty() || n.outputs.len() != 1 {
             return false;
         }
@@ -158,6 +161,40 @@ impl Builder<'_> {
 }
 
 impl Builder<'_> {
+    /// Appends the program of `n`, an `aim:Elementwise` an earlier fusion made (of a chain
+    /// that did not broadcast), its inputs mapped to the group's values.
+    fn inline(&mut self, n: &Node) -> bool {
+        let out_ok = self.g.value_type(&n.outputs[0]).is_some_and(|t| t.shape.as_deref() == Some(&self.shape[..]));
+        let Some(prog) = n.strings("program").and_then(|p| crate::ewprog::parse(p).ok()) else { return false };
+        if !out_ok {
+            return false;
+        }
+        let mut map: Vec<Operand> = Vec::with_capacity(prog.len());
+        for inst in prog {
+            let o = match inst {
+                Inst::Input(k) => match n.inputs.get(k).and_then(|v| self.operand(v)) {
+                    Some(o) => o,
+                    None => return false,
+                },
+                other => {
+                    let inst = other.map_operands(|o| match o {
+                        Operand::Ref(i) => map[i],
+                        c => c,
+                    });
+                    self.emit(inst)
+                }
+            };
+            map.push(o);
+        }
+        match map.last() {
+            Some(&Operand::Ref(i)) => {
+                self.defined.push((n.outputs[0].clone(), i));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether an input of `shape` may join the group although it broadcasts to the group's
     /// shape: where the target allows it, all dims are known, and the output's rows
     /// ([`Rows`]) stay at least [`MIN_ROW`] long with it and the inputs so far — each row is
@@ -269,7 +306,7 @@ impl Builder<'_> {
 /// Whether a group of this one node is worth a generated loop: the op has no fast kernel
 /// (it would otherwise run on the reference kernel). Chains of two or more always fuse.
 fn worth_alone(n: &Node) -> bool {
-    !aim_kernels::fast::covers(&n.op, Some(DType::F32))
+    n.domain.is_empty() && !aim_kernels::fast::covers(&n.op, Some(DType::F32))
 }
 
 /// Fuses chains of two or more elementwise nodes (Round only when `round`; inputs that

@@ -111,7 +111,6 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())),
         true,
         target.optimization.runs("quantize-dequantize"),
-        true,
     );
     if let Some(block) = target.int4_weights {
         // Before the four-bit-weights pass, which keeps what it makes at 4 bits.
@@ -122,6 +121,9 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
         Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
+        // After the layout: a chain whose inputs broadcast (a per-channel gate over a feature
+        // map) is left to the blocked layout's per-channel operands where that takes it.
+        Pass::new("fuse-broadcast-elementwise", move |g| fuse_elementwise::run(g, round, true)),
         Pass::new("select-kernels", move |g| crate::select::run(g, lanes, tile)),
         Pass::new("fuse-epilogue-programs", epilogue_programs::run),
         Pass::new("dead-code-elimination", dce::run),
@@ -138,7 +140,7 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, false, true, None, false, true, false);
+    let mut passes = graph_passes(None, false, true, None, false, true);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
@@ -152,8 +154,7 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// weights are laid out for, or None to fold those weights into f32; `attention`: whether
 /// attention chains become `aim:Attention`, which the cpu backend runs; `qdq`: whether the
 /// quantize-dequantize pass will run, which folding then leaves the weights'
-/// DequantizeLinear nodes to; `broadcast`: whether fused elementwise loops may read inputs
-/// that broadcast, which the cpu runtime runs row by row).
+/// DequantizeLinear nodes to).
 fn graph_passes(
     quantize_dense: Option<bool>,
     int8: bool,
@@ -161,7 +162,6 @@ fn graph_passes(
     q4_panels: Option<usize>,
     attention: bool,
     qdq: bool,
-    broadcast: bool,
 ) -> Vec<Pass> {
     // Dense layers, dynamically or statically quantized, on the integer GEMM.
     let integer_gemm = quantize_dense.unwrap_or(false);
@@ -200,7 +200,7 @@ fn graph_passes(
     passes.extend([
         Pass::new("lower-reductions", reduce::run),
         Pass::new("lower-transposes", transpose::run),
-        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, round, broadcast)),
+        Pass::new("fuse-elementwise", move |g| fuse_elementwise::run(g, round, false)),
     ]);
     passes
 }

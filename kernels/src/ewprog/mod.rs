@@ -94,6 +94,18 @@ fn operand_str(o: Operand) -> String {
 }
 
 impl Inst {
+    /// The instruction with each operand replaced by `f`'s (how one program is inlined
+    /// into another).
+    pub fn map_operands(self, mut f: impl FnMut(Operand) -> Operand) -> Inst {
+        match self {
+            Inst::Input(k) => Inst::Input(k),
+            Inst::Unary(u, a) => Inst::Unary(u, f(a)),
+            Inst::Binary(b, x, y) => Inst::Binary(b, f(x), f(y)),
+            Inst::Clip(a, lo, hi) => Inst::Clip(f(a), lo, hi),
+            Inst::LeakyRelu(a, al) => Inst::LeakyRelu(f(a), al),
+        }
+    }
+
     /// The instruction as program text.
     pub fn to_text(&self) -> String {
         match *self {
