@@ -122,6 +122,70 @@ fn dynamically_quantized_dense_layers_match_the_interpreter() {
     }
 }
 
+/// Whether `cpu` gives this machine the integer convolution of dynamically quantized
+/// models (`aim:ConvInteger`): AVX-512 VNNI only.
+fn integer_conv(cpu: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use aim_kernels::gemm::{Isa, IsaKind};
+        cpu == "native" && Isa::best().kind() == IsaKind::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = cpu;
+        false
+    }
+}
+
+/// `quantize_dynamic`'s convolutions — DynamicQuantizeLinear, ConvInteger with s8 weights
+/// (zero point 0), Cast, Mul by the product of the scales, a bias — with kernel sizes,
+/// strides, padding and groups: the sums are exact whichever kernel runs them, so every
+/// cap gives the interpreter's values; with VNNI the convolution stays on bytes.
+#[test]
+fn dynamically_quantized_convolutions_match_the_interpreter() {
+    let mut r = Rng(19);
+    for case in 0..12 {
+        let (c, m, k, s) = (r.pick(&[4, 8, 24]), r.pick(&[4, 16, 33]), r.pick(&[1, 3, 5]), r.pick(&[1, 2]));
+        let group = if c % 4 == 0 && m % 2 == 0 && r.pick(&[false, true]) { 2 } else { 1 };
+        let (h, w) = (r.pick(&[5, 9, 16]), r.pick(&[7, 12]));
+        let pad = k / 2;
+        let wts = list((0..m * c / group * k * k).map(|_| ((r.next() % 255) as i64 - 127).to_string()));
+        let ws = list((0..m).map(|_| format!("{}", 0.001 + (r.next() % 100) as f32 * 1e-4)));
+        let b = list((0..m).map(|_| format!("{}", (r.next() % 200) as f32 / 50.0 - 2.0)));
+        let (oh, ow) = ((h + 2 * pad - k) / s + 1, (w + 2 * pad - k) / s + 1);
+        let text = format!(
+            "opset 17\ngraph \"g\" {{\n  input %x: f32[1,{c},{h},{w}]\n  init %w = i8[{m},{},{k},{k}] [{wts}]\n  init %wz = i8[] [0]\n  init %ws = f32[{m},1,1] [{ws}]\n  init %b = f32[{m},1,1] [{b}]\n  %q, %s, %z = DynamicQuantizeLinear(%x)  # dq\n  %p = Mul(%s, %ws)  # scales\n  %i = ConvInteger(%q, %w, %z, %wz) {{group={group}, pads=[{pad}, {pad}, {pad}, {pad}], strides=[{s}, {s}]}}  # conv\n  %c = Cast(%i) {{to=1}}  # cast\n  %m = Mul(%c, %p)  # scale\n  %y = Add(%m, %b)  # bias\n  output %y: f32[1,{m},{oh},{ow}]\n}}\n",
+            c / group
+        );
+        let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
+        let d = tempdir(&format!("dynconv-{case}"));
+        let path = d.join("m.onnx");
+        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        let x: Vec<f32> = (0..c * h * w).map(|_| (r.next() % 2001) as f32 / 500.0 - 1.5).collect();
+        let inputs = vec![("x".to_string(), Tensor::from_vec(&[1, c, h, w], x))];
+        let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
+        for cpu in caps() {
+            let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
+            let model = Model::load_with_options(&path, &opts).unwrap();
+            let bytes = model.optimized_graph().unwrap().nodes.iter().any(|n| n.op == "ConvInteger");
+            // Not where a group has fewer than 4 input channels (the kernel's 4-byte groups).
+            let fits = group == 1 || c / group >= 4;
+            assert_eq!(
+                bytes,
+                integer_conv(cpu) && fits,
+                "case {case} [{cpu}]: the integer convolution is used where it fits"
+            );
+            let got = model.run(inputs.clone()).unwrap();
+            assert_eq!(got[0].1.shape(), want[0].1.shape(), "case {case} [{cpu}]");
+            for (i, (a, b)) in got[0].1.data::<f32>().iter().zip(want[0].1.data::<f32>()).enumerate() {
+                // Exact sums, then the same scale and bias (an FMA may fuse them).
+                let tol = 1e-6 * b.abs().max(1.0);
+                assert!((a - b).abs() <= tol, "case {case} [{cpu}] at {i}: {a} vs {b}\n{text}");
+            }
+        }
+    }
+}
+
 #[test]
 fn statically_quantized_convolutions_match_the_interpreter() {
     let mut r = Rng(11);

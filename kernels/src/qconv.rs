@@ -84,10 +84,29 @@ impl PackedQConv {
     }
 }
 
+/// A convolution's input, NCHW.
+#[derive(Clone, Copy)]
+pub enum QSource<'a> {
+    /// f32 values, which the kernel quantizes with the input's scale and zero point.
+    F32(&'a [f32]),
+    /// Values already quantized to u8 (ONNX `ConvInteger`'s input, which a
+    /// `DynamicQuantizeLinear` made): the input's scale is not read.
+    Bytes(&'a [u8]),
+}
+
+impl QSource<'_> {
+    fn len(&self) -> usize {
+        match self {
+            QSource::F32(x) => x.len(),
+            QSource::Bytes(x) => x.len(),
+        }
+    }
+}
+
 /// One call's operands besides the weights.
 pub struct QConvInput<'a> {
-    /// The f32 input, NCHW.
-    pub x: &'a [f32],
+    /// The input, NCHW.
+    pub x: QSource<'a>,
     /// Batch, height and width of the input.
     pub n: usize,
     pub h: usize,
@@ -141,8 +160,14 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
     let mut packed = crate::scratch::take_bytes(panels * groups4 * NR * 4);
     let zx = a.zero as i32;
     for img in 0..a.n {
-        let x = &a.x[img * s.c * plane..(img + 1) * s.c * plane];
-        quantize_planes(isa, x, plane, &mut xq[..s.c * plane], a.scale, a.zero as f32, par);
+        let image = img * s.c * plane..(img + 1) * s.c * plane;
+        match a.x {
+            QSource::F32(x) => {
+                quantize_planes(isa, &x[image], plane, &mut xq[..s.c * plane], a.scale, a.zero as f32, par)
+            }
+            // Copied: the packing reads NR bytes past the last plane.
+            QSource::Bytes(x) => xq[..s.c * plane].copy_from_slice(&x[image]),
+        }
         for gi in 0..s.group {
             let xg = &xq[gi * cg * plane..];
             pack(&s, xg, a.h, a.w, (oh, ow), a.zero, groups4, &mut packed, par);

@@ -111,6 +111,9 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())),
         true,
         target.optimization.runs("quantize-dequantize"),
+        // Dynamically quantized convolutions on the integer kernel with VNNI only: AVX2's
+        // exact 16-bit products do not beat its f32 convolutions.
+        target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512,
     );
     if let Some(block) = target.int4_weights {
         // Before the four-bit-weights pass, which keeps what it makes at 4 bits.
@@ -140,7 +143,7 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, false, true, None, false, true);
+    let mut passes = graph_passes(None, false, true, None, false, true, false);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
@@ -154,7 +157,8 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// weights are laid out for, or None to fold those weights into f32; `attention`: whether
 /// attention chains become `aim:Attention`, which the cpu backend runs; `qdq`: whether the
 /// quantize-dequantize pass will run, which folding then leaves the weights'
-/// DequantizeLinear nodes to).
+/// DequantizeLinear nodes to; `integer_conv`: whether ConvInteger stays on bytes as
+/// `aim:ConvInteger`).
 fn graph_passes(
     quantize_dense: Option<bool>,
     int8: bool,
@@ -162,6 +166,7 @@ fn graph_passes(
     q4_panels: Option<usize>,
     attention: bool,
     qdq: bool,
+    integer_conv: bool,
 ) -> Vec<Pass> {
     // Dense layers, dynamically or statically quantized, on the integer GEMM.
     let integer_gemm = quantize_dense.unwrap_or(false);
@@ -185,7 +190,7 @@ fn graph_passes(
         passes.push(Pass::new("four-bit-weights", move |g| q4_weights::run(g, nr)));
     }
     passes.extend([
-        Pass::new("quantize-dequantize", move |g| qdq::run(g, int8, integer_gemm)),
+        Pass::new("quantize-dequantize", move |g| qdq::run(g, int8, integer_gemm, integer_conv)),
         Pass::new("common-subexpressions", cse::run),
         Pass::new("fold-batchnorm", fold_batchnorm::run),
         Pass::new("fuse-gelu", gelu::run),

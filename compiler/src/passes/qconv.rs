@@ -236,3 +236,87 @@ fn match_conv(
     };
     Some((node, at, absorbed))
 }
+
+/// Whether `v` (f32) holds one value, or one per channel of a 4-D NCHW value with `m`
+/// channels (`[M, 1, 1]`, `[1, M, 1, 1]`): a scale or bias the kernel applies per channel.
+fn per_channel(g: &Graph, v: &str, m: usize) -> bool {
+    let Some(t) = g.value_type(v).filter(|t| t.dtype == Some(DType::F32)) else { return false };
+    let Some(s) = t.concrete_shape().filter(|s| s.len() <= 4) else { return false };
+    let aligned: Vec<usize> = std::iter::repeat_n(1, 4 - s.len()).chain(s.iter().copied()).collect();
+    aligned[0] == 1 && aligned[2] == 1 && aligned[3] == 1 && (aligned[1] == 1 || aligned[1] == m)
+}
+
+/// The `aim:ConvInteger` nodes of dynamically quantized convolutions take what follows
+/// them into the kernel's epilogue: the product by the scales (`Mul` by the input's scale
+/// times the weights', computed at run time, one or one per channel), a constant bias and
+/// an activation — what the f32 form would have fused into its convolution.
+pub fn run_dynamic(g: &mut Graph) {
+    if !g.nodes.iter().any(|n| n.domain == "aim" && n.op == "ConvInteger") {
+        return;
+    }
+    let r = readers(g);
+    let outputs: std::collections::HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+    let mut removed = vec![false; g.nodes.len()];
+    let mut replace: Vec<(usize, Node)> = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if !(n.domain == "aim" && n.op == "ConvInteger" && n.inputs.len() <= 3) {
+            continue;
+        }
+        let Some(m) = n.input(1).and_then(|w| g.initializers.get(w)).map(|w| w.shape()[0]) else { continue };
+        // The sole reader of `v`, not a graph output, of the default domain.
+        let sole = |v: &str| match r.get(v).map(|x| x.as_slice()) {
+            Some(&[k]) if k != usize::MAX && g.nodes[k].domain.is_empty() && !outputs.contains(v) => Some(k),
+            _ => None,
+        };
+        let Some(k) = sole(&n.outputs[0]).filter(|&k| g.nodes[k].op == "Mul" && g.nodes[k].inputs.len() == 2) else {
+            continue;
+        };
+        let mul = &g.nodes[k];
+        let scale = if mul.inputs[0] == n.outputs[0] { &mul.inputs[1] } else { &mul.inputs[0] };
+        if *scale == n.outputs[0] || !per_channel(g, scale, m) {
+            continue;
+        }
+        let mut taken = vec![k];
+        let mut sources = sources_of(n);
+        sources.extend(sources_of(mul));
+        let mut out = mul.outputs[0].clone();
+        let mut bias = String::new();
+        if let Some(a) = sole(&out).filter(|&a| g.nodes[a].op == "Add" && g.nodes[a].inputs.len() == 2) {
+            let add = &g.nodes[a];
+            let b = if add.inputs[0] == out { &add.inputs[1] } else { &add.inputs[0] };
+            let constant = g.initializers.get(b).is_some_and(|t| t.dtype() == DType::F32 && t.len() == m);
+            if *b != out && constant && per_channel(g, b, m) {
+                bias = b.clone();
+                taken.push(a);
+                sources.extend(sources_of(add));
+                out = add.outputs[0].clone();
+            }
+        }
+        let mut node = n.clone();
+        node.inputs.resize(3, String::new());
+        node.inputs.extend([scale.clone(), bias]);
+        if let Some((act, more)) = r.get(&out).and_then(|rd| activation_at(g, &r, &out, rd)) {
+            if !outputs.contains(out.as_str()) {
+                set_activation(&mut node, act);
+                for &x in &more {
+                    sources.extend(sources_of(&g.nodes[x]));
+                }
+                out = g.nodes[*more.iter().max().expect("an activation takes a node")].outputs[0].clone();
+                taken.extend(more);
+            }
+        }
+        node.outputs = vec![out];
+        node.attrs.insert(SOURCES.into(), Attr::Strings(sources));
+        let last = *taken.iter().max().expect("the product is taken");
+        removed[i] = true;
+        for &x in &taken {
+            removed[x] = true;
+        }
+        replace.push((last, node));
+    }
+    for (at, node) in replace {
+        g.nodes[at] = node;
+        removed[at] = false;
+    }
+    remove_marked(g, &removed);
+}

@@ -23,7 +23,7 @@
 
 use super::fuse::{sources_of, SOURCES};
 use super::PassError;
-use aim_ir::{Attr, DType, Graph, Node, Tensor};
+use aim_ir::{Attr, DType, Graph, Node, Tensor, ValueType};
 
 /// A per-tensor quantisation: scale, zero point and the integer range.
 #[derive(Clone, Copy, PartialEq)]
@@ -83,16 +83,16 @@ fn is(n: &Node, op: &str) -> bool {
 
 /// Rewrites the integer ops, then every matching pair (see the module doc); then, if
 /// anything changed, infers the new values' types and folds the weights' dequantization.
-pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool, integer_conv: bool) -> Result<(), PassError> {
     let before = g.nodes.len();
     let ops: Vec<String> = g.nodes.iter().map(|n| n.op.clone()).collect();
     let changed = |g: &Graph| g.nodes.len() != before || g.nodes.iter().zip(&ops).any(|(n, op)| &n.op != op);
     let infer = |g: &mut Graph| {
         aim_ir::infer::infer_types(g).map_err(|e| PassError { pass: "quantize-dequantize", msg: e.to_string() })
     };
-    dequantize_ops(g);
+    dequantize_ops(g, integer_conv);
     // Once more for the value-moving ops whose input the first round made a QuantizeLinear.
-    dequantize_ops(g);
+    dequantize_ops(g, integer_conv);
     if changed(g) {
         // The pairs below read the new values' types.
         infer(g)?;
@@ -102,6 +102,9 @@ pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool) -> Result<(), PassErro
         // them.
         super::int8::run(g);
         super::qconv::run(g);
+    }
+    if integer_conv {
+        super::qconv::run_dynamic(g);
     }
     if int8 || integer_gemm {
         // Dense layers on the integer GEMM (`aim_kernels::qgemm`: VNNI, or AVX2's exact
@@ -176,9 +179,10 @@ fn scale_axis(g: &Graph, scale: &str, axis: i64) -> Result<Option<i64>, ()> {
 }
 
 /// Writes QLinearConv, QLinearMatMul and cast MatMulInteger nodes as f32 ops between
-/// dequantize and quantize nodes (see the module doc). Nodes whose parameters are not
-/// constants, or whose forms this does not cover, stay.
-fn dequantize_ops(g: &mut Graph) {
+/// dequantize and quantize nodes (see the module doc); with `integer_conv`, a cast
+/// ConvInteger the integer kernel takes becomes `aim:ConvInteger`. Nodes whose parameters
+/// are not constants, or whose forms this does not cover, stay.
+fn dequantize_ops(g: &mut Graph, integer_conv: bool) {
     let integer = |n: &Node| {
         n.domain.is_empty()
             && (matches!(n.op.as_str(), "QLinearConv" | "QLinearMatMul" | "MatMulInteger" | "ConvInteger")
@@ -200,6 +204,8 @@ fn dequantize_ops(g: &mut Graph) {
     // last reader was: a bias the Add reads may be computed after the product.
     let mut deferred: std::collections::HashMap<usize, Vec<Node>> = std::collections::HashMap::new();
     let mut out: Vec<Node> = Vec::with_capacity(g.nodes.len());
+    // Types of values made here that inference cannot give (outputs of `aim` nodes).
+    let mut typed: Vec<(String, ValueType)> = Vec::new();
     for i in 0..g.nodes.len() {
         if skip[i] {
             out.extend(deferred.remove(&i).unwrap_or_default());
@@ -220,7 +226,20 @@ fn dequantize_ops(g: &mut Graph) {
                 Some((readers, bias, y)) => {
                     let product = if bias.is_some() { e.fresh("product") } else { y.clone() };
                     let ok = if op == "ConvInteger" {
-                        conv_integer(g, n, &product, &mut e)
+                        match integer_conv && integer_conv_fits(g, n) {
+                            true => {
+                                // The product's type: the sums' shape, or (not inferred yet)
+                                // the Cast's, which a bias does not widen.
+                                let ty = [&n.outputs[0], &y]
+                                    .into_iter()
+                                    .filter_map(|v| g.value_type(v))
+                                    .find(|t| t.shape.is_some())
+                                    .map(|t| ValueType { dtype: Some(DType::F32), ..t });
+                                typed.extend(ty.map(|t| (product.clone(), t)));
+                                kept_integer(n, &product, &mut e)
+                            }
+                            false => conv_integer(g, n, &product, &mut e),
+                        }
                     } else {
                         matmul_integer(g, n, &product, &mut e)
                     }
@@ -267,6 +286,9 @@ fn dequantize_ops(g: &mut Graph) {
     }
     g.nodes = out;
     g.initializers.extend(pending);
+    let made: std::collections::HashSet<&String> = g.nodes.iter().flat_map(|n| &n.outputs).collect();
+    let typed: Vec<(String, ValueType)> = typed.into_iter().filter(|(v, _)| made.contains(v)).collect();
+    g.value_types.extend(typed);
 }
 
 /// Ops that move or select values without computing new ones: on quantized data they
@@ -448,6 +470,41 @@ fn conv_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
     Ok(())
 }
 
+/// Whether the integer convolution (`aim:ConvInteger`, `aim_kernels::qconv`) takes
+/// ConvInteger `n`: u8 input, constant s8 2-D weights with zero point 0, explicit pads, and
+/// not depthwise (one channel per group fills none of the kernel's 4-byte groups).
+fn integer_conv_fits(g: &Graph, n: &Node) -> bool {
+    let u8_in = n.input(0).and_then(|x| g.value_type(x)).and_then(|t| t.dtype) == Some(DType::U8);
+    let w = n.input(1).and_then(|w| g.initializers.get(w)).filter(|t| t.dtype() == DType::I8 && t.rank() == 4);
+    let zero_w = n.input(3).is_none_or(|z| {
+        g.initializers.get(z).is_some_and(|t| t.dtype() == DType::I8 && t.data::<i8>().iter().all(|&v| v == 0))
+    });
+    let x_zero = n.input(2).is_none_or(|z| one_value(g, z));
+    let group = n.int("group", 1);
+    u8_in
+        && zero_w
+        && x_zero
+        && n.string("auto_pad", "NOTSET") == "NOTSET"
+        && w.is_some_and(|w| group == 1 || (group > 1 && w.shape()[1] >= 4))
+}
+
+/// ConvInteger `n` (which [`integer_conv_fits`]) kept on bytes as `aim:ConvInteger(X, W,
+/// x_zero)` writing the Cast's f32 `y`: the sums are the integer ones, the weights' zero
+/// point (all 0) dropped.
+fn kept_integer(n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
+    let x = n.input(0).ok_or(())?;
+    let w = n.input(1).ok_or(())?;
+    let mut ins = vec![x, w];
+    ins.extend(n.input(2));
+    let attrs: Vec<(&str, Attr)> = ["dilations", "group", "kernel_shape", "pads", "strides"]
+        .into_iter()
+        .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
+        .collect();
+    e.op_to("ConvInteger", &ins, y, attrs);
+    e.nodes.last_mut().ok_or(())?.domain = "aim".into();
+    Ok(())
+}
+
 /// Rewrites every matching quantize-dequantize pair (see the module doc).
 fn rewrite_pairs(g: &mut Graph) -> Result<(), PassError> {
     let by_output: std::collections::HashMap<&str, usize> =
@@ -552,7 +609,7 @@ mod tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[2, 5], x))].into_iter().collect();
         let want = aim_runtime::run_graph(g, input()).expect("runs");
         let mut h = g.clone();
-        run(&mut h, false, false).expect("rewrites");
+        run(&mut h, false, false, false).expect("rewrites");
         assert!(h.nodes.iter().all(|n| n.op != "DequantizeLinear"), "the pair is rewritten");
         crate::passes::dce::run(&mut h).expect("dce");
         assert!(h.nodes.iter().all(|n| n.op != "QuantizeLinear"), "the quantize is dead");
@@ -578,7 +635,7 @@ mod tests {
         let mut m = aim_ir::text::parse_model(text).expect("parses");
         aim_ir::infer::infer_types(&mut m.graph).expect("infers");
         let mut g = m.graph.clone();
-        run(&mut g, false, false).expect("runs");
+        run(&mut g, false, false, false).expect("runs");
         assert_eq!(g, m.graph);
     }
 }
@@ -598,7 +655,7 @@ mod lift_tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[1, 1, 4, 4], &x))].into_iter().collect();
         let want = aim_runtime::run_graph(&m.graph, input()).expect("runs");
         let mut g = m.graph.clone();
-        run(&mut g, false, false).expect("rewrites");
+        run(&mut g, false, false, false).expect("rewrites");
         crate::passes::dce::run(&mut g).expect("dce");
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
         assert!(!ops.contains(&"QuantizeLinear") && !ops.contains(&"DequantizeLinear"), "{ops:?}");

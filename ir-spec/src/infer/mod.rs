@@ -346,8 +346,9 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
             let nn = if n.int("transB", 0) != 0 { &b[0] } else { &b[1] };
             one(dt, Some(vec![m.clone(), nn.clone()]))
         }
-        "Conv" | "MaxPool" | "AveragePool" | "LpPool" => {
-            let dt = dtype_of(ins, 0);
+        "Conv" | "ConvInteger" | "MaxPool" | "AveragePool" | "LpPool" => {
+            // ConvInteger sums bytes into i32.
+            let dt = if op == "ConvInteger" { Some(DType::I32) } else { dtype_of(ins, 0) };
             let Some(x) = shape_of(ins, 0) else { return Ok(unknown()) };
             if x.len() < 3 {
                 return Err(format!("input must be at least 3-D (N, C, spatial...), got rank {}", x.len()));
@@ -358,7 +359,7 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                     return Err(format!("attribute '{name}' has {} values for {sp} spatial dims", v.len()));
                 }
             }
-            let (c_out, kernel) = if op == "Conv" {
+            let (c_out, kernel) = if op == "Conv" || op == "ConvInteger" {
                 let Some(w) = shape_of(ins, 1) else { return one(dt, None) };
                 if w.len() != x.len() {
                     return Err(format!("weight rank {} does not match input rank {}", w.len(), x.len()));

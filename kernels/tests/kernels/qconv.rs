@@ -89,7 +89,7 @@ fn matches_the_definition_bit_for_bit() {
         for &isa in &isas {
             let mut y = vec![f32::NAN; exact.len()];
             let input = QConvInput {
-                x: &x,
+                x: QSource::F32(&x),
                 n,
                 h,
                 w,
@@ -112,6 +112,16 @@ fn matches_the_definition_bit_for_bit() {
                 let q = ((b / rq.scale).round_ties_even() + rq.zero).clamp(rq.lo, rq.hi);
                 let want = (q - rq.zero) * rq.scale;
                 assert_eq!(a.to_bits(), want.to_bits(), "{isa:?} {s:?} requantized at {i}: {a} vs {want}");
+            }
+            // Bytes quantized beforehand (ConvInteger's input) give the same sums, whatever
+            // the scale field says.
+            let xq: Vec<u8> =
+                x.iter().map(|v| ((v / sx).round_ties_even() + zx as f32).clamp(0.0, 255.0) as u8).collect();
+            let input = QConvInput { x: QSource::Bytes(&xq), scale: f32::NAN, requant: None, ..input };
+            let mut yb = vec![f32::NAN; exact.len()];
+            qconv(isa, &p, &input, &mut yb, &Sequential);
+            for (i, (a, b)) in yb.iter().zip(&exact).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{isa:?} {s:?} from bytes at {i}: {a} vs {b}");
             }
         }
     }

@@ -44,6 +44,12 @@ pub(super) enum Int8Prep {
     },
     /// `y = table[x]` per byte (`aim:Lut8`: an elementwise function of one byte tensor).
     Table(Box<[u8; 256]>),
+    /// `aim:ConvInteger`: ONNX ConvInteger on u8 NCHW bytes and constant s8 weights (zero
+    /// point 0), its exact i32 sums written as f32 (the Cast that reads it), the input's
+    /// zero point read at run time (a DynamicQuantizeLinear's); then, where the compiler
+    /// fused them, × the scale (input 3, read at run time: one or one per channel), + the
+    /// constant bias (input 4) and the activation.
+    ConvInteger(Box<ConvIntegerPrep>),
 }
 
 /// The quantization `{prefix}_scale`, `{prefix}_zero` (or `scale`, `zero` for an empty
@@ -96,6 +102,7 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
             Int8Prep::MaxPool { window: window(n, k)?, ceil: n.int("ceil_mode", 0) != 0 }
         }
         "Conv8" => prepare_conv(g, n)?,
+        "ConvInteger" => prepare_conv_integer(g, n)?,
         "Lut8" => {
             let t = n.ints("table").unwrap_or(&[]);
             if t.len() != 256 || t.iter().any(|v| !(0..=255).contains(v)) {
@@ -152,6 +159,58 @@ fn prepare_conv(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
     made.map_err(|e| prep_err(n, e))
 }
 
+/// A prepared `aim:ConvInteger`.
+pub(super) struct ConvIntegerPrep {
+    weight: aim_kernels::qconv::PackedQConv,
+    bias: Option<Vec<f32>>,
+    act: Option<Activation>,
+    /// Whether a scale is read (input 3).
+    scaled: bool,
+}
+
+/// `aim:ConvInteger(x, W, x_zero, scale, bias)`: the weights packed for the integer
+/// convolution, the bias and activation.
+fn prepare_conv_integer(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
+    let w = n
+        .input(1)
+        .and_then(|w| g.initializers.get(w))
+        .filter(|t| t.dtype() == DType::I8 && t.rank() == 4)
+        .ok_or_else(|| prep_err(n, "the weights must be a constant s8 [M, C/group, kh, kw] tensor"))?;
+    let ws = w.shape();
+    let win = window(n, [ws[2], ws[3]])?;
+    let group = usize::try_from(n.int("group", 1))
+        .ok()
+        .filter(|&g| g > 0 && ws[0].is_multiple_of(g))
+        .ok_or_else(|| prep_err(n, "group must be positive and divide the output channels"))?;
+    let shape = aim_kernels::qconv::QConvShape {
+        c: ws[1] * group,
+        m: ws[0],
+        group,
+        kernel: win.kernel,
+        stride: win.stride,
+        dilation: win.dilation,
+        pads: win.pads,
+    };
+    let weight = aim_kernels::qconv::PackedQConv::new(shape, w.bytes())
+        .map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
+    let bias = match n.input(4) {
+        Some(b) => Some(
+            const_f32(g, Some(b))
+                .filter(|t| t.len() == ws[0])
+                .ok_or_else(|| prep_err(n, "the bias must be constant f32 with one value per output channel"))?
+                .data::<f32>()
+                .to_vec(),
+        ),
+        None => None,
+    };
+    Ok(Int8Prep::ConvInteger(Box::new(ConvIntegerPrep {
+        weight,
+        bias,
+        act: activation_with(n, ""),
+        scaled: n.input(3).is_some(),
+    })))
+}
+
 /// One operand of a byte op: its bytes, shape and type.
 pub(super) struct Operand<'a> {
     pub(super) bytes: &'a [u8],
@@ -191,6 +250,16 @@ pub(super) fn output(p: &Int8Prep, ins: &[Option<Operand>]) -> Result<(DType, Ve
         Int8Prep::Conv(k) => {
             let [n, h, w, c] = want(DType::U8)?;
             conv_output(k.window(), k.in_channels(), k.out_channels(), [n, h, w, c])
+        }
+        Int8Prep::ConvInteger(k) => {
+            let [n, c, h, w] = want(DType::U8)?;
+            let s = k.weight.shape();
+            if c != s.c {
+                return Err(format!("the input has {c} channels, the weights {}", s.c));
+            }
+            let (oh, ow) =
+                s.output(h, w).ok_or_else(|| format!("the {:?} kernel does not fit a {h}×{w} input", s.kernel))?;
+            Ok((DType::F32, vec![n, s.m, oh, ow]))
         }
         Int8Prep::Depthwise(k) => {
             let [n, h, w, c] = want(DType::U8)?;
@@ -270,6 +339,39 @@ pub(super) fn run(
         Int8Prep::Depthwise(k) => {
             let r = residual()?;
             k.run(isa, &nhwc(x)?, r, y, pool)
+        }
+        Int8Prep::ConvInteger(k) => {
+            let [n, _, h, w] = *x.shape else { return Err("a 4-D input expected".into()) };
+            let zero = match ins.get(2).and_then(|z| z.as_ref()) {
+                None => 0,
+                Some(z) if z.dtype == DType::U8 && z.bytes.len() == 1 => z.bytes[0],
+                Some(z) => return Err(format!("the input's zero point must be one u8, got {} {:?}", z.dtype, z.shape)),
+            };
+            let m = k.weight.shape().m;
+            let scale = match ins.get(3).and_then(|s| s.as_ref()) {
+                None => &[1.0][..],
+                Some(s) if s.dtype == DType::F32 => {
+                    let v = floats(s.bytes)?;
+                    if v.len() != 1 && v.len() != m {
+                        return Err(format!("the scale holds {} values: one or {m} expected", v.len()));
+                    }
+                    v
+                }
+                Some(s) => return Err(format!("the scale must be f32, got {}", s.dtype)),
+            };
+            let input = aim_kernels::qconv::QConvInput {
+                x: aim_kernels::qconv::QSource::Bytes(x.bytes),
+                n,
+                h,
+                w,
+                scale: 1.0,
+                zero,
+                out_scale: scale,
+                bias: k.bias.as_deref(),
+                act: k.act,
+                requant: None,
+            };
+            aim_kernels::qconv::qconv(isa, &k.weight, &input, floats_mut(y)?, pool);
         }
         Int8Prep::Add { a, b, act, y: qy } => {
             let bv = ins.get(1).and_then(|b| b.as_ref()).ok_or("input 1 is missing")?;
@@ -363,6 +465,21 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
             "table lookup per byte (256 entries: the elementwise function and its quantization, evaluated at compile time): parallel chunks of {} bytes",
             s.iter().product::<usize>()
         )],
+        (Int8Prep::ConvInteger(k), _, Some(&[n, m, oh, ow])) => {
+            let s = k.weight.shape();
+            vec![
+                format!(
+                    "for image in 0..{n}, group in 0..{}: C[{} ch × {} px] = W[s8, packed at load] · im2col(u8 input, packed per run) on the integer GEMM (microkernel {}×{}), exact i32 sums",
+                    s.group, m / s.group, oh * ow, aim_kernels::qgemm::MR, aim_kernels::qgemm::NR
+                ),
+                format!(
+                    "  epilogue: − zero point (read at run time) × Σw, as f32{}{}{}",
+                    if k.scaled { ", × the scale (read at run time)" } else { "" },
+                    if k.bias.is_some() { ", + bias" } else { "" },
+                    k.act.map_or(String::new(), |a| format!(", {a:?}"))
+                ),
+            ]
+        }
         _ => vec!["byte op: shapes known only at run time".to_string()],
     }
 }

@@ -305,8 +305,8 @@ impl Plan {
 }
 
 /// The byte ops of quantized regions, which run byte kernels.
-pub(super) const INT8_OPS: [&str; 7] =
-    ["Quantize8", "Dequantize8", "GlobalAveragePool8", "Conv8", "Add8", "MaxPool8", "Lut8"];
+pub(super) const INT8_OPS: [&str; 8] =
+    ["Quantize8", "Dequantize8", "GlobalAveragePool8", "Conv8", "Add8", "MaxPool8", "Lut8", "ConvInteger"];
 
 /// The code that runs node `n` of a prepared program: every `aim` node but `aim:Attention`
 /// (a library kernel) has a prepared kernel (a program whose `aim` node cannot be prepared
@@ -345,6 +345,8 @@ pub(super) fn bake_constants(graph: &mut Graph) {
             let last = match n.op.as_str() {
                 "QDense" | "QConv" => n.inputs.len(),
                 "Conv8" => 4.min(n.inputs.len()),
+                // The weights only: the zero point is computed.
+                "ConvInteger" => 2.min(n.inputs.len()),
                 _ => 3.min(n.inputs.len()),
             };
             for k in 1..last {

@@ -12,7 +12,7 @@ use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{DType, Graph, Node};
 use aim_kernels::gemm::{Activation, Isa};
-use aim_kernels::qconv::{qconv, PackedQConv, QConvInput, QConvShape, Requant};
+use aim_kernels::qconv::{qconv, PackedQConv, QConvInput, QConvShape, QSource, Requant};
 
 pub(super) struct QConvPrep {
     pub(super) weight: PackedQConv,
@@ -98,7 +98,7 @@ pub(super) fn run(q: &QConvPrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool
     }
     let out = y.take(&[n, s.m, oh, ow])?;
     let input = QConvInput {
-        x: x.data,
+        x: QSource::F32(x.data),
         n,
         h,
         w,

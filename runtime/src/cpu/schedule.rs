@@ -116,6 +116,15 @@ impl CpuProgram {
                     Some(Prepared::Elementwise(_)) => match out {
                         Some(s) => {
                             let len: usize = s.iter().product();
+                            let shapes: Option<Vec<Vec<usize>>> = n.inputs.iter().map(|x| shape_of(g, x)).collect();
+                            let views: Vec<&[usize]> = shapes.iter().flatten().map(|v| v.as_slice()).collect();
+                            if let Some(rows) = elementwise::Rows::new(&views, &s).ok().filter(|r| !r.flat()) {
+                                return vec![format!(
+                                    "inputs broadcast: {}; parallel for tasks of ≤{} elements (whole rows, or parts of a longer row): the loop per row, each input at its row (a one-value input filled into a row first)",
+                                    rows.describe(),
+                                    elementwise::CHUNK
+                                )];
+                            }
                             vec![format!(
                                 "parallel for chunk in 0..{} of ≤{} elements: generated loop (Cranelift), f32x4 body + scalar tail, over {len} elements",
                                 len.div_ceil(elementwise::CHUNK).max(1),
