@@ -92,13 +92,18 @@ pub enum QSource<'a> {
     /// Values already quantized to u8 (ONNX `ConvInteger`'s input, which a
     /// `DynamicQuantizeLinear` made): the input's scale is not read.
     Bytes(&'a [u8]),
+    /// As `Bytes`, each image's channels read twice (the shape's `c` is twice theirs):
+    /// weights whose values leave s8 split into two s8 parts, one per copy.
+    BytesTwice(&'a [u8]),
 }
 
 impl QSource<'_> {
+    /// Values as the kernel reads them (channels twice for `BytesTwice`).
     fn len(&self) -> usize {
         match self {
             QSource::F32(x) => x.len(),
             QSource::Bytes(x) => x.len(),
+            QSource::BytesTwice(x) => 2 * x.len(),
         }
     }
 }
@@ -167,6 +172,12 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
             }
             // Copied: the packing reads NR bytes past the last plane.
             QSource::Bytes(x) => xq[..s.c * plane].copy_from_slice(&x[image]),
+            QSource::BytesTwice(x) => {
+                let half = s.c / 2 * plane;
+                let src = &x[img * half..(img + 1) * half];
+                xq[..half].copy_from_slice(src);
+                xq[half..2 * half].copy_from_slice(src);
+            }
         }
         for gi in 0..s.group {
             let xg = &xq[gi * cg * plane..];

@@ -236,7 +236,7 @@ fn dequantize_ops(g: &mut Graph, integer_conv: bool) {
                                     .find(|t| t.shape.is_some())
                                     .map(|t| ValueType { dtype: Some(DType::F32), ..t });
                                 typed.extend(ty.map(|t| (product.clone(), t)));
-                                kept_integer(n, &product, &mut e)
+                                kept_integer(g, n, &product, &mut e)
                             }
                             false => conv_integer(g, n, &product, &mut e),
                         }
@@ -470,36 +470,92 @@ fn conv_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
     Ok(())
 }
 
+/// The weights of ConvInteger `n` minus their zero point (constant: one, or one per output
+/// channel), as whole numbers `[M, C/group, kh, kw]`; None when they are not constant 2-D
+/// weights of 8 bits.
+fn centred_weights(g: &Graph, n: &Node) -> Option<(Vec<i32>, Vec<usize>)> {
+    let w = g.initializers.get(n.input(1)?).filter(|t| t.rank() == 4)?;
+    let values: Vec<i32> = match w.dtype() {
+        DType::I8 => w.data::<i8>().iter().map(|&v| v as i32).collect(),
+        DType::U8 => w.data::<u8>().iter().map(|&v| v as i32).collect(),
+        _ => return None,
+    };
+    let m = w.shape()[0];
+    let zeros: Vec<i32> = match n.input(3) {
+        None => vec![0],
+        Some(z) => {
+            let z = g.initializers.get(z).filter(|t| t.dtype() == w.dtype() && (t.len() == 1 || t.len() == m))?;
+            match z.dtype() {
+                DType::I8 => z.data::<i8>().iter().map(|&v| v as i32).collect(),
+                _ => z.data::<u8>().iter().map(|&v| v as i32).collect(),
+            }
+        }
+    };
+    let per = values.len() / m.max(1);
+    let centred =
+        values.iter().enumerate().map(|(i, &v)| v - zeros[if zeros.len() == 1 { 0 } else { i / per }]).collect();
+    Some((centred, w.shape().to_vec()))
+}
+
 /// Whether the integer convolution (`aim:ConvInteger`, `aim_kernels::qconv`) takes
-/// ConvInteger `n`: u8 input, constant s8 2-D weights with zero point 0, explicit pads, and
-/// not depthwise (one channel per group fills none of the kernel's 4-byte groups).
+/// ConvInteger `n`: u8 input, constant 2-D weights of 8 bits with a constant zero point,
+/// explicit pads, not depthwise (one channel per group fills none of the kernel's 4-byte
+/// groups), and one group where the weights less their zero point leave s8.
 fn integer_conv_fits(g: &Graph, n: &Node) -> bool {
     let u8_in = n.input(0).and_then(|x| g.value_type(x)).and_then(|t| t.dtype) == Some(DType::U8);
-    let w = n.input(1).and_then(|w| g.initializers.get(w)).filter(|t| t.dtype() == DType::I8 && t.rank() == 4);
-    let zero_w = n.input(3).is_none_or(|z| {
-        g.initializers.get(z).is_some_and(|t| t.dtype() == DType::I8 && t.data::<i8>().iter().all(|&v| v == 0))
-    });
     let x_zero = n.input(2).is_none_or(|z| one_value(g, z));
     let group = n.int("group", 1);
+    let Some((w, shape)) = centred_weights(g, n) else { return false };
+    let fits_s8 = w.iter().all(|&v| (-128..=127).contains(&v));
     u8_in
-        && zero_w
         && x_zero
         && n.string("auto_pad", "NOTSET") == "NOTSET"
-        && w.is_some_and(|w| group == 1 || (group > 1 && w.shape()[1] >= 4))
+        && (group == 1 || (group > 1 && shape[1] >= 4 && fits_s8))
 }
 
 /// ConvInteger `n` (which [`integer_conv_fits`]) kept on bytes as `aim:ConvInteger(X, W,
-/// x_zero)` writing the Cast's f32 `y`: the sums are the integer ones, the weights' zero
-/// point (all 0) dropped.
-fn kept_integer(n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
+/// x_zero)` writing the Cast's f32 `y`: the sums are the integer ones. W is the weights
+/// less their zero point, as s8; where a difference leaves s8 (u8 weights with a zero point,
+/// what older `quantize_dynamic` writes), each is split into two s8 parts over the input
+/// channels twice (`doubled`, read by the kernel from the same bytes).
+fn kept_integer(g: &Graph, n: &Node, y: &str, e: &mut Emit) -> Result<(), ()> {
     let x = n.input(0).ok_or(())?;
-    let w = n.input(1).ok_or(())?;
-    let mut ins = vec![x, w];
+    let (w, mut shape) = centred_weights(g, n).ok_or(())?;
+    let doubled = !w.iter().all(|&v| (-128..=127).contains(&v));
+    let bytes: Vec<i8> = if doubled {
+        // d = d1 + d2 with both in s8: [M, C, kh, kw] becomes [M, 2C, kh, kw], each output
+        // channel's C·kh·kw values of d1 then of d2.
+        let per = w.len() / shape[0];
+        let mut out = Vec::with_capacity(2 * w.len());
+        for row in w.chunks(per) {
+            out.extend(row.iter().map(|&d| d.clamp(-128, 127) as i8));
+            out.extend(row.iter().map(|&d| (d - d.clamp(-128, 127)) as i8));
+        }
+        shape[1] *= 2;
+        out
+    } else {
+        w.iter().map(|&v| v as i8).collect()
+    };
+    let unchanged = !doubled
+        && g.initializers.get(n.input(1).ok_or(())?).is_some_and(|t| t.dtype() == DType::I8 && t.data::<i8>() == bytes);
+    let name = match unchanged {
+        // s8 weights with zero point 0: read as they are.
+        true => n.input(1).ok_or(())?.to_string(),
+        false => {
+            let name = e.fresh("weights_s8");
+            e.consts.push((name.clone(), Tensor::from_vec(&shape, bytes)));
+            name
+        }
+    };
+    let mut ins = vec![x, name.as_str()];
     ins.extend(n.input(2));
-    let attrs: Vec<(&str, Attr)> = ["dilations", "group", "kernel_shape", "pads", "strides"]
+    let mut attrs: Vec<(&str, Attr)> = ["dilations", "group", "kernel_shape", "pads", "strides"]
         .into_iter()
         .filter_map(|k| n.attrs.get(k).map(|v| (k, v.clone())))
         .collect();
+    if doubled {
+        attrs.push(("doubled", Attr::Int(1)));
+    }
     e.op_to("ConvInteger", &ins, y, attrs);
     e.nodes.last_mut().ok_or(())?.domain = "aim".into();
     Ok(())

@@ -166,6 +166,9 @@ pub(super) struct ConvIntegerPrep {
     act: Option<Activation>,
     /// Whether a scale is read (input 3).
     scaled: bool,
+    /// Whether the weights' channels are the input's twice (`doubled`: values that leave
+    /// s8, split in two parts).
+    doubled: bool,
 }
 
 /// `aim:ConvInteger(x, W, x_zero, scale, bias)`: the weights packed for the integer
@@ -182,6 +185,9 @@ fn prepare_conv_integer(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
         .ok()
         .filter(|&g| g > 0 && ws[0].is_multiple_of(g))
         .ok_or_else(|| prep_err(n, "group must be positive and divide the output channels"))?;
+    if n.int("doubled", 0) != 0 && (group != 1 || !ws[1].is_multiple_of(2)) {
+        return Err(prep_err(n, "doubled weights need one group and an even channel count"));
+    }
     let shape = aim_kernels::qconv::QConvShape {
         c: ws[1] * group,
         m: ws[0],
@@ -208,6 +214,7 @@ fn prepare_conv_integer(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
         bias,
         act: activation_with(n, ""),
         scaled: n.input(3).is_some(),
+        doubled: n.int("doubled", 0) != 0,
     })))
 }
 
@@ -254,7 +261,7 @@ pub(super) fn output(p: &Int8Prep, ins: &[Option<Operand>]) -> Result<(DType, Ve
         Int8Prep::ConvInteger(k) => {
             let [n, c, h, w] = want(DType::U8)?;
             let s = k.weight.shape();
-            if c != s.c {
+            if c * (1 + usize::from(k.doubled)) != s.c {
                 return Err(format!("the input has {c} channels, the weights {}", s.c));
             }
             let (oh, ow) =
@@ -360,7 +367,10 @@ pub(super) fn run(
                 Some(s) => return Err(format!("the scale must be f32, got {}", s.dtype)),
             };
             let input = aim_kernels::qconv::QConvInput {
-                x: aim_kernels::qconv::QSource::Bytes(x.bytes),
+                x: match k.doubled {
+                    true => aim_kernels::qconv::QSource::BytesTwice(x.bytes),
+                    false => aim_kernels::qconv::QSource::Bytes(x.bytes),
+                },
                 n,
                 h,
                 w,
