@@ -139,7 +139,8 @@ fn integer_conv(cpu: &str) -> bool {
 
 /// `quantize_dynamic`'s convolutions — DynamicQuantizeLinear, ConvInteger with s8 weights
 /// (zero point 0) or u8 weights with zero points, Cast, Mul by the product of the scales,
-/// a bias — with kernel sizes,
+/// a bias, then a Relu and a scale and shift (the activation and the program the integer
+/// kernel applies in its epilogue) — with kernel sizes,
 /// strides, padding and groups: the sums are exact whichever kernel runs them, so every
 /// cap gives the interpreter's values; with VNNI the convolution stays on bytes.
 #[test]
@@ -171,7 +172,7 @@ fn dynamically_quantized_convolutions_match_the_interpreter() {
         let b = list((0..m).map(|_| format!("{}", (r.next() % 200) as f32 / 50.0 - 2.0)));
         let (oh, ow) = ((h + 2 * pad - k) / s + 1, (w + 2 * pad - k) / s + 1);
         let text = format!(
-            "opset 17\ngraph \"g\" {{\n  input %x: f32[1,{c},{h},{w}]\n  init %w = {wt}[{m},{},{k},{k}] [{wts}]\n  init %wz = {wt}{zdims} [{zs}]\n  init %ws = f32[{m},1,1] [{ws}]\n  init %b = f32[{m},1,1] [{b}]\n  %q, %s, %z = DynamicQuantizeLinear(%x)  # dq\n  %p = Mul(%s, %ws)  # scales\n  %i = ConvInteger(%q, %w, %z, %wz) {{group={group}, pads=[{pad}, {pad}, {pad}, {pad}], strides=[{s}, {s}]}}  # conv\n  %c = Cast(%i) {{to=1}}  # cast\n  %m = Mul(%c, %p)  # scale\n  %y = Add(%m, %b)  # bias\n  output %y: f32[1,{m},{oh},{ow}]\n}}\n",
+            "opset 17\ngraph \"g\" {{\n  input %x: f32[1,{c},{h},{w}]\n  init %w = {wt}[{m},{},{k},{k}] [{wts}]\n  init %wz = {wt}{zdims} [{zs}]\n  init %ws = f32[{m},1,1] [{ws}]\n  init %b = f32[{m},1,1] [{b}]\n  %q, %s, %z = DynamicQuantizeLinear(%x)  # dq\n  %p = Mul(%s, %ws)  # scales\n  %i = ConvInteger(%q, %w, %z, %wz) {{group={group}, pads=[{pad}, {pad}, {pad}, {pad}], strides=[{s}, {s}]}}  # conv\n  %c = Cast(%i) {{to=1}}  # cast\n  %m = Mul(%c, %p)  # scale\n  %y = Add(%m, %b)  # bias\n  init %half = f32[] [0.5]\n  init %quarter = f32[] [0.25]\n  %r = Relu(%y)  # relu\n  %a = Mul(%r, %half)  # affine\n  %o = Add(%a, %quarter)  # shift\n  output %o: f32[1,{m},{oh},{ow}]\n}}\n",
             c / group
         );
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
@@ -184,7 +185,14 @@ fn dynamically_quantized_convolutions_match_the_interpreter() {
         for cpu in caps() {
             let opts = Options { backend: Backend::Cpu, threads: Some(2), cpu: cpu.into(), ..Options::default() };
             let model = Model::load_with_options(&path, &opts).unwrap();
-            let bytes = model.optimized_graph().unwrap().nodes.iter().any(|n| n.op == "ConvInteger");
+            let graph = model.optimized_graph().unwrap();
+            let conv = graph.nodes.iter().find(|n| n.op == "ConvInteger");
+            let bytes = conv.is_some();
+            // The kernel took the scale, bias, Relu and the affine program after them.
+            if let Some(n) = conv {
+                assert_eq!((n.inputs.len(), n.string("activation", "")), (5, "relu"), "case {case} [{cpu}]: {n:?}");
+                assert!(n.attrs.contains_key("post"), "case {case} [{cpu}]: {n:?}");
+            }
             // Not where a group has fewer than 4 input channels (the kernel's 4-byte groups),
             // nor with groups where the weights less their zero point leave s8.
             let fits = group == 1 || (c / group >= 4 && fits_s8);

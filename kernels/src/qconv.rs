@@ -128,6 +128,9 @@ pub struct QConvInput<'a> {
     pub act: Option<Activation>,
     /// A quantize-dequantize of the result, computed as the f32 pair does.
     pub requant: Option<Requant>,
+    /// A one-input elementwise program applied to each tile row after the epilogue (the
+    /// program that followed the layer in the graph).
+    pub post: Option<&'a crate::ewprog::wide::Wide>,
 }
 
 /// A quantize-dequantize applied to the result: `(clip(round(y / scale) + zero, lo, hi) −
@@ -206,6 +209,10 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
                     let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
                     let bias = a.bias.map_or(0.0, |b| b[o]);
                     epilogue(isa, sums, corr, scale, bias, a.act, a.requant, dst);
+                    if let Some(p) = a.post {
+                        // SAFETY: `dst` is this tile row's, written by this task only.
+                        unsafe { p.apply(dst.as_mut_ptr(), dst.len()) };
+                    }
                 },
             );
         }

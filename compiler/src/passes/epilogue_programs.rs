@@ -1,4 +1,4 @@
-//! Programs after layers: an `aim:Conv` or `aim:Dense` whose output only a one-input
+//! Programs after layers: an `aim:Conv`, `aim:Dense` or `aim:ConvInteger` whose output only a one-input
 //! `aim:Elementwise` reads takes that node's program as its `post` attribute, which the
 //! kernels apply to each tile after the activation, while the tile is still in L1 — one
 //! pass over memory fewer per layer. What follows a layer in real models and is not in the
@@ -20,7 +20,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut removed = vec![false; g.nodes.len()];
     let mut merges = Vec::new();
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.domain != "aim" || !matches!(n.op.as_str(), "Conv" | "Dense") || n.attrs.contains_key(POST) {
+        if n.domain != "aim" || !matches!(n.op.as_str(), "Conv" | "Dense" | "ConvInteger") || n.attrs.contains_key(POST)
+        {
             continue;
         }
         let [out] = &n.outputs[..] else { continue };

@@ -99,6 +99,7 @@ fn matches_the_definition_bit_for_bit() {
                 bias: Some(&bias),
                 act: None,
                 requant: None,
+                post: None,
             };
             qconv(isa, &p, &input, &mut y, &Sequential);
             for (i, (a, b)) in y.iter().zip(&exact).enumerate() {

@@ -88,7 +88,7 @@ pub(super) fn window(n: &Node, kernel: [usize; 2]) -> Result<Window, RunError> {
 }
 
 /// Prepares a byte op.
-pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
+pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa) -> Result<Prepared, RunError> {
     let p = match n.op.as_str() {
         "Quantize8" => Int8Prep::Quantize(q8(n, "")?),
         "Dequantize8" => Int8Prep::Dequantize(q8(n, "")?, n.int("ncw", 0) != 0),
@@ -102,7 +102,7 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
             Int8Prep::MaxPool { window: window(n, k)?, ceil: n.int("ceil_mode", 0) != 0 }
         }
         "Conv8" => prepare_conv(g, n)?,
-        "ConvInteger" => prepare_conv_integer(g, n)?,
+        "ConvInteger" => prepare_conv_integer(g, n, isa)?,
         "Lut8" => {
             let t = n.ints("table").unwrap_or(&[]);
             if t.len() != 256 || t.iter().any(|v| !(0..=255).contains(v)) {
@@ -169,11 +169,13 @@ pub(super) struct ConvIntegerPrep {
     /// Whether the weights' channels are the input's twice (`doubled`: values that leave
     /// s8, split in two parts).
     doubled: bool,
+    /// The program after the layer (`post`), applied to each tile row as it is written.
+    post: Option<std::sync::Arc<aim_kernels::ewprog::wide::Wide>>,
 }
 
 /// `aim:ConvInteger(x, W, x_zero, scale, bias)`: the weights packed for the integer
 /// convolution, the bias and activation.
-fn prepare_conv_integer(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
+fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
     let w = n
         .input(1)
         .and_then(|w| g.initializers.get(w))
@@ -215,6 +217,7 @@ fn prepare_conv_integer(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
         act: activation_with(n, ""),
         scaled: n.input(3).is_some(),
         doubled: n.int("doubled", 0) != 0,
+        post: super::post_program(n, isa)?,
     })))
 }
 
@@ -380,6 +383,7 @@ pub(super) fn run(
                 bias: k.bias.as_deref(),
                 act: k.act,
                 requant: None,
+                post: k.post.as_deref(),
             };
             aim_kernels::qconv::qconv(isa, &k.weight, &input, floats_mut(y)?, pool);
         }
@@ -477,10 +481,15 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
         )],
         (Int8Prep::ConvInteger(k), _, Some(&[n, m, oh, ow])) => {
             let s = k.weight.shape();
-            vec![
+            let mut v = vec![
                 format!(
-                    "for image in 0..{n}, group in 0..{}: C[{} ch × {} px] = W[s8, packed at load] · im2col(u8 input, packed per run) on the integer GEMM (microkernel {}×{}), exact i32 sums",
-                    s.group, m / s.group, oh * ow, aim_kernels::qgemm::MR, aim_kernels::qgemm::NR
+                    "for image in 0..{n}, group in 0..{}: C[{} ch × {} px] = W[s8, packed at load] · im2col(u8 input{}, packed per run) on the integer GEMM (microkernel {}×{}), exact i32 sums",
+                    s.group,
+                    m / s.group,
+                    oh * ow,
+                    if k.doubled { ", its channels twice" } else { "" },
+                    aim_kernels::qgemm::MR,
+                    aim_kernels::qgemm::NR
                 ),
                 format!(
                     "  epilogue: − zero point (read at run time) × Σw, as f32{}{}{}",
@@ -488,7 +497,11 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
                     if k.bias.is_some() { ", + bias" } else { "" },
                     k.act.map_or(String::new(), |a| format!(", {a:?}"))
                 ),
-            ]
+            ];
+            if let Some(p) = &k.post {
+                v.push(format!("  each tile row, after its activation: the program after the layer ({} steps)", p.steps()));
+            }
+            v
         }
         _ => vec!["byte op: shapes known only at run time".to_string()],
     }

@@ -252,7 +252,7 @@ impl CpuProgram {
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),
-                op if plan::INT8_OPS.contains(&op) => int8::prepare(&graph, n),
+                op if plan::INT8_OPS.contains(&op) => int8::prepare(&graph, n, isa),
                 "Elementwise" => code
                     .elementwise
                     .get(&i)

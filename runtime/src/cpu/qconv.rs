@@ -108,6 +108,7 @@ pub(super) fn run(q: &QConvPrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool
         bias: q.bias.as_deref(),
         act: q.act,
         requant: q.requant,
+        post: None,
     };
     qconv(isa, &q.weight, &input, out, pool);
     Ok(())
