@@ -26,9 +26,9 @@ if [ "${1:-}" = "quick" ]; then
         python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
         python3 tests/models/make_models.py target/models
     fi
-    section "quick: the library's unit tests, the command line, levels, custom ops, logging, .aim files"
+    section "quick: the library's unit tests, the command line, levels, custom ops, logging, .aim files, explore snapshots"
     AIM_MODELS="$PWD/target/models" cargo test --release --locked -p aim --lib --test cli --test opt_levels \
-        --test custom_ops --test logging --test aim_files --test doc_paths
+        --test custom_ops --test logging --test aim_files --test doc_paths --test explore
     section "quick: three models against ONNX Runtime"
     python3 tests/compare_ort.py target/release/aim target/models mlp mobilenetv2 bert_l6 --backend cpu
     section "quick: done"
