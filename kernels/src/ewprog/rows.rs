@@ -93,11 +93,6 @@ impl Rows {
         self.inputs.iter().filter(|(_, s)| *s).count()
     }
 
-    /// Output elements in all.
-    pub fn elements(&self) -> usize {
-        self.len * self.outer.iter().product::<usize>()
-    }
-
     /// The rows and their length, for the schedule's text.
     pub fn describe(&self) -> String {
         let splats = self.inputs.iter().filter(|(_, s)| *s).count();

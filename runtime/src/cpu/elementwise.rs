@@ -72,12 +72,12 @@ pub(super) unsafe fn run_elementwise(l: &Loop, ins: &[*const f32], out: *mut f32
 ///
 /// # Safety
 /// Each input pointer holds the elements its shape (as given to [`Rows::new`]) has, `out`
-/// holds `rows.elements()`; `out` may be an input of the output's shape but overlaps no other.
+/// holds `rows.count() · rows.len()` floats; `out` may be an input of the output's shape but overlaps no other.
 pub(super) unsafe fn run_rows(l: &Loop, ins: &[*const f32], rows: &Rows, out: *mut f32, pool: &ThreadPool) {
-    let (len, count) = (rows.len(), rows.count());
-    if len == 0 || count == 0 {
+    if rows.is_empty() {
         return;
     }
+    let (len, count) = (rows.len(), rows.count());
     let (ptrs, out) = (Ptrs(ins), OutPtr(out));
     // Rows per task, or segments per row where a row is longer than a task.
     let (per, segs) = if len >= CHUNK { (1, len.div_ceil(CHUNK)) } else { ((CHUNK / len).max(1), 1) };

@@ -176,41 +176,11 @@ pub(super) struct ConvIntegerPrep {
 /// `aim:ConvInteger(x, W, x_zero, scale, bias)`: the weights packed for the integer
 /// convolution, the bias and activation.
 fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
-    let w = n
-        .input(1)
-        .and_then(|w| g.initializers.get(w))
-        .filter(|t| t.dtype() == DType::I8 && t.rank() == 4)
-        .ok_or_else(|| prep_err(n, "the weights must be a constant s8 [M, C/group, kh, kw] tensor"))?;
-    let ws = w.shape();
-    let win = window(n, [ws[2], ws[3]])?;
-    let group = usize::try_from(n.int("group", 1))
-        .ok()
-        .filter(|&g| g > 0 && ws[0].is_multiple_of(g))
-        .ok_or_else(|| prep_err(n, "group must be positive and divide the output channels"))?;
-    if n.int("doubled", 0) != 0 && (group != 1 || !ws[1].is_multiple_of(2)) {
+    let (weight, bias) = super::qconv::packed_weights(g, n, 4)?;
+    let s = weight.shape();
+    if n.int("doubled", 0) != 0 && (s.group != 1 || !s.c.is_multiple_of(2)) {
         return Err(prep_err(n, "doubled weights need one group and an even channel count"));
     }
-    let shape = aim_kernels::qconv::QConvShape {
-        c: ws[1] * group,
-        m: ws[0],
-        group,
-        kernel: win.kernel,
-        stride: win.stride,
-        dilation: win.dilation,
-        pads: win.pads,
-    };
-    let weight = aim_kernels::qconv::PackedQConv::new(shape, w.bytes())
-        .map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
-    let bias = match n.input(4) {
-        Some(b) => Some(
-            const_f32(g, Some(b))
-                .filter(|t| t.len() == ws[0])
-                .ok_or_else(|| prep_err(n, "the bias must be constant f32 with one value per output channel"))?
-                .data::<f32>()
-                .to_vec(),
-        ),
-        None => None,
-    };
     Ok(Int8Prep::ConvInteger(Box::new(ConvIntegerPrep {
         weight,
         bias,

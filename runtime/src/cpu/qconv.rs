@@ -28,26 +28,18 @@ pub(super) struct QConvPrep {
     pub(super) requant: Option<Requant>,
 }
 
-pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
+/// The s8 weights of an integer convolution (`n`'s input 1: constant `[M, C/group, kh,
+/// kw]`) packed for the kernel with the node's window and groups, and its constant bias
+/// (input `bias`: one f32 per output channel), read where `aim:QConv` and
+/// `aim:ConvInteger` keep them.
+pub(super) fn packed_weights(g: &Graph, n: &Node, bias: usize) -> Result<(PackedQConv, Option<Vec<f32>>), RunError> {
     let w = n
         .input(1)
         .and_then(|w| g.initializers.get(w))
         .filter(|t| t.dtype() == DType::I8 && t.shape().len() == 4)
         .ok_or_else(|| prep_err(n, "the weights must be a constant s8 [M, C/group, kh, kw] tensor"))?;
     let ws = w.shape();
-    let x_scale = const_f32(g, n.input(2))
-        .filter(|t| t.len() == 1)
-        .map(|t| t.data::<f32>()[0])
-        .ok_or_else(|| prep_err(n, "the input's scale must be one constant f32"))?;
-    let x_zero = match n.input(3).and_then(|z| g.initializers.get(z)).filter(|t| t.len() == 1) {
-        Some(t) if t.dtype() == DType::U8 => t.data::<u8>()[0],
-        Some(t) if t.dtype() == DType::I8 => (t.data::<i8>()[0] as i16 + 128) as u8,
-        _ => return Err(prep_err(n, "the input's zero point must be one constant u8 or s8")),
-    };
-    let w_scale = const_f32(g, n.input(4))
-        .filter(|t| t.len() == 1 || t.len() == ws[0])
-        .ok_or_else(|| prep_err(n, "the weights' scale must be constant f32, one or one per output channel"))?;
-    let bias = match n.input(5) {
+    let bias = match n.input(bias) {
         Some(b) => Some(
             const_f32(g, Some(b))
                 .filter(|t| t.len() == ws[0])
@@ -72,6 +64,24 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
         pads: win.pads,
     };
     let weight = PackedQConv::new(shape, w.bytes()).map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
+    Ok((weight, bias))
+}
+
+pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
+    let (weight, bias) = packed_weights(g, n, 5)?;
+    let m = weight.shape().m;
+    let x_scale = const_f32(g, n.input(2))
+        .filter(|t| t.len() == 1)
+        .map(|t| t.data::<f32>()[0])
+        .ok_or_else(|| prep_err(n, "the input's scale must be one constant f32"))?;
+    let x_zero = match n.input(3).and_then(|z| g.initializers.get(z)).filter(|t| t.len() == 1) {
+        Some(t) if t.dtype() == DType::U8 => t.data::<u8>()[0],
+        Some(t) if t.dtype() == DType::I8 => (t.data::<i8>()[0] as i16 + 128) as u8,
+        _ => return Err(prep_err(n, "the input's zero point must be one constant u8 or s8")),
+    };
+    let w_scale = const_f32(g, n.input(4))
+        .filter(|t| t.len() == 1 || t.len() == m)
+        .ok_or_else(|| prep_err(n, "the weights' scale must be constant f32, one or one per output channel"))?;
     let out_scale = w_scale.data::<f32>().iter().map(|s| x_scale * s).collect();
     let requant = n.attrs.contains_key("requant_scale").then(|| Requant {
         scale: n.float("requant_scale", 1.0),
