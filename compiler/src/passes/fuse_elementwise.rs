@@ -65,8 +65,14 @@ impl Builder<'_> {
             return Some(Operand::Ref(*i));
         }
         if let Some(t) = self.g.initializers.get(v) {
-            return (t.dtype() == DType::F32 && t.len() == 1 && t.rank() <= self.shape.len())
-                .then(|| Operand::Const(t.data::<f32>()[0]));
+            if t.dtype() == DType::F32 && t.len() == 1 && t.rank() <= self.shape.len() {
+                return Some(Operand::Const(t.data::<f32>()[0]));
+            }
+            // A constant of more values (a bias per feature, a scale per channel) is an
+            // input that broadcasts, read in place from the initializer.
+            if !(self.broadcast && t.dtype() == DType::F32) {
+                return None;
+            }
         }
         let ty = self.g.value_type(v)?;
         let shape = ty.shape?;
