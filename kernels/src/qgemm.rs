@@ -79,38 +79,32 @@ impl PackedQB {
         if zero.len() != 1 && zero.len() != n {
             return Err(PackError(format!("{} zero points for {n} columns (one, or one per column)", zero.len())));
         }
-        // u8 weights become s8 by subtracting 128: (b − zb) = (b − 128) − (zb − 128).
+        // u8 weights become s8 by subtracting 128: (b − zb) = (b − 128) − (zb − 128),
+        // which flips the top bit.
         let shift = if signed { 0 } else { 128 };
-        let value = |kk: usize, j: usize| -> i32 {
-            let v = b[kk * n + j];
-            if signed {
-                v as i8 as i32
-            } else {
-                v as i32 - shift
-            }
-        };
+        let flip = if signed { 0 } else { 0x80u8 };
         let groups = k.div_ceil(4);
         let panels = n.div_ceil(NR);
         let mut data = vec![0u8; panels * groups * NR * 4];
         let mut colsum = vec![0i32; n];
         let mut lowest = vec![Vec::new(); panels];
-        for p in 0..panels {
-            for g in 0..groups {
-                for jj in 0..NR {
-                    let j = p * NR + jj;
-                    if j >= n {
-                        continue;
-                    }
-                    for t in 0..4 {
-                        let kk = g * 4 + t;
-                        if kk < k {
-                            let v = value(kk, j);
-                            colsum[j] += v;
-                            if v == -128 {
-                                lowest[p].push((jj as u32, kk as u32));
-                            }
-                            data[((p * groups + g) * NR + jj) * 4 + t] = v as i8 as u8;
-                        }
+        // Row by row (each read once, in order), each panel's columns scattered 4 bytes
+        // apart: the loop a run-time packing (`aim:QMatMul`'s B) spends its time in.
+        for kk in 0..k {
+            let (g, t) = (kk / 4, kk % 4);
+            let row = &b[kk * n..(kk + 1) * n];
+            for p in 0..panels {
+                let cols = &row[p * NR..((p + 1) * NR).min(n)];
+                let dst = &mut data[(p * groups + g) * NR * 4..][..NR * 4];
+                let sums = &mut colsum[p * NR..p * NR + cols.len()];
+                for ((jj, &v), sum) in cols.iter().enumerate().zip(sums) {
+                    let v = v ^ flip;
+                    dst[jj * 4 + t] = v;
+                    *sum += v as i8 as i32;
+                }
+                if cols.iter().any(|&v| v ^ flip == 0x80) {
+                    for (jj, _) in cols.iter().enumerate().filter(|(_, &v)| v ^ flip == 0x80) {
+                        lowest[p].push((jj as u32, kk as u32));
                     }
                 }
             }

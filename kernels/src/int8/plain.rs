@@ -36,29 +36,43 @@ pub(crate) fn split_pairs(panels: &mut [u8], groups: usize, weights: usize, one_
     let mut fixes = vec![Vec::new(); panels.len() / panel_bytes];
     let limit = weights / one_in.max(1);
     // The pairs are the packing's consecutive byte pairs (depths 0–1 and 2–3 of each
-    // column's group of four): one pass over them, positions worked out for the few that
-    // saturate (a load of large weights spends its time here otherwise).
-    let saturates = |w: &[u8]| {
-        let (a, b) = (w[0] as i8 as i32, w[1] as i8 as i32);
-        (a > 0 && b > 0 && a + b > 128) || (a < 0 && b < 0 && a + b < -128)
+    // column's group of four): positions worked out for the few that saturate only (a
+    // load of large weights, and `aim:QMatMul`'s packing per run, spend their time here
+    // otherwise).
+    // Pairs are counted a block of 64 bytes at a time, without branches (the compiler
+    // vectorises it): a pair saturates when both have one sign and the magnitude of their
+    // sum passes 128. The blocks holding none are then skipped.
+    let block_count = |b: &[u8]| -> usize {
+        b.chunks_exact(2)
+            .map(|w| {
+                let (a, b) = (w[0] as i8 as i16, w[1] as i8 as i16);
+                (((a ^ b) >= 0) & ((a + b).abs() > 128)) as usize
+            })
+            .sum()
     };
-    let bad = panels.chunks_exact(2).filter(|w| saturates(w)).take(limit + 1).count();
+    const BLOCK: usize = 64;
+    let bad: usize = panels.chunks(BLOCK).map(block_count).sum();
     if bad > limit {
         return None;
     }
-    for (c, w) in panels.chunks_exact_mut(2).enumerate() {
-        if !saturates(w) {
+    for (bi, block) in panels.chunks_mut(BLOCK).enumerate() {
+        if bad == 0 || block_count(block) == 0 {
             continue;
         }
-        let (w1, w2) = (w[0] as i8 as i32, w[1] as i8 as i32);
-        // The second takes what the first leaves of 128 (the first is at most 128 in
-        // magnitude, so that is at least 0).
-        let kept = w2.signum() * (128 - w1.abs());
-        w[1] = kept as i8 as u8;
-        let at = 2 * c;
-        let (p, within) = (at / panel_bytes, at % panel_bytes);
-        let (g, jj, t) = (within / (NR * 4), within % (NR * 4) / 4, within % 4);
-        fixes[p].push((jj as u32, (g * 4 + t + 1) as u32, w2 - kept));
+        for (c, w) in block.chunks_exact_mut(2).enumerate() {
+            let (w1, w2) = (w[0] as i8 as i32, w[1] as i8 as i32);
+            if !((w1 > 0 && w2 > 0 && w1 + w2 > 128) || (w1 < 0 && w2 < 0 && w1 + w2 < -128)) {
+                continue;
+            }
+            // The second takes what the first leaves of 128 (the first is at most 128 in
+            // magnitude, so that is at least 0).
+            let kept = w2.signum() * (128 - w1.abs());
+            w[1] = kept as i8 as u8;
+            let at = bi * BLOCK + 2 * c;
+            let (p, within) = (at / panel_bytes, at % panel_bytes);
+            let (g, jj, t) = (within / (NR * 4), within % (NR * 4) / 4, within % 4);
+            fixes[p].push((jj as u32, (g * 4 + t + 1) as u32, w2 - kept));
+        }
     }
     Some(fixes)
 }
