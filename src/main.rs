@@ -965,7 +965,7 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
         return Ok(());
     }
     const INTEGER: &[&str] =
-        &["QDense", "QConv", "ConvInteger", "Conv8", "Add8", "MaxPool8", "GlobalAveragePool8", "Lut8"];
+        &["QDense", "QMatMul", "QConv", "ConvInteger", "Conv8", "Add8", "MaxPool8", "GlobalAveragePool8", "Lut8"];
     const EDGES: &[&str] = &["Quantize8", "Dequantize8"];
     let aim_op = |n: &&aim_ir::Node, ops: &[&str]| n.domain == "aim" && ops.contains(&n.op.as_str());
     let integer: Vec<&aim_ir::Node> = optimized.nodes.iter().filter(|n| aim_op(n, INTEGER)).collect();

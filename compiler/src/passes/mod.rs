@@ -25,6 +25,7 @@ mod qconv;
 mod qdense;
 mod qdense_static;
 mod qdq;
+mod qmatmul;
 mod reduce;
 mod rename;
 mod simplify;
@@ -111,8 +112,9 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())),
         true,
         target.optimization.runs("quantize-dequantize"),
-        // Dynamically quantized convolutions on the integer kernel with VNNI only: AVX2's
-        // exact 16-bit products do not beat its f32 convolutions.
+        // Dynamically quantized convolutions and products of two quantized activations on
+        // the integer kernels with VNNI only: AVX2's exact 16-bit products do not beat its
+        // f32 convolutions, nor its `vpmaddubsw` f32 products of activations.
         target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512,
     );
     if let Some(block) = target.int4_weights {
@@ -157,8 +159,9 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// weights are laid out for, or None to fold those weights into f32; `attention`: whether
 /// attention chains become `aim:Attention`, which the cpu backend runs; `qdq`: whether the
 /// quantize-dequantize pass will run, which folding then leaves the weights'
-/// DequantizeLinear nodes to; `integer_conv`: whether ConvInteger stays on bytes as
-/// `aim:ConvInteger`).
+/// DequantizeLinear nodes to; `integer_conv`: whether the integer kernels pay where both
+/// operands are quantized per run (VNNI): ConvInteger stays on bytes as `aim:ConvInteger`,
+/// and products of two quantized activations become `aim:QMatMul`).
 fn graph_passes(
     quantize_dense: Option<bool>,
     int8: bool,

@@ -14,6 +14,7 @@ mod logic;
 pub mod math;
 mod ops;
 mod output;
+mod qmatmul;
 pub mod quant;
 mod recurrent;
 mod rnn;
@@ -27,6 +28,7 @@ mod taps;
 
 pub use attention::attention;
 pub use copy::{copy_short, zero_short};
+pub use qmatmul::qmatmul;
 pub use taps::{tap_rows, MAX_TAPS};
 
 /// Whether an op's kernel only relabels its input (a new shape over the same bytes) or

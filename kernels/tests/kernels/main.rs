@@ -12,6 +12,7 @@ mod ops_elementwise;
 mod ops_quant;
 mod qconv;
 mod qgemm;
+mod qmatmul;
 mod registry;
 mod robustness;
 mod scratch;

@@ -73,7 +73,7 @@ impl CpuProgram {
                     return match n.op.as_str() {
                         "Elementwise" | "Reduce" | "Transpose" => NodeKind::Generated,
                         "Softmax" => NodeKind::RowKernel,
-                        "Attention" => NodeKind::Fast,
+                        "Attention" | "QMatMul" => NodeKind::Fast,
                         _ => NodeKind::Library,
                     };
                 }

@@ -231,8 +231,9 @@ impl CpuProgram {
             graph.nodes.iter().map(|_| std::sync::Mutex::new(None)).collect();
         let prepare = |i: usize| -> Option<Result<Prepared, RunError>> {
             let n = &graph.nodes[i];
-            // `aim:Attention` runs as a library kernel over its operands where they are.
-            if n.domain != "aim" || n.op == "Attention" {
+            // `aim:Attention` and `aim:QMatMul` run as library kernels over their operands
+            // where they are.
+            if n.domain != "aim" || matches!(n.op.as_str(), "Attention" | "QMatMul") {
                 return None;
             }
             if let Err(e) = check_activations(n) {

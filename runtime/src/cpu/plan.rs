@@ -309,13 +309,13 @@ pub(super) const INT8_OPS: [&str; 8] =
     ["Quantize8", "Dequantize8", "GlobalAveragePool8", "Conv8", "Add8", "MaxPool8", "Lut8", "ConvInteger"];
 
 /// The code that runs node `n` of a prepared program: every `aim` node but `aim:Attention`
-/// (a library kernel) has a prepared kernel (a program whose `aim` node cannot be prepared
+/// and `aim:QMatMul` (library kernels) has a prepared kernel (a program whose `aim` node cannot be prepared
 /// does not load).
 fn kernel_of(n: &Node) -> KernelRef {
     match (n.domain.as_str(), n.op.as_str()) {
         ("aim", "Elementwise") => KernelRef::Loop,
         ("aim", op) if INT8_OPS.contains(&op) => KernelRef::Int8,
-        ("aim", "Attention") => KernelRef::Library,
+        ("aim", "Attention" | "QMatMul") => KernelRef::Library,
         ("aim", _) => KernelRef::Prepared,
         _ => KernelRef::Library,
     }
@@ -325,8 +325,9 @@ fn kernel_of(n: &Node) -> KernelRef {
 /// and quantization parameters of `aim` nodes whose operands are not all computed — and
 /// the initializers nothing reads any more.
 pub(super) fn bake_constants(graph: &mut Graph) {
-    const COMPUTED_OPERANDS: [&str; 11] = [
+    const COMPUTED_OPERANDS: [&str; 12] = [
         "Attention",
+        "QMatMul",
         "Elementwise",
         "Reduce",
         "Transpose",

@@ -696,13 +696,16 @@ impl CpuProgram {
         scope: &Scope,
         out: Option<aim_kernels::fast::OutSlot>,
     ) -> Result<Vec<Tensor>, RunError> {
-        if n.domain == "aim" && n.op == "Attention" {
+        if n.domain == "aim" && matches!(n.op.as_str(), "Attention" | "QMatMul") {
             let cx = aim_kernels::fast::Ctx { par: &*self.pool, isa: self.isa, blocking: self.blocking, out };
-            let node_err = |msg: String| RunError::Node { node: n.name.clone(), op: "aim:Attention".into(), msg };
-            let run = || aim_kernels::fast::attention(n, ins, &cx);
+            let node_err = |msg: String| RunError::Node { node: n.name.clone(), op: format!("aim:{}", n.op), msg };
+            let run = || match n.op.as_str() {
+                "Attention" => aim_kernels::fast::attention(n, ins, &cx),
+                _ => aim_kernels::fast::qmatmul(n, ins, &cx),
+            };
             return match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
                 Ok(Some(r)) => r.map_err(|e| node_err(e.0)),
-                Ok(None) => Err(node_err("Q, K, V and the mask must be f32".into())),
+                Ok(None) => Err(node_err("the inputs must be f32".into())),
                 Err(e) => Err(node_err(format!("internal error: {}", panic_message(&*e)))),
             };
         }

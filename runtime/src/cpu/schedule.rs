@@ -142,6 +142,14 @@ impl CpuProgram {
                             n.float("scale", 1.0),
                             if n.input(3).is_some() { "+ mask row" } else { "" }
                         ),
+                        NodeKind::Fast if n.domain == "aim" && n.op == "QMatMul" => format!(
+                            "integer product of two quantized activations: A quantized to u8 (scale {} zero {}), each B item quantized (scale {} zero {}) and packed per run, exact sums × {} in the epilogue",
+                            n.float("a_scale", 0.0),
+                            n.int("a_zero", 0),
+                            n.float("b_scale", 0.0),
+                            n.int("b_zero", 0),
+                            n.float("a_scale", 0.0) * n.float("b_scale", 0.0)
+                        ),
                         NodeKind::Fast if aim_kernels::fast::covers(&n.op, Some(aim_ir::DType::I64)) => {
                             format!("fast kernel for {} (rows of the output, parallel when large; integer and other dtypes too)", n.op)
                         }
