@@ -41,6 +41,23 @@ pub fn run(g: &mut Graph) {
     remove_marked(g, &removed);
 }
 
+/// The scale and the zero point, in u8 terms (an s8 zero point plus 128: the integer
+/// kernels quantize to u8, the differences the same), of QuantizeLinear `q` read by
+/// DequantizeLinear `dq` with the same constant per-tensor parameters of 8 bits; None for
+/// other pairs.
+pub(super) fn u8_terms(g: &Graph, q: &Node, dq: &Node) -> Option<(f32, i64)> {
+    let (pq, pd) = (super::qdq::params(g, q)?, super::qdq::params(g, dq)?);
+    let shift = match (pq.lo, pq.hi) {
+        (0.0, 255.0) => 0.0,
+        (-128.0, 127.0) => 128.0,
+        _ => return None,
+    };
+    if pq != pd || !(pq.scale > 0.0 && pq.scale.is_finite()) {
+        return None;
+    }
+    Some((pq.scale, (pq.zero + shift) as i64))
+}
+
 /// A new constant: its name and value.
 type Constant = (String, Tensor);
 
@@ -71,15 +88,7 @@ fn match_layer(
     // The input: DequantizeLinear(QuantizeLinear(x)) with one set of per-tensor parameters.
     let dqx = producer(n.input(0)?, "DequantizeLinear")?;
     let qx = producer(dqx.input(0)?, "QuantizeLinear")?;
-    let (pq, pd) = (super::qdq::params(g, qx)?, super::qdq::params(g, dqx)?);
-    let shift = match (pq.lo, pq.hi) {
-        (0.0, 255.0) => 0.0,
-        (-128.0, 127.0) => 128.0,
-        _ => return None,
-    };
-    if pq != pd || !(pq.scale > 0.0 && pq.scale.is_finite()) {
-        return None;
-    }
+    let (x_scale, x_zero) = u8_terms(g, qx, dqx)?;
     let x = qx.input(0)?;
     if g.value_type(x).and_then(|t| t.dtype) != Some(DType::F32) {
         return None;
@@ -154,8 +163,8 @@ fn match_layer(
         inputs: vec![x.to_string(), w_name, dqw.input(2).unwrap_or("").to_string(), ws.to_string(), bias],
         outputs: vec![out],
         attrs: [
-            ("x_scale".to_string(), Attr::Float(pq.scale)),
-            ("x_zero".to_string(), Attr::Int((pq.zero + shift) as i64)),
+            ("x_scale".to_string(), Attr::Float(x_scale)),
+            ("x_zero".to_string(), Attr::Int(x_zero)),
             (SOURCES.to_string(), Attr::Strings(sources)),
         ]
         .into_iter()

@@ -37,22 +37,14 @@ fn pair<'g>(g: &'g Graph, by_output: &HashMap<&str, usize>, v: &str) -> Option<(
     };
     let dq = producer(v, "DequantizeLinear")?;
     let q = producer(dq.input(0)?, "QuantizeLinear")?;
-    let (pq, pd) = (super::qdq::params(g, q)?, super::qdq::params(g, dq)?);
-    let shift = match (pq.lo, pq.hi) {
-        (0.0, 255.0) => 0.0,
-        (-128.0, 127.0) => 128.0,
-        _ => return None,
-    };
-    if pq != pd || !(pq.scale > 0.0 && pq.scale.is_finite()) {
-        return None;
-    }
+    let (scale, zero) = super::qdense_static::u8_terms(g, q, dq)?;
     let x = q.input(0)?;
     if g.initializers.contains_key(x) || g.value_type(x).and_then(|t| t.dtype) != Some(DType::F32) {
         return None;
     }
     let mut sources = sources_of(q);
     sources.extend(sources_of(dq));
-    Some((x, pq.scale, (pq.zero + shift) as i64, sources))
+    Some((x, scale, zero, sources))
 }
 
 /// `aim:QMatMul` for MatMul `n` when both its inputs are such pairs over values of rank 2
