@@ -457,8 +457,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                     }
                     let bias_slot_free = f.inputs[2].is_empty();
                     match g.initializers.get(other) {
-                        Some(t) if bias_slot_free && t.dtype() == DType::F32 && !has_residual => {
-                            // A constant: a bias if it is one value per output channel/feature.
+                        // A constant: a bias if it is one value per output channel/feature,
+                        // also after a residual (`(x·W + r) + b`, as ONNX Runtime's
+                        // SkipLayerNormalization adds them, becomes `(x·W + b) + r`: one
+                        // rounding apart).
+                        Some(t) if bias_slot_free && t.dtype() == DType::F32 => {
                             let ch = match (f.op.as_str(), &out_ty) {
                                 ("Conv" | "ConvTranspose", Some(s)) if s.len() >= 2 => channels,
                                 ("Dense", Some(s)) if !s.is_empty() => channels,
