@@ -2306,3 +2306,26 @@ fn outputs_viewed_from_computed_values_are_written_in_place() {
     // Softmax and Exp write the first two outputs; the input's and the output's views copy.
     assert!(how.starts_with("4 typed steps"), "{how}");
 }
+
+/// An output whose declared shape the computation contradicts (a stale `[1, N]` on a
+/// `[3, 1, 4]` result, as a real OCR export declares it): ONNX Runtime warns and returns the
+/// computed tensor, and so does aim — from a planned program, not node by node (the
+/// declared shape once left the output without a static type, and the whole model ran
+/// unplanned), with the output still written in place through its Reshape.
+#[test]
+fn a_contradicted_output_shape_still_gets_a_plan() {
+    let text = "opset 17\ngraph \"g\" {\n  input %x: f32[3,4]\n  init %s = i64[3] [3, 1, 4]\n  %p = Softmax(%x) {axis=1}  # softmax\n  %y = Reshape(%p, %s)  # reshape\n  output %y: f32[1,N]\n}\n";
+    let bytes = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap());
+    let x: Vec<f32> = (0..12).map(|i| (i as f32 * 0.9).cos() * 2.0).collect();
+    let inputs = vec![("x".to_string(), Tensor::from_vec(&[3, 4], x))];
+    let m = cpu_model("contradicted-output", &bytes);
+    let got = m.run(inputs.clone()).unwrap();
+    assert_eq!(got[0].1.shape(), &[3, 1, 4]);
+    let d = tempdir("contradicted-output-reference");
+    std::fs::write(d.join("m.onnx"), &bytes).unwrap();
+    let want = Model::load_with(d.join("m.onnx"), Backend::Reference).unwrap().run(inputs).unwrap();
+    let err = got[0].1.data::<f32>().iter().zip(want[0].1.data::<f32>()).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err <= 1e-6, "max difference {err}");
+    let how = m.runs_as().unwrap();
+    assert!(how.starts_with("1 typed steps"), "{how}");
+}

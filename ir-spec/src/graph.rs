@@ -186,6 +186,19 @@ impl Graph {
             if let Some(t) = inferred.filter(|t| v.ty.concrete_shape().is_none() && v.ty.is_made_static_by(t)) {
                 return Some(t.clone());
             }
+            // An output whose declared shape the computation contradicts (exporters write
+            // stale ones, e.g. `[1, seqlen]` for a `[32, 1, 8210]` result; ONNX Runtime only
+            // warns and returns the computed tensor, as aim does): the computed static type,
+            // so that a specialised program is still planned instead of run node by node.
+            let output = self.outputs.iter().any(|o| o.name == name);
+            if let Some(t) = inferred.filter(|t| {
+                output
+                    && t.concrete_shape().is_some()
+                    && t.dtype.is_some()
+                    && v.ty.dtype.is_none_or(|d| t.dtype == Some(d))
+            }) {
+                return Some(t.clone());
+            }
             if v.ty.dtype.is_some() || v.ty.shape.is_some() {
                 return Some(v.ty.clone());
             }

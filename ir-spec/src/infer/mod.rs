@@ -9,6 +9,7 @@
 
 use crate::{Attr, DType, Dim, Graph, Node, ValueType};
 
+mod aim;
 mod data;
 mod nn;
 
@@ -268,6 +269,9 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
     let unknown = || vec![ValueType::unknown(); n.outputs.len()];
     if let Some(custom) = crate::custom::lookup(&n.domain, op) {
         return crate::custom::infer(&*custom, n, ins);
+    }
+    if n.domain == "aim" {
+        return Ok(aim::infer(g, n, ins));
     }
     if !n.domain.is_empty() && n.domain != "ai.onnx" {
         return Ok(unknown());
