@@ -531,7 +531,8 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
         "Unsqueeze" | "Squeeze" => {
             let dt = dtype_of(ins, 0);
             let Some(x) = shape_of(ins, 0) else { return one(dt, None) };
-            let axes = const_ints(g, n, 1);
+            // The axes: an input from opset 13, an attribute before.
+            let axes = const_ints(g, n, 1).or_else(|| n.ints("axes").map(|a| a.to_vec()));
             if op == "Unsqueeze" {
                 let Some(axes) = axes else { return one(dt, None) };
                 let r = x.len() + axes.len();
@@ -548,6 +549,8 @@ fn infer_node(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
                         let axes: Vec<usize> = axes.iter().map(|&a| norm_axis(a, x.len())).collect::<Result<_, _>>()?;
                         x.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect()
                     }
+                    // Axes computed at run time: unknown (not every dim of 1).
+                    None if n.input(1).is_some() => return one(dt, None),
                     None if x.iter().all(|d| d.known().is_some()) => {
                         x.iter().filter(|d| **d != Dim::Known(1)).cloned().collect()
                     }
@@ -626,6 +629,21 @@ mod tests {
 
     fn ty(g: &Graph, v: &str) -> String {
         g.value_types.get(v).map(|t| t.to_string()).unwrap_or_default()
+    }
+
+    /// Squeeze's axes as an attribute (before opset 13) are the axes squeezed, negative
+    /// ones included, and axes computed at run time leave the shape unknown: neither is
+    /// every dim of 1 (the output's computed type once came out `[3,5]` for `[1,3,5]`).
+    #[test]
+    fn squeeze_reads_its_axes_attribute() {
+        let mut g = parse_graph(
+            "graph \"g\" {\n input %x: f32[1,3,1,5]\n input %a: i64[1]\n %y = Squeeze(%x) {axes=[-2]}  # sq\n %z = Squeeze(%x, %a)  # run_time_axes\n output %y: f32[*]\n output %z: f32[*]\n}\n",
+        )
+        .unwrap();
+        infer_types(&mut g).unwrap();
+        assert_eq!(ty(&g, "y"), "f32[1,3,5]");
+        // Axes known only at run time: no shape is guessed.
+        assert!(g.value_types.get("z").is_none_or(|t| t.shape.is_none()), "{}", ty(&g, "z"));
     }
 
     #[test]
