@@ -2329,3 +2329,22 @@ fn a_contradicted_output_shape_still_gets_a_plan() {
     let how = m.runs_as().unwrap();
     assert!(how.starts_with("1 typed steps"), "{how}");
 }
+
+/// A dense layer split along its features (a fused query-key-value projection, with a
+/// transposed weight as a Gemm with `transB` holds it, and one part nobody reads) runs as
+/// one layer per part: the reference's values under every ISA cap.
+#[test]
+fn split_dense_layers_match_reference() {
+    let w: Vec<String> = (0..8 * 12).map(|i| format!("{:.3}", ((i * 29) % 31) as f32 / 31.0 - 0.5)).collect();
+    let text = format!(
+        "opset 17\ngraph \"g\" {{\n  input %x: f32[5,8]\n  init %w = f32[12,8] [{}]\n  init %b = f32[12] [{}]\n  init %s = i64[3] [4, 4, 4]\n  %m = Gemm(%x, %w, %b) {{transB=1}}  # qkv\n  %q, %k, %v = Split(%m, %s) {{axis=1}}  # split\n  %y = Add(%q, %v)  # use\n  output %y: f32[5,4]\n}}\n",
+        w.join(", "),
+        (0..12).map(|i| format!("{:.2}", i as f32 / 10.0 - 0.6)).collect::<Vec<_>>().join(", ")
+    );
+    let bytes = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap());
+    let x: Vec<f32> = (0..40).map(|i| (i as f32 * 0.37).sin()).collect();
+    check("split dense", bytes.clone(), vec![("x".to_string(), Tensor::from_vec(&[5, 8], x))]);
+    let m = cpu_model("split-dense", &bytes);
+    let g = m.optimized_graph().unwrap();
+    assert!(!g.nodes.iter().any(|n| n.op == "Split"), "{:#?}", g.nodes);
+}

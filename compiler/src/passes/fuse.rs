@@ -3,7 +3,8 @@
 //! `aim_kernels::gemm::Activation` holds: Relu, Clip, LeakyRelu, HardSigmoid, HardSwish,
 //! Sigmoid, SiLU written as `x · Sigmoid(x)`, Tanh, Gelu, Elu) — into one `aim` domain node,
 //! `aim:Conv` or `aim:Dense`, that the CPU backend runs as one GEMM with an epilogue. The
-//! fused node lists every ONNX node it came from in its `sources` attribute.
+//! fused node lists every ONNX node it came from in its `sources` attribute. A dense layer
+//! split along its features then becomes one layer per part (`dense_split`).
 
 use super::uses::{readers, Chains};
 use super::PassError;
@@ -539,6 +540,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         }
     }
     super::uses::remove_marked(g, &removed);
+    super::dense_split::run(g);
     Ok(())
 }
 

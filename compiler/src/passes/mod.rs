@@ -6,6 +6,7 @@ mod byte_tables;
 mod const_fold;
 mod cse;
 mod dce;
+mod dense_split;
 mod epilogue_programs;
 mod fold_batchnorm;
 pub mod fuse;
