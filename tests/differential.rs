@@ -2348,3 +2348,24 @@ fn split_dense_layers_match_reference() {
     let g = m.optimized_graph().unwrap();
     assert!(!g.nodes.iter().any(|n| n.op == "Split"), "{:#?}", g.nodes);
 }
+
+/// A residual added after a Reshape of a dense layer's output (GPT-2's blocks) joins the
+/// layer through a view of the residual: the reference's values under every ISA cap, and
+/// no Add left.
+#[test]
+fn residuals_after_a_reshape_join_the_layer() {
+    let w: Vec<String> = (0..8 * 6).map(|i| format!("{:.3}", ((i * 17) % 13) as f32 / 13.0 - 0.5)).collect();
+    let text = format!(
+        "opset 17\ngraph \"g\" {{\n  input %x: f32[4,8]\n  input %r: f32[2,2,6]\n  init %w = f32[8,6] [{}]\n  init %b = f32[6] [0.1, -0.2, 0.3, -0.4, 0.5, -0.6]\n  init %s = i64[3] [2, 2, 6]\n  %m = Gemm(%x, %w, %b)  # proj\n  %v = Reshape(%m, %s)  # view\n  %y = Add(%v, %r)  # residual\n  output %y: f32[2,2,6]\n}}\n",
+        w.join(", ")
+    );
+    let bytes = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap());
+    let x: Vec<f32> = (0..32).map(|i| (i as f32 * 0.41).cos()).collect();
+    let r: Vec<f32> = (0..24).map(|i| (i as f32 * 0.23).sin()).collect();
+    let inputs =
+        vec![("x".to_string(), Tensor::from_vec(&[4, 8], x)), ("r".to_string(), Tensor::from_vec(&[2, 2, 6], r))];
+    check("reshaped residual", bytes.clone(), inputs);
+    let m = cpu_model("reshaped-residual", &bytes);
+    let g = m.optimized_graph().unwrap();
+    assert!(!g.nodes.iter().any(|n| n.op == "Add"), "{:#?}", g.nodes);
+}

@@ -4,7 +4,9 @@
 //! Sigmoid, SiLU written as `x · Sigmoid(x)`, Tanh, Gelu, Elu) — into one `aim` domain node,
 //! `aim:Conv` or `aim:Dense`, that the CPU backend runs as one GEMM with an epilogue. The
 //! fused node lists every ONNX node it came from in its `sources` attribute. A dense layer
-//! split along its features then becomes one layer per part (`dense_split`).
+//! split along its features then becomes one layer per part (`dense_split`), and a residual
+//! added after a Reshape of the layer's output is moved before it first
+//! (`reshaped_residual`).
 
 use super::uses::{readers, Chains};
 use super::PassError;
@@ -349,6 +351,7 @@ pub(super) fn set_activation(f: &mut Node, act: Activation) {
 /// absorbed and the others become tombstones, removed at the end, so node indices stay valid
 /// and the index needs only the fused node's inputs redirected. Linear in the graph size.
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    super::reshaped_residual::run(g);
     let mut r = readers(g);
     let mut removed = vec![false; g.nodes.len()];
     let producers: HashMap<String, usize> =

@@ -29,6 +29,7 @@ mod qdq;
 mod qmatmul;
 mod reduce;
 mod rename;
+mod reshaped_residual;
 mod simplify;
 mod softmax;
 mod transpose;
