@@ -48,13 +48,12 @@ fn rewrite(
     }
     let only_reader = |v: &str, reader: usize| r.get(v).is_some_and(|rs| rs == &[reader]);
     // Which operand is the reshaped layer output.
-    let (k, view) = (0..2).find_map(|k| {
+    let (k, view_at) = (0..2).find_map(|k| {
         let p = *producers.get(add.inputs[k].as_str())?;
         let n = &g.nodes[p];
         (n.domain.is_empty() && n.op == "Reshape" && only_reader(&add.inputs[k], i)).then_some((k, p))
     })?;
-    let view_at = view;
-    let view = &g.nodes[view];
+    let view = &g.nodes[view_at];
     let y = view.input(0)?;
     let layer = &g.nodes[*producers.get(y)?];
     let is_layer = |n: &Node| {
@@ -67,7 +66,7 @@ fn rewrite(
         || (layer.domain.is_empty()
             && layer.op == "Add"
             && layer.inputs.iter().any(|v| producers.get(v.as_str()).is_some_and(|&p| is_layer(&g.nodes[p]))));
-    if !ends_layer || !only_reader(y, *producers.get(add.inputs[k].as_str())?) {
+    if !ends_layer || !only_reader(y, view_at) {
         return None;
     }
     let residual = add.inputs[1 - k].clone();
