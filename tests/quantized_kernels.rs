@@ -123,16 +123,24 @@ fn dynamically_quantized_dense_layers_match_the_interpreter() {
 }
 
 /// Whether `cpu` gives this machine the integer convolution of dynamically quantized
-/// models (`aim:ConvInteger`): AVX-512 VNNI only.
-fn integer_conv(cpu: &str) -> bool {
+/// models (`aim:ConvInteger`) for a layer of `group` groups whose kernel shape the byte
+/// kernel takes (`fits`): with AVX-512 VNNI every such layer (the byte kernel); on the
+/// AVX2 level without VNNI, one group (the exact 16-bit kernel, `aim_kernels::qconv16`).
+fn integer_conv(cpu: &str, group: usize, fits: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use aim_kernels::gemm::{Isa, IsaKind};
-        cpu == "native" && Isa::best().kind() == IsaKind::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni")
+        let vnni = Isa::best().kind() == IsaKind::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni");
+        let avx2 = std::arch::is_x86_feature_detected!("avx2");
+        match cpu {
+            "native" if vnni => fits,
+            "native" | "x86-64-v3" => avx2 && group == 1,
+            _ => false,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = cpu;
+        let _ = (cpu, group, fits);
         false
     }
 }
@@ -142,7 +150,7 @@ fn integer_conv(cpu: &str) -> bool {
 /// a bias, then a Relu and a scale and shift (the activation and the program the integer
 /// kernel applies in its epilogue) — with kernel sizes,
 /// strides, padding and groups: the sums are exact whichever kernel runs them, so every
-/// cap gives the interpreter's values; with VNNI the convolution stays on bytes.
+/// cap gives the interpreter's values; with VNNI or AVX2 the convolution stays on bytes.
 #[test]
 fn dynamically_quantized_convolutions_match_the_interpreter() {
     let mut r = Rng(19);
@@ -198,7 +206,7 @@ fn dynamically_quantized_convolutions_match_the_interpreter() {
             let fits = group == 1 || (c / group >= 4 && fits_s8);
             assert_eq!(
                 bytes,
-                integer_conv(cpu) && fits,
+                integer_conv(cpu, group, fits),
                 "case {case} [{cpu}]: the integer convolution is used where it fits"
             );
             let got = model.run(inputs.clone()).unwrap();

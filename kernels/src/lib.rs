@@ -22,6 +22,7 @@ pub mod nchwc;
 pub mod num;
 pub mod ops;
 pub mod qconv;
+pub mod qconv16;
 pub mod qgemm;
 pub mod qrecurrent;
 pub mod scratch;

@@ -373,11 +373,12 @@ fn gather(
     }
 }
 
-/// One tile row of sums to f32: `act((sum − corr) · scale + bias)`, then the requantization.
+/// One row of sums to f32: `act((sum − corr) · scale + bias)`, then the requantization
+/// (also the 16-bit convolution's, [`crate::qconv16`], whose outputs are then the same).
 #[allow(clippy::too_many_arguments)]
-fn epilogue(
+pub(crate) fn epilogue(
     isa: Isa,
-    sums: &[i32; NR],
+    sums: &[i32],
     corr: i32,
     scale: f32,
     bias: f32,
@@ -387,7 +388,7 @@ fn epilogue(
 ) {
     #[inline(always)]
     fn body(
-        sums: &[i32; NR],
+        sums: &[i32],
         corr: i32,
         scale: f32,
         bias: f32,
@@ -418,12 +419,18 @@ fn epilogue(
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(s: &[i32; NR], c: i32, sc: f32, b: f32, a: Option<Activation>, q: Option<Requant>, d: &mut [f32]) {
+        unsafe fn v4(s: &[i32], c: i32, sc: f32, b: f32, a: Option<Activation>, q: Option<Requant>, d: &mut [f32]) {
+            body(s, c, sc, b, a, q, d)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v3(s: &[i32], c: i32, sc: f32, b: f32, a: Option<Activation>, q: Option<Requant>, d: &mut [f32]) {
             body(s, c, sc, b, a, q, d)
         }
         // SAFETY: an `Isa` exists only for features this CPU has.
-        if isa.kind() == crate::gemm::IsaKind::Avx512 {
-            return unsafe { v4(sums, corr, scale, bias, act, requant, dst) };
+        match isa.kind() {
+            crate::gemm::IsaKind::Avx512 => return unsafe { v4(sums, corr, scale, bias, act, requant, dst) },
+            crate::gemm::IsaKind::Avx2 => return unsafe { v3(sums, corr, scale, bias, act, requant, dst) },
+            _ => {}
         }
     }
     let _ = isa;

@@ -114,10 +114,15 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())),
         true,
         target.optimization.runs("quantize-dequantize"),
-        // Dynamically quantized convolutions and products of two quantized activations on
-        // the integer kernels with VNNI only: AVX2's exact 16-bit products do not beat its
-        // f32 convolutions, nor its `vpmaddubsw` f32 products of activations.
-        target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512,
+        // Dynamically quantized convolutions on the integer kernels with VNNI, and on AVX2
+        // those of one group (exact 16-bit products through `vpmaddwd`: 1.6 of them per
+        // cycle against two 8-lane f32 FMAs on AMD Zen 3); products of two quantized
+        // activations with VNNI only (AVX2's `vpmaddubsw` multiplies no faster than f32).
+        match target.isa_kind() {
+            IsaKind::Avx512 if target.features.avx512vnni => qdq::IntegerConv::Vnni,
+            IsaKind::Avx512 | IsaKind::Avx2 if target.features.avx2 => qdq::IntegerConv::OneGroup,
+            _ => qdq::IntegerConv::Off,
+        },
     );
     if let Some(block) = target.int4_weights {
         // Before the four-bit-weights pass, which keeps what it makes at 4 bits.
@@ -147,7 +152,7 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
 /// fused — transcendental functions included: on a GPU one kernel per chain is what pays —
 /// and no blocked layout or integer kernels (the GPU kernels read NCHW and f32).
 pub fn cuda_pipeline() -> Vec<Pass> {
-    let mut passes = graph_passes(None, false, true, None, false, true, false);
+    let mut passes = graph_passes(None, false, true, None, false, true, qdq::IntegerConv::Off);
     passes.extend([Pass::new("dead-code-elimination", dce::run), Pass::new("infer-types", infer)]);
     passes
 }
@@ -161,9 +166,9 @@ pub fn cuda_pipeline() -> Vec<Pass> {
 /// weights are laid out for, or None to fold those weights into f32; `attention`: whether
 /// attention chains become `aim:Attention`, which the cpu backend runs; `qdq`: whether the
 /// quantize-dequantize pass will run, which folding then leaves the weights'
-/// DequantizeLinear nodes to; `integer_conv`: whether the integer kernels pay where both
-/// operands are quantized per run (VNNI): ConvInteger stays on bytes as `aim:ConvInteger`,
-/// and products of two quantized activations become `aim:QMatMul`).
+/// DequantizeLinear nodes to; `integer_conv`: which ConvInteger stay on bytes as
+/// `aim:ConvInteger`, and whether products of two quantized activations become
+/// `aim:QMatMul`, see [`qdq::IntegerConv`]).
 fn graph_passes(
     quantize_dense: Option<bool>,
     int8: bool,
@@ -171,7 +176,7 @@ fn graph_passes(
     q4_panels: Option<usize>,
     attention: bool,
     qdq: bool,
-    integer_conv: bool,
+    integer_conv: qdq::IntegerConv,
 ) -> Vec<Pass> {
     // Dense layers, dynamically or statically quantized, on the integer GEMM.
     let integer_gemm = quantize_dense.unwrap_or(false);

@@ -81,9 +81,24 @@ fn is(n: &Node, op: &str) -> bool {
     n.domain.is_empty() && n.op == op
 }
 
+/// Which dynamically quantized convolutions stay on bytes as `aim:ConvInteger`, and
+/// whether products of two quantized activations become `aim:QMatMul`: what the target's
+/// integer kernels make pay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntegerConv {
+    /// Neither: ConvInteger runs as an f32 convolution of whole numbers (exact sums).
+    Off,
+    /// ConvInteger of one group (AVX2 without VNNI, where the exact 16-bit kernel
+    /// `aim_kernels::qconv16` runs it: `vpmaddwd` beats f32 FMAs there, `vpmaddubsw` does
+    /// not); grouped ones and activation products stay f32.
+    OneGroup,
+    /// Every ConvInteger the byte kernel takes, and activation products (AVX-512 VNNI).
+    Vnni,
+}
+
 /// Rewrites the integer ops, then every matching pair (see the module doc); then, if
 /// anything changed, infers the new values' types and folds the weights' dequantization.
-pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool, integer_conv: bool) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool, integer_conv: IntegerConv) -> Result<(), PassError> {
     let before = g.nodes.len();
     let ops: Vec<String> = g.nodes.iter().map(|n| n.op.clone()).collect();
     let changed = |g: &Graph| g.nodes.len() != before || g.nodes.iter().zip(&ops).any(|(n, op)| &n.op != op);
@@ -103,7 +118,7 @@ pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool, integer_conv: bool) ->
         super::int8::run(g);
         super::qconv::run(g);
     }
-    if integer_conv {
+    if integer_conv != IntegerConv::Off {
         super::qconv::run_dynamic(g);
     }
     if int8 || integer_gemm {
@@ -113,7 +128,7 @@ pub fn run(g: &mut Graph, int8: bool, integer_gemm: bool, integer_conv: bool) ->
         // emulation there.
         super::qdense_static::run(g);
     }
-    if integer_conv {
+    if integer_conv == IntegerConv::Vnni {
         // Products of two activations too, where VNNI makes integer products pay for
         // quantizing both sides per run: AVX2's `vpmaddubsw` multiplies no faster than
         // f32 FMAs on the CPUs measured, and smart_turn_v3's attention products took
@@ -186,10 +201,10 @@ fn scale_axis(g: &Graph, scale: &str, axis: i64) -> Result<Option<i64>, ()> {
 }
 
 /// Writes QLinearConv, QLinearMatMul and cast MatMulInteger nodes as f32 ops between
-/// dequantize and quantize nodes (see the module doc); with `integer_conv`, a cast
-/// ConvInteger the integer kernel takes becomes `aim:ConvInteger`. Nodes whose parameters
-/// are not constants, or whose forms this does not cover, stay.
-fn dequantize_ops(g: &mut Graph, integer_conv: bool) {
+/// dequantize and quantize nodes (see the module doc); a cast ConvInteger that
+/// `integer_conv`'s kernels take becomes `aim:ConvInteger`. Nodes whose parameters are not
+/// constants, or whose forms this does not cover, stay.
+fn dequantize_ops(g: &mut Graph, integer_conv: IntegerConv) {
     let integer = |n: &Node| {
         n.domain.is_empty()
             && (matches!(n.op.as_str(), "QLinearConv" | "QLinearMatMul" | "MatMulInteger" | "ConvInteger")
@@ -233,7 +248,7 @@ fn dequantize_ops(g: &mut Graph, integer_conv: bool) {
                 Some((readers, bias, y)) => {
                     let product = if bias.is_some() { e.fresh("product") } else { y.clone() };
                     let ok = if op == "ConvInteger" {
-                        match integer_conv && integer_conv_fits(g, n) {
+                        match integer_conv_fits(g, n, integer_conv) {
                             true => {
                                 // The product's type: the sums' shape, or (not inferred yet)
                                 // the Cast's, which a bias does not widen.
@@ -504,11 +519,12 @@ fn centred_weights(g: &Graph, n: &Node) -> Option<(Vec<i32>, Vec<usize>)> {
     Some((centred, w.shape().to_vec()))
 }
 
-/// Whether the integer convolution (`aim:ConvInteger`, `aim_kernels::qconv`) takes
-/// ConvInteger `n`: u8 input, constant 2-D weights of 8 bits with a constant zero point,
-/// explicit pads, not depthwise (one channel per group fills none of the kernel's 4-byte
-/// groups), and one group where the weights less their zero point leave s8.
-fn integer_conv_fits(g: &Graph, n: &Node) -> bool {
+/// Whether the integer convolution (`aim:ConvInteger`: `aim_kernels::qconv`, or
+/// `aim_kernels::qconv16` for one group without VNNI) takes ConvInteger `n` on `kernels`:
+/// u8 input, constant 2-D weights of 8 bits with a constant zero point, explicit pads, and
+/// one group — or with VNNI, groups that are not depthwise (one channel per group fills
+/// none of the byte kernel's 4-byte groups) where the weights less their zero point stay s8.
+fn integer_conv_fits(g: &Graph, n: &Node, kernels: IntegerConv) -> bool {
     let u8_in = n.input(0).and_then(|x| g.value_type(x)).and_then(|t| t.dtype) == Some(DType::U8);
     let x_zero = n.input(2).is_none_or(|z| one_value(g, z));
     let group = n.int("group", 1);
@@ -517,7 +533,11 @@ fn integer_conv_fits(g: &Graph, n: &Node) -> bool {
     u8_in
         && x_zero
         && n.string("auto_pad", "NOTSET") == "NOTSET"
-        && (group == 1 || (group > 1 && shape[1] >= 4 && fits_s8))
+        && match kernels {
+            IntegerConv::Off => false,
+            IntegerConv::OneGroup => group == 1,
+            IntegerConv::Vnni => group == 1 || (group > 1 && shape[1] >= 4 && fits_s8),
+        }
 }
 
 /// ConvInteger `n` (which [`integer_conv_fits`]) kept on bytes as `aim:ConvInteger(X, W,

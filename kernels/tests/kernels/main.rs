@@ -11,6 +11,7 @@ mod nchwc;
 mod ops_elementwise;
 mod ops_quant;
 mod qconv;
+mod qconv16;
 mod qgemm;
 mod qmatmul;
 mod registry;

@@ -161,7 +161,7 @@ fn prepare_conv(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
 
 /// A prepared `aim:ConvInteger`.
 pub(super) struct ConvIntegerPrep {
-    weight: aim_kernels::qconv::PackedQConv,
+    weight: ConvIntegerWeights,
     bias: Option<Vec<f32>>,
     act: Option<Activation>,
     /// Whether a scale is read (input 3).
@@ -173,20 +173,64 @@ pub(super) struct ConvIntegerPrep {
     post: Option<std::sync::Arc<aim_kernels::ewprog::wide::Wide>>,
 }
 
+/// The weights of an `aim:ConvInteger`, packed for the kernel that runs it here.
+enum ConvIntegerWeights {
+    /// s8 bytes for the integer GEMM (`aim_kernels::qconv`): VNNI, or where the 16-bit
+    /// kernel does not run (groups; no AVX2).
+    Bytes(aim_kernels::qconv::PackedQConv),
+    /// Whole numbers for the exact 16-bit kernel (`aim_kernels::qconv16`): AVX2 without
+    /// VNNI, where the byte kernel's `vpmaddubsw` needs two s8 parts for weights that leave
+    /// s8 and multiplies no faster than f32.
+    Wide(aim_kernels::qconv16::PackedConv16),
+}
+
+impl ConvIntegerWeights {
+    /// The geometry the kernel runs (the byte kernel's `c` counts doubled channels twice).
+    fn shape(&self) -> &aim_kernels::qconv::QConvShape {
+        match self {
+            ConvIntegerWeights::Bytes(w) => w.shape(),
+            ConvIntegerWeights::Wide(w) => w.shape(),
+        }
+    }
+}
+
 /// `aim:ConvInteger(x, W, x_zero, scale, bias)`: the weights packed for the integer
 /// convolution, the bias and activation.
 fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
-    let (weight, bias) = super::qconv::packed_weights(g, n, 4)?;
-    let s = weight.shape();
-    if n.int("doubled", 0) != 0 && (s.group != 1 || !s.c.is_multiple_of(2)) {
+    let (bytes, bias) = super::qconv::packed_weights(g, n, 4)?;
+    let s = *bytes.shape();
+    let doubled = n.int("doubled", 0) != 0;
+    if doubled && (s.group != 1 || !s.c.is_multiple_of(2)) {
         return Err(prep_err(n, "doubled weights need one group and an even channel count"));
     }
+    let weight = if s.group == 1 && !aim_kernels::qgemm::use_vnni(isa) && aim_kernels::qconv16::available(isa) {
+        // The weights less their zero point, whole again where they were split in two s8
+        // parts (each filter's values, then its second parts).
+        let w = n.input(1).and_then(|w| g.initializers.get(w)).map(|t| t.data::<i8>()).unwrap_or_default();
+        let per = s.c * s.kernel[0] * s.kernel[1];
+        let whole: Vec<i16> = match doubled {
+            true => w
+                .chunks_exact(per)
+                .flat_map(|row| {
+                    let (a, b) = row.split_at(per / 2);
+                    a.iter().zip(b).map(|(&a, &b)| a as i16 + b as i16)
+                })
+                .collect(),
+            false => w.iter().map(|&v| v as i16).collect(),
+        };
+        let shape = aim_kernels::qconv::QConvShape { c: if doubled { s.c / 2 } else { s.c }, ..s };
+        let packed = aim_kernels::qconv16::PackedConv16::new(shape, &whole)
+            .map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
+        ConvIntegerWeights::Wide(packed)
+    } else {
+        ConvIntegerWeights::Bytes(bytes)
+    };
     Ok(Int8Prep::ConvInteger(Box::new(ConvIntegerPrep {
         weight,
         bias,
         act: activation_with(n, ""),
         scaled: n.input(3).is_some(),
-        doubled: n.int("doubled", 0) != 0,
+        doubled,
         post: super::post_program(n, isa)?,
     })))
 }
@@ -234,7 +278,8 @@ pub(super) fn output(p: &Int8Prep, ins: &[Option<Operand>]) -> Result<(DType, Ve
         Int8Prep::ConvInteger(k) => {
             let [n, c, h, w] = want(DType::U8)?;
             let s = k.weight.shape();
-            if c * (1 + usize::from(k.doubled)) != s.c {
+            let twice = k.doubled && matches!(k.weight, ConvIntegerWeights::Bytes(_));
+            if c * (1 + usize::from(twice)) != s.c {
                 return Err(format!("the input has {c} channels, the weights {}", s.c));
             }
             let (oh, ow) =
@@ -340,9 +385,9 @@ pub(super) fn run(
                 Some(s) => return Err(format!("the scale must be f32, got {}", s.dtype)),
             };
             let input = aim_kernels::qconv::QConvInput {
-                x: match k.doubled {
-                    true => aim_kernels::qconv::QSource::BytesTwice(x.bytes),
-                    false => aim_kernels::qconv::QSource::Bytes(x.bytes),
+                x: match (k.doubled, &k.weight) {
+                    (true, ConvIntegerWeights::Bytes(_)) => aim_kernels::qconv::QSource::BytesTwice(x.bytes),
+                    _ => aim_kernels::qconv::QSource::Bytes(x.bytes),
                 },
                 n,
                 h,
@@ -355,7 +400,10 @@ pub(super) fn run(
                 requant: None,
                 post: k.post.as_deref(),
             };
-            aim_kernels::qconv::qconv(isa, &k.weight, &input, floats_mut(y)?, pool);
+            match &k.weight {
+                ConvIntegerWeights::Bytes(w) => aim_kernels::qconv::qconv(isa, w, &input, floats_mut(y)?, pool),
+                ConvIntegerWeights::Wide(w) => aim_kernels::qconv16::conv16(isa, w, &input, floats_mut(y)?, pool)?,
+            }
         }
         Int8Prep::Add { a, b, act, y: qy } => {
             let bv = ins.get(1).and_then(|b| b.as_ref()).ok_or("input 1 is missing")?;
@@ -451,8 +499,9 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
         )],
         (Int8Prep::ConvInteger(k), _, Some(&[n, m, oh, ow])) => {
             let s = k.weight.shape();
-            let mut v = vec![
-                format!(
+            let mut v = match &k.weight {
+                ConvIntegerWeights::Wide(w) => w.schedule(n, oh, ow),
+                ConvIntegerWeights::Bytes(_) => vec![format!(
                     "for image in 0..{n}, group in 0..{}: C[{} ch × {} px] = W[s8, packed at load] · im2col(u8 input{}, packed per run) on the integer GEMM (microkernel {}×{}), exact i32 sums",
                     s.group,
                     m / s.group,
@@ -460,14 +509,18 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
                     if k.doubled { ", its channels twice" } else { "" },
                     aim_kernels::qgemm::MR,
                     aim_kernels::qgemm::NR
-                ),
-                format!(
-                    "  epilogue: − zero point (read at run time) × Σw, as f32{}{}{}",
-                    if k.scaled { ", × the scale (read at run time)" } else { "" },
-                    if k.bias.is_some() { ", + bias" } else { "" },
-                    k.act.map_or(String::new(), |a| format!(", {a:?}"))
-                ),
-            ];
+                )],
+            };
+            v.push(format!(
+                "  epilogue: {}as f32{}{}{}",
+                match k.weight {
+                    ConvIntegerWeights::Bytes(_) => "− zero point (read at run time) × Σw, ",
+                    ConvIntegerWeights::Wide(_) => "",
+                },
+                if k.scaled { ", × the scale (read at run time)" } else { "" },
+                if k.bias.is_some() { ", + bias" } else { "" },
+                k.act.map_or(String::new(), |a| format!(", {a:?}"))
+            ));
             if let Some(p) = &k.post {
                 v.push(format!("  each tile row, after its activation: the program after the layer ({} steps)", p.steps()));
             }
