@@ -163,6 +163,9 @@ fn dynamically_quantized_convolutions_match_the_interpreter() {
         // channel: what older quantize_dynamic writes), whose differences leave s8.
         let unsigned = r.pick(&[false, true]);
         let per_channel = unsigned && r.pick(&[false, true]);
+        // Older quantize_dynamic adds its bias to the integers, quantized per run with the
+        // scales (floor(b / scale) as i32), before the Cast.
+        let int_bias = r.pick(&[false, true]);
         let taps = c / group * k * k;
         let wv: Vec<i64> = (0..m * taps)
             .map(|_| if unsigned { (r.next() % 256) as i64 } else { (r.next() % 255) as i64 - 127 })
@@ -179,8 +182,12 @@ fn dynamically_quantized_convolutions_match_the_interpreter() {
         let ws = list((0..m).map(|_| format!("{}", 0.001 + (r.next() % 100) as f32 * 1e-4)));
         let b = list((0..m).map(|_| format!("{}", (r.next() % 200) as f32 / 50.0 - 2.0)));
         let (oh, ow) = ((h + 2 * pad - k) / s + 1, (w + 2 * pad - k) / s + 1);
+        let biased = match int_bias {
+            true => "  %bd = Div(%b, %p)  # bias_div\n  %bf = Floor(%bd)  # bias_floor\n  %qb = Cast(%bf) {to=6}  # bias_q\n  %ib = Add(%i, %qb)  # bias_add\n  %c = Cast(%ib) {to=1}  # cast\n  %y = Mul(%c, %p)  # scale\n",
+            false => "  %c = Cast(%i) {to=1}  # cast\n  %m = Mul(%c, %p)  # scale\n  %y = Add(%m, %b)  # bias\n",
+        };
         let text = format!(
-            "opset 17\ngraph \"g\" {{\n  input %x: f32[1,{c},{h},{w}]\n  init %w = {wt}[{m},{},{k},{k}] [{wts}]\n  init %wz = {wt}{zdims} [{zs}]\n  init %ws = f32[{m},1,1] [{ws}]\n  init %b = f32[{m},1,1] [{b}]\n  %q, %s, %z = DynamicQuantizeLinear(%x)  # dq\n  %p = Mul(%s, %ws)  # scales\n  %i = ConvInteger(%q, %w, %z, %wz) {{group={group}, pads=[{pad}, {pad}, {pad}, {pad}], strides=[{s}, {s}]}}  # conv\n  %c = Cast(%i) {{to=1}}  # cast\n  %m = Mul(%c, %p)  # scale\n  %y = Add(%m, %b)  # bias\n  init %half = f32[] [0.5]\n  init %quarter = f32[] [0.25]\n  %r = Relu(%y)  # relu\n  %a = Mul(%r, %half)  # affine\n  %o = Add(%a, %quarter)  # shift\n  output %o: f32[1,{m},{oh},{ow}]\n}}\n",
+            "opset 17\ngraph \"g\" {{\n  input %x: f32[1,{c},{h},{w}]\n  init %w = {wt}[{m},{},{k},{k}] [{wts}]\n  init %wz = {wt}{zdims} [{zs}]\n  init %ws = f32[{m},1,1] [{ws}]\n  init %b = f32[{m},1,1] [{b}]\n  %q, %s, %z = DynamicQuantizeLinear(%x)  # dq\n  %p = Mul(%s, %ws)  # scales\n  %i = ConvInteger(%q, %w, %z, %wz) {{group={group}, pads=[{pad}, {pad}, {pad}, {pad}], strides=[{s}, {s}]}}  # conv\n{biased}  init %half = f32[] [0.5]\n  init %quarter = f32[] [0.25]\n  %r = Relu(%y)  # relu\n  %a = Mul(%r, %half)  # affine\n  %o = Add(%a, %quarter)  # shift\n  output %o: f32[1,{m},{oh},{ow}]\n}}\n",
             c / group
         );
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
@@ -196,9 +203,15 @@ fn dynamically_quantized_convolutions_match_the_interpreter() {
             let graph = model.optimized_graph().unwrap();
             let conv = graph.nodes.iter().find(|n| n.op == "ConvInteger");
             let bytes = conv.is_some();
-            // The kernel took the scale, bias, Relu and the affine program after them.
+            // The kernel took the scale, bias (or the integer bias as its offset, input 5),
+            // Relu and the affine program after them.
             if let Some(n) = conv {
-                assert_eq!((n.inputs.len(), n.string("activation", "")), (5, "relu"), "case {case} [{cpu}]: {n:?}");
+                let inputs = if int_bias { 6 } else { 5 };
+                assert_eq!(
+                    (n.inputs.len(), n.string("activation", "")),
+                    (inputs, "relu"),
+                    "case {case} [{cpu}]: {n:?}"
+                );
                 assert!(n.attrs.contains_key("post"), "case {case} [{cpu}]: {n:?}");
             }
             // Not where a group has fewer than 4 input channels (the kernel's 4-byte groups),

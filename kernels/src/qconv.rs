@@ -120,6 +120,9 @@ pub struct QConvInput<'a> {
     /// 128: the u8 values are the s8 ones plus 128, so their differences are the same).
     pub scale: f32,
     pub zero: u8,
+    /// Added to the sums (as f32) before the scale, one or `M` values: the quantized bias
+    /// older `quantize_dynamic` computes per run and adds to ConvInteger's integers.
+    pub offset: Option<&'a [f32]>,
     /// The product's scale per output channel (input scale × weight scale), one or `M`.
     pub out_scale: &'a [f32],
     /// One bias per output channel.
@@ -158,6 +161,7 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
     assert!(y.len() >= a.n * s.m * npx, "the output is too small");
     assert!(a.out_scale.len() == 1 || a.out_scale.len() == s.m, "one scale or one per output channel");
     assert!(a.bias.is_none_or(|b| b.len() == s.m), "one bias per output channel");
+    assert!(a.offset.is_none_or(|o| o.len() == 1 || o.len() == s.m), "one offset or one per output channel");
     let (cg, mg) = (s.c / s.group, s.m / s.group);
     let k = s.depth();
     let groups4 = k.div_ceil(4);
@@ -208,7 +212,8 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
                     let corr = zx.wrapping_mul(p.sums[o]);
                     let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
                     let bias = a.bias.map_or(0.0, |b| b[o]);
-                    epilogue(isa, sums, corr, scale, bias, a.act, a.requant, dst);
+                    let off = a.offset.map_or(0.0, |v| v[if v.len() == 1 { 0 } else { o }]);
+                    epilogue(isa, sums, corr, [off, scale, bias], a.act, a.requant, dst);
                     if let Some(p) = a.post {
                         // SAFETY: `dst` is this tile row's, written by this task only.
                         unsafe { p.apply(dst.as_mut_ptr(), dst.len()) };
@@ -373,37 +378,39 @@ fn gather(
     }
 }
 
-/// One row of sums to f32: `act((sum − corr) · scale + bias)`, then the requantization
-/// (also the 16-bit convolution's, [`crate::qconv16`], whose outputs are then the same).
-#[allow(clippy::too_many_arguments)]
+/// One row of sums to f32: `act(((sum − corr) + offset) · scale + bias)` (`osb`: offset,
+/// scale, bias), then the requantization (also the 16-bit convolution's,
+/// [`crate::qconv16`], whose outputs are then the same).
 pub(crate) fn epilogue(
     isa: Isa,
     sums: &[i32],
     corr: i32,
-    scale: f32,
-    bias: f32,
+    osb: [f32; 3],
     act: Option<Activation>,
     requant: Option<Requant>,
     dst: &mut [f32],
 ) {
     #[inline(always)]
     fn body(
+        isa: Isa,
         sums: &[i32],
         corr: i32,
-        scale: f32,
-        bias: f32,
+        osb: [f32; 3],
         act: Option<Activation>,
         rq: Option<Requant>,
         dst: &mut [f32],
     ) {
         use crate::gemm::clamp;
+        let [off, scale, bias] = osb;
         for (d, &v) in dst.iter_mut().zip(sums) {
-            *d = v.wrapping_sub(corr) as f32 * scale + bias;
+            // Adding 0 changes no sum (an integer is never −0).
+            *d = (v.wrapping_sub(corr) as f32 + off) * scale + bias;
         }
         if let Some(a) = act {
             match a.clamp_bounds() {
                 Some((lo, hi)) => dst.iter_mut().for_each(|x| *x = clamp(*x, lo, hi)),
-                None => dst.iter_mut().for_each(|x| *x = a.apply(*x)),
+                // The vector loops of the f32 kernels (ONNX Runtime's bits on FMA CPUs).
+                None => a.apply_all(isa, dst),
             }
         }
         match rq {
@@ -419,20 +426,36 @@ pub(crate) fn epilogue(
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(s: &[i32], c: i32, sc: f32, b: f32, a: Option<Activation>, q: Option<Requant>, d: &mut [f32]) {
-            body(s, c, sc, b, a, q, d)
+        unsafe fn v4(
+            i: Isa,
+            s: &[i32],
+            c: i32,
+            osb: [f32; 3],
+            a: Option<Activation>,
+            q: Option<Requant>,
+            d: &mut [f32],
+        ) {
+            body(i, s, c, osb, a, q, d)
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(s: &[i32], c: i32, sc: f32, b: f32, a: Option<Activation>, q: Option<Requant>, d: &mut [f32]) {
-            body(s, c, sc, b, a, q, d)
+        unsafe fn v3(
+            i: Isa,
+            s: &[i32],
+            c: i32,
+            osb: [f32; 3],
+            a: Option<Activation>,
+            q: Option<Requant>,
+            d: &mut [f32],
+        ) {
+            body(i, s, c, osb, a, q, d)
         }
         // SAFETY: an `Isa` exists only for features this CPU has.
         match isa.kind() {
-            crate::gemm::IsaKind::Avx512 => return unsafe { v4(sums, corr, scale, bias, act, requant, dst) },
-            crate::gemm::IsaKind::Avx2 => return unsafe { v3(sums, corr, scale, bias, act, requant, dst) },
+            crate::gemm::IsaKind::Avx512 => return unsafe { v4(isa, sums, corr, osb, act, requant, dst) },
+            crate::gemm::IsaKind::Avx2 => return unsafe { v3(isa, sums, corr, osb, act, requant, dst) },
             _ => {}
         }
     }
     let _ = isa;
-    body(sums, corr, scale, bias, act, requant, dst)
+    body(isa, sums, corr, osb, act, requant, dst)
 }

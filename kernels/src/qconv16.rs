@@ -166,6 +166,9 @@ pub fn conv16(isa: Isa, p: &PackedConv16, a: &QConvInput, y: &mut [f32], par: &d
     if a.bias.is_some_and(|b| b.len() != s.m) {
         return Err(format!("the bias does not hold {} values", s.m));
     }
+    if a.offset.is_some_and(|o| o.len() != 1 && o.len() != s.m) {
+        return Err(format!("{} offsets for {} output channels", a.offset.map_or(0, |o| o.len()), s.m));
+    }
     let [pt, pl, pb, pr] = s.pads;
     let (hp, wp) = (a.h + pt + pb, a.w + pl + pr);
     // Pairs per pixel of a block of the input copy, and i16 per pixel.
@@ -463,8 +466,9 @@ impl Job<'_> {
             let row = std::slice::from_raw_parts(rows.add(ch) as *const i32, len);
             let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
             let bias = a.bias.map_or(0.0, |b| b[o]);
+            let off = a.offset.map_or(0.0, |v| v[if v.len() == 1 { 0 } else { o }]);
             let dst = std::slice::from_raw_parts_mut(self.y.0.add(o * npx + oy * self.ow + cols.start), len);
-            crate::qconv::epilogue(self.isa, row, 0, scale, bias, a.act, a.requant, dst);
+            crate::qconv::epilogue(self.isa, row, 0, [off, scale, bias], a.act, a.requant, dst);
             if let Some(post) = a.post {
                 post.apply(dst.as_mut_ptr(), len);
             }

@@ -247,9 +247,11 @@ fn per_channel(g: &Graph, v: &str, m: usize) -> bool {
 }
 
 /// The `aim:ConvInteger` nodes of dynamically quantized convolutions take what follows
-/// them into the kernel's epilogue: the product by the scales (`Mul` by the input's scale
-/// times the weights', computed at run time, one or one per channel), a constant bias and
-/// an activation — what the f32 form would have fused into its convolution.
+/// them into the kernel's epilogue: an offset added to the sums (`Add` of one value or one
+/// per channel: the quantized bias older `quantize_dynamic` computes per run and adds to
+/// the integers) as input 5, the product by the scales (`Mul` by the input's scale times
+/// the weights', computed at run time, one or one per channel), a constant bias and an
+/// activation — what the f32 form would have fused into its convolution.
 pub fn run_dynamic(g: &mut Graph) {
     if !g.nodes.iter().any(|n| n.domain == "aim" && n.op == "ConvInteger") {
         return;
@@ -268,16 +270,29 @@ pub fn run_dynamic(g: &mut Graph) {
             Some(&[k]) if k != usize::MAX && g.nodes[k].domain.is_empty() && !outputs.contains(v) => Some(k),
             _ => None,
         };
-        let Some(k) = sole(&n.outputs[0]).filter(|&k| g.nodes[k].op == "Mul" && g.nodes[k].inputs.len() == 2) else {
-            continue;
+        let binary = |k: usize, op: &str| g.nodes[k].op == op && g.nodes[k].inputs.len() == 2;
+        // The other operand of binary node `k` that reads `v`, if it is one value or one
+        // per channel.
+        let other = |k: usize, v: &str| {
+            let x = &g.nodes[k];
+            let o = if x.inputs[0] == v { &x.inputs[1] } else { &x.inputs[0] };
+            (o != v && per_channel(g, o, m)).then(|| o.clone())
         };
-        let mul = &g.nodes[k];
-        let scale = if mul.inputs[0] == n.outputs[0] { &mul.inputs[1] } else { &mul.inputs[0] };
-        if *scale == n.outputs[0] || !per_channel(g, scale, m) {
-            continue;
-        }
-        let mut taken = vec![k];
+        let mut sums = n.outputs[0].clone();
+        let mut taken = Vec::new();
         let mut sources = sources_of(n);
+        let mut offset = None;
+        if let Some(a) = sole(&sums).filter(|&a| binary(a, "Add")) {
+            let Some(o) = other(a, &sums) else { continue };
+            offset = Some(o);
+            taken.push(a);
+            sources.extend(sources_of(&g.nodes[a]));
+            sums = g.nodes[a].outputs[0].clone();
+        }
+        let Some(k) = sole(&sums).filter(|&k| binary(k, "Mul")) else { continue };
+        let mul = &g.nodes[k];
+        let Some(scale) = other(k, &sums) else { continue };
+        taken.push(k);
         sources.extend(sources_of(mul));
         let mut out = mul.outputs[0].clone();
         let mut bias = String::new();
@@ -294,7 +309,8 @@ pub fn run_dynamic(g: &mut Graph) {
         }
         let mut node = n.clone();
         node.inputs.resize(3, String::new());
-        node.inputs.extend([scale.clone(), bias]);
+        node.inputs.extend([scale, bias]);
+        node.inputs.extend(offset);
         if let Some((act, more)) = r.get(&out).and_then(|rd| activation_at(g, &r, &out, rd)) {
             if !outputs.contains(out.as_str()) {
                 set_activation(&mut node, act);
@@ -306,6 +322,9 @@ pub fn run_dynamic(g: &mut Graph) {
             }
         }
         node.outputs = vec![out];
+        // Nodes the product and the offset's Add both came from, named once.
+        let mut seen = std::collections::HashSet::new();
+        sources.retain(|s| seen.insert(s.clone()));
         node.attrs.insert(SOURCES.into(), Attr::Strings(sources));
         let last = *taken.iter().max().expect("the product is taken");
         removed[i] = true;

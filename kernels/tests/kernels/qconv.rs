@@ -95,6 +95,7 @@ fn matches_the_definition_bit_for_bit() {
                 w,
                 scale: sx,
                 zero: zx,
+                offset: None,
                 out_scale: &scale,
                 bias: Some(&bias),
                 act: None,

@@ -37,9 +37,9 @@ fn want(
     w: usize,
     wt: &[i16],
     zx: u8,
-    scale: &[f32],
-    bias: &[f32],
+    osb: (&[f32], &[f32], &[f32]),
 ) -> Vec<f32> {
+    let (offset, scale, bias) = osb;
     let (oh, ow) = s.output(h, w).unwrap();
     let [kh, kw] = s.kernel;
     let mut y = vec![0f32; n * s.m * oh * ow];
@@ -62,7 +62,8 @@ fn want(
                         }
                     }
                     let sc = scale[if scale.len() == 1 { 0 } else { o }];
-                    y[((b * s.m + o) * oh + oy) * ow + ox] = acc as i32 as f32 * sc + bias[o];
+                    let off = offset[if offset.len() == 1 { 0 } else { o }];
+                    y[((b * s.m + o) * oh + oy) * ow + ox] = (acc as i32 as f32 + off) * sc + bias[o];
                 }
             }
         }
@@ -97,7 +98,9 @@ fn matches_the_definition_bit_for_bit() {
         let zx = 131u8;
         let scale: Vec<f32> = (0..m).map(|o| 1e-3 * (1 + o) as f32).collect();
         let bias: Vec<f32> = (0..m).map(|o| o as f32 * 0.25 - 1.0).collect();
-        let exact = want(&s, &x, n, h, w, &wt, zx, &scale, &bias);
+        // A quantized bias added to the sums before the scale (older quantize_dynamic's).
+        let offset: Vec<f32> = (0..m).map(|_| (lcg(&mut seed) % 20001) as f32 - 10000.0).collect();
+        let exact = want(&s, &x, n, h, w, &wt, zx, (&offset, &scale, &bias));
         let p = PackedConv16::new(s, &wt).unwrap();
         let input = QConvInput {
             x: QSource::Bytes(&x),
@@ -106,6 +109,7 @@ fn matches_the_definition_bit_for_bit() {
             w,
             scale: f32::NAN,
             zero: zx,
+            offset: Some(&offset),
             out_scale: &scale,
             bias: Some(&bias),
             act: None,
@@ -149,6 +153,7 @@ fn bad_operands_are_refused() {
         w: 3,
         scale: 1.0,
         zero: 0,
+        offset: None,
         out_scale: &[1.0],
         bias: None,
         act: None,

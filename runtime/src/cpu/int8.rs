@@ -166,6 +166,8 @@ pub(super) struct ConvIntegerPrep {
     act: Option<Activation>,
     /// Whether a scale is read (input 3).
     scaled: bool,
+    /// Whether an offset is read (input 5: added to the sums before the scale).
+    offset: bool,
     /// Whether the weights' channels are the input's twice (`doubled`: values that leave
     /// s8, split in two parts).
     doubled: bool,
@@ -194,7 +196,7 @@ impl ConvIntegerWeights {
     }
 }
 
-/// `aim:ConvInteger(x, W, x_zero, scale, bias)`: the weights packed for the integer
+/// `aim:ConvInteger(x, W, x_zero, scale, bias, offset)`: the weights packed for the integer
 /// convolution, the bias and activation.
 fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
     let (bytes, bias) = super::qconv::packed_weights(g, n, 4)?;
@@ -230,6 +232,7 @@ fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunEr
         bias,
         act: activation_with(n, ""),
         scaled: n.input(3).is_some(),
+        offset: n.input(5).is_some(),
         doubled,
         post: super::post_program(n, isa)?,
     })))
@@ -384,6 +387,17 @@ pub(super) fn run(
                 }
                 Some(s) => return Err(format!("the scale must be f32, got {}", s.dtype)),
             };
+            let offset = match ins.get(5).and_then(|s| s.as_ref()) {
+                None => None,
+                Some(s) if s.dtype == DType::F32 => {
+                    let v = floats(s.bytes)?;
+                    if v.len() != 1 && v.len() != m {
+                        return Err(format!("the offset holds {} values: one or {m} expected", v.len()));
+                    }
+                    Some(v)
+                }
+                Some(s) => return Err(format!("the offset must be f32, got {}", s.dtype)),
+            };
             let input = aim_kernels::qconv::QConvInput {
                 x: match (k.doubled, &k.weight) {
                     (true, ConvIntegerWeights::Bytes(_)) => aim_kernels::qconv::QSource::BytesTwice(x.bytes),
@@ -394,6 +408,7 @@ pub(super) fn run(
                 w,
                 scale: 1.0,
                 zero,
+                offset,
                 out_scale: scale,
                 bias: k.bias.as_deref(),
                 act: k.act,
@@ -512,11 +527,12 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
                 )],
             };
             v.push(format!(
-                "  epilogue: {}as f32{}{}{}",
+                "  epilogue: {}as f32{}{}{}{}",
                 match k.weight {
                     ConvIntegerWeights::Bytes(_) => "− zero point (read at run time) × Σw, ",
                     ConvIntegerWeights::Wide(_) => "",
                 },
+                if k.offset { ", + the offset (read at run time)" } else { "" },
                 if k.scaled { ", × the scale (read at run time)" } else { "" },
                 if k.bias.is_some() { ", + bias" } else { "" },
                 k.act.map_or(String::new(), |a| format!(", {a:?}"))

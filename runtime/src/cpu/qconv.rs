@@ -114,6 +114,7 @@ pub(super) fn run(q: &QConvPrep, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool
         w,
         scale: q.x_scale,
         zero: q.x_zero,
+        offset: None,
         out_scale: &q.out_scale,
         bias: q.bias.as_deref(),
         act: q.act,
