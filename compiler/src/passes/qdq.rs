@@ -692,7 +692,7 @@ mod tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[2, 5], x))].into_iter().collect();
         let want = aim_runtime::run_graph(g, input()).expect("runs");
         let mut h = g.clone();
-        run(&mut h, false, false, false).expect("rewrites");
+        run(&mut h, false, false, IntegerConv::Off).expect("rewrites");
         assert!(h.nodes.iter().all(|n| n.op != "DequantizeLinear"), "the pair is rewritten");
         crate::passes::dce::run(&mut h).expect("dce");
         assert!(h.nodes.iter().all(|n| n.op != "QuantizeLinear"), "the quantize is dead");
@@ -718,7 +718,7 @@ mod tests {
         let mut m = aim_ir::text::parse_model(text).expect("parses");
         aim_ir::infer::infer_types(&mut m.graph).expect("infers");
         let mut g = m.graph.clone();
-        run(&mut g, false, false, false).expect("runs");
+        run(&mut g, false, false, IntegerConv::Off).expect("runs");
         assert_eq!(g, m.graph);
     }
 }
@@ -738,7 +738,7 @@ mod lift_tests {
         let input = || [("x".to_string(), Tensor::from_slice(&[1, 1, 4, 4], &x))].into_iter().collect();
         let want = aim_runtime::run_graph(&m.graph, input()).expect("runs");
         let mut g = m.graph.clone();
-        run(&mut g, false, false, false).expect("rewrites");
+        run(&mut g, false, false, IntegerConv::Off).expect("rewrites");
         crate::passes::dce::run(&mut g).expect("dce");
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
         assert!(!ops.contains(&"QuantizeLinear") && !ops.contains(&"DequantizeLinear"), "{ops:?}");
