@@ -20,6 +20,9 @@
 //! f32 direct convolution of [`crate::nchwc`]); a row segment's sums go through a
 //! transpose to the NCHW output, where the epilogue (scale, bias, activation, the program
 //! after the layer) runs on each channel's row, as [`crate::qconv`]'s does.
+// The kernel is AVX2's: off x86-64 the module keeps its types and refuses to run
+// (`available` is false), so what only the AVX2 tiles read is unused there.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_mut))]
 
 use crate::gemm::{Isa, IsaKind, Parallel};
 use crate::qconv::{QConvInput, QConvShape, QSource};
