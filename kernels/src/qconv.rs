@@ -213,7 +213,8 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
                     let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
                     let bias = a.bias.map_or(0.0, |b| b[o]);
                     let off = a.offset.map_or(0.0, |v| v[if v.len() == 1 { 0 } else { o }]);
-                    epilogue(isa, sums, corr, [off, scale, bias], a.act, a.requant, dst);
+                    let f = Finish { corr, offset: off, scale, bias, act: a.act, requant: a.requant };
+                    epilogue(isa, sums, f, dst);
                     if let Some(p) = a.post {
                         // SAFETY: `dst` is this tile row's, written by this task only.
                         unsafe { p.apply(dst.as_mut_ptr(), dst.len()) };
@@ -378,42 +379,38 @@ fn gather(
     }
 }
 
-/// One row of sums to f32: `act(((sum − corr) + offset) · scale + bias)` (`osb`: offset,
-/// scale, bias), then the requantization (also the 16-bit convolution's,
-/// [`crate::qconv16`], whose outputs are then the same).
-pub(crate) fn epilogue(
-    isa: Isa,
-    sums: &[i32],
-    corr: i32,
-    osb: [f32; 3],
-    act: Option<Activation>,
-    requant: Option<Requant>,
-    dst: &mut [f32],
-) {
+/// What turns one output channel's sums into its f32 values (see [`epilogue`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Finish {
+    /// Subtracted from each sum: the input zero point's term.
+    pub(crate) corr: i32,
+    /// Added to the sum as f32 before the scale.
+    pub(crate) offset: f32,
+    pub(crate) scale: f32,
+    pub(crate) bias: f32,
+    pub(crate) act: Option<Activation>,
+    pub(crate) requant: Option<Requant>,
+}
+
+/// One row of sums to f32: `act(((sum − corr) + offset) · scale + bias)`, then the
+/// requantization (also the 16-bit convolution's, [`crate::qconv16`], whose outputs are
+/// then the same).
+pub(crate) fn epilogue(isa: Isa, sums: &[i32], f: Finish, dst: &mut [f32]) {
     #[inline(always)]
-    fn body(
-        isa: Isa,
-        sums: &[i32],
-        corr: i32,
-        osb: [f32; 3],
-        act: Option<Activation>,
-        rq: Option<Requant>,
-        dst: &mut [f32],
-    ) {
+    fn body(isa: Isa, sums: &[i32], f: Finish, dst: &mut [f32]) {
         use crate::gemm::clamp;
-        let [off, scale, bias] = osb;
         for (d, &v) in dst.iter_mut().zip(sums) {
             // Adding 0 changes no sum (an integer is never −0).
-            *d = (v.wrapping_sub(corr) as f32 + off) * scale + bias;
+            *d = (v.wrapping_sub(f.corr) as f32 + f.offset) * f.scale + f.bias;
         }
-        if let Some(a) = act {
+        if let Some(a) = f.act {
             match a.clamp_bounds() {
                 Some((lo, hi)) => dst.iter_mut().for_each(|x| *x = clamp(*x, lo, hi)),
                 // The vector loops of the f32 kernels (ONNX Runtime's bits on FMA CPUs).
                 None => a.apply_all(isa, dst),
             }
         }
-        match rq {
+        match f.requant {
             Some(q) if q.zero == 0.0 => {
                 dst.iter_mut().for_each(|x| *x = clamp((*x / q.scale).round_ties_even(), q.lo, q.hi) * q.scale)
             }
@@ -426,36 +423,19 @@ pub(crate) fn epilogue(
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(
-            i: Isa,
-            s: &[i32],
-            c: i32,
-            osb: [f32; 3],
-            a: Option<Activation>,
-            q: Option<Requant>,
-            d: &mut [f32],
-        ) {
-            body(i, s, c, osb, a, q, d)
+        unsafe fn v4(isa: Isa, sums: &[i32], f: Finish, dst: &mut [f32]) {
+            body(isa, sums, f, dst)
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(
-            i: Isa,
-            s: &[i32],
-            c: i32,
-            osb: [f32; 3],
-            a: Option<Activation>,
-            q: Option<Requant>,
-            d: &mut [f32],
-        ) {
-            body(i, s, c, osb, a, q, d)
+        unsafe fn v3(isa: Isa, sums: &[i32], f: Finish, dst: &mut [f32]) {
+            body(isa, sums, f, dst)
         }
         // SAFETY: an `Isa` exists only for features this CPU has.
         match isa.kind() {
-            crate::gemm::IsaKind::Avx512 => return unsafe { v4(isa, sums, corr, osb, act, requant, dst) },
-            crate::gemm::IsaKind::Avx2 => return unsafe { v3(isa, sums, corr, osb, act, requant, dst) },
+            crate::gemm::IsaKind::Avx512 => return unsafe { v4(isa, sums, f, dst) },
+            crate::gemm::IsaKind::Avx2 => return unsafe { v3(isa, sums, f, dst) },
             _ => {}
         }
     }
-    let _ = isa;
-    body(isa, sums, corr, osb, act, requant, dst)
+    body(isa, sums, f, dst)
 }

@@ -295,24 +295,8 @@ unsafe fn transpose16(src: &[Option<&[u8]>; 16], z: i16, dst: &mut [i16]) -> usi
     assert!(dst.len() >= n * 16, "the destination holds 16 values per pixel");
     let zv = _mm256_set1_epi16(z);
     // Lanes of channels that exist: the others are written as 0.
-    let live = _mm256_setr_epi16(
-        -(src[0].is_some() as i16),
-        -(src[1].is_some() as i16),
-        -(src[2].is_some() as i16),
-        -(src[3].is_some() as i16),
-        -(src[4].is_some() as i16),
-        -(src[5].is_some() as i16),
-        -(src[6].is_some() as i16),
-        -(src[7].is_some() as i16),
-        -(src[8].is_some() as i16),
-        -(src[9].is_some() as i16),
-        -(src[10].is_some() as i16),
-        -(src[11].is_some() as i16),
-        -(src[12].is_some() as i16),
-        -(src[13].is_some() as i16),
-        -(src[14].is_some() as i16),
-        -(src[15].is_some() as i16),
-    );
+    let mask: [i16; 16] = std::array::from_fn(|j| -(src[j].is_some() as i16));
+    let live = _mm256_loadu_si256(mask.as_ptr() as *const __m256i);
     let mut ix = 0;
     while ix < n {
         let r: [__m128i; 16] = std::array::from_fn(|j| match src[j] {
@@ -471,7 +455,8 @@ impl Job<'_> {
             let bias = a.bias.map_or(0.0, |b| b[o]);
             let off = a.offset.map_or(0.0, |v| v[if v.len() == 1 { 0 } else { o }]);
             let dst = std::slice::from_raw_parts_mut(self.y.0.add(o * npx + oy * self.ow + cols.start), len);
-            crate::qconv::epilogue(self.isa, row, 0, [off, scale, bias], a.act, a.requant, dst);
+            let f = crate::qconv::Finish { corr: 0, offset: off, scale, bias, act: a.act, requant: a.requant };
+            crate::qconv::epilogue(self.isa, row, f, dst);
             if let Some(post) = a.post {
                 post.apply(dst.as_mut_ptr(), len);
             }
