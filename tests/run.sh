@@ -76,8 +76,9 @@ section "quantized models (ONNX Runtime's quantize_static QDQ and QOperator, qua
 QUANT="resnet50_qdq mobilenetv2_qdq resnet50_qop mobilenetv2_qop bert_l6_dyn bert_l6_qdq dq_int4"
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend reference --quantized
 python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend cpu --quantized
-# quantize_dynamic on a CNN (ConvInteger): its integer sums are exact in aim's f32 convolutions,
-# so the cpu backend matches ORT to f32 rounding (ORT's optimised and unoptimised runs agree
+# quantize_dynamic on a CNN (ConvInteger): its integer sums are exact on aim's integer kernels
+# (VNNI's byte one, AVX2's 16-bit one) and in its f32 convolutions elsewhere, so the cpu backend
+# matches ORT to f32 rounding (ORT's optimised and unoptimised runs agree
 # exactly, which leaves --quantized no spread to measure against). The reference backend's f64
 # arithmetic flips roundings of the per-run activation quantization, so it is not compared here.
 python3 tests/compare_ort.py target/release/aim target/models mobilenetv2_dyn --backend cpu
