@@ -9,8 +9,9 @@
 //! their zero point with them), so every form runs on the one instruction. Where the CPU
 //! has no VNNI the same packed layout runs an AVX2 kernel chosen at packing by what the
 //! weights allow (`vpmaddubsw` as ONNX Runtime runs it with a few sums corrected,
-//! `int8::plain`; or with the activations' signs moved onto the weights,
-//! `int8::sign`; or 16-bit products), or a portable kernel, with the same results.
+//! `int8::plain`; else 16-bit products through `vpmaddwd`, on rows widened once per call
+//! — a single row, a recurrent step, takes `int8::sign`, the activations' signs moved
+//! onto the weights), or a portable kernel, with the same results.
 //!
 //! With `a` and `b` the stored integers and `za`, `zb` their zero points, the product of
 //! the dequantized operands is
@@ -57,8 +58,9 @@ pub struct PackedQB {
 pub(crate) enum Avx2Packing {
     /// Every pair of neighbouring depths fits `vpmaddubsw` ([`crate::int8::plain`]).
     Plain,
-    /// No weight is −128: the sign kernel ([`crate::int8::sign`]), each panel's sums
-    /// starting from `128 · Σb` of the packed values.
+    /// No weight is −128: the sign kernel ([`crate::int8::sign`]) for a single row, each
+    /// panel's sums starting from `128 · Σb` of the packed values; more rows are widened
+    /// to 16 bits (`micro_avx2_widened`).
     Sign(Vec<[i32; NR]>),
     /// Neither: exact 16-bit products (`vpmaddwd`).
     Wide,
@@ -154,7 +156,9 @@ impl PackedQB {
         }
         match self.avx2 {
             Avx2Packing::Plain => "AVX2 vpmaddubsw (every pair of weights fits 16 bits)",
-            Avx2Packing::Sign(_) => "AVX2 vpmaddubsw (signs moved onto the weights)",
+            Avx2Packing::Sign(_) => {
+                "AVX2 vpmaddwd on rows widened to 16 bits (a single row: vpmaddubsw, signs moved onto the weights)"
+            }
             Avx2Packing::Wide => "AVX2 vpmaddwd (exact 16-bit products)",
         }
     }
@@ -454,6 +458,15 @@ pub(crate) fn tiles<F>(
         let _ = avx2;
         None::<&[[i32; NR]]>
     };
+    // Without VNNI and with weights the plain kernel cannot take, the rows are widened to
+    // 16 bits once per call (a pass over M·K bytes, next to M·K·N products) for
+    // `micro_avx2_widened`: on AMD Zen 3 it ran 1.2–1.5× the sign kernel on a
+    // transformer's layers (`qgemm_bench 400 384 1536`, alternating runs). A single row
+    // (a recurrent step) keeps the byte kernels, as do rows past `WIDEN_MAX_BYTES`.
+    #[cfg(target_arch = "x86_64")]
+    let widened = (avx2 && !plain && m > 1 && m * groups * 8 <= WIDEN_MAX_BYTES).then(|| widen_rows(a, groups));
+    #[cfg(target_arch = "x86_64")]
+    let wide_base = widened.as_ref().map_or(0usize, |w| w.as_ptr() as usize);
     par.for_each(panels * splits, &|t| {
         let out = out;
         let (p, s) = (t / splits, t % splits);
@@ -472,6 +485,25 @@ pub(crate) fn tiles<F>(
             unsafe {
                 let out = acc.as_mut_ptr();
                 match (vnni, a.signed, sign_init) {
+                    #[cfg(target_arch = "x86_64")]
+                    _ if wide_base != 0 => {
+                        let base = wide_base as *const i16;
+                        let p = panel.as_ptr();
+                        let out = out as *mut [i32; NR];
+                        let w: [*const i16; MR] =
+                            std::array::from_fn(|r| base.add((r0 + r.min(rows - 1)) * groups * 4));
+                        for r0 in (0..rows).step_by(6) {
+                            let (at, dst) = (&w[r0..], out.add(r0));
+                            match (a.signed, rows - r0) {
+                                (false, 1) => micro_avx2_widened::<false, 1>(at, p, groups, dst),
+                                (false, 2..=3) => micro_avx2_widened::<false, 3>(at, p, groups, dst),
+                                (false, _) => micro_avx2_widened::<false, 6>(at, p, groups, dst),
+                                (true, 1) => micro_avx2_widened::<true, 1>(at, p, groups, dst),
+                                (true, 2..=3) => micro_avx2_widened::<true, 3>(at, p, groups, dst),
+                                (true, _) => micro_avx2_widened::<true, 6>(at, p, groups, dst),
+                            }
+                        }
+                    }
                     #[cfg(target_arch = "x86_64")]
                     (false, false, None) if plain => {
                         let out = out as *mut [i32; NR];
@@ -545,6 +577,28 @@ pub(crate) fn tiles<F>(
             }
         }
     });
+}
+
+/// The most bytes of rows widened to 16 bits per call ([`widen_rows`]): 16 MiB, 4,096
+/// rows of 2,048 (larger products keep the byte kernels rather than hold a copy of that
+/// size).
+#[cfg(target_arch = "x86_64")]
+const WIDEN_MAX_BYTES: usize = 16 << 20;
+
+/// The rows of `a` widened to 16 bits (`groups·4` values per row, u8 with zeros, s8 with
+/// their sign), for [`micro_avx2_widened`].
+#[cfg(target_arch = "x86_64")]
+fn widen_rows(a: &Rows, groups: usize) -> crate::scratch::ScratchBytes {
+    let k4 = groups * 4;
+    let mut w = crate::scratch::take_bytes(a.m * k4 * 2);
+    for (row, dst) in w.chunks_exact_mut(k4 * 2).enumerate() {
+        let src = &a.data[row * a.stride..row * a.stride + k4];
+        for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
+            let v = if a.signed { x as i8 as i16 } else { x as i16 };
+            d.copy_from_slice(&v.to_ne_bytes());
+        }
+    }
+    w
 }
 
 /// A raw pointer to the output that tasks writing disjoint tiles may share.
@@ -711,6 +765,58 @@ unsafe fn micro_vnni<const SIGNED_ROWS: bool, const R: usize>(
     for (r, c) in c.iter().enumerate() {
         _mm512_storeu_si512(acc.add(r * NR) as *mut _, c[0]);
         _mm512_storeu_si512(acc.add(r * NR + 16) as *mut _, c[1]);
+    }
+}
+
+/// [`micro_avx2`] on rows widened to 16 bits before the call (by [`widen_rows`]): per
+/// group of four deep and chunk of eight columns, two panel loads widened and per row one
+/// 8-byte broadcast and two `vpmaddwd` with their adds, so that the two multiplies per 16
+/// products are the kernel's only cost beyond the loads. (The byte kernels' `vpmaddubsw`
+/// needs a sign change per vector to stay exact with weights of the whole s8 range, and
+/// that runs on the multiplier's ports on AMD Zen 3.)
+///
+/// `rows` holds at least `R` row pointers (`groups·4` values each); rows `0..R` of `acc`
+/// are written.
+///
+/// # Safety
+/// The CPU has AVX2; each row pointer has `groups·4` readable values, `panel`
+/// `groups·NR·4` bytes, and `acc` has `R` writable rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn micro_avx2_widened<const SIGNED_ROWS: bool, const R: usize>(
+    rows: &[*const i16],
+    panel: *const u8,
+    groups: usize,
+    acc: *mut [i32; NR],
+) {
+    use std::arch::x86_64::*;
+    let widen_panel = |p: *const u8| -> __m256i {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        if SIGNED_ROWS {
+            _mm256_cvtepu8_epi16(v)
+        } else {
+            _mm256_cvtepi8_epi16(v)
+        }
+    };
+    let r: [*const i16; R] = std::array::from_fn(|i| rows[i]);
+    for chunk in 0..NR / 8 {
+        let mut lo = [_mm256_setzero_si256(); R];
+        let mut hi = [_mm256_setzero_si256(); R];
+        let mut at = panel.add(chunk * 32);
+        for g in 0..groups {
+            let (w0, w1) = (widen_panel(at), widen_panel(at.add(16)));
+            at = at.add(NR * 4);
+            for i in 0..R {
+                let av = _mm256_set1_epi64x((r[i].add(g * 4) as *const i64).read_unaligned());
+                lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(w0, av));
+                hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(w1, av));
+            }
+        }
+        for i in 0..R {
+            // As in `micro_avx2`: hadd gives (c0, c1, c4, c5, c2, c3, c6, c7).
+            let s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[i], hi[i]), 0b11_01_10_00);
+            _mm256_storeu_si256((acc.add(i) as *mut i32).add(chunk * 8) as *mut __m256i, s);
+        }
     }
 }
 
