@@ -28,6 +28,11 @@ const WIDE_BELOW: usize = 16;
 /// Weight bytes per task's chunk of panels: a chunk stays in L2 while its rows pass.
 const CHUNK_BYTES: usize = 256 << 10;
 
+/// The largest input (with its spare bytes) widened to 16 bits for the widened kernel, in
+/// bytes of the widened copy: larger inputs keep the byte kernels rather than take a
+/// scratch buffer of more than 16 MiB.
+const WIDEN_MAX_BYTES: usize = 16 << 20;
+
 /// A convolution prepared for [`Conv8::run`]: packed weights and every per-channel
 /// quantity of the epilogue.
 #[derive(Clone, Debug)]
@@ -162,7 +167,17 @@ impl Conv8 {
 
     /// The microkernel [`Conv8::run`] takes on `isa`, by name (for schedule texts).
     pub fn micro_name(&self, isa: Isa) -> &'static str {
+        if self.widens(isa) {
+            return "AVX2 vpmaddwd on the input widened to 16 bits: exact";
+        }
         Micro::for_isa(isa, self.avx2()).name()
+    }
+
+    /// Whether [`Conv8::run`] widens the input to 16 bits on `isa` ([`super::widened`]):
+    /// AVX2 without VNNI, for weights the plain kernel cannot take (inputs of at most
+    /// [`WIDEN_MAX_BYTES`]).
+    fn widens(&self, isa: Isa) -> bool {
+        !self.plain && crate::qgemm::use_avx2(isa) && !crate::qgemm::use_vnni(isa)
     }
 
     /// The AVX2 kernel the packed weights take.
@@ -219,9 +234,18 @@ impl Conv8 {
         let splits = (par.threads() * 4).div_ceil(chunks).clamp(1, blocks);
         let per_split = blocks.div_ceil(splits);
         let micro = Micro::for_isa(isa, self.avx2());
+        // The input widened to 16 bits once, for the widened kernel: the tiles' pointers
+        // into it are those into the bytes, at twice the offset.
+        let widened = self.widens(isa) && data.len() * 2 <= WIDEN_MAX_BYTES;
+        let mut data16 = crate::scratch::take_bytes(if widened { data.len() * 2 } else { 0 });
+        if widened {
+            super::widened::widen(data, &mut data16);
+        }
+        let zrow16: Vec<u8> =
+            if widened { zrow.iter().flat_map(|&z| (z as i16).to_ne_bytes()).collect() } else { vec![] };
         // Where the sums start: the sign kernel's values when it runs.
         let starts = match &self.sign_init {
-            Some(i) if micro.signed_start() => i.as_slice(),
+            Some(i) if micro.signed_start() && !widened => i.as_slice(),
             _ => self.init.as_slice(),
         };
         let fast = self.ep.fast(isa);
@@ -235,6 +259,8 @@ impl Conv8 {
             // Kernel rows that cross the image's left or right edge, gathered with zero points.
             let mut edge = vec![self.x_zero; if self.wide { taps * MR * kc } else { 0 }];
             let mut acc = [[0i32; NR]; MR];
+            let mut ind16: Vec<*const u8> = if widened { vec![zrow16.as_ptr(); taps * MR] } else { Vec::new() };
+            let mut edge16 = vec![0u8; if widened { edge.len() * 2 } else { 0 }];
             for blk in split * per_split..((split + 1) * per_split).min(blocks) {
                 let r0 = blk * MR;
                 let nrows = (rows - r0).min(MR);
@@ -243,13 +269,40 @@ impl Conv8 {
                 } else {
                     geo.pixels(data, r0, nrows, &zrow, &mut ind);
                 }
+                if widened {
+                    if self.wide {
+                        super::widened::widen(&edge, &mut edge16);
+                    }
+                    let (d, e, z) = (data.as_ptr() as usize, edge.as_ptr() as usize, zrow.as_ptr() as usize);
+                    for (q, &p) in ind16.iter_mut().zip(&ind) {
+                        let a = p as usize;
+                        *q = if a >= d && a < d + data.len() {
+                            data16[2 * (a - d)..].as_ptr()
+                        } else if a == z {
+                            zrow16.as_ptr()
+                        } else {
+                            edge16[2 * (a - e)..].as_ptr()
+                        };
+                    }
+                }
                 let panels = chunk * per_chunk..((chunk + 1) * per_chunk).min(npanels);
                 for (p, start) in starts.iter().enumerate().take(panels.end).skip(panels.start) {
                     let panel = &self.panels[p * panel_bytes..(p + 1) * panel_bytes];
                     // SAFETY: every pointer has `kc` readable bytes (the input holds `need`
-                    // bytes; the zero row and the edge rows `kc`); the panel holds
-                    // taps·groups·NR·4 bytes; `micro` is one this CPU runs.
-                    unsafe { micro.tile(&ind, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc) };
+                    // bytes; the zero row and the edge rows `kc`), and every widened one `kc`
+                    // values (the widened copies are twice as long); the panel holds
+                    // taps·groups·NR·4 bytes; `micro` is one this CPU runs, the widened
+                    // kernel only with AVX2.
+                    unsafe {
+                        #[cfg(target_arch = "x86_64")]
+                        if widened {
+                            super::widened::tile(&ind16, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc);
+                        } else {
+                            micro.tile(&ind, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc);
+                        }
+                        #[cfg(not(target_arch = "x86_64"))]
+                        micro.tile(&ind, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc);
+                    }
                     for &(j, tap, at, d) in &self.fixes[p] {
                         for (r, sums) in acc.iter_mut().enumerate().take(nrows) {
                             // SAFETY: as for the tile: the pointer has `kc` bytes, `at < kc`.

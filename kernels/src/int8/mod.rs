@@ -33,6 +33,7 @@ pub(crate) mod micro;
 pub(crate) mod plain;
 pub mod pool;
 pub(crate) mod sign;
+pub(crate) mod widened;
 
 pub use epilogue::{Out8, Residual8};
 

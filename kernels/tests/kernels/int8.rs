@@ -160,13 +160,12 @@ fn conv_equals_its_definition() {
         let taps = window.taps();
         let x = bytes(&mut seed, n * h * w * c);
         let wt = bytes(&mut seed, m * c * taps);
-        // Weights as drawn, without any −128 (the AVX2 sign kernel as it is: activations of
-        // 0 and 255 and weights of ±127 are the sums that would saturate a plain
-        // `vpmaddubsw`), with one −128 per output channel or one in 16 (packed as −127 and
-        // corrected per tile, so the sign kernel still runs) and with one in 4 (too many to
-        // correct: another kernel). And weights with headroom, one in 600 at ±127/−128:
-        // the few pairs that would saturate `vpmaddubsw` shrunk and corrected, so that the
-        // AVX2 plain kernel runs.
+        // Weights as drawn, without any −128 (activations of 0 and 255 and weights of ±127
+        // are the sums that would saturate a plain `vpmaddubsw`: on AVX2 the input is
+        // widened to 16 bits), with one −128 per output channel or one in 16 (packed as
+        // −127 and corrected per tile) and with one in 4 (too many to correct). And
+        // weights with headroom, one in 600 at ±127/−128: the few pairs that would
+        // saturate `vpmaddubsw` shrunk and corrected, so that the AVX2 plain kernel runs.
         let all = wt.len();
         let headroom: Vec<u8> = wt
             .iter()
@@ -185,8 +184,9 @@ fn conv_equals_its_definition() {
         };
         let per_channel = with(m, c * taps + 1);
         let (some, many) = (with(all / 16, 7919), with(all / 4 + 2, 4099));
-        let (sign, portable, plain) = (Some("signs moved"), Some("portable"), Some("every pair"));
-        let cases = [(wt, None), (clean, sign), (per_channel, None), (some, sign), (many, portable), (headroom, plain)];
+        let (widened, plain) = (Some("widened"), Some("every pair"));
+        let cases =
+            [(wt, None), (clean, widened), (per_channel, None), (some, widened), (many, widened), (headroom, plain)];
         for (wt, kernel) in cases {
             conv_case(&case, &mut seed, &x, &wt, kernel);
         }
@@ -392,4 +392,19 @@ fn lookup_is_the_table() {
             assert_eq!(y, want, "{isa:?} length {len}");
         }
     }
+}
+
+/// An input too large to widen (over 8 MiB of bytes): the byte kernels run it on AVX2 (the
+/// sign kernel for these weights, the portable one for weights with many −128s), exactly.
+#[test]
+fn a_large_input_keeps_the_byte_kernels() {
+    let mut seed = 11u64;
+    let window = Window { kernel: [1, 1], stride: [1, 1], dilation: [1, 1], pads: [0; 4] };
+    let case = Case { n: 1, h: 512, w: 1040, c: 16, m: 5, window, residual: false, act: None };
+    let x = bytes(&mut seed, case.h * case.w * case.c);
+    let clean: Vec<u8> =
+        bytes(&mut seed, case.m * case.c).into_iter().map(|v| if v == 0x80 { 0x81 } else { v }).collect();
+    let many: Vec<u8> = clean.iter().enumerate().map(|(i, &v)| if i % 3 == 0 { 0x80 } else { v }).collect();
+    conv_case(&case, &mut seed, &x, &clean, None);
+    conv_case(&case, &mut seed, &x, &many, None);
 }
