@@ -60,7 +60,7 @@ pub(crate) enum Avx2Packing {
     Plain,
     /// No weight is −128: the sign kernel ([`crate::int8::sign`]) for a single row, each
     /// panel's sums starting from `128 · Σb` of the packed values; more rows are widened
-    /// to 16 bits (`micro_avx2_widened`).
+    /// to 16 bits (`crate::int8::widened`).
     Sign(Vec<[i32; NR]>),
     /// Neither: exact 16-bit products (`vpmaddwd`).
     Wide,
@@ -460,7 +460,7 @@ pub(crate) fn tiles<F>(
     };
     // Without VNNI and with weights the plain kernel cannot take, the rows are widened to
     // 16 bits once per call (a pass over M·K bytes, next to M·K·N products) for
-    // `micro_avx2_widened`: on AMD Zen 3 it ran 1.2–1.5× the sign kernel on a
+    // `int8::widened`: on AMD Zen 3 it ran 1.2–1.5× the sign kernel on a
     // transformer's layers (`qgemm_bench 400 384 1536`, alternating runs). A single row
     // (a recurrent step) keeps the byte kernels, as do rows past `WIDEN_MAX_BYTES`.
     #[cfg(target_arch = "x86_64")]
@@ -487,21 +487,15 @@ pub(crate) fn tiles<F>(
                 match (vnni, a.signed, sign_init) {
                     #[cfg(target_arch = "x86_64")]
                     _ if wide_base != 0 => {
+                        // The tile's rows in the widened copy (the last repeated to fill it).
                         let base = wide_base as *const i16;
-                        let p = panel.as_ptr();
-                        let out = out as *mut [i32; NR];
-                        let w: [*const i16; MR] =
-                            std::array::from_fn(|r| base.add((r0 + r.min(rows - 1)) * groups * 4));
-                        for r0 in (0..rows).step_by(6) {
-                            let (at, dst) = (&w[r0..], out.add(r0));
-                            match (a.signed, rows - r0) {
-                                (false, 1) => micro_avx2_widened::<false, 1>(at, p, groups, dst),
-                                (false, 2..=3) => micro_avx2_widened::<false, 3>(at, p, groups, dst),
-                                (false, _) => micro_avx2_widened::<false, 6>(at, p, groups, dst),
-                                (true, 1) => micro_avx2_widened::<true, 1>(at, p, groups, dst),
-                                (true, 2..=3) => micro_avx2_widened::<true, 3>(at, p, groups, dst),
-                                (true, _) => micro_avx2_widened::<true, 6>(at, p, groups, dst),
-                            }
+                        let w: [*const u8; MR] =
+                            std::array::from_fn(|r| base.add((r0 + r.min(rows - 1)) * groups * 4) as *const u8);
+                        let (p, out) = (panel.as_ptr(), out as *mut [i32; NR]);
+                        if a.signed {
+                            crate::int8::widened::tile::<true>(w.as_ptr(), 1, groups, p, &[0; NR], rows, out);
+                        } else {
+                            crate::int8::widened::tile::<false>(w.as_ptr(), 1, groups, p, &[0; NR], rows, out);
                         }
                     }
                     #[cfg(target_arch = "x86_64")]
@@ -586,17 +580,13 @@ pub(crate) fn tiles<F>(
 const WIDEN_MAX_BYTES: usize = 16 << 20;
 
 /// The rows of `a` widened to 16 bits (`groups·4` values per row, u8 with zeros, s8 with
-/// their sign), for [`micro_avx2_widened`].
+/// their sign), for [`crate::int8::widened`].
 #[cfg(target_arch = "x86_64")]
 fn widen_rows(a: &Rows, groups: usize) -> crate::scratch::ScratchBytes {
     let k4 = groups * 4;
     let mut w = crate::scratch::take_bytes(a.m * k4 * 2);
     for (row, dst) in w.chunks_exact_mut(k4 * 2).enumerate() {
-        let src = &a.data[row * a.stride..row * a.stride + k4];
-        for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
-            let v = if a.signed { x as i8 as i16 } else { x as i16 };
-            d.copy_from_slice(&v.to_ne_bytes());
-        }
+        crate::int8::widened::widen(&a.data[row * a.stride..row * a.stride + k4], a.signed, dst);
     }
     w
 }
@@ -765,58 +755,6 @@ unsafe fn micro_vnni<const SIGNED_ROWS: bool, const R: usize>(
     for (r, c) in c.iter().enumerate() {
         _mm512_storeu_si512(acc.add(r * NR) as *mut _, c[0]);
         _mm512_storeu_si512(acc.add(r * NR + 16) as *mut _, c[1]);
-    }
-}
-
-/// [`micro_avx2`] on rows widened to 16 bits before the call (by [`widen_rows`]): per
-/// group of four deep and chunk of eight columns, two panel loads widened and per row one
-/// 8-byte broadcast and two `vpmaddwd` with their adds, so that the two multiplies per 16
-/// products are the kernel's only cost beyond the loads. (The byte kernels' `vpmaddubsw`
-/// needs a sign change per vector to stay exact with weights of the whole s8 range, and
-/// that runs on the multiplier's ports on AMD Zen 3.)
-///
-/// `rows` holds at least `R` row pointers (`groups·4` values each); rows `0..R` of `acc`
-/// are written.
-///
-/// # Safety
-/// The CPU has AVX2; each row pointer has `groups·4` readable values, `panel`
-/// `groups·NR·4` bytes, and `acc` has `R` writable rows.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn micro_avx2_widened<const SIGNED_ROWS: bool, const R: usize>(
-    rows: &[*const i16],
-    panel: *const u8,
-    groups: usize,
-    acc: *mut [i32; NR],
-) {
-    use std::arch::x86_64::*;
-    let widen_panel = |p: *const u8| -> __m256i {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        if SIGNED_ROWS {
-            _mm256_cvtepu8_epi16(v)
-        } else {
-            _mm256_cvtepi8_epi16(v)
-        }
-    };
-    let r: [*const i16; R] = std::array::from_fn(|i| rows[i]);
-    for chunk in 0..NR / 8 {
-        let mut lo = [_mm256_setzero_si256(); R];
-        let mut hi = [_mm256_setzero_si256(); R];
-        let mut at = panel.add(chunk * 32);
-        for g in 0..groups {
-            let (w0, w1) = (widen_panel(at), widen_panel(at.add(16)));
-            at = at.add(NR * 4);
-            for i in 0..R {
-                let av = _mm256_set1_epi64x((r[i].add(g * 4) as *const i64).read_unaligned());
-                lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(w0, av));
-                hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(w1, av));
-            }
-        }
-        for i in 0..R {
-            // As in `micro_avx2`: hadd gives (c0, c1, c4, c5, c2, c3, c6, c7).
-            let s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[i], hi[i]), 0b11_01_10_00);
-            _mm256_storeu_si256((acc.add(i) as *mut i32).add(chunk * 8) as *mut __m256i, s);
-        }
     }
 }
 

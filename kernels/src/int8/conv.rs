@@ -239,7 +239,7 @@ impl Conv8 {
         let widened = self.widens(isa) && data.len() * 2 <= WIDEN_MAX_BYTES;
         let mut data16 = crate::scratch::take_bytes(if widened { data.len() * 2 } else { 0 });
         if widened {
-            super::widened::widen(data, &mut data16);
+            super::widened::widen(data, false, &mut data16);
         }
         let zrow16: Vec<u8> =
             if widened { zrow.iter().flat_map(|&z| (z as i16).to_ne_bytes()).collect() } else { vec![] };
@@ -271,7 +271,7 @@ impl Conv8 {
                 }
                 if widened {
                     if self.wide {
-                        super::widened::widen(&edge, &mut edge16);
+                        super::widened::widen(&edge, false, &mut edge16);
                     }
                     let (d, e, z) = (data.as_ptr() as usize, edge.as_ptr() as usize, zrow.as_ptr() as usize);
                     for (q, &p) in ind16.iter_mut().zip(&ind) {
@@ -296,7 +296,8 @@ impl Conv8 {
                     unsafe {
                         #[cfg(target_arch = "x86_64")]
                         if widened {
-                            super::widened::tile(&ind16, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc);
+                            let (ind, out) = (ind16.as_ptr(), acc.as_mut_ptr());
+                            super::widened::tile::<false>(ind, taps, self.groups, panel.as_ptr(), start, nrows, out);
                         } else {
                             micro.tile(&ind, taps, self.groups, panel.as_ptr(), start, nrows, &mut acc);
                         }

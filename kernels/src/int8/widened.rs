@@ -1,5 +1,7 @@
 //! The AVX2 indirect microkernel on inputs widened to 16 bits: exact sums through
-//! `vpmaddwd`, two multiplies per 16 products and nothing else per vector.
+//! `vpmaddwd`, two multiplies per 16 products and nothing else per vector. The quantized
+//! convolutions ([`super::conv`]) and the integer GEMM ([`crate::qgemm`], one tap) run on
+//! it where the CPU has no VNNI and the weights do not fit the plain kernel.
 //!
 //! The byte kernels multiply with `vpmaddubsw`, which saturates pairs of products: the
 //! plain kernel ([`super::plain`]) needs weights whose pairs fit, and the sign kernel
@@ -21,30 +23,33 @@ const ROWS: usize = 6;
 /// `acc[r][j] = init[j] + Σ_t Σ_k a[t][r][k] · panel[t][k][j]` for rows `0..rows` of a
 /// tile: `ind[t·MR + r]` points at row `r`'s values for tap `t`, `groups·4` of them as
 /// i16 (the widened input), and the panel holds, per tap and group of four, [`NR`]
-/// columns × 4 bytes (s8), as the byte kernels read it. Rows from `rows` on may be left as
-/// they were.
+/// columns × 4 bytes, as the byte kernels read it: s8, or u8 with `SIGNED_ROWS` (the rows
+/// then being the widened s8 side, as [`crate::qgemm`] runs a product whose broadcast side
+/// is signed). Rows from `rows` on may be left as they were.
 ///
 /// # Safety
 /// The CPU has AVX2; `ind` holds `taps·MR` pointers, each to `groups·4` readable i16
-/// values (2-byte aligned or not); `panel` holds `taps·groups·NR·4` bytes; `rows ≤ MR`.
+/// values (2-byte aligned or not); `panel` holds `taps·groups·NR·4` bytes; `acc` has
+/// `rows` writable rows; `rows ≤ MR`.
 #[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn tile(
-    ind: &[*const u8],
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile<const SIGNED_ROWS: bool>(
+    ind: *const *const u8,
     taps: usize,
     groups: usize,
     panel: *const u8,
     init: &[i32; NR],
     rows: usize,
-    acc: &mut [[i32; NR]; MR],
+    acc: *mut [i32; NR],
 ) {
-    debug_assert!(ind.len() >= taps * MR && rows <= MR);
+    debug_assert!(rows <= MR);
     let mut r0 = 0;
     while r0 < rows {
-        let (at, out) = (ind.as_ptr().add(r0), acc.as_mut_ptr().add(r0));
+        let (at, out) = (ind.add(r0), acc.add(r0));
         match rows - r0 {
-            1 => block::<1>(at, taps, groups, panel, init, out),
-            2..=3 => block::<3>(at, taps, groups, panel, init, out),
-            _ => block::<ROWS>(at, taps, groups, panel, init, out),
+            1 => block::<SIGNED_ROWS, 1>(at, taps, groups, panel, init, out),
+            2..=3 => block::<SIGNED_ROWS, 3>(at, taps, groups, panel, init, out),
+            _ => block::<SIGNED_ROWS, ROWS>(at, taps, groups, panel, init, out),
         }
         r0 += ROWS;
     }
@@ -57,7 +62,7 @@ pub(crate) unsafe fn tile(
 /// `t·MR + r` entries for `r < R` are read), `acc` has `R` writable rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn block<const R: usize>(
+unsafe fn block<const SIGNED_ROWS: bool, const R: usize>(
     ind: *const *const u8,
     taps: usize,
     groups: usize,
@@ -66,7 +71,14 @@ unsafe fn block<const R: usize>(
     acc: *mut [i32; NR],
 ) {
     use std::arch::x86_64::*;
-    let widen = |p: *const u8| _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i));
+    let widen = |p: *const u8| {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        if SIGNED_ROWS {
+            _mm256_cvtepu8_epi16(v)
+        } else {
+            _mm256_cvtepi8_epi16(v)
+        }
+    };
     for chunk in 0..NR / 8 {
         let mut lo = [_mm256_setzero_si256(); R];
         let mut hi = [_mm256_setzero_si256(); R];
@@ -95,11 +107,12 @@ unsafe fn block<const R: usize>(
     }
 }
 
-/// `bytes` widened to i16 (zero-extended), as bytes of the i16 values in native order, into
-/// `dst` (twice as long).
-pub(crate) fn widen(bytes: &[u8], dst: &mut [u8]) {
+/// `bytes` widened to i16 (u8, or s8 when `signed`), as bytes of the i16 values in native
+/// order, into `dst` (twice as long).
+pub(crate) fn widen(bytes: &[u8], signed: bool, dst: &mut [u8]) {
     debug_assert!(dst.len() >= 2 * bytes.len());
     for (d, &x) in dst.chunks_exact_mut(2).zip(bytes) {
-        d.copy_from_slice(&(x as i16).to_ne_bytes());
+        let v = if signed { x as i8 as i16 } else { x as i16 };
+        d.copy_from_slice(&v.to_ne_bytes());
     }
 }
