@@ -197,7 +197,13 @@ fn recorded_target(h: &Header, path: &str, cpu: &str) -> Result<Target, Error> {
         });
     }
     let host_level = host.level.name();
-    let capped = if arch == "aarch64" { host } else { host.with_cpu(&level)? };
+    let capped = match arch.as_str() {
+        "aarch64" => host,
+        _ => host.with_cpu(&level).map_err(|e| Error::Compile {
+            path: path.to_string(),
+            msg: format!("the file records target 'level' {level}, which aim does not know ({e})"),
+        })?,
+    };
     if capped.level.name() != level {
         return Err(Error::Compile {
             path: path.to_string(),

@@ -481,6 +481,11 @@ fn compile_bodies(
             }
             Ok(Box::new(compile_cpu(body, target, pool, path)?))
         };
+    // A body that does not compile runs node by node: slower, never wrong, but worth a
+    // line in the log, since it is a compiler gap.
+    let compile = |sub: &aim_ir::Graph, own: &[aim_ir::ValueInfo], node: &str| {
+        compile(sub, own).inspect_err(|e| log!(Info, "{path}: a body of {node} runs interpreted: {e}"))
+    };
     let mut bodies = aim_runtime::cpu::Bodies::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if !n.domain.is_empty() {
@@ -488,13 +493,13 @@ fn compile_bodies(
         }
         let body = match n.op.as_str() {
             "If" => match (n.graph("then_branch"), n.graph("else_branch")) {
-                (Some(t), Some(e)) => match (compile(t, &[]), compile(e, &[])) {
+                (Some(t), Some(e)) => match (compile(t, &[], &n.name), compile(e, &[], &n.name)) {
                     (Ok(then), Ok(otherwise)) => Some(Body::If { then, otherwise }),
                     _ => None,
                 },
                 _ => None,
             },
-            "Loop" => n.graph("body").and_then(|b| compile(b, &b.inputs).ok()).map(Body::Loop),
+            "Loop" => n.graph("body").and_then(|b| compile(b, &b.inputs, &n.name).ok()).map(Body::Loop),
             _ => None,
         };
         if let Some(b) = body {

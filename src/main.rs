@@ -964,19 +964,20 @@ fn quantized_report(out: &mut dyn Write, imported: &aim_ir::Graph, optimized: &a
     if names.is_empty() {
         return Ok(());
     }
-    const INTEGER: &[&str] =
-        &["QDense", "QMatMul", "QConv", "ConvInteger", "Conv8", "Add8", "MaxPool8", "GlobalAveragePool8", "Lut8"];
-    const EDGES: &[&str] = &["Quantize8", "Dequantize8"];
-    let aim_op = |n: &&aim_ir::Node, ops: &[&str]| n.domain == "aim" && ops.contains(&n.op.as_str());
-    let integer: Vec<&aim_ir::Node> = optimized.nodes.iter().filter(|n| aim_op(n, INTEGER)).collect();
-    let edges = optimized.nodes.iter().filter(|n| aim_op(n, EDGES)).count();
+    use aim_ir::schema::Quantized;
+    let quantized_as = |n: &aim_ir::Node, q: Quantized| {
+        n.domain == "aim" && aim_ir::schema::aim_op(&n.op).is_some_and(|o| o.quantized == q)
+    };
+    let integer: Vec<&aim_ir::Node> = optimized.nodes.iter().filter(|n| quantized_as(n, Quantized::Integer)).collect();
+    let edges = optimized.nodes.iter().filter(|n| quantized_as(n, Quantized::Edge)).count();
     // The quantized nodes inside integer kernels and at the edges of byte regions: those
     // they name as sources, and the activation quantizations every reader of which went
     // into one (fused there).
     // A source names an imported node, or a node a pass made from one (`NAME/...`, as
     // the QOperator ops become quantize-dequantize pairs around f32 ops).
     let mut inside: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for n in optimized.nodes.iter().filter(|n| aim_op(n, INTEGER) || aim_op(n, EDGES)) {
+    for n in optimized.nodes.iter().filter(|n| quantized_as(n, Quantized::Integer) || quantized_as(n, Quantized::Edge))
+    {
         if let Some(aim_ir::Attr::Strings(s)) = n.attrs.get(aim_compiler::passes::SOURCES) {
             for src in s {
                 let of = |name: &&str| src == name || src.strip_prefix(name).is_some_and(|r| r.starts_with('/'));

@@ -325,3 +325,86 @@ fn an_unknown_fused_activation_is_an_error() {
     let e = aim::Model::load(&edited).err().expect("refused").to_string();
     assert!(e.contains("conv") && e.contains("unknown fused activation activation=\"bogus\""), "{e}");
 }
+
+/// An optimized program whose `aim` nodes do not fit the op table — an operand missing,
+/// an attribute of the wrong type or one no pass writes, a word the kernels do not know, an
+/// op that does not exist — is refused at load and by `aim info --verify`, naming the node
+/// and what is wrong (a loader that trusted them read the wrong operands or ignored the
+/// attribute).
+#[test]
+fn aim_nodes_that_do_not_fit_the_op_table_are_refused() {
+    let d = tempdir("aim-schema");
+    let onnx = conv_model(&d, "2");
+    let file = d.join("net.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    type Edit = fn(&mut aim_ir::Node);
+    let edits: [(&str, Edit, &str); 6] = [
+        ("no weights", |n| n.inputs.truncate(1), "input 1 ('W') is required"),
+        ("float strides", |n| drop(n.attrs.insert("strides".into(), aim_ir::Attr::Floats(vec![1.0, 1.0]))), "INTS"),
+        (
+            "a misspelt attribute",
+            |n| drop(n.attrs.insert("stride".into(), aim_ir::Attr::Ints(vec![1, 1]))),
+            "attribute 'stride' is not one aim:Conv takes",
+        ),
+        ("another op", |n| n.op = "Conv9".into(), "'Conv9' is not an op of the aim domain"),
+        (
+            "an unknown layout",
+            |n| drop(n.attrs.insert("layout".into(), aim_ir::Attr::String("NHWC".into()))),
+            "attribute 'layout' is 'NHWC'",
+        ),
+        ("too many operands", |n| n.inputs.extend(["x".to_string(), "x".to_string()]), "takes at most 4 inputs"),
+    ];
+    for (what, edit, want) in edits {
+        let mut model = f.model.clone();
+        let conv = model.graph.nodes.iter_mut().find(|n| n.domain == "aim" && n.op == "Conv").expect("an aim:Conv");
+        let name = conv.name.clone();
+        edit(conv);
+        let edited = d.join("edited.aim");
+        aim_ir::aim_file::write(&edited, &model, &f.header).unwrap();
+        let e = aim::Model::load(&edited).err().unwrap_or_else(|| panic!("{what}: loaded")).to_string();
+        assert!(e.contains(&name) && e.contains(want), "{what}: {e}");
+        let o = aim(&["info", edited.to_str().unwrap(), "--verify"]);
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && said.contains(want), "{what}: aim info --verify said {said}");
+    }
+}
+
+/// The target fields of a `.aim` header edited to nonsense — caches of 0 bytes or of 2^62,
+/// a size that is not a number, an optimisation level that does not exist — are refused
+/// naming the field, or change only speed: never a panic or other numbers.
+#[test]
+fn edited_target_fields_are_refused_or_change_only_speed() {
+    let d = tempdir("aim-header-fields");
+    let onnx = conv_model(&d, "2");
+    let file = d.join("net.aim");
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
+    let f = aim_ir::aim_file::read(&file).unwrap();
+    let inputs = vec![("x".to_string(), input(2))];
+    let want = aim::Model::load(&file).unwrap().run(inputs.clone()).unwrap();
+    let huge = (1u64 << 62).to_string();
+    let edits: [(&str, &str); 9] = [
+        ("l1d", "0"),
+        ("l2", "0"),
+        ("l3", "0"),
+        ("l1d", &huge),
+        ("l2", &huge),
+        ("l1d", "48K"),
+        ("l2", "-1"),
+        ("opt_level", "9"),
+        ("level", "x86-64-v9"),
+    ];
+    for (field, value) in edits {
+        let mut header = f.header.clone();
+        header.target.insert(field.into(), value.into());
+        let edited = d.join("edited.aim");
+        aim_ir::aim_file::write(&edited, &f.model, &header).unwrap();
+        match aim::Model::load(&edited).and_then(|m| m.run(inputs.clone())) {
+            Ok(got) => assert_eq!(got, want, "{field}={value}: other numbers"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(field) && !e.contains("internal error"), "{field}={value}: {e}");
+            }
+        }
+    }
+}

@@ -56,9 +56,6 @@ pub struct MemoryPlan {
 /// executor checks that they did).
 const VIEWS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"];
 
-/// The `aim` ops that write bytes (`runtime/src/cpu/int8.rs`) into the slot they are given.
-const BYTE_OPS: &[&str] = &["Quantize8", "Conv8", "Add8", "MaxPool8"];
-
 /// Whether `o` is `n`'s first output (the one kernels are offered a slot for).
 fn first_output(n: &aim_ir::Node, o: &str) -> bool {
     n.outputs.first().is_some_and(|f| f == o)
@@ -88,7 +85,9 @@ pub fn plan(g: &Graph) -> MemoryPlan {
             let dtype = ty.and_then(|t| t.dtype);
             // f32 values, and the bytes the byte ops of quantized regions write.
             let f32_out = dtype == Some(aim_ir::DType::F32)
-                || (dtype == Some(aim_ir::DType::U8) && n.domain == "aim" && BYTE_OPS.contains(&n.op.as_str()));
+                || (dtype == Some(aim_ir::DType::U8)
+                    && n.domain == "aim"
+                    && aim_ir::schema::aim_op(&n.op).is_some_and(|o| o.writes_bytes));
             let source = n.inputs.first().and_then(|x| index.get(x).copied());
             let view = n.domain.is_empty()
                 && VIEWS.contains(&n.op.as_str())

@@ -25,4 +25,4 @@ pub use dtype::DType;
 pub use graph::{Attr, Graph, Model, Node, ValueInfo};
 pub use shape::{Dim, ValueType};
 pub use tensor::{Elem, SizeMismatch, Tensor, ALIGN};
-pub use verify::{verify, VerifyError};
+pub use verify::{verify, verify_nodes, VerifyError};

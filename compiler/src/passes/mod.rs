@@ -252,6 +252,11 @@ pub fn run_pipeline(g: &mut Graph, passes: &[Pass], keep: bool) -> Result<Vec<Pa
         out.push(PassRecord { name: p.name, time: t.elapsed(), after: keep.then(|| g.clone()) });
     }
     make_outputs_static(g);
+    // What the passes wrote must be a graph the runtime and `.aim` files accept: an `aim`
+    // node that does not fit its row of the op table is a pass's bug, reported here by
+    // name rather than as a kernel's misreading later.
+    aim_ir::verify_nodes(g)
+        .map_err(|e| PassError { pass: "verify", msg: format!("internal error: the optimized graph: {e}") })?;
     Ok(out)
 }
 

@@ -9,8 +9,11 @@
 //! (`tools/gen_op_schema.py`, at the newest opset, the form the importer normalises every
 //! model to); adding an op to aim needs no change here unless it has value rules.
 
+mod aim;
 mod onnx;
 mod rules;
+
+pub use aim::{aim_op, AimOp, Kernel, Quantized};
 
 use crate::{Attr as Value, Node};
 
@@ -74,19 +77,27 @@ pub struct OpSchema {
     pub attrs: &'static [Attr],
 }
 
-/// The schema of `op` in `domain`, if aim knows one.
+/// The schema of `op` in `domain` (the default domain or `aim`), if aim knows one.
 pub fn lookup(domain: &str, op: &str) -> Option<&'static OpSchema> {
-    if !matches!(domain, "" | "ai.onnx") {
-        return None;
+    match domain {
+        "" | "ai.onnx" => onnx::ONNX_OPS.binary_search_by(|s| s.op.cmp(op)).ok().map(|i| &onnx::ONNX_OPS[i]),
+        "aim" => aim_op(op).map(|o| &o.schema),
+        _ => None,
     }
-    onnx::ONNX_OPS.binary_search_by(|s| s.op.cmp(op)).ok().map(|i| &onnx::ONNX_OPS[i])
 }
 
 /// Checks a node against its op's schema (arity, required operands, attribute types and
-/// required attributes) and aim's value rules. Ops without a schema pass (the supported-op
-/// check reports them). Attributes the schema does not name are left alone.
+/// required attributes) and aim's value rules. Other domains' ops and default-domain ops
+/// without a schema pass (the supported-op check reports them), and attributes an ONNX
+/// op's schema does not name are left alone; an `aim` node must be an op of
+/// [`aim_op`]'s table and carry only the attributes its row names.
 pub fn check(n: &Node) -> Result<(), String> {
-    let Some(s) = lookup(&n.domain, &n.op) else { return Ok(()) };
+    let Some(s) = lookup(&n.domain, &n.op) else {
+        if n.domain == "aim" {
+            return Err(format!("'{}' is not an op of the aim domain (which only aim's compiler writes)", n.op));
+        }
+        return Ok(());
+    };
     check_params("input", &n.inputs, s.inputs)?;
     check_params("output", &n.outputs, s.outputs)?;
     for a in s.attrs {
@@ -103,6 +114,9 @@ pub fn check(n: &Node) -> Result<(), String> {
             }
             Some(_) => {}
         }
+    }
+    if n.domain == "aim" {
+        aim::check(n, s)?;
     }
     rules::check(n)
 }
@@ -208,5 +222,31 @@ mod tests {
         assert!(check(&node("Concat", &["a", "b"], &["y"], &[])).unwrap_err().contains("'axis' is required"));
         assert!(check(&node("Concat", &[], &["y"], &[("axis", Value::Int(0))])).is_err());
         assert!(check(&node("Loop", &["", "", "v"], &["w"], &[("body", Value::Graph(Box::default()))])).is_ok());
+    }
+
+    fn aim(op: &str, ins: &[&str], attrs: &[(&str, Value)]) -> Node {
+        Node { domain: "aim".into(), ..node(op, ins, &["y"], attrs) }
+    }
+
+    #[test]
+    fn aim_nodes_are_checked_against_their_rows() {
+        let sources = ("sources", Value::Strings(vec!["conv".into()]));
+        assert!(check(&aim("Conv", &["x", "w", "", "r"], std::slice::from_ref(&sources))).is_ok());
+        assert!(check(&aim("Conv", &["x"], &[])).unwrap_err().contains("'W') is required"));
+        assert!(check(&aim("Conv", &["x", "w"], &[("kernal", Value::Int(1))]))
+            .unwrap_err()
+            .contains("'kernal' is not one"));
+        assert!(check(&aim("Transpose", &["x"], &[])).unwrap_err().contains("'perm' is required"));
+        assert!(check(&aim("Reduce", &["x"], &[("axis", Value::Int(1)), ("mode", Value::String("prod".into()))]))
+            .unwrap_err()
+            .contains("'mode' is 'prod'"));
+        assert!(check(&aim("ToBlocked", &["x"], &[("block", Value::Int(0))])).unwrap_err().contains("positive"));
+        assert!(check(&aim("Quantize8", &["x"], &[("scale", Value::Float(0.1)), ("zero", Value::Float(3.0))]))
+            .unwrap_err()
+            .contains("INT"));
+        assert!(check(&aim("Elementwise", &[], &[("program", Value::Strings(vec!["in 0".into()]))])).is_err());
+        assert!(check(&aim("Sum8", &["x"], &[])).unwrap_err().contains("not an op of the aim domain"));
+        // Other domains stay the supported-op check's business.
+        assert!(check(&Node { domain: "com.example".into(), ..node("Anything", &[], &[], &[]) }).is_ok());
     }
 }

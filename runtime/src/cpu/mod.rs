@@ -231,9 +231,15 @@ impl CpuProgram {
             graph.nodes.iter().map(|_| std::sync::Mutex::new(None)).collect();
         let prepare = |i: usize| -> Option<Result<Prepared, RunError>> {
             let n = &graph.nodes[i];
-            // `aim:Attention` and `aim:QMatMul` run as library kernels over their operands
+            // Library kernels (`aim:Attention`, `aim:QMatMul`) run over their operands
             // where they are.
-            if n.domain != "aim" || matches!(n.op.as_str(), "Attention" | "QMatMul") {
+            if n.domain != "aim" {
+                return None;
+            }
+            let Some(op) = aim_ir::schema::aim_op(&n.op) else {
+                return Some(Err(prep_err(n, "unknown aim op")));
+            };
+            if op.kernel == aim_ir::schema::Kernel::Library {
                 return None;
             }
             if let Err(e) = check_activations(n) {
@@ -253,7 +259,7 @@ impl CpuProgram {
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),
                 "Transpose" => transpose::prepare(n, code.transpose.get(&i).copied()),
                 "Softmax" => Ok(Prepared::Softmax(n.float("scale", 1.0))),
-                op if plan::INT8_OPS.contains(&op) => int8::prepare(&graph, n, isa),
+                _ if op.kernel == aim_ir::schema::Kernel::Bytes => int8::prepare(&graph, n, isa),
                 "Elementwise" => code
                     .elementwise
                     .get(&i)

@@ -304,19 +304,16 @@ impl Plan {
     }
 }
 
-/// The byte ops of quantized regions, which run byte kernels.
-pub(super) const INT8_OPS: [&str; 8] =
-    ["Quantize8", "Dequantize8", "GlobalAveragePool8", "Conv8", "Add8", "MaxPool8", "Lut8", "ConvInteger"];
-
-/// The code that runs node `n` of a prepared program: every `aim` node but `aim:Attention`
-/// and `aim:QMatMul` (library kernels) has a prepared kernel (a program whose `aim` node cannot be prepared
-/// does not load).
+/// The code that runs node `n` of a prepared program: what the op table
+/// (`aim_ir::schema::aim_op`) says for `aim` nodes (every one but the library kernels has
+/// a prepared kernel: a program whose `aim` node cannot be prepared does not load), a
+/// library kernel for the rest.
 fn kernel_of(n: &Node) -> KernelRef {
-    match (n.domain.as_str(), n.op.as_str()) {
-        ("aim", "Elementwise") => KernelRef::Loop,
-        ("aim", op) if INT8_OPS.contains(&op) => KernelRef::Int8,
-        ("aim", "Attention" | "QMatMul") => KernelRef::Library,
-        ("aim", _) => KernelRef::Prepared,
+    use aim_ir::schema::Kernel;
+    match (n.domain.as_str(), aim_ir::schema::aim_op(&n.op).map(|o| o.kernel)) {
+        ("aim", Some(Kernel::Loop)) => KernelRef::Loop,
+        ("aim", Some(Kernel::Bytes)) => KernelRef::Int8,
+        ("aim", Some(Kernel::Prepared)) => KernelRef::Prepared,
         _ => KernelRef::Library,
     }
 }
@@ -325,34 +322,13 @@ fn kernel_of(n: &Node) -> KernelRef {
 /// and quantization parameters of `aim` nodes whose operands are not all computed — and
 /// the initializers nothing reads any more.
 pub(super) fn bake_constants(graph: &mut Graph) {
-    const COMPUTED_OPERANDS: [&str; 12] = [
-        "Attention",
-        "QMatMul",
-        "Elementwise",
-        "Reduce",
-        "Transpose",
-        "Softmax",
-        "Add8",
-        "Quantize8",
-        "Dequantize8",
-        "GlobalAveragePool8",
-        "MaxPool8",
-        "Lut8",
-    ];
-    for n in graph.nodes.iter_mut() {
-        if n.domain == "aim" && !COMPUTED_OPERANDS.contains(&n.op.as_str()) {
-            // A quantized layer's inputs after the first are all constants; a byte
-            // convolution's up to its residual.
-            let last = match n.op.as_str() {
-                "QDense" | "QConv" => n.inputs.len(),
-                "Conv8" => 4.min(n.inputs.len()),
-                // The weights only: the zero point is computed.
-                "ConvInteger" => 2.min(n.inputs.len()),
-                _ => 3.min(n.inputs.len()),
-            };
-            for k in 1..last {
-                n.inputs[k].clear();
-            }
+    for n in graph.nodes.iter_mut().filter(|n| n.domain == "aim") {
+        // The operands the op table says its prepared kernel holds: a quantized layer's
+        // inputs after the first, a byte convolution's up to its residual, the weights
+        // only of `aim:ConvInteger` (its zero point is computed).
+        let baked = aim_ir::schema::aim_op(&n.op).map_or(0, |o| o.baked).min(n.inputs.len());
+        for k in 1..baked {
+            n.inputs[k].clear();
         }
     }
     let mut read = Vec::new();
