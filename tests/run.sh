@@ -117,7 +117,7 @@ section "the Python package: pip install ./python in a fresh virtualenv, pytest 
 rm -rf target/pyenv
 python3 -m venv target/pyenv
 target/pyenv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt pytest ./python
-(cd target && AIM_MODELS="$PWD/models" pyenv/bin/python -c "import aim; print('aim', aim.__version__, 'from', aim.__file__)" \
+(cd target && AIM_MODELS="$PWD/models" pyenv/bin/python -c "import aimc; print('aimc', aimc.__version__, 'from', aimc.__file__)" \
     && AIM_MODELS="$PWD/models" pyenv/bin/python -m pytest -q ../python/tests)
 
 section "aim explore: the HTML page in headless Chromium (hover, highlight, search, screenshot)"

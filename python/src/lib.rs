@@ -1,10 +1,10 @@
-//! `aim._aim`: the native half of aim's Python package. It holds one class, [`Model`]; the
+//! `aimc._aim`: the native half of aim's Python package (`aimc`). It holds one class, [`Model`]; the
 //! ONNX Runtime-style `InferenceSession` is written in Python on top of it
-//! (`python/aim/__init__.py`).
+//! (`python/aimc/__init__.py`).
 //!
 //! Inputs are read from NumPy's memory in place (C-contiguous arrays in native byte order;
 //! the Python side makes others contiguous first), the GIL is released while a model loads
-//! or runs, and every aim error is raised as `aim.AimError` with aim's message.
+//! or runs, and every aim error is raised as `aimc.AimError` with aim's message.
 
 mod operator;
 
@@ -21,7 +21,7 @@ fn aim_err(e: impl std::fmt::Display) -> PyErr {
 }
 
 /// A loaded model: `Model(path_or_bytes, threads=None, cpu=None, backend=None)`.
-#[pyclass(frozen, module = "aim._aim")]
+#[pyclass(frozen, module = "aimc._aim")]
 struct Model {
     inner: Inner,
 }
@@ -250,7 +250,7 @@ impl Model {
     }
 
     fn __repr__(&self) -> String {
-        format!("aim.Model({:?}, threads={})", self.inner.path().display().to_string(), self.inner.threads())
+        format!("aimc.Model({:?}, threads={})", self.inner.path().display().to_string(), self.inner.threads())
     }
 }
 

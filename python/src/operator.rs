@@ -1,4 +1,4 @@
-//! Custom operators written in Python (`@aim.operator`, `python/aim/__init__.py`): an
+//! Custom operators written in Python (`@aimc.operator`, `python/aimc/__init__.py`): an
 //! `aim_ir::custom` op whose inference and kernel call back into Python, taking the GIL
 //! per call (runs release it, so the callback can take it). Inputs reach the function as
 //! NumPy arrays (copies), attributes as keyword arguments; the Python side turns its
@@ -135,7 +135,7 @@ impl CustomOp for PyOp {
     }
 }
 
-/// Registers a Python operator for the process (what `@aim.operator` calls).
+/// Registers a Python operator for the process (what `@aimc.operator` calls).
 #[pyfunction]
 pub fn register_python_op(domain: String, name: String, compute: Py<PyAny>, infer: Py<PyAny>) -> PyResult<()> {
     aim_ir::custom::register(std::sync::Arc::new(PyOp { domain, name, compute, infer }))

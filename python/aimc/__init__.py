@@ -2,18 +2,18 @@
 
 Two ways in:
 
-- ``aim.Model(path)``: ``.run({"input": array})`` returns a dict of NumPy arrays by output
+- ``aimc.Model(path)``: ``.run({"input": array})`` returns a dict of NumPy arrays by output
   name; ``.inputs`` / ``.outputs`` describe what the model takes and gives.
-- ``aim.compile(onnx_path, aim_path)``: the model compiled ahead of time into a ``.aim``
+- ``aimc.compile(onnx_path, aim_path)``: the model compiled ahead of time into a ``.aim``
   file, which both of the above load (with no compile step) in place of the ONNX file.
-- ``aim.InferenceSession(path, sess_options=None, providers=None)``: ONNX Runtime's API
+- ``aimc.InferenceSession(path, sess_options=None, providers=None)``: ONNX Runtime's API
   (``get_inputs()``, ``get_outputs()``, ``run(output_names, input_feed)``, ``SessionOptions``
   with ``intra_op_num_threads``), so code written for ``onnxruntime`` runs on aim by
   changing the import.
 
 The model is compiled for this CPU when it loads (and again for each new input shape where
 its inputs have symbolic dims). The GIL is released while a model loads and runs, so runs
-from several Python threads proceed in parallel. Errors are raised as ``aim.AimError`` with
+from several Python threads proceed in parallel. Errors are raised as ``aimc.AimError`` with
 aim's message, naming the file, node or input at fault.
 """
 
@@ -44,7 +44,7 @@ def operator(op, inputs=None, outputs=("float32",), shape=None):
     """Registers a NumPy function as the custom operator ``op`` (``"domain::Name"``), for
     prototyping an op aim lacks::
 
-        @aim.operator("com.example::PairSum", inputs=["float32"], outputs=["float32"],
+        @aimc.operator("com.example::PairSum", inputs=["float32"], outputs=["float32"],
                       shape=lambda x: (*x[:-1], None if x[-1] is None else x[-1] // 2))
         def pair_sum(x):
             return x[..., 0::2] + x[..., 1::2]
@@ -285,7 +285,7 @@ class SessionOptions:
         self._custom_ops = []
 
     def register_custom_ops_library(self, path):
-        """ONNX Runtime's name: a custom-op library (see ``aim.register_custom_ops_library``)
+        """ONNX Runtime's name: a custom-op library (see ``aimc.register_custom_ops_library``)
         that sessions made with these options load first. aim registers its ops for the
         whole process."""
         self._custom_ops.append(str(path))
@@ -305,7 +305,7 @@ class InferenceSession:
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
         opts = sess_options or SessionOptions()
         if not isinstance(opts, SessionOptions):
-            raise TypeError(f"sess_options must be aim.SessionOptions, got {type(opts).__name__}")
+            raise TypeError(f"sess_options must be aimc.SessionOptions, got {type(opts).__name__}")
         threads = int(opts.intra_op_num_threads or 0)
         if threads < 0:
             raise ValueError(f"intra_op_num_threads must be 0 or more, got {threads}")

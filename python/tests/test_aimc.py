@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-import aim
+import aimc
 
 MODELS = os.environ.get("AIM_MODELS")
 needs_models = pytest.mark.skipif(not MODELS, reason="AIM_MODELS is not set (tests/run.sh sets it)")
@@ -46,9 +46,9 @@ def close(got, want):
 @pytest.mark.parametrize("name", BENCHMARK)
 def test_inference_session_matches_onnxruntime(name):
     ref = ort_session(name)
-    opts = aim.SessionOptions()
+    opts = aimc.SessionOptions()
     opts.intra_op_num_threads = 1
-    sess = aim.InferenceSession(path(name), sess_options=opts, providers=["CPUExecutionProvider"])
+    sess = aimc.InferenceSession(path(name), sess_options=opts, providers=["CPUExecutionProvider"])
     x = feeds(name)
     want = ref.run(None, x)
     got = sess.run(None, x)
@@ -64,13 +64,13 @@ def test_inference_session_matches_onnxruntime(name):
 
 @needs_models
 def test_model_api_and_output_selection():
-    m = aim.Model(path("yolo_like"), threads=1)
+    m = aimc.Model(path("yolo_like"), threads=1)
     assert m.threads == 1
     assert m.inputs == [("images", "float32", ["batch", 3, 320, 320])]
     x = feeds("yolo_like")
     outs = m.run(x)
     assert list(outs) == [o[0] for o in m.outputs]
-    sess = aim.InferenceSession(path("yolo_like"))
+    sess = aimc.InferenceSession(path("yolo_like"))
     second = sess.get_outputs()[1].name
     (only,) = sess.run([second], x)
     np.testing.assert_array_equal(only, outs[second])
@@ -84,7 +84,7 @@ def test_model_api_and_output_selection():
 @needs_models
 def test_inputs_in_any_layout_and_from_bytes():
     x = feeds("mlp")["input"]
-    m = aim.Model(path("mlp"), threads=1)
+    m = aimc.Model(path("mlp"), threads=1)
     base = m.run({"input": x})
     # A Fortran-ordered copy, a big-endian copy and a nested list all give the same result.
     for variant in [np.asfortranarray(x), x.astype(">f4"), x.tolist()]:
@@ -92,32 +92,32 @@ def test_inputs_in_any_layout_and_from_bytes():
         for k in base:
             np.testing.assert_array_equal(got[k], base[k])
     with open(path("mlp"), "rb") as f:
-        from_bytes = aim.InferenceSession(f.read())
+        from_bytes = aimc.InferenceSession(f.read())
     np.testing.assert_array_equal(from_bytes.run(None, {"input": x})[0], list(base.values())[0])
 
 
 @needs_models
 def test_errors_are_aim_errors_with_the_reason():
-    sess = aim.InferenceSession(path("mlp"))
+    sess = aimc.InferenceSession(path("mlp"))
     x = feeds("mlp")["input"]
-    with pytest.raises(aim.AimError, match="no input named 'nope'"):
+    with pytest.raises(aimc.AimError, match="no input named 'nope'"):
         sess.run(None, {"input": x, "nope": x})
-    with pytest.raises(aim.AimError, match="missing input: input"):
+    with pytest.raises(aimc.AimError, match="missing input: input"):
         sess.run(None, {})
-    with pytest.raises(aim.AimError, match="no output named 'y'"):
+    with pytest.raises(aimc.AimError, match="no output named 'y'"):
         sess.run(["y"], {"input": x})
-    with pytest.raises(aim.AimError, match="input"):
+    with pytest.raises(aimc.AimError, match="input"):
         sess.run(None, {"input": x[:, :100]})
-    with pytest.raises(aim.AimError, match="dtype"):
+    with pytest.raises(aimc.AimError, match="dtype"):
         sess.run(None, {"input": x.astype(np.complex64)})
-    with pytest.raises(aim.AimError, match="missing.onnx"):
-        aim.InferenceSession(os.path.join(MODELS, "missing.onnx"))
-    with pytest.raises(aim.AimError):
-        aim.InferenceSession(b"not an onnx model")
+    with pytest.raises(aimc.AimError, match="missing.onnx"):
+        aimc.InferenceSession(os.path.join(MODELS, "missing.onnx"))
+    with pytest.raises(aimc.AimError):
+        aimc.InferenceSession(b"not an onnx model")
     with pytest.raises(AttributeError):
-        aim.SessionOptions().no_such_option = 1
+        aimc.SessionOptions().no_such_option = 1
     with pytest.warns(RuntimeWarning, match="TensorrtExecutionProvider"):
-        aim.InferenceSession(path("mlp"), providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
+        aimc.InferenceSession(path("mlp"), providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
 
 
 def _int4_mlp(model, x, block=32):
@@ -153,38 +153,38 @@ def test_graph_optimization_level_picks_the_opt_level():
     x = feeds("mobilenetv2")
     want = ort_session("mobilenetv2").run(None, x)
     levels = [(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, 0), (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, 1),
-              (aim.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, 2), (ort.GraphOptimizationLevel.ORT_ENABLE_LAYOUT, 3),
+              (aimc.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, 2), (ort.GraphOptimizationLevel.ORT_ENABLE_LAYOUT, 3),
               (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, 3), (2, 2)]
     for level, o in levels:
-        opts = aim.SessionOptions()
+        opts = aimc.SessionOptions()
         opts.intra_op_num_threads = 1
         opts.graph_optimization_level = level
-        sess = aim.InferenceSession(path("mobilenetv2"), opts)
+        sess = aimc.InferenceSession(path("mobilenetv2"), opts)
         assert sess._model.opt_level == o, level
         for g, w in zip(sess.run(None, x), want):
             close(g, w)
-    assert aim.InferenceSession(path("mlp"))._model.opt_level == 3
-    opts = aim.SessionOptions()
+    assert aimc.InferenceSession(path("mlp"))._model.opt_level == 3
+    opts = aimc.SessionOptions()
     opts.graph_optimization_level = 7
     with pytest.raises(ValueError, match="not one of ONNX Runtime's levels"):
-        aim.InferenceSession(path("mlp"), opts)
-    with pytest.raises(aim.AimError, match="no pass is named 'nope'"):
-        aim.Model(path("mlp"), disabled_passes=["nope"])
+        aimc.InferenceSession(path("mlp"), opts)
+    with pytest.raises(aimc.AimError, match="no pass is named 'nope'"):
+        aimc.Model(path("mlp"), disabled_passes=["nope"])
     # weights="int4": the mlp's three Gemms with blockwise 4-bit weights, as numpy computes
     # them with the same quantization (ORT's MatMulNBits asymmetric formula, blocks of 32).
-    q = aim.Model(path("mlp"), weights="int4")
+    q = aimc.Model(path("mlp"), weights="int4")
     got = q.run(feeds("mlp"))["gemm_15"]
     close(got, _int4_mlp(path("mlp"), feeds("mlp")["input"]))
-    with pytest.raises(aim.AimError, match="int4:BLOCK"):
-        aim.Model(path("mlp"), weights="int3")
-    m = aim.Model(path("mlp"), opt_level=2, disabled_passes=["fuse-epilogues"])
+    with pytest.raises(aimc.AimError, match="int4:BLOCK"):
+        aimc.Model(path("mlp"), weights="int3")
+    m = aimc.Model(path("mlp"), opt_level=2, disabled_passes=["fuse-epilogues"])
     assert m.opt_level == 2
-    close(m.run(feeds("mlp"))["gemm_15"], aim.Model(path("mlp")).run(feeds("mlp"))["gemm_15"])
+    close(m.run(feeds("mlp"))["gemm_15"], aimc.Model(path("mlp")).run(feeds("mlp"))["gemm_15"])
 
 
 @needs_models
 def test_concurrent_runs_from_python_threads():
-    m = aim.Model(path("mlp_b64"), threads=1)
+    m = aimc.Model(path("mlp_b64"), threads=1)
     x = feeds("mlp_b64")
     want = m.run(x)
     results, errors = [], []
@@ -209,10 +209,10 @@ def test_concurrent_runs_from_python_threads():
 
 
 def test_providers_and_version():
-    available = aim.get_available_providers()
+    available = aimc.get_available_providers()
     assert available[-1] == "CPUExecutionProvider" and set(available) <= {"CUDAExecutionProvider",
                                                                           "CPUExecutionProvider"}
-    assert aim.__version__
+    assert aimc.__version__
 
 
 @needs_models
@@ -220,14 +220,14 @@ def test_cuda_provider_runs_on_the_gpu_or_falls_back_to_the_cpu():
     """ONNX Runtime's provider list: the CUDA provider where aim has a GPU, else a warning
     saying why and the CPU."""
     x = feeds("mlp")
-    want = aim.InferenceSession(path("mlp")).run(None, x)
-    if "CUDAExecutionProvider" in aim.get_available_providers():
-        sess = aim.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    want = aimc.InferenceSession(path("mlp")).run(None, x)
+    if "CUDAExecutionProvider" in aimc.get_available_providers():
+        sess = aimc.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
         assert sess.get_providers() == ["CUDAExecutionProvider", "CPUExecutionProvider"]
         np.testing.assert_allclose(sess.run(None, x)[0], want[0], rtol=1e-4, atol=1e-5)
     else:
         with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider is not available"):
-            sess = aim.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+            sess = aimc.InferenceSession(path("mlp"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
         assert sess.get_providers() == ["CPUExecutionProvider"]
         np.testing.assert_array_equal(sess.run(None, x)[0], want[0])
 
@@ -237,7 +237,7 @@ def test_the_gil_is_released_during_a_run():
     """While one thread runs a model, another runs Python code: the longest pause the
     main thread sees is far shorter than one run."""
     import time
-    m = aim.Model(path("resnet50"), threads=1)
+    m = aimc.Model(path("resnet50"), threads=1)
     x = feeds("resnet50")
     m.run(x)
     t0 = time.perf_counter()
@@ -263,19 +263,19 @@ def test_the_gil_is_released_during_a_run():
 @needs_models
 def test_compiled_aim_files_load_in_place_of_onnx(tmp_path):
     x = feeds("mobilenetv2")
-    onnx_out = aim.InferenceSession(path("mobilenetv2")).run(None, x)
-    info = aim.compile(path("mobilenetv2"), tmp_path / "m.aim")
+    onnx_out = aimc.InferenceSession(path("mobilenetv2")).run(None, x)
+    info = aimc.compile(path("mobilenetv2"), tmp_path / "m.aim")
     assert info["stage"] == "optimized" and info["file_bytes"] > 0
-    got = aim.InferenceSession(str(tmp_path / "m.aim")).run(None, x)
+    got = aimc.InferenceSession(str(tmp_path / "m.aim")).run(None, x)
     np.testing.assert_array_equal(got[0], onnx_out[0])
     # A model with symbolic dims, specialised to one shape.
     y = feeds("yolo_like")
-    assert aim.compile(path("yolo_like"), tmp_path / "y.aim", shapes={"images": [1, 3, 320, 320]})["stage"] == "optimized"
-    want = aim.Model(path("yolo_like")).run(y)
-    for k, v in aim.Model(tmp_path / "y.aim").run(y).items():
+    assert aimc.compile(path("yolo_like"), tmp_path / "y.aim", shapes={"images": [1, 3, 320, 320]})["stage"] == "optimized"
+    want = aimc.Model(path("yolo_like")).run(y)
+    for k, v in aimc.Model(tmp_path / "y.aim").run(y).items():
         np.testing.assert_array_equal(v, want[k])
-    with pytest.raises(aim.AimError, match="no input named 'nope'"):
-        aim.compile(path("yolo_like"), tmp_path / "z.aim", shapes={"nope": [1]})
+    with pytest.raises(aimc.AimError, match="no input named 'nope'"):
+        aimc.compile(path("yolo_like"), tmp_path / "z.aim", shapes={"nope": [1]})
 
 
 def _custom_model(domain, attrs=None):
@@ -304,29 +304,29 @@ def _custom_model(domain, attrs=None):
 
 
 def test_python_operators_run_like_the_ops_written_out():
-    @aim.operator("com.pyops::PairSum", inputs=["float32"], outputs=["float32"],
+    @aimc.operator("com.pyops::PairSum", inputs=["float32"], outputs=["float32"],
                   shape=lambda x: (*x[:-1], None if x[-1] is None else x[-1] // 2))
     def pair_sum(x):
         return x[..., 0::2] + x[..., 1::2]
 
-    @aim.operator("com.pyops::ScaleShift", inputs=["float32"])
+    @aimc.operator("com.pyops::ScaleShift", inputs=["float32"])
     def scale_shift(x, scale=1.0, shift=0.0, fail=0):
         if fail:
             raise ValueError("asked to fail")
         return x * scale + shift
 
     want = ort.InferenceSession(_custom_model(None), providers=["CPUExecutionProvider"])
-    sess = aim.InferenceSession(_custom_model("com.pyops"))
+    sess = aimc.InferenceSession(_custom_model("com.pyops"))
     for batch in (2, 5):
         x = np.random.default_rng(batch).standard_normal((batch, 6)).astype(np.float32)
         close(sess.run(None, {"x": x})[0], want.run(None, {"x": x})[0])
     # An exception in the function is an AimError naming the node and the exception.
-    failing = aim.Model(_custom_model("com.pyops", {"fail": 1}))
-    with pytest.raises(aim.AimError, match=r"ss.*ValueError\('asked to fail'\)"):
+    failing = aimc.Model(_custom_model("com.pyops", {"fail": 1}))
+    with pytest.raises(aimc.AimError, match=r"ss.*ValueError\('asked to fail'\)"):
         failing.run({"x": np.zeros((1, 6), np.float32)})
     # A name without a domain is refused.
     with pytest.raises(ValueError, match="domain::Name"):
-        aim.operator("NoDomain")
+        aimc.operator("NoDomain")
 
 
 def test_a_c_custom_op_library_through_session_options(tmp_path):
@@ -335,12 +335,12 @@ def test_a_c_custom_op_library_through_session_options(tmp_path):
     lib = str(tmp_path / "libcustom_ops.so")
     subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-I", os.path.join(root, "include"),
                     os.path.join(root, "examples", "custom_op", "custom_ops.c"), "-o", lib], check=True)
-    opts = aim.SessionOptions()
+    opts = aimc.SessionOptions()
     opts.register_custom_ops_library(lib)
-    sess = aim.InferenceSession(_custom_model("com.example"), opts)
+    sess = aimc.InferenceSession(_custom_model("com.example"), opts)
     want = ort.InferenceSession(_custom_model(None), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)
     close(sess.run(None, {"x": x})[0], want.run(None, {"x": x})[0])
-    assert "com.example:PairSum" in aim.register_custom_ops_library(lib)
-    with pytest.raises(aim.AimError, match="status 7.*asked to fail"):
-        aim.Model(_custom_model("com.example", {"fail": 1})).run({"x": x})
+    assert "com.example:PairSum" in aimc.register_custom_ops_library(lib)
+    with pytest.raises(aimc.AimError, match="status 7.*asked to fail"):
+        aimc.Model(_custom_model("com.example", {"fail": 1})).run({"x": x})
