@@ -109,6 +109,19 @@ impl Node {
         }
     }
 
+    /// Float attribute `name` as the node gives it, else the default its op's schema
+    /// states (`crate::schema::default_of`: ONNX's own defaults, generated from the onnx
+    /// package), so a default is written once. Only for attributes whose schema has a
+    /// default: one neither given nor defaulted reads as NaN.
+    pub fn float_attr(&self, name: &str) -> f32 {
+        match (self.attrs.get(name), crate::schema::default_of(&self.domain, &self.op, name)) {
+            (Some(Attr::Float(v)), _) => *v,
+            (Some(Attr::Int(v)), _) => *v as f32,
+            (_, Some(crate::schema::AttrDefault::Float(v))) => v,
+            _ => f32::NAN,
+        }
+    }
+
     /// A float attribute, or `default` if absent.
     pub fn float(&self, name: &str, default: f32) -> f32 {
         match self.attrs.get(name) {

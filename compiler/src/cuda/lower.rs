@@ -553,7 +553,7 @@ impl Lowering<'_> {
                     }
                 }
                 let k =
-                    layernorm::kernel("layernorm", rows as u64, len as u64, n.float("epsilon", 1e-5), bias.is_some());
+                    layernorm::kernel("layernorm", rows as u64, len as u64, n.float_attr("epsilon"), bias.is_some());
                 let mut args = vec![Arg::Value(x), Arg::Value(scale), Arg::Value(y)];
                 args.extend(bias.map(Arg::Value));
                 let grid = grid_for(rows * 32, layernorm::BLOCK, &self.target);

@@ -55,7 +55,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             i += 1;
             continue;
         }
-        let eps = bn.float("epsilon", 1e-5);
+        let eps = bn.float_attr("epsilon");
         let per = w.len() / m;
         let bias = match conv.input(2) {
             Some(b) => match f32s(g, Some(b)) {
@@ -128,7 +128,7 @@ fn scale_shift_of(g: &mut Graph, i: usize) -> Option<(aim_ir::Node, aim_ir::Node
     if rank < 2 || [&beta, &mean, &var].iter().any(|v| v.len() != c) {
         return None;
     }
-    let eps = bn.float("epsilon", 1e-5);
+    let eps = bn.float_attr("epsilon");
     let k: Vec<f32> = (0..c).map(|o| scale[o] / (var[o] + eps).sqrt()).collect();
     let b: Vec<f32> = (0..c).map(|o| beta[o] - mean[o] * k[o]).collect();
     let shape: Vec<usize> = std::iter::once(c).chain(std::iter::repeat_n(1, rank - 2)).collect();

@@ -96,11 +96,11 @@ pub(super) fn check(n: &crate::Node, s: &OpSchema) -> Result<(), String> {
 const SOURCES: &str = "sources";
 
 const fn a(name: &'static str, kind: AttrKind) -> Attr {
-    Attr { name, kind, required: false }
+    Attr { name, kind, required: false, default: None }
 }
 
 const fn req(name: &'static str, kind: AttrKind) -> Attr {
-    Attr { name, kind, required: true }
+    Attr { name, kind, required: true, default: None }
 }
 
 const fn op(

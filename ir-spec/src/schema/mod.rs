@@ -51,6 +51,23 @@ pub enum AttrKind {
     Other,
 }
 
+/// The value an attribute has when a node leaves it out, as the op's schema states it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum AttrDefault {
+    /// One integer.
+    Int(i64),
+    /// One float.
+    Float(f32),
+    /// A string.
+    String(&'static str),
+    /// A list of integers.
+    Ints(&'static [i64]),
+    /// A list of floats.
+    Floats(&'static [f32]),
+    /// A list of strings.
+    Strings(&'static [&'static str]),
+}
+
 /// One attribute an op takes.
 #[derive(Clone, Copy, Debug)]
 pub struct Attr {
@@ -60,6 +77,8 @@ pub struct Attr {
     pub kind: AttrKind,
     /// Whether a node must give it.
     pub required: bool,
+    /// Its value when left out, where the schema states one.
+    pub default: Option<AttrDefault>,
 }
 
 /// An op's signature.
@@ -84,6 +103,14 @@ pub fn lookup(domain: &str, op: &str) -> Option<&'static OpSchema> {
         "aim" => aim_op(op).map(|o| &o.schema),
         _ => None,
     }
+}
+
+/// The default the schema of `op` in `domain` states for its attribute `name`: what a
+/// kernel or pass reads when a node leaves the attribute out, so that ONNX's defaults are
+/// written once (generated from the onnx package) rather than at every use.
+pub fn default_of(domain: &str, op: &str, name: &str) -> Option<AttrDefault> {
+    let s = lookup(domain, op)?;
+    s.attrs.binary_search_by(|a| a.name.cmp(name)).ok().and_then(|i| s.attrs[i].default)
 }
 
 /// Checks a node against its op's schema (arity, required operands, attribute types and
@@ -222,6 +249,21 @@ mod tests {
         assert!(check(&node("Concat", &["a", "b"], &["y"], &[])).unwrap_err().contains("'axis' is required"));
         assert!(check(&node("Concat", &[], &["y"], &[("axis", Value::Int(0))])).is_err());
         assert!(check(&node("Loop", &["", "", "v"], &["w"], &[("body", Value::Graph(Box::default()))])).is_ok());
+    }
+
+    #[test]
+    fn defaults_come_from_the_table() {
+        for op in ["BatchNormalization", "GroupNormalization", "InstanceNormalization", "LayerNormalization"] {
+            assert_eq!(default_of("", op, "epsilon"), Some(AttrDefault::Float(1e-5)), "{op}");
+            assert_eq!(node(op, &["x"], &["y"], &[]).float_attr("epsilon"), 1e-5, "{op}");
+        }
+        assert_eq!(
+            node("LayerNormalization", &["x"], &["y"], &[("epsilon", Value::Float(1e-3))]).float_attr("epsilon"),
+            1e-3
+        );
+        assert_eq!(default_of("", "Resize", "mode"), Some(AttrDefault::String("nearest")));
+        assert_eq!(default_of("", "Conv", "strides"), None);
+        assert!(node("Conv", &["x"], &["y"], &[]).float_attr("alpha").is_nan());
     }
 
     fn aim(op: &str, ins: &[&str], attrs: &[(&str, Value)]) -> Node {

@@ -741,7 +741,7 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<T
         Some(_) => return None,
         None => None,
     };
-    let eps = n.float("epsilon", 1e-5);
+    let eps = n.float_attr("epsilon");
     let mut y = match Output::new(cx.out, DType::F32, x.shape()) {
         Ok(y) => y,
         Err(e) => return Some(Err(e)),

@@ -27,7 +27,7 @@ fn batch_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let bias = per_channel(req(ins, 2)?, c, "B")?;
     let mut mean = per_channel(req(ins, 3)?, c, "mean")?;
     let mut var = per_channel(req(ins, 4)?, c, "var")?;
-    let eps = n.float("epsilon", 1e-5) as f64;
+    let eps = n.float_attr("epsilon") as f64;
     let (outer, _, inner) = lanes(x.shape(), 1);
     let xd = x.to_f64_vec();
     let training = n.int("training_mode", 0) != 0;
@@ -96,7 +96,7 @@ fn instance_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let scale = per_channel(req(ins, 1)?, c, "scale")?;
     let bias = per_channel(req(ins, 2)?, c, "B")?;
     let inner: usize = x.shape()[2..].iter().product();
-    let (mut y, _, _) = normalize_groups(&x.to_f64_vec(), inner, n.float("epsilon", 1e-5) as f64, false);
+    let (mut y, _, _) = normalize_groups(&x.to_f64_vec(), inner, n.float_attr("epsilon") as f64, false);
     for (i, v) in y.iter_mut().enumerate() {
         let ci = (i / inner.max(1)) % c;
         *v = *v * scale[ci] + bias[ci];
@@ -119,7 +119,7 @@ fn group_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     let inner: usize = x.shape()[2..].iter().product();
     let gsize = c / groups * inner;
-    let (mut y, _, _) = normalize_groups(&x.to_f64_vec(), gsize, n.float("epsilon", 1e-5) as f64, false);
+    let (mut y, _, _) = normalize_groups(&x.to_f64_vec(), gsize, n.float_attr("epsilon") as f64, false);
     for (i, v) in y.iter_mut().enumerate() {
         let ci = (i / inner.max(1)) % c;
         // Opset 18 had one scale per group, opset 21 one per channel.
@@ -136,7 +136,7 @@ fn layer_norm(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let ax = axis(n.int("axis", -1), x.rank())?;
     let group: usize = x.shape()[ax..].iter().product();
     let norm_shape = &x.shape()[ax..];
-    let (mut y, means, invs) = normalize_groups(&x.to_f64_vec(), group, n.float("epsilon", 1e-5) as f64, rms);
+    let (mut y, means, invs) = normalize_groups(&x.to_f64_vec(), group, n.float_attr("epsilon") as f64, rms);
     let scale = req(ins, 1)?;
     for t in [Some(scale), if rms { None } else { opt(ins, 2) }].into_iter().flatten() {
         if crate::util::broadcast_shapes(&[t.shape(), norm_shape])? != norm_shape {
