@@ -1451,6 +1451,8 @@ fn activations_leave_no_reference_kernel() {
         ("Softplus", vec![]),
         ("Softsign", vec![]),
         ("Mish", vec![]),
+        ("Swish", vec![]),
+        ("Swish", vec![float("alpha", 1.7)]),
         ("ThresholdedRelu", vec![float("alpha", 0.3)]),
         ("Gelu", vec![]),
         ("Erf", vec![]),

@@ -236,7 +236,7 @@ impl Builder<'_> {
         use Operand::Const;
         let known = matches!(
             n.op.as_str(),
-            "HardSigmoid" | "HardSwish" | "Softsign" | "PRelu" | "Gelu" | "Elu" | "Selu" | "Celu"
+            "HardSigmoid" | "HardSwish" | "Softsign" | "Swish" | "PRelu" | "Gelu" | "Elu" | "Selu" | "Celu"
         );
         if !known {
             return None;
@@ -261,6 +261,13 @@ impl Builder<'_> {
                 let a = self.emit(Inst::Unary(Unary::Abs, x));
                 let d = self.emit(Inst::Binary(Add, a, Const(1.0)));
                 self.emit(Inst::Binary(Binary::Div, x, d))
+            }
+            // x · sigmoid(alpha · x)
+            "Swish" => {
+                let alpha = n.float_attr("alpha");
+                let ax = if alpha == 1.0 { x } else { self.emit(Inst::Binary(Mul, x, Const(alpha))) };
+                let gate = self.emit(Inst::Unary(Unary::Sigmoid, ax));
+                self.emit(Inst::Binary(Mul, x, gate))
             }
             // max(x, 0) + slope · min(x, 0), for a scalar constant slope.
             "PRelu" => {
