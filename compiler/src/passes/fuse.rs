@@ -136,9 +136,9 @@ fn start(g: &Graph, producers: &HashMap<String, usize>, n: &Node) -> Option<Node
             f.inputs = vec![n.inputs[0].clone(), n.inputs[1].clone(), String::new()];
             Some(f)
         }
-        "Gemm" if w.rank() == 2 && n.float("alpha", 1.0) == 1.0 && n.int("transA", 0) == 0 => {
+        "Gemm" if w.rank() == 2 && n.float_attr("alpha") == 1.0 && n.int("transA", 0) == 0 => {
             let c = n.input(2);
-            if c.is_some() && (n.float("beta", 1.0) != 1.0 || !g.initializers.contains_key(c?)) {
+            if c.is_some() && (n.float_attr("beta") != 1.0 || !g.initializers.contains_key(c?)) {
                 return None;
             }
             let nout = if n.int("transB", 0) != 0 { w.shape()[0] } else { w.shape()[1] };

@@ -134,7 +134,7 @@ impl Builder<'_> {
             }
         } else if n.op == "LeakyRelu" {
             match n.input(0).and_then(|v| self.operand(v)) {
-                Some(a) => Inst::LeakyRelu(a, n.float("alpha", 0.01)),
+                Some(a) => Inst::LeakyRelu(a, n.float_attr("alpha")),
                 None => return false,
             }
         } else if let Some(last) = self.decomposed(n) {
@@ -246,7 +246,7 @@ impl Builder<'_> {
             // clip(alpha·x + beta, 0, 1); HardSwish is x · HardSigmoid(x) with 1/6 and 1/2.
             "HardSigmoid" | "HardSwish" => {
                 let (alpha, beta) =
-                    if n.op == "HardSwish" { (1.0 / 6.0, 0.5) } else { (n.float("alpha", 0.2), n.float("beta", 0.5)) };
+                    if n.op == "HardSwish" { (1.0 / 6.0, 0.5) } else { (n.float_attr("alpha"), n.float_attr("beta")) };
                 let ax = self.emit(Inst::Binary(Mul, x, Const(alpha)));
                 let shifted = self.emit(Inst::Binary(Add, ax, Const(beta)));
                 let gate = self.emit(Inst::Clip(shifted, 0.0, 1.0));
@@ -285,9 +285,9 @@ impl Builder<'_> {
             // Selu also scales the positive part by gamma.
             "Elu" | "Selu" | "Celu" => {
                 let (alpha, gamma, theta) = match n.op.as_str() {
-                    "Elu" => (n.float("alpha", 1.0), 1.0, 1.0),
-                    "Selu" => (n.float("alpha", 1.673_263_2), n.float("gamma", 1.050_701), 1.0),
-                    _ => (n.float("alpha", 1.0), 1.0, n.float("alpha", 1.0)),
+                    "Elu" => (n.float_attr("alpha"), 1.0, 1.0),
+                    "Selu" => (n.float_attr("alpha"), n.float_attr("gamma"), 1.0),
+                    _ => (n.float_attr("alpha"), 1.0, n.float_attr("alpha")),
                 };
                 let neg = self.emit(Inst::Binary(Binary::Min, x, Const(0.0)));
                 let arg = self.emit(Inst::Binary(Binary::Div, neg, Const(theta)));

@@ -110,7 +110,7 @@ fn weight(g: &Graph, n: &Node) -> Option<(Tensor, bool)> {
     }
     let trans = match n.op.as_str() {
         "MatMul" => false,
-        "Gemm" if n.float("alpha", 1.0) == 1.0 && n.float("beta", 1.0) == 1.0 && n.int("transA", 0) == 0 => {
+        "Gemm" if n.float_attr("alpha") == 1.0 && n.float_attr("beta") == 1.0 && n.int("transA", 0) == 0 => {
             n.int("transB", 0) != 0
         }
         _ => return None,

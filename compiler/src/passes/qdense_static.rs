@@ -77,7 +77,7 @@ fn match_layer(
     }
     let gemm = match n.op.as_str() {
         "MatMul" => false,
-        "Gemm" if n.float("alpha", 1.0) == 1.0 && n.float("beta", 1.0) == 1.0 && n.int("transA", 0) == 0 => true,
+        "Gemm" if n.float_attr("alpha") == 1.0 && n.float_attr("beta") == 1.0 && n.int("transA", 0) == 0 => true,
         _ => return None,
     };
     let trans_b = gemm && n.int("transB", 0) != 0;

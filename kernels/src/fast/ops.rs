@@ -278,16 +278,16 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
         "Softsign" => go!(|v: f32| v / (1.0 + v.abs())),
         "Mish" => go_fma!(|v: f32| v * math::tanh_with::<FMA>(softplus(v))),
         "LeakyRelu" => {
-            let a = n.float("alpha", 0.01);
+            let a = n.float_attr("alpha");
             go!(move |v: f32| if v < 0.0 { a * v } else { v })
         }
         "ThresholdedRelu" => {
-            let a = n.float("alpha", 1.0);
+            let a = n.float_attr("alpha");
             go!(move |v: f32| if v > a { v } else { 0.0 })
         }
         "HardSigmoid" | "HardSwish" => {
             let (a, b) =
-                if n.op == "HardSwish" { (1.0 / 6.0, 0.5) } else { (n.float("alpha", 0.2), n.float("beta", 0.5)) };
+                if n.op == "HardSwish" { (1.0 / 6.0, 0.5) } else { (n.float_attr("alpha"), n.float_attr("beta")) };
             let swish = n.op == "HardSwish";
             go!(move |v: f32| {
                 let g = (a * v + b).clamp(0.0, 1.0);
@@ -302,9 +302,9 @@ fn unary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor
         // Selu (theta = 1), Celu (gamma = 1, theta = alpha).
         "Elu" | "Selu" | "Celu" => {
             let (a, gamma, theta) = match n.op.as_str() {
-                "Elu" => (n.float("alpha", 1.0), 1.0, 1.0),
-                "Selu" => (n.float("alpha", 1.673_263_2), n.float("gamma", 1.050_701), 1.0),
-                _ => (n.float("alpha", 1.0), 1.0, n.float("alpha", 1.0)),
+                "Elu" => (n.float_attr("alpha"), 1.0, 1.0),
+                "Selu" => (n.float_attr("alpha"), n.float_attr("gamma"), 1.0),
+                _ => (n.float_attr("alpha"), 1.0, n.float_attr("alpha")),
             };
             go!(move |v: f32| if v > 0.0 { gamma * v } else { gamma * a * (math::exp(v / theta) - 1.0) })
         }

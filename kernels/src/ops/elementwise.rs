@@ -115,7 +115,7 @@ fn unary_fn(n: &Node) -> Option<Box<dyn Fn(f64) -> f64>> {
         }
         "Selu" => {
             let a = alpha(1.673_263_2);
-            let g = n.float("gamma", 1.050_701) as f64;
+            let g = n.float_attr("gamma") as f64;
             Box::new(move |x| if x > 0.0 { g * x } else { g * a * (x.exp() - 1.0) })
         }
         "HardSigmoid" => {
@@ -136,7 +136,7 @@ fn unary_fn(n: &Node) -> Option<Box<dyn Fn(f64) -> f64>> {
         }
         "Shrink" => {
             let l = n.float("lambd", 0.5) as f64;
-            let b = n.float("bias", 0.0) as f64;
+            let b = n.float_attr("bias") as f64;
             Box::new(move |x| {
                 if x < -l {
                     x + b

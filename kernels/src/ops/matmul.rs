@@ -92,7 +92,7 @@ fn gemm(node: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     }
     crate::util::check_out(dt, &[m, n])?;
     crate::util::check_count(crate::util::elements(&[m, n])?, 8)?;
-    let (alpha, beta) = (node.float("alpha", 1.0) as f64, node.float("beta", 1.0) as f64);
+    let (alpha, beta) = (node.float_attr("alpha") as f64, node.float_attr("beta") as f64);
     let (a, b) = (widen(&a), widen(&b));
     let c_in = opt(ins, 2).map(|c| {
         broadcast_shapes(&[c.shape(), &[m, n]]).and_then(|s| {

@@ -232,8 +232,7 @@ fn lrn(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     let x = req(ins, 0)?;
     need_rank(x, 2, "LRN")?;
     let size = n.int("size", 1).max(1) as usize;
-    let (alpha, beta, bias) =
-        (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
+    let (alpha, beta, bias) = (n.float_attr("alpha") as f64, n.float_attr("beta") as f64, n.float_attr("bias") as f64);
     let (outer, c, inner) = lanes(x.shape(), 1);
     let xd = x.to_f64_vec();
     let mut y = vec![0.0; xd.len()];
