@@ -462,9 +462,10 @@ pub(crate) fn tiles<F>(
     // 16 bits once per call (a pass over M·K bytes, next to M·K·N products) for
     // `int8::widened`: on AMD Zen 3 it ran 1.2–1.5× the sign kernel on a
     // transformer's layers (`qgemm_bench 400 384 1536`, alternating runs). A single row
-    // (a recurrent step) keeps the byte kernels, as do rows past `WIDEN_MAX_BYTES`.
+    // (a recurrent step) keeps the byte kernels, as do rows past `int8::widened::WIDEN_MAX_BYTES`.
     #[cfg(target_arch = "x86_64")]
-    let widened = (avx2 && !plain && m > 1 && m * groups * 8 <= WIDEN_MAX_BYTES).then(|| widen_rows(a, groups));
+    let widened = (avx2 && !plain && m > 1 && m * groups * 8 <= crate::int8::widened::WIDEN_MAX_BYTES)
+        .then(|| widen_rows(a, groups));
     #[cfg(target_arch = "x86_64")]
     let wide_base = widened.as_ref().map_or(0usize, |w| w.as_ptr() as usize);
     par.for_each(panels * splits, &|t| {
@@ -572,12 +573,6 @@ pub(crate) fn tiles<F>(
         }
     });
 }
-
-/// The most bytes of rows widened to 16 bits per call ([`widen_rows`]): 16 MiB, 4,096
-/// rows of 2,048 (larger products keep the byte kernels rather than hold a copy of that
-/// size).
-#[cfg(target_arch = "x86_64")]
-const WIDEN_MAX_BYTES: usize = 16 << 20;
 
 /// The rows of `a` widened to 16 bits (`groups·4` values per row, u8 with zeros, s8 with
 /// their sign), for [`crate::int8::widened`].

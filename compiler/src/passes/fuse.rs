@@ -361,7 +361,10 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             continue;
         }
         let n = g.nodes[i].clone();
-        let Some(mut f) = start(g, &producers, &n) else {
+        let Some(mut f) = start(g, &producers, &n).map(|mut f| {
+            aim_ir::schema::retain_known_attrs(&mut f);
+            f
+        }) else {
             continue;
         };
         // The output's dims (symbolic ones included: equal names are equal sizes), and the

@@ -536,14 +536,19 @@ fn int_node(
     };
     sources.extend(sources_of(qnode));
     attrs.insert(SOURCES.into(), Attr::Strings(sources));
-    Node {
+    let mut node = Node {
         name: format!("{name}/{}", op_name.to_lowercase()),
         op: op_name.into(),
         domain: "aim".into(),
         inputs,
         outputs: vec![b.to_string()],
         attrs,
+    };
+    // The pool's own attributes came over whole: any the model added beyond ONNX's go.
+    if matches!(op, IntOp::MaxPool { .. }) {
+        aim_ir::schema::retain_known_attrs(&mut node);
     }
+    node
 }
 
 /// Fuses each `aim:Add8` into the `aim:Conv8` making one of its operands, where that

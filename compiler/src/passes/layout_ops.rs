@@ -286,11 +286,13 @@ fn pooling(g: &mut Graph, st: &mut State, n: &mut Node, xb: &str) -> bool {
     let c = st.channels[xb];
     if super::layout::poolable(n) {
         n.domain = "aim".into();
+        aim_ir::schema::retain_known_attrs(n);
         n.inputs[0] = xb.to_string();
         st.block_output(g, n, 0, c);
         true
     } else if n.op == "GlobalAveragePool" && n.domain.is_empty() {
         n.domain = "aim".into();
+        aim_ir::schema::retain_known_attrs(n);
         n.inputs[0] = xb.to_string();
         n.attrs.insert(LAYOUT.into(), Attr::String("NCHWc".into()));
         n.attrs.insert(BLOCK.into(), Attr::Int(st.lanes as i64));

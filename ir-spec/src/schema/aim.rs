@@ -60,6 +60,15 @@ pub fn aim_op(op: &str) -> Option<&'static AimOp> {
     AIM_OPS.binary_search_by(|o| o.schema.op.cmp(op)).ok().map(|i| &AIM_OPS[i])
 }
 
+/// Drops the attributes of `n`, an ONNX node a pass is turning into the `aim` op of its
+/// row, that the row does not name: what a model file carries beyond the ONNX schema (ONNX
+/// Runtime would refuse it; aim ignores it, as on the ONNX op) must not make the `aim`
+/// node fail verification. `sources` stays.
+pub fn retain_known_attrs(n: &mut crate::Node) {
+    let Some(o) = aim_op(&n.op) else { return };
+    n.attrs.retain(|k, _| k == SOURCES || o.schema.attrs.binary_search_by(|a| a.name.cmp(k)).is_ok());
+}
+
 /// Checks the attributes of an `aim` node beyond their types: every attribute is one its
 /// row names (or `sources`), and the words some of them hold are ones the kernels know.
 pub(super) fn check(n: &crate::Node, s: &OpSchema) -> Result<(), String> {

@@ -13,7 +13,7 @@ mod aim;
 mod onnx;
 mod rules;
 
-pub use aim::{aim_op, AimOp, Kernel, Quantized};
+pub use aim::{aim_op, retain_known_attrs, AimOp, Kernel, Quantized};
 
 use crate::{Attr as Value, Node};
 

@@ -28,11 +28,6 @@ const WIDE_BELOW: usize = 16;
 /// Weight bytes per task's chunk of panels: a chunk stays in L2 while its rows pass.
 const CHUNK_BYTES: usize = 256 << 10;
 
-/// The largest input (with its spare bytes) widened to 16 bits for the widened kernel, in
-/// bytes of the widened copy: larger inputs keep the byte kernels rather than take a
-/// scratch buffer of more than 16 MiB.
-const WIDEN_MAX_BYTES: usize = 16 << 20;
-
 /// A convolution prepared for [`Conv8::run`]: packed weights and every per-channel
 /// quantity of the epilogue.
 #[derive(Clone, Debug)]
@@ -165,19 +160,33 @@ impl Conv8 {
         &self.window
     }
 
-    /// The microkernel [`Conv8::run`] takes on `isa`, by name (for schedule texts).
-    pub fn micro_name(&self, isa: Isa) -> &'static str {
-        if self.widens(isa) {
+    /// The microkernel [`Conv8::run`] takes on `isa` for an input of `pixels` pixels
+    /// (images × height × width), by name (for schedule texts).
+    pub fn micro_name(&self, isa: Isa, pixels: usize) -> &'static str {
+        if self.widens(isa, self.staged_bytes(pixels, pixels * self.c)) {
             return "AVX2 vpmaddwd on the input widened to 16 bits: exact";
         }
         Micro::for_isa(isa, self.avx2()).name()
     }
 
-    /// Whether [`Conv8::run`] widens the input to 16 bits on `isa` ([`super::widened`]):
-    /// AVX2 without VNNI, for weights the plain kernel cannot take (inputs of at most
-    /// [`WIDEN_MAX_BYTES`]).
-    fn widens(&self, isa: Isa) -> bool {
-        !self.plain && crate::qgemm::use_avx2(isa) && !crate::qgemm::use_vnni(isa)
+    /// The bytes [`Conv8::run`] reads for an input of `pixels` pixels held in `given`
+    /// bytes: every tap pointer is read for a whole group of four channels, past the last
+    /// pixel's channels where a tap's bytes are not a multiple of four, so a shorter input
+    /// is copied with room to spare.
+    fn staged_bytes(&self, pixels: usize, given: usize) -> usize {
+        let (c, kc, kw) = (self.c, self.groups * 4, self.window.kernel[1]);
+        let need = if self.wide { (pixels - kw.min(pixels)) * c + kc } else { (pixels - 1) * c + kc };
+        given.max(need)
+    }
+
+    /// Whether [`Conv8::run`] widens an input of `bytes` staged bytes to 16 bits on `isa`
+    /// ([`super::widened`]): AVX2 without VNNI, for weights the plain kernel cannot take,
+    /// where the widened copy stays within [`super::widened::WIDEN_MAX_BYTES`].
+    fn widens(&self, isa: Isa, bytes: usize) -> bool {
+        !self.plain
+            && crate::qgemm::use_avx2(isa)
+            && !crate::qgemm::use_vnni(isa)
+            && bytes * 2 <= super::widened::WIDEN_MAX_BYTES
     }
 
     /// The AVX2 kernel the packed weights take.
@@ -212,10 +221,7 @@ impl Conv8 {
         }
         let kc = self.groups * 4;
         let [kh, kw] = self.window.kernel;
-        // Every tap pointer is read for `kc` bytes: past the last pixel's channels when a
-        // tap's bytes are not a multiple of four, so that input is copied with room to spare.
-        let pixels = x.n * x.h * x.w;
-        let need = if self.wide { (pixels - kw.min(pixels)) * c + kc } else { (pixels - 1) * c + kc };
+        let need = self.staged_bytes(x.n * x.h * x.w, 0);
         let mut spare = crate::scratch::take_bytes(if x.data.len() < need { need } else { 0 });
         let data: &[u8] = if x.data.len() < need {
             spare[..x.data.len()].copy_from_slice(x.data);
@@ -236,7 +242,7 @@ impl Conv8 {
         let micro = Micro::for_isa(isa, self.avx2());
         // The input widened to 16 bits once, for the widened kernel: the tiles' pointers
         // into it are those into the bytes, at twice the offset.
-        let widened = self.widens(isa) && data.len() * 2 <= WIDEN_MAX_BYTES;
+        let widened = self.widens(isa, data.len());
         let mut data16 = crate::scratch::take_bytes(if widened { data.len() * 2 } else { 0 });
         if widened {
             super::widened::widen(data, false, &mut data16);

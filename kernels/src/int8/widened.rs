@@ -12,6 +12,12 @@
 //! is widened in the loop (one conversion per eight columns, shared by six rows), so that
 //! any s8 weights are exact at `vpmaddwd`'s rate: on Zen 3, 1.2–1.5× the sign kernel.
 
+/// The largest widened copy a call makes, in bytes (16 MiB: a convolution's input of 8 MiB,
+/// or 4,096 GEMM rows of 2,048): larger operands keep the byte kernels rather than hold a
+/// copy of that size. The quantized convolutions and the integer GEMM both apply it, and
+/// the schedule texts name the kernel by it.
+pub(crate) const WIDEN_MAX_BYTES: usize = 16 << 20;
+
 #[cfg(target_arch = "x86_64")]
 use crate::qgemm::{MR, NR};
 

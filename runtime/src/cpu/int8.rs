@@ -477,8 +477,8 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
             if *ncw { "NCW" } else { "NCHW" },
             q(qq)
         )],
-        (Int8Prep::Conv(k), Some(&[_, _, _, c]), Some(&[n, oh, ow, m])) => {
-            let micro = k.micro_name(isa);
+        (Int8Prep::Conv(k), Some(&[xn, xh, xw, c]), Some(&[n, oh, ow, m])) => {
+            let micro = k.micro_name(isa, xn * xh * xw);
             let taps = k.window().taps();
             vec![
                 format!(
