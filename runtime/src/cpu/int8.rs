@@ -199,8 +199,7 @@ impl ConvIntegerWeights {
 /// `aim:ConvInteger(x, W, x_zero, scale, bias, offset)`: the weights packed for the integer
 /// convolution, the bias and activation.
 fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
-    let (bytes, bias) = super::qconv::packed_weights(g, n, 4)?;
-    let s = *bytes.shape();
+    let (w, s, bias) = super::qconv::weights(g, n, 4)?;
     let doubled = n.int("doubled", 0) != 0;
     if doubled && (s.group != 1 || !s.c.is_multiple_of(2)) {
         return Err(prep_err(n, "doubled weights need one group and an even channel count"));
@@ -208,7 +207,7 @@ fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunEr
     let weight = if s.group == 1 && !aim_kernels::qgemm::use_vnni(isa) && aim_kernels::qconv16::available(isa) {
         // The weights less their zero point, whole again where they were split in two s8
         // parts (each filter's values, then its second parts).
-        let w = n.input(1).and_then(|w| g.initializers.get(w)).map(|t| t.data::<i8>()).unwrap_or_default();
+        let w = w.data::<i8>();
         let per = s.c * s.kernel[0] * s.kernel[1];
         let whole: Vec<i16> = match doubled {
             true => w
@@ -225,6 +224,8 @@ fn prepare_conv_integer(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunEr
             .map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
         ConvIntegerWeights::Wide(packed)
     } else {
+        let bytes = aim_kernels::qconv::PackedQConv::new(s, w.bytes())
+            .map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
         ConvIntegerWeights::Bytes(bytes)
     };
     Ok(Int8Prep::ConvInteger(Box::new(ConvIntegerPrep {

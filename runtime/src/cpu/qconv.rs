@@ -28,11 +28,14 @@ pub(super) struct QConvPrep {
     pub(super) requant: Option<Requant>,
 }
 
-/// The s8 weights of an integer convolution (`n`'s input 1: constant `[M, C/group, kh,
-/// kw]`) packed for the kernel with the node's window and groups, and its constant bias
-/// (input `bias`: one f32 per output channel), read where `aim:QConv` and
-/// `aim:ConvInteger` keep them.
-pub(super) fn packed_weights(g: &Graph, n: &Node, bias: usize) -> Result<(PackedQConv, Option<Vec<f32>>), RunError> {
+/// The weights of a quantized convolution node (a constant s8 `[M, C/group, kh, kw]`),
+/// the convolution's shape, and its bias (input `bias`, constant f32, one per output
+/// channel): checked, not yet packed, so the caller packs only the layout its kernel reads.
+pub(super) fn weights<'g>(
+    g: &'g Graph,
+    n: &Node,
+    bias: usize,
+) -> Result<(&'g aim_ir::Tensor, QConvShape, Option<Vec<f32>>), RunError> {
     let w = n
         .input(1)
         .and_then(|w| g.initializers.get(w))
@@ -63,6 +66,12 @@ pub(super) fn packed_weights(g: &Graph, n: &Node, bias: usize) -> Result<(Packed
         dilation: win.dilation,
         pads: win.pads,
     };
+    Ok((w, shape, bias))
+}
+
+/// [`weights`] packed for the byte kernel with the node's window and groups, and the bias.
+fn packed_weights(g: &Graph, n: &Node, bias: usize) -> Result<(PackedQConv, Option<Vec<f32>>), RunError> {
+    let (w, shape, bias) = weights(g, n, bias)?;
     let weight = PackedQConv::new(shape, w.bytes()).map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
     Ok((weight, bias))
 }
