@@ -114,11 +114,14 @@ impl Node {
     /// package), so a default is written once. Only for attributes whose schema has a
     /// default: one neither given nor defaulted reads as NaN.
     pub fn float_attr(&self, name: &str) -> f32 {
-        match (self.attrs.get(name), crate::schema::default_of(&self.domain, &self.op, name)) {
-            (Some(Attr::Float(v)), _) => *v,
-            (Some(Attr::Int(v)), _) => *v as f32,
-            (_, Some(crate::schema::AttrDefault::Float(v))) => v,
-            _ => f32::NAN,
+        match self.attrs.get(name) {
+            Some(Attr::Float(v)) => *v,
+            Some(Attr::Int(v)) => *v as f32,
+            // The table is searched only for an attribute the node leaves out.
+            _ => match crate::schema::default_of(&self.domain, &self.op, name) {
+                Some(crate::schema::AttrDefault::Float(v)) => v,
+                _ => f32::NAN,
+            },
         }
     }
 
