@@ -60,6 +60,8 @@ fn main() {
         ("resnet50 stem 7x7/2 3->64", 224, 224, 3, 64, 7, 2, false),
         ("resnet50 1x1 64->256 @56", 56, 56, 64, 256, 1, 1, false),
         ("resnet50 3x3 64->64 @56", 56, 56, 64, 64, 3, 1, false),
+        ("resnet50 3x3 128->128 @28", 28, 28, 128, 128, 3, 1, false),
+        ("resnet50 3x3 256->256 @14", 14, 14, 256, 256, 3, 1, false),
         ("resnet50 3x3 512->512 @7", 7, 7, 512, 512, 3, 1, false),
     ];
     println!("{isa:?}, one thread");
@@ -77,6 +79,22 @@ fn main() {
         } else {
             let wt = bytes(m * c * k * k, 2);
             let kernel = Conv8::new(c, m, window, Weights8 { w: &wt, scale: &scale, bias: None }, x8, out).unwrap();
+            if kernel.winograd_pays(isa, None) {
+                // Winograd applies: the direct kernel too, and which one the cost model picks.
+                let secs = time(|| kernel.run(isa, &input, None, &mut y, &Sequential));
+                let macs = (oh * ow * m * c * k * k) as f64;
+                let chosen = if kernel.winograd_pays(isa, Some([1, oh, ow])) { "Winograd" } else { "direct" };
+                println!(
+                    "{:32} {:8.1} us  {:6.1} GMAC/s (direct; {chosen} chosen)",
+                    name,
+                    secs * 1e6,
+                    macs / secs / 1e9
+                );
+                let kernel = kernel.into_winograd(&wt).unwrap();
+                let secs = time(|| kernel.run(isa, &input, None, &mut y, &Sequential));
+                println!("{:32} {:8.1} us  {:6.1} GMAC/s (Winograd)", name, secs * 1e6, macs / secs / 1e9);
+                continue;
+            }
             (time(|| kernel.run(isa, &input, None, &mut y, &Sequential)), oh * ow * m * c * k * k)
         };
         println!("{name:32} {:8.1} us  {:6.1} GMAC/s", secs * 1e6, macs as f64 / secs / 1e9);

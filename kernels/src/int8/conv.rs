@@ -15,6 +15,7 @@
 
 use super::epilogue::Epilogue8;
 use super::micro::{Avx2, Micro};
+use super::winograd::Wino8;
 use super::{Nhwc, Out8, SharedMut, Weights8, Window, Q8};
 use crate::gemm::{Isa, Parallel};
 use crate::qgemm::{MR, NR};
@@ -27,6 +28,10 @@ const WIDE_BELOW: usize = 16;
 
 /// Weight bytes per task's chunk of panels: a chunk stays in L2 while its rows pass.
 const CHUNK_BYTES: usize = 256 << 10;
+
+/// Bytes of transformed patches per group of Winograd tiles (see `Conv8::run_winograd`):
+/// what the panels of weights pass over, from L2 and L3.
+const WINO_GROUP_BYTES: usize = 1 << 20;
 
 /// A convolution prepared for [`Conv8::run`]: packed weights and every per-channel
 /// quantity of the epilogue.
@@ -60,6 +65,9 @@ pub struct Conv8 {
     fixes: Vec<Vec<(u32, u32, u32, i32)>>,
     /// The epilogue, with each output channel's scale (input × weight) and bias.
     ep: Epilogue8,
+    /// The weights transformed for Winograd F(2×2, 3×3) ([`super::winograd`]), when every
+    /// run takes it (the byte panels are then not kept).
+    wino: Option<Wino8>,
 }
 
 impl Conv8 {
@@ -124,7 +132,23 @@ impl Conv8 {
                 .map(|f| f.iter().map(|&(j, d, v)| (j, d / (groups as u32 * 4), d % (groups as u32 * 4), v)).collect())
                 .collect();
             let (taps, sign_init, plain) = (ntaps, None, true);
-            return Ok(Conv8 { c, m, window, wide, taps, groups, panels, x_zero, init, sign_init, plain, fixes, ep });
+            let wino = None;
+            return Ok(Conv8 {
+                c,
+                m,
+                window,
+                wide,
+                taps,
+                groups,
+                panels,
+                x_zero,
+                init,
+                sign_init,
+                plain,
+                fixes,
+                ep,
+                wino,
+            });
         }
         // Else a few −128s are packed as −127 and corrected per tile, so that the sign
         // kernel takes the convolution; the packed values' sums (one more per −128) start it.
@@ -141,8 +165,8 @@ impl Conv8 {
         }
         let sign_init = super::sign::fits(&panels)
             .then(|| init.iter().enumerate().map(|(p, i)| super::sign::start(i, &packed_sum[p * NR..])).collect());
-        let (taps, plain) = (ntaps, false);
-        Ok(Conv8 { c, m, window, wide, taps, groups, panels, x_zero, init, sign_init, plain, fixes, ep })
+        let (taps, plain, wino) = (ntaps, false, None);
+        Ok(Conv8 { c, m, window, wide, taps, groups, panels, x_zero, init, sign_init, plain, fixes, ep, wino })
     }
 
     /// Output channels.
@@ -160,9 +184,65 @@ impl Conv8 {
         &self.window
     }
 
+    /// Whether Winograd F(2×2, 3×3) ([`Conv8::into_winograd`]) pays on `isa` for `out` =
+    /// (images, height, width) of output (`None`: not known before the run, when it is
+    /// taken wherever it applies): on AVX2 without VNNI, where the direct kernel multiplies
+    /// at `vpmaddwd`'s rate as Winograd does, for a 3×3 stride-1 window over 16 to 1,024
+    /// channels, where [`Conv8::winograd_costs`] puts it below the direct kernel.
+    /// `AIM_NO_WINOGRAD` (set to anything) turns it off, for comparisons, as for the f32
+    /// convolutions.
+    pub fn winograd_pays(&self, isa: Isa, out: Option<[usize; 3]>) -> bool {
+        std::env::var_os("AIM_NO_WINOGRAD").is_none()
+            && crate::qgemm::use_avx2(isa)
+            && !crate::qgemm::use_vnni(isa)
+            && Wino8::applies(self.c, &self.window)
+            && out.is_none_or(|o| {
+                let (wino, direct) = self.winograd_costs(o);
+                wino < direct
+            })
+    }
+
+    /// The estimated costs, in multiply-adds, of Winograd and of the direct kernel for an
+    /// output of (images, height, width): their products, and the weights' bytes read.
+    pub fn winograd_costs(&self, [n, oh, ow]: [usize; 3]) -> (u64, u64) {
+        Wino8::costs(self.c, self.m, n, oh, ow)
+    }
+
+    /// The convolution with its weights `w` (the ones given to [`Conv8::new`]) transformed
+    /// for Winograd F(2×2, 3×3), which every run then takes (exact: the same bytes as the
+    /// direct kernel); the byte panels are dropped.
+    pub fn into_winograd(mut self, w: &[u8]) -> Result<Conv8, String> {
+        if !Wino8::applies(self.c, &self.window) {
+            return Err(format!("Winograd F(2×2, 3×3) does not take {:?} over {} channels", self.window, self.c));
+        }
+        if w.len() != self.m * self.c * 9 {
+            return Err(format!("{} weights for {} filters of {}×9", w.len(), self.m, self.c));
+        }
+        self.wino = Some(Wino8::new(self.c, self.m, w));
+        (self.panels, self.fixes, self.sign_init) = (Vec::new(), Vec::new(), None);
+        Ok(self)
+    }
+
+    /// Whether every run takes Winograd F(2×2, 3×3) ([`Conv8::into_winograd`]).
+    pub fn winograd(&self) -> bool {
+        self.wino.is_some()
+    }
+
+    /// Bytes the packed weights take.
+    pub fn weight_bytes(&self) -> usize {
+        self.wino.as_ref().map_or(self.panels.len(), Wino8::bytes)
+    }
+
     /// The microkernel [`Conv8::run`] takes on `isa` for an input of `pixels` pixels
     /// (images × height × width), by name (for schedule texts).
     pub fn micro_name(&self, isa: Isa, pixels: usize) -> &'static str {
+        if self.wino.is_some() {
+            return if crate::qgemm::use_avx2(isa) {
+                "Winograd F(2×2, 3×3) in 16-bit integers, AVX2 vpmaddwd: exact"
+            } else {
+                "Winograd F(2×2, 3×3) in 16-bit integers, portable: exact"
+            };
+        }
         if self.widens(isa, self.staged_bytes(pixels, pixels * self.c)) {
             return "AVX2 vpmaddwd on the input widened to 16 bits: exact";
         }
@@ -218,6 +298,9 @@ impl Conv8 {
         }
         if rows == 0 {
             return;
+        }
+        if let Some(wz) = &self.wino {
+            return self.run_winograd(wz, isa, x, res, y, par);
         }
         let kc = self.groups * 4;
         let [kh, kw] = self.window.kernel;
@@ -327,6 +410,102 @@ impl Conv8 {
                 }
             }
         });
+    }
+}
+
+impl Conv8 {
+    /// [`Conv8::run`] as Winograd F(2×2, 3×3) ([`super::winograd`]), over groups of tiles
+    /// whose transformed patches fit [`WINO_GROUP_BYTES`]: the patches of a group's blocks
+    /// of [`MR`] tiles transformed (in parallel), then per panel of output channels and
+    /// range of blocks (in parallel) the 16 products, the output transform and the
+    /// epilogue, each output row of a tile row in one call. A task's panel of transformed
+    /// weights (16 · channels · 64 bytes) is read once per group rather than once per
+    /// block, which matters where a few tiles meet many channels (ResNet's last stage).
+    fn run_winograd(&self, wz: &Wino8, isa: Isa, x: &Nhwc, res: Option<&[u8]>, y: &mut [u8], par: &dyn Parallel) {
+        use super::winograd::{output, patch, transform_inputs};
+        let (oh, ow) = self.window.output(x.h, x.w).expect("the window fits the input");
+        let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
+        let tiles = x.n * th * tw;
+        let blocks = tiles.div_ceil(MR);
+        let (m, c, depth) = (self.m, self.c, wz.depth());
+        let block_len = 16 * MR * depth;
+        let per_group = (WINO_GROUP_BYTES / (2 * block_len)).clamp(1, blocks);
+        let npanels = m.div_ceil(NR);
+        let zrow = vec![self.x_zero; c];
+        let avx2 = crate::qgemm::use_avx2(isa);
+        let fast = self.ep.fast(isa);
+        let yp = SharedMut(y.as_mut_ptr());
+        let (pt, pl) = (self.window.pads[0] as isize, self.window.pads[1] as isize);
+        // Block `blk`'s tiles: (image, tile row, tile column) each (the last repeated to
+        // fill the block) and how many.
+        let coords = |blk: usize| {
+            let t0 = blk * MR;
+            let nt = (tiles - t0).min(MR);
+            let at: [(usize, usize, usize); MR] = std::array::from_fn(|r| {
+                let t = t0 + r.min(nt - 1);
+                (t / (th * tw), t / tw % th, t % tw)
+            });
+            (at, nt)
+        };
+        let mut scratch = crate::scratch::take((per_group * block_len).div_ceil(2));
+        let v: &mut [i16] = bytemuck::cast_slice_mut(&mut scratch[..]);
+        let vp = SharedMut(v.as_mut_ptr());
+        for first in (0..blocks).step_by(per_group) {
+            let group = (blocks - first).min(per_group);
+            par.for_each(group, &|i| {
+                let vp = vp;
+                let (at, nt) = coords(first + i);
+                let px: [[*const u8; 16]; MR] = std::array::from_fn(|r| {
+                    let (img, ty, tx) = at[r];
+                    patch(x, img, 2 * ty as isize - pt, 2 * tx as isize - pl, &zrow)
+                });
+                // SAFETY: block i's part of the group's buffer, written by this task only.
+                let v = unsafe { std::slice::from_raw_parts_mut(vp.0.add(i * block_len), block_len) };
+                transform_inputs(&px[..nt], c, depth, v);
+            });
+            let splits = (par.threads() * 4).div_ceil(npanels).clamp(1, group);
+            let per_split = group.div_ceil(splits);
+            par.for_each(npanels * splits, &|task| {
+                let (vp, yp) = (vp, yp);
+                let (p, split) = (task % npanels, task / npanels);
+                let mut acc = Box::new([[[0i32; NR]; MR]; 16]);
+                let mut four = Box::new([[[0i32; NR]; MR]; 4]);
+                let (j0, init) = (p * NR, &self.init[p]);
+                let cols = (m - j0).min(NR);
+                for i in split * per_split..((split + 1) * per_split).min(group) {
+                    let (at, nt) = coords(first + i);
+                    // SAFETY: block i's transformed patches, written before this loop.
+                    let v = unsafe { std::slice::from_raw_parts(vp.0.add(i * block_len), block_len) };
+                    wz.products(avx2, v, nt, p, &mut acc);
+                    // Runs of tiles in one tile row: each of their four output pixels'
+                    // rows is one epilogue call (pixels two apart).
+                    let mut r = 0;
+                    while r < nt {
+                        let (img, ty, tx0) = at[r];
+                        let e = (r + 1..nt).find(|&e| at[e].0 != img || at[e].1 != ty).unwrap_or(nt);
+                        for k in r..e {
+                            output(&acc, k, init, &mut four, k - r);
+                        }
+                        for (q, sums) in four.iter().enumerate() {
+                            let (oy, ox0) = (2 * ty + q / 2, 2 * tx0 + q % 2);
+                            // The last tile of a row may hold only its left column.
+                            let rows = (e - r).min((ow - ox0).div_ceil(2));
+                            if oy >= oh || rows == 0 {
+                                continue;
+                            }
+                            let off = ((img * oh + oy) * ow + ox0) * m + j0;
+                            let resp = res.map_or(std::ptr::null(), |rr| rr[off..].as_ptr());
+                            // SAFETY: pixels ox0, ox0 + 2, … of row oy (rows of them, all
+                            // below ow), channels j0..j0 + cols, lie inside `y` and the
+                            // residual (n·oh·ow·m bytes each, checked by `run`); tasks
+                            // write disjoint tiles.
+                            unsafe { self.ep.tile(fast, isa, sums, rows, j0, cols, resp, yp.0.add(off), 2 * m) };
+                        }
+                        r = e;
+                    }
+                }
+            });
+        }
     }
 }
 

@@ -34,6 +34,7 @@ pub(crate) mod plain;
 pub mod pool;
 pub(crate) mod sign;
 pub(crate) mod widened;
+pub(crate) mod winograd;
 
 pub use epilogue::{Out8, Residual8};
 

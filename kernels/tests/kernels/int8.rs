@@ -139,6 +139,17 @@ fn cases() -> Vec<Case> {
             act: Some(Activation::Relu),
         },
         Case { n: 2, h: 11, w: 10, c: 16, m: 36, window: win(5, 1, 1, [2; 4]), residual: false, act: None },
+        // Winograd F(2×2, 3×3): odd output sizes, uneven padding, a residual, several images.
+        Case {
+            n: 2,
+            h: 7,
+            w: 10,
+            c: 20,
+            m: 40,
+            window: win(3, 1, 1, [1, 0, 2, 1]),
+            residual: true,
+            act: Some(Activation::Relu),
+        },
         Case {
             n: 1,
             h: 4,
@@ -228,18 +239,25 @@ fn conv_case(case: &Case, seed: &mut u64, x: &[u8], wt: &[u8], kernel: Option<&s
                 }
             }
         }
-        let k = Conv8::new(c, m, window, Weights8 { w: wt, scale: &w_scale, bias: Some(&bias) }, xq, out).unwrap();
-        for isa in isas() {
-            if isa.kind() == aim_kernels::gemm::IsaKind::Avx2 {
-                // The name the schedule prints for this input: `!word` for a kernel it must not be.
-                let runs = k.micro_name(isa, n * h * w);
+        let direct = Conv8::new(c, m, window, Weights8 { w: wt, scale: &w_scale, bias: Some(&bias) }, xq, out).unwrap();
+        // Winograd F(2×2, 3×3) where it takes the window, on every ISA: the same bytes.
+        let wino = direct.clone().into_winograd(wt);
+        let takes = window.kernel == [3, 3] && window.stride == [1, 1] && window.dilation == [1, 1];
+        assert_eq!(wino.is_ok(), takes && (16..=1024).contains(&c), "{window:?} c {c}: {:?}", wino.as_ref().err());
+        let kernels = [Some(direct), wino.ok()];
+        for (k, isa) in kernels.iter().flatten().flat_map(|k| isas().into_iter().map(move |i| (k, i))) {
+            // The name the schedule prints for this input: `!word` for a kernel it must not be.
+            let runs = k.micro_name(isa, n * h * w);
+            if k.winograd() {
+                assert!(runs.contains("Winograd"), "{isa:?}: {runs}");
+            } else if isa.kind() == aim_kernels::gemm::IsaKind::Avx2 {
                 let named = |s: &str| s.strip_prefix('!').map_or(runs.contains(s), |no| !runs.contains(no));
                 assert!(kernel.is_none_or(named), "{isa:?} c {c} m {m}: {runs}, not {kernel:?}");
             }
             let mut y = vec![0u8; want.len()];
             let input = Nhwc { data: x, n, h, w, c };
             k.run(isa, &input, case.residual.then_some(&res[..]), &mut y, &Sequential);
-            assert_eq!(y, want, "{isa:?} c {c} m {m} {window:?}");
+            assert_eq!(y, want, "{isa:?} c {c} m {m} {window:?} {runs}");
         }
     }
 }
@@ -393,6 +411,56 @@ fn lookup_is_the_table() {
             aim_kernels::int8::convert::lookup(isa, &x, &table, &mut y, &Sequential);
             assert_eq!(y, want, "{isa:?} length {len}");
         }
+    }
+}
+
+/// Winograd at its channel limit (1,024), on the inputs and weights that make the
+/// transformed values and the sums largest: the sums pass through i32 with wrap-around (see
+/// `int8::winograd`) and must still come out exact; a wrong wrap would move a byte by 2³⁰
+/// units of the sum, which these scales make about a hundred quanta.
+#[test]
+fn winograd_sums_are_exact_at_the_channel_limit() {
+    // 36 tiles: three blocks, in two groups of transformed patches.
+    let (h, w, c, m) = (12, 11, 1024, 6);
+    let window = Window { kernel: [3, 3], stride: [1, 1], dilation: [1, 1], pads: [1; 4] };
+    // Rows of 255 (largest sums) above a checkerboard of 255 and 0 (largest transformed
+    // inputs), and filters of −128, of 127 and of both in checkerboards (largest
+    // transformed filters).
+    let x: Vec<u8> =
+        (0..h * w * c).map(|i| if i / (c * w) < 3 || (i / c + i / (c * w)) % 2 == 0 { 255 } else { 0 }).collect();
+    let wt: Vec<u8> = (0..m * c * 9)
+        .map(|i| match (i / (c * 9), (i % 9 + i / 9 / 4) % 2) {
+            (0, _) | (2.., 0) => 0x80,
+            _ => 127,
+        })
+        .collect();
+    let xq = Q8 { scale: 1.0, zero: (m % 2) as u8 };
+    let out = Out8 { act: None, residual: None, q: Q8 { scale: 1.0, zero: 128 } };
+    let scale = [3e-7f32];
+    let k = Conv8::new(c, m, window, Weights8 { w: &wt, scale: &scale, bias: None }, xq, out).unwrap();
+    let k = k.into_winograd(&wt).unwrap();
+    let mut want = vec![0u8; h * w * m];
+    for oy in 0..h {
+        for ox in 0..w {
+            for o in 0..m {
+                let mut acc = 0i64;
+                for ci in 0..c {
+                    for t in 0..9 {
+                        let v = window
+                            .source(oy, ox, t / 3, t % 3, h, w)
+                            .map_or(xq.zero, |(iy, ix)| x[(iy * w + ix) * c + ci]);
+                        acc += (v as i64 - xq.zero as i64) * wt[(o * c + ci) * 9 + t] as i8 as i64;
+                    }
+                }
+                want[(oy * w + ox) * m + o] = epilogue(acc, scale[0], 0.0, &out, None);
+            }
+        }
+    }
+    assert!(want.iter().any(|&b| b < 60) && want.iter().any(|&b| b > 190), "sums near the limit: {want:?}");
+    for isa in isas() {
+        let mut y = vec![0u8; want.len()];
+        k.run(isa, &Nhwc { data: &x, n: 1, h, w, c }, None, &mut y, &Sequential);
+        assert_eq!(y, want, "{isa:?}");
     }
 }
 

@@ -101,7 +101,7 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa) -> Result<Prepared, RunErro
             };
             Int8Prep::MaxPool { window: window(n, k)?, ceil: n.int("ceil_mode", 0) != 0 }
         }
-        "Conv8" => prepare_conv(g, n)?,
+        "Conv8" => prepare_conv(g, n, isa)?,
         "ConvInteger" => prepare_conv_integer(g, n, isa)?,
         "Lut8" => {
             let t = n.ints("table").unwrap_or(&[]);
@@ -115,7 +115,7 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa) -> Result<Prepared, RunErro
     Ok(Prepared::Int8(Box::new(p)))
 }
 
-fn prepare_conv(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
+fn prepare_conv(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
     let w = n
         .input(1)
         .and_then(|w| g.initializers.get(w))
@@ -154,7 +154,14 @@ fn prepare_conv(g: &Graph, n: &Node) -> Result<Int8Prep, RunError> {
         if n.int("group", 1) != 1 {
             return Err(prep_err(n, "byte convolutions have one group, or are depthwise"));
         }
-        Conv8::new(ws[1], m, window, weights, x, out).map(|k| Int8Prep::Conv(Box::new(k)))
+        // Winograd where it multiplies less on this CPU, for the output size the graph gives
+        // (every run takes it: its weights replace the byte panels).
+        let out_hw = n.outputs.first().and_then(|o| g.value_type(o)?.concrete_shape());
+        let out_hw = out_hw.filter(|s| s.len() == 4).map(|s| [s[0], s[1], s[2]]);
+        Conv8::new(ws[1], m, window, weights, x, out).and_then(|k| {
+            let k = if k.winograd_pays(isa, out_hw) { k.into_winograd(bytes)? } else { k };
+            Ok(Int8Prep::Conv(Box::new(k)))
+        })
     };
     made.map_err(|e| prep_err(n, e))
 }
@@ -478,6 +485,26 @@ pub(super) fn schedule(p: &Int8Prep, isa: Isa, input: Option<&[usize]>, out: Opt
             if *ncw { "NCW" } else { "NCHW" },
             q(qq)
         )],
+        (Int8Prep::Conv(k), Some(&[xn, xh, xw, c]), Some(&[n, oh, ow, m])) if k.winograd() => {
+            let tiles = n * oh.div_ceil(2) * ow.div_ceil(2);
+            let cp = c.div_ceil(4) * 4;
+            let (wino, direct) = k.winograd_costs([n, oh, ow]);
+            vec![
+                format!(
+                    "Winograd F(2×2, 3×3): {tiles} tiles of 2×2 px, 16 GEMMs Y[{tiles} tiles × {m} ch] = V[tiles × {cp} ch] · U[{cp}×{m}] (16-bit transformed weights, {} KiB, packed at load in panels of {} channels); estimated cost {wino} multiply-adds against {direct} direct (products, and 11 per weight byte read)",
+                    k.weight_bytes() >> 10,
+                    aim_kernels::qgemm::NR,
+                ),
+                format!(
+                    "  per block of {} tiles: 4×4 input patches of the NHWC input [{xn},{xh},{xw},{c}] transformed (Bᵀ d B), microkernel {}×{} ({}), output transform (Aᵀ M A / 4), exact i32 sums; parallel for tile blocks",
+                    aim_kernels::qgemm::MR,
+                    aim_kernels::qgemm::MR,
+                    aim_kernels::qgemm::NR,
+                    k.micro_name(isa, xn * xh * xw)
+                ),
+                format!("  {}", ep(k.out())),
+            ]
+        }
         (Int8Prep::Conv(k), Some(&[xn, xh, xw, c]), Some(&[n, oh, ow, m])) => {
             let micro = k.micro_name(isa, xn * xh * xw);
             let taps = k.window().taps();
