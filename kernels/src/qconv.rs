@@ -230,7 +230,7 @@ fn quantize_planes(isa: Isa, x: &[f32], plane: usize, dst: &mut [u8], scale: f32
     let planes = x.len() / plane.max(1);
     let chunk = (planes.div_ceil(par.threads() * 2).max(1) * plane).max(1);
     let tasks = x.len().div_ceil(chunk);
-    let d = BytePtr(dst.as_mut_ptr());
+    let d = crate::util::SharedMut(dst.as_mut_ptr());
     par.for_each(tasks, &|t| {
         let d = d;
         let (lo, hi) = (t * chunk, ((t + 1) * chunk).min(x.len()));
@@ -239,13 +239,6 @@ fn quantize_planes(isa: Isa, x: &[f32], plane: usize, dst: &mut [u8], scale: f32
         crate::fast::quant::quantize(isa, &x[lo..hi], out, scale, zero);
     });
 }
-
-/// A raw pointer to a byte buffer that tasks writing disjoint parts may share.
-#[derive(Clone, Copy)]
-struct BytePtr(*mut u8);
-// SAFETY: every task writes its own part.
-unsafe impl Send for BytePtr {}
-unsafe impl Sync for BytePtr {}
 
 /// Gathers the taps of one group's quantized input into panels: for panel `p`, group of
 /// four taps `g`, pixel `j` and tap `t`, byte `((p·groups4 + g)·NR + j)·4 + t`.
@@ -265,7 +258,7 @@ fn pack(
     let k = s.depth();
     let npx = oh * ow;
     let panels = npx.div_ceil(NR);
-    let out = BytePtr(packed.as_mut_ptr());
+    let out = crate::util::SharedMut(packed.as_mut_ptr());
     // A 1×1 tap with unit stride and no padding reads a whole plane as it is.
     let whole = kh == 1 && kw == 1 && s.stride == [1, 1] && s.pads == [0; 4] && (oh, ow) == (h, w);
     let zeros = [0u8; NR];

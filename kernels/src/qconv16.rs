@@ -205,7 +205,7 @@ pub fn conv16(isa: Isa, p: &PackedConv16, a: &QConvInput, y: &mut [f32], par: &d
             x: xs.as_ptr(),
             xrow: s.stride[0] * wp * px,
             xps: s.stride[1] * px,
-            y: Out(y[img * s.m * npx..(img + 1) * s.m * npx].as_mut_ptr()),
+            y: crate::util::SharedMut(y[img * s.m * npx..(img + 1) * s.m * npx].as_mut_ptr()),
             oh,
             ow,
             panels,
@@ -241,7 +241,7 @@ fn blocked_pairs(
     let px = pb * 2;
     let plane = hp * wp * px;
     let blocks = c.div_ceil(2).div_ceil(pb);
-    let out = Out(dst.as_mut_ptr());
+    let out = crate::util::SharedMut(dst.as_mut_ptr());
     let z = zero as i16;
     par.for_each(blocks * h, &|t| {
         let out = out;
@@ -340,18 +340,6 @@ unsafe fn transpose16(src: &[Option<&[u8]>; 16], z: i16, dst: &mut [i16]) -> usi
     n
 }
 
-/// A raw pointer to a buffer that tasks writing disjoint parts share.
-struct Out<T>(*mut T);
-impl<T> Clone for Out<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for Out<T> {}
-// SAFETY: every task writes its own part.
-unsafe impl<T> Send for Out<T> {}
-unsafe impl<T> Sync for Out<T> {}
-
 /// One image's tasks.
 struct Job<'a> {
     isa: Isa,
@@ -364,7 +352,7 @@ struct Job<'a> {
     xrow: usize,
     xps: usize,
     /// The image's output, `[M][oh][ow]`.
-    y: Out<f32>,
+    y: crate::util::SharedMut<f32>,
     oh: usize,
     ow: usize,
     panels: usize,

@@ -244,7 +244,7 @@ pub fn quantize_rows(
     assert!(stride >= k && dst.len() >= m * stride, "the quantized rows do not fit");
     let per = rows_per_chunk(m, k, par);
     let chunks = m.div_ceil(per);
-    let out = BytePtr(dst.as_mut_ptr());
+    let out = crate::util::SharedMut(dst.as_mut_ptr());
     let sums = SumPtr(row_sums.as_mut_ptr(), row_sums.len());
     par.for_each(chunks, &|c| {
         let (out, sums) = (out, sums);
@@ -271,13 +271,6 @@ pub fn quantize_rows(
 fn rows_per_chunk(m: usize, k: usize, par: &dyn Parallel) -> usize {
     (16384 / k.max(1)).max(1).max(m.div_ceil(par.threads() * 4))
 }
-
-/// A raw pointer to the quantized rows that tasks writing disjoint rows may share.
-#[derive(Clone, Copy)]
-struct BytePtr(*mut u8);
-// SAFETY: every task writes its own rows.
-unsafe impl Send for BytePtr {}
-unsafe impl Sync for BytePtr {}
 
 /// The row sums, likewise (pointer and length).
 #[derive(Clone, Copy)]

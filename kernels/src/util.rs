@@ -220,3 +220,18 @@ pub fn need_float(t: &Tensor, what: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// A raw pointer to a buffer that the tasks of one parallel loop share, each writing a part
+/// no other task writes (every use says which), so that the loop's closure is `Sync`.
+#[derive(Debug)]
+pub(crate) struct SharedMut<T>(pub(crate) *mut T);
+
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
+// SAFETY: every user hands each task a disjoint part of the buffer, which outlives the loop.
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}

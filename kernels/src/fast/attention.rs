@@ -6,7 +6,8 @@
 //! is loaded once for all of them.
 
 use super::ops::{mask_row_offsets, scaled_softmax_row, shared_b_runs, Ctx};
-use super::output::{Out, Output};
+use super::output::Output;
+use crate::util::SharedMut;
 use crate::util::{broadcast_offsets, broadcast_shapes, err, Result};
 use aim_ir::{DType, Node, Tensor};
 
@@ -53,7 +54,7 @@ fn run(scale: f32, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, cx
     shape.extend([m, hv]);
     let mut y = Output::new(cx.out, DType::F32, &shape)?;
     let (qd, kd, vd) = (q.data::<f32>(), k.data::<f32>(), v.data::<f32>());
-    let out = Out(y.bits_mut().as_mut_ptr());
+    let out = SharedMut(y.bits_mut().as_mut_ptr());
     let units = shared_b_runs(&oq, &okv);
     // Work items: a unit's rows in chunks, so that a few units still use every thread.
     let per = (4096 / t.max(1)).clamp(1, 64);

@@ -5,9 +5,10 @@
 //! error messages to it (a mismatch falls back to the reference, which reports it).
 
 use super::copy::copy_bytes;
-use super::output::{Out, Output};
+use super::output::Output;
 use super::Ctx;
 use crate::util::Result;
+use crate::util::SharedMut;
 use aim_ir::{DType, Node, Tensor};
 
 /// The inputs present, when they all have one dtype.
@@ -48,7 +49,7 @@ fn copy_parts<'a>(
     count: usize,
     part: impl Fn(usize) -> (&'a [u8], usize, usize, usize) + Sync,
 ) {
-    let out = Out(dst.as_mut_ptr());
+    let out = SharedMut(dst.as_mut_ptr());
     let n = dst.len();
     let range = |lo: usize, hi: usize| {
         let out = out;

@@ -7,10 +7,11 @@
 //! Each follows its reference kernel's semantics exactly (the conversions are the same
 //! `Num` ones) and returns `None` for what it does not take, leaving errors to it.
 
-use super::output::{Out, Output};
+use super::output::Output;
 use super::Ctx;
 use crate::dispatch;
 use crate::num::Num;
+use crate::util::SharedMut;
 use crate::util::{broadcast_shapes, broadcast_strides, Result};
 use aim_ir::{DType, Node, Tensor};
 
@@ -59,7 +60,7 @@ fn for_rows<D: bytemuck::Pod + Send>(cx: &Ctx, dst: &mut [D], inner: usize, row:
         return;
     }
     let per = (SERIAL / inner).max(1);
-    let out = Out(dst.as_mut_ptr() as *mut u8);
+    let out = SharedMut(dst.as_mut_ptr() as *mut u8);
     cx.par.for_each(count.div_ceil(per), &|t| {
         let out = out;
         for r in t * per..((t + 1) * per).min(count) {

@@ -4,8 +4,9 @@
 use crate::gemm::IsaKind;
 
 use super::math;
-use super::output::{Out, OutSlot, Output};
+use super::output::{OutSlot, Output};
 use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel, Sequential};
+use crate::util::SharedMut;
 use crate::util::{axis, broadcast_offsets, broadcast_shapes, strides, Result};
 use aim_ir::{DType, Node, Tensor};
 
@@ -83,7 +84,7 @@ const CHUNK: usize = 16 * 1024;
 /// Runs `body(range)` over `0..n` in chunks on the pool, giving each chunk its slice of `dst`.
 fn chunked(par: &dyn Parallel, n: usize, dst: &mut [f32], body: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync)) {
     let chunks = n.div_ceil(CHUNK).max(1);
-    let out = Out(dst.as_mut_ptr());
+    let out = SharedMut(dst.as_mut_ptr());
     par.for_each(chunks, &|c| {
         let out = out;
         let r = c * CHUNK..((c + 1) * CHUNK).min(n);
@@ -414,7 +415,7 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         let tile = reps * inner;
         let step = tile * (CHUNK / tile).max(1);
         let parts = total.div_ceil(step);
-        let out = Out(yd.as_mut_ptr());
+        let out = SharedMut(yd.as_mut_ptr());
         let part = |p: usize| {
             let out = out;
             let r = p * step..((p + 1) * step).min(total);
@@ -449,7 +450,7 @@ fn binary(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
     let inner = shape.last().copied().unwrap_or(1).max(1);
     let per = (CHUNK / inner).max(1);
     let nrows = total / inner;
-    let out = Out(yd.as_mut_ptr());
+    let out = SharedMut(yd.as_mut_ptr());
     cx.par.for_each(nrows.div_ceil(per), &|t| {
         let out = out;
         for r in t * per..((t + 1) * per).min(nrows) {
@@ -555,7 +556,7 @@ fn strided_broadcast(
     };
     let rows: usize = outer.iter().map(|r| r.0).product();
     let (bd, sd) = (big.data::<f32>(), small.data::<f32>());
-    let out = Out(y.as_mut_ptr());
+    let out = SharedMut(y.as_mut_ptr());
     let ident = |v: f32| v;
     let tile_reps = reps.min(256usize.div_ceil(inner.max(1)));
     let row_len = reps * inner;
@@ -628,7 +629,7 @@ type RowFn<'a> = &'a (dyn Fn(usize, &[f32], &mut [f32]) + Sync);
 fn rows(par: &dyn Parallel, src: &[f32], dst: &mut [f32], len: usize, row: RowFn) {
     let nrows = src.len() / len.max(1);
     let per = (CHUNK / len.max(1)).max(1);
-    let out = Out(dst.as_mut_ptr());
+    let out = SharedMut(dst.as_mut_ptr());
     par.for_each(nrows.div_ceil(per), &|t| {
         let out = out;
         for i in t * per..((t + 1) * per).min(nrows) {
@@ -695,7 +696,7 @@ fn softmax(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
         let (src, block) = (x.data::<f32>(), len * inner);
         // Split the columns too when there are few blocks (one image, a long inner axis).
         let pieces = (inner / 256).clamp(1, 16);
-        let out = Out(y.bits_mut().as_mut_ptr());
+        let out = SharedMut(y.bits_mut().as_mut_ptr());
         cx.par.for_each(outer * pieces, &|t| {
             let out = out;
             let (o, p) = (t / pieces, t % pieces);
@@ -801,7 +802,7 @@ fn move_elements<T: bytemuck::Pod + Send + Sync>(
     let ost: Vec<usize> = perm[..r - 1].iter().map(|&p| st[p]).collect();
     let oshape = &shape[..r - 1];
     let per = (CHUNK / inner.max(1)).max(1);
-    let out = SendMut(dst.as_mut_ptr());
+    let out = SharedMut(dst.as_mut_ptr());
     cx.par.for_each(outer.div_ceil(per), &|t| {
         let out = out;
         for o in t * per..((t + 1) * per).min(outer) {
@@ -824,18 +825,6 @@ fn move_elements<T: bytemuck::Pod + Send + Sync>(
     });
     Some(())
 }
-
-/// A pointer to output elements that tasks writing disjoint rows share.
-struct SendMut<T>(*mut T);
-impl<T> Clone for SendMut<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendMut<T> {}
-// SAFETY: tasks write disjoint rows (see `move_elements`).
-unsafe impl<T> Send for SendMut<T> {}
-unsafe impl<T> Sync for SendMut<T> {}
 
 /// DequantizeLinear of 8- and 16-bit integers with an f32 scale, per tensor or per axis,
 /// into f32 (the reference kernel's narrow path, whose arithmetic it is); None for other
@@ -960,7 +949,7 @@ fn matmul(_n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tens
     };
     let (ad, bd) = (a.data::<f32>(), b.data::<f32>());
     let (isa, blocking) = (cx.isa, cx.blocking);
-    let out = Out(y.bits_mut().as_mut_ptr());
+    let out = SharedMut(y.bits_mut().as_mut_ptr());
     // Consecutive batch items that read one B (B broadcast over them, as grouped attention
     // heads share a key/value head) with consecutive A items are one product of more rows:
     // B is packed once for all of them.
@@ -1039,7 +1028,7 @@ fn pool2d(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tenso
         Err(e) => return Some(Err(e)),
     };
     let xd = x.data::<f32>();
-    let out = Out(y.bits_mut().as_mut_ptr());
+    let out = SharedMut(y.bits_mut().as_mut_ptr());
     // Separable: for each output row, reduce the window's input rows into one row (a
     // vectorisable pass over whole rows), then reduce each window's columns of that row.
     cx.par.for_each(nb * c, &|plane| {
@@ -1100,7 +1089,7 @@ fn global_pool(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<
         Err(e) => return Some(Err(e)),
     };
     let xd = x.data::<f32>();
-    let out = Out(y.bits_mut().as_mut_ptr());
+    let out = SharedMut(y.bits_mut().as_mut_ptr());
     cx.par.for_each(planes, &|i| {
         let out = out;
         let plane = &xd[i * size..(i + 1) * size];
@@ -1155,7 +1144,7 @@ pub fn scaled_masked_softmax(
     };
     let nrows = x.len() / len.max(1);
     let per = (CHUNK / len.max(1)).max(1);
-    let out = Out(y.as_mut_ptr());
+    let out = SharedMut(y.as_mut_ptr());
     par.for_each(nrows.div_ceil(per), &|t| {
         let out = out;
         let mut row = vec![0f32; len];

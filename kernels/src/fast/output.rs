@@ -24,20 +24,6 @@ impl OutSlot {
     }
 }
 
-/// An output pointer that parallel tasks writing disjoint parts of one buffer share.
-pub(super) struct Out<T>(pub(super) *mut T);
-
-impl<T> Clone for Out<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for Out<T> {}
-// SAFETY: every kernel using it has each task write a part of the buffer no other task
-// writes (said at each use), and the buffer outlives the parallel loop.
-unsafe impl<T> Send for Out<T> {}
-unsafe impl<T> Sync for Out<T> {}
-
 /// An output being written.
 pub(super) enum Output {
     /// The offered slot, and the output's shape.

@@ -6,9 +6,10 @@
 //! (`aim:Reduce`); this takes the others. Non-consecutive axes, empty groups and other
 //! dtypes go to the reference kernel.
 
-use super::output::{Out, Output};
+use super::output::Output;
 use super::Ctx;
 use crate::util::Result;
+use crate::util::SharedMut;
 use aim_ir::{DType, Node, Tensor};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -58,7 +59,7 @@ pub(super) fn reduce(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
     if dst.is_empty() {
         return Some(Ok(vec![y.finish()]));
     }
-    let out = Out(dst.as_mut_ptr());
+    let out = SharedMut(dst.as_mut_ptr());
     // Tasks of whole outer rows, about 16K source elements each.
     let per = (16 * 1024 / (group * inner).max(1)).max(1);
     let one = |t: usize| {

@@ -5,10 +5,11 @@
 //! with the innermost dim (the lanes) contiguous. Cases it does not take (more axes, the
 //! crop-box extrapolation of tf_crop_and_resize) run the reference kernel.
 
-use super::output::{Out, Output};
+use super::output::Output;
 use super::Ctx;
 use crate::ops::resize::{plan, Taps};
 use crate::util::Result;
+use crate::util::SharedMut;
 use aim_ir::{DType, Node, Tensor};
 
 /// (source index, weight) taps of every output position along one axis.
@@ -50,7 +51,7 @@ pub(super) fn resize(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Resul
         Err(e) => return Some(Err(e)),
     };
     let src = x.data::<f32>();
-    let dst = Out(y.bits_mut().as_mut_ptr());
+    let dst = SharedMut(y.bits_mut().as_mut_ptr());
     let row_in = win * inner;
     let row_out = wout * inner;
     if row_out == 0 {

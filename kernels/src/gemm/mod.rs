@@ -404,13 +404,6 @@ impl Parallel for Sequential {
     }
 }
 
-/// A raw pointer to C that tasks writing disjoint tiles may share.
-#[derive(Clone, Copy)]
-struct CPtr(*mut f32);
-// SAFETY: every task writes a disjoint set of C's tiles (see `gemm`).
-unsafe impl Send for CPtr {}
-unsafe impl Sync for CPtr {}
-
 /// Panics unless C (m×n, leading dimension `ldc`) and the epilogue's operands are large
 /// enough: the microkernels write through raw pointers.
 fn check_c(m: usize, n: usize, c: &[f32], ldc: usize, ep: &Epilogue) {
@@ -458,7 +451,7 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
     let kblocks = k.div_ceil(kc).max(1);
     // Tasks: groups of column panels, enough for every thread to have a few.
     let tasks = np.min(par.threads()).max(1);
-    let cp = CPtr(c.as_mut_ptr());
+    let cp = crate::util::SharedMut(c.as_mut_ptr());
     let mc_panels = (mc / mr).max(1);
     par.for_each(tasks, &|t| {
         let cp = cp;
@@ -597,13 +590,13 @@ pub fn gemm_rows(
 /// MR-row tiles (a batch-1 dense layer would otherwise compute MR rows to keep one).
 const SMALL_M: usize = 4;
 
-fn cp_of(c: &mut [f32]) -> CPtr {
-    CPtr(c.as_mut_ptr())
+fn cp_of(c: &mut [f32]) -> crate::util::SharedMut<f32> {
+    crate::util::SharedMut(c.as_mut_ptr())
 }
 
 /// C rows (m ≤ [`SMALL_M`]) as vector-matrix products over the packed B panels, reading A's
 /// rows straight from its packed panel.
-fn small_m(a: ARows, b: &PackedB, cp: CPtr, ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
+fn small_m(a: ARows, b: &PackedB, cp: crate::util::SharedMut<f32>, ldc: usize, ep: &Epilogue, par: &dyn Parallel) {
     let (m, n, isa, k, kc) = match a {
         ARows::Packed(p) => (p.m, b.n, p.isa, p.k, p.kc),
         ARows::Plain(_, m, k) => (m, b.n, b.isa, k, b.kc),
@@ -869,7 +862,7 @@ pub fn gemm_lazy_b(
     let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
     let kblocks = k.div_ceil(kc).max(1);
     let tasks = np.min(par.threads()).max(1);
-    let cp = CPtr(c.as_mut_ptr());
+    let cp = crate::util::SharedMut(c.as_mut_ptr());
     par.for_each(tasks, &|t| {
         let cp = cp;
         let (j0, j1) = (t * np / tasks, (t + 1) * np / tasks);

@@ -5,13 +5,7 @@
 //! by row (`kc_len × NR`, columns past n zero).
 
 use super::{Blocking, Isa};
-
-/// A pointer to packed data that tasks filling disjoint panels share.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: tasks write disjoint ranges (see `pack_rows`).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
+use crate::util::SharedMut;
 
 /// A (m×k) packed in MR-row panels.
 #[derive(Clone, Debug)]
@@ -99,7 +93,7 @@ impl PackedA {
         let kc = blocking.kc.max(1);
         let panels = m.div_ceil(mr);
         let mut data = vec![0f32; panels * mr * k.max(1)];
-        let ptr = SendPtr(data.as_mut_ptr());
+        let ptr = SharedMut(data.as_mut_ptr());
         let kblocks = k.div_ceil(kc);
         par.for_each(panels, &|pi| {
             let ptr = ptr;
@@ -168,7 +162,7 @@ impl PackedB {
         let kc = blocking.kc.max(1);
         let panels = n.div_ceil(nr);
         let mut data = vec![0f32; panels * nr * k.max(1)];
-        let ptr = SendPtr(data.as_mut_ptr());
+        let ptr = SharedMut(data.as_mut_ptr());
         let kblocks = k.div_ceil(kc);
         par.for_each(panels * kblocks, &|t| {
             let ptr = ptr;

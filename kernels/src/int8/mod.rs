@@ -152,9 +152,4 @@ impl Window {
     }
 }
 
-/// A raw pointer to an output that tasks writing disjoint parts may share.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedMut<T>(pub(crate) *mut T);
-// SAFETY: every user hands each task a disjoint part of the buffer.
-unsafe impl<T> Send for SharedMut<T> {}
-unsafe impl<T> Sync for SharedMut<T> {}
+pub(crate) use crate::util::SharedMut;
