@@ -7,12 +7,38 @@
 use super::{broadcast_dims, const_ints, dtype_of, norm_axis, shape_of, Ins};
 use crate::{DType, Dim, Graph, Node, ValueType};
 
-/// The output types of `n`, if this module has a rule for its op.
-pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueType>, String>> {
+/// The ops [`infer`] has rules for.
+pub(super) const OPS: &[&str] = &[
+    "Split",
+    "Slice",
+    "Pad",
+    "Expand",
+    "Tile",
+    "Range",
+    "Resize",
+    "Upsample",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "OneHot",
+    "TopK",
+    "GatherElements",
+    "ScatterElements",
+    "ScatterND",
+    "GatherND",
+    "NonZero",
+    "CumProd",
+    "Swish",
+    "RotaryEmbedding",
+    "ReverseSequence",
+    "EyeLike",
+];
+
+/// The output types of `n`, one of [`OPS`] (other ops: unknown).
+pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
     let dt = dtype_of(ins, 0);
     let ty = |shape: Option<Vec<Dim>>| ValueType { dtype: dt, shape };
     let one = |shape: Option<Vec<Dim>>| Ok(vec![ty(shape)]);
-    Some(match n.op.as_str() {
+    match n.op.as_str() {
         "Split" => split(g, n, ins).map(|shapes| shapes.into_iter().map(ty).collect()),
         "Slice" => slice(g, n, ins).and_then(one),
         "Pad" => pad(g, n, ins).and_then(one),
@@ -58,13 +84,13 @@ pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueTyp
         }
         "Resize" | "Upsample" => resize(g, n, ins).and_then(one),
         "DepthToSpace" | "SpaceToDepth" => {
-            let Some(x) = shape_of(ins, 0) else { return Some(one(None)) };
+            let Some(x) = shape_of(ins, 0) else { return one(None) };
             if x.len() != 4 {
-                return Some(Err(format!("{} needs a 4-D input, got rank {}", n.op, x.len())));
+                return Err(format!("{} needs a 4-D input, got rank {}", n.op, x.len()));
             }
             let b = n.int("blocksize", 0);
             if b < 1 {
-                return Some(Err(format!("blocksize must be positive, got {b}")));
+                return Err(format!("blocksize must be positive, got {b}"));
             }
             let b = b as usize;
             let f = |d: &Dim, up: bool| match d.known() {
@@ -82,7 +108,7 @@ pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueTyp
         }
         "OneHot" => {
             let Some(idx) = shape_of(ins, 0) else {
-                return Some(Ok(vec![ValueType { dtype: dtype_of(ins, 2), shape: None }]));
+                return Ok(vec![ValueType { dtype: dtype_of(ins, 2), shape: None }]);
             };
             let depth = g
                 .initializers
@@ -103,12 +129,9 @@ pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueTyp
         }
         "TopK" => {
             let Some(x) = shape_of(ins, 0) else {
-                return Some(Ok(vec![ty(None), ValueType { dtype: Some(DType::I64), shape: None }]));
+                return Ok(vec![ty(None), ValueType { dtype: Some(DType::I64), shape: None }]);
             };
-            let ax = match norm_axis(n.int("axis", -1), x.len()) {
-                Ok(a) => a,
-                Err(e) => return Some(Err(e)),
-            };
+            let ax = norm_axis(n.int("axis", -1), x.len())?;
             let mut out = x.clone();
             out[ax] = match const_ints(g, n, 1).as_deref() {
                 Some([k]) if *k >= 0 => Dim::Known(*k as usize),
@@ -119,7 +142,7 @@ pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueTyp
         "GatherElements" => Ok(vec![ValueType { dtype: dt, shape: shape_of(ins, 1) }]),
         "ScatterElements" | "ScatterND" => one(shape_of(ins, 0)),
         "GatherND" => {
-            let (Some(x), Some(idx)) = (shape_of(ins, 0), shape_of(ins, 1)) else { return Some(one(None)) };
+            let (Some(x), Some(idx)) = (shape_of(ins, 0), shape_of(ins, 1)) else { return one(None) };
             let b = n.int("batch_dims", 0).max(0) as usize;
             match idx.last().and_then(|d| d.known()) {
                 Some(k) if !idx.is_empty() && b + k <= x.len() => {
@@ -139,8 +162,8 @@ pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueTyp
             let dt = n.opt_int("dtype").and_then(|c| DType::from_onnx_code(c as i32)).or(dt);
             Ok(vec![ValueType { dtype: dt, shape: shape_of(ins, 0) }])
         }
-        _ => return None,
-    })
+        _ => Ok(vec![ValueType::unknown(); n.outputs.len()]),
+    }
 }
 
 /// The outputs of a Split: the split sizes along `axis` where known (a constant `split`, or

@@ -5,11 +5,28 @@
 use super::{dtype_of, shape_of, Ins};
 use crate::{DType, Dim, Graph, Node, ValueType};
 
-/// The output types of `n`, if this module has a rule for its op.
-pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueType>, String>> {
+/// The ops [`infer`] has rules for.
+pub(super) const OPS: &[&str] = &[
+    "ConvTranspose",
+    "LSTM",
+    "GRU",
+    "RNN",
+    "RoiAlign",
+    "GridSample",
+    "NonMaxSuppression",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "HannWindow",
+    "HammingWindow",
+    "BlackmanWindow",
+];
+
+/// The output types of `n`, one of [`OPS`] (other ops: unknown).
+pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Result<Vec<ValueType>, String> {
     let dt = dtype_of(ins, 0);
     let ty = |dtype: Option<DType>, shape: Option<Vec<Dim>>| ValueType { dtype, shape };
-    Some(match n.op.as_str() {
+    match n.op.as_str() {
         "ConvTranspose" => conv_transpose(n, ins).map(|s| vec![ty(dt, s)]),
         "LSTM" | "GRU" | "RNN" => Ok(recurrent(n, ins).into_iter().map(|s| ty(dt, s)).collect()),
         "RoiAlign" => {
@@ -50,8 +67,8 @@ pub(super) fn infer(g: &Graph, n: &Node, ins: Ins) -> Option<Result<Vec<ValueTyp
             let out = DType::from_onnx_code(n.int("output_datatype", 1) as i32);
             Ok(vec![ty(out, Some(vec![len]))])
         }
-        _ => return None,
-    })
+        _ => Ok(vec![ValueType::unknown(); n.outputs.len()]),
+    }
 }
 
 /// A ConvTranspose's output: `M = W[1]·group` channels, and per spatial dim the explicit
