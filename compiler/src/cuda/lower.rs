@@ -15,6 +15,55 @@ use aim_kernels::gemm::Activation;
 pub use aim_runtime::cuda::{Arg, CudaProgram, Launch, Storage, Value};
 use std::collections::HashMap;
 
+mod data;
+mod dense;
+mod norm;
+mod pointwise;
+mod windows;
+
+/// One op's lowering: checks the node and emits its kernels and launches.
+type LowerOp<'g> = fn(&mut Lowering<'g>, &Node) -> Result<(), String>;
+
+/// How each op lowers, by name (`aim` ops as `aim:Op`): the method, in its family's file
+/// (`lower/data.rs`, `pointwise.rs`, `norm.rs`, `dense.rs`, `windows.rs`); the helpers they
+/// share (values, launches, the GEMM) stay in this file. An op not listed has no GPU kernel: lowering it is an error naming
+/// the node.
+fn lowerings<'g>() -> Vec<(&'static [&'static str], LowerOp<'g>)> {
+    vec![
+        (&["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"], Lowering::views),
+        (&["aim:Elementwise"], Lowering::program),
+        (&["Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean"], Lowering::variadic),
+        (&["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"], Lowering::compare),
+        (&["Expand"], Lowering::expand),
+        (&["Slice"], Lowering::slice),
+        (&["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"], Lowering::reduce),
+        (&["Clip"], Lowering::clip),
+        (&["Relu", "Sigmoid", "Tanh", "Exp", "Erf", "Sqrt", "Neg", "Abs", "Reciprocal"], Lowering::unary),
+        (&["LeakyRelu", "HardSigmoid", "HardSwish", "Gelu", "Elu"], Lowering::activation),
+        (&["aim:Transpose", "Transpose"], Lowering::transpose),
+        (&["aim:Reduce", "GlobalAveragePool", "GlobalMaxPool"], Lowering::reduce_to),
+        (&["Softmax", "LogSoftmax"], Lowering::softmax),
+        (&["aim:Softmax"], Lowering::softmax_aim),
+        (&["LayerNormalization"], Lowering::layer_norm),
+        (&["aim:Dense"], Lowering::dense),
+        (&["MatMul"], Lowering::matmul),
+        (&["aim:Conv"], Lowering::conv),
+        (&["Where"], Lowering::select),
+        (&["aim:ConvTranspose", "ConvTranspose"], Lowering::conv_transpose),
+        (&["Resize"], Lowering::resize),
+        (&["Concat"], Lowering::concat),
+        (&["Split"], Lowering::split),
+        (&["MaxPool", "AveragePool"], Lowering::pool),
+        (&["Gather"], Lowering::gather),
+        (&["Cast", "CastLike"], Lowering::cast),
+    ]
+}
+
+/// The lowering of `op`, if the GPU has one.
+fn lowering<'g>(op: &str) -> Option<LowerOp<'g>> {
+    lowerings().into_iter().find(|(ops, _)| ops.contains(&op)).map(|(_, f)| f)
+}
+
 /// Why a graph could not be lowered.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("cuda backend: node '{node}' ({op}): {msg}")]
@@ -175,71 +224,6 @@ impl Lowering<'_> {
         self.launch(n, k, [grid, 1, 1], strided::BLOCK, args);
     }
 
-    /// Add, Sub, Mul, Div (two inputs) and Max, Min, Sum, Mean (any number), f32 with numpy
-    /// broadcasting, folded left to right as the reference kernels do.
-    fn variadic(&mut self, n: &Node) -> Result<(), String> {
-        let xs = (0..n.inputs.len()).map(|k| self.input(n, k)).collect::<Result<Vec<_>, _>>()?;
-        let binary = matches!(n.op.as_str(), "Add" | "Sub" | "Mul" | "Div");
-        if xs.is_empty() || (binary && xs.len() != 2) {
-            return Err(format!("{} inputs", xs.len()));
-        }
-        let y = self.output(n, 0)?;
-        let out = self.shape(y);
-        let mut strides = Vec::new();
-        for &x in &xs {
-            self.f32_value(x)?;
-            strides.push(strided::broadcast_strides(&self.shape(x), &out).ok_or("shapes do not broadcast")?);
-        }
-        let bin = match n.op.as_str() {
-            "Add" | "Sum" | "Mean" => Binary::Add,
-            "Sub" => Binary::Sub,
-            "Mul" => Binary::Mul,
-            "Div" => Binary::Div,
-            "Max" => Binary::Max,
-            _ => Binary::Min,
-        };
-        let mut prog: Vec<Inst> = (0..xs.len()).map(Inst::Input).collect();
-        let mut acc = 0;
-        for j in 1..xs.len() {
-            prog.push(Inst::Binary(bin, Operand::Ref(acc), Operand::Ref(j)));
-            acc = prog.len() - 1;
-        }
-        if n.op == "Mean" && xs.len() > 1 {
-            prog.push(Inst::Binary(Binary::Div, Operand::Ref(acc), Operand::Const(xs.len() as f32)));
-        }
-        self.strided(n, y, &xs, strides, &prog);
-        Ok(())
-    }
-
-    /// Equal, Less, Greater, LessOrEqual, GreaterOrEqual: bool bytes, operands broadcast.
-    fn compare(&mut self, n: &Node) -> Result<(), String> {
-        let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
-        let ty = match (self.values[a].dtype, self.values[b].dtype) {
-            (DType::F32, DType::F32) => strided::Operands::F32,
-            (DType::I64, DType::I64) => strided::Operands::I64,
-            (DType::I32, DType::I32) => strided::Operands::I32,
-            (DType::Bool, DType::Bool) if n.op == "Equal" => strided::Operands::Bool,
-            (x, z) => return Err(format!("comparing {x} with {z} is not supported on the GPU yet")),
-        };
-        let y = self.output(n, 0)?;
-        let out = self.shape(y);
-        let st = |l: &Self, v: usize| strided::broadcast_strides(&l.shape(v), &out).ok_or("shapes do not broadcast");
-        let strides = [st(self, a)?, st(self, b)?];
-        let cmp = match n.op.as_str() {
-            "Equal" => "eq",
-            "Less" => "lt",
-            "Greater" => "gt",
-            "LessOrEqual" => "le",
-            _ => "ge",
-        };
-        let count: usize = out.iter().product();
-        let k = strided::compare("compare", &out, &strides, cmp, ty);
-        let args = vec![Arg::Value(y), Arg::Value(a), Arg::Value(b), Arg::U64(count as u64)];
-        let grid = grid_for(count, strided::BLOCK, &self.target);
-        self.launch(n, k, [grid, 1, 1], strided::BLOCK, args);
-        Ok(())
-    }
-
     /// The integers of constant input `k` (or of attribute `attr` in older opsets).
     fn const_ints(&self, n: &Node, k: usize, attr: &str) -> Result<Option<Vec<i64>>, String> {
         match n.input(k).filter(|s| !s.is_empty()) {
@@ -255,576 +239,11 @@ impl Lowering<'_> {
         }
     }
 
-    /// Slice with constant starts, ends, axes and positive steps: a strided copy.
-    fn slice(&mut self, n: &Node) -> Result<(), String> {
-        let x = self.input(n, 0)?;
-        self.f32_value(x)?;
-        let y = self.output(n, 0)?;
-        let xs = self.shape(x);
-        let r = xs.len() as i64;
-        let starts = self.const_ints(n, 1, "starts")?.ok_or("no starts")?;
-        let ends = self.const_ints(n, 2, "ends")?.ok_or("no ends")?;
-        let axes = self.const_ints(n, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
-        let steps = self.const_ints(n, 4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
-        if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-            return Err("starts, ends, axes and steps of different lengths".into());
-        }
-        let contiguous = strided::contiguous(&xs);
-        let (mut begin, mut step) = (vec![0i64; xs.len()], vec![1i64; xs.len()]);
-        for j in 0..starts.len() {
-            let a = if axes[j] < 0 { axes[j] + r } else { axes[j] };
-            if !(0..r).contains(&a) {
-                return Err(format!("axis {} of rank {r}", axes[j]));
-            }
-            if steps[j] <= 0 {
-                return Err("steps below 1 are not supported on the GPU yet".into());
-            }
-            let dim = xs[a as usize] as i64;
-            let s = if starts[j] < 0 { starts[j].saturating_add(dim) } else { starts[j] };
-            begin[a as usize] = s.clamp(0, dim);
-            step[a as usize] = steps[j];
-        }
-        let ys = self.shape(y);
-        let base: u64 = (0..xs.len()).map(|d| begin[d] as u64 * contiguous[d]).sum();
-        let strides: Vec<u64> = (0..xs.len()).map(|d| step[d] as u64 * contiguous[d]).collect();
-        // The inferred output must lie inside the input from the start at these steps.
-        for d in 0..xs.len() {
-            if ys[d] > 0 && begin[d] as usize + (ys[d] - 1) * step[d] as usize >= xs[d] {
-                return Err(format!("output {ys:?} does not fit input {xs:?} along axis {d}"));
-            }
-        }
-        let count: usize = ys.iter().product();
-        if count > 0 {
-            let k = strided::mapped("slice", &ys, &[strides], &[base], &strided::contiguous(&ys), 0, &[Inst::Input(0)]);
-            let grid = grid_for(count, strided::BLOCK, &self.target);
-            self.launch(n, k, [grid, 1, 1], strided::BLOCK, vec![Arg::Value(y), Arg::Value(x), Arg::U64(count as u64)]);
-        }
-        Ok(())
-    }
-
-    /// ReduceSum / Mean / Max / Min of f32 over one block of adjacent axes (the cuda
-    /// pipeline turns trailing ones into `aim:Reduce`; this takes the others).
-    fn reduce(&mut self, n: &Node) -> Result<(), String> {
-        let x = self.input(n, 0)?;
-        self.f32_value(x)?;
-        let y = self.output(n, 0)?;
-        let xs = self.shape(x);
-        let r = xs.len() as i64;
-        let mode = ReduceMode::from_op(&n.op).ok_or("not a reduction")?;
-        let raw = self.const_ints(n, 1, "axes")?.unwrap_or_default();
-        let mut axes: Vec<usize> = if raw.is_empty() {
-            if n.int("noop_with_empty_axes", 0) != 0 {
-                return Err("a reduction over no axes is not supported on the GPU yet".into());
-            }
-            (0..xs.len()).collect()
-        } else {
-            let mut v = Vec::new();
-            for a in raw {
-                let a = if a < 0 { a + r } else { a };
-                if !(0..r).contains(&a) {
-                    return Err(format!("axis {a} of rank {r}"));
-                }
-                v.push(a as usize);
-            }
-            v
-        };
-        axes.sort_unstable();
-        axes.dedup();
-        let (first, last) = (axes[0], axes[axes.len() - 1]);
-        if last - first + 1 != axes.len() {
-            return Err("reductions over axes that are not adjacent are not supported on the GPU yet".into());
-        }
-        let outer: usize = xs[..first].iter().product();
-        let len: usize = xs[first..=last].iter().product();
-        let inner: usize = xs[last + 1..].iter().product();
-        if len == 0 {
-            return Err("a reduction over an empty axis is not supported on the GPU yet".into());
-        }
-        if self.shape(y).iter().product::<usize>() != outer * inner {
-            return Err(format!("output {:?} is not the input {xs:?} reduced", self.shape(y)));
-        }
-        if inner == 1 {
-            let k = reduce::kernel("reduce", mode);
-            let args = vec![Arg::Value(x), Arg::Value(y), Arg::U64(outer as u64), Arg::U64(len as u64)];
-            let grid = grid_for(outer * 32, reduce::BLOCK, &self.target);
-            self.launch(n, k, [grid, 1, 1], reduce::BLOCK, args);
-        } else {
-            let k = reduce::columns("reduce", mode, outer as u64, len as u64, inner as u64);
-            let grid = grid_for(outer * inner, reduce::BLOCK, &self.target);
-            self.launch(n, k, [grid, 1, 1], reduce::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
-        }
-        Ok(())
-    }
-
+    /// Lowers `n` through its op's entry in [`lowerings`].
     fn node(&mut self, n: &Node) -> Result<(), String> {
         let op = if n.domain.is_empty() { n.op.clone() } else { format!("{}:{}", n.domain, n.op) };
-        match op.as_str() {
-            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Dropout" => {
-                if n.outputs.iter().skip(1).any(|o| !o.is_empty()) {
-                    return Err("Dropout's mask output is not computed on the GPU".into());
-                }
-                if n.op == "Dropout" && self.const_ints(n, 2, "")?.is_some_and(|t| t.iter().any(|&v| v != 0)) {
-                    return Err("Dropout in training mode is not supported on the GPU".into());
-                }
-                let x = self.input(n, 0)?;
-                let y = self.output(n, 0)?;
-                if self.values[x].bytes() != self.values[y].bytes() {
-                    return Err("a view of another size".into());
-                }
-                self.values[y].storage = Storage::Alias(x);
-            }
-            "aim:Elementwise" => {
-                let lines = n.strings("program").ok_or("no program")?;
-                let prog = ewprog::parse(lines)?;
-                let xs = (0..n.inputs.len()).map(|k| self.input(n, k)).collect::<Result<Vec<_>, _>>()?;
-                let y = self.output(n, 0)?;
-                for &x in &xs {
-                    self.f32_value(x)?;
-                    if self.shape(x) != self.shape(y) {
-                        return Err("inputs of another shape than the output".into());
-                    }
-                }
-                let count: usize = self.shape(y).iter().product();
-                let k = elementwise::kernel("ew", &prog, xs.len());
-                let mut args = vec![Arg::Value(y)];
-                args.extend(xs.iter().map(|&x| Arg::Value(x)));
-                args.push(Arg::U64(count as u64));
-                let grid = grid_for(count, elementwise::BLOCK, &self.target);
-                self.launch(n, k, [grid, 1, 1], elementwise::BLOCK, args);
-            }
-            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Sum" | "Mean" => self.variadic(n)?,
-            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" => self.compare(n)?,
-            "Expand" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let y = self.output(n, 0)?;
-                let strides =
-                    strided::broadcast_strides(&self.shape(x), &self.shape(y)).ok_or("shapes do not broadcast")?;
-                self.strided(n, y, &[x], vec![strides], &[Inst::Input(0)]);
-            }
-            "Slice" => self.slice(n)?,
-            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" => self.reduce(n)?,
-            "Clip" => {
-                let x = self.input(n, 0)?;
-                let bounds = [self.opt_input(n, 1)?, self.opt_input(n, 2)?];
-                let y = self.output(n, 0)?;
-                let out = self.shape(y);
-                let mut xs = vec![x];
-                let mut prog = vec![Inst::Input(0)];
-                for (b, op) in bounds.into_iter().zip([Binary::Max, Binary::Min]) {
-                    let Some(b) = b else { continue };
-                    if self.values[b].bytes() != 4 {
-                        return Err("Clip's bounds must be scalars".into());
-                    }
-                    xs.push(b);
-                    prog.push(Inst::Input(xs.len() - 1));
-                    let last = prog.len();
-                    prog.push(Inst::Binary(op, Operand::Ref(last - 2), Operand::Ref(last - 1)));
-                }
-                let mut strides = Vec::new();
-                for &v in &xs {
-                    self.f32_value(v)?;
-                    strides.push(strided::broadcast_strides(&self.shape(v), &out).ok_or("shapes do not broadcast")?);
-                }
-                self.strided(n, y, &xs, strides, &prog);
-            }
-            "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Erf" | "Sqrt" | "Neg" | "Abs" | "Reciprocal" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let y = self.output(n, 0)?;
-                let u = match n.op.as_str() {
-                    "Relu" => Unary::Relu,
-                    "Sigmoid" => Unary::Sigmoid,
-                    "Tanh" => Unary::Tanh,
-                    "Exp" => Unary::Exp,
-                    "Erf" => Unary::Erf,
-                    "Sqrt" => Unary::Sqrt,
-                    "Neg" => Unary::Neg,
-                    "Abs" => Unary::Abs,
-                    _ => Unary::Reciprocal,
-                };
-                let strides = strided::broadcast_strides(&self.shape(x), &self.shape(y)).ok_or("shape mismatch")?;
-                self.strided(n, y, &[x], vec![strides], &[Inst::Input(0), Inst::Unary(u, Operand::Ref(0))]);
-            }
-            "LeakyRelu" | "HardSigmoid" | "HardSwish" | "Gelu" | "Elu" => {
-                let act = crate::passes::fuse::node_activation(self.g, n).ok_or("unknown activation")?;
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let y = self.output(n, 0)?;
-                let strides = strided::broadcast_strides(&self.shape(x), &self.shape(y)).ok_or("shape mismatch")?;
-                self.strided(n, y, &[x], vec![strides], &gemm::activation_program(act));
-            }
-            "aim:Transpose" | "Transpose" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let y = self.output(n, 0)?;
-                let shape = self.shape(x);
-                let perm: Vec<usize> = match n.ints("perm") {
-                    Some(p) => p.iter().map(|&d| d as usize).collect(),
-                    None => (0..shape.len()).rev().collect(),
-                };
-                if perm.len() != shape.len() || perm.iter().any(|&p| p >= shape.len()) {
-                    return Err(format!("perm {perm:?} for rank {}", shape.len()));
-                }
-                let strides = strided::transpose_strides(&shape, &perm);
-                self.strided(n, y, &[x], vec![strides], &[Inst::Input(0)]);
-            }
-            "aim:Reduce" | "GlobalAveragePool" | "GlobalMaxPool" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let y = self.output(n, 0)?;
-                let shape = self.shape(x);
-                let (mode, axis) = match n.op.as_str() {
-                    "Reduce" => (
-                        ReduceMode::parse(n.string("mode", "")).ok_or("unknown reduction mode")?,
-                        n.int("axis", 0) as usize,
-                    ),
-                    "GlobalAveragePool" => (ReduceMode::Mean, 2),
-                    _ => (ReduceMode::Max, 2),
-                };
-                if axis > shape.len() {
-                    return Err(format!("axis {axis} of rank {}", shape.len()));
-                }
-                let rows: usize = shape[..axis].iter().product();
-                let len: usize = shape[axis..].iter().product();
-                let k = reduce::kernel("reduce", mode);
-                let args = vec![Arg::Value(x), Arg::Value(y), Arg::U64(rows as u64), Arg::U64(len as u64)];
-                let grid = grid_for(rows * 32, reduce::BLOCK, &self.target);
-                self.launch(n, k, [grid, 1, 1], reduce::BLOCK, args);
-            }
-            "Softmax" | "LogSoftmax" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let y = self.output(n, 0)?;
-                let shape = self.shape(x);
-                let a = axis_of(n, -1, shape.len())?;
-                let len = shape[a];
-                let inner: usize = shape[a + 1..].iter().product();
-                let rows = shape[..a].iter().product::<usize>() * inner;
-                let log = n.op == "LogSoftmax";
-                let k = softmax::kernel("softmax", rows as u64, len as u64, inner as u64, 1.0, None, log);
-                let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);
-                self.launch(n, k, [grid, 1, 1], softmax::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
-            }
-            "aim:Softmax" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let mask = self.opt_input(n, 1)?;
-                let y = self.output(n, 0)?;
-                let shape = self.shape(x);
-                let len = *shape.last().ok_or("a scalar")?;
-                let rows: usize = shape[..shape.len() - 1].iter().product();
-                let mr = match mask {
-                    Some(m) => {
-                        self.f32_value(m)?;
-                        let ms = self.shape(m);
-                        if ms.len() > shape.len() || ms.last() != Some(&len) {
-                            return Err(format!("mask {ms:?} does not run along x {shape:?}"));
-                        }
-                        strided::broadcast_strides(&ms, &shape).ok_or("the mask does not broadcast")?;
-                        Some(softmax::MaskRows::new(&shape, &ms))
-                    }
-                    None => None,
-                };
-                let k =
-                    softmax::kernel("softmax", rows as u64, len as u64, 1, n.float("scale", 1.0), mr.as_ref(), false);
-                let mut args = vec![Arg::Value(x), Arg::Value(y)];
-                args.extend(mask.map(Arg::Value));
-                let grid = grid_for(rows * 32, softmax::BLOCK, &self.target);
-                self.launch(n, k, [grid, 1, 1], softmax::BLOCK, args);
-            }
-            "LayerNormalization" => {
-                let x = self.input(n, 0)?;
-                let scale = self.input(n, 1)?;
-                let bias = self.opt_input(n, 2)?;
-                self.f32_value(x)?;
-                if n.outputs.iter().skip(1).any(|o| !o.is_empty()) {
-                    return Err("the Mean and InvStdDev outputs are not computed on the GPU".into());
-                }
-                let y = self.output(n, 0)?;
-                let shape = self.shape(x);
-                let axis = axis_of(n, -1, shape.len())?;
-                let rows: usize = shape[..axis].iter().product();
-                let len: usize = shape[axis..].iter().product();
-                for v in std::iter::once(scale).chain(bias) {
-                    self.f32_value(v)?;
-                    if self.values[v].bytes() != 4 * len {
-                        return Err(format!("scale or bias of {:?}: one value per normalised element", self.shape(v)));
-                    }
-                }
-                let k =
-                    layernorm::kernel("layernorm", rows as u64, len as u64, n.float_attr("epsilon"), bias.is_some());
-                let mut args = vec![Arg::Value(x), Arg::Value(scale), Arg::Value(y)];
-                args.extend(bias.map(Arg::Value));
-                let grid = grid_for(rows * 32, layernorm::BLOCK, &self.target);
-                self.launch(n, k, [grid, 1, 1], layernorm::BLOCK, args);
-            }
-            "aim:Dense" => {
-                let a = self.input(n, 0)?;
-                let w = self.input(n, 1)?;
-                let bias = self.opt_input(n, 2)?;
-                let res = self.opt_input(n, 3)?;
-                let y = self.output(n, 0)?;
-                for v in [Some(a), Some(w), bias, res].into_iter().flatten() {
-                    self.f32_value(v)?;
-                }
-                let (ash, wsh) = (self.shape(a), self.shape(w));
-                // `trans_b`: the weight is stored `[N, K]`.
-                let cols = n.int(crate::passes::fuse::TRANS_B, 0) != 0;
-                let [kw, nw] = match (cols, &wsh[..]) {
-                    (false, &[k, n]) => [k, n],
-                    (true, &[n, k]) => [k, n],
-                    _ => return Err(format!("weights {wsh:?} are not a matrix")),
-                };
-                let k = *ash.last().ok_or("a scalar input")?;
-                if k != kw {
-                    return Err(format!("input {ash:?} and weights {wsh:?} do not chain"));
-                }
-                let m: usize = ash[..ash.len() - 1].iter().product();
-                if let Some(b) = bias {
-                    if self.values[b].bytes() != 4 * nw {
-                        return Err("the bias is not one value per output feature".into());
-                    }
-                }
-                if let Some(r) = res {
-                    if self.shape(r) != self.shape(y) {
-                        return Err("the residual's shape is not the output's".into());
-                    }
-                }
-                let g = Gemm {
-                    m: u32_of(m, "rows")?,
-                    n: u32_of(nw, "columns")?,
-                    k: u32_of(k, "depth")?,
-                    batch: 1,
-                    a: ALayout::Rows { batch_stride: 0 },
-                    b: if cols { BLayout::Cols { batch_stride: 0 } } else { BLayout::Rows { batch_stride: 0 } },
-                    y: YLayout::Rows { batch_stride: 0 },
-                    bias: bias.is_some(),
-                    residual: res.is_some(),
-                    activation: activation(n)?,
-                };
-                self.gemm(n, &g, a, w, y, bias, res)?;
-            }
-            "MatMul" => {
-                let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
-                self.f32_value(a)?;
-                self.f32_value(b)?;
-                let y = self.output(n, 0)?;
-                let (sa, sb) = (self.shape(a), self.shape(b));
-                if sa.len() < 2 || sb.len() < 2 {
-                    return Err("matrix products of vectors are not supported on the GPU yet".into());
-                }
-                let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
-                let (kb, nn) = (sb[sb.len() - 2], sb[sb.len() - 1]);
-                if k != kb {
-                    return Err(format!("{sa:?} and {sb:?} do not chain"));
-                }
-                let (ba, bb): (usize, usize) =
-                    (sa[..sa.len() - 2].iter().product(), sb[..sb.len() - 2].iter().product());
-                let batch = ba.max(bb);
-                let yb: usize = self.shape(y)[..self.shape(y).len() - 2].iter().product();
-                let same = sa[..sa.len() - 2].iter().rev().zip(sb[..sb.len() - 2].iter().rev()).all(|(x, y)| x == y);
-                if yb != batch || !((ba == bb && same) || ba == 1 || bb == 1) {
-                    return Err(format!("batch dims of {sa:?} and {sb:?} broadcast in a way not supported yet"));
-                }
-                let stride = |own: usize, per: usize| if own == 1 { 0 } else { per as u64 };
-                let g = Gemm {
-                    m: u32_of(m, "rows")?,
-                    n: u32_of(nn, "columns")?,
-                    k: u32_of(k, "depth")?,
-                    batch: u32_of(batch, "batch")?,
-                    a: ALayout::Rows { batch_stride: stride(ba, m * k) },
-                    b: BLayout::Rows { batch_stride: stride(bb, k * nn) },
-                    y: YLayout::Rows { batch_stride: (m * nn) as u64 },
-                    bias: false,
-                    residual: false,
-                    activation: Activation::Identity,
-                };
-                self.gemm(n, &g, a, b, y, None, None)?;
-            }
-            "aim:Conv" => self.conv(n)?,
-            "Where" => {
-                let (c, a, b) = (self.input(n, 0)?, self.input(n, 1)?, self.input(n, 2)?);
-                if self.values[c].dtype != DType::Bool {
-                    return Err("the condition must be bool".into());
-                }
-                self.f32_value(a)?;
-                self.f32_value(b)?;
-                let y = self.output(n, 0)?;
-                let out = self.shape(y);
-                let st =
-                    |l: &Self, v: usize| strided::broadcast_strides(&l.shape(v), &out).ok_or("shapes do not broadcast");
-                let strides = [st(self, c)?, st(self, a)?, st(self, b)?];
-                let count: usize = out.iter().product();
-                let k = strided::select("where", &out, &strides);
-                let args = vec![Arg::Value(y), Arg::Value(c), Arg::Value(a), Arg::Value(b), Arg::U64(count as u64)];
-                let grid = grid_for(count, strided::BLOCK, &self.target);
-                self.launch(n, k, [grid, 1, 1], strided::BLOCK, args);
-            }
-            "aim:ConvTranspose" | "ConvTranspose" => self.conv_transpose(n)?,
-            "Resize" => self.resize(n)?,
-            "Concat" => {
-                let y = self.output(n, 0)?;
-                let out = self.shape(y);
-                let a = axis_of(n, 0, out.len())?;
-                let ys = strided::contiguous(&out);
-                let mut at = 0usize;
-                for k in 0..n.inputs.len() {
-                    let x = self.input(n, k)?;
-                    self.f32_value(x)?;
-                    let xs = self.shape(x);
-                    if xs.len() != out.len() {
-                        return Err("inputs of another rank".into());
-                    }
-                    if xs.iter().product::<usize>() > 0 {
-                        let prog = [Inst::Input(0)];
-                        let k = strided::mapped(
-                            "concat",
-                            &xs,
-                            &[strided::contiguous(&xs)],
-                            &[0],
-                            &ys,
-                            at as u64 * ys[a],
-                            &prog,
-                        );
-                        let count: usize = xs.iter().product();
-                        let grid = grid_for(count, strided::BLOCK, &self.target);
-                        self.launch(
-                            n,
-                            k,
-                            [grid, 1, 1],
-                            strided::BLOCK,
-                            vec![Arg::Value(y), Arg::Value(x), Arg::U64(count as u64)],
-                        );
-                    }
-                    at += xs[a];
-                }
-                if at != out[a] {
-                    return Err(format!("inputs add up to {at} along axis {a}, the output has {}", out[a]));
-                }
-            }
-            "Split" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                let xs = self.shape(x);
-                let a = axis_of(n, 0, xs.len())?;
-                let strides = strided::contiguous(&xs);
-                let mut at = 0usize;
-                for k in 0..n.outputs.len() {
-                    if n.outputs[k].is_empty() {
-                        return Err("an omitted Split output is not supported on the GPU yet".into());
-                    }
-                    let y = self.output(n, k)?;
-                    let ys = self.shape(y);
-                    let count: usize = ys.iter().product();
-                    if count > 0 {
-                        let prog = [Inst::Input(0)];
-                        let kern = strided::mapped(
-                            "split",
-                            &ys,
-                            &[strided::contiguous(&xs)],
-                            &[at as u64 * strides[a]],
-                            &strided::contiguous(&ys),
-                            0,
-                            &prog,
-                        );
-                        let grid = grid_for(count, strided::BLOCK, &self.target);
-                        self.launch(
-                            n,
-                            kern,
-                            [grid, 1, 1],
-                            strided::BLOCK,
-                            vec![Arg::Value(y), Arg::Value(x), Arg::U64(count as u64)],
-                        );
-                    }
-                    at += ys.get(a).copied().unwrap_or(0);
-                }
-                if at != xs[a] {
-                    return Err(format!("outputs add up to {at} along axis {a}, the input has {}", xs[a]));
-                }
-            }
-            "MaxPool" | "AveragePool" => {
-                let x = self.input(n, 0)?;
-                self.f32_value(x)?;
-                if n.outputs.iter().skip(1).any(|o| !o.is_empty()) {
-                    return Err("MaxPool's indices output is not computed on the GPU".into());
-                }
-                let y = self.output(n, 0)?;
-                let ks = n.ints("kernel_shape").ok_or("no kernel_shape")?.to_vec();
-                let geom = self.geom(n, &self.shape(x), &self.shape(y), &ks)?;
-                if n.op == "AveragePool" && n.int("ceil_mode", 0) != 0 {
-                    return Err("AveragePool with ceil_mode is not supported on the GPU yet".into());
-                }
-                let images = u32_of(self.shape(x)[0], "images")?;
-                let p = conv::Pool {
-                    geom,
-                    images,
-                    max: n.op == "MaxPool",
-                    count_include_pad: n.int("count_include_pad", 0) != 0,
-                };
-                let count: usize = self.shape(y).iter().product();
-                let grid = grid_for(count, conv::BLOCK, &self.target);
-                self.launch(n, conv::pool("pool", &p), [grid, 1, 1], conv::BLOCK, vec![Arg::Value(x), Arg::Value(y)]);
-            }
-            "Gather" => {
-                let data = self.input(n, 0)?;
-                let idx = self.input(n, 1)?;
-                self.f32_value(data)?;
-                let i64 = match self.values[idx].dtype {
-                    DType::I64 => true,
-                    DType::I32 => false,
-                    d => return Err(format!("indices of {d}")),
-                };
-                let y = self.output(n, 0)?;
-                let shape = self.shape(data);
-                let a = axis_of(n, 0, shape.len())?;
-                let geom = gather::GatherGeom {
-                    outer: shape[..a].iter().product::<usize>() as u64,
-                    axis: shape[a] as u64,
-                    inner: shape[a + 1..].iter().product::<usize>() as u64,
-                    indices: self.shape(idx).iter().product::<usize>() as u64,
-                    i64,
-                };
-                let count: usize = self.shape(y).iter().product();
-                let args =
-                    vec![Arg::Value(data), Arg::Value(idx), Arg::Value(y), Arg::ErrorFlag, Arg::U64(count as u64)];
-                let grid = grid_for(count, gather::BLOCK, &self.target);
-                self.launch(n, gather::gather("gather", geom), [grid, 1, 1], gather::BLOCK, args);
-            }
-            "Cast" | "CastLike" => {
-                let x = self.input(n, 0)?;
-                let y = self.output(n, 0)?;
-                if self.values[x].dtype == self.values[y].dtype {
-                    self.values[y].storage = Storage::Alias(x);
-                    return Ok(());
-                }
-                let elem = |d: DType| match d {
-                    DType::F32 => Some(gather::Elem::F32),
-                    DType::I64 => Some(gather::Elem::I64),
-                    DType::I32 => Some(gather::Elem::I32),
-                    DType::Bool => Some(gather::Elem::Bool),
-                    DType::F16 => Some(gather::Elem::F16),
-                    DType::BF16 => Some(gather::Elem::Bf16),
-                    _ => None,
-                };
-                let (from, to) = (self.values[x].dtype, self.values[y].dtype);
-                let k = elem(from)
-                    .zip(elem(to))
-                    .and_then(|(f, t)| gather::cast("cast", f, t))
-                    .ok_or_else(|| format!("Cast from {from} to {to} is not supported on the GPU yet"))?;
-                let count: usize = self.shape(y).iter().product();
-                let grid = grid_for(count, gather::BLOCK, &self.target);
-                self.launch(
-                    n,
-                    k,
-                    [grid, 1, 1],
-                    gather::BLOCK,
-                    vec![Arg::Value(x), Arg::Value(y), Arg::U64(count as u64)],
-                );
-            }
-            _ => return Err("no GPU kernel for this op yet".into()),
-        }
-        Ok(())
+        let lower = lowering(&op).ok_or("no GPU kernel for this op yet")?;
+        lower(self, n)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -896,99 +315,6 @@ impl Lowering<'_> {
         v
     }
 
-    /// Resize through the reference kernel's plan: its taps as constant tables.
-    fn resize(&mut self, n: &Node) -> Result<(), String> {
-        let x = self.input(n, 0)?;
-        self.f32_value(x)?;
-        // The plan needs the input's shape only: its slot stays empty.
-        let mut ins = vec![None];
-        for k in 1..n.inputs.len() {
-            ins.push(match n.input(k).filter(|s| !s.is_empty()) {
-                None => None,
-                Some(name) => Some(
-                    self.g
-                        .initializers
-                        .get(name)
-                        .cloned()
-                        .ok_or_else(|| format!("input {k} ('{name}') must be a constant on the GPU"))?,
-                ),
-            });
-        }
-        let plan =
-            aim_kernels::ops::resize::plan_for(n, DType::F32, &self.shape(x), &ins).map_err(|e| e.to_string())?;
-        drop(ins);
-        let y = self.output(n, 0)?;
-        let xs = self.shape(x);
-        if plan.out != self.shape(y) {
-            return Err(format!("the plan's output {:?} is not the inferred {:?}", plan.out, self.shape(y)));
-        }
-        // Two adjacent axes: [outer, h, w, inner] (an axis that keeps its size gets identity taps).
-        let (hd, wd) = match plan.axes.as_slice() {
-            [] => (xs.len().saturating_sub(2), xs.len().saturating_sub(1)),
-            [(d, _)] if *d > 0 => (d - 1, *d),
-            [_] => (0, 1.min(xs.len() - 1)),
-            [(a, _), (b, _)] if *b == a + 1 => (*a, *b),
-            _ => return Err("resizing more than two adjacent axes is not supported on the GPU yet".into()),
-        };
-        if xs.len() < 2 || hd == wd {
-            return Err("Resize of a tensor of rank below 2 is not supported on the GPU yet".into());
-        }
-        let taps_of = |d: usize| -> Result<Vec<Vec<(usize, f32)>>, String> {
-            match plan.axes.iter().find(|(a, _)| *a == d) {
-                Some((_, t)) => t
-                    .iter()
-                    .map(|p| {
-                        p.as_ref().map(|p| p.iter().map(|&(i, w)| (i, w as f32)).collect()).ok_or_else(|| {
-                            "tf_crop_and_resize extrapolation is not supported on the GPU yet".to_string()
-                        })
-                    })
-                    .collect(),
-                None => Ok((0..xs[d]).map(|i| vec![(i, 1.0)]).collect()),
-            }
-        };
-        let (ht, wt) = (taps_of(hd)?, taps_of(wd)?);
-        let width = |t: &[Vec<(usize, f32)>]| t.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        let (th, tw) = (width(&ht), width(&wt));
-        if th * tw > 64 {
-            return Err(format!("{th}×{tw} taps per output: too many to unroll"));
-        }
-        // Padded to a fixed tap count with zero weights on index 0.
-        let tables = |t: &[Vec<(usize, f32)>], w: usize| -> (aim_ir::Tensor, aim_ir::Tensor) {
-            let mut idx = Vec::with_capacity(t.len() * w);
-            let mut wt = Vec::with_capacity(t.len() * w);
-            for p in t {
-                for j in 0..w {
-                    let (i, v) = p.get(j).copied().unwrap_or((0, 0.0));
-                    idx.push(i as i32);
-                    wt.push(v);
-                }
-            }
-            (aim_ir::Tensor::from_vec(&[idx.len()], idx), aim_ir::Tensor::from_vec(&[wt.len()], wt))
-        };
-        let (hi, hw) = tables(&ht, th);
-        let (wi, ww) = tables(&wt, tw);
-        let args_t =
-            [self.table(n, "hidx", hi), self.table(n, "hw", hw), self.table(n, "widx", wi), self.table(n, "ww", ww)];
-        let ys = self.shape(y);
-        let geom = resize::ResizeGeom {
-            outer: xs[..hd].iter().product::<usize>() as u64,
-            h: xs[hd] as u64,
-            w: xs[wd] as u64,
-            inner: xs[wd + 1..].iter().product::<usize>() as u64,
-            oh: ys[hd] as u64,
-            ow: ys[wd] as u64,
-            th: th as u32,
-            tw: tw as u32,
-        };
-        let count: usize = ys.iter().product();
-        let mut args = vec![Arg::Value(x), Arg::Value(y)];
-        args.extend(args_t.iter().map(|&v| Arg::Value(v)));
-        args.push(Arg::U64(count as u64));
-        let grid = grid_for(count, resize::BLOCK, &self.target);
-        self.launch(n, resize::kernel("resize", &geom), [grid, 1, 1], resize::BLOCK, args);
-        Ok(())
-    }
-
     /// A 2-D window's geometry from the node's attributes and the NCHW shapes.
     fn geom(&self, n: &Node, x: &[usize], y: &[usize], ks: &[i64]) -> Result<ConvGeom, String> {
         if x.len() != 4 || y.len() != 4 || ks.len() != 2 {
@@ -1021,45 +347,6 @@ impl Lowering<'_> {
         })
     }
 
-    fn conv_transpose(&mut self, n: &Node) -> Result<(), String> {
-        let x = self.input(n, 0)?;
-        let w = self.input(n, 1)?;
-        let bias = self.opt_input(n, 2)?;
-        let res = if n.domain == "aim" { self.opt_input(n, 3)? } else { None };
-        let y = self.output(n, 0)?;
-        for v in [Some(x), Some(w), bias, res].into_iter().flatten() {
-            self.f32_value(v)?;
-        }
-        let (xs, ws, ys) = (self.shape(x), self.shape(w), self.shape(y));
-        if ws.len() != 4 || xs.len() != 4 || ys.len() != 4 {
-            return Err("only 2-D transposed convolutions are supported on the GPU yet".into());
-        }
-        if n.ints("output_shape").is_some() && n.ints("pads").is_none() {
-            return Err("ConvTranspose with output_shape (pads derived from it) is not supported on the GPU yet".into());
-        }
-        let groups = n.int("group", 1).max(1) as u32;
-        let geom = self.geom(n, &xs, &ys, &[ws[2] as i64, ws[3] as i64])?;
-        let oc = u32_of(ws[1], "output channels per group")? * groups;
-        if ws[0] as u32 != geom.c || geom.c % groups != 0 || ys[1] as u32 != oc {
-            return Err(format!("weights {ws:?} for {} channels in {groups} groups", geom.c));
-        }
-        if geom.kh * geom.kw > conv::MAX_TAPS {
-            return Err(format!("windows of more than {} taps are not supported on the GPU yet", conv::MAX_TAPS));
-        }
-        let act = if n.domain == "aim" { activation(n)? } else { Activation::Identity };
-        let d = conv::DirectConv {
-            geom,
-            images: u32_of(xs[0], "images")?,
-            oc,
-            groups,
-            bias: bias.is_some(),
-            residual: res.is_some(),
-            activation: act,
-        };
-        self.launch_direct(n, conv::transposed("deconv", &d), [x, w, y], bias, res);
-        Ok(())
-    }
-
     /// Launches a direct or transposed convolution kernel (`x, w, y[, bias][, r]`), a
     /// thread per output element.
     fn launch_direct(
@@ -1076,68 +363,6 @@ impl Lowering<'_> {
         let count: usize = self.shape(y).iter().product();
         let grid = grid_for(count, conv::BLOCK, &self.target);
         self.launch(n, k, [grid, 1, 1], conv::BLOCK, args);
-    }
-
-    fn conv(&mut self, n: &Node) -> Result<(), String> {
-        if n.attrs.contains_key("layout") {
-            return Err("blocked layouts are the cpu backend's".into());
-        }
-        let x = self.input(n, 0)?;
-        let w = self.input(n, 1)?;
-        let bias = self.opt_input(n, 2)?;
-        let res = self.opt_input(n, 3)?;
-        let y = self.output(n, 0)?;
-        for v in [Some(x), Some(w), bias, res].into_iter().flatten() {
-            self.f32_value(v)?;
-        }
-        let (xs, ws, ys) = (self.shape(x), self.shape(w), self.shape(y));
-        if ws.len() != 4 {
-            return Err("only 2-D convolutions are supported on the GPU yet".into());
-        }
-        let geom = self.geom(n, &xs, &ys, &[ws[2] as i64, ws[3] as i64])?;
-        let groups = n.int("group", 1).max(1) as u32;
-        let oc = u32_of(ws[0], "output channels")?;
-        if geom.c % groups != 0 || oc % groups != 0 || ws[1] as u32 * groups != geom.c {
-            return Err(format!("weights {ws:?} for {} channels in {groups} groups", geom.c));
-        }
-        if res.is_some_and(|r| self.shape(r) != ys) {
-            return Err("the residual's shape is not the output's".into());
-        }
-        let act = activation(n)?;
-        let images = u32_of(xs[0], "images")?;
-        if groups == 1 {
-            let hw = geom.oh * geom.ow;
-            let g = Gemm {
-                m: u32_of(xs[0] * hw as usize, "rows")?,
-                n: oc,
-                k: geom.c * geom.kh * geom.kw,
-                batch: 1,
-                a: ALayout::Im2col(geom),
-                b: BLayout::Cols { batch_stride: 0 },
-                y: YLayout::Nchw { hw },
-                bias: bias.is_some(),
-                residual: res.is_some(),
-                activation: act,
-            };
-            return self.gemm(n, &g, x, w, y, bias, res);
-        }
-        if geom.kh * geom.kw > conv::MAX_TAPS {
-            return Err(format!(
-                "grouped windows of more than {} taps are not supported on the GPU yet",
-                conv::MAX_TAPS
-            ));
-        }
-        let d = conv::DirectConv {
-            geom,
-            images,
-            oc,
-            groups,
-            bias: bias.is_some(),
-            residual: res.is_some(),
-            activation: act,
-        };
-        self.launch_direct(n, conv::direct("conv", &d), [x, w, y], bias, res);
-        Ok(())
     }
 }
 
@@ -1295,4 +520,24 @@ fn plan_arena(p: &mut CudaProgram) {
         arena = arena.max(off + bytes);
     }
     p.arena_bytes = arena;
+}
+
+#[cfg(test)]
+mod table_tests {
+    /// Each op is in one row (a second would never be reached), and every name is an ONNX
+    /// op or an op of aim's table.
+    #[test]
+    fn every_op_lowers_one_way() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (ops, _) in super::lowerings() {
+            for &op in ops {
+                assert!(seen.insert(op), "{op} is listed twice");
+                let known = match op.strip_prefix("aim:") {
+                    Some(a) => aim_ir::schema::lookup("aim", a).is_some(),
+                    None => aim_ir::schema::lookup("", op).is_some(),
+                };
+                assert!(known, "{op} is not an op of the schema");
+            }
+        }
+    }
 }
