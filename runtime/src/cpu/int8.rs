@@ -154,12 +154,12 @@ fn prepare_conv(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
         if n.int("group", 1) != 1 {
             return Err(prep_err(n, "byte convolutions have one group, or are depthwise"));
         }
-        // Winograd where it multiplies less on this CPU, for the output size the graph gives
-        // (every run takes it: its weights replace the byte panels).
-        let out_hw = n.outputs.first().and_then(|o| g.value_type(o)?.concrete_shape());
-        let out_hw = out_hw.filter(|s| s.len() == 4).map(|s| [s[0], s[1], s[2]]);
+        // Winograd where it costs less on this CPU, for the output (images, height, width) the
+        // graph gives (every run takes it: its weights replace the byte panels).
+        let out_dims = n.outputs.first().and_then(|o| g.value_type(o)?.concrete_shape());
+        let out_dims = out_dims.filter(|s| s.len() == 4).map(|s| [s[0], s[1], s[2]]);
         Conv8::new(ws[1], m, window, weights, x, out).and_then(|k| {
-            let k = if k.winograd_pays(isa, out_hw) { k.into_winograd(bytes)? } else { k };
+            let k = if k.winograd_pays(isa, out_dims) { k.into_winograd(bytes)? } else { k };
             Ok(Int8Prep::Conv(Box::new(k)))
         })
     };
