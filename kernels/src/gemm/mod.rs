@@ -440,6 +440,11 @@ enum ASrc<'a> {
     Plain(&'a [f32]),
 }
 
+/// Column-panel tasks per thread of the tiled products ([`tiled`], [`gemm_lazy_b`]): with
+/// one task per thread, a thread the OS preempts (a busy machine) holds up the whole
+/// product while the others wait; with a few each, the others take its share.
+const TASKS_PER_THREAD: usize = 4;
+
 /// The tiled product C = A·B (m rows, B's k and n), then the epilogue: column panels split
 /// over the threads; per k block and m block of `mc` rows, each B panel against every row
 /// panel of A.
@@ -450,7 +455,7 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
     let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
     let kblocks = k.div_ceil(kc).max(1);
     // Tasks: groups of column panels, enough for every thread to have a few.
-    let tasks = np.min(par.threads()).max(1);
+    let tasks = np.min(par.threads() * TASKS_PER_THREAD).max(1);
     let cp = crate::util::SharedMut(c.as_mut_ptr());
     let mc_panels = (mc / mr).max(1);
     par.for_each(tasks, &|t| {
@@ -861,7 +866,7 @@ pub fn gemm_lazy_b(
     let (mr, nr) = (isa.mr(), isa.nr());
     let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
     let kblocks = k.div_ceil(kc).max(1);
-    let tasks = np.min(par.threads()).max(1);
+    let tasks = np.min(par.threads() * TASKS_PER_THREAD).max(1);
     let cp = crate::util::SharedMut(c.as_mut_ptr());
     par.for_each(tasks, &|t| {
         let cp = cp;
