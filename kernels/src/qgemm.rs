@@ -649,8 +649,51 @@ struct Zeros<'a> {
 /// One tile's sums to f32 (vectorised for the ISA: the loop is as long as the depth's
 /// quarter for a tile, so a scalar epilogue would cost as much as the products).
 fn epilogue(isa: Isa, sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
+    /// A whole panel's row (`NR` columns, every tile but a layer's last): loops of a
+    /// constant length, unrolled into vector code with no remainder, and the zero-point
+    /// terms, scale, bias and clamp in one pass. For a 400×384×1536 product on AMD Zen 3
+    /// the general loops below took a sixth of the time (`qgemm_bench`).
+    #[inline(always)]
+    fn full(sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32; NR]) -> bool {
+        let (Ok(colsum), Ok(zb)) = (<&[i32; NR]>::try_from(zeros.colsum), <&[i32; NR]>::try_from(zeros.b)) else {
+            return false;
+        };
+        let (lo, hi) = match ep.act.map(|a| a.clamp_bounds()) {
+            None => (f32::NEG_INFINITY, f32::INFINITY),
+            Some(Some(b)) => b,
+            Some(None) => return false,
+        };
+        let (za, r) = (zeros.a, zeros.row);
+        let mut v = [0f32; NR];
+        for j in 0..NR {
+            v[j] = sums[j].wrapping_sub(za.wrapping_mul(colsum[j])).wrapping_sub(zb[j].wrapping_mul(r)) as f32;
+        }
+        let bias: &[f32; NR] = match ep.bias {
+            Some(b) => match b[j0..].first_chunk() {
+                Some(b) => b,
+                None => return false,
+            },
+            None => &[0.0; NR],
+        };
+        if let [s] = ep.scale {
+            for j in 0..NR {
+                dst[j] = crate::gemm::clamp(v[j] * s + bias[j], lo, hi);
+            }
+        } else {
+            let Some(s) = ep.scale[j0..].first_chunk::<NR>() else { return false };
+            for j in 0..NR {
+                dst[j] = crate::gemm::clamp(v[j] * s[j] + bias[j], lo, hi);
+            }
+        }
+        true
+    }
     #[inline(always)]
     fn body(sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
+        if let Ok(d) = <&mut [f32; NR]>::try_from(&mut *dst) {
+            if full(sums, zeros, ep, j0, d) {
+                return;
+            }
+        }
         // The integer terms in one loop, then the scale and bias in one loop per form
         // (scalar or per-column scale, with or without bias): each a branch-free vector loop.
         let cols = dst.len();

@@ -165,6 +165,44 @@ fn a_clamping_activation_is_applied() {
     assert_eq!(y, vec![5.0, 0.0, 0.5, 5.0, 0.0, 0.5]);
 }
 
+/// Whole panels (the epilogue's constant-length path) and a partial one, with a clamp,
+/// with and without bias, scalar and per-column scales, and an activation the epilogue
+/// applies after the store (Tanh): each output equals the definition's.
+#[test]
+fn whole_panels_take_every_epilogue_form() {
+    let (m, k, n) = (13, 40, 70);
+    let a = bytes(m * k, 7);
+    let b = bytes(k * n, 8);
+    let zb = vec![-2];
+    let packed = PackedQB::new(&b, true, k, n, &zb).unwrap();
+    let sums: Vec<i32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().map(|&v| v as i32).sum()).collect();
+    let exact = want(&a, 9, &b, true, &zb, m, k, n);
+    let bias: Vec<f32> = (0..n).map(|j| j as f32 * 7.0 - 200.0).collect();
+    let columns: Vec<f32> = (0..n).map(|j| 0.02 + j as f32 * 1e-3).collect();
+    for act in [None, Some(Activation::Relu), Some(Activation::Clip(-30.0, 40.0)), Some(Activation::Tanh)] {
+        for with_bias in [false, true] {
+            for scale in [&[0.03f32][..], &columns] {
+                for &isa in &Isa::all_available() {
+                    let mut y = vec![f32::NAN; m * n];
+                    let qa = QuantizedA { data: &a, m, stride: k, zero: 9, row_sums: &sums };
+                    let ep = QEpilogue { scale, bias: with_bias.then_some(&bias[..]), act };
+                    qgemm(isa, &qa, &packed, &ep, &mut y, n, &Sequential);
+                    for (i, got) in y.iter().enumerate() {
+                        let j = i % n;
+                        let s = scale[if scale.len() == 1 { 0 } else { j }];
+                        let mut w = exact[i] as i32 as f32 * s;
+                        if with_bias {
+                            w += bias[j];
+                        }
+                        let w = act.map_or(w, |a| a.apply(w));
+                        assert_eq!(got.to_bits(), w.to_bits(), "{isa:?} {act:?} bias {with_bias} at {},{j}", i / n);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_sizes_are_refused_at_packing() {
     assert!(PackedQB::new(&[0; 5], true, 2, 3, &[0]).is_err());
