@@ -18,7 +18,7 @@ import sys
 # The package selections tests/run.sh and tests/cross_aarch64.sh build, whether the build
 # includes dev-dependencies (test targets), and the architecture it compiles for.
 BUILDS = {
-    "aim (cargo build --release)": (["-p", "aim"], False, "x86_64"),
+    "aim and its command line (cargo build --release)": (["-p", "aim", "-p", "aim-cli"], False, "x86_64"),
     "the workspace's tests (cargo test --workspace)": (["--workspace"], True, "x86_64"),
     "the C API (cargo build -p aim-capi -p aim-runtime-capi)": (["-p", "aim-capi", "-p", "aim-runtime-capi"], False,
                                                                 "x86_64"),

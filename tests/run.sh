@@ -27,8 +27,10 @@ if [ "${1:-}" = "quick" ]; then
         python3 tests/models/make_models.py target/models
     fi
     section "quick: the library's unit tests, the command line, levels, custom ops, logging, .aim files, explore snapshots"
-    AIM_MODELS="$PWD/target/models" cargo test --release --locked -p aim --lib --test cli --test opt_levels \
-        --test custom_ops --test logging --test aim_files --test doc_paths --test explore
+    # One invocation for both packages: the library is then built once, with the
+    # command line's features.
+    AIM_MODELS="$PWD/target/models" cargo test --release --locked -p aim -p aim-cli --lib --test doc_paths \
+        --test cli --test opt_levels --test custom_ops --test logging --test aim_files --test explore
     section "quick: three models against ONNX Runtime"
     python3 tests/compare_ort.py target/release/aim target/models mlp mobilenetv2 bert_l6 --backend cpu
     section "quick: done"

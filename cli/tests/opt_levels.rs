@@ -2,6 +2,7 @@
 //! one pass turned off, computes what the reference kernels compute; wrong choices are
 //! clean errors naming the option.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use aim::{Model, OptLevel, Options, Tensor};

@@ -5,6 +5,7 @@
 //! Inputs that are fine to load but fail when run must still load in info and explore.
 //! Prints the count of cases and checks.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use aim::npz::write_npz;

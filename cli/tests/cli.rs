@@ -1,6 +1,7 @@
 //! The `aim` command line, run as a user would: outputs, files written, and errors that are
 //! one clear line with exit code 1 (never a panic).
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use aim::npz::{read_npz, write_npz};

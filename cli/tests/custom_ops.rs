@@ -3,6 +3,7 @@
 //! written out in ONNX gives — through the command line, the library and an `.aim` file —
 //! and a kernel's failures are errors naming the node.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use aim::npz::{read_npz, write_npz};
@@ -12,7 +13,8 @@ use std::process::{Command, Output};
 
 /// The example library, compiled into `dir`.
 fn library(dir: &Path) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The repository root (this package is its `cli/`).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("cli/ has a parent");
     let out = dir.join("libcustom_ops.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let o = Command::new(&cc)

@@ -2,6 +2,7 @@
 //! and the options refused with a message. (Running them is `tests/c_api.py`, from C, against
 //! both libraries, and `tests/cross_aarch64.sh` under QEMU.)
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::*;

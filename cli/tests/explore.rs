@@ -7,6 +7,7 @@
 //! The output is fixed to one target so that it reads the same on any x86-64 machine with
 //! AVX2: `--cpu x86-64-v3 --caches 32K,1M,8M`.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use aim_compiler::onnx::proto::{attribute_proto::AttributeType, AttributeProto};

@@ -1,6 +1,7 @@
 //! `.aim` files end to end: `aim compile`, then every command and the library loading the
 //! result as they load ONNX, with the same outputs; damaged files as clean errors.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use aim::npz::{read_npz, write_npz};

@@ -1,6 +1,7 @@
 //! `AIM_LOG` / `--log` and `--pin-threads`, through the command line: what each level
 //! writes, where (`AIM_LOG_FILE`), and pinned runs giving the same outputs.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::{Command, Output};
