@@ -118,7 +118,7 @@ pub fn compare(
             ("the reference backend".to_string(), values, r.ir().graph.clone())
         }
         Against::Values { what, values } => {
-            let ir = aim_compiler::onnx::import_file(path)?;
+            let ir = aim_onnx::import_file(path)?;
             (what.clone(), values.clone(), ir.graph)
         }
     };

@@ -39,7 +39,7 @@ pub fn import(path: &Path) -> Result<aim_ir::Model, Error> {
     if is_aim_file(path) {
         Ok(aim_file::read(path)?.model)
     } else {
-        Ok(aim_compiler::onnx::import_file(path)?)
+        Ok(aim_onnx::import_file(path)?)
     }
 }
 
@@ -99,7 +99,7 @@ pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<Compi
 /// infers its types: what compiling it ahead of time starts from.
 pub(crate) fn import_checked(model: &Path) -> Result<aim_ir::Model, Error> {
     let p = model.display().to_string();
-    let mut ir = aim_compiler::onnx::import_file(model)?;
+    let mut ir = aim_onnx::import_file(model)?;
     aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
     let ops = aim_runtime::unsupported_ops(&ir.graph);
     if !ops.is_empty() {

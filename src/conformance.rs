@@ -90,9 +90,7 @@ pub fn compare(name: &str, got: &Tensor, want: &Tensor) -> Result<(), String> {
 
 fn read_pb(path: &Path) -> Result<Tensor, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    aim_compiler::onnx::decode_tensor_proto(&bytes, &path.display().to_string())
-        .map(|(_, t)| t)
-        .map_err(|e| e.to_string())
+    aim_onnx::decode_tensor_proto(&bytes, &path.display().to_string()).map(|(_, t)| t).map_err(|e| e.to_string())
 }
 
 fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
@@ -123,10 +121,8 @@ fn load(dir: &Path, backend: Backend) -> Result<Model, Outcome> {
         Err(Error::Unsupported { ops, .. }) => {
             Err(Outcome::Skipped(format!("unsupported op {}", ops.keys().cloned().collect::<Vec<_>>().join(", "))))
         }
-        Err(Error::Import(e @ aim_compiler::onnx::ImportError::DType { .. }))
-        | Err(Error::Import(e @ aim_compiler::onnx::ImportError::NonTensorValue { .. })) => {
-            Err(Outcome::Skipped(e.to_string()))
-        }
+        Err(Error::Import(e @ aim_onnx::ImportError::DType { .. }))
+        | Err(Error::Import(e @ aim_onnx::ImportError::NonTensorValue { .. })) => Err(Outcome::Skipped(e.to_string())),
         Err(e) => Err(Outcome::Fail(e.to_string())),
     }
 }

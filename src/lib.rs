@@ -78,7 +78,7 @@ impl std::fmt::Display for Backend {
 pub enum Error {
     /// The file could not be imported.
     #[error(transparent)]
-    Import(#[from] aim_compiler::onnx::ImportError),
+    Import(#[from] aim_onnx::ImportError),
     /// The graph is malformed.
     #[error("{path}: invalid graph: {cause}")]
     Verify { path: String, cause: aim_ir::VerifyError },
@@ -405,7 +405,7 @@ pub(crate) fn optimize(
     );
     // Folding has read the weights it rewrote: their file pages need not stay resident
     // while the packed forms are built (packing reads the others in again, once).
-    aim_compiler::onnx::release_pages();
+    aim_onnx::release_pages();
     Ok(g)
 }
 
@@ -449,7 +449,7 @@ pub(crate) fn build_program(
     )?;
     log!(Info, "{path}: weights packed, kernels prepared ({:.1} ms)", ms(t0));
     // Everything the program reads is packed or copied now.
-    aim_compiler::onnx::release_pages();
+    aim_onnx::release_pages();
     // A program of static shapes runs its typed steps from one generated function.
     let prog = match (prog.entry_ops(), prog.entry_binding()) {
         (Some(ops), Some(binding)) => {
@@ -643,7 +643,7 @@ impl Model {
             if compiled::is_aim_file(path) {
                 return compiled::load(path, opts);
             }
-            let ir = aim_compiler::onnx::import_file(path)?;
+            let ir = aim_onnx::import_file(path)?;
             log!(
                 Info,
                 "{}: imported: {} nodes, {} weights, opset {} ({:.1} ms)",
@@ -1058,7 +1058,7 @@ pub struct Captured {
 /// result: the entry point of the importer fuzz target and of its corpus replay test.
 /// Returns whether the model was accepted.
 pub fn check_model_bytes(data: &[u8]) -> bool {
-    match aim_compiler::onnx::import_bytes(data, "input") {
+    match aim_onnx::import_bytes(data, "input") {
         Ok(ir) => Model::from_ir(ir, Path::new("input"), Backend::Reference).is_ok(),
         Err(_) => false,
     }

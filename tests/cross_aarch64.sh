@@ -30,7 +30,7 @@ echo "== [${SECONDS}s] aarch64: unit tests of the libraries, conformance, differ
 # same arithmetic on any host: the x86-64 run covers them, and under QEMU they would take
 # minutes more.
 AIM_SKIP_PTX_INTERPRETER=1 AIM_ONNX_CASES="$cases" AIM_REQUIRE_CONFORMANCE=1 \
-    cargo test "${target[@]}" --no-default-features -p aim-kernels -p aim-runtime -p aim-compiler -p aim \
+    cargo test "${target[@]}" --no-default-features -p aim-kernels -p aim-runtime -p aim-onnx -p aim-compiler -p aim \
     --lib --test kernels --test conformance --test differential --test fuzz_corpus
 if [ -n "$models" ]; then
     echo "== [${SECONDS}s] aarch64 shared objects from C"

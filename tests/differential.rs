@@ -11,7 +11,7 @@ mod common;
 
 use aim::{Backend, Model, Options, Tensor};
 use aim_compiler::cuda::GpuTarget;
-use aim_compiler::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
+use aim_onnx::proto::{attribute_proto::AttributeType, AttributeProto};
 use aim_ptx_interp::{run_program, Placement};
 use common::*;
 
@@ -28,8 +28,8 @@ fn auto_pad(v: &str) -> AttributeProto {
     string_attr("auto_pad", v)
 }
 
-fn i64_tensor(name: &str, v: &[i64]) -> aim_compiler::onnx::proto::TensorProto {
-    aim_compiler::onnx::proto::TensorProto {
+fn i64_tensor(name: &str, v: &[i64]) -> aim_onnx::proto::TensorProto {
+    aim_onnx::proto::TensorProto {
         name: Some(name.into()),
         dims: vec![v.len() as i64],
         data_type: Some(7),
@@ -287,13 +287,13 @@ fn fast_kernels_match_reference() {
     let unknown = |name: &str| {
         let mut v = value(name, 1, &[]);
         if let Some(t) = v.r#type.as_mut() {
-            if let Some(aim_compiler::onnx::proto::type_proto::Value::TensorType(tt)) = t.value.as_mut() {
+            if let Some(aim_onnx::proto::type_proto::Value::TensorType(tt)) = t.value.as_mut() {
                 tt.shape = None;
             }
         }
         v
     };
-    let cases: Vec<(&str, Vec<aim_compiler::onnx::proto::NodeProto>, Vec<aim_compiler::onnx::proto::TensorProto>)> = vec![
+    let cases: Vec<(&str, Vec<aim_onnx::proto::NodeProto>, Vec<aim_onnx::proto::TensorProto>)> = vec![
         ("erf", vec![node("Erf", "e", &["x"], &["y"], vec![])], vec![]),
         (
             "tanh-sigmoid-exp",
@@ -619,7 +619,7 @@ fn fast_kernels_match_reference() {
     }
     // Reductions over trailing axes compile to generated loops (axes as a constant input at
     // opset 18, as an attribute at 13); other axes keep the reference kernel.
-    let i64s = |name: &str, v: &[i64]| aim_compiler::onnx::proto::TensorProto {
+    let i64s = |name: &str, v: &[i64]| aim_onnx::proto::TensorProto {
         name: Some(name.into()),
         dims: vec![v.len() as i64],
         data_type: Some(7),
@@ -771,7 +771,7 @@ fn random_blocked_chains() {
 /// seen before reuses its program.
 #[test]
 fn shape_specialisation_per_input_signature() {
-    let i64s = |name: &str, dims: &[i64], v: &[i64]| aim_compiler::onnx::proto::TensorProto {
+    let i64s = |name: &str, dims: &[i64], v: &[i64]| aim_onnx::proto::TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(7),
@@ -1155,8 +1155,8 @@ fn broadcast_loops_match_reference() {
 }
 
 /// An i64 tensor proto.
-fn i64s(name: &str, dims: &[i64], v: &[i64]) -> aim_compiler::onnx::proto::TensorProto {
-    aim_compiler::onnx::proto::TensorProto {
+fn i64s(name: &str, dims: &[i64], v: &[i64]) -> aim_onnx::proto::TensorProto {
+    aim_onnx::proto::TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(7),
@@ -1975,7 +1975,7 @@ fn byte_transposes_and_dequantization_run_fast() {
     let mut r = Rng(41);
     for (elem, qtype) in [(3, 2), (5, 3)] {
         // elem: a Cast target of 1 or 2 bytes (i8, i16; then i64, 8 bytes); qtype: u8 or i8.
-        let zp = aim_compiler::onnx::proto::TensorProto {
+        let zp = aim_onnx::proto::TensorProto {
             name: Some("zp".into()),
             data_type: Some(qtype),
             dims: vec![],
@@ -2020,7 +2020,7 @@ fn byte_transposes_and_dequantization_run_fast() {
 #[test]
 fn dynamic_quantize_lstms_match_reference() {
     let mut r = Rng(43);
-    let bytes = |name: &str, dtype: i32, dims: &[i64], v: Vec<u8>| aim_compiler::onnx::proto::TensorProto {
+    let bytes = |name: &str, dtype: i32, dims: &[i64], v: Vec<u8>| aim_onnx::proto::TensorProto {
         name: Some(name.into()),
         data_type: Some(dtype),
         dims: dims.to_vec(),
@@ -2296,7 +2296,7 @@ fn programs_after_layers_run_in_their_epilogues() {
 #[test]
 fn outputs_viewed_from_computed_values_are_written_in_place() {
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[2,6]\n  init %s = i64[2] [3, 4]\n  init %t = i64[1] [12]\n  %p = Softmax(%x) {axis=1}  # softmax\n  %y = Reshape(%p, %s)  # reshape\n  %e = Exp(%x)  # exp\n  %f = Flatten(%e) {axis=0}  # flat\n  %z = Reshape(%f, %t)  # chain\n  %w = Reshape(%x, %s)  # of the input\n  %v = Identity(%y)  # of an output\n  output %y: f32[3,4]\n  output %z: f32[12]\n  output %w: f32[3,4]\n  output %v: f32[3,4]\n}\n";
-    let bytes = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap());
+    let bytes = aim_onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap());
     let x: Vec<f32> = (0..12).map(|i| (i as f32 * 0.7).sin() * 3.0).collect();
     let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, 6], x))];
     // Against the reference under every ISA cap (and the cuda backend where it lowers).
@@ -2317,7 +2317,7 @@ fn outputs_viewed_from_computed_values_are_written_in_place() {
 #[test]
 fn a_contradicted_output_shape_still_gets_a_plan() {
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[3,4]\n  init %s = i64[3] [3, 1, 4]\n  %p = Softmax(%x) {axis=1}  # softmax\n  %y = Reshape(%p, %s)  # reshape\n  output %y: f32[1,N]\n}\n";
-    let bytes = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap());
+    let bytes = aim_onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap());
     let x: Vec<f32> = (0..12).map(|i| (i as f32 * 0.9).cos() * 2.0).collect();
     let inputs = vec![("x".to_string(), Tensor::from_vec(&[3, 4], x))];
     let m = cpu_model("contradicted-output", &bytes);
@@ -2343,7 +2343,7 @@ fn split_dense_layers_match_reference() {
         w.join(", "),
         (0..12).map(|i| format!("{:.2}", i as f32 / 10.0 - 0.6)).collect::<Vec<_>>().join(", ")
     );
-    let bytes = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap());
+    let bytes = aim_onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap());
     let x: Vec<f32> = (0..40).map(|i| (i as f32 * 0.37).sin()).collect();
     check("split dense", bytes.clone(), vec![("x".to_string(), Tensor::from_vec(&[5, 8], x))]);
     let m = cpu_model("split-dense", &bytes);
@@ -2361,7 +2361,7 @@ fn residuals_after_a_reshape_join_the_layer() {
         "opset 17\ngraph \"g\" {{\n  input %x: f32[4,8]\n  input %r: f32[2,2,6]\n  init %w = f32[8,6] [{}]\n  init %b = f32[6] [0.1, -0.2, 0.3, -0.4, 0.5, -0.6]\n  init %s = i64[3] [2, 2, 6]\n  %m = Gemm(%x, %w, %b)  # proj\n  %v = Reshape(%m, %s)  # view\n  %y = Add(%v, %r)  # residual\n  output %y: f32[2,2,6]\n}}\n",
         w.join(", ")
     );
-    let bytes = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap());
+    let bytes = aim_onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap());
     let x: Vec<f32> = (0..32).map(|i| (i as f32 * 0.41).cos()).collect();
     let r: Vec<f32> = (0..24).map(|i| (i as f32 * 0.23).sin()).collect();
     let inputs =

@@ -24,7 +24,7 @@ BUILDS = {
                                                                 "x86_64"),
     "the Python package (pip install ./python)": (["-p", "aim-python"], False, "x86_64"),
     "the AArch64 tests (cross_aarch64.sh)": (
-        ["-p", "aim-kernels", "-p", "aim-runtime", "-p", "aim-compiler", "-p", "aim",
+        ["-p", "aim-kernels", "-p", "aim-runtime", "-p", "aim-onnx", "-p", "aim-compiler", "-p", "aim",
          "--no-default-features"], True, "aarch64"),
     "libaim_runtime (cross_aarch64.sh)": (["-p", "aim-runtime-capi"], False, "aarch64"),
 }

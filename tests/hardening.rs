@@ -331,16 +331,14 @@ fn a_convolution_with_no_output_channels_gives_an_empty_output() {
 /// they need not agree with one another.
 #[test]
 fn unnamed_dims_are_independent() {
-    use aim_compiler::onnx::proto::{tensor_shape_proto::dimension, TensorShapeProto};
-    let mut x = aim_compiler::onnx::proto::ValueInfoProto {
+    use aim_onnx::proto::{tensor_shape_proto::dimension, TensorShapeProto};
+    let mut x = aim_onnx::proto::ValueInfoProto {
         name: Some("x".into()),
-        r#type: Some(aim_compiler::onnx::proto::TypeProto {
-            value: Some(aim_compiler::onnx::proto::type_proto::Value::TensorType(
-                aim_compiler::onnx::proto::type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(TensorShapeProto { dim: vec![] }),
-                },
-            )),
+        r#type: Some(aim_onnx::proto::TypeProto {
+            value: Some(aim_onnx::proto::type_proto::Value::TensorType(aim_onnx::proto::type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto { dim: vec![] }),
+            })),
             ..Default::default()
         }),
         ..Default::default()
@@ -352,13 +350,11 @@ fn unnamed_dims_are_independent() {
         dimension::Value::DimParam("?".into()),
         dimension::Value::DimParam(String::new()),
     ];
-    if let Some(aim_compiler::onnx::proto::type_proto::Value::TensorType(t)) =
-        x.r#type.as_mut().and_then(|t| t.value.as_mut())
-    {
+    if let Some(aim_onnx::proto::type_proto::Value::TensorType(t)) = x.r#type.as_mut().and_then(|t| t.value.as_mut()) {
         t.shape = Some(TensorShapeProto {
             dim: dims
                 .iter()
-                .map(|v| aim_compiler::onnx::proto::tensor_shape_proto::Dimension {
+                .map(|v| aim_onnx::proto::tensor_shape_proto::Dimension {
                     value: Some(v.clone()),
                     ..Default::default()
                 })
@@ -367,15 +363,12 @@ fn unnamed_dims_are_independent() {
     }
     use prost::Message;
     let y = x.clone();
-    let bytes = aim_compiler::onnx::proto::ModelProto {
+    let bytes = aim_onnx::proto::ModelProto {
         ir_version: Some(8),
-        opset_import: vec![aim_compiler::onnx::proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(aim_compiler::onnx::proto::GraphProto {
+        opset_import: vec![aim_onnx::proto::OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(aim_onnx::proto::GraphProto {
             name: Some("g".into()),
-            node: vec![aim_compiler::onnx::proto::NodeProto {
+            node: vec![aim_onnx::proto::NodeProto {
                 op_type: Some("Relu".into()),
                 name: Some("r".into()),
                 input: vec!["x".into()],
@@ -383,7 +376,7 @@ fn unnamed_dims_are_independent() {
                 ..Default::default()
             }],
             input: vec![x],
-            output: vec![aim_compiler::onnx::proto::ValueInfoProto { name: Some("y".into()), ..y }],
+            output: vec![aim_onnx::proto::ValueInfoProto { name: Some("y".into()), ..y }],
             ..Default::default()
         }),
         ..Default::default()

@@ -38,7 +38,7 @@ fn every_benchmark_model_optimizes_to_a_verified_graph_on_every_isa() {
     let targets = targets();
     let mut aim_nodes = std::collections::BTreeSet::new();
     for path in &models {
-        let mut ir = aim_compiler::onnx::import_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut ir = aim_onnx::import_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         aim_ir::verify(&ir.graph).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         aim_ir::infer::infer_types(&mut ir.graph).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for (name, target) in &targets {
@@ -83,7 +83,7 @@ fn attributes_beyond_the_onnx_schema_do_not_reach_aim_nodes() {
     let dir = std::env::temp_dir().join(format!("aim-stray-attrs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let onnx = dir.join("m.onnx");
-    std::fs::write(&onnx, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    std::fs::write(&onnx, aim_onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
     let x: Vec<f32> = (0..3 * 256).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
     let inputs = vec![("x".to_string(), aim::Tensor::from_slice(&[1, 3, 16, 16], &x))];
     let want = aim::Model::load_with(&onnx, aim::Backend::Reference).unwrap().run(inputs.clone()).unwrap();

@@ -100,7 +100,7 @@ fn dynamically_quantized_dense_layers_match_the_interpreter() {
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
         let d = tempdir(&format!("qdense-{case}"));
         let path = d.join("m.onnx");
-        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        std::fs::write(&path, aim_onnx::export_bytes(&ir)).unwrap();
         let x: Vec<f32> = (0..2 * rows * k).map(|_| (r.next() % 2001) as f32 / 500.0 - 1.5).collect();
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, rows, k], x))];
         let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
@@ -193,7 +193,7 @@ fn dynamically_quantized_convolutions_match_the_interpreter() {
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
         let d = tempdir(&format!("dynconv-{case}"));
         let path = d.join("m.onnx");
-        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        std::fs::write(&path, aim_onnx::export_bytes(&ir)).unwrap();
         let x: Vec<f32> = (0..c * h * w).map(|_| (r.next() % 2001) as f32 / 500.0 - 1.5).collect();
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[1, c, h, w], x))];
         let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
@@ -265,7 +265,7 @@ fn statically_quantized_convolutions_match_the_interpreter() {
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
         let d = tempdir(&format!("qconv-{case}"));
         let path = d.join("m.onnx");
-        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        std::fs::write(&path, aim_onnx::export_bytes(&ir)).unwrap();
         let x: Vec<f32> = (0..c * h * w).map(|_| (r.next() % 2001) as f32 / 300.0 - 3.0).collect();
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[1, c, h, w], x))];
         let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
@@ -359,7 +359,7 @@ fn byte_regions_match_the_interpreter() {
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
         let d = tempdir(&format!("qregion-{case}"));
         let path = d.join("m.onnx");
-        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        std::fs::write(&path, aim_onnx::export_bytes(&ir)).unwrap();
         let x: Vec<f32> = (0..3 * h * w).map(|_| (r.next() % 2001) as f32 / 400.0 - 2.5).collect();
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[1, 3, h, w], x))];
         let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
@@ -439,7 +439,7 @@ fn one_dimensional_byte_regions_match_the_interpreter() {
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
         let d = tempdir(&format!("qregion1d-{case}"));
         let path = d.join("m.onnx");
-        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        std::fs::write(&path, aim_onnx::export_bytes(&ir)).unwrap();
         let x: Vec<f32> = (0..2 * 5 * w).map(|_| (r.next() % 2001) as f32 / 400.0 - 2.5).collect();
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[2, 5, w], x))];
         let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();
@@ -514,7 +514,7 @@ fn statically_quantized_dense_layers_match_the_interpreter() {
         let ir = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("case {case}: {e}\n{text}"));
         let d = tempdir(&format!("qdense-static-{case}"));
         let path = d.join("m.onnx");
-        std::fs::write(&path, aim_compiler::onnx::export_bytes(&ir)).unwrap();
+        std::fs::write(&path, aim_onnx::export_bytes(&ir)).unwrap();
         let x: Vec<f32> = (0..rows * k).map(|_| (r.next() % 2001) as f32 / 500.0 - 2.0).collect();
         let inputs = vec![("x".to_string(), Tensor::from_vec(&[rows, k], x))];
         let want = Model::load_with(&path, Backend::Reference).unwrap().run(inputs.clone()).unwrap();

@@ -20,8 +20,8 @@ if [ "${1:-}" = "quick" ]; then
     section "quick: release build and clippy (warnings are errors)"
     cargo build --release --locked
     cargo clippy --workspace --release --all-targets --locked -- -D warnings
-    section "quick: unit tests and pass filetests (aim-ir, aim-kernels, aim-runtime, aim-compiler)"
-    cargo test --release --locked -p aim-ir -p aim-kernels -p aim-runtime -p aim-compiler
+    section "quick: unit tests and pass filetests (aim-ir, aim-kernels, aim-runtime, aim-onnx, aim-compiler)"
+    cargo test --release --locked -p aim-ir -p aim-kernels -p aim-runtime -p aim-onnx -p aim-compiler
     if [ ! -f target/models/mobilenetv2.onnx ]; then
         python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
         python3 tests/models/make_models.py target/models

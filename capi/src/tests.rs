@@ -31,7 +31,7 @@ fn model_file(dir: &str) -> ModelFile {
     let d = std::env::temp_dir().join(format!("aim-capi-{dir}-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("temp dir");
     let p = d.join("m.onnx");
-    std::fs::write(&p, aim_compiler::onnx::export_bytes(&ir)).expect("writes the model");
+    std::fs::write(&p, aim_onnx::export_bytes(&ir)).expect("writes the model");
     ModelFile { dir: d, path: p }
 }
 

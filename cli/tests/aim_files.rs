@@ -26,7 +26,7 @@ fn conv_model(dir: &std::path::Path, batch: &str) -> std::path::PathBuf {
         w.join(", ")
     );
     let p = dir.join(format!("net_{batch}.onnx"));
-    std::fs::write(&p, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    std::fs::write(&p, aim_onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
     p
 }
 
@@ -246,7 +246,7 @@ fn a_recorded_nchw_kernel_that_does_not_fit_is_an_error() {
         w.join(", ")
     );
     let onnx = d.join("conv1d.onnx");
-    std::fs::write(&onnx, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    std::fs::write(&onnx, aim_onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
     let file = d.join("conv1d.aim");
     ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", file.to_str().unwrap()]));
     let f = aim_ir::aim_file::read(&file).unwrap();
@@ -286,7 +286,7 @@ fn recorded_cache_sizes_change_speed_not_results() {
         (0..24).map(|i| format!("{:.2}", (i % 5) as f32 / 5.0 - 0.4)).collect::<Vec<_>>().join(", ")
     );
     let onnx = d.join("deep.onnx");
-    std::fs::write(&onnx, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    std::fs::write(&onnx, aim_onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
     let x: Vec<f32> = (0..2 * k).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
     let inputs = vec![("x".to_string(), Tensor::from_slice(&[2, k], &x))];
     let want = aim::Model::load_with(&onnx, aim::Backend::Reference).unwrap().run(inputs.clone()).unwrap();

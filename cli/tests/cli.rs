@@ -131,7 +131,7 @@ fn info_describes_the_model() {
     insta::assert_snapshot!(text);
 }
 
-fn write_pb(path: &Path, t: aim_compiler::onnx::proto::TensorProto) {
+fn write_pb(path: &Path, t: aim_onnx::proto::TensorProto) {
     use prost::Message;
     std::fs::write(path, t.encode_to_vec()).unwrap();
 }
@@ -156,13 +156,13 @@ fn test_onnx_runs_case_directories() {
 
 #[test]
 fn external_data_is_read_relative_to_the_model_and_confined_to_its_directory() {
-    use aim_compiler::onnx::proto::{tensor_proto::DataLocation, StringStringEntryProto};
+    use aim_onnx::proto::{tensor_proto::DataLocation, StringStringEntryProto};
     let d = tempdir("external");
     let weights: Vec<u8> = [0f32, 2.0, 3.0, 4.0, 5.0].iter().flat_map(|x| x.to_le_bytes()).collect();
     std::fs::write(d.join("w.bin"), &weights).unwrap();
     let ext = |location: &str| {
         let kv = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
-        aim_compiler::onnx::proto::TensorProto {
+        aim_onnx::proto::TensorProto {
             name: Some("W".into()),
             dims: vec![2, 2],
             data_type: Some(1),
@@ -254,7 +254,7 @@ fn compare_finds_the_first_node_that_diverges() {
     let d = tempdir("compare");
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[2,4]\n  init %w = f32[4,3] [0.5, -1.0, 0.25, 1.0, 0.5, -0.5, 0.0, 2.0, 1.0, -1.5, 0.5, 0.75]\n  %h = MatMul(%x, %w)  # mm\n  %a = Tanh(%h)  # act\n  %s = Mul(%a, %a)  # square\n  %y = Softmax(%s) {axis=1}  # sm\n  output %y: f32[2,3]\n}\n";
     let m = d.join("m.onnx");
-    std::fs::write(&m, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    std::fs::write(&m, aim_onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
     let x = Tensor::from_slice(&[2, 4], &[0.1f32, -0.2, 0.3, 0.4, 1.0, 0.5, -0.5, 0.25]);
     write_npz(&d.join("in.npz"), &[("x".into(), x.clone())]).unwrap();
     let (m_s, in_s) = (m.to_str().unwrap(), d.join("in.npz"));
@@ -292,7 +292,7 @@ fn empty_window_lists_in_onnx_are_the_defaults() {
     let d = tempdir("empty-lists");
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[1,1,4,4]\n  init %w = f32[1,1,3,3] [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]\n  %y = Conv(%x, %w) {dilations=ints[], pads=ints[], strides=ints[]}  # c\n  output %y: f32[1,1,2,2]\n}\n";
     let m = d.join("m.onnx");
-    std::fs::write(&m, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    std::fs::write(&m, aim_onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
     for b in [aim::Backend::Reference, aim::Backend::Cpu] {
         let model = aim::Model::load_with(&m, b).unwrap();
         let y = model.run(vec![("x".into(), Tensor::from_slice(&[1, 1, 4, 4], &[1.0f32; 16]))]).unwrap();

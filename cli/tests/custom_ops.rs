@@ -43,7 +43,7 @@ fn model(dir: &Path, tag: &str, custom: bool, attrs: &str) -> PathBuf {
     let text = format!("opset 17\ngraph \"g\" {{\n  input %x: f32[batch,6]\n{body}  output %y: f32[batch,3]\n}}\n");
     let m = aim_ir::text::parse_model(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let p = dir.join(format!("{tag}.onnx"));
-    std::fs::write(&p, aim_compiler::onnx::export_bytes(&m)).unwrap();
+    std::fs::write(&p, aim_onnx::export_bytes(&m)).unwrap();
     p
 }
 
@@ -132,7 +132,7 @@ fn a_kernel_failure_is_an_error_naming_the_node() {
     // Inference refuses: an odd last dim is an error at load, naming the node.
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[2,5]\n  %y = com.example:PairSum(%x)  # odd\n  output %y: f32[2,2]\n}\n";
     let p = d.join("odd.onnx");
-    std::fs::write(&p, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    std::fs::write(&p, aim_onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
     let e = Model::load_with_options(&p, &opts).err().expect("refused").to_string();
     assert!(e.contains("odd") && e.contains("the last dim (5) must be even"), "{e}");
     // Without the library: the ops are named, with how to provide them.
@@ -210,7 +210,7 @@ fn a_rust_custom_op_runs_in_a_compiled_program() {
     aim_ir::custom::register(std::sync::Arc::new(RustPairSum)).unwrap();
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[batch,6]\n  init %k = f32[] [2.0]\n  %m = Mul(%x, %k)  # mul\n  %y = com.rust:PairSum(%m)  # ps\n  %z = Relu(%y)  # relu\n  output %z: f32[batch,3]\n}\n";
     let p = d.join("rust.onnx");
-    std::fs::write(&p, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    std::fs::write(&p, aim_onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
     let m = Model::load(&p).unwrap();
     let x = input(3);
     let got = m.run(vec![("x".into(), x.clone())]).unwrap();

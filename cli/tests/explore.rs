@@ -10,7 +10,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use aim_compiler::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
+use aim_onnx::proto::{attribute_proto::AttributeType, AttributeProto};
 use common::*;
 use std::path::Path;
 use std::process::{Command, Output};

@@ -10,7 +10,7 @@ mod common;
 
 use aim::npz::write_npz;
 use aim::Tensor;
-use aim_compiler::onnx::proto::{tensor_proto::DataLocation, AttributeProto, StringStringEntryProto, TensorProto};
+use aim_onnx::proto::{tensor_proto::DataLocation, AttributeProto, StringStringEntryProto, TensorProto};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -140,7 +140,7 @@ impl Cases {
     /// A case whose model is written in the IR text format (saved as ONNX).
     fn text(&mut self, class: &'static str, name: &'static str, text: &str, when: When, wanted: &'static str) {
         let m = aim_ir::text::parse_model(text).unwrap_or_else(|e| panic!("{class}/{name}: {e}"));
-        self.bytes(class, name, &aim_compiler::onnx::export_bytes(&m), when, wanted);
+        self.bytes(class, name, &aim_onnx::export_bytes(&m), when, wanted);
     }
 
     /// A case running `model_text` on the arrays `inputs` (written as an .npz).
@@ -246,12 +246,12 @@ fn build(dir: &Path) -> Vec<Case> {
         When::Load,
         "",
     );
-    let whole = aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(good).unwrap());
+    let whole = aim_onnx::export_bytes(&aim_ir::text::parse_model(good).unwrap());
     c.bytes("file", "truncated", &whole[..whole.len() / 2], When::Load, "");
     c.bytes(
         "file",
         "no-graph",
-        &prost::Message::encode_to_vec(&aim_compiler::onnx::proto::ModelProto::default()),
+        &prost::Message::encode_to_vec(&aim_onnx::proto::ModelProto::default()),
         When::Load,
         "no graph",
     );
@@ -586,7 +586,7 @@ fn build(dir: &Path) -> Vec<Case> {
 
     // The command line.
     let ok = c.path("cli", "good", "onnx");
-    std::fs::write(&ok, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(good).unwrap())).unwrap();
+    std::fs::write(&ok, aim_onnx::export_bytes(&aim_ir::text::parse_model(good).unwrap())).unwrap();
     c.cli("unknown-cpu", &ok, &["--cpu", "pentium"], "pentium");
     c.cli("too-many-threads", &ok, &["--threads", "100000"], "more than 1024");
     c.cli("negative-timeout", &ok, &["--timeout", "-1"], "positive number of seconds");

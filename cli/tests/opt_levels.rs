@@ -86,7 +86,7 @@ fn levels_and_disabled_passes_change_the_program() {
     );
     let model = aim_ir::text::parse_model(&text).unwrap();
     let path = d.join("net.onnx");
-    std::fs::write(&path, aim_compiler::onnx::export_bytes(&model)).unwrap();
+    std::fs::write(&path, aim_onnx::export_bytes(&model)).unwrap();
     let graph = |opts: Options| -> String {
         let m = Model::load_with_options(&path, &opts).unwrap();
         aim_ir::text::print_graph(m.optimized_graph().unwrap(), aim_ir::text::TensorDetail::Summary(4))
@@ -114,7 +114,7 @@ fn wrong_pass_choices_are_clean_errors() {
     let d = common::tempdir("opt-errors");
     let text = "opset 17\ngraph \"g\" {\n  input %x: f32[2,4]\n  %y = Relu(%x)  # relu\n  output %y: f32[2,4]\n}\n";
     let path = d.join("relu.onnx");
-    std::fs::write(&path, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
+    std::fs::write(&path, aim_onnx::export_bytes(&aim_ir::text::parse_model(text).unwrap())).unwrap();
     let err = |opts: Options| Model::load_with_options(&path, &opts).err().expect("refused").to_string();
     let e = err(Options { disabled_passes: vec!["fuse-everything".into()], ..Options::default() });
     assert!(e.contains("no pass is named 'fuse-everything'") && e.contains("fuse-epilogues"), "{e}");

@@ -20,7 +20,7 @@ fn net(dir: &std::path::Path) -> std::path::PathBuf {
         w.join(", ")
     );
     let p = dir.join("net.onnx");
-    std::fs::write(&p, aim_compiler::onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
+    std::fs::write(&p, aim_onnx::export_bytes(&aim_ir::text::parse_model(&text).unwrap())).unwrap();
     p
 }
 

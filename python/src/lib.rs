@@ -156,7 +156,7 @@ impl Model {
         let inner = if let Ok(bytes) = model.cast::<PyBytes>() {
             let data = bytes.as_bytes().to_vec();
             py.detach(move || {
-                let ir = aim_compiler::onnx::import_bytes(&data, "<bytes>").map_err(|e| e.to_string())?;
+                let ir = aim_onnx::import_bytes(&data, "<bytes>").map_err(|e| e.to_string())?;
                 Inner::from_ir_with(ir, std::path::Path::new("<bytes>"), &opts).map_err(|e| e.to_string())
             })
         } else {

@@ -260,7 +260,7 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
         }
         None => {
             let bytes_in = std::fs::read(path).with_context(|| format!("reading {p}"))?;
-            aim_compiler::onnx::print_onnx(&bytes_in, &p)?
+            aim_onnx::print_onnx(&bytes_in, &p)?
                 .into_iter()
                 .map(|(text, src)| Line { text, sources: src.into_iter().collect() })
                 .collect()

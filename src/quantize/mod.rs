@@ -24,8 +24,8 @@ mod rewrite;
 pub use calibrate::{entropy_threshold, Method, Params};
 
 use crate::{Backend, Model, Options as LoadOptions};
-use aim_compiler::onnx::proto::{ModelProto, StringStringEntryProto};
 use aim_ir::{DType, Tensor};
+use aim_onnx::proto::{ModelProto, StringStringEntryProto};
 use prost::Message;
 use rewrite::Target;
 use std::collections::{HashMap, HashSet};
@@ -136,7 +136,7 @@ pub fn quantize(
         )));
     }
     // The weights (external data resolved) and the values' types come from the importer.
-    let mut ir = aim_compiler::onnx::import_file(model).map_err(|e| err(e.to_string()))?;
+    let mut ir = aim_onnx::import_file(model).map_err(|e| err(e.to_string()))?;
     let _ = aim_ir::infer::infer_types(&mut ir.graph);
     let graph = proto.graph.as_mut().ok_or_else(|| err(format!("{what}: the model has no graph")))?;
     let mut weights: HashMap<String, Tensor> = ir
@@ -216,17 +216,17 @@ pub fn quantize(
 /// The nodes to quantize (in graph order) and the MaxPools whose output keeps its input's
 /// parameters (input, output).
 fn find_targets(
-    g: &aim_compiler::onnx::proto::GraphProto,
+    g: &aim_onnx::proto::GraphProto,
     weights: &HashMap<String, Tensor>,
     opts: &Options,
     rank: &dyn Fn(&str) -> Option<usize>,
 ) -> (Vec<Target>, Vec<(String, String)>) {
     let constant = |v: &str| weights.contains_key(v);
     let dims = |v: &str| weights.get(v).map(|t| t.shape().to_vec());
-    let int = |n: &aim_compiler::onnx::proto::NodeProto, name: &str, d: i64| {
+    let int = |n: &aim_onnx::proto::NodeProto, name: &str, d: i64| {
         n.attribute.iter().find(|a| a.name() == name).map_or(d, |a| a.i())
     };
-    let float = |n: &aim_compiler::onnx::proto::NodeProto, name: &str, d: f32| {
+    let float = |n: &aim_onnx::proto::NodeProto, name: &str, d: f32| {
         n.attribute.iter().find(|a| a.name() == name).map_or(d, |a| a.f())
     };
     let (mut targets, mut pools) = (Vec::new(), Vec::new());
@@ -349,12 +349,10 @@ fn calibrate(
     for v in wanted.iter().filter(|v| !inputs.contains(v.as_str()) && !outputs.contains(v.as_str())) {
         let ty = ir.graph.value_type(v).unwrap_or_else(aim_ir::ValueType::unknown);
         let vi = aim_ir::ValueInfo { name: v.clone(), ty };
-        ag.output.push(aim_compiler::onnx::value_info_proto(&vi));
+        ag.output.push(aim_onnx::value_info_proto(&vi));
     }
-    let external = g
-        .initializer
-        .iter()
-        .any(|t| t.data_location() == aim_compiler::onnx::proto::tensor_proto::DataLocation::External);
+    let external =
+        g.initializer.iter().any(|t| t.data_location() == aim_onnx::proto::tensor_proto::DataLocation::External);
     let exported = augmented.encode_to_vec();
     let m = if external {
         // Its external data is found relative to the model: loaded from its directory.
@@ -366,7 +364,7 @@ fn calibrate(
         loaded?
     } else {
         let what = format!("{} (with the calibrated values as outputs)", model.display());
-        let ir = aim_compiler::onnx::import_bytes(&exported, &what).map_err(|e| err(e.to_string()))?;
+        let ir = aim_onnx::import_bytes(&exported, &what).map_err(|e| err(e.to_string()))?;
         Model::from_ir_with(ir, model, &load_options(opts))?
     };
     let mut stats: HashMap<String, calibrate::Stats> = wanted.iter().map(|v| (v.clone(), Default::default())).collect();
@@ -400,7 +398,7 @@ fn calibrate(
 /// Replaces initializers stored in external files by their values inline (the quantized
 /// model is written whole, next to nothing).
 fn inline_external_data(proto: &mut ModelProto, ir: &aim_ir::Model) -> Result<(), QuantizeError> {
-    use aim_compiler::onnx::proto::tensor_proto::DataLocation;
+    use aim_onnx::proto::tensor_proto::DataLocation;
     let g = proto.graph.as_mut().expect("checked by the caller");
     let mut total = 0usize;
     for t in g.initializer.iter_mut().filter(|t| t.data_location() == DataLocation::External) {
@@ -410,7 +408,7 @@ fn inline_external_data(proto: &mut ModelProto, ir: &aim_ir::Model) -> Result<()
             .get(t.name())
             .ok_or_else(|| err(format!("the external initializer '{}' was not loaded", t.name())))?;
         total += v.bytes().len();
-        *t = aim_compiler::onnx::tensor_proto(t.name(), v);
+        *t = aim_onnx::tensor_proto(t.name(), v);
     }
     if total > (1 << 31) - (64 << 20) {
         return Err(err("the quantized model would exceed protobuf's 2 GB with its weights inline"));

@@ -9,9 +9,9 @@
 //!   DynamicQuantizeLinear → MatMulInteger → Cast → Mul by the scale product (+ bias).
 
 use super::calibrate::{quantize_weights, Params};
-use aim_compiler::onnx::proto::{GraphProto, NodeProto, TensorProto, ValueInfoProto};
-use aim_compiler::onnx::{node_proto, tensor_proto};
 use aim_ir::{Attr, DType, Node, Tensor};
+use aim_onnx::proto::{GraphProto, NodeProto, TensorProto, ValueInfoProto};
+use aim_onnx::{node_proto, tensor_proto};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// What a quantizable node reads as activations and as constants.

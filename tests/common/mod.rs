@@ -1,7 +1,7 @@
 //! Building small ONNX models in tests, with the prost types aim itself decodes.
 #![allow(dead_code)]
 
-use aim_compiler::onnx::proto::{
+use aim_onnx::proto::{
     self, attribute_proto::AttributeType, tensor_shape_proto::dimension, type_proto, AttributeProto, GraphProto,
     ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };

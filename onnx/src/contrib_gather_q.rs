@@ -141,7 +141,7 @@ fn unpack(packed: &[u8], bits: usize) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use crate::onnx::contrib::expand;
+    use crate::contrib::expand;
     use aim_ir::{Attr, DType, Dim, Graph, Node, Tensor, ValueInfo, ValueType};
 
     #[test]

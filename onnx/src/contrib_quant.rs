@@ -289,7 +289,9 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         // travels with the dequantization, for the kernel that reads the codes.
         let mut attrs = vec![("axis", Attr::Int(0)), ("block_size", Attr::Int(block as i64))];
         if let Some(level) = n.opt_int("accuracy_level") {
-            attrs.push((crate::passes::q4_weights::ACCURACY_LEVEL, Attr::Int(level)));
+            // Under the attribute's own name, which the compiler's 4-bit pass reads
+            // (`aim_compiler::passes::q4_weights::ACCURACY_LEVEL`).
+            attrs.push(("accuracy_level", Attr::Int(level)));
         }
         let wn = e.op("DequantizeLinear", &[&q, &s, &z], attrs);
         return matmul_bias(e, n, input(n, 0)?, &wn, n.input(5));
