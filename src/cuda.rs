@@ -5,9 +5,9 @@
 
 use crate::specialize::Signature;
 use crate::Error;
-use aim_compiler::cuda::GpuTarget;
+use aim_cuda::device::{Device, Loaded};
+use aim_cuda::GpuTarget;
 use aim_ir::{Graph, Tensor};
-use aim_runtime::cuda::device::{Device, Loaded};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -42,7 +42,7 @@ impl CudaExec {
         let base = if device.sm >= 90 { GpuTarget::SM90 } else { GpuTarget { sm: device.sm, ..GpuTarget::SM80 } };
         let exec = CudaExec {
             device,
-            target: base.with_tf32(allow_tf32).with_half(half_weights.then_some(aim_compiler::cuda::Half::F16)),
+            target: base.with_tf32(allow_tf32).with_half(half_weights.then_some(aim_cuda::Half::F16)),
             graph,
             path: path.to_string(),
             programs: Mutex::new(Vec::new()),

@@ -5,7 +5,7 @@
 
 use crate::specialize::{bind, fits};
 use crate::Error;
-use aim_compiler::cuda::{GpuTarget, Half};
+use aim_cuda::{GpuTarget, Half};
 use aim_ir::DType;
 pub use aim_runtime::cuda::CudaProgram;
 
@@ -32,7 +32,7 @@ pub fn compile(
     bind(&mut g, &sig, path)?;
     aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false)
         .map_err(|cause| Error::Pass { path: path.to_string(), cause })?;
-    aim_compiler::cuda::lower::lower(&g, target).map_err(|cause| Error::Lower { path: path.to_string(), cause })
+    aim_cuda::lower::lower(&g, target).map_err(|cause| Error::Lower { path: path.to_string(), cause })
 }
 
 /// The half type of a model whose weights (its initializers of rank 2 or more) are mostly
@@ -62,9 +62,7 @@ pub fn half_model(graph: &aim_ir::Graph) -> Option<Half> {
 pub fn device() -> Result<String, String> {
     #[cfg(feature = "cuda")]
     {
-        aim_runtime::cuda::device::Device::open(0)
-            .map(|d| format!("{} (sm_{})", d.name, d.sm))
-            .map_err(|e| e.to_string())
+        aim_cuda::device::Device::open(0).map(|d| format!("{} (sm_{})", d.name, d.sm)).map_err(|e| e.to_string())
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -114,7 +114,7 @@ pub enum Error {
     Compile { path: String, msg: String },
     /// The cuda backend has no kernel for a node of the graph (or not for its types).
     #[error("{path}: {cause}")]
-    Lower { path: String, cause: aim_compiler::cuda::lower::LowerError },
+    Lower { path: String, cause: aim_cuda::lower::LowerError },
     /// A `.aim` file could not be written or read.
     #[error(transparent)]
     AimFile(#[from] aim_ir::aim_file::AimFileError),

@@ -9,7 +9,7 @@
 
 use aim::conformance::{find_cases, run_case, run_case_with, Named, Outcome};
 use aim::{Backend, Tensor};
-use aim_compiler::cuda::GpuTarget;
+use aim_cuda::GpuTarget;
 use aim_ptx_interp::{run_program, Placement};
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -49,14 +49,13 @@ fn onnx_node_conformance_cuda_in_the_ptx_interpreter() {
     let kernels = RefCell::new((HashSet::new(), Vec::new()));
     conformance("cuda, PTX interpreter", list, |c| run_case_with(c, |model| Ok(cuda_runner(model, c, &kernels))));
     let kernels = kernels.into_inner().1;
-    let Some(ptxas) = aim_compiler::cuda::ptxas::find() else {
+    let Some(ptxas) = aim_cuda::ptxas::find() else {
         assert!(std::env::var_os("AIM_REQUIRE_PTXAS").is_none(), "ptxas not found (pip install nvidia-cuda-nvcc-cu12)");
         eprintln!("ptxas not found: the conformance kernels were not checked with it");
         return;
     };
     let dir = std::env::temp_dir().join(format!("aim-conformance-ptxas-{}", std::process::id()));
-    let reports =
-        aim_compiler::cuda::ptxas::check_kernels(&ptxas, &kernels, &[80, 90], &dir).unwrap_or_else(|e| panic!("{e}"));
+    let reports = aim_cuda::ptxas::check_kernels(&ptxas, &kernels, &[80, 90], &dir).unwrap_or_else(|e| panic!("{e}"));
     for (sm, r) in [80, 90].iter().zip(&reports) {
         assert!(r.spills.is_empty(), "sm_{sm}: spills in {:?}", r.spills);
         assert_eq!(r.kernels, kernels.len(), "{}", r.log);

@@ -7,7 +7,7 @@
 //! device arena (which checks the plan: values alive together must not share bytes).
 
 use aim::{Backend, Model};
-use aim_compiler::cuda::GpuTarget;
+use aim_cuda::GpuTarget;
 use aim_ir::Tensor;
 use aim_ptx_interp::{run_program, Placement};
 use aim_runtime::cuda::CudaProgram;
@@ -89,7 +89,7 @@ fn half_weights_on_f16_and_bf16_tensor_cores() {
             assert!(on_half_tensor_cores(&p, "f16", aim_ir::DType::F16), "{name}: not on f16 tensor cores");
         }
     }
-    let bf16 = GpuTarget::SM90.with_half(Some(aim_compiler::cuda::Half::Bf16));
+    let bf16 = GpuTarget::SM90.with_half(Some(aim_cuda::Half::Bf16));
     if let Some(p) = check_with("bert_tiny", None, bf16, 5e-2, &[true]) {
         assert!(on_half_tensor_cores(&p, "bf16", aim_ir::DType::BF16), "bert_tiny: not on bf16 tensor cores");
         // The packed weights replace the f32 ones: those are not uploaded as well.
@@ -181,7 +181,7 @@ fn resnet50_tiny_on_the_ptx_interpreter() {
 /// spills.
 #[test]
 fn full_size_models_pass_ptxas() {
-    let Some(ptxas) = aim_compiler::cuda::ptxas::find() else {
+    let Some(ptxas) = aim_cuda::ptxas::find() else {
         assert!(std::env::var_os("AIM_REQUIRE_PTXAS").is_none(), "ptxas not found");
         eprintln!("ptxas not found: skipping");
         return;
@@ -195,7 +195,7 @@ fn full_size_models_pass_ptxas() {
         let path = dir.join(format!("{name}.onnx"));
         let inputs = aim::npz::read_npz(&dir.join(format!("{name}.inputs.npz"))).unwrap();
         let model = Model::load_with(&path, Backend::Reference).unwrap();
-        let f16 = Some(aim_compiler::cuda::Half::F16);
+        let f16 = Some(aim_cuda::Half::F16);
         // The f16-weight forms of the two benchmark models with the most GEMMs.
         let forms: &[_] = if ["resnet50", "bert_l6"].contains(&name) {
             &[(80, false, None), (90, true, None), (80, false, f16)]
@@ -206,7 +206,7 @@ fn full_size_models_pass_ptxas() {
             let target = GpuTarget::parse(&format!("sm_{sm}")).unwrap().with_tf32(tf32).with_half(half);
             let p = compile(&model, &inputs, &target);
             let ptx: Vec<String> = p.kernels.iter().map(|k| k.ptx.clone()).collect();
-            let r = aim_compiler::cuda::ptxas::check_kernels(&ptxas, &ptx, &[sm], &tmp)
+            let r = aim_cuda::ptxas::check_kernels(&ptxas, &ptx, &[sm], &tmp)
                 .unwrap_or_else(|e| panic!("{name}: {e}"))
                 .remove(0);
             assert!(r.spills.is_empty(), "{name} sm_{sm}: spills in {:?}", r.spills);

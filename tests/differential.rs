@@ -10,7 +10,7 @@
 mod common;
 
 use aim::{Backend, Model, Options, Tensor};
-use aim_compiler::cuda::GpuTarget;
+use aim_cuda::GpuTarget;
 use aim_onnx::proto::{attribute_proto::AttributeType, AttributeProto};
 use aim_ptx_interp::{run_program, Placement};
 use common::*;

@@ -20,8 +20,8 @@ if [ "${1:-}" = "quick" ]; then
     section "quick: release build and clippy (warnings are errors)"
     cargo build --release --locked
     cargo clippy --workspace --release --all-targets --locked -- -D warnings
-    section "quick: unit tests and pass filetests (aim-ir, aim-kernels, aim-runtime, aim-onnx, aim-compiler)"
-    cargo test --release --locked -p aim-ir -p aim-kernels -p aim-runtime -p aim-onnx -p aim-compiler
+    section "quick: unit tests and pass filetests (aim-ir, aim-kernels, aim-runtime, aim-onnx, aim-compiler, aim-cuda)"
+    cargo test --release --locked -p aim-ir -p aim-kernels -p aim-runtime -p aim-onnx -p aim-compiler -p aim-cuda
     if [ ! -f target/models/mobilenetv2.onnx ]; then
         python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
         python3 tests/models/make_models.py target/models
@@ -39,7 +39,7 @@ fi
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 # ptxas (from NVIDIA's PyPI package, no CUDA toolkit or GPU needed) checks every PTX kernel
-# the cuda backend generates, for sm_80 and sm_90 (compiler/src/cuda/tests.rs).
+# the cuda backend generates, for sm_80 and sm_90 (cuda/src/tests.rs).
 python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvcc-cu12
 PTXAS="$(python3 -c 'import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas"))')"
 export PTXAS

@@ -12,17 +12,17 @@ pub(crate) fn gpu_for_explore(
     gpu: Option<&str>,
     allow_tf32: bool,
     half: Option<&str>,
-) -> Result<Option<aim_compiler::cuda::GpuTarget>> {
+) -> Result<Option<aim_cuda::GpuTarget>> {
     if gpu.is_none() && !stages.iter().any(|s| s == "ptx") {
         return Ok(None);
     }
     let arch = gpu.unwrap_or("sm_80");
-    let t = aim_compiler::cuda::GpuTarget::parse(arch)
+    let t = aim_cuda::GpuTarget::parse(arch)
         .with_context(|| format!("--gpu {arch}: expected sm_80, sm_86, sm_89 or sm_90"))?;
     let half = match half {
         None => None,
-        Some("f16") => Some(aim_compiler::cuda::Half::F16),
-        Some("bf16") => Some(aim_compiler::cuda::Half::Bf16),
+        Some("f16") => Some(aim_cuda::Half::F16),
+        Some("bf16") => Some(aim_cuda::Half::Bf16),
         Some(h) => bail!("--half {h}: expected f16 or bf16"),
     };
     Ok(Some(t.with_tf32(allow_tf32).with_half(half)))
@@ -35,7 +35,7 @@ pub(crate) fn explore_options(
     cpu: String,
     caches: Option<String>,
     shape: &[String],
-    gpu: Option<aim_compiler::cuda::GpuTarget>,
+    gpu: Option<aim_cuda::GpuTarget>,
 ) -> Result<aim::explore::Options> {
     let shapes = parse_shapes(shape)?;
     let caches = match caches {

@@ -206,11 +206,11 @@ fn ptx_stage_assembles(out: &str, dir: &std::path::Path) {
     let entries: Vec<&str> = out.lines().filter_map(|l| l.trim_start().strip_prefix(".visible .entry ")).collect();
     let names: std::collections::BTreeSet<&str> = entries.iter().map(|e| e.split('(').next().unwrap()).collect();
     assert_eq!(names.len(), entries.len(), "a kernel is defined twice");
-    let Some(ptxas) = aim_compiler::cuda::ptxas::find() else {
+    let Some(ptxas) = aim_cuda::ptxas::find() else {
         assert!(std::env::var_os("AIM_REQUIRE_PTXAS").is_none(), "ptxas not found (pip install nvidia-cuda-nvcc-cu12)");
         return;
     };
-    aim_compiler::cuda::ptxas::check(&ptxas, out, 80, dir).unwrap_or_else(|e| panic!("{e}"));
+    aim_cuda::ptxas::check(&ptxas, out, 80, dir).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -6,7 +6,6 @@
 //! generation ([`codegen`]) and the memory plan ([`memory_plan`]).
 
 pub mod codegen;
-pub mod cuda;
 /// The programs of `aim:Elementwise` nodes (defined with the kernels that run them).
 pub use aim_kernels::ewprog;
 pub mod memory_plan;

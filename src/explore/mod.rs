@@ -131,7 +131,7 @@ pub struct Options {
     pub shapes: Vec<crate::InputShapes>,
     /// The GPU to show the cuda backend's PTX for (the `ptx` stage; computed only when
     /// asked, as it runs the cuda pipeline too).
-    pub gpu: Option<aim_compiler::cuda::GpuTarget>,
+    pub gpu: Option<aim_cuda::GpuTarget>,
     /// Which passes of the cpu pipeline run (`-O`, `--disable-pass`), as for `aim run`.
     pub optimization: aim_compiler::passes::Optimization,
     /// Dense layers' weights as f16 (`--weights f16`), as for `aim run`.
@@ -480,14 +480,14 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
 /// The cuda backend's kernels for `g` (before any cpu pass): the module header, the arena,
 /// then each launch's kernel with its geometry; a graph the backend cannot lower gets the
 /// reason as its one line.
-fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_compiler::cuda::GpuTarget) -> Vec<Line> {
+fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_cuda::GpuTarget) -> Vec<Line> {
     // A half model's weights stay half, as the backend compiles it.
     let gpu = &gpu.with_half(crate::gpu::half_model(g).or(gpu.half));
     let mut g = g.clone();
     if let Err(e) = aim_compiler::passes::run_pipeline(&mut g, &aim_compiler::passes::cuda_pipeline(), false) {
         return vec![Line { text: format!("// {e}"), sources: vec![] }];
     }
-    let p = match aim_compiler::cuda::lower::lower(&g, gpu) {
+    let p = match aim_cuda::lower::lower(&g, gpu) {
         Ok(p) => p,
         Err(e) => {
             // The node's ONNX sources, when the failing node is one of the graph's.
@@ -495,10 +495,8 @@ fn ptx_lines(g: &aim_ir::Graph, gpu: &aim_compiler::cuda::GpuTarget) -> Vec<Line
             return vec![Line { text: format!("// {e}"), sources: src }];
         }
     };
-    let mut out: Vec<Line> = aim_compiler::cuda::ptx::module(gpu.sm, &[])
-        .lines()
-        .map(|l| Line { text: l.to_string(), sources: vec![] })
-        .collect();
+    let mut out: Vec<Line> =
+        aim_cuda::ptx::module(gpu.sm, &[]).lines().map(|l| Line { text: l.to_string(), sources: vec![] }).collect();
     out.push(Line {
         text: format!(
             "// device program: {} launches; arena {} bytes; TF32 tensor cores {}; half weights {}",

@@ -6,7 +6,7 @@
 
 use super::elementwise::program;
 use super::ptx::{Class, Kernel, Reg};
-use crate::ewprog::Inst;
+use aim_compiler::ewprog::Inst;
 
 /// Threads per block.
 pub const BLOCK: u32 = 256;

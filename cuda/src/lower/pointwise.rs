@@ -79,7 +79,7 @@ impl Lowering<'_> {
     /// The parameterised activations (LeakyRelu, HardSigmoid, HardSwish, Gelu, Elu), as one
     /// elementwise program each.
     pub(super) fn activation(&mut self, n: &Node) -> Result<(), String> {
-        let act = crate::passes::fuse::node_activation(self.g, n).ok_or("unknown activation")?;
+        let act = aim_compiler::passes::fuse::node_activation(self.g, n).ok_or("unknown activation")?;
         let x = self.input(n, 0)?;
         self.f32_value(x)?;
         let y = self.output(n, 0)?;

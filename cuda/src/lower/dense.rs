@@ -15,7 +15,7 @@ impl Lowering<'_> {
         }
         let (ash, wsh) = (self.shape(a), self.shape(w));
         // `trans_b`: the weight is stored `[N, K]`.
-        let cols = n.int(crate::passes::fuse::TRANS_B, 0) != 0;
+        let cols = n.int(aim_compiler::passes::fuse::TRANS_B, 0) != 0;
         let [kw, nw] = match (cols, &wsh[..]) {
             (false, &[k, n]) => [k, n],
             (true, &[n, k]) => [k, n],

@@ -16,7 +16,7 @@
 use super::elementwise::program;
 use super::ptx::{Class, Kernel as Builder, Reg};
 use super::{GpuTarget, Half, Kernel};
-use crate::ewprog::{Binary, Inst, Operand, Unary};
+use aim_compiler::ewprog::{Binary, Inst, Operand, Unary};
 use aim_kernels::gemm::Activation;
 
 /// Output tile rows and columns per block, and the depth of a shared slice.

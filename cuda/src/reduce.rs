@@ -4,7 +4,7 @@
 //! propagate NaN as the cpu backend does.
 
 use super::ptx::{Class, Kernel, Reg};
-use crate::codegen::ReduceMode;
+use aim_compiler::codegen::ReduceMode;
 
 /// Threads per block (8 warps, 8 rows at a time).
 pub const BLOCK: u32 = 256;

@@ -8,8 +8,8 @@ use super::gemm::{ALayout, BLayout, ConvGeom, Gemm, YLayout};
 use super::{
     conv, elementwise, gather, gemm, grid_for, layernorm, reduce, resize, softmax, strided, GpuTarget, Half, Kernel,
 };
-use crate::codegen::ReduceMode;
-use crate::ewprog::{self, Binary, Inst, Operand, Unary};
+use aim_compiler::codegen::ReduceMode;
+use aim_compiler::ewprog::{self, Binary, Inst, Operand, Unary};
 use aim_ir::{DType, Graph, Node};
 use aim_kernels::gemm::Activation;
 pub use aim_runtime::cuda::{Arg, CudaProgram, Launch, Storage, Value};
@@ -189,7 +189,7 @@ impl Lowering<'_> {
     /// Adds a launch of `kernel`; a kernel already in the program with the same code and
     /// geometry (a repeated layer) is launched again instead of being added twice.
     fn push(&mut self, n: &Node, mut kernel: Kernel, args: Vec<Arg>) {
-        let sources = crate::passes::sources_of(n);
+        let sources = aim_compiler::passes::sources_of(n);
         let body = kernel.ptx.replacen(&format!(".entry {}(", kernel.name), ".entry (", 1);
         let key = (body, kernel.grid, kernel.block, kernel.shared_bytes);
         let index = match self.distinct.get(&key) {

@@ -1,4 +1,7 @@
-//! PTX code generation for NVIDIA GPUs, emitted by aim itself (no nvcc, no NVRTC).
+//! `aim-cuda`: the cuda backend. PTX code generation for NVIDIA GPUs, emitted by aim
+//! itself (no nvcc, no NVRTC), the lowering of an optimised graph to a
+//! [`aim_runtime::cuda::CudaProgram`] ([`lower`]), and, with the `device` feature, running
+//! that program on a GPU through the driver API ([`device`]).
 //!
 //! Each kernel generator takes what the optimised graph says of a node (an elementwise
 //! program, a reduction's rows, a softmax's scale, a GEMM's shape and epilogue) and a
@@ -12,6 +15,8 @@
 //! - [`elementwise`], [`reduce`], [`softmax`], [`gemm`]: the kernel families.
 
 pub mod conv;
+#[cfg(feature = "device")]
+pub mod device;
 pub mod elementwise;
 pub mod gather;
 pub mod gemm;

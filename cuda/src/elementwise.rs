@@ -6,7 +6,7 @@
 
 use super::math;
 use super::ptx::{fimm, Class, Kernel, Reg};
-use crate::ewprog::{Binary, Inst, Operand, Unary};
+use aim_compiler::ewprog::{Binary, Inst, Operand, Unary};
 
 /// Threads per block of the elementwise kernels.
 pub const BLOCK: u32 = 256;

@@ -3,8 +3,8 @@
 //! uploaded once, one device arena from the program's plan, inputs copied in and outputs
 //! copied out at the graph's edges, every launch on one stream.
 
-use super::{CudaProgram, Storage};
 use aim_ir::Tensor;
+use aim_runtime::cuda::{CudaProgram, Storage};
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -179,8 +179,10 @@ fn load_module(ptx: &str) -> Result<Module, CudaError> {
         let code = result::DriverError(r).error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let mut text = String::from_utf8_lossy(&log[..end]).trim().to_string();
         if r == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
-            text =
-                format!("the driver is too old for PTX ISA {} (CUDA 11.8 or newer needed). {text}", super::PTX_VERSION);
+            text = format!(
+                "the driver is too old for PTX ISA {} (CUDA 11.8 or newer needed). {text}",
+                aim_runtime::cuda::PTX_VERSION
+            );
         }
         return Err(CudaError::Jit { code, log: text });
     }

@@ -2,8 +2,8 @@
 //! pass `ptxas` for sm_80 and sm_90 with no spills.
 
 use super::{elementwise, gather, gemm, ptx, reduce, softmax, strided, GpuTarget, Half, Kernel};
-use crate::codegen::ReduceMode;
-use crate::ewprog::{self, Binary, Inst, Operand, Unary};
+use aim_compiler::codegen::ReduceMode;
+use aim_compiler::ewprog::{self, Binary, Inst, Operand, Unary};
 use aim_kernels::gemm::Activation;
 use aim_ptx_interp::{Arg, Launch, Memory, Module};
 
