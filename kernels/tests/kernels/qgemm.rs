@@ -181,7 +181,7 @@ fn whole_panels_take_every_epilogue_form() {
     let columns: Vec<f32> = (0..n).map(|j| 0.02 + j as f32 * 1e-3).collect();
     for act in [None, Some(Activation::Relu), Some(Activation::Clip(-30.0, 40.0)), Some(Activation::Tanh)] {
         for with_bias in [false, true] {
-            for scale in [&[0.03f32][..], &columns] {
+            for scale in [&[0.03f32][..], &[-0.03], &columns] {
                 for &isa in &Isa::all_available() {
                     let mut y = vec![f32::NAN; m * n];
                     let qa = QuantizedA { data: &a, m, stride: k, zero: 9, row_sums: &sums };
