@@ -10,9 +10,10 @@ use super::math;
 use super::output::Output;
 use super::sequence::{Seq, SharedY};
 use super::Ctx;
-use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB};
+use crate::gemm::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Parallel};
 use crate::util::Result;
 use aim_ir::{DType, Node, Tensor};
+use std::ops::Range;
 
 /// One direction's packed weights.
 struct Dir {
@@ -134,13 +135,24 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) 
     // Then the recurrences (two directions side by side where a step is small).
     let y_out = SharedY::new(yd);
     let (isa, blocking) = (cx.isa, cx.blocking);
-    let finals = super::sequence::by_direction(q.dirs, batch * hidden * g3, cx.par, &|d, par| {
-        let mut h = q.initial(h0, d);
-        let job = Direction { dw: &weights.dirs[d], xp: &xps[d], q: &q, d, linear_before_reset, blocking, par };
-        job.run(isa, &mut h, y_out);
-        h
-    });
-    for (d, h) in finals.iter().enumerate() {
+    let dirs = (weights.dirs.iter().zip(&xps).enumerate())
+        .map(|(d, (dw, xp))| Direction {
+            dw,
+            xp,
+            q: &q,
+            d,
+            linear_before_reset,
+            isa,
+            blocking,
+            y: y_out,
+            h: q.initial(h0, d),
+            zr: vec![0f32; batch * 2 * hidden],
+            cand: vec![0f32; batch * hidden],
+            rh: vec![0f32; batch * hidden],
+        })
+        .collect();
+    let finals = super::sequence::by_direction(dirs, q.t_len, batch * hidden * g3, cx.par);
+    for (d, Direction { h, .. }) in finals.iter().enumerate() {
         for bi in 0..batch {
             let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
@@ -154,7 +166,9 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&GruWeights>) 
 }
 
 /// The recurrence of one direction: `h` (batch × hidden) updated step by step, each step's
-/// state written to `y`.
+/// state written to `y`. It holds its state and a step's scratch, so that
+/// [`by_direction`](super::sequence::by_direction) can advance it a few steps at a time on
+/// whichever thread is free.
 struct Direction<'a> {
     dw: &'a Dir,
     /// The input projections (rows in X's order, 3h each).
@@ -162,52 +176,56 @@ struct Direction<'a> {
     q: &'a Seq<'a>,
     d: usize,
     linear_before_reset: bool,
+    isa: Isa,
     blocking: Blocking,
-    /// The threads of a step's products.
-    par: &'a dyn crate::gemm::Parallel,
+    y: SharedY,
+    h: Vec<f32>,
+    /// z and r of a step (batch × 2h), the candidate's product and r ⊙ h (batch × h).
+    zr: Vec<f32>,
+    cand: Vec<f32>,
+    rh: Vec<f32>,
 }
 
-impl Direction<'_> {
+impl super::sequence::Recurrence for Direction<'_> {
     /// Runs with the gate loops compiled for the ISA (the fast sigmoid and tanh vectorise).
-    fn run(&self, isa: Isa, h: &mut [f32], y: SharedY) {
+    fn run(&mut self, steps: Range<usize>, par: &dyn Parallel) {
         #[cfg(target_arch = "x86_64")]
         {
             #[target_feature(enable = "avx512f,avx2,fma")]
-            unsafe fn v4(j: &Direction, h: &mut [f32], y: SharedY) {
-                j.steps::<true>(h, y)
+            unsafe fn v4(j: &mut Direction, steps: Range<usize>, par: &dyn Parallel) {
+                j.steps::<true>(steps, par)
             }
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn v3(j: &Direction, h: &mut [f32], y: SharedY) {
-                j.steps::<true>(h, y)
+            unsafe fn v3(j: &mut Direction, steps: Range<usize>, par: &dyn Parallel) {
+                j.steps::<true>(steps, par)
             }
             // SAFETY: an `Isa` exists only for features this CPU has.
-            match isa.kind() {
-                crate::gemm::IsaKind::Avx512 => return unsafe { v4(self, h, y) },
-                crate::gemm::IsaKind::Avx2 => return unsafe { v3(self, h, y) },
+            match self.isa.kind() {
+                crate::gemm::IsaKind::Avx512 => return unsafe { v4(self, steps, par) },
+                crate::gemm::IsaKind::Avx2 => return unsafe { v3(self, steps, par) },
                 _ => {}
             }
         }
-        let _ = isa;
-        self.steps::<{ cfg!(target_arch = "aarch64") }>(h, y)
+        self.steps::<{ cfg!(target_arch = "aarch64") }>(steps, par)
     }
+}
 
+impl Direction<'_> {
     /// The steps, the gates' functions with fused multiply-adds where `FMA`.
     #[inline(always)]
-    fn steps<const FMA: bool>(&self, h: &mut [f32], y: SharedY) {
+    fn steps<const FMA: bool>(&mut self, steps: Range<usize>, par: &dyn Parallel) {
         let q = self.q;
         let (batch, hidden, t_len) = (q.batch, q.hidden, q.t_len);
-        let (g3, dw) = (3 * hidden, self.dw);
-        let (mut zr, mut cand, mut rh) =
-            (vec![0f32; batch * 2 * hidden], vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
+        let (g3, dw, y) = (3 * hidden, self.dw, self.y);
+        let (h, zr, cand, rh) = (&mut self.h, &mut self.zr, &mut self.cand, &mut self.rh);
         let bias_rh = Epilogue { col_bias: Some(&dw.bias_rh), ..Epilogue::default() };
-        let par = self.par;
-        for s in 0..t_len {
+        for s in steps {
             let t = if q.reverse(self.d) { t_len - 1 - s } else { s };
             let xrow = |bi: usize| {
                 let row = q.x_row(t, bi);
                 &self.xp[row * g3..(row + 1) * g3]
             };
-            gemm_rows(h, batch, hidden, self.blocking, &dw.r_zr, &mut zr, 2 * hidden, &Epilogue::default(), par);
+            gemm_rows(h, batch, hidden, self.blocking, &dw.r_zr, zr, 2 * hidden, &Epilogue::default(), par);
             // z and r: σ(x + h·R).
             for bi in 0..batch {
                 let (xr, g) = (xrow(bi), &mut zr[bi * 2 * hidden..(bi + 1) * 2 * hidden]);
@@ -216,7 +234,7 @@ impl Direction<'_> {
                 }
             }
             if self.linear_before_reset {
-                gemm_rows(h, batch, hidden, self.blocking, &dw.r_h, &mut cand, hidden, &bias_rh, par);
+                gemm_rows(h, batch, hidden, self.blocking, &dw.r_h, cand, hidden, &bias_rh, par);
                 for bi in 0..batch {
                     let r = &zr[bi * 2 * hidden + hidden..(bi + 1) * 2 * hidden];
                     for (cv, &rv) in cand[bi * hidden..(bi + 1) * hidden].iter_mut().zip(r) {
@@ -231,7 +249,7 @@ impl Direction<'_> {
                         *o = rv * hv;
                     }
                 }
-                gemm_rows(&rh, batch, hidden, self.blocking, &dw.r_h, &mut cand, hidden, &bias_rh, par);
+                gemm_rows(rh, batch, hidden, self.blocking, &dw.r_h, cand, hidden, &bias_rh, par);
             }
             for bi in 0..batch {
                 let xr = &xrow(bi)[2 * hidden..];

@@ -231,79 +231,134 @@ impl RecurrentWeights {
 /// Direction `d`'s recurrence over the sequence: per step `h · Rᵀ` added to the step's
 /// row of the input projection `xp` (with 8-bit weights: h quantized, the exact integer
 /// product scaled by h's scale times R's `r_scales`, and the biases `b` added after), the
-/// gates, and h written into Y. Returns the final h and c.
-#[allow(clippy::too_many_arguments)]
-fn steps(
-    q: &Seq,
+/// gates, and h written into Y. It holds its state `h`, `c` (batch × hidden) and a step's
+/// scratch, so that [`by_direction`](super::sequence::by_direction) can advance it a few
+/// steps at a time on whichever thread is free.
+struct Direction<'a> {
+    q: &'a Seq<'a>,
     d: usize,
-    panels: &Panels,
-    b: &[f32],
-    r_scales: Option<&[f32]>,
-    xp: &[f32],
-    (mut h, mut c): (Vec<f32>, Vec<f32>),
-    (isa, blocking): (Isa, crate::gemm::Blocking),
-    step_par: &dyn crate::gemm::Parallel,
+    panels: &'a Panels,
+    b: &'a [f32],
+    /// R's scales per gate column when the weights are 8-bit.
+    r_scales: Option<&'a [f32]>,
+    /// The input projections (rows in X's order, 4h each).
+    xp: &'a [f32],
+    kernels: (Isa, crate::gemm::Blocking),
     y: SharedY,
-) -> (Vec<f32>, Vec<f32>) {
-    let (batch, hidden, t_len) = (q.batch, q.hidden, q.t_len);
-    let g4 = 4 * hidden;
-    let h_stride = hidden.div_ceil(4) * 4;
-    let quantized = r_scales.is_some();
-    let int8 = matches!(panels, Panels::Int8(..));
-    let mut g = vec![0f32; batch * g4];
-    let mut xt = vec![0f32; batch * g4];
-    let mut h_whole = vec![0f32; if quantized && !int8 { batch * hidden } else { 0 }];
-    let (mut h_bytes, mut h_sums) = (vec![0u8; if int8 { batch * h_stride } else { 0 }], vec![0i32; batch]);
-    let mut mult = vec![0f32; g4];
-    for s in 0..t_len {
-        let t = if q.reverse(d) { t_len - 1 - s } else { s };
-        // This step's projections, one row per batch entry.
-        for bi in 0..batch {
-            let row = q.x_row(t, bi);
-            xt[bi * g4..(bi + 1) * g4].copy_from_slice(&xp[row * g4..(row + 1) * g4]);
-        }
-        match (panels, r_scales) {
-            (Panels::F32(_, pr), None) => {
-                let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
-                gemm_rows(&h, batch, hidden, blocking, pr, &mut g, g4, &ep, step_par);
-            }
-            (panels, Some(rs)) => {
-                // h in u8 (one range over the batch), the product of whole numbers
-                // scaled by h's scale times R's, then `x·W + h·R + B` as ORT adds them.
-                match panels {
-                    Panels::F32(_, pr) => {
-                        let sh = super::quant::centered(isa, &h, &mut h_whole);
-                        let ep = Epilogue::default();
-                        gemm_rows(&h_whole, batch, hidden, blocking, pr, &mut g, g4, &ep, step_par);
-                        mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
-                        g.chunks_exact_mut(g4).for_each(|gr| gr.iter_mut().zip(&mult).for_each(|(v, &m)| *v *= m));
-                    }
-                    Panels::Int8(_, pr) => {
-                        let seq = &crate::gemm::Sequential;
-                        let (sh, zh) = quantize_dynamic(isa, &h, hidden, &mut h_bytes, h_stride, &mut h_sums, seq);
-                        mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
-                        let a = QuantizedA { data: &h_bytes, m: batch, stride: h_stride, zero: zh, row_sums: &h_sums };
-                        let ep = QEpilogue { scale: &mult, bias: None, act: None };
-                        qgemm(isa, &a, pr, &ep, &mut g, g4, step_par);
-                    }
-                }
-                for (gr, xr) in g.chunks_exact_mut(g4).zip(xt.chunks_exact(g4)) {
-                    for j in 0..g4 {
-                        gr[j] = (xr[j] + gr[j]) + b[j];
-                    }
-                }
-            }
-            // The caller pairs 8-bit panels with their scales.
-            (Panels::Int8(..), None) => unreachable!("8-bit weights without scales"),
-        }
-        gates(isa, &g, &mut c, &mut h, hidden);
-        for bi in 0..batch {
-            let at = q.y_at(t, bi, d);
-            // SAFETY: this direction's states alone are written here, Y outlives the run.
-            unsafe { y.write(at, &h[bi * hidden..(bi + 1) * hidden]) };
+    h: Vec<f32>,
+    c: Vec<f32>,
+    g: Vec<f32>,
+    xt: Vec<f32>,
+    h_whole: Vec<f32>,
+    h_bytes: Vec<u8>,
+    h_sums: Vec<i32>,
+    mult: Vec<f32>,
+}
+
+impl<'a> Direction<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        q: &'a Seq<'a>,
+        d: usize,
+        (panels, b): (&'a Panels, &'a [f32]),
+        r_scales: Option<&'a [f32]>,
+        xp: &'a [f32],
+        (h, c): (Vec<f32>, Vec<f32>),
+        kernels: (Isa, crate::gemm::Blocking),
+        y: SharedY,
+    ) -> Self {
+        let (batch, hidden) = (q.batch, q.hidden);
+        let g4 = 4 * hidden;
+        let h_stride = hidden.div_ceil(4) * 4;
+        let quantized = r_scales.is_some();
+        let int8 = matches!(panels, Panels::Int8(..));
+        Direction {
+            q,
+            d,
+            panels,
+            b,
+            r_scales,
+            xp,
+            kernels,
+            y,
+            h,
+            c,
+            g: vec![0f32; batch * g4],
+            xt: vec![0f32; batch * g4],
+            h_whole: vec![0f32; if quantized && !int8 { batch * hidden } else { 0 }],
+            h_bytes: vec![0u8; if int8 { batch * h_stride } else { 0 }],
+            h_sums: vec![0i32; batch],
+            mult: vec![0f32; g4],
         }
     }
-    (h, c)
+}
+
+impl super::sequence::Recurrence for Direction<'_> {
+    fn run(&mut self, steps: std::ops::Range<usize>, step_par: &dyn crate::gemm::Parallel) {
+        let q = self.q;
+        let (batch, hidden, t_len) = (q.batch, q.hidden, q.t_len);
+        let g4 = 4 * hidden;
+        let h_stride = hidden.div_ceil(4) * 4;
+        let (isa, blocking) = self.kernels;
+        let (h, c, g, xt) = (&mut self.h, &mut self.c, &mut self.g, &mut self.xt);
+        for s in steps {
+            let t = if q.reverse(self.d) { t_len - 1 - s } else { s };
+            // This step's projections, one row per batch entry.
+            for bi in 0..batch {
+                let row = q.x_row(t, bi);
+                xt[bi * g4..(bi + 1) * g4].copy_from_slice(&self.xp[row * g4..(row + 1) * g4]);
+            }
+            match (self.panels, self.r_scales) {
+                (Panels::F32(_, pr), None) => {
+                    let ep = Epilogue { residual: Some(xt), ..Epilogue::default() };
+                    gemm_rows(h, batch, hidden, blocking, pr, g, g4, &ep, step_par);
+                }
+                (panels, Some(rs)) => {
+                    // h in u8 (one range over the batch), the product of whole numbers
+                    // scaled by h's scale times R's, then `x·W + h·R + B` as ORT adds them.
+                    match panels {
+                        Panels::F32(_, pr) => {
+                            let sh = super::quant::centered(isa, h, &mut self.h_whole);
+                            let ep = Epilogue::default();
+                            gemm_rows(&self.h_whole, batch, hidden, blocking, pr, g, g4, &ep, step_par);
+                            self.mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
+                            let mult = &self.mult;
+                            g.chunks_exact_mut(g4).for_each(|gr| gr.iter_mut().zip(mult).for_each(|(v, &m)| *v *= m));
+                        }
+                        Panels::Int8(_, pr) => {
+                            let seq = &crate::gemm::Sequential;
+                            let (sh, zh) =
+                                quantize_dynamic(isa, h, hidden, &mut self.h_bytes, h_stride, &mut self.h_sums, seq);
+                            self.mult.iter_mut().zip(rs).for_each(|(m, &r)| *m = sh * r);
+                            let a = QuantizedA {
+                                data: &self.h_bytes,
+                                m: batch,
+                                stride: h_stride,
+                                zero: zh,
+                                row_sums: &self.h_sums,
+                            };
+                            let ep = QEpilogue { scale: &self.mult, bias: None, act: None };
+                            qgemm(isa, &a, pr, &ep, g, g4, step_par);
+                        }
+                    }
+                    let b = self.b;
+                    for (gr, xr) in g.chunks_exact_mut(g4).zip(xt.chunks_exact(g4)) {
+                        for j in 0..g4 {
+                            gr[j] = (xr[j] + gr[j]) + b[j];
+                        }
+                    }
+                }
+                // The caller pairs 8-bit panels with their scales.
+                (Panels::Int8(..), None) => unreachable!("8-bit weights without scales"),
+            }
+            gates(isa, g, c, h, hidden);
+            for bi in 0..batch {
+                let at = q.y_at(t, bi, self.d);
+                // SAFETY: this direction's states alone are written here, Y outlives the run.
+                unsafe { self.y.write(at, &h[bi * hidden..(bi + 1) * hidden]) };
+            }
+        }
+    }
 }
 
 pub(super) fn lstm(n: &Node, ins: &[Option<Tensor>], cx: &Ctx) -> Option<Result<Vec<Tensor>>> {
@@ -390,13 +445,15 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&LstmWeights>)
     // Then the recurrences (two directions side by side where a step is small).
     let y_out = SharedY::new(yd);
     let kernels = (cx.isa, cx.blocking);
-    let finals = super::sequence::by_direction(q.dirs, batch * hidden * g4, cx.par, &|d, step_par| {
-        let (panels, b) = &weights.dirs[d];
-        let r_scales = weights.scales.as_ref().map(|(_, rs)| &rs[d * g4..(d + 1) * g4]);
-        let state = (q.initial(h0, d), q.initial(c0, d));
-        steps(&q, d, panels, b, r_scales, &xps[d], state, kernels, step_par, y_out)
-    });
-    for (d, (h, c)) in finals.iter().enumerate() {
+    let dirs = (weights.dirs.iter().zip(&xps).enumerate())
+        .map(|(d, ((panels, b), xp))| {
+            let r_scales = weights.scales.as_ref().map(|(_, rs)| &rs[d * g4..(d + 1) * g4]);
+            let state = (q.initial(h0, d), q.initial(c0, d));
+            Direction::new(&q, d, (panels, b), r_scales, xp, state, kernels, y_out)
+        })
+        .collect();
+    let finals = super::sequence::by_direction(dirs, q.t_len, batch * hidden * g4, cx.par);
+    for (d, Direction { h, c, .. }) in finals.iter().enumerate() {
         for bi in 0..batch {
             let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);

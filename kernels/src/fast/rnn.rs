@@ -132,30 +132,22 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&RnnWeights>) 
         .collect();
     // Then the recurrences (two directions side by side where a step is small).
     let y_out = SharedY::new(yd);
-    let blocking = cx.blocking;
-    let finals = super::sequence::by_direction(q.dirs, batch * hidden * hidden, cx.par, &|d, par| {
-        let (pr, xp) = (&weights.dirs[d].1, &xps[d]);
-        let mut h = q.initial(h0, d);
-        let (mut g, mut xt) = (vec![0f32; batch * hidden], vec![0f32; batch * hidden]);
-        for s in 0..q.t_len {
-            let t = if q.reverse(d) { q.t_len - 1 - s } else { s };
-            for bi in 0..batch {
-                let row = q.x_row(t, bi);
-                xt[bi * hidden..(bi + 1) * hidden].copy_from_slice(&xp[row * hidden..(row + 1) * hidden]);
-            }
-            let ep = Epilogue { residual: Some(&xt), ..Epilogue::default() };
-            gemm_rows(&h, batch, hidden, blocking, pr, &mut g, hidden, &ep, par);
-            for (hv, &gv) in h.iter_mut().zip(&g) {
-                *hv = acts[d](gv);
-            }
-            for bi in 0..batch {
-                // SAFETY: this direction's states alone are written here, Y outlives the run.
-                unsafe { y_out.write(q.y_at(t, bi, d), &h[bi * hidden..(bi + 1) * hidden]) };
-            }
-        }
-        h
-    });
-    for (d, h) in finals.iter().enumerate() {
+    let dirs = (weights.dirs.iter().zip(&xps).zip(&acts).enumerate())
+        .map(|(d, (((_, pr, _), xp), &act))| Direction {
+            pr,
+            xp,
+            act,
+            q: &q,
+            d,
+            blocking: cx.blocking,
+            y: y_out,
+            h: q.initial(h0, d),
+            g: vec![0f32; batch * hidden],
+            xt: vec![0f32; batch * hidden],
+        })
+        .collect();
+    let finals = super::sequence::by_direction(dirs, q.t_len, batch * hidden * hidden, cx.par);
+    for (d, Direction { h, .. }) in finals.iter().enumerate() {
         for bi in 0..batch {
             let at = q.state_at(bi, d);
             yh[at..at + hidden].copy_from_slice(&h[bi * hidden..(bi + 1) * hidden]);
@@ -166,4 +158,46 @@ fn run(n: &Node, ins: &[Option<Tensor>], cx: &Ctx, packed: Option<&RnnWeights>) 
         outs.push(Tensor::from_vec(&q.state_shape(), yh));
     }
     Some(Ok(outs))
+}
+
+/// The recurrence of one direction: `h` (batch × hidden) updated step by step, each step's
+/// state written to `y`; it holds its state and a step's scratch, so that
+/// [`by_direction`](super::sequence::by_direction) can advance it a few steps at a time on
+/// whichever thread is free.
+struct Direction<'a> {
+    /// R, packed.
+    pr: &'a PackedB,
+    /// The input projections (rows in X's order, h each).
+    xp: &'a [f32],
+    act: Act,
+    q: &'a Seq<'a>,
+    d: usize,
+    blocking: Blocking,
+    y: SharedY,
+    h: Vec<f32>,
+    g: Vec<f32>,
+    xt: Vec<f32>,
+}
+
+impl super::sequence::Recurrence for Direction<'_> {
+    fn run(&mut self, steps: std::ops::Range<usize>, par: &dyn crate::gemm::Parallel) {
+        let q = self.q;
+        let (batch, hidden) = (q.batch, q.hidden);
+        for s in steps {
+            let t = if q.reverse(self.d) { q.t_len - 1 - s } else { s };
+            for bi in 0..batch {
+                let row = q.x_row(t, bi);
+                self.xt[bi * hidden..(bi + 1) * hidden].copy_from_slice(&self.xp[row * hidden..(row + 1) * hidden]);
+            }
+            let ep = Epilogue { residual: Some(&self.xt), ..Epilogue::default() };
+            gemm_rows(&self.h, batch, hidden, self.blocking, self.pr, &mut self.g, hidden, &ep, par);
+            for (hv, &gv) in self.h.iter_mut().zip(&self.g) {
+                *hv = (self.act)(gv);
+            }
+            for bi in 0..batch {
+                // SAFETY: this direction's states alone are written here, Y outlives the run.
+                unsafe { self.y.write(q.y_at(t, bi, self.d), &self.h[bi * hidden..(bi + 1) * hidden]) };
+            }
+        }
+    }
 }

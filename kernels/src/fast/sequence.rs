@@ -151,28 +151,110 @@ pub(super) fn parallel_for(macs: usize, par: &dyn crate::gemm::Parallel) -> &dyn
     }
 }
 
-/// Runs `f(d, step_par)` for each of `dirs` directions and returns the results in order.
-/// When a step (`step_macs` multiply-adds) is too small to share between threads (see
+/// One direction's recurrence, resumable between steps: it holds its state (and scratch)
+/// so that [`by_direction`] can run it a few steps at a time on whichever thread is free.
+pub(super) trait Recurrence: Send {
+    /// Runs steps `steps` (counted in the direction's own order: step 0 is the last time
+    /// step of a reverse direction), each step's products on `par`.
+    fn run(&mut self, steps: std::ops::Range<usize>, par: &dyn crate::gemm::Parallel);
+}
+
+/// Runs every direction's `t_len` steps and returns the directions (their final states) in
+/// order. When a step (`step_macs` multiply-adds) is too small to share between threads (see
 /// [`parallel_for`]) and there are two directions and two threads, the directions run side
-/// by side, each on one thread with its steps sequential; otherwise one after the other,
-/// with `step_par` from [`parallel_for`].
-pub(super) fn by_direction<T: Send>(
-    dirs: usize,
+/// by side, each step's product on one thread; otherwise one after the other, with the
+/// step's product shared through [`parallel_for`].
+///
+/// Side by side, a direction is not bound to a thread: a thread that has finished its own
+/// direction waits for the other's current step and takes over the rest of it. On a machine
+/// whose other core is busy with another process, the thread there runs at a fraction of
+/// the speed, and a static split of one direction per thread made two threads 1.2× slower
+/// than one (a bidirectional LSTM tagger); with the handover the free core does what the
+/// slowed one has not reached.
+pub(super) fn by_direction<R: Recurrence>(
+    dirs: Vec<R>,
+    t_len: usize,
     step_macs: usize,
     par: &dyn crate::gemm::Parallel,
-    f: &(dyn Fn(usize, &dyn crate::gemm::Parallel) -> T + Sync),
-) -> Vec<T> {
-    if dirs == 2 && par.threads() >= 2 && step_macs < STEP_PARALLEL_MACS {
-        let slots: [std::sync::Mutex<Option<T>>; 2] = Default::default();
-        par.for_each(2, &|d| {
-            let r = f(d, &crate::gemm::Sequential);
-            *slots[d].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        });
-        slots.into_iter().filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+) -> Vec<R> {
+    if dirs.len() == 2 && par.threads() >= 2 && step_macs < STEP_PARALLEL_MACS && t_len > 1 {
+        side_by_side(dirs, t_len, par)
     } else {
         let step_par = parallel_for(step_macs, par);
-        (0..dirs).map(|d| f(d, step_par)).collect()
+        let mut dirs = dirs;
+        dirs.iter_mut().for_each(|r| r.run(0..t_len, step_par));
+        dirs
     }
+}
+
+/// [`by_direction`]'s side-by-side schedule: task `i` starts on direction `i`, runs it a
+/// step at a time while no other task is idle, and hands it over (returns) when one is; an
+/// idle task takes over any unfinished direction that no task holds.
+fn side_by_side<R: Recurrence>(dirs: Vec<R>, t_len: usize, par: &dyn crate::gemm::Parallel) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Mutex, TryLockError};
+    let n = dirs.len();
+    let slots: Vec<Mutex<R>> = dirs.into_iter().map(Mutex::new).collect();
+    // The next step of each direction (t_len when done); written by its lock's holder.
+    let next: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+    let idle = AtomicUsize::new(0);
+    let all_done = || next.iter().all(|s| s.load(Ordering::Acquire) >= t_len);
+    // An unfinished direction no task holds, `first` preferred, locked.
+    let claim = |first: usize| {
+        (0..n).map(|k| (first + k) % n).find_map(|d| {
+            if next[d].load(Ordering::Acquire) >= t_len {
+                return None;
+            }
+            let guard = match slots[d].try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return None,
+            };
+            (next[d].load(Ordering::Acquire) < t_len).then_some((d, guard))
+        })
+    };
+    par.for_each(n, &|i| loop {
+        let (d, mut r) = match claim(i) {
+            Some(c) => c,
+            None => {
+                idle.fetch_add(1, Ordering::AcqRel);
+                let mut spins = 0u32;
+                let claimed = loop {
+                    if all_done() {
+                        break None;
+                    }
+                    if let Some(c) = claim(i) {
+                        break Some(c);
+                    }
+                    spins += 1;
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                };
+                idle.fetch_sub(1, Ordering::AcqRel);
+                match claimed {
+                    Some(c) => c,
+                    None => return,
+                }
+            }
+        };
+        loop {
+            let s = next[d].load(Ordering::Acquire);
+            if s >= t_len {
+                break;
+            }
+            r.run(s..s + 1, &crate::gemm::Sequential);
+            next[d].store(s + 1, Ordering::Release);
+            if s + 1 < t_len && idle.load(Ordering::Acquire) > 0 {
+                // Another task is idle: it takes over from here (this one may be the
+                // thread on a busy core).
+                return;
+            }
+        }
+    });
+    slots.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
 }
 
 /// Y's values, which the directions' recurrences write at disjoint places (each its own
@@ -197,5 +279,105 @@ impl SharedY {
     pub unsafe fn write(&self, at: usize, src: &[f32]) {
         assert!(at + src.len() <= self.1, "Y holds every step's state");
         std::slice::from_raw_parts_mut(self.0.add(at), src.len()).copy_from_slice(src);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{by_direction, Recurrence};
+    use crate::gemm::{Parallel, Sequential};
+    use std::time::Duration;
+
+    /// A recurrence that records which steps it ran and on which thread, slowed on the
+    /// thread named `slow`.
+    struct Record {
+        ran: Vec<(usize, String)>,
+    }
+
+    impl Recurrence for Record {
+        fn run(&mut self, steps: std::ops::Range<usize>, _: &dyn Parallel) {
+            for s in steps {
+                let name = std::thread::current().name().unwrap_or("").to_string();
+                if name == "slow" {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                self.ran.push((s, name));
+            }
+        }
+    }
+
+    /// Task `i` on a thread of its own, named "fast" (task 0) or "slow" (task 1).
+    struct Named;
+
+    impl Parallel for Named {
+        fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+            std::thread::scope(|s| {
+                for i in 0..n {
+                    let name = if i == 0 { "fast" } else { "slow" };
+                    std::thread::Builder::new().name(name.into()).spawn_scoped(s, move || f(i)).unwrap();
+                }
+            });
+        }
+        fn threads(&self) -> usize {
+            2
+        }
+    }
+
+    /// Both tasks on the calling thread, one after the other (a pool whose other thread
+    /// has not woken yet).
+    struct OneAfterOther;
+
+    impl Parallel for OneAfterOther {
+        fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+            (0..n).for_each(f)
+        }
+        fn threads(&self) -> usize {
+            2
+        }
+    }
+
+    fn dirs(n: usize) -> Vec<Record> {
+        (0..n).map(|_| Record { ran: Vec::new() }).collect()
+    }
+
+    fn steps(r: &Record) -> Vec<usize> {
+        r.ran.iter().map(|(s, _)| *s).collect()
+    }
+
+    #[test]
+    fn every_step_runs_once_in_order_under_every_schedule() {
+        let pools: [&dyn Parallel; 3] = [&Sequential, &OneAfterOther, &Named];
+        for par in pools {
+            for n in [1, 2] {
+                for t_len in [1, 2, 7] {
+                    let out = by_direction(dirs(n), t_len, 10, par);
+                    assert_eq!(out.len(), n);
+                    for r in &out {
+                        assert_eq!(steps(r), (0..t_len).collect::<Vec<_>>());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_free_thread_takes_over_a_slowed_direction() {
+        let out = by_direction(dirs(2), 20, 10, &Named);
+        assert!(out[0].ran.iter().all(|(_, t)| t == "fast"), "direction 0 stays on its thread");
+        assert_eq!(steps(&out[1]), (0..20).collect::<Vec<_>>());
+        // Direction 1 starts on the slowed thread; once direction 0 is done, the free
+        // thread runs the rest of it.
+        let on_fast = out[1].ran.iter().filter(|(_, t)| t == "fast").count();
+        assert!(on_fast >= 15, "the free thread ran {on_fast} of direction 1's 20 steps");
+        assert_eq!(out[1].ran.last().map(|(_, t)| t.as_str()), Some("fast"));
+    }
+
+    #[test]
+    fn large_steps_run_one_direction_after_the_other() {
+        let out = by_direction(dirs(2), 5, super::STEP_PARALLEL_MACS, &Named);
+        for r in &out {
+            assert_eq!(steps(r), (0..5).collect::<Vec<_>>());
+            assert!(r.ran.iter().all(|(_, t)| !matches!(t.as_str(), "fast" | "slow")), "on the calling thread");
+        }
     }
 }
