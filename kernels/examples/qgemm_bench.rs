@@ -2,7 +2,9 @@
 //! -p aim-kernels --example qgemm_bench [M K N [W]]` (weights within ±W, default 127: 64
 //! or less lets every pair fit `vpmaddubsw`, the AVX2 plain kernel). The peak is a loop of independent
 //! `vpdpbusd` chains on registers (64 multiply-adds each). Prints medians of repeated runs
-//! on one thread; without AVX-512 VNNI it says so and times the portable kernel.
+//! (`REPS`, default 15: raise it to profile one shape with `perf record`) on one thread;
+//! without AVX-512 VNNI it says so and times the kernel the ISA has. `ISA=avx2` runs the
+//! AVX2 kernels on a machine with AVX-512 (the path `--cpu x86-64-v3` takes).
 
 use aim_kernels::gemm::{Isa, Sequential};
 use aim_kernels::qgemm::{qgemm, PackedQB, QEpilogue, QuantizedA};
@@ -56,7 +58,10 @@ fn main() {
     } else {
         vec![(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (64, 576, 3136), (512, 4608, 49), (256, 2304, 196)]
     };
-    let isa = Isa::best();
+    let isa = match std::env::var("ISA").as_deref() {
+        Ok("avx2") => Isa::new(aim_kernels::gemm::IsaKind::Avx2).expect("this CPU has no AVX2"),
+        _ => Isa::best(),
+    };
     match peak() {
         Some(p) => println!("VNNI peak (one core, measured): {:.1} GMAC/s", p / 1e9),
         None => println!("no AVX-512 VNNI: the AVX2 kernel the weights take is timed (or the portable one)"),
@@ -79,7 +84,7 @@ fn main() {
         let bias = vec![0.5f32; n];
         let ep = QEpilogue { scale: &[0.01], bias: Some(&bias), act: None };
         let mut ts = Vec::new();
-        for _ in 0..15 {
+        for _ in 0..std::env::var("REPS").ok().and_then(|r| r.parse().ok()).unwrap_or(15) {
             let t = Instant::now();
             qgemm(isa, &qa, &packed, &ep, &mut y, n, &Sequential);
             ts.push(t.elapsed().as_secs_f64());

@@ -207,17 +207,20 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
                 out,
                 npx,
                 par,
-                |r, _j0, sums, dst| {
-                    let o = gi * mg + r;
-                    let corr = zx.wrapping_mul(p.sums[o]);
-                    let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
-                    let bias = a.bias.map_or(0.0, |b| b[o]);
-                    let off = a.offset.map_or(0.0, |v| v[if v.len() == 1 { 0 } else { o }]);
-                    let f = Finish { corr, offset: off, scale, bias, act: a.act, requant: a.requant };
-                    epilogue(isa, sums, f, dst);
-                    if let Some(p) = a.post {
-                        // SAFETY: `dst` is this tile row's, written by this task only.
-                        unsafe { p.apply(dst.as_mut_ptr(), dst.len()) };
+                |r0, _j0, sums, mut tile| {
+                    for (r, sums) in sums.iter().enumerate() {
+                        let o = gi * mg + r0 + r;
+                        let corr = zx.wrapping_mul(p.sums[o]);
+                        let scale = a.out_scale[if a.out_scale.len() == 1 { 0 } else { o }];
+                        let bias = a.bias.map_or(0.0, |b| b[o]);
+                        let off = a.offset.map_or(0.0, |v| v[if v.len() == 1 { 0 } else { o }]);
+                        let f = Finish { corr, offset: off, scale, bias, act: a.act, requant: a.requant };
+                        let dst = tile.row(r);
+                        epilogue(isa, sums, f, dst);
+                        if let Some(p) = a.post {
+                            // SAFETY: `dst` is this tile row's, written by this task only.
+                            unsafe { p.apply(dst.as_mut_ptr(), dst.len()) };
+                        }
                     }
                 },
             );

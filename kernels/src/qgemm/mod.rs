@@ -22,6 +22,9 @@
 #[cfg(target_arch = "x86_64")]
 use crate::gemm::IsaKind;
 use crate::gemm::{Activation, Isa, Parallel};
+use epilogue::{epilogue, Zeros};
+
+mod epilogue;
 
 /// Columns of a packed weight panel (two 16-lane vectors of sums).
 pub const NR: usize = 32;
@@ -301,7 +304,7 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
     assert!(ep.scale.len() == 1 || ep.scale.len() == n, "{} scales for {n} columns", ep.scale.len());
     assert!(ep.bias.is_none_or(|v| v.len() == n), "one bias per column");
     assert!(!b.needs_row_sums() || a.row_sums.len() >= m, "the weights' zero points need row sums");
-    let store = |row: usize, j0: usize, sums: &[i32; NR], dst: &mut [f32]| {
+    let store = |r0: usize, j0: usize, sums: &[[i32; NR]], mut out: TileOut| {
         // Where a packed weight differs from the true one, the sum differs by the
         // activation there times the difference.
         let fixes = &b.fixes[j0 / NR];
@@ -309,18 +312,26 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
         let sums = if fixes.is_empty() {
             sums
         } else {
-            fixed = *sums;
-            let x = &a.data[row * a.stride..];
-            fixes.iter().for_each(|&(jj, kk, d)| {
-                fixed[jj as usize] = fixed[jj as usize].wrapping_add((x[kk as usize] as i32).wrapping_mul(d))
-            });
-            &fixed
+            fixed = [[0i32; NR]; MR];
+            let fixed = &mut fixed[..sums.len()];
+            fixed.copy_from_slice(sums);
+            for (r, f) in fixed.iter_mut().enumerate() {
+                let x = &a.data[(r0 + r) * a.stride..];
+                fixes.iter().for_each(|&(jj, kk, d)| {
+                    f[jj as usize] = f[jj as usize].wrapping_add((x[kk as usize] as i32).wrapping_mul(d))
+                });
+            }
+            &*fixed
         };
         // Σ(a − za)(b − zb) = Σab − za·Σb − zb·(Σa − k·za).
-        let rs = a.row_sums.get(row).copied().unwrap_or(0).wrapping_sub((k as i32).wrapping_mul(a.zero));
-        let cols = dst.len();
-        let zeros = Zeros { a: a.zero, colsum: &b.colsum[j0..j0 + cols], b: &b.zero[j0..j0 + cols], row: rs };
-        epilogue(isa, sums, &zeros, ep, j0, dst);
+        let mut rows = [0i32; MR];
+        for (r, v) in rows[..sums.len()].iter_mut().enumerate() {
+            *v = a.row_sums.get(r0 + r).copied().unwrap_or(0).wrapping_sub((k as i32).wrapping_mul(a.zero));
+        }
+        let cols = out.cols();
+        let zeros =
+            Zeros { a: a.zero, colsum: &b.colsum[j0..j0 + cols], b: &b.zero[j0..j0 + cols], rows: &rows[..sums.len()] };
+        epilogue(isa, sums, &zeros, ep, j0, &mut out);
     };
     if n < NARROW {
         return narrow(isa, a, b, y, ldy, par, store);
@@ -340,7 +351,7 @@ const NARROW: usize = 8;
 /// tiled kernel's sums are.
 fn narrow<F>(isa: Isa, a: &QuantizedA, b: &PackedQB, y: &mut [f32], ldy: usize, par: &dyn Parallel, store: F)
 where
-    F: Fn(usize, usize, &[i32; NR], &mut [f32]) + Sync,
+    F: Fn(usize, usize, &[[i32; NR]], TileOut) + Sync,
 {
     let (m, n, k) = (a.m, b.n, b.k);
     let groups = k.div_ceil(4);
@@ -360,8 +371,8 @@ where
             }
             // SAFETY: row < m, n ≤ ldy: inside `y` (checked by the caller); chunks write
             // disjoint rows.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row * ldy), n) };
-            store(row, 0, &sums, dst);
+            let tile = unsafe { TileOut::new(out.0.add(row * ldy), ldy, 1, n) };
+            store(row, 0, std::slice::from_ref(&sums), tile);
         }
     });
 }
@@ -405,8 +416,8 @@ pub(crate) struct Rows<'a> {
 }
 
 /// Runs every MR×NR tile of `rows · panels` (`groups` groups of four deep, `n` columns in
-/// panels of NR) over `par`'s threads and hands each tile row's sums to `store` with its
-/// row, first column and destination in `y` (`ldy` apart). `avx2` is the AVX2 kernel the
+/// panels of NR) over `par`'s threads and hands each tile's sums (one array per row) to
+/// `store` with its first row, first column and destination in `y` (`ldy` apart). `avx2` is the AVX2 kernel the
 /// panels were packed for (the plain and sign kernels take u8 rows only).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tiles<F>(
@@ -421,7 +432,7 @@ pub(crate) fn tiles<F>(
     par: &dyn Parallel,
     store: F,
 ) where
-    F: Fn(usize, usize, &[i32; NR], &mut [f32]) + Sync,
+    F: Fn(usize, usize, &[[i32; NR]], TileOut) + Sync,
 {
     let m = a.m;
     if m == 0 || n == 0 {
@@ -553,16 +564,12 @@ pub(crate) fn tiles<F>(
                     (_, true, _) => micro_portable::<true>(&ptrs, panel, groups, out),
                 }
             }
-            let written = acc.as_ptr() as *const [i32; NR];
-            for r in 0..rows {
-                // SAFETY: the microkernel stored rows 0..rows (it runs at least `rows`).
-                let sums = unsafe { &*written.add(r) };
-                let row = r0 + r;
-                // SAFETY: row < m and p·NR + cols ≤ n ≤ ldy: inside `y` (checked above);
-                // tasks write disjoint tiles.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row * ldy + p * NR), cols) };
-                store(row, p * NR, sums, dst);
-            }
+            // SAFETY: the microkernel stored rows 0..rows (it runs at least `rows`).
+            let sums = unsafe { std::slice::from_raw_parts(acc.as_ptr() as *const [i32; NR], rows) };
+            // SAFETY: rows r0..r0 + rows < m and columns p·NR + cols ≤ n ≤ ldy: inside `y`
+            // (checked above); tasks write disjoint tiles.
+            let tile = unsafe { TileOut::new(out.0.add(r0 * ldy + p * NR), ldy, rows, cols) };
+            store(r0, p * NR, sums, tile);
         }
     });
 }
@@ -585,6 +592,37 @@ struct OutPtr(*mut f32);
 // SAFETY: every task writes its own tiles.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
+
+/// One tile's place in the output: `rows` rows of `cols` values, `ld` apart, that no other
+/// task writes meanwhile; handed to a GEMM's `store` so that it finishes a tile in one call.
+pub(crate) struct TileOut<'a> {
+    ptr: *mut f32,
+    ld: usize,
+    rows: usize,
+    cols: usize,
+    _rows: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl TileOut<'_> {
+    /// # Safety
+    /// `ptr` starts `rows` rows of `cols` writable values, `ld` apart, that nothing else
+    /// reads or writes while the tile lives.
+    pub(crate) unsafe fn new(ptr: *mut f32, ld: usize, rows: usize, cols: usize) -> Self {
+        TileOut { ptr, ld, rows, cols, _rows: std::marker::PhantomData }
+    }
+
+    /// The tile's columns.
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r` of the tile. Panics past the tile's rows.
+    pub(crate) fn row(&mut self, r: usize) -> &mut [f32] {
+        assert!(r < self.rows, "row {r} of a tile of {}", self.rows);
+        // SAFETY: inside the tile (`new`'s contract), borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r * self.ld), self.cols) }
+    }
+}
 
 /// Whether `isa` runs the VNNI kernel here: AVX-512 chosen and VNNI present.
 pub fn use_vnni(isa: Isa) -> bool {
@@ -630,118 +668,6 @@ pub fn micro_name(isa: Isa) -> &'static str {
     } else {
         "portable i32"
     }
-}
-
-/// The zero-point terms of one tile row: `Σ(a − za)(b − zb) = Σab − za·Σb − zb·row`,
-/// with `row = Σa − k·za`. Taken per tile from the packed column sums, so that a call
-/// (a recurrent step's GEMV is one every few microseconds) allocates nothing.
-struct Zeros<'a> {
-    /// The activations' zero point.
-    a: i32,
-    /// The tile's columns' Σb.
-    colsum: &'a [i32],
-    /// The tile's columns' zero points.
-    b: &'a [i32],
-    /// `Σa − k·za` of the row.
-    row: i32,
-}
-
-/// One tile's sums to f32 (vectorised for the ISA: the loop is as long as the depth's
-/// quarter for a tile, so a scalar epilogue would cost as much as the products).
-fn epilogue(isa: Isa, sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
-    /// A whole panel's row (`NR` columns, every tile but a layer's last): loops of a
-    /// constant length, unrolled into vector code with no remainder, and the zero-point
-    /// terms, scale, bias and clamp on a row held in L1. For a 400×384×1536 product on AMD
-    /// Zen 3 the general loops below took a seventh of the time (`qgemm_bench`).
-    #[inline(always)]
-    fn full(sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32; NR]) -> bool {
-        let (Ok(colsum), Ok(zb)) = (<&[i32; NR]>::try_from(zeros.colsum), <&[i32; NR]>::try_from(zeros.b)) else {
-            return false;
-        };
-        let (lo, hi) = match ep.act.map(|a| a.clamp_bounds()) {
-            None => (f32::NEG_INFINITY, f32::INFINITY),
-            Some(Some(b)) => b,
-            Some(None) => return false,
-        };
-        let (za, r) = (zeros.a, zeros.row);
-        let mut v = [0f32; NR];
-        for j in 0..NR {
-            v[j] = sums[j].wrapping_sub(za.wrapping_mul(colsum[j])).wrapping_sub(zb[j].wrapping_mul(r)) as f32;
-        }
-        if let [s] = ep.scale {
-            v.iter_mut().for_each(|x| *x *= s);
-        } else {
-            let Some(s) = ep.scale[j0..].first_chunk::<NR>() else { return false };
-            v.iter_mut().zip(s).for_each(|(x, s)| *x *= s);
-        }
-        if let Some(b) = ep.bias {
-            let Some(b) = b[j0..].first_chunk::<NR>() else { return false };
-            v.iter_mut().zip(b).for_each(|(x, b)| *x += b);
-        }
-        for (d, x) in dst.iter_mut().zip(v) {
-            *d = crate::gemm::clamp(x, lo, hi);
-        }
-        true
-    }
-    #[inline(always)]
-    fn body(sums: &[i32; NR], zeros: &Zeros, ep: &QEpilogue, j0: usize, dst: &mut [f32]) {
-        if let Ok(d) = <&mut [f32; NR]>::try_from(&mut *dst) {
-            if full(sums, zeros, ep, j0, d) {
-                return;
-            }
-        }
-        // The integer terms in one loop, then the scale and bias in one loop per form
-        // (scalar or per-column scale, with or without bias): each a branch-free vector loop.
-        let cols = dst.len();
-        let mut v = [0f32; NR];
-        let (za, r) = (zeros.a, zeros.row);
-        for (((o, &a), &c), &z) in v.iter_mut().zip(&sums[..cols]).zip(&zeros.colsum[..cols]).zip(&zeros.b[..cols]) {
-            *o = a.wrapping_sub(za.wrapping_mul(c)).wrapping_sub(z.wrapping_mul(r)) as f32;
-        }
-        let v = &v[..cols];
-        match (ep.scale.len() == 1, ep.bias) {
-            (true, None) => {
-                let s = ep.scale[0];
-                dst.iter_mut().zip(v).for_each(|(d, &x)| *d = x * s);
-            }
-            (true, Some(b)) => {
-                let s = ep.scale[0];
-                dst.iter_mut().zip(v).zip(&b[j0..j0 + cols]).for_each(|((d, &x), &b)| *d = x * s + b);
-            }
-            (false, None) => {
-                dst.iter_mut().zip(v).zip(&ep.scale[j0..j0 + cols]).for_each(|((d, &x), &s)| *d = x * s);
-            }
-            (false, Some(b)) => {
-                let (s, b) = (&ep.scale[j0..j0 + cols], &b[j0..j0 + cols]);
-                dst.iter_mut().zip(v).zip(s.iter().zip(b)).for_each(|((d, &x), (&s, &b))| *d = x * s + b);
-            }
-        }
-        if let Some(a) = ep.act {
-            match a.clamp_bounds() {
-                Some((lo, hi)) => dst.iter_mut().for_each(|x| *x = crate::gemm::clamp(*x, lo, hi)),
-                None => dst.iter_mut().for_each(|x| *x = a.apply(*x)),
-            }
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn v4(s: &[i32; NR], z: &Zeros, ep: &QEpilogue, j0: usize, d: &mut [f32]) {
-            body(s, z, ep, j0, d)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3(s: &[i32; NR], z: &Zeros, ep: &QEpilogue, j0: usize, d: &mut [f32]) {
-            body(s, z, ep, j0, d)
-        }
-        // SAFETY: an `Isa` exists only for features this CPU has.
-        match isa.kind() {
-            IsaKind::Avx512 => return unsafe { v4(sums, zeros, ep, j0, dst) },
-            IsaKind::Avx2 => return unsafe { v3(sums, zeros, ep, j0, dst) },
-            _ => {}
-        }
-    }
-    let _ = isa;
-    body(sums, zeros, ep, j0, dst)
 }
 
 /// `acc[r][j] = Σ a[r]·b` over `groups` groups of four, with `vpdpbusd`: per group, two
