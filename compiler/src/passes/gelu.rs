@@ -3,8 +3,8 @@
 //! style models write it — becomes one `Gelu` node (ONNX opset 20 semantics, `approximate`
 //! `"none"` or `"tanh"`), which the CPU backend runs as one vectorised loop (or a dense
 //! layer's epilogue) instead of five to nine passes over memory. The node keeps every
-//! original node in `sources`. Both multiplication orders (`(x · a) · 0.5` and
-//! `(x · 0.5) · a`), `x / √2` or `x · (1/√2)`, `Pow(x, 3)` or `x · x · x`, and either operand
+//! original node in `sources`. Every multiplication order (`(x · a) · 0.5`,
+//! `x · (0.5 · a)` as the torch dynamo exporter writes it, and `(x · 0.5) · a`), `x / √2` or `x · (1/√2)`, `Pow(x, 3)` or `x · x · x`, and either operand
 //! order of the adds and multiplies are recognised; intermediates read elsewhere stop the
 //! match.
 
@@ -90,7 +90,7 @@ impl Matcher<'_> {
         if add.op != "Add" || !near(scalar(g, other(add, fv)?), 1.0) {
             return None;
         }
-        // (x · (1 + f)) · 0.5, or (x · 0.5) · (1 + f).
+        // (x · (1 + f)) · 0.5, x · (0.5 · (1 + f)), or (x · 0.5) · (1 + f).
         let m1 = self.only_reader(&add.outputs[0])?;
         let mul1 = &g.nodes[m1];
         if mul1.op != "Mul" {
@@ -101,6 +101,11 @@ impl Matcher<'_> {
             let m2 = self.only_reader(&mul1.outputs[0])?;
             let mul2 = &g.nodes[m2];
             (mul2.op == "Mul" && near(scalar(g, other(mul2, &mul1.outputs[0])?), 0.5))
+                .then(|| nodes.extend([a, m1, m2]))
+        } else if scalar(g, partner).is_some() {
+            let m2 = self.only_reader(&mul1.outputs[0])?;
+            let mul2 = &g.nodes[m2];
+            (near(scalar(g, partner), 0.5) && mul2.op == "Mul" && other(mul2, &mul1.outputs[0])? == x)
                 .then(|| nodes.extend([a, m1, m2]))
         } else {
             let h = *self.by_output.get(partner)?;
