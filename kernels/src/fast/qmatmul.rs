@@ -60,7 +60,7 @@ fn run(a: &Tensor, b: &Tensor, (sa, za): (f32, i32), (sb, zb): (f32, i32), cx: &
     let mut qb = vec![0u8; b_items * k * n];
     quantize_rows(cx.isa, &b.data::<f32>()[..b_items * k * n], n, &mut qb, n, &mut [], sb, zb as f32, cx.par);
     let packed: Vec<PackedQB> = (0..b_items)
-        .map(|t| PackedQB::new(&qb[t * k * n..(t + 1) * k * n], false, k, n, &[zb]))
+        .map(|t| PackedQB::for_isa(cx.isa, &qb[t * k * n..(t + 1) * k * n], false, k, n, &[zb]))
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| crate::KernelError(format!("packing B: {e}")))?;
     let scale = [sa * sb];

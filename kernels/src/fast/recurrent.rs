@@ -178,7 +178,7 @@ impl LstmWeights {
                     kn[kk * g4 + row] = src[row * k + kk];
                 }
             }
-            PackedQB::new(&kn, t.dtype() == DType::I8, k, g4, &q.zero[d * g4..(d + 1) * g4]).ok()
+            PackedQB::for_isa(isa, &kn, t.dtype() == DType::I8, k, g4, &q.zero[d * g4..(d + 1) * g4]).ok()
         };
         let dirs = (0..dirs)
             .map(|d| Some((Panels::Int8(bytes(w, &qw, d)?, bytes(r, &qr, d)?), summed_bias(b, d, hidden))))

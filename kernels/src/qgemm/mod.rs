@@ -78,6 +78,34 @@ impl PackedQB {
     /// Packs the `k × n` row-major weights `b` (s8 when `signed`, else u8) with a zero point
     /// of one value or one per column.
     pub fn new(b: &[u8], signed: bool, k: usize, n: usize, zero: &[i32]) -> Result<PackedQB, PackError> {
+        let (data, colsum, zero, lowest) = Self::panels(b, signed, k, n, zero)?;
+        Ok(Self::for_avx2(k, n, data, colsum, zero, lowest))
+    }
+
+    /// [`new`](Self::new) for the kernel `isa` runs here. Where that is VNNI or the
+    /// portable kernel (exact on any weights) the weights are packed as they are: no pairs
+    /// shrunk for AVX2's `vpmaddubsw` and corrected per row of every product (on a
+    /// transformer of such weights the corrections took 6% of the run), no −128 moved.
+    /// On an AVX2 CPU such a packing (a program moved there) runs the exact widened kernel.
+    pub fn for_isa(isa: Isa, b: &[u8], signed: bool, k: usize, n: usize, zero: &[i32]) -> Result<PackedQB, PackError> {
+        let (data, colsum, zero, lowest) = Self::panels(b, signed, k, n, zero)?;
+        if use_avx2(isa) && !use_vnni(isa) {
+            return Ok(Self::for_avx2(k, n, data, colsum, zero, lowest));
+        }
+        let fixes = vec![Vec::new(); lowest.len()];
+        Ok(PackedQB { k, n, data, colsum, zero, avx2: Avx2Packing::Wide, fixes })
+    }
+
+    /// The panels of [`new`]: the s8 values, their column sums, the zero points in s8
+    /// terms, and per panel where the weights are −128.
+    #[allow(clippy::type_complexity)]
+    fn panels(
+        b: &[u8],
+        signed: bool,
+        k: usize,
+        n: usize,
+        zero: &[i32],
+    ) -> Result<(Vec<u8>, Vec<i32>, Vec<i32>, Vec<Vec<(u32, u32)>>), PackError> {
         if b.len() != k * n {
             return Err(PackError(format!("{} weights for a {k}×{n} matrix", b.len())));
         }
@@ -115,10 +143,24 @@ impl PackedQB {
             }
         }
         let zero = (0..n).map(|j| zero[if zero.len() == 1 { 0 } else { j }] - shift).collect();
+        Ok((data, colsum, zero, lowest))
+    }
+
+    /// The packing for AVX2's kernels, from the panels: the plain kernel's pairs shrunk
+    /// where few need it, else the sign kernel's start sums, else the exact widened kernel.
+    fn for_avx2(
+        k: usize,
+        n: usize,
+        mut data: Vec<u8>,
+        colsum: Vec<i32>,
+        zero: Vec<i32>,
+        lowest: Vec<Vec<(u32, u32)>>,
+    ) -> PackedQB {
+        let (groups, panels) = (k.div_ceil(4), n.div_ceil(NR));
         // The plain kernel when few pairs need shrinking (one in 256 weights: weights
         // quantized per tensor, or with headroom, have about none).
         if let Some(fixes) = crate::int8::plain::split_pairs(&mut data, groups, k * n, 256) {
-            return Ok(PackedQB { k, n, data, colsum, zero, avx2: Avx2Packing::Plain, fixes });
+            return PackedQB { k, n, data, colsum, zero, avx2: Avx2Packing::Plain, fixes };
         }
         // Else a few −128s are packed as −127 and corrected per row
         // (`crate::int8::fixes`); the packed values' sums (one more per −128) start the
@@ -139,7 +181,7 @@ impl PackedQB {
         } else {
             Avx2Packing::Wide
         };
-        Ok(PackedQB { k, n, data, colsum, zero, avx2, fixes })
+        PackedQB { k, n, data, colsum, zero, avx2, fixes }
     }
 
     /// Depth (rows of the unpacked weights).

@@ -233,3 +233,41 @@ fn dynamic_quantization_in_chunks_matches_one_pass() {
         }
     }
 }
+
+/// A packing made for one ISA (`PackedQB::for_isa`: as the weights are where the CPU runs
+/// VNNI or the portable kernel, pairs shrunk and corrected for AVX2) gives the exact sums on
+/// every kernel this CPU runs, including one it was not made for (a program moved to
+/// another CPU): full-range weights with −128, u8 and s8, one and several rows.
+#[test]
+fn packings_for_each_isa_are_exact_on_every_kernel() {
+    let isas = Isa::all_available();
+    for &(m, k, n) in &[(1, 64, 40), (13, 72, 70), (30, 385, 33)] {
+        for signed in [true, false] {
+            let a = bytes(m * k, 31);
+            let mut b = bytes(k * n, 32);
+            b[0] = if signed { 0x80 } else { 0 };
+            b[k * n - 1] = if signed { 0x7f } else { 0xff };
+            let zb = vec![if signed { -3 } else { 131 }];
+            let exact = want(&a, 7, &b, signed, &zb, m, k, n);
+            let sums: Vec<i32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().map(|&v| v as i32).sum()).collect();
+            // Rows padded to groups of four bytes, as the quantizers write them.
+            let stride = k.div_ceil(4) * 4;
+            let mut rows = vec![0u8; m * stride];
+            for i in 0..m {
+                rows[i * stride..i * stride + k].copy_from_slice(&a[i * k..(i + 1) * k]);
+            }
+            for &made_for in &isas {
+                let packed = PackedQB::for_isa(made_for, &b, signed, k, n, &zb).unwrap();
+                for &isa in &isas {
+                    let mut y = vec![f32::NAN; m * n];
+                    let qa = QuantizedA { data: &rows, m, stride, zero: 7, row_sums: &sums };
+                    let ep = QEpilogue { scale: &[1.0], bias: None, act: None };
+                    qgemm(isa, &qa, &packed, &ep, &mut y, n, &Three);
+                    for (i, (&got, &w)) in y.iter().zip(&exact).enumerate() {
+                        assert_eq!(got, w as f32, "made for {made_for:?}, run on {isa:?}, {m}x{k}x{n} at {i}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -253,7 +253,7 @@ impl CpuProgram {
                     blocked::prepare_pool(n, isa)
                 }
                 "Dense" => prepare_dense(&graph, n, isa, blocking),
-                "QDense" => qdense::prepare(&graph, n),
+                "QDense" => qdense::prepare(&graph, n, isa),
                 "QConv" => qconv::prepare(&graph, n),
                 "ConvTranspose" => deconv::prepare(&graph, n, isa, blocking),
                 "Reduce" => elementwise::prepare_reduce(n, code.reduce.get(&i).copied()),

@@ -27,7 +27,7 @@ pub(super) struct QDensePrep {
     pub(super) fixed: Option<(f32, u8)>,
 }
 
-pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
+pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa) -> Result<Prepared, RunError> {
     let w = n
         .input(1)
         .and_then(|w| g.initializers.get(w))
@@ -65,7 +65,7 @@ pub(super) fn prepare(g: &Graph, n: &Node) -> Result<Prepared, RunError> {
         ),
         None => None,
     };
-    let weight = PackedQB::new(w.bytes(), w.dtype() == DType::I8, k, cols, &zero)
+    let weight = PackedQB::for_isa(isa, w.bytes(), w.dtype() == DType::I8, k, cols, &zero)
         .map_err(|e| prep_err(n, format!("packing the weights: {e}")))?;
     let fixed = match (n.attrs.get("x_scale"), n.attrs.get("x_zero")) {
         (None, None) => None,
