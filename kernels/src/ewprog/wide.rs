@@ -36,6 +36,25 @@ enum Op {
     Binary(Binary),
     Clip(f32, f32),
     LeakyRelu(f32),
+    /// `clip(round(x / s) + z, lo, hi) − z2`, times `s2` when given: a quantize-dequantize
+    /// pair (six instructions, the program after every product of a QDQ model run in f32)
+    /// in one loop, its intermediates in registers rather than five blocks written and
+    /// re-read. The same operations in the same order as the instructions.
+    FakeQuant {
+        s: f32,
+        z: f32,
+        lo: f32,
+        hi: f32,
+        z2: f32,
+        s2: Option<f32>,
+    },
+    /// `(x · (erf(x · c) + one)) · half`: the exact GELU as the fusion writes it (five
+    /// instructions) in one loop, the same operations in the same order.
+    Gelu {
+        c: f32,
+        one: f32,
+        half: f32,
+    },
 }
 
 /// One instruction: `dst = op(a, b)`, `dst` a temporary or (`None`) the output.
@@ -93,19 +112,56 @@ impl Wide {
                 }
             }
         }
+        let mut uses = vec![0usize; prog.len()];
+        for o in prog.iter().flat_map(operands) {
+            if let Operand::Ref(r) = o {
+                uses[r] += 1;
+            }
+        }
         let mut place: Vec<Src> = Vec::with_capacity(prog.len());
         let (mut free, mut temps, mut steps, mut inputs) = (Vec::<usize>::new(), 0usize, Vec::new(), 0usize);
         let end = prog.len() - 1;
-        for (i, inst) in prog.iter().enumerate() {
+        let mut i = 0;
+        while i < prog.len() {
+            let inst = &prog[i];
             let src = |o: Operand| match o {
                 Operand::Ref(r) => place[r],
                 Operand::Const(c) => Src::Const(c),
             };
+            // A quantize-dequantize pair or a GELU from here to `last`, its intermediates
+            // read by the next instruction alone.
+            if let Some((op, a, last)) = fake_quant(prog, i, &uses).or_else(|| gelu(prog, i, &uses)) {
+                let dst = if last == end {
+                    None
+                } else {
+                    Some(free.pop().unwrap_or_else(|| {
+                        temps += 1;
+                        temps - 1
+                    }))
+                };
+                if let Operand::Ref(r) = a {
+                    if last_use[r] == i {
+                        if let Src::Temp(t) = place[r] {
+                            if !free.contains(&t) {
+                                free.push(t);
+                            }
+                        }
+                    }
+                }
+                let a = src(a);
+                // The intermediates are read by no step.
+                place.extend((i..last).map(|_| Src::Const(0.0)));
+                place.push(dst.map_or(Src::Const(0.0), Src::Temp));
+                steps.push(Step { op, a, b: Src::Const(0.0), dst });
+                i = last + 1;
+                continue;
+            }
             let (op, a, b) = match *inst {
                 Inst::Input(k) => {
                     inputs = inputs.max(k + 1);
                     if i < end {
                         place.push(Src::Input(k));
+                        i += 1;
                         continue;
                     }
                     (Op::Copy, Src::Input(k), Src::Const(0.0))
@@ -139,6 +195,7 @@ impl Wide {
             }
             place.push(dst.map_or(Src::Const(0.0), Src::Temp));
             steps.push(Step { op, a, b, dst });
+            i += 1;
         }
         Some(Wide { isa, steps, temps, inputs })
     }
@@ -270,6 +327,60 @@ impl Wide {
     }
 }
 
+/// The quantize-dequantize pair starting at instruction `i` — `div x s`, `round`,
+/// `add z`, `clip lo hi`, `sub z2`, and optionally `mul s2`, constants all, each
+/// intermediate read only by the next — as one step: its op, its operand x and the index
+/// of its last instruction.
+fn fake_quant(prog: &[Inst], i: usize, uses: &[usize]) -> Option<(Op, Operand, usize)> {
+    use Operand::{Const, Ref};
+    let at = |k: usize| prog.get(i + k);
+    // Instruction i + k reads i + k − 1, which nothing else reads.
+    let chained = |k: usize, o: Operand| o == Ref(i + k - 1) && uses[i + k - 1] == 1;
+    let (&Inst::Binary(Binary::Div, x, Const(s)), Some(&Inst::Unary(Unary::Round, r))) = (at(0)?, at(1)) else {
+        return None;
+    };
+    let Some(&Inst::Binary(Binary::Add, p, Const(z))) = at(2) else { return None };
+    let Some(&Inst::Clip(c, lo, hi)) = at(3) else { return None };
+    let Some(&Inst::Binary(Binary::Sub, q, Const(z2))) = at(4) else { return None };
+    if !(chained(1, r) && chained(2, p) && chained(3, c) && chained(4, q)) {
+        return None;
+    }
+    let s2 = match at(5) {
+        Some(&Inst::Binary(Binary::Mul, m, Const(s2))) if chained(5, m) => Some(s2),
+        _ => None,
+    };
+    let last = i + if s2.is_some() { 5 } else { 4 };
+    Some((Op::FakeQuant { s, z, lo, hi, z2, s2 }, x, last))
+}
+
+/// The GELU starting at instruction `i` — `mul x c`, `erf`, `add one`, `mul x`, `mul half`
+/// (either operand order of each), each intermediate read only by the next — as one step:
+/// its op, its operand x and the index of its last instruction.
+fn gelu(prog: &[Inst], i: usize, uses: &[usize]) -> Option<(Op, Operand, usize)> {
+    use Operand::{Const, Ref};
+    let at = |k: usize| prog.get(i + k);
+    let chained = |k: usize| uses[i + k - 1] == 1;
+    // The other operand of a binary `op` one of whose operands is `known`.
+    let other = |inst: &Inst, op: Binary, known: Operand| match *inst {
+        Inst::Binary(o, a, b) if o == op && a == known => Some(b),
+        Inst::Binary(o, a, b) if o == op && b == known => Some(a),
+        _ => None,
+    };
+    let (x, c) = match *at(0)? {
+        Inst::Binary(Binary::Mul, x, Const(c)) | Inst::Binary(Binary::Mul, Const(c), x) => (x, c),
+        _ => return None,
+    };
+    if *at(1)? != Inst::Unary(Unary::Erf, Ref(i)) || !chained(1) || !chained(2) || !chained(3) || !chained(4) {
+        return None;
+    }
+    let Const(one) = other(at(2)?, Binary::Add, Ref(i + 1))? else { return None };
+    if other(at(3)?, Binary::Mul, Ref(i + 2))? != x || matches!(x, Const(_)) {
+        return None;
+    }
+    let Const(half) = other(at(4)?, Binary::Mul, Ref(i + 3))? else { return None };
+    Some((Op::Gelu { c, one, half }, x, i + 4))
+}
+
 /// Every block of `start..end`, every step over it (the transcendental functions'
 /// multiply-adds fused where `FMA`, as the generated loop fuses them on such targets).
 ///
@@ -361,6 +472,19 @@ fn step<const FMA: bool>(s: &Step, a: Val, b: Val, dst: &mut [f32]) {
             }
         }),
         Op::LeakyRelu(alpha) => unary(a, dst, |x| if x < 0.0 { x * alpha } else { x }),
+        Op::FakeQuant { s, z, lo, hi, z2, s2 } => {
+            // As the instructions: the clip's compare-selects, NaN staying NaN.
+            let q = move |x: f32| {
+                let v = (x / s).round_ties_even() + z;
+                let v = if v < lo { lo } else { v };
+                (if v > hi { hi } else { v }) - z2
+            };
+            match s2 {
+                Some(s2) => unary(a, dst, |x| q(x) * s2),
+                None => unary(a, dst, q),
+            }
+        }
+        Op::Gelu { c, one, half } => unary(a, dst, |x| (x * (math::erf_with::<FMA>(x * c) + one)) * half),
     }
 }
 
@@ -402,6 +526,26 @@ fn binary(a: Val, b: Val, dst: &mut [f32], f: impl Fn(f32, f32) -> f32) {
 mod tests {
     use super::*;
 
+    /// A quantize-dequantize pair is one step; one whose intermediate is read elsewhere
+    /// is six.
+    #[test]
+    fn quantize_dequantize_pairs_are_one_step() {
+        let Some(isa) = Isa::new(IsaKind::Avx2) else { return };
+        let steps = |text: &[&str]| {
+            let lines: Vec<String> = text.iter().map(|s| s.to_string()).collect();
+            Wide::new(isa, &super::super::parse(&lines).unwrap()).unwrap().steps()
+        };
+        let pair = ["in 0", "div 0 c0.03", "round 1", "add 2 c28.0", "clip 3 0.0 255.0", "sub 4 c28.0", "mul 5 c0.03"];
+        assert_eq!(steps(&pair), 1);
+        assert_eq!(steps(&pair[..6]), 1);
+        let mut read_elsewhere = pair.to_vec();
+        read_elsewhere.push("add 6 2");
+        assert_eq!(steps(&read_elsewhere), 7);
+        let gelu = ["in 0", "mul 0 c0.70710677", "erf 1", "add 2 c1.0", "mul 0 3", "mul 4 c0.5"];
+        assert_eq!(steps(&gelu), 1);
+        assert_eq!(steps(&["in 0", "mul 0 c0.70710677", "erf 1", "add 2 c1.0", "mul 0 3", "mul 4 c0.5", "add 5 2"]), 6);
+    }
+
     /// Every instruction, at every block boundary and in place, against [`super::super::eval`]
     /// element by element: the same arithmetic, bit for bit (NaN as NaN).
     #[test]
@@ -420,6 +564,36 @@ mod tests {
                 "mul 0 8",
             ],
             vec!["in 0", "div 0 c0.03", "round 1", "add 2 c28.0", "clip 3 0.0 255.0", "sub 4 c28.0", "mul 5 c0.03"],
+            // Quantize-dequantize pairs fused into one step: centred (no multiply), the
+            // pair's value read again after it, a bias added, and one whose rounded value
+            // is read elsewhere (not fused).
+            vec!["in 0", "div 0 c0.25", "round 1", "add 2 c3.0", "clip 3 0.0 15.0", "sub 4 c2.0"],
+            vec![
+                "in 1",
+                "in 0",
+                "div 1 c0.5",
+                "round 2",
+                "add 3 c-4.0",
+                "clip 4 -8.0 7.0",
+                "sub 5 c-4.0",
+                "mul 6 c0.5",
+                "add 7 0",
+                "mul 7 8",
+            ],
+            vec![
+                "in 0",
+                "div 0 c0.03",
+                "round 1",
+                "add 2 c28.0",
+                "clip 3 0.0 255.0",
+                "sub 4 c28.0",
+                "mul 5 c0.03",
+                "add 6 2",
+            ],
+            // GELUs fused into one step (after a sum, operands in the other order), and
+            // one whose erf is read elsewhere (not fused).
+            vec!["in 0", "in 1", "add 0 1", "mul c0.70710677 2", "erf 3", "add c1.0 4", "mul 5 2", "mul c0.5 6"],
+            vec!["in 0", "mul 0 c0.70710677", "erf 1", "add 2 c1.0", "mul 0 3", "mul 4 c0.5", "add 5 2"],
             vec!["in 0", "in 1", "max 0 1", "min 0 1", "sub 2 3", "abs 4", "sqrt 5", "recip 6", "neg 7"],
             vec!["in 1", "in 0", "exp 1", "erf 0", "sigmoid 2", "relu 3", "leakyrelu 0 0.2", "add 4 5", "mul 7 6"],
             vec!["in 1"],
