@@ -128,53 +128,30 @@ impl Wide {
                 Operand::Ref(r) => place[r],
                 Operand::Const(c) => Src::Const(c),
             };
-            // A quantize-dequantize pair or a GELU from here to `last`, its intermediates
-            // read by the next instruction alone.
-            if let Some((op, a, last)) = fake_quant(prog, i, &uses).or_else(|| gelu(prog, i, &uses)) {
-                let dst = if last == end {
-                    None
-                } else {
-                    Some(free.pop().unwrap_or_else(|| {
-                        temps += 1;
-                        temps - 1
-                    }))
-                };
-                if let Operand::Ref(r) = a {
-                    if last_use[r] == i {
-                        if let Src::Temp(t) = place[r] {
-                            if !free.contains(&t) {
-                                free.push(t);
-                            }
+            // A quantize-dequantize pair or a GELU from here to `last` is one step, its
+            // intermediates read by the next instruction alone.
+            let (op, a, b, last) = match fake_quant(prog, i, &uses).or_else(|| gelu(prog, i, &uses)) {
+                Some((op, a, last)) => (op, src(a), Src::Const(0.0), last),
+                None => match *inst {
+                    Inst::Input(k) => {
+                        inputs = inputs.max(k + 1);
+                        if i < end {
+                            place.push(Src::Input(k));
+                            i += 1;
+                            continue;
                         }
+                        (Op::Copy, Src::Input(k), Src::Const(0.0), i)
                     }
-                }
-                let a = src(a);
-                // The intermediates are read by no step.
-                place.extend((i..last).map(|_| Src::Const(0.0)));
-                place.push(dst.map_or(Src::Const(0.0), Src::Temp));
-                steps.push(Step { op, a, b: Src::Const(0.0), dst });
-                i = last + 1;
-                continue;
-            }
-            let (op, a, b) = match *inst {
-                Inst::Input(k) => {
-                    inputs = inputs.max(k + 1);
-                    if i < end {
-                        place.push(Src::Input(k));
-                        i += 1;
-                        continue;
-                    }
-                    (Op::Copy, Src::Input(k), Src::Const(0.0))
-                }
-                Inst::Unary(u, a) => (Op::Unary(u), src(a), Src::Const(0.0)),
-                Inst::Binary(bop, x, y) => (Op::Binary(bop), src(x), src(y)),
-                Inst::Clip(a, lo, hi) => (Op::Clip(lo, hi), src(a), Src::Const(0.0)),
-                Inst::LeakyRelu(a, alpha) => (Op::LeakyRelu(alpha), src(a), Src::Const(0.0)),
+                    Inst::Unary(u, a) => (Op::Unary(u), src(a), Src::Const(0.0), i),
+                    Inst::Binary(bop, x, y) => (Op::Binary(bop), src(x), src(y), i),
+                    Inst::Clip(a, lo, hi) => (Op::Clip(lo, hi), src(a), Src::Const(0.0), i),
+                    Inst::LeakyRelu(a, alpha) => (Op::LeakyRelu(alpha), src(a), Src::Const(0.0), i),
+                },
             };
             // The result never goes where an operand is read (no slice is written while
             // another over it is read): its block is taken before the operands it reads
             // for the last time are freed for later instructions.
-            let dst = if i == end {
+            let dst = if last == end {
                 None
             } else {
                 Some(free.pop().unwrap_or_else(|| {
@@ -182,9 +159,9 @@ impl Wide {
                     temps - 1
                 }))
             };
-            for o in operands(inst) {
+            for o in prog[i..=last].iter().flat_map(operands) {
                 if let Operand::Ref(r) = o {
-                    if last_use[r] == i {
+                    if r < i && last_use[r] <= last {
                         if let Src::Temp(t) = place[r] {
                             if !free.contains(&t) {
                                 free.push(t);
@@ -193,9 +170,11 @@ impl Wide {
                     }
                 }
             }
+            // A fused step's intermediates are read by no step.
+            place.extend((i..last).map(|_| Src::Const(0.0)));
             place.push(dst.map_or(Src::Const(0.0), Src::Temp));
             steps.push(Step { op, a, b, dst });
-            i += 1;
+            i = last + 1;
         }
         Some(Wide { isa, steps, temps, inputs })
     }
