@@ -38,6 +38,8 @@ pub struct AotOptions {
     pub half_weights: bool,
     /// Dense layers' weights as 4-bit blocks of this many rows (`--weights int4`).
     pub int4_weights: Option<usize>,
+    /// Dense layers' weights as 8-bit codes per column (`--weights int8`).
+    pub int8_weights: bool,
 }
 
 /// What a compile wrote.
@@ -106,6 +108,7 @@ pub fn compile_shared_object(model: &Path, out: &Path, opts: &AotOptions) -> Res
         target.optimization = opts.optimization.clone();
         target.half_weights = opts.half_weights;
         target.int4_weights = opts.int4_weights;
+        target.int8_weights = opts.int8_weights;
         target
             .optimization
             .check(&aim_compiler::passes::cpu_pass_names(&target))

@@ -121,9 +121,10 @@ pub(crate) fn header_for(stage: &str, target: &Target, model: &Path, plan: Optio
             ("l3", target.l3.to_string()),
             ("opt_level", target.optimization.level.number().to_string()),
             ("disabled_passes", target.optimization.disabled.join(",")),
+            ("weights", crate::WeightChoice::of(target).name()),
         ]
         .into_iter()
-        .filter(|(k, v)| !(*k == "disabled_passes" && v.is_empty()))
+        .filter(|(k, v)| !((*k == "disabled_passes" && v.is_empty()) || (*k == "weights" && v == "f32")))
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
         writer: format!("aim {}", env!("CARGO_PKG_VERSION")),
@@ -221,7 +222,19 @@ pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
     let file = aim_file::read(path)?;
     let (header, mut ir) = (file.header.clone(), file.model);
     match header.stage.as_str() {
-        "source" => Model::from_ir_with(ir, path, opts),
+        "source" => {
+            // The weights it was compiled with (`aim compile --weights`), unless the caller
+            // chooses others.
+            let mut opts = opts.clone();
+            if let Some(w) = header.target.get("weights") {
+                if crate::WeightChoice::of_options(&opts) == crate::WeightChoice::default() {
+                    crate::parse_weights(w)
+                        .map_err(|e| Error::Compile { path: p.clone(), msg: format!("recorded weights '{w}': {e}") })?
+                        .apply(&mut opts);
+                }
+            }
+            Model::from_ir_with(ir, path, &opts)
+        }
         "optimized" => {
             if opts.backend != Backend::Cpu {
                 return Err(Error::BadOption {

@@ -171,6 +171,10 @@ pub struct Options {
     /// point per block and column as ONNX Runtime's `MatMulNBitsQuantizer` writes them,
     /// kept at 4 bits in the GEMM (cpu backend).
     pub int4_weights: Option<usize>,
+    /// Quantize dense layers' (MatMul / Gemm) f32 weights to 8 bits per column (`--weights
+    /// int8`; symmetric, scale max|w| / 127), kept at 8 bits in the GEMM (cpu backend): a
+    /// quarter of their memory.
+    pub int8_weights: bool,
     /// Let the cuda backend's f32 GEMMs and convolutions use TF32 tensor cores (10-bit
     /// mantissas in the products, f32 sums), as ONNX Runtime's CUDA provider and PyTorch
     /// may.
@@ -210,6 +214,7 @@ impl Default for Options {
             shape_cache: None,
             half_weights: false,
             int4_weights: None,
+            int8_weights: false,
             allow_tf32: false,
             opt_level: OptLevel::O3,
             disabled_passes: Vec::new(),
@@ -219,18 +224,57 @@ impl Default for Options {
     }
 }
 
-/// How dense layers hold their weights, from its name (`f32`, `f16`, `int4`, `int4:BLOCK`;
-/// the command line's `--weights`, C's `options.weights`, Python's `weights=`,
-/// `deploy.yml`'s `weights:`): whether f16 ([`Options::half_weights`]) and the int4 block
-/// ([`Options::int4_weights`]); otherwise what is expected (the caller names the option).
-pub fn parse_weights(w: &str) -> Result<(bool, Option<usize>), String> {
+/// How dense layers hold their weights: one of f32 (all false), f16, int4 in blocks, int8.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightChoice {
+    /// f16 ([`Options::half_weights`]).
+    pub half: bool,
+    /// 4-bit codes in blocks of this many rows ([`Options::int4_weights`]).
+    pub int4: Option<usize>,
+    /// 8-bit codes per column ([`Options::int8_weights`]).
+    pub int8: bool,
+}
+
+impl WeightChoice {
+    /// The choice `target` was compiled with.
+    pub(crate) fn of(target: &aim_compiler::target::Target) -> WeightChoice {
+        WeightChoice { half: target.half_weights, int4: target.int4_weights, int8: target.int8_weights }
+    }
+
+    /// The choice of `opts`.
+    pub(crate) fn of_options(opts: &Options) -> WeightChoice {
+        WeightChoice { half: opts.half_weights, int4: opts.int4_weights, int8: opts.int8_weights }
+    }
+
+    /// The name [`parse_weights`] reads back.
+    pub fn name(&self) -> String {
+        match (self.half, self.int4, self.int8) {
+            (true, _, _) => "f16".into(),
+            (_, Some(b), _) => format!("int4:{b}"),
+            (_, _, true) => "int8".into(),
+            _ => "f32".into(),
+        }
+    }
+
+    /// Sets `opts`' weight fields to this choice.
+    pub fn apply(self, opts: &mut Options) {
+        (opts.half_weights, opts.int4_weights, opts.int8_weights) = (self.half, self.int4, self.int8);
+    }
+}
+
+/// How dense layers hold their weights, from its name (`f32`, `f16`, `int4`, `int4:BLOCK`,
+/// `int8`; the command line's `--weights`, C's `options.weights`, Python's `weights=`,
+/// `deploy.yml`'s `weights:`); otherwise what is expected (the caller names the option).
+pub fn parse_weights(w: &str) -> Result<WeightChoice, String> {
+    let none = WeightChoice::default();
     match w {
-        "f32" | "" => Ok((false, None)),
-        "f16" => Ok((true, None)),
-        "int4" => Ok((false, Some(32))),
+        "f32" | "" => Ok(none),
+        "f16" => Ok(WeightChoice { half: true, ..none }),
+        "int4" => Ok(WeightChoice { int4: Some(32), ..none }),
+        "int8" => Ok(WeightChoice { int8: true, ..none }),
         _ => match w.strip_prefix("int4:").and_then(|b| b.parse::<usize>().ok()) {
-            Some(b) => Ok((false, Some(b))),
-            None => Err("expected f32, f16, int4 or int4:BLOCK (BLOCK 32, 64 or 128)".into()),
+            Some(b) => Ok(WeightChoice { int4: Some(b), ..none }),
+            None => Err("expected f32, f16, int4, int4:BLOCK (BLOCK 32, 64 or 128) or int8".into()),
         },
     }
 }
@@ -248,6 +292,16 @@ pub(crate) fn cpu_target(opts: &Options) -> Result<aim_compiler::target::Target,
         .check(&aim_compiler::passes::cpu_pass_names(&target))
         .map_err(|reason| Error::BadOption { option: "disable-pass", reason })?;
     target.int4_weights = opts.int4_weights;
+    target.int8_weights = opts.int8_weights;
+    if opts.int8_weights && (opts.half_weights || opts.int4_weights.is_some()) {
+        return Err(Error::BadOption { option: "weights", reason: "one of f16, int4 and int8 weights".into() });
+    }
+    if opts.int8_weights && (!target.optimization.runs("int8-weights") || !target.optimization.runs("coded-weights")) {
+        return Err(Error::BadOption {
+            option: "weights",
+            reason: "int8 weights are kept by the coded dense kernels, which need -O2 or above and the int8-weights and coded-weights passes".into(),
+        });
+    }
     if let Some(b) = opts.int4_weights {
         if ![32, 64, 128].contains(&b) {
             return Err(Error::BadOption {
@@ -258,10 +312,10 @@ pub(crate) fn cpu_target(opts: &Options) -> Result<aim_compiler::target::Target,
         if opts.half_weights {
             return Err(Error::BadOption { option: "weights", reason: "f16 or int4 weights, not both".into() });
         }
-        if !target.optimization.runs("int4-weights") || !target.optimization.runs("four-bit-weights") {
+        if !target.optimization.runs("int4-weights") || !target.optimization.runs("coded-weights") {
             return Err(Error::BadOption {
                 option: "weights",
-                reason: "int4 weights are kept by the 4-bit dense kernels, which need -O2 or above and the int4-weights and four-bit-weights passes".into(),
+                reason: "int4 weights are kept by the 4-bit dense kernels, which need -O2 or above and the int4-weights and coded-weights passes".into(),
             });
         }
     }

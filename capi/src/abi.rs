@@ -93,9 +93,9 @@ pub struct AimLoadOptions {
     /// interpreted) or `"cuda"` (aim's PTX on an NVIDIA GPU, sm_80 or later; a load error
     /// says what is missing on a host without one).
     pub backend: *const c_char,
-    /// How dense layers hold their weights: null or `"f32"`, `"f16"`, `"int4"` or
-    /// `"int4:BLOCK"` (as `aim run --weights`; `aim_model_load` only: a compiled model holds
-    /// its weights as it was compiled).
+    /// How dense layers hold their weights: null or `"f32"`, `"f16"`, `"int4"`,
+    /// `"int4:BLOCK"` or `"int8"` (as `aim run --weights`; `aim_model_load` only: a compiled
+    /// model holds its weights as it was compiled).
     pub weights: *const c_char,
     /// Non-zero: each worker thread bound to a core of its own (as `--pin-threads`).
     pub pin_threads: u32,

@@ -78,8 +78,9 @@ pub unsafe extern "C" fn aim_model_load(
             }
             if !o.weights.is_null() {
                 let w = text(o.weights, "aim_model_load: options.weights")?;
-                (opts.half_weights, opts.int4_weights) = aim_facade::parse_weights(w)
-                    .map_err(|e| invalid(format!("aim_model_load: options.weights '{w}': {e}")))?;
+                aim_facade::parse_weights(w)
+                    .map_err(|e| invalid(format!("aim_model_load: options.weights '{w}': {e}")))?
+                    .apply(&mut opts);
             }
             opts.pin_threads = o.pin_threads != 0;
         }

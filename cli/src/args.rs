@@ -62,9 +62,10 @@ pub(crate) struct PassArgs {
     /// widened inside the GEMM; each weight rounded to the nearest f16), or int4 / int4:BLOCK
     /// (an eighth of the memory: 4-bit codes per block of 32, 64 or 128 rows with a scale
     /// and zero point each, as ONNX Runtime's MatMulNBits quantizer writes them; cpu
+    /// backend), or int8 (a quarter: symmetric 8-bit codes with a scale per column; cpu
     /// backend). On the cuda backend f16 also covers convolutions and multiplies on f16
     /// tensor cores (a model whose weights are f16 or bf16 gets that without asking).
-    #[arg(long, value_name = "f32|f16|int4[:BLOCK]", default_value = "f32")]
+    #[arg(long, value_name = "f32|f16|int4[:BLOCK]|int8", default_value = "f32")]
     pub(crate) weights: String,
 }
 
@@ -81,8 +82,8 @@ impl PassArgs {
     }
 }
 
-/// `--weights`: whether f16, and the int4 block size.
-pub(crate) fn parse_weights(w: &str) -> Result<(bool, Option<usize>)> {
+/// `--weights`: f16, int4 with its block size, or int8.
+pub(crate) fn parse_weights(w: &str) -> Result<aim::WeightChoice> {
     aim::parse_weights(w).map_err(|e| anyhow::anyhow!("--weights {w}: {e}"))
 }
 
@@ -129,7 +130,7 @@ impl LoadArgs {
         if self.shape_cache == Some(0) {
             bail!("--shape-cache must be at least 1");
         }
-        let (half_weights, int4_weights) = parse_weights(&self.passes.weights)?;
+        let weights = parse_weights(&self.passes.weights)?;
         Ok(aim::Options {
             backend,
             threads: self.threads,
@@ -138,8 +139,9 @@ impl LoadArgs {
             max_tensor_bytes,
             shapes: parse_shapes(&self.shape)?,
             shape_cache: self.shape_cache,
-            half_weights,
-            int4_weights,
+            half_weights: weights.half,
+            int4_weights: weights.int4,
+            int8_weights: weights.int8,
             allow_tf32: self.allow_tf32,
             opt_level: self.passes.level()?,
             disabled_passes: self.passes.disable_pass.clone(),

@@ -13,14 +13,15 @@ pub(crate) fn compile_cmd(
     shape: &[String],
     passes: &PassArgs,
 ) -> Result<()> {
-    let (half_weights, int4_weights) = parse_weights(&passes.weights)?;
+    let weights = parse_weights(&passes.weights)?;
     let opts = aim::Options {
         cpu: cpu.to_string(),
         shapes: parse_shapes(shape)?,
         opt_level: passes.level()?,
         disabled_passes: passes.disable_pass.clone(),
-        half_weights,
-        int4_weights,
+        half_weights: weights.half,
+        int4_weights: weights.int4,
+        int8_weights: weights.int8,
         ..aim::Options::default()
     };
     let t0 = std::time::Instant::now();
@@ -46,15 +47,16 @@ pub(crate) fn aot_options(
     shape: &[String],
     passes: &PassArgs,
 ) -> Result<aim::aot::AotOptions> {
-    let (half_weights, int4_weights) = parse_weights(&passes.weights)?;
+    let weights = parse_weights(&passes.weights)?;
     Ok(aim::aot::AotOptions {
         target,
         name,
         shapes: parse_shapes(shape)?,
         linker,
         optimization: passes.optimization()?,
-        half_weights,
-        int4_weights,
+        half_weights: weights.half,
+        int4_weights: weights.int4,
+        int8_weights: weights.int8,
     })
 }
 

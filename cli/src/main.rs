@@ -221,7 +221,8 @@ fn dispatch(cli: Cli) -> Result<bool> {
             let gpu = explore::gpu_for_explore(&stage, gpu.as_deref(), allow_tf32, half.as_deref())?;
             let mut opts = explore::explore_options(passes, profile, cpu, caches, &shape, gpu)?;
             opts.optimization = pass_choice.optimization()?;
-            (opts.half_weights, opts.int4_weights) = parse_weights(&pass_choice.weights)?;
+            let weights = parse_weights(&pass_choice.weights)?;
+            (opts.half_weights, opts.int4_weights, opts.int8_weights) = (weights.half, weights.int4, weights.int8);
             explore::explore(&mut out, &model, &stage, node.as_deref(), html, &opts).map(|_| true)
         }
     }

@@ -477,6 +477,71 @@ fn int4_weights_stay_within_half_a_step() {
     assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int4", "-O1"]), "need -O2");
 }
 
+/// `--weights int8`: each dense weight within half a step (its column's max|w| / 127) of
+/// its value, kept at 8 bits by the kernel, for few rows (products on the codes) and many
+/// (widened panels); a Gemm with `transB` and a bias too; an `.aim` file compiled with it
+/// gives the same bits; with int4 at once, or at -O1, a clean error.
+#[test]
+fn int8_weights_stay_within_half_a_step() {
+    let d = tempdir("int8-weights");
+    let (k, n) = (40usize, 8usize);
+    let w: Vec<f32> = (0..k * n).map(|i| ((i * 7919) % 97) as f32 / 48.0 - 1.0).collect();
+    let wt: Vec<f32> = (0..k * n).map(|i| w[(i % k) * n + i / k]).collect();
+    let m = model(
+        vec![
+            node("MatMul", "mm", &["x", "W"], &["h"], vec![]),
+            node("Gemm", "gemm", &["x", "Wt", "b"], &["g"], vec![int_attr("transB", 1)]),
+            node("Add", "sum", &["h", "g"], &["y"], vec![]),
+        ],
+        vec![value("x", 1, &[Err("rows"), Ok(k as i64)])],
+        vec![value("y", 1, &[Err("rows"), Ok(n as i64)])],
+        vec![
+            f32_tensor("W", &[k as i64, n as i64], &w),
+            f32_tensor("Wt", &[n as i64, k as i64], &wt),
+            f32_tensor("b", &[n as i64], &[0.5; 8]),
+        ],
+        17,
+    );
+    let path = d.join("m.onnx");
+    std::fs::write(&path, m).unwrap();
+    let load = |int8: bool| {
+        aim::Model::load_with_options(&path, &aim::Options { int8_weights: int8, ..aim::Options::default() }).unwrap()
+    };
+    let (f, q) = (load(false), load(true));
+    let file = d.join("m.aim");
+    let o = aim(&["compile", path.to_str().unwrap(), "-o", file.to_str().unwrap(), "--weights", "int8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let compiled = aim::Model::load(&file).unwrap();
+    for rows in [3usize, 20] {
+        let xv: Vec<f32> = (0..rows * k).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
+        let x = vec![("x".to_string(), Tensor::from_slice(&[rows, k], &xv))];
+        let full = f.run(x.clone()).unwrap()[0].1.data::<f32>().to_vec();
+        let quant = q.run(x.clone()).unwrap()[0].1.data::<f32>().to_vec();
+        assert_ne!(full, quant, "the weights are quantized");
+        let coded = q
+            .optimized_graph()
+            .unwrap()
+            .nodes
+            .iter()
+            .filter_map(|n| n.ints("q4_shape").map(|s| s.to_vec()))
+            .filter(|s| s.last() == Some(&8))
+            .count();
+        assert_eq!(coded, 2, "both layers keep 8-bit weights");
+        for r in 0..rows {
+            for j in 0..n {
+                let max = (0..k).map(|kk| w[kk * n + j].abs()).fold(0f32, f32::max);
+                let bound: f32 = (0..k).map(|kk| xv[r * k + kk].abs() * max / 254.0).sum();
+                // Two layers read the same weights.
+                let (a, b) = (full[r * n + j], quant[r * n + j]);
+                assert!((a - b).abs() <= 2.0 * bound + 1e-4, "{rows} rows [{r},{j}] {a} vs {b}, bound {}", 2.0 * bound);
+            }
+        }
+        assert_eq!(compiled.run(x).unwrap()[0].1.data::<f32>(), &quant[..], "{rows} rows, compiled");
+    }
+    assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int8", "-O1"]), "need -O2");
+    assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int9"]), "int8");
+}
+
 /// `--backend cuda`: on a machine with an NVIDIA GPU the outputs are the cpu backend's;
 /// without one, one line saying what is missing (driver, device or architecture).
 #[test]

@@ -131,6 +131,9 @@ pub struct Target {
     /// Whether dense layers' f32 weights are quantized to 4 bits in blocks of this many
     /// rows (`--weights int4`): the user's choice too.
     pub int4_weights: Option<usize>,
+    /// Whether dense layers' f32 weights are quantized to 8 bits per column (`--weights
+    /// int8`): the user's choice too.
+    pub int8_weights: bool,
 }
 
 fn level_of(f: &Features, arch: &str) -> Level {
@@ -224,6 +227,7 @@ impl Target {
             half_weights: false,
             optimization: Default::default(),
             int4_weights: None,
+            int8_weights: false,
         };
         #[cfg(target_arch = "x86_64")]
         detect_x86(&mut t);
@@ -319,6 +323,7 @@ impl Target {
             half_weights: false,
             optimization: Default::default(),
             int4_weights: None,
+            int8_weights: false,
         })
     }
 

@@ -71,6 +71,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
     let mut features = Features::guaranteed_by(level);
     let mut half_weights = false;
     let mut int4_weights = None;
+    let mut int8_weights = false;
     let mut optimization = aim_compiler::passes::Optimization::default();
     for w in words {
         match w {
@@ -78,6 +79,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
             "+avx512bf16" => features.avx512bf16 = true,
             "+f16-weights" => half_weights = true,
             "+int4-weights" => int4_weights = Some(32),
+            "+int8-weights" => int8_weights = true,
             _ if w.starts_with("-O") => {
                 optimization.level = w[2..]
                     .parse()
@@ -88,7 +90,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
             _ if w.starts_with("-disable=") => optimization.disabled.push(w["-disable=".len()..].to_string()),
             other => {
                 return Err(format!(
-                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, +int4-weights, -ON, -disable=PASS)"
+                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, +int4-weights, +int8-weights, -ON, -disable=PASS)"
             ))
             }
         }
@@ -108,6 +110,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
         half_weights,
         optimization,
         int4_weights,
+        int8_weights,
     })
 }
 
@@ -232,6 +235,9 @@ fn every_pass_has_filetests() {
     half.half_weights = true;
     half.int4_weights = Some(32);
     names.extend(cpu_pipeline(&half).iter().map(|p| p.name));
+    let mut int8 = target.clone();
+    int8.int8_weights = true;
+    names.extend(cpu_pipeline(&int8).iter().map(|p| p.name));
     names.sort();
     names.dedup();
     let mut short = Vec::new();

@@ -66,6 +66,19 @@ pub fn release_range(bytes: &[u8]) {
     drop(map);
 }
 
+/// Hands the pages of memory freed since the last call back to the kernel (glibc's
+/// `malloc_trim`; elsewhere nothing). Compilation frees large buffers — codes of weights
+/// just laid out, unpacked copies — that the allocator keeps in its heap as holes, all of
+/// them counted in the process's resident memory though nothing uses them: with 8-bit
+/// weights, a BERT-base held 55 MB of such holes at its peak, 40% of the whole.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of the allocator's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A shared map as the owner of [`bytes::Bytes`].
 pub struct Shared(pub Arc<Mmap>);
 

@@ -144,8 +144,9 @@ impl Model {
         }
         opts.disabled_passes = disabled_passes.unwrap_or_default();
         if let Some(w) = weights.as_deref() {
-            (opts.half_weights, opts.int4_weights) =
-                aim_facade::parse_weights(w).map_err(|e| AimError::new_err(format!("weights '{w}': {e}")))?;
+            aim_facade::parse_weights(w)
+                .map_err(|e| AimError::new_err(format!("weights '{w}': {e}")))?
+                .apply(&mut opts);
         }
         if let Some(c) = cpu {
             opts.cpu = c;

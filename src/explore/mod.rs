@@ -42,7 +42,9 @@ fn pass_choice(target: &aim_compiler::target::Target) -> String {
     let mut skipped: Vec<String> = Vec::new();
     for name in aim_compiler::passes::cpu_pass_names(target) {
         // Passes of options not asked for are not "left out".
-        if (name == "half-weights" && !target.half_weights) || (name == "int4-weights" && target.int4_weights.is_none())
+        if (name == "half-weights" && !target.half_weights)
+            || (name == "int4-weights" && target.int4_weights.is_none())
+            || (name == "int8-weights" && !target.int8_weights)
         {
             continue;
         }
@@ -138,6 +140,8 @@ pub struct Options {
     pub half_weights: bool,
     /// Dense layers' weights as 4-bit blocks of this many rows (`--weights int4`).
     pub int4_weights: Option<usize>,
+    /// Dense layers' weights as 8-bit codes per column (`--weights int8`).
+    pub int8_weights: bool,
 }
 
 /// The node line of the IR printer without its `# name` comment and `sources` attribute
@@ -286,6 +290,7 @@ pub fn explore(path: &Path, opts: &Options) -> Result<Exploration> {
     target.optimization = opts.optimization.clone();
     target.half_weights = opts.half_weights;
     target.int4_weights = opts.int4_weights;
+    target.int8_weights = opts.int8_weights;
     target.optimization.check(&aim_compiler::passes::cpu_pass_names(&target)).map_err(anyhow::Error::msg)?;
     if let Some([l1, l2, l3]) = opts.caches {
         target = target.with_caches(l1, l2, l3);

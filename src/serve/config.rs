@@ -31,8 +31,8 @@ pub struct ModelConfig {
     /// Dynamic batching, with Triton's fields.
     pub batching: Batching,
     /// How its dense layers hold their weights (`weights:`, as `aim run --weights`): f16,
-    /// and the int4 block size.
-    pub weights: (bool, Option<usize>),
+    /// int4 and its block size, or int8.
+    pub weights: crate::WeightChoice,
 }
 
 /// Dynamic batching for one model, with Triton's semantics.
@@ -243,7 +243,7 @@ impl ServeConfig {
                 name: name.to_string(),
                 versions: vec![(1, PathBuf::from(path))],
                 batching,
-                weights: (false, None),
+                weights: crate::WeightChoice::default(),
             });
         }
         if out.is_empty() {
@@ -441,9 +441,11 @@ mod tests {
         .unwrap();
         assert_eq!(c.policy, Policy::RoundRobin);
         assert!(c.custom_ops.is_empty());
-        assert_eq!(c.models[0].weights, (false, None));
+        assert_eq!(c.models[0].weights, crate::WeightChoice::default());
         let int4 = parse("models:\n  - {name: a, path: a.onnx, weights: 'int4:64'}\n").unwrap();
-        assert_eq!(int4.models[0].weights, (false, Some(64)));
+        assert_eq!(int4.models[0].weights, crate::WeightChoice { int4: Some(64), ..Default::default() });
+        let int8 = parse("models:\n  - {name: a, path: a.onnx, weights: int8}\n").unwrap();
+        assert!(int8.models[0].weights.int8);
         let with_ops = parse("models:\n  - {name: a, path: a.onnx}\ncustom_ops: [lib/libops.so]\n").unwrap();
         assert_eq!(with_ops.custom_ops, vec![PathBuf::from("/m/lib/libops.so")]);
         assert_eq!(c.models[0].versions, vec![(1, PathBuf::from("/m/r1.onnx")), (2, PathBuf::from("/m/r2.onnx"))]);

@@ -113,8 +113,9 @@ impl Served {
                 threads: d.threads,
                 // Every batch size gets its program: keep them all, and a few other shapes.
                 shape_cache: Some((2 * batching.max_batch_size).max(8)),
-                half_weights: cfg.weights.0,
-                int4_weights: cfg.weights.1,
+                half_weights: cfg.weights.half,
+                int4_weights: cfg.weights.int4,
+                int8_weights: cfg.weights.int8,
                 ..crate::Options::default()
             };
             instances.push(crate::Model::load_with_options(path, &opts).with_context(|| at.clone())?);

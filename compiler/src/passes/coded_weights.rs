@@ -1,31 +1,34 @@
-//! Dense layers whose weights stay 4-bit (cpu backend): a MatMul whose B is a blocked
-//! `DequantizeLinear` (along K) of constant integer codes that fit in 4 bits — what
-//! `MatMulNBits` imports to, and what ONNX's own blocked quantization writes — becomes an
-//! `aim:Dense` holding the codes, their scales and zero points in the GEMM's panel layout
-//! (`aim_kernels::gemm::q4`), laid out here for the target's panel width. The runtime reads
-//! them in place and widens each panel as the GEMM reads it, with the f32 weights' bits:
-//! an eighth of their memory and of the bytes each product streams.
+//! Dense layers whose weights stay in their bits (cpu backend): a MatMul whose B is a
+//! blocked `DequantizeLinear` (along K) of constant 8-bit integer codes — what `MatMulNBits`
+//! imports to, what ONNX's own blocked quantization writes, what `--weights int4|int8` make
+//! — becomes an `aim:Dense` holding the codes (4 bits each where they all fit, else 8),
+//! their scales and zero points in the GEMM's panel layout (`aim_kernels::gemm::coded`),
+//! laid out here for the target's panel width. The runtime reads them in place and widens
+//! each panel as the GEMM reads it, with the f32 weights' bits: an eighth (a quarter) of
+//! their memory and of the bytes each product streams. Signed codes are stored offset by
+//! 128 (code + 128 with zero point + 128: the same differences).
 
 use super::fuse::SOURCES;
 use super::PassError;
 use aim_ir::{Attr, DType, Graph, Node, Tensor};
-use aim_kernels::gemm::Q4Shape;
+use aim_kernels::gemm::CodedShape;
 use std::collections::HashMap;
 
-/// `weights` attribute value of a dense layer with 4-bit weights.
+/// `weights` attribute value of a dense layer with coded weights (named when they were
+/// 4-bit only; kept so that compiled files stay readable).
 pub const Q4: &str = "q4";
-/// Attribute of such a layer: `[k, n, block, nr, zeros]` of its [`Q4Shape`].
+/// Attribute of such a layer: `[k, n, block, nr, zeros, bits]` of its [`CodedShape`].
 pub const Q4_SHAPE: &str = "q4_shape";
 /// ONNX Runtime's `MatMulNBits` accuracy level, on the dequantization `MatMulNBits` imports
 /// to and then on the dense layer: at 4, few-row products may quantize their rows to int8.
 pub const ACCURACY_LEVEL: &str = "accuracy_level";
 
-/// The [`Q4Shape`] a dense layer records, if its weights are 4-bit.
-pub fn shape_of(n: &Node) -> Option<Q4Shape> {
+/// The [`CodedShape`] a dense layer records, if its weights are coded.
+pub fn shape_of(n: &Node) -> Option<CodedShape> {
     if !matches!(n.attrs.get("weights"), Some(Attr::String(s)) if s == Q4) {
         return None;
     }
-    Q4Shape::from_ints(n.ints(Q4_SHAPE)?)
+    CodedShape::from_ints(n.ints(Q4_SHAPE)?)
 }
 
 /// Rewrites every eligible MatMul for panels of `nr` columns.
@@ -34,7 +37,7 @@ pub fn run(g: &mut Graph, nr: usize) -> Result<(), PassError> {
         g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
     // Readers per value, so that each layer's unpacked codes are dropped as soon as their
     // packed form exists (every layer's codes and packing alive at once would be the peak of
-    // the load: a byte per weight on top of the packed half byte).
+    // the load: a byte per weight on top of the packed one).
     let mut readers: HashMap<String, usize> = super::uses::readers(g).into_iter().map(|(v, r)| (v, r.len())).collect();
     for i in 0..g.nodes.len() {
         let n = &g.nodes[i];
@@ -90,9 +93,10 @@ fn release(readers: &mut HashMap<String, usize>, x: &str) -> bool {
     }
 }
 
-/// The 4-bit layout of `d`'s output, if `d` is a blocked DequantizeLinear along axis 0 of a
-/// constant 2-D u8 tensor of codes below 16, with constant f32 scales and u8 zero points.
-fn layout(g: &Graph, d: &Node, nr: usize) -> Option<(Q4Shape, Tensor)> {
+/// The coded layout of `d`'s output, if `d` is a blocked DequantizeLinear along axis 0 of a
+/// constant 2-D u8 or i8 tensor of codes, with constant f32 scales and zero points of the
+/// codes' type.
+fn layout(g: &Graph, d: &Node, nr: usize) -> Option<(CodedShape, Tensor)> {
     if !d.domain.is_empty() || d.op != "DequantizeLinear" || !matches!(d.int("axis", 1), 0 | -2) {
         return None;
     }
@@ -106,14 +110,25 @@ fn layout(g: &Graph, d: &Node, nr: usize) -> Option<(Q4Shape, Tensor)> {
     let [k, n] = codes.shape()[..] else { return None };
     let blocks = k.div_ceil(block);
     let params_ok = |t: &Tensor, dt: DType| t.dtype() == dt && t.shape() == [blocks, n];
-    if codes.dtype() != DType::U8 || !params_ok(scales, DType::F32) || zeros.is_some_and(|z| !params_ok(z, DType::U8)) {
+    let signed = codes.dtype() == DType::I8;
+    let ok = matches!(codes.dtype(), DType::U8 | DType::I8)
+        && params_ok(scales, DType::F32)
+        && zeros.is_none_or(|z| params_ok(z, codes.dtype()));
+    if !ok {
         return None;
     }
-    let shape = Q4Shape { k, n, block, nr, zeros: zeros.is_some() };
+    // Signed codes move to u8 by +128 (flipping the top bit), their zero point with them.
+    let flip = if signed { 0x80 } else { 0 };
+    let bits = if !signed && codes.column_codes().is_some_and(|(_, f)| f.bits == 4) || fit4(codes.bytes(), flip) {
+        4
+    } else {
+        8
+    };
+    let shape = CodedShape { k, n, block, nr, zeros: zeros.is_some() || signed, bits };
     shape.check().ok()?;
     let s = scales.data::<f32>();
     let z = zeros.map(|z| z.bytes());
-    let (scale, zero) = (|b, j| s[b * n + j], |b, j| z.map_or(0, |z: &[u8]| z[b * n + j]));
+    let (scale, zero) = (|b, j| s[b * n + j], |b, j| z.map_or(0, |z: &[u8]| z[b * n + j]) ^ flip);
     let blob = match codes.column_codes() {
         // 4-bit codes as MatMulNBits stores them: a column's byte r holds its rows 2r, 2r + 1.
         Some((packed, form)) if form.bits == 4 && (form.k, form.n) == (k, n) => {
@@ -126,20 +141,22 @@ fn layout(g: &Graph, d: &Node, nr: usize) -> Option<(Q4Shape, Tensor)> {
                     byte & 15
                 }
             };
-            let blob = shape.pack_pairs(pair, scale, zero);
+            let blob = shape.pack_rows(pair, scale, zero);
             // Those bytes of the model file are now held in the kernel's layout.
             aim_ir::mapped::release_range(packed);
             blob
         }
         _ => {
             let q = codes.bytes();
-            if q.iter().any(|&c| c > 15) {
-                return None;
-            }
-            shape.pack(|p, j| q[p * n + j], scale, zero)
+            shape.pack(|p, j| q[p * n + j] ^ flip, scale, zero)
         }
     };
     Some((shape, Tensor::from_vec(&[blob.len()], blob)))
+}
+
+/// Whether every code (as u8 after `flip`) fits in 4 bits.
+fn fit4(codes: &[u8], flip: u8) -> bool {
+    codes.iter().all(|&c| c ^ flip <= 15)
 }
 
 #[cfg(test)]
@@ -165,7 +182,7 @@ mod tests {
             let ops: Vec<String> = g.nodes.iter().map(|n| format!("{}:{}", n.domain, n.op)).collect();
             assert_eq!(ops, ["aim:Dense"]);
             let s = shape_of(&g.nodes[0]).unwrap();
-            assert_eq!(s, Q4Shape { k: 3, n: 2, block: 2, nr: 16, zeros });
+            assert_eq!(s, CodedShape { k: 3, n: 2, block: 2, nr: 16, zeros, bits: 4 });
             assert_eq!(g.initializers[&g.nodes[0].inputs[1]].len(), s.bytes());
             assert_eq!(g.nodes[0].strings(SOURCES).unwrap(), ["mm", "dq"]);
         }
@@ -188,11 +205,29 @@ mod tests {
         assert_eq!(blob(&packed), blob(&plain));
     }
 
-    /// Codes of more than 4 bits stay a DequantizeLinear (folded later into f32 weights).
+    /// Codes of more than 4 bits are kept at 8: one byte each in the layout.
     #[test]
-    fn wider_codes_are_left_alone() {
+    fn wider_codes_are_kept_at_eight_bits() {
         let mut g = graph("1, 2, 3, 4, 16, 0", true);
         run(&mut g, 16).unwrap();
-        assert_eq!(g.nodes.iter().map(|n| n.op.as_str()).collect::<Vec<_>>(), ["DequantizeLinear", "MatMul"]);
+        let s = shape_of(&g.nodes[0]).unwrap();
+        assert_eq!(s, CodedShape { k: 3, n: 2, block: 2, nr: 16, zeros: true, bits: 8 });
+        assert_eq!(g.initializers[&g.nodes[0].inputs[1]].len(), s.bytes());
+    }
+
+    /// Signed codes are laid out as unsigned ones 128 higher with zero points 128 higher
+    /// (0 without them): the same weights, the same bytes.
+    #[test]
+    fn signed_codes_are_offset_unsigned_ones() {
+        let blob = |g: &Graph| g.initializers[&g.nodes[0].inputs[1]].bytes().to_vec();
+        let mut unsigned = graph("129, 2, 125, 140, 255, 0", true);
+        unsigned.initializers.insert("z".into(), Tensor::from_vec(&[2, 2], vec![128u8; 4]));
+        run(&mut unsigned, 16).unwrap();
+        let mut signed = graph("1, 2, 3, 4, 15, 0", false);
+        let codes: Vec<i8> = vec![1, -126, -3, 12, 127, -128];
+        signed.initializers.insert("q".into(), Tensor::from_vec(&[3, 2], codes));
+        run(&mut signed, 16).unwrap();
+        assert_eq!(shape_of(&signed.nodes[0]), shape_of(&unsigned.nodes[0]));
+        assert_eq!(blob(&signed), blob(&unsigned));
     }
 }

@@ -34,7 +34,7 @@ pub const TRANS_B: &str = "trans_b";
 
 /// The `[K, N]` dims of an `aim:Dense`'s weight `w`, read through [`TRANS_B`].
 pub fn dense_dims(n: &Node, w: &Tensor) -> Option<(usize, usize)> {
-    if let Some(s) = super::q4_weights::shape_of(n) {
+    if let Some(s) = super::coded_weights::shape_of(n) {
         return Some((s.k, s.n));
     }
     let [a, b] = w.shape()[..] else { return None };
@@ -95,8 +95,8 @@ fn scalar(g: &Graph, name: Option<&str>) -> Option<Option<f32>> {
 /// MatMul's weight may also be the transpose of a constant (`producers`: the node computing
 /// each value), read in place as a transposed weight.
 fn start(g: &Graph, producers: &HashMap<String, usize>, n: &Node) -> Option<Node> {
-    // A dense layer with 4-bit weights (`q4_weights`) is already in its `aim` form.
-    if n.domain == "aim" && n.op == "Dense" && super::q4_weights::shape_of(n).is_some() {
+    // A dense layer with 4-bit weights (`coded_weights`) is already in its `aim` form.
+    if n.domain == "aim" && n.op == "Dense" && super::coded_weights::shape_of(n).is_some() {
         return Some(n.clone());
     }
     if n.domain.is_empty() && n.op == "MatMul" && !g.initializers.contains_key(n.input(1)?) {

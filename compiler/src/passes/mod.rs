@@ -3,6 +3,7 @@
 
 mod attention;
 mod byte_tables;
+pub mod coded_weights;
 mod const_fold;
 mod cse;
 mod dce;
@@ -13,7 +14,6 @@ pub mod fuse;
 mod fuse_elementwise;
 mod gelu;
 mod half;
-pub mod int4_weights;
 mod int8;
 mod layernorm;
 pub mod layout;
@@ -21,12 +21,12 @@ mod layout_ops;
 mod levels;
 mod one_hot;
 mod pool_pads;
-pub mod q4_weights;
 mod qconv;
 mod qdense;
 mod qdense_static;
 mod qdq;
 mod qmatmul;
+pub mod quantize_weights;
 mod reduce;
 mod rename;
 mod reshaped_residual;
@@ -88,6 +88,7 @@ pub fn cpu_pass_names(target: &crate::target::Target) -> Vec<&'static str> {
     full.optimization = Optimization::default();
     full.half_weights = true;
     full.int4_weights = Some(32);
+    full.int8_weights = true;
     every_cpu_pass(&full).iter().map(|p| p.name).collect()
 }
 
@@ -111,7 +112,7 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         Some(integer_dense),
         int8,
         round,
-        Some(aim_kernels::gemm::q4::panel_width(target.isa_kind())),
+        Some(aim_kernels::gemm::coded::panel_width(target.isa_kind())),
         true,
         target.optimization.runs("quantize-dequantize"),
         // Dynamically quantized convolutions on the integer kernels with VNNI, and on AVX2
@@ -124,10 +125,14 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
             _ => qdq::IntegerConv::Off,
         },
     );
+    // Before the coded-weights pass, which keeps what these make in their bits.
+    let at = passes.iter().position(|p| p.name == "coded-weights").unwrap_or(passes.len());
+    if target.int8_weights {
+        passes.insert(at, Pass::new("int8-weights", |g| quantize_weights::run(g, quantize_weights::Scheme::Int8)));
+    }
     if let Some(block) = target.int4_weights {
-        // Before the four-bit-weights pass, which keeps what it makes at 4 bits.
-        let at = passes.iter().position(|p| p.name == "four-bit-weights").unwrap_or(passes.len());
-        passes.insert(at, Pass::new("int4-weights", move |g| int4_weights::run(g, block)));
+        let scheme = quantize_weights::Scheme::Int4 { block };
+        passes.insert(at, Pass::new("int4-weights", move |g| quantize_weights::run(g, scheme)));
     }
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
@@ -197,7 +202,7 @@ fn graph_passes(
         passes.push(Pass::new("quantize-dense", move |g| if integer_gemm { qdense::run(g) } else { Ok(()) }));
     }
     if let Some(nr) = q4_panels {
-        passes.push(Pass::new("four-bit-weights", move |g| q4_weights::run(g, nr)));
+        passes.push(Pass::new("coded-weights", move |g| coded_weights::run(g, nr)));
     }
     passes.extend([
         Pass::new("quantize-dequantize", move |g| qdq::run(g, int8, integer_gemm, integer_conv)),
@@ -249,6 +254,9 @@ pub fn run_pipeline(g: &mut Graph, passes: &[Pass], keep: bool) -> Result<Vec<Pa
                 return Err(PassError { pass: p.name, msg: format!("internal error: {}", msg.unwrap_or_default()) });
             }
         }
+        // What the pass freed (weights it rewrote) leaves the process now, not as holes in
+        // the heap that the next pass's allocations add to.
+        aim_ir::mapped::trim_heap();
         out.push(PassRecord { name: p.name, time: t.elapsed(), after: keep.then(|| g.clone()) });
     }
     make_outputs_static(g);

@@ -1,29 +1,32 @@
-//! Dense-layer weights held as 4-bit codes (LLM weights quantized blockwise along K, as ONNX
-//! Runtime's `MatMulNBits` and blocked `DequantizeLinear` write them): weight (k, j) is
-//! `(code − zero) · scale` of its block of `block` rows. They stay 4-bit in memory — an
-//! eighth of f32's bytes — and the GEMM reads them two ways:
+//! Dense-layer weights held as 4- or 8-bit codes (LLM weights quantized blockwise along K,
+//! as ONNX Runtime's `MatMulNBits` and blocked `DequantizeLinear` write them; per-channel
+//! int8, one block the whole depth, as `--weights int8` makes them): weight (k, j) is
+//! `(code − zero) · scale` of its block of `block` rows. They stay in their bits in memory —
+//! an eighth (a quarter) of f32's bytes — and the GEMM reads them two ways:
 //! - tiles (many rows of A): each B panel is widened to f32 into a per-task buffer, giving
 //!   exactly the f32 weights' bits (`code − zero` is a small integer, so the one rounding is
 //!   the product's, as in a dequantization to f32);
 //! - a few rows (a decode step): products on the codes in registers, each block's sum scaled
-//!   once; or, where the layer allows it (ONNX Runtime's `accuracy_level` 4), with the rows
-//!   quantized per block to int8 and exact integer sums of code × activation (AVX2
-//!   `vpmaddubsw`: a code is at most 15, so the pair sums cannot saturate).
+//!   once; or, for 4-bit codes where the layer allows it (ONNX Runtime's `accuracy_level`
+//!   4), with the rows quantized per block to int8 and exact integer sums of code ×
+//!   activation (AVX2 `vpmaddubsw`: a code is at most 15, so the pair sums cannot saturate;
+//!   8-bit codes could, and take the f32 path).
 //!
 //! The codes are stored in the layout the GEMM reads, fixed by the ISA's panel width NR and
 //! independent of the cache blocking (so a compiler can write it ahead of time):
-//! - codes: for each panel of NR columns, its ⌈K/2⌉ pairs of rows, NR bytes each; byte c of
-//!   pair r holds column c of row 2r in its low nibble and of row 2r + 1 in its high nibble;
+//! - codes: for each panel of NR columns, 4-bit: its ⌈K/2⌉ pairs of rows, NR bytes each;
+//!   byte c of pair r holds column c of row 2r in its low nibble and of row 2r + 1 in its
+//!   high nibble; 8-bit: its K rows, NR bytes each, byte c of row r column c's code;
 //! - scales: for each panel, its ⌈K/block⌉ blocks of NR f32 (little-endian);
 //! - zero points (optional; 0 without them): for each panel, its blocks of NR bytes.
 //!
-//! Columns past N and the row past an odd K hold code 0 and scale 0.
+//! Columns past N and (4-bit) the row past an odd K hold code 0 and scale 0.
 
 use aim_ir::Tensor;
 
-/// The shape of a 4-bit weight: what its bytes must hold.
+/// The shape of a coded weight: what its bytes must hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Q4Shape {
+pub struct CodedShape {
     /// Depth (rows of the logical K×N weight).
     pub k: usize,
     /// Columns.
@@ -34,9 +37,11 @@ pub struct Q4Shape {
     pub nr: usize,
     /// Whether zero points follow the scales.
     pub zeros: bool,
+    /// Bits per code: 4 or 8.
+    pub bits: usize,
 }
 
-impl Q4Shape {
+impl CodedShape {
     fn panels(&self) -> usize {
         self.n.div_ceil(self.nr)
     }
@@ -45,12 +50,17 @@ impl Q4Shape {
         self.k.div_ceil(self.block)
     }
 
-    fn pairs(&self) -> usize {
-        self.k.div_ceil(2)
+    /// Rows of NR bytes a panel's codes take: pairs of rows at 4 bits, rows at 8.
+    fn code_rows(&self) -> usize {
+        if self.bits == 4 {
+            self.k.div_ceil(2)
+        } else {
+            self.k
+        }
     }
 
     fn codes_len(&self) -> usize {
-        self.panels() * self.pairs() * self.nr
+        self.panels() * self.code_rows() * self.nr
     }
 
     fn params(&self) -> usize {
@@ -62,42 +72,52 @@ impl Q4Shape {
         self.codes_len() + 4 * self.params() + if self.zeros { self.params() } else { 0 }
     }
 
-    /// The shape as a node attribute records it: `[k, n, block, nr, zeros (0 or 1)]`.
+    /// The shape as a node attribute records it: `[k, n, block, nr, zeros (0 or 1), bits]`.
     pub fn to_ints(&self) -> Vec<i64> {
-        [self.k, self.n, self.block, self.nr, self.zeros as usize].map(|v| v as i64).to_vec()
+        [self.k, self.n, self.block, self.nr, self.zeros as usize, self.bits].map(|v| v as i64).to_vec()
     }
 
-    /// The shape [`Q4Shape::to_ints`] wrote, or None for a list that is not one.
-    pub fn from_ints(v: &[i64]) -> Option<Q4Shape> {
-        match *v {
+    /// The shape [`CodedShape::to_ints`] wrote (five values, without the bits, are a 4-bit
+    /// shape, as files written before 8-bit codes record them), or None for a list that is
+    /// not one.
+    pub fn from_ints(v: &[i64]) -> Option<CodedShape> {
+        let (head, bits) = match v {
+            [head @ .., bits] if v.len() == 6 => (head, *bits),
+            _ => (v, 4),
+        };
+        match *head {
             [k, n, block, nr, zeros] if [k, n, block, nr].iter().all(|&d| d > 0) && (0..=1).contains(&zeros) => {
-                Some(Q4Shape {
+                Some(CodedShape {
                     k: k as usize,
                     n: n as usize,
                     block: block as usize,
                     nr: nr as usize,
                     zeros: zeros == 1,
+                    bits: usize::try_from(bits).ok()?,
                 })
             }
             _ => None,
         }
     }
 
-    /// Checks the shape is one the GEMM can read: positive dims, an even block, a panel of
-    /// at most 32 columns.
+    /// Checks the shape is one the GEMM can read: 4 or 8 bits, positive dims, a block (even
+    /// at 4 bits), a panel of at most 32 columns.
     pub fn check(&self) -> Result<(), String> {
         let ok = self.k > 0
             && self.n > 0
             && self.block > 0
-            && self.block.is_multiple_of(2)
+            && matches!(self.bits, 4 | 8)
+            && (self.bits == 8 || self.block.is_multiple_of(2))
             && (1..=MAX_NR).contains(&self.nr);
         if !ok {
-            return Err(format!("4-bit weight {self:?}: k, n positive, an even block, 1 to {MAX_NR} columns a panel"));
+            return Err(format!(
+                "coded weight {self:?}: 4 or 8 bits, k, n positive, a block (even at 4 bits), 1 to {MAX_NR} columns a panel"
+            ));
         }
         Ok(())
     }
 
-    /// Lays out a K×N weight given as codes (`code(p, j)`, 4 bits kept), scales
+    /// Lays out a K×N weight given as codes (`code(p, j)`, its `bits` kept), scales
     /// (`scale(b, j)` of block b of column j) and zero points (`zero(b, j)`, when
     /// `self.zeros`).
     pub fn pack(
@@ -106,17 +126,21 @@ impl Q4Shape {
         scale: impl Fn(usize, usize) -> f32,
         zero: impl Fn(usize, usize) -> u8,
     ) -> Vec<u8> {
+        if self.bits == 8 {
+            return self.pack_rows(code, scale, zero);
+        }
         let pair = |r: usize, j: usize| {
             let hi = if 2 * r + 1 < self.k { code(2 * r + 1, j) & 15 } else { 0 };
             (code(2 * r, j) & 15) | (hi << 4)
         };
-        self.pack_pairs(pair, scale, zero)
+        self.pack_rows(pair, scale, zero)
     }
 
-    /// [`Q4Shape::pack`] from the byte that holds rows `2r` (low nibble) and `2r + 1` (high
-    /// nibble, zero past k) of column `j` — as `MatMulNBits` stores each column's codes, so
-    /// that its weights are laid out without unpacking them.
-    pub fn pack_pairs(
+    /// [`CodedShape::pack`] from the byte of code row `r` of column `j`: at 4 bits the byte
+    /// that holds rows `2r` (low nibble) and `2r + 1` (high nibble, zero past k) — as
+    /// `MatMulNBits` stores each column's codes, so that its weights are laid out without
+    /// unpacking them; at 8 bits row r's code.
+    pub fn pack_rows(
         &self,
         pair: impl Fn(usize, usize) -> u8,
         scale: impl Fn(usize, usize) -> f32,
@@ -128,8 +152,8 @@ impl Q4Shape {
         let (scales, zeros) = rest.split_at_mut(4 * self.params());
         for pj in 0..self.panels() {
             let cols = nr.min(self.n - pj * nr);
-            for r in 0..self.pairs() {
-                let bytes = &mut codes[(pj * self.pairs() + r) * nr..][..nr];
+            for r in 0..self.code_rows() {
+                let bytes = &mut codes[(pj * self.code_rows() + r) * nr..][..nr];
                 for (c, byte) in bytes.iter_mut().enumerate().take(cols) {
                     *byte = pair(r, pj * nr + c);
                 }
@@ -148,12 +172,13 @@ impl Q4Shape {
     }
 }
 
-/// A 4-bit weight in the GEMM's layout, read in place from a tensor's bytes.
+/// A coded weight in the GEMM's layout, read in place from a tensor's bytes.
 #[derive(Clone, Debug)]
-pub struct Q4 {
-    pub(crate) shape: Q4Shape,
+pub struct Coded {
+    pub(crate) shape: CodedShape,
     bytes: Tensor,
-    /// Few-row products may quantize the rows to int8 per block (ORT's accuracy level 4).
+    /// Few-row products may quantize the rows to int8 per block (ORT's accuracy level 4;
+    /// 4-bit codes only).
     int8_rows: bool,
 }
 
@@ -166,13 +191,14 @@ struct Params {
     zero: [f32; MAX_NR],
 }
 
-impl Q4 {
+impl Coded {
     /// The layout `shape` over `bytes` (a u8 tensor), or why it does not fit.
-    pub fn new(shape: Q4Shape, bytes: Tensor) -> Result<Q4, String> {
+    pub fn new(shape: CodedShape, bytes: Tensor) -> Result<Coded, String> {
         shape.check()?;
         if bytes.dtype() != aim_ir::DType::U8 || bytes.len() != shape.bytes() {
             return Err(format!(
-                "a 4-bit {}×{} weight (block {}, panels of {}{}) takes {} bytes, not {} {}",
+                "a {}-bit {}×{} weight (block {}, panels of {}{}) takes {} bytes, not {} {}",
+                shape.bits,
                 shape.k,
                 shape.n,
                 shape.block,
@@ -183,15 +209,16 @@ impl Q4 {
                 bytes.dtype()
             ));
         }
-        Ok(Q4 { shape, bytes, int8_rows: false })
+        Ok(Coded { shape, bytes, int8_rows: false })
     }
 
     /// Lets few-row products quantize each block of a row to int8 (symmetric, scale
     /// max|a|/127) and sum code × activation exactly in integers, as ONNX Runtime does for
     /// `MatMulNBits` at accuracy level 4: the activations' rounding (at most half a step of
-    /// their block's scale) is the error added.
-    pub fn with_int8_rows(mut self, yes: bool) -> Q4 {
-        self.int8_rows = yes;
+    /// their block's scale) is the error added. 8-bit codes keep f32 rows (their pair sums
+    /// could saturate `vpmaddubsw`'s 16 bits).
+    pub fn with_int8_rows(mut self, yes: bool) -> Coded {
+        self.int8_rows = yes && self.shape.bits == 4;
         self
     }
 
@@ -217,10 +244,20 @@ impl Q4 {
         p
     }
 
-    /// Pairs `r0..r1` of panel `pj`'s codes.
-    fn pairs(&self, pj: usize, r0: usize, r1: usize) -> &[u8] {
+    /// Code rows `r0..r1` of panel `pj` (pairs of weight rows at 4 bits).
+    fn code_rows(&self, pj: usize, r0: usize, r1: usize) -> &[u8] {
         let s = self.shape;
-        &self.bytes.bytes()[(pj * s.pairs() + r0) * s.nr..(pj * s.pairs() + r1) * s.nr]
+        &self.bytes.bytes()[(pj * s.code_rows() + r0) * s.nr..(pj * s.code_rows() + r1) * s.nr]
+    }
+
+    /// The code rows that hold weight rows `p0..p1` of panel `pj`, and where row p0 is in
+    /// them (0, or 1 for a 4-bit odd p0: the high nibbles of the first pair).
+    fn rows_of(&self, pj: usize, p0: usize, p1: usize) -> (&[u8], usize) {
+        if self.shape.bits == 4 {
+            (self.code_rows(pj, p0 / 2, p1.div_ceil(2)), p0 % 2)
+        } else {
+            (self.code_rows(pj, p0, p1), 0)
+        }
     }
 
     /// Rows `p0..p0 + rows` of panel `pj`, widened to f32 into `out`: row r's NR floats at
@@ -243,21 +280,33 @@ impl Q4 {
             let b = p / s.block;
             let end = (p0 + rows).min((b + 1) * s.block);
             let prm = self.params(pj, b);
-            let codes = self.pairs(pj, p / 2, end.div_ceil(2));
+            let (codes, first) = self.rows_of(pj, p, end);
             let out = &mut out[(p - p0) * stride..];
             #[cfg(target_arch = "x86_64")]
             {
                 if avx2(kind, nr) {
                     // SAFETY: AVX2 and AVX-512 panels are only made where the CPU has AVX2 and
-                    // FMA (`Isa::new`); `codes` holds the pairs of rows p..end, `out` their
-                    // 16 floats each, `stride` apart.
-                    unsafe { x86::widen16(codes, p % 2, end - p, &prm, out, stride) };
+                    // FMA (`Isa::new`); `codes` holds the code rows of rows p..end, `out`
+                    // their 16 floats each, `stride` apart.
+                    // An AVX-512 CPU (`Isa::new` checked) widens a row in one 16-lane vector.
+                    unsafe {
+                        match (s.bits, kind) {
+                            (4, super::IsaKind::Avx512) => {
+                                x86::widen16_512::<4>(codes, first, end - p, &prm, out, stride)
+                            }
+                            (_, super::IsaKind::Avx512) => {
+                                x86::widen16_512::<8>(codes, first, end - p, &prm, out, stride)
+                            }
+                            (4, _) => x86::widen16::<4>(codes, first, end - p, &prm, out, stride),
+                            _ => x86::widen16::<8>(codes, first, end - p, &prm, out, stride),
+                        }
+                    };
                     p = end;
                     continue;
                 }
             }
             let _ = kind;
-            widen_portable(codes, nr, p % 2, end - p, &prm, out, stride);
+            widen_portable(codes, nr, s.bits, first, end - p, &prm, out, stride);
             p = end;
         }
     }
@@ -276,7 +325,7 @@ impl Q4 {
     ) {
         let s = self.shape;
         let (k, nr, blocks) = (s.k, s.nr, s.blocks());
-        assert!(m <= 4 && a.len() >= m * k && j1 <= s.panels(), "a 4-bit product outside its operands");
+        assert!(m <= 4 && a.len() >= m * k && j1 <= s.panels(), "a coded product outside its operands");
         assert!(m == 0 || acc.len() >= (m - 1) * width + (j1 - j0) * nr, "accumulators too short");
         #[cfg(target_arch = "x86_64")]
         let int8 = self.int8_rows && avx2(kind, nr);
@@ -289,7 +338,7 @@ impl Q4 {
             #[cfg(target_arch = "x86_64")]
             if int8 {
                 let all = self.bytes.bytes();
-                let codes = self.pairs(j, 0, s.pairs());
+                let codes = self.code_rows(j, 0, s.code_rows());
                 let params = &all[s.codes_len() + 4 * (j * blocks * nr)..s.codes_len() + 4 * ((j + 1) * blocks * nr)];
                 let zeros = s.zeros.then(|| &all[s.codes_len() + 4 * s.params() + j * blocks * nr..][..blocks * nr]);
                 let mut rows = [std::ptr::null_mut::<f32>(); 4];
@@ -305,18 +354,18 @@ impl Q4 {
             for b in 0..blocks {
                 let (p0, p1) = (b * s.block, k.min((b + 1) * s.block));
                 let prm = self.params(j, b);
-                let codes = self.pairs(j, p0 / 2, p1.div_ceil(2));
+                let (codes, _) = self.rows_of(j, p0, p1);
                 #[cfg(target_arch = "x86_64")]
                 {
                     if avx2(kind, nr) {
                         // SAFETY: as above; `a` holds m rows of k values.
-                        unsafe { x86::block_f32(codes, a, k, m, (p0, p1), &prm, &mut sums) };
+                        unsafe { x86::block_f32(codes, s.bits, a, k, m, (p0, p1), &prm, &mut sums) };
                     } else {
-                        block_portable(codes, nr, a, k, m, (p0, p1), &prm, &mut sums);
+                        block_portable(codes, nr, s.bits, a, k, m, (p0, p1), &prm, &mut sums);
                     }
                 }
                 #[cfg(not(target_arch = "x86_64"))]
-                block_portable(codes, nr, a, k, m, (p0, p1), &prm, &mut sums);
+                block_portable(codes, nr, s.bits, a, k, m, (p0, p1), &prm, &mut sums);
                 let _ = kind;
                 for (i, row) in sums.iter().enumerate().take(m) {
                     let o = &mut acc[i * width + (j - j0) * nr..][..nr];
@@ -336,7 +385,7 @@ fn avx2(kind: super::IsaKind, nr: usize) -> bool {
     nr == 16 && matches!(kind, super::IsaKind::Avx2 | super::IsaKind::Avx512)
 }
 
-/// The panel width a compiler lays 4-bit weights out in for an ISA of `kind`: 16 columns on
+/// The panel width a compiler lays coded weights out in for an ISA of `kind`: 16 columns on
 /// x86 with AVX2 (an AVX-512 panel of 32 reads two of them side by side, so that both use
 /// the same kernels), else the ISA's own panel width.
 pub fn panel_width(kind: super::IsaKind) -> usize {
@@ -384,12 +433,31 @@ fn quantize_rows(a: &[f32], m: usize, k: usize, block: usize) -> Vec<i32> {
     out
 }
 
-/// `rows` rows from `first` (0: the low nibble of the first pair) of one block of a panel.
-fn widen_portable(codes: &[u8], nr: usize, first: usize, rows: usize, prm: &Params, out: &mut [f32], stride: usize) {
+/// The code of column `c` in row `r` of code rows `codes` (NR bytes each) of `bits`.
+fn code_at(codes: &[u8], nr: usize, bits: usize, r: usize, c: usize) -> u8 {
+    if bits == 4 {
+        (codes[r / 2 * nr + c] >> (4 * (r % 2))) & 15
+    } else {
+        codes[r * nr + c]
+    }
+}
+
+/// `rows` rows from `first` (at 4 bits, 1: the high nibble of the first pair) of one block
+/// of a panel.
+#[allow(clippy::too_many_arguments)]
+fn widen_portable(
+    codes: &[u8],
+    nr: usize,
+    bits: usize,
+    first: usize,
+    rows: usize,
+    prm: &Params,
+    out: &mut [f32],
+    stride: usize,
+) {
     for r in 0..rows {
-        let (pair, shift) = ((first + r) / 2, 4 * ((first + r) % 2));
         for c in 0..nr {
-            let q = (codes[pair * nr + c] >> shift) & 15;
+            let q = code_at(codes, nr, bits, first + r, c);
             out[r * stride + c] = (q as f32 - prm.zero[c]) * prm.scale[c];
         }
     }
@@ -400,6 +468,7 @@ fn widen_portable(codes: &[u8], nr: usize, first: usize, rows: usize, prm: &Para
 fn block_portable(
     codes: &[u8],
     nr: usize,
+    bits: usize,
     a: &[f32],
     k: usize,
     m: usize,
@@ -409,11 +478,10 @@ fn block_portable(
 ) {
     sums.iter_mut().for_each(|s| s.fill(0.0));
     for p in p0..p1 {
-        let (pair, shift) = ((p - p0) / 2, 4 * ((p - p0) % 2));
         for (i, sum) in sums.iter_mut().enumerate().take(m) {
             let x = a[i * k + p];
-            for c in 0..nr {
-                sum[c] += x * (((codes[pair * nr + c] >> shift) & 15) as f32 - prm.zero[c]);
+            for (c, (s, z)) in sum.iter_mut().zip(&prm.zero).enumerate().take(nr) {
+                *s += x * (code_at(codes, nr, bits, p - p0, c) as f32 - z);
             }
         }
     }
@@ -427,14 +495,64 @@ mod x86 {
     /// How many blocks ahead of the one it sums the decode kernel asks for weights.
     const PREFETCH_BLOCKS: usize = 8;
 
-    /// The 16 codes of row `first + r` (its pair's low or high nibbles) as f32 minus the zeros.
+    /// Bytes of code rows that hold `rows` weight rows from `first` at `BITS`.
+    fn code_bytes<const BITS: usize>(first: usize, rows: usize) -> usize {
+        if BITS == 4 {
+            (first + rows).div_ceil(2) * 16
+        } else {
+            (first + rows) * 16
+        }
+    }
+
+    /// The 16 codes of weight row `r` of code rows `codes` (at 4 bits its pair's low or high
+    /// nibbles), a byte each.
     #[inline(always)]
-    unsafe fn codes16(codes: *const u8, nib: usize, z0: __m256, z1: __m256) -> (__m256, __m256) {
-        // SAFETY: the caller's pointer holds 16 bytes.
+    unsafe fn row_bytes<const BITS: usize>(codes: *const u8, r: usize) -> __m128i {
+        // SAFETY: the caller's pointer holds the row's 16 bytes.
         unsafe {
-            let b = _mm_loadu_si128(codes as *const __m128i);
-            let q = if nib == 0 { b } else { _mm_srli_epi16(b, 4) };
-            let q = _mm_and_si128(q, _mm_set1_epi8(15));
+            if BITS == 4 {
+                let b = _mm_loadu_si128(codes.add(r / 2 * 16) as *const __m128i);
+                let q = if r.is_multiple_of(2) { b } else { _mm_srli_epi16(b, 4) };
+                _mm_and_si128(q, _mm_set1_epi8(15))
+            } else {
+                _mm_loadu_si128(codes.add(r * 16) as *const __m128i)
+            }
+        }
+    }
+
+    /// [`widen16`] on AVX-512: a row in one vector.
+    ///
+    /// # Safety
+    /// As for [`widen16`], on a CPU with AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn widen16_512<const BITS: usize>(
+        codes: &[u8],
+        first: usize,
+        rows: usize,
+        prm: &Params,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        assert!(codes.len() >= code_bytes::<BITS>(first, rows) && stride >= 16);
+        assert!(rows == 0 || out.len() >= (rows - 1) * stride + 16);
+        // SAFETY: reads of 16 bytes per code row and writes of 16 floats per row, inside the
+        // slices.
+        unsafe {
+            let (s, z) = (_mm512_loadu_ps(prm.scale.as_ptr()), _mm512_loadu_ps(prm.zero.as_ptr()));
+            for r in 0..rows {
+                let q = row_bytes::<BITS>(codes.as_ptr(), first + r);
+                let w = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), z);
+                _mm512_storeu_ps(out.as_mut_ptr().add(stride * r), _mm512_mul_ps(w, s));
+            }
+        }
+    }
+
+    /// The 16 codes of weight row `r` of code rows `codes` as f32 minus the zeros.
+    #[inline(always)]
+    unsafe fn codes16<const BITS: usize>(codes: *const u8, r: usize, z0: __m256, z1: __m256) -> (__m256, __m256) {
+        // SAFETY: the caller's pointer holds the row's 16 bytes.
+        unsafe {
+            let q = row_bytes::<BITS>(codes, r);
             let f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
             let f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
             (_mm256_sub_ps(f0, z0), _mm256_sub_ps(f1, z1))
@@ -444,10 +562,10 @@ mod x86 {
     /// [`super::widen_portable`] for AVX2 panels of 16.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `codes` holds the pairs of rows `first..first + rows`, 16
-    /// bytes each, and `out` 16 floats per row, `stride` apart.
+    /// The CPU has AVX2 and FMA; `codes` holds the code rows of rows `first..first + rows`,
+    /// 16 bytes each, and `out` 16 floats per row, `stride` apart.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn widen16(
+    pub(super) unsafe fn widen16<const BITS: usize>(
         codes: &[u8],
         first: usize,
         rows: usize,
@@ -455,15 +573,16 @@ mod x86 {
         out: &mut [f32],
         stride: usize,
     ) {
-        assert!(codes.len() >= (first + rows).div_ceil(2) * 16 && stride >= 16);
+        assert!(codes.len() >= code_bytes::<BITS>(first, rows) && stride >= 16);
         assert!(rows == 0 || out.len() >= (rows - 1) * stride + 16);
-        // SAFETY: reads of 16 bytes per pair and writes of 16 floats per row, inside the slices.
+        // SAFETY: reads of 16 bytes per code row and writes of 16 floats per row, inside the
+        // slices.
         unsafe {
             let (s0, s1) = (_mm256_loadu_ps(prm.scale.as_ptr()), _mm256_loadu_ps(prm.scale.as_ptr().add(8)));
             let (z0, z1) = (_mm256_loadu_ps(prm.zero.as_ptr()), _mm256_loadu_ps(prm.zero.as_ptr().add(8)));
             for r in 0..rows {
                 let p = first + r;
-                let (w0, w1) = codes16(codes.as_ptr().add(p / 2 * 16), p % 2, z0, z1);
+                let (w0, w1) = codes16::<BITS>(codes.as_ptr(), p, z0, z1);
                 let o = out.as_mut_ptr().add(stride * r);
                 _mm256_storeu_ps(o, _mm256_mul_ps(w0, s0));
                 _mm256_storeu_ps(o.add(8), _mm256_mul_ps(w1, s1));
@@ -475,10 +594,12 @@ mod x86 {
     /// registers, two sets over alternate rows.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `codes` holds the pairs of rows `p0..p1` (p0 even), 16 bytes
-    /// each; `a` holds m ≤ 4 rows of k ≥ p1 values.
+    /// The CPU has AVX2 and FMA; `codes` holds the code rows of rows `p0..p1` (p0 even at 4
+    /// bits), 16 bytes each; `a` holds m ≤ 4 rows of k ≥ p1 values.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn block_f32(
         codes: &[u8],
+        bits: usize,
         a: &[f32],
         k: usize,
         m: usize,
@@ -488,22 +609,26 @@ mod x86 {
     ) {
         // SAFETY: as the caller promised; a constant row count keeps the sums in registers.
         unsafe {
-            match m {
-                1 => block_f32_m::<1>(codes, a, k, rows, prm, sums),
-                2 => block_f32_m::<2>(codes, a, k, rows, prm, sums),
-                3 => block_f32_m::<3>(codes, a, k, rows, prm, sums),
-                4 => block_f32_m::<4>(codes, a, k, rows, prm, sums),
+            match (m, bits) {
+                (1, 4) => block_f32_m::<1, 4>(codes, a, k, rows, prm, sums),
+                (2, 4) => block_f32_m::<2, 4>(codes, a, k, rows, prm, sums),
+                (3, 4) => block_f32_m::<3, 4>(codes, a, k, rows, prm, sums),
+                (4, 4) => block_f32_m::<4, 4>(codes, a, k, rows, prm, sums),
+                (1, _) => block_f32_m::<1, 8>(codes, a, k, rows, prm, sums),
+                (2, _) => block_f32_m::<2, 8>(codes, a, k, rows, prm, sums),
+                (3, _) => block_f32_m::<3, 8>(codes, a, k, rows, prm, sums),
+                (4, _) => block_f32_m::<4, 8>(codes, a, k, rows, prm, sums),
                 _ => {}
             }
         }
     }
 
-    /// [`block_f32`] for `M` rows.
+    /// [`block_f32`] for `M` rows of codes of `BITS`.
     ///
     /// # Safety
     /// As for [`block_f32`] with m = `M`.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_f32_m<const M: usize>(
+    unsafe fn block_f32_m<const M: usize, const BITS: usize>(
         codes: &[u8],
         a: &[f32],
         k: usize,
@@ -513,14 +638,14 @@ mod x86 {
     ) {
         let m = M;
         assert!(m <= 4 && p1 <= k && (m == 0 || a.len() >= (m - 1) * k + p1));
-        assert!(codes.len() >= (p1 - p0).div_ceil(2) * 16);
-        // SAFETY: reads of 16 code bytes per pair and of a[i·k + p], inside the slices.
+        assert!(codes.len() >= code_bytes::<BITS>(0, p1 - p0));
+        // SAFETY: reads of 16 code bytes per code row and of a[i·k + p], inside the slices.
         unsafe {
             let (z0, z1) = (_mm256_loadu_ps(prm.zero.as_ptr()), _mm256_loadu_ps(prm.zero.as_ptr().add(8)));
             let zero = _mm256_setzero_ps();
             let mut s = [[zero; 4]; M];
             for p in p0..p1 {
-                let (w0, w1) = codes16(codes.as_ptr().add((p - p0) / 2 * 16), (p - p0) % 2, z0, z1);
+                let (w0, w1) = codes16::<BITS>(codes.as_ptr(), p - p0, z0, z1);
                 let odd = 2 * ((p - p0) % 2);
                 for (i, si) in s.iter_mut().enumerate() {
                     let x = _mm256_set1_ps(*a.as_ptr().add(i * k + p));
@@ -707,26 +832,29 @@ mod tests {
     use super::super::{gemm_rows, Blocking, Epilogue, Isa, PackedB, Sequential};
     use super::*;
 
-    /// A 4-bit weight gives the same tiled products, bit for bit, as its f32 dequantization
-    /// packed as usual, and few-row products (computed on the codes) within f32 rounding of
-    /// exact ones: on every ISA, with and without zero points, with K not a multiple of the
-    /// block nor the block of the depth blocking, N not a multiple of the panel.
+    /// A 4- or 8-bit weight gives the same tiled products, bit for bit, as its f32
+    /// dequantization packed as usual, and few-row products (computed on the codes) within
+    /// f32 rounding of exact ones: on every ISA, with and without zero points, with K not a
+    /// multiple of the block nor the block of the depth blocking, N not a multiple of the
+    /// panel; 8-bit codes also in one block of the whole depth (per channel, odd).
     #[test]
-    fn four_bit_weights_multiply_as_their_f32_dequantization() {
-        let (k, n, block) = (101, 37, 32);
-        let code = |p: usize, j: usize| ((p * 7 + j * 13 + p * j) % 16) as u8;
-        let scale = |b: usize, j: usize| 0.01 + (b * 5 + j) as f32 * 0.003;
-        let zero = |b: usize, j: usize| ((b + j) % 16) as u8;
-        // The ISA's panel width, and half of it (two 4-bit panels side by side in one of the
+    fn coded_weights_multiply_as_their_f32_dequantization() {
+        let (k, n) = (101, 37);
+        // The ISA's panel width, and half of it (two coded panels side by side in one of the
         // GEMM's, as AVX-512 reads the AVX2 layout).
         let cases = Isa::all_available().into_iter().flat_map(|i| [(i, i.nr()), (i, i.nr() / 2)]);
-        for (isa, width) in cases {
+        let forms = [(4, 32), (8, 32), (8, k)];
+        for ((isa, width), (bits, block)) in cases.flat_map(|c| forms.map(|f| (c, f))) {
+            let top = 1usize << bits;
+            let code = |p: usize, j: usize| ((p * 7 + j * 13 + p * j * 5) % top) as u8;
+            let scale = |b: usize, j: usize| 0.01 + (b * 5 + j) as f32 * 0.003;
+            let zero = |b: usize, j: usize| ((b * 37 + j * 11) % top) as u8;
             for zeros in [false, true] {
-                let shape = Q4Shape { k, n, block, nr: width, zeros };
+                let shape = CodedShape { k, n, block, nr: width, zeros, bits };
                 let bytes = shape.pack(code, scale, zero);
                 let t = Tensor::from_vec(&[bytes.len()], bytes);
                 let blocking = Blocking { kc: 48, mc: 24 };
-                let q = PackedB::from_q4(isa, blocking, Q4::new(shape, t).unwrap()).unwrap();
+                let q = PackedB::from_codes(isa, blocking, Coded::new(shape, t).unwrap()).unwrap();
                 let w: Vec<f32> = (0..k * n)
                     .map(|i| {
                         let (p, j) = (i / n, i % n);
@@ -735,7 +863,8 @@ mod tests {
                     })
                     .collect();
                 let f = PackedB::from_slice(isa, blocking, &w, k, n, false);
-                assert!(q.bytes() * 5 < f.bytes(), "{} bytes held against f32's {}", q.bytes(), f.bytes());
+                let ratio = if bits == 4 { 5 } else { 3 };
+                assert!(q.bytes() * ratio < f.bytes(), "{} bytes held against f32's {}", q.bytes(), f.bytes());
                 assert_eq!(q.packed().to_vec(), f.packed().to_vec(), "{isa:?}: widened panels");
                 for m in [1, 3, 9, 20] {
                     let a: Vec<f32> = (0..m * k).map(|i| ((i * 31 % 17) as f32 - 8.0) / 4.0).collect();
@@ -746,7 +875,7 @@ mod tests {
                     if m > 4 {
                         // Tiles: widened panels, the f32 weights' bits.
                         let same = y1.iter().zip(&y2).all(|(x, y)| x.to_bits() == y.to_bits());
-                        assert!(same, "{isa:?} width {width} zeros {zeros} m {m}");
+                        assert!(same, "{isa:?} width {width} {bits} bits zeros {zeros} m {m}");
                         continue;
                     }
                     // A few rows: products on the codes, scaled per block; against f64.
@@ -757,7 +886,7 @@ mod tests {
                             let got = y1[i * n + j] as f64;
                             assert!(
                                 (got - want).abs() <= 1e-6 * mag,
-                                "{isa:?} width {width} zeros {zeros} m {m} ({i}, {j}): {got} vs {want}"
+                                "{isa:?} width {width} {bits} bits zeros {zeros} m {m} ({i}, {j}): {got} vs {want}"
                             );
                         }
                     }
@@ -779,11 +908,11 @@ mod tests {
         for (isa, width) in cases {
             let x86 = matches!(isa.kind(), super::super::IsaKind::Avx2 | super::super::IsaKind::Avx512);
             let int8 = cfg!(target_arch = "x86_64") && x86 && width == 16;
-            let shape = Q4Shape { k, n, block, nr: width, zeros: true };
+            let shape = CodedShape { k, n, block, nr: width, zeros: true, bits: 4 };
             let bytes = shape.pack(code, scale, zero);
-            let q = Q4::new(shape, Tensor::from_vec(&[bytes.len()], bytes)).unwrap().with_int8_rows(true);
+            let q = Coded::new(shape, Tensor::from_vec(&[bytes.len()], bytes)).unwrap().with_int8_rows(true);
             let blocking = Blocking { kc: 64, mc: 24 };
-            let q = PackedB::from_q4(isa, blocking, q).unwrap();
+            let q = PackedB::from_codes(isa, blocking, q).unwrap();
             for m in 1..=4 {
                 let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 29) as f32 - 14.0) / 3.0).collect();
                 let mut y = vec![0f32; m * n];
@@ -815,15 +944,21 @@ mod tests {
     /// Bytes that do not fit the shape, and panels of another ISA's width, are errors.
     #[test]
     fn mismatched_layouts_are_refused() {
-        let shape = Q4Shape { k: 64, n: 16, block: 32, nr: 16, zeros: true };
-        assert!(Q4Shape { block: 3, ..shape }.check().is_err());
+        let shape = CodedShape { k: 64, n: 16, block: 32, nr: 16, zeros: true, bits: 4 };
+        assert!(CodedShape { block: 3, ..shape }.check().is_err());
+        assert!(CodedShape { block: 3, bits: 8, ..shape }.check().is_ok());
+        assert!(CodedShape { bits: 6, ..shape }.check().is_err());
+        // A shape recorded before 8-bit codes (five values) is a 4-bit one.
+        assert_eq!(CodedShape::from_ints(&shape.to_ints()[..5]), Some(shape));
+        let eight = CodedShape { bits: 8, ..shape };
+        assert_eq!(CodedShape::from_ints(&eight.to_ints()), Some(eight));
         let short = Tensor::from_vec(&[shape.bytes() - 1], vec![0u8; shape.bytes() - 1]);
-        assert!(Q4::new(shape, short).unwrap_err().contains("takes"));
-        assert!(Q4::new(Q4Shape { nr: 3, ..shape }, Tensor::from_vec(&[1], vec![0u8])).is_err());
+        assert!(Coded::new(shape, short).unwrap_err().contains("takes"));
+        assert!(Coded::new(CodedShape { nr: 3, ..shape }, Tensor::from_vec(&[1], vec![0u8])).is_err());
         // A width that does not divide the ISA's panel.
         let other = [12, 32].into_iter().find(|&w| !Isa::best().nr().is_multiple_of(w)).unwrap();
-        let s = Q4Shape { nr: other, ..shape };
-        let q = Q4::new(s, Tensor::from_vec(&[s.bytes()], vec![0u8; s.bytes()])).unwrap();
-        assert!(PackedB::from_q4(Isa::best(), Blocking { kc: 64, mc: 8 }, q).is_err());
+        let s = CodedShape { nr: other, ..shape };
+        let q = Coded::new(s, Tensor::from_vec(&[s.bytes()], vec![0u8; s.bytes()])).unwrap();
+        assert!(PackedB::from_codes(Isa::best(), Blocking { kc: 64, mc: 8 }, q).is_err());
     }
 }

@@ -7,13 +7,13 @@
 //! Cranelift lowers only 128-bit vectors on x86-64, so these inner loops are written with
 //! `std::arch`; everything around them is planned by the compiler.
 
+pub mod coded;
 mod micro;
 mod pack;
-pub mod q4;
 
+pub use coded::{Coded, CodedShape};
 pub use micro::{install_portable, portable_is_generated, MicroFn};
 pub use pack::{PackedA, PackedB};
-pub use q4::{Q4Shape, Q4};
 
 /// A microkernel family, as a name: what the target description and the schedule talk
 /// about. Code runs with an [`Isa`], which can only be had for a family this CPU has.
@@ -620,14 +620,14 @@ fn small_m(a: ARows, b: &PackedB, cp: crate::util::SharedMut<f32>, ldc: usize, e
         let width = (j1 - j0) * nr;
         let mut acc = vec![0f32; m * width];
         let mut widened = Vec::new();
-        // 4-bit weights and rows read in place: products on the codes, nothing widened.
-        if let (Some(q), ARows::Plain(rows, _, _)) = (b.q4(), a) {
-            // This task's columns in the 4-bit layout's (possibly narrower) panels.
+        // Coded weights and rows read in place: products on the codes, nothing widened.
+        if let (Some(q), ARows::Plain(rows, _, _)) = (b.coded(), a) {
+            // This task's columns in the coded layout's (possibly narrower) panels.
             let (w, panels) = (q.shape.nr, q.shape.n.div_ceil(q.shape.nr));
             let span = ((j0 * nr / w).min(panels), (j1 * nr / w).min(panels));
             q.rows_product(rows, m, span, &mut acc, width, isa.kind());
         }
-        for kb in (0..kblocks).filter(|_| b.q4().is_none() || matches!(a, ARows::Packed(_))) {
+        for kb in (0..kblocks).filter(|_| b.coded().is_none() || matches!(a, ARows::Packed(_))) {
             let kc_len = if k == 0 { 0 } else { kc.min(k - kb * kc) };
             for j in j0..j1 {
                 // SAFETY: the panels hold kc_len×NR (B) floats.

@@ -33,8 +33,8 @@ pub struct PackedB {
     /// The same panels stored as f16 (then `data` is empty): half the memory, each panel
     /// widened to f32 as the GEMM reads it (see [`PackedB::to_half`]).
     half: Option<Vec<half::f16>>,
-    /// Or 4-bit codes (then `data` is empty), widened per panel (see [`PackedB::from_q4`]).
-    q4: Option<Box<super::q4::Q4>>,
+    /// Or 4- or 8-bit codes (then `data` is empty), widened per panel (see [`PackedB::from_codes`]).
+    coded: Option<Box<super::coded::Coded>>,
 }
 
 /// Offset of k block `kb` in a packed operand with `panels` panels of `width`.
@@ -176,7 +176,7 @@ impl PackedB {
                 fill(kb * kc + p, pj * nr, &mut panel[p * nr..p * nr + cols]);
             }
         });
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None, q4: None }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None, coded: None }
     }
 
     /// Packs a row-major matrix (`trans`: B is stored transposed, n×k), copying rows of
@@ -202,7 +202,7 @@ impl PackedB {
                 }
             }
         }
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None, q4: None }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(data), half: None, coded: None }
     }
 
     /// Packs a row-major matrix given as little-endian f32 bytes at any alignment (`trans`:
@@ -230,7 +230,7 @@ impl PackedB {
     /// The packed floats, in panel order (what a `.aim` file stores prepacked); widened
     /// from f16 when the weights are held as f16.
     pub fn packed(&self) -> std::borrow::Cow<'_, [f32]> {
-        if self.q4.is_some() {
+        if self.coded.is_some() {
             let nr = self.isa.nr();
             let mut out = vec![0f32; PackedB::packed_len(self.isa, self.k, self.n)];
             let mut scratch = Vec::new();
@@ -259,23 +259,24 @@ impl PackedB {
     pub fn to_half(&self) -> PackedB {
         let half = self.packed().iter().map(|&v| half::f16::from_f32(v)).collect();
         let (isa, k, n, kc) = (self.isa, self.k, self.n, self.kc);
-        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(Vec::new()), half: Some(half), q4: None }
+        PackedB { isa, k, n, kc, data: crate::floats::Floats::owned(Vec::new()), half: Some(half), coded: None }
     }
 
-    /// A weight held as 4-bit codes in the layout of [`super::q4`], read in place: each panel
-    /// is widened to f32 as the GEMM reads it, with the bits of the f32 weight. An error when
-    /// the codes were laid out for another panel width than `isa`'s.
-    pub fn from_q4(isa: Isa, blocking: Blocking, q4: super::q4::Q4) -> Result<PackedB, String> {
-        let s = q4.shape;
+    /// A weight held as 4- or 8-bit codes in the layout of [`super::coded`], read in place:
+    /// each panel is widened to f32 as the GEMM reads it, with the bits of the f32 weight.
+    /// An error when the codes were laid out for another panel width than `isa`'s.
+    pub fn from_codes(isa: Isa, blocking: Blocking, codes: super::coded::Coded) -> Result<PackedB, String> {
+        let s = codes.shape;
         if !isa.nr().is_multiple_of(s.nr) {
             return Err(format!(
-                "4-bit weights laid out in panels of {} columns, the {isa:?} kernels read panels of {}",
+                "{}-bit weights laid out in panels of {} columns, the {isa:?} kernels read panels of {}",
+                s.bits,
                 s.nr,
                 isa.nr()
             ));
         }
         let data = crate::floats::Floats::owned(Vec::new());
-        Ok(PackedB { isa, k: s.k, n: s.n, kc: blocking.kc.max(1), data, half: None, q4: Some(Box::new(q4)) })
+        Ok(PackedB { isa, k: s.k, n: s.n, kc: blocking.kc.max(1), data, half: None, coded: Some(Box::new(codes)) })
     }
 
     /// The depth of its k blocks, which the packed layout depends on.
@@ -283,13 +284,29 @@ impl PackedB {
         self.kc
     }
 
-    /// Whether the weights are held as 4-bit codes.
-    pub fn is_q4(&self) -> bool {
-        self.q4.is_some()
+    /// Whether the weights are held as 4- or 8-bit codes.
+    pub fn is_coded(&self) -> bool {
+        self.coded.is_some()
     }
 
-    pub(crate) fn q4(&self) -> Option<&super::q4::Q4> {
-        self.q4.as_deref()
+    pub(crate) fn coded(&self) -> Option<&super::coded::Coded> {
+        self.coded.as_deref()
+    }
+
+    /// How the weights are held, for `aim explore`: "packed at load time" (f32 panels), or
+    /// the narrower form each panel is widened from as the GEMM reads it.
+    pub fn held(&self) -> String {
+        match (&self.coded, &self.half) {
+            (Some(c), _) => {
+                let s = c.shape;
+                format!(
+                    "held as {}-bit codes in blocks of {} rows, widened per panel; ≤4 rows: products on the codes",
+                    s.bits, s.block
+                )
+            }
+            (None, Some(_)) => "held as f16, widened per panel".into(),
+            _ => "packed at load time".into(),
+        }
     }
 
     /// Whether the weights are held as f16.
@@ -299,7 +316,7 @@ impl PackedB {
 
     /// Bytes the packed weights take.
     pub fn bytes(&self) -> usize {
-        if let Some(q) = &self.q4 {
+        if let Some(q) = &self.coded {
             return q.bytes();
         }
         self.half.as_ref().map_or(self.data.len() * 4, |h| h.len() * 2)
@@ -318,7 +335,7 @@ impl PackedB {
         if data.len() != want {
             return Err(format!("a packed {k}×{n} weight holds {want} floats, not {}", data.len()));
         }
-        Ok(PackedB { isa, k, n, kc: blocking.kc.max(1), data, half: None, q4: None })
+        Ok(PackedB { isa, k, n, kc: blocking.kc.max(1), data, half: None, coded: None })
     }
 
     /// Panel `j` of k block `kb` (`kc_len × NR` floats): in place, or widened from f16 into
@@ -327,8 +344,8 @@ impl PackedB {
         use half::slice::HalfFloatSliceExt;
         let nr = self.isa.nr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
-        if let Some(q) = &self.q4 {
-            // The GEMM's panel j: the 4-bit layout's panels j·ratio.. side by side.
+        if let Some(q) = &self.coded {
+            // The GEMM's panel j: the coded layout's panels j·ratio.. side by side.
             let (w, panels) = (q.shape.nr, q.shape.n.div_ceil(q.shape.nr));
             scratch.resize(kc_len * nr, 0.0);
             for h in 0..nr / w {

@@ -4,7 +4,7 @@ use super::{activation, const_f32, prep_err, In, Out, Prepared, Residual};
 use crate::exec::RunError;
 use crate::pool::ThreadPool;
 use aim_ir::{Graph, Node};
-use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Epilogue, Isa, PackedB, Q4Shape, Q4};
+use aim_kernels::gemm::{gemm_rows, Activation, Blocking, Coded, CodedShape, Epilogue, Isa, PackedB};
 use std::sync::Arc;
 
 pub(super) struct DensePrep {
@@ -20,7 +20,7 @@ pub(super) struct DensePrep {
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
     let (weight, k, nn) = if matches!(n.attrs.get("weights"), Some(aim_ir::Attr::String(s)) if s == "q4") {
-        q4_weight(g, n, isa, blocking)?
+        coded_weight(g, n, isa, blocking)?
     } else {
         f32_weight(g, n, isa, blocking)?
     };
@@ -75,22 +75,23 @@ fn f32_weight(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<(Arc<
     Ok((weight, k, nn))
 }
 
-/// A dense layer whose weight input holds 4-bit codes, scales and zero points in the GEMM's
-/// panel layout (`aim_kernels::gemm::q4`; the compiler's `four-bit-weights` pass), its
-/// shape in `q4_shape` = `[k, n, block, nr, zeros]`: read in place, checked against the
-/// shape and this CPU's panel width.
-fn q4_weight(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<(Arc<PackedB>, usize, usize), RunError> {
+/// A dense layer whose weight input holds 4- or 8-bit codes, scales and zero points in the
+/// GEMM's panel layout (`aim_kernels::gemm::coded`; the compiler's `coded-weights` pass),
+/// its shape in `q4_shape` = `[k, n, block, nr, zeros, bits]`: read in place, checked
+/// against the shape and this CPU's panel width.
+fn coded_weight(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<(Arc<PackedB>, usize, usize), RunError> {
     let recorded = n.ints("q4_shape");
-    let shape = recorded.and_then(Q4Shape::from_ints).ok_or_else(|| {
-        prep_err(n, format!("4-bit weights need q4_shape = [k, n, block, nr, 0|1], not {recorded:?}"))
+    let shape = recorded.and_then(CodedShape::from_ints).ok_or_else(|| {
+        prep_err(n, format!("coded weights need q4_shape = [k, n, block, nr, 0|1, 4|8], not {recorded:?}"))
     })?;
     let w = n
         .input(1)
         .and_then(|w| g.initializers.get(w))
-        .ok_or_else(|| prep_err(n, "4-bit weights must be a constant u8 tensor"))?;
+        .ok_or_else(|| prep_err(n, "coded weights must be a constant u8 tensor"))?;
     // ONNX Runtime's accuracy level 4: rows may be quantized to int8 per block.
-    let q4 = Q4::new(shape, w.clone()).map_err(|e| prep_err(n, e))?.with_int8_rows(n.int("accuracy_level", 0) == 4);
-    let weight = Arc::new(PackedB::from_q4(isa, blocking, q4).map_err(|e| prep_err(n, e))?);
+    let codes =
+        Coded::new(shape, w.clone()).map_err(|e| prep_err(n, e))?.with_int8_rows(n.int("accuracy_level", 0) == 4);
+    let weight = Arc::new(PackedB::from_codes(isa, blocking, codes).map_err(|e| prep_err(n, e))?);
     Ok((weight, shape.k, shape.n))
 }
 

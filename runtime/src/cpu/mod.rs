@@ -346,9 +346,9 @@ impl CpuProgram {
             .iter()
             .filter_map(|(&i, p)| match p {
                 Prepared::Blocked(c) => blocked::packed(c).map(|(kind, v)| (i, kind, v)),
-                // 4-bit weights are already stored in the kernel's layout (and would grow
-                // eightfold as floats).
-                Prepared::Dense(d) if d.weight.is_q4() => None,
+                // Coded weights are already stored in the kernel's layout (and would grow
+                // four- or eightfold as floats).
+                Prepared::Dense(d) if d.weight.is_coded() => None,
                 Prepared::Dense(d) => Some((i, "dense", d.weight.packed().to_vec())),
                 _ => None,
             })

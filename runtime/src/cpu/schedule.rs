@@ -68,7 +68,7 @@ impl CpuProgram {
                         Some(s) if !s.is_empty() => {
                             let m: usize = s[..s.len() - 1].iter().product();
                             let a = if m > 4 && !matches!(self.isa.kind(), IsaKind::Avx512 | IsaKind::Avx2) { "packed per run" } else { "rows read in place" };
-                            let mut v = vec![format!("C[{m}×{}] = A[{m}×{}] · W (W packed at load time, A {a})", d.n, d.k)];
+                            let mut v = vec![format!("C[{m}×{}] = A[{m}×{}] · W (W {}, A {a})", d.n, d.k, d.weight.held())];
                             v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, m, d.n, d.k, false, self.pool.size()).into_iter().map(|l| format!("  {l}")));
                             if let Some(p) = &d.post {
                                 v.push(format!("  each tile, after its activation: the program after the layer ({} steps, over the tile gathered into one block)", p.steps()));
