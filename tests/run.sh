@@ -84,7 +84,7 @@ python3 tests/compare_ort.py target/release/aim target/models $QUANT --backend c
 # exactly, which leaves --quantized no spread to measure against). The reference backend's f64
 # arithmetic flips roundings of the per-run activation quantization, so it is not compared here.
 python3 tests/compare_ort.py target/release/aim target/models mobilenetv2_dyn --backend cpu
-QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul ms_matmul_nbits ms_dynamic_lstm"
+QOPS="ms_qlinear ms_qgemm ms_dynamic_matmul ms_matmul_nbits ms_dynamic_lstm ms_qattention ms_qembed_ln"
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend reference --one-quantum
 python3 tests/compare_ort.py target/release/aim target/models $QOPS --backend cpu --one-quantum
 section "half-precision models (f16 weights and activations): computed in f32 by the cpu backend, per op in f16 by the reference"

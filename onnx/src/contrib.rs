@@ -365,10 +365,42 @@ fn rms_norm(e: &mut Emit, n: &Node, x: &str, scale: &str, y: &str, eps: f32) -> 
 /// Word + position (+ segment) embeddings, then layer normalisation; the mask index
 /// (tokens per sequence, int32) and the embedding sum where asked.
 fn embed_layer_norm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    let ins = EmbedInputs {
+        tables: [input(n, 2)?.to_string(), input(n, 3)?.to_string(), n.input(4).unwrap_or_default().to_string()],
+        gamma: input(n, 5)?.to_string(),
+        beta: input(n, 6)?.to_string(),
+        mask: n.input(7).map(str::to_string),
+        positions: n.input(8).map(str::to_string),
+    };
+    embed_layer_norm_with(e, n, &ins, &|e, table, ids| Ok(e.op("Gather", &[table, ids], vec![])))
+}
+
+/// What `EmbedLayerNormalization` and its quantized form read, by role: the word, position
+/// and segment tables (the last "" when absent), gamma and beta, the mask and the position
+/// ids.
+pub(crate) struct EmbedInputs {
+    pub(crate) tables: [String; 3],
+    pub(crate) gamma: String,
+    pub(crate) beta: String,
+    pub(crate) mask: Option<String>,
+    pub(crate) positions: Option<String>,
+}
+
+/// A row lookup `gather(e, table, ids)` into one of the tables.
+pub(crate) type Lookup<'a> = dyn Fn(&mut Emit, &str, &str) -> Result<String, ImportError> + 'a;
+
+/// `EmbedLayerNormalization` of `n` (its ids at inputs 0 and 1, its attributes and outputs)
+/// over `ins`, each table's rows read by `gather`.
+pub(crate) fn embed_layer_norm_with(
+    e: &mut Emit,
+    n: &Node,
+    ins: &EmbedInputs,
+    gather: &Lookup,
+) -> Result<(), ImportError> {
     let ids = input(n, 0)?;
-    let word = e.op("Gather", &[input(n, 2)?, ids], vec![]);
-    let pos = match n.input(8) {
-        Some(p) => e.op("Gather", &[input(n, 3)?, p], vec![]),
+    let word = gather(e, &ins.tables[0], ids)?;
+    let pos = match ins.positions.as_deref() {
+        Some(p) => gather(e, &ins.tables[1], p)?,
         None => {
             // Positions 0..sequence length, broadcast over the batch.
             let len = e.dim(ids, 1);
@@ -377,19 +409,19 @@ fn embed_layer_norm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
             let axes = e.ints(&[0]);
             let limit = e.op("Squeeze", &[&len, &axes], vec![]);
             let range = e.op("Range", &[&zero, &limit, &one], vec![]);
-            e.op("Gather", &[input(n, 3)?, &range], vec![])
+            gather(e, &ins.tables[1], &range)?
         }
     };
     let mut sum = e.op("Add", &[&word, &pos], vec![]);
-    if let (Some(seg_ids), Some(seg)) = (n.input(1), n.input(4)) {
-        let s = e.op("Gather", &[seg, seg_ids], vec![]);
+    if let (Some(seg_ids), false) = (n.input(1), ins.tables[2].is_empty()) {
+        let s = gather(e, &ins.tables[2], seg_ids)?;
         sum = e.op("Add", &[&sum, &s], vec![]);
     }
     let eps = Attr::Float(n.float("epsilon", 1e-12));
-    let ins = [sum.as_str(), input(n, 5)?, input(n, 6)?];
-    e.op_to("LayerNormalization", &ins, &n.outputs[..1], vec![("axis", Attr::Int(-1)), ("epsilon", eps)]);
+    let norm_ins = [sum.as_str(), ins.gamma.as_str(), ins.beta.as_str()];
+    e.op_to("LayerNormalization", &norm_ins, &n.outputs[..1], vec![("axis", Attr::Int(-1)), ("epsilon", eps)]);
     if let Some(mi) = output(n, 1) {
-        match n.input(7) {
+        match ins.mask.as_deref() {
             Some(mask) => {
                 // Counted in f32 (exact up to 2^24 tokens), where the sum has a fast kernel.
                 let axes = e.ints(&[1]);
@@ -516,6 +548,29 @@ fn attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
             return Err(bad(n, format!("the {what} input is not supported")));
         }
     }
+    let w = input(n, 1)?;
+    let width = match e.g.initializers.get(w).map(|t| t.shape().to_vec()) {
+        Some(s) if s.len() == 2 => s[1],
+        _ => return Err(bad(n, "the weights must be a constant [hidden, 3·hidden] matrix")),
+    };
+    let parts =
+        AttentionInputs { x: input(n, 0)?, w, width, bias: n.input(2), mask: n.input(3), bias_scores: n.input(5) };
+    attention_with(e, n, &parts)
+}
+
+/// What an `Attention` (or its quantized form) reads, by role: the input, the packed QKV
+/// weight of `width` columns, its bias, the mask index and an additive bias of the scores.
+pub(crate) struct AttentionInputs<'a> {
+    pub(crate) x: &'a str,
+    pub(crate) w: &'a str,
+    pub(crate) width: usize,
+    pub(crate) bias: Option<&'a str>,
+    pub(crate) mask: Option<&'a str>,
+    pub(crate) bias_scores: Option<&'a str>,
+}
+
+/// `Attention` of `n` (its attributes and output) over `ins`.
+pub(crate) fn attention_with(e: &mut Emit, n: &Node, ins: &AttentionInputs) -> Result<(), ImportError> {
     if output(n, 1).is_some() {
         return Err(bad(n, "the present output is not supported"));
     }
@@ -526,22 +581,18 @@ fn attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     if heads <= 0 {
         return Err(bad(n, "num_heads must be positive"));
     }
-    let w = input(n, 1)?;
-    let width = match e.g.initializers.get(w).map(|t| t.shape().to_vec()) {
-        Some(s) if s.len() == 2 => s[1],
-        _ => return Err(bad(n, "the weights must be a constant [hidden, 3·hidden] matrix")),
-    };
+    let width = ins.width;
     let sizes: Vec<i64> = match n.ints("qkv_hidden_sizes") {
         Some(s) if s.len() == 3 && s.iter().all(|&v| v > 0) && s.iter().sum::<i64>() == width as i64 => s.to_vec(),
         Some(s) => return Err(bad(n, format!("qkv_hidden_sizes {s:?} do not split {width} columns"))),
-        None if width % 3 == 0 => vec![width as i64 / 3; 3],
+        None if width.is_multiple_of(3) => vec![width as i64 / 3; 3],
         None => return Err(bad(n, format!("{width} weight columns do not split in three"))),
     };
     if sizes[0] != sizes[1] || sizes[0] % heads != 0 || sizes[2] % heads != 0 {
         return Err(bad(n, format!("qkv_hidden_sizes {sizes:?} do not split over {heads} heads")));
     }
-    let mut qkv = e.op("MatMul", &[input(n, 0)?, w], vec![]);
-    if let Some(b) = n.input(2) {
+    let mut qkv = e.op("MatMul", &[ins.x, ins.w], vec![]);
+    if let Some(b) = ins.bias {
         qkv = e.op("Add", &[&qkv, b], vec![]);
     }
     let split = e.ints(&sizes);
@@ -550,7 +601,7 @@ fn attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     let q = e.heads(&parts[0], heads, &[0, 2, 1, 3]);
     let k = e.heads(&parts[1], heads, &[0, 2, 1, 3]);
     let v = e.heads(&parts[2], heads, &[0, 2, 1, 3]);
-    let masks = masks(e, n, n.input(3), n.input(5), &q, &k)?;
+    let masks = masks(e, n, ins.mask, ins.bias_scores, &q, &k)?;
     let scale = e.scalar(score_scale(n, sizes[0] as usize, heads as usize));
     sdpa(e, &q, &k, &v, &masks, &scale, &n.outputs[0]);
     Ok(())

@@ -5,12 +5,15 @@
 //! DequantizeLinear → f32 op → QuantizeLinear, which is ONNX Runtime's definition of them up
 //! to the rounding of its fixed-point arithmetic. MatMulNBits (blockwise 2- to 8-bit
 //! weights, as LLM exports write them) has its constant weights dequantized at import into
-//! an f32 (or f16) MatMul weight. Both backends then run them; the cpu
+//! an f32 (or f16) MatMul weight. QAttention and QEmbedLayerNormalization (what
+//! `quantize_dynamic` makes of the transformer optimizer's Attention and
+//! EmbedLayerNormalization) become those ops over dequantized operands, the embedding tables
+//! staying bytes: each gathered row is dequantized. Both backends then run them; the cpu
 //! pipeline turns the quantize-dequantize pairs between them into f32 loops
 //! (`passes/qdq.rs`). Forms not covered (channels-last pooling) are import errors naming
 //! the node.
 
-use super::contrib::{bad, input, Emit};
+use super::contrib::{attention_with, bad, embed_layer_norm_with, input, AttentionInputs, EmbedInputs, Emit};
 use super::ImportError;
 use aim_ir::{Attr, Node};
 
@@ -31,6 +34,8 @@ pub fn expands(op: &str) -> bool {
             | "MatMulNBits"
             | "QLinearSoftmax"
             | "DynamicQuantizeLSTM"
+            | "QAttention"
+            | "QEmbedLayerNormalization"
     )
 }
 
@@ -84,6 +89,8 @@ pub fn expand(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         "QGemm" => qgemm(e, n),
         "QLinearSoftmax" => qlinear_softmax(e, n),
         "DynamicQuantizeLSTM" => dynamic_quantize_lstm(e, n),
+        "QAttention" => q_attention(e, n),
+        "QEmbedLayerNormalization" => q_embed_layer_norm(e, n),
         "MatMulNBits" => matmul_nbits(e, n),
         "DynamicQuantizeMatMul" => {
             // A (f32) is quantized per run to u8 (DynamicQuantizeLinear), B with its scale and
@@ -290,7 +297,7 @@ fn matmul_nbits(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
         let mut attrs = vec![("axis", Attr::Int(0)), ("block_size", Attr::Int(block as i64))];
         if let Some(level) = n.opt_int("accuracy_level") {
             // Under the attribute's own name, which the compiler's 4-bit pass reads
-            // (`aim_compiler::passes::q4_weights::ACCURACY_LEVEL`).
+            // (`aim_compiler::passes::coded_weights::ACCURACY_LEVEL`).
             attrs.push(("accuracy_level", Attr::Int(level)));
         }
         let wn = e.op("DequantizeLinear", &[&q, &s, &z], attrs);
@@ -400,4 +407,69 @@ fn dynamic_quantize_lstm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
     );
     e.op_to("LSTM", &ins, &n.outputs, attrs);
     Ok(())
+}
+
+/// `QAttention(input, weight, bias, input_scale, weight_scale, mask_index, input_zero_point,
+/// weight_zero_point, past)`: `Attention` of the dequantized input and weight (per tensor,
+/// or per column of the packed QKV weight). ONNX Runtime sums the projection in integers and
+/// scales it once; the product of the dequantized values is that sum up to f32 rounding
+/// (and exact where the integer passes run it on the integer kernels).
+fn q_attention(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    if n.input(8).is_some() {
+        return Err(bad(n, "the past input is not supported"));
+    }
+    let wq = input(n, 1)?;
+    let width = match e.constant(wq).map(|t| t.shape().to_vec()) {
+        Some(s) if s.len() == 2 => s[1],
+        _ => return Err(bad(n, "the weights must be a constant [hidden, 3·hidden] matrix")),
+    };
+    let mut xs = vec![input(n, 0)?, input(n, 3)?];
+    xs.extend(n.input(6));
+    let x = e.op("DequantizeLinear", &xs, vec![]);
+    let w = dq_weight(e, n, wq, input(n, 4)?, n.input(7))?;
+    let ins = AttentionInputs { x: &x, w: &w, width, bias: n.input(2), mask: n.input(5), bias_scores: None };
+    attention_with(e, n, &ins)
+}
+
+/// `QEmbedLayerNormalization(input_ids, segment_ids, word, position, segment, gamma, beta,
+/// mask, then the scales and the zero points of the five)`: `EmbedLayerNormalization` whose
+/// tables stay bytes — each row gathered, then dequantized (with the table's scale, per
+/// tensor or per column) — and whose gamma and beta are dequantized (constants, folded).
+fn q_embed_layer_norm(e: &mut Emit, n: &Node) -> Result<(), ImportError> {
+    // Scale and zero point of quantized input k (2..=6) at k + 6 and k + 11.
+    let params = |k: usize| -> Result<(String, Option<String>), ImportError> {
+        Ok((input(n, k + 6)?.to_string(), n.input(k + 11).map(str::to_string)))
+    };
+    let mut lookup: Vec<(String, String, Option<String>)> = Vec::new();
+    let mut tables = [String::new(), String::new(), String::new()];
+    for (slot, k) in [2usize, 3, 4].into_iter().enumerate() {
+        let Some(t) = n.input(k) else {
+            if k == 4 {
+                continue;
+            }
+            return Err(bad(n, format!("input {k} (an embedding table) is missing")));
+        };
+        let (scale, zero) = params(k)?;
+        tables[slot] = t.to_string();
+        lookup.push((t.to_string(), scale, zero));
+    }
+    let dq_const = |e: &mut Emit, k: usize| -> Result<String, ImportError> {
+        let (scale, zero) = params(k)?;
+        let mut ins = vec![input(n, k)?, scale.as_str()];
+        ins.extend(zero.as_deref());
+        Ok(e.op("DequantizeLinear", &ins, vec![]))
+    };
+    let (gamma, beta) = (dq_const(e, 5)?, dq_const(e, 6)?);
+    let ins = EmbedInputs { tables, gamma, beta, mask: n.input(7).map(str::to_string), positions: None };
+    let gather = |e: &mut Emit, table: &str, ids: &str| -> Result<String, ImportError> {
+        let (_, scale, zero) =
+            lookup.iter().find(|(t, _, _)| t == table).ok_or_else(|| bad(n, format!("no table {table}")))?;
+        let rows = e.op("Gather", &[table, ids], vec![]);
+        let per_column = e.rank(scale).is_some_and(|r| r == 1) && e.len(scale).is_none_or(|l| l > 1);
+        let mut ins = vec![rows.as_str(), scale.as_str()];
+        ins.extend(zero.as_deref());
+        let attrs = if per_column { vec![("axis", Attr::Int(-1))] } else { vec![] };
+        Ok(e.op("DequantizeLinear", &ins, attrs))
+    };
+    embed_layer_norm_with(e, n, &ins, &gather)
 }
