@@ -259,6 +259,18 @@ fn conv_case(case: &Case, seed: &mut u64, x: &[u8], wt: &[u8], kernel: Option<&s
             k.run(isa, &input, case.residual.then_some(&res[..]), &mut y, &Sequential);
             assert_eq!(y, want, "{isa:?} c {c} m {m} {window:?} {runs}");
         }
+        // Packed for the kernel each ISA runs (VNNI and portable: the weights as they are),
+        // and run on every ISA: the same bytes.
+        for made_for in isas() {
+            let weights = Weights8 { w: wt, scale: &w_scale, bias: Some(&bias) };
+            let k = Conv8::for_isa(made_for, c, m, window, weights, xq, out).unwrap();
+            for isa in isas() {
+                let mut y = vec![0u8; want.len()];
+                let input = Nhwc { data: x, n, h, w, c };
+                k.run(isa, &input, case.residual.then_some(&res[..]), &mut y, &Sequential);
+                assert_eq!(y, want, "packed for {made_for:?}, run on {isa:?}: c {c} m {m} {window:?}");
+            }
+        }
     }
 }
 

@@ -158,7 +158,7 @@ fn prepare_conv(g: &Graph, n: &Node, isa: Isa) -> Result<Int8Prep, RunError> {
         // graph gives (every run takes it: its weights replace the byte panels).
         let out_dims = n.outputs.first().and_then(|o| g.value_type(o)?.concrete_shape());
         let out_dims = out_dims.filter(|s| s.len() == 4).map(|s| [s[0], s[1], s[2]]);
-        Conv8::new(ws[1], m, window, weights, x, out).and_then(|k| {
+        Conv8::for_isa(isa, ws[1], m, window, weights, x, out).and_then(|k| {
             let k = if k.winograd_pays(isa, out_dims) { k.into_winograd(bytes)? } else { k };
             Ok(Int8Prep::Conv(Box::new(k)))
         })
