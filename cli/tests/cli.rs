@@ -404,15 +404,11 @@ fn half_weights_round_each_weight_to_f16() {
     assert_clean_error(&aim(&["run", d.join("m.onnx").to_str().unwrap(), "--weights", "f8"]), "--weights f8");
 }
 
-/// `--weights int4`: each dense weight within half a quantization step of its block's range
-/// (what bounds every output's error), kept at 4 bits by the kernel; a Gemm with `transB`
-/// and a bias too; a layer shorter than a block stays f32.
-#[test]
-fn int4_weights_stay_within_half_a_step() {
-    let d = tempdir("int4-weights");
-    let (k, n) = (64usize, 8usize);
+/// A model of two dense layers on the same `k × n` weight, `y = x·W + (x·Wtᵀ + 0.5)` (a
+/// MatMul, and a Gemm reading the weight transposed with `transB` and a bias), `x` of
+/// `rows` rows; and the weight.
+fn two_dense_layers(k: usize, n: usize, rows: Result<i64, &str>) -> (Vec<f32>, Vec<u8>) {
     let w: Vec<f32> = (0..k * n).map(|i| ((i * 7919) % 97) as f32 / 48.0 - 1.0).collect();
-    // The Gemm reads the same weight transposed ([n, k], transB = 1).
     let wt: Vec<f32> = (0..k * n).map(|i| w[(i % k) * n + i / k]).collect();
     let m = model(
         vec![
@@ -420,15 +416,26 @@ fn int4_weights_stay_within_half_a_step() {
             node("Gemm", "gemm", &["x", "Wt", "b"], &["g"], vec![int_attr("transB", 1)]),
             node("Add", "sum", &["h", "g"], &["y"], vec![]),
         ],
-        vec![value("x", 1, &[Ok(3), Ok(k as i64)])],
-        vec![value("y", 1, &[Ok(3), Ok(n as i64)])],
+        vec![value("x", 1, &[rows, Ok(k as i64)])],
+        vec![value("y", 1, &[rows, Ok(n as i64)])],
         vec![
             f32_tensor("W", &[k as i64, n as i64], &w),
             f32_tensor("Wt", &[n as i64, k as i64], &wt),
-            f32_tensor("b", &[n as i64], &[0.5; 8]),
+            f32_tensor("b", &[n as i64], &vec![0.5; n]),
         ],
         17,
     );
+    (w, m)
+}
+
+/// `--weights int4`: each dense weight within half a quantization step of its block's range
+/// (what bounds every output's error), kept at 4 bits by the kernel; a Gemm with `transB`
+/// and a bias too; a layer shorter than a block stays f32.
+#[test]
+fn int4_weights_stay_within_half_a_step() {
+    let d = tempdir("int4-weights");
+    let (k, n) = (64usize, 8usize);
+    let (w, m) = two_dense_layers(k, n, Ok(3));
     let path = d.join("m.onnx");
     std::fs::write(&path, m).unwrap();
     let xv: Vec<f32> = (0..3 * k).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
@@ -485,23 +492,7 @@ fn int4_weights_stay_within_half_a_step() {
 fn int8_weights_stay_within_half_a_step() {
     let d = tempdir("int8-weights");
     let (k, n) = (40usize, 8usize);
-    let w: Vec<f32> = (0..k * n).map(|i| ((i * 7919) % 97) as f32 / 48.0 - 1.0).collect();
-    let wt: Vec<f32> = (0..k * n).map(|i| w[(i % k) * n + i / k]).collect();
-    let m = model(
-        vec![
-            node("MatMul", "mm", &["x", "W"], &["h"], vec![]),
-            node("Gemm", "gemm", &["x", "Wt", "b"], &["g"], vec![int_attr("transB", 1)]),
-            node("Add", "sum", &["h", "g"], &["y"], vec![]),
-        ],
-        vec![value("x", 1, &[Err("rows"), Ok(k as i64)])],
-        vec![value("y", 1, &[Err("rows"), Ok(n as i64)])],
-        vec![
-            f32_tensor("W", &[k as i64, n as i64], &w),
-            f32_tensor("Wt", &[n as i64, k as i64], &wt),
-            f32_tensor("b", &[n as i64], &[0.5; 8]),
-        ],
-        17,
-    );
+    let (w, m) = two_dense_layers(k, n, Err("rows"));
     let path = d.join("m.onnx");
     std::fs::write(&path, m).unwrap();
     let load = |int8: bool| {

@@ -163,8 +163,8 @@ class Model:
     (the command line's ``-O``; default 3), ``disabled_passes``: pass names not to run
     (``--disable-pass``), both for the cpu backend; ``custom_ops``: custom-op libraries to
     register first (see ``register_custom_ops_library``); ``weights``: how dense layers
-    hold their weights, ``"f32"`` (default), ``"f16"`` or ``"int4"`` / ``"int4:BLOCK"`` (the
-    command line's ``--weights``).
+    hold their weights, ``"f32"`` (default), ``"f16"``, ``"int4"`` / ``"int4:BLOCK"`` or
+    ``"int8"`` (the command line's ``--weights``).
     """
 
     def __init__(self, model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None,

@@ -120,6 +120,28 @@ def test_errors_are_aim_errors_with_the_reason():
         aimc.InferenceSession(path("mlp"), providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
 
 
+def _int8_mlp(model, x):
+    """The mlp in numpy with each weight quantized to 8 bits per column, symmetric: scale
+    max|w| / 127, codes round(w / scale)."""
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(model)
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+
+    def q8(w):
+        s = np.abs(w).max(0) / np.float32(127)
+        s = np.where(s > 0, s, 1.0).astype(np.float32)
+        return (np.clip(np.round(w / s), -127, 127) * s).astype(np.float32)
+
+    h = x
+    for n in m.graph.node:
+        if n.op_type == "Gemm":
+            h = h @ q8(inits[n.input[1]].T) + inits[n.input[2]]
+        elif n.op_type == "Relu":
+            h = np.maximum(h, 0)
+    return h.astype(np.float32)
+
+
 def _int4_mlp(model, x, block=32):
     """The mlp (Gemm with transB, Relu) in numpy with each weight quantized to 4 bits per
     block of `block` rows along K: scale (max - min) / 15 over the block and 0, zero point
@@ -177,6 +199,9 @@ def test_graph_optimization_level_picks_the_opt_level():
     close(got, _int4_mlp(path("mlp"), feeds("mlp")["input"]))
     with pytest.raises(aimc.AimError, match="int4:BLOCK"):
         aimc.Model(path("mlp"), weights="int3")
+    # weights="int8": per-column symmetric 8-bit weights, as numpy computes them.
+    q8 = aimc.Model(path("mlp"), weights="int8")
+    close(q8.run(feeds("mlp"))["gemm_15"], _int8_mlp(path("mlp"), feeds("mlp")["input"]))
     m = aimc.Model(path("mlp"), opt_level=2, disabled_passes=["fuse-epilogues"])
     assert m.opt_level == 2
     close(m.run(feeds("mlp"))["gemm_15"], aimc.Model(path("mlp")).run(feeds("mlp"))["gemm_15"])

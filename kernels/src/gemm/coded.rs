@@ -520,6 +520,12 @@ mod x86 {
         }
     }
 
+    /// Asserts what the widening kernels read and write lies inside `codes` and `out`.
+    fn check_widen<const BITS: usize>(codes: &[u8], first: usize, rows: usize, out: &[f32], stride: usize) {
+        assert!(codes.len() >= code_bytes::<BITS>(first, rows) && stride >= 16);
+        assert!(rows == 0 || out.len() >= (rows - 1) * stride + 16);
+    }
+
     /// [`widen16`] on AVX-512: a row in one vector.
     ///
     /// # Safety
@@ -533,8 +539,7 @@ mod x86 {
         out: &mut [f32],
         stride: usize,
     ) {
-        assert!(codes.len() >= code_bytes::<BITS>(first, rows) && stride >= 16);
-        assert!(rows == 0 || out.len() >= (rows - 1) * stride + 16);
+        check_widen::<BITS>(codes, first, rows, out, stride);
         // SAFETY: reads of 16 bytes per code row and writes of 16 floats per row, inside the
         // slices.
         unsafe {
@@ -573,8 +578,7 @@ mod x86 {
         out: &mut [f32],
         stride: usize,
     ) {
-        assert!(codes.len() >= code_bytes::<BITS>(first, rows) && stride >= 16);
-        assert!(rows == 0 || out.len() >= (rows - 1) * stride + 16);
+        check_widen::<BITS>(codes, first, rows, out, stride);
         // SAFETY: reads of 16 bytes per code row and writes of 16 floats per row, inside the
         // slices.
         unsafe {

@@ -156,68 +156,36 @@ impl Conv8 {
         let bias = bias.map_or_else(|| vec![0.0; m], |b| b.to_vec());
         let ep = Epilogue8::new(out, scale, bias);
         let x_zero = x.zero;
-        if !for_avx2 {
-            let (taps, fixes, wino) = (ntaps, vec![Vec::new(); npanels], None);
-            let (sign_init, plain) = (None, false);
-            return Ok(Conv8 {
-                c,
-                m,
-                window,
-                wide,
-                taps,
-                groups,
-                panels,
-                x_zero,
-                init,
-                sign_init,
-                plain,
-                fixes,
-                ep,
-                wino,
-            });
-        }
-        // The plain kernel when few pairs need shrinking (the depth of a panel runs over
-        // its taps' groups).
-        if let Some(pairs) = super::plain::split_pairs(&mut panels, ntaps * groups, m * c * taps, 256) {
+        let (fixes, sign_init, plain) = if !for_avx2 {
+            (vec![Vec::new(); npanels], None, false)
+        } else if let Some(pairs) = super::plain::split_pairs(&mut panels, ntaps * groups, m * c * taps, 256) {
+            // The plain kernel when few pairs need shrinking (the depth of a panel runs over
+            // its taps' groups).
             let fixes = pairs
                 .iter()
                 .map(|f| f.iter().map(|&(j, d, v)| (j, d / (groups as u32 * 4), d % (groups as u32 * 4), v)).collect())
                 .collect();
-            let (taps, sign_init, plain) = (ntaps, None, true);
-            let wino = None;
-            return Ok(Conv8 {
-                c,
-                m,
-                window,
-                wide,
-                taps,
-                groups,
-                panels,
-                x_zero,
-                init,
-                sign_init,
-                plain,
-                fixes,
-                ep,
-                wino,
-            });
-        }
-        // Else a few −128s are packed as −127 and corrected per tile, so that the sign
-        // kernel takes the convolution; the packed values' sums (one more per −128) start it.
-        let lowest = super::fixes::few(&lowest, m * c * taps, 8);
-        let mut packed_sum = colsum.clone();
-        let mut fixes = vec![Vec::new(); npanels];
-        for (p, f) in lowest.iter().enumerate() {
-            for &(j, tap, at) in f {
-                let (g, i) = (at as usize / 4, at as usize % 4);
-                panels[p * panel_bytes + ((tap as usize * groups + g) * NR + j as usize) * 4 + i] = (-127i8) as u8;
-                packed_sum[p * NR + j as usize] += 1;
-                fixes[p].push((j, tap, at, -1));
+            (fixes, None, true)
+        } else {
+            // Else a few −128s are packed as −127 and corrected per tile, so that the sign
+            // kernel takes the convolution; the packed values' sums (one more per −128)
+            // start it.
+            let lowest = super::fixes::few(&lowest, m * c * taps, 8);
+            let mut packed_sum = colsum.clone();
+            let mut fixes = vec![Vec::new(); npanels];
+            for (p, f) in lowest.iter().enumerate() {
+                for &(j, tap, at) in f {
+                    let (g, i) = (at as usize / 4, at as usize % 4);
+                    panels[p * panel_bytes + ((tap as usize * groups + g) * NR + j as usize) * 4 + i] = (-127i8) as u8;
+                    packed_sum[p * NR + j as usize] += 1;
+                    fixes[p].push((j, tap, at, -1));
+                }
             }
-        }
-        let sign_init = super::sign::fits(&panels)
-            .then(|| init.iter().enumerate().map(|(p, i)| super::sign::start(i, &packed_sum[p * NR..])).collect());
-        let (taps, plain, wino) = (ntaps, false, None);
+            let sign_init = super::sign::fits(&panels)
+                .then(|| init.iter().enumerate().map(|(p, i)| super::sign::start(i, &packed_sum[p * NR..])).collect());
+            (fixes, sign_init, false)
+        };
+        let (taps, wino) = (ntaps, None);
         Ok(Conv8 { c, m, window, wide, taps, groups, panels, x_zero, init, sign_init, plain, fixes, ep, wino })
     }
 
