@@ -223,10 +223,11 @@ pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
     let (header, mut ir) = (file.header.clone(), file.model);
     match header.stage.as_str() {
         "source" => {
-            // The weights it was compiled with (`aim compile --weights`), unless the caller
-            // chooses others.
+            // The weights it was compiled with (`aim compile --weights`) for the cpu
+            // pipeline, unless the caller chooses others.
             let mut opts = opts.clone();
-            if let Some(w) = header.target.get("weights") {
+            let compiles = opts.backend == Backend::Cpu && opts.opt_level != crate::OptLevel::O0;
+            if let Some(w) = header.target.get("weights").filter(|_| compiles) {
                 if crate::WeightChoice::of_options(&opts) == crate::WeightChoice::default() {
                     crate::parse_weights(w)
                         .map_err(|e| Error::Compile { path: p.clone(), msg: format!("recorded weights '{w}': {e}") })?

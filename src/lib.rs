@@ -376,6 +376,20 @@ pub fn register_custom_ops_library(path: impl AsRef<Path>) -> Result<Vec<String>
 /// Refuses pass choices on a backend that has no pass levels (cuda: its kernels need the
 /// whole pipeline; reference: it runs no passes).
 fn check_pass_choices(opts: &Options) -> Result<(), Error> {
+    // Coded weights exist only as the cpu pipeline's passes and dense kernels make them:
+    // elsewhere the choice would be ignored.
+    if (opts.int4_weights.is_some() || opts.int8_weights)
+        && (opts.backend != Backend::Cpu || opts.opt_level == OptLevel::O0)
+    {
+        return Err(Error::BadOption {
+            option: "weights",
+            reason: format!(
+                "{} weights are kept by the cpu backend's dense kernels, which need -O2 or above; this is {}",
+                WeightChoice::of_options(opts).name(),
+                if opts.backend == Backend::Cpu { "-O0".to_string() } else { format!("the {} backend", opts.backend) }
+            ),
+        });
+    }
     let name = match opts.backend {
         Backend::Cpu => return Ok(()),
         Backend::Reference => "the reference backend runs no passes",

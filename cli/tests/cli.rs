@@ -530,6 +530,14 @@ fn int8_weights_stay_within_half_a_step() {
         assert_eq!(compiled.run(x).unwrap()[0].1.data::<f32>(), &quant[..], "{rows} rows, compiled");
     }
     assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int8", "-O1"]), "need -O2");
+    assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int8", "-O0"]), "need -O2");
+    // The file's recorded choice is the cpu pipeline's: the reference backend runs it in f32.
+    let reference = aim::Options { backend: aim::Backend::Reference, ..aim::Options::default() };
+    assert!(aim::Model::load_with_options(&file, &reference).is_ok());
+    assert_clean_error(
+        &aim(&["run", path.to_str().unwrap(), "--weights", "int4", "--backend", "reference"]),
+        "cpu backend",
+    );
     assert_clean_error(&aim(&["run", path.to_str().unwrap(), "--weights", "int9"]), "int8");
 }
 
