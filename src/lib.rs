@@ -374,7 +374,8 @@ pub fn register_custom_ops_library(path: impl AsRef<Path>) -> Result<Vec<String>
 }
 
 /// Refuses pass choices on a backend that has no pass levels (cuda: its kernels need the
-/// whole pipeline; reference: it runs no passes).
+/// whole pipeline; reference: it runs no passes), and int4 / int8 weights wherever the cpu
+/// pipeline that makes them does not run.
 fn check_pass_choices(opts: &Options) -> Result<(), Error> {
     // Coded weights exist only as the cpu pipeline's passes and dense kernels make them:
     // elsewhere the choice would be ignored.

@@ -92,8 +92,7 @@ impl Conv8 {
         x: Q8,
         out: Out8,
     ) -> Result<Conv8, String> {
-        let avx2 = crate::qgemm::use_avx2(isa) && !crate::qgemm::use_vnni(isa);
-        Conv8::packed(c, m, window, weights, x, out, avx2)
+        Conv8::packed(c, m, window, weights, x, out, crate::qgemm::packs_for_avx2(isa))
     }
 
     /// [`new`](Self::new), the AVX2 packings made only when `for_avx2`.

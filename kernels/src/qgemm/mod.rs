@@ -89,7 +89,7 @@ impl PackedQB {
     /// On an AVX2 CPU such a packing (a program moved there) runs the exact widened kernel.
     pub fn for_isa(isa: Isa, b: &[u8], signed: bool, k: usize, n: usize, zero: &[i32]) -> Result<PackedQB, PackError> {
         let (data, colsum, zero, lowest) = Self::panels(b, signed, k, n, zero)?;
-        if use_avx2(isa) && !use_vnni(isa) {
+        if packs_for_avx2(isa) {
             return Ok(Self::for_avx2(k, n, data, colsum, zero, lowest));
         }
         let fixes = vec![Vec::new(); lowest.len()];
@@ -664,6 +664,13 @@ impl TileOut<'_> {
         // SAFETY: inside the tile (`new`'s contract), borrowed mutably through `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r * self.ld), self.cols) }
     }
+}
+
+/// Whether the integer products `isa` runs here are AVX2's `vpmaddubsw` ones, whose 16-bit
+/// pair sums need weights packed for them (pairs shrunk, −128 moved, each corrected per
+/// product); VNNI and the portable kernel are exact on weights as they are.
+pub fn packs_for_avx2(isa: Isa) -> bool {
+    use_avx2(isa) && !use_vnni(isa)
 }
 
 /// Whether `isa` runs the VNNI kernel here: AVX-512 chosen and VNNI present.
