@@ -134,6 +134,10 @@ pub struct Target {
     /// Whether dense layers' f32 weights are quantized to 8 bits per column (`--weights
     /// int8`): the user's choice too.
     pub int8_weights: bool,
+    /// Whether the CPU runs a 512-bit multiply-add as two 256-bit halves (AMD Zen 4), so
+    /// that AVX-512 does no more arithmetic per cycle than AVX2: what the blocked layout
+    /// weighs against the padding a 16-channel block adds (`passes::layout::Blocks`).
+    pub split_512: bool,
 }
 
 fn level_of(f: &Features, arch: &str) -> Level {
@@ -158,6 +162,10 @@ fn detect_x86(t: &mut Target) {
     t.brand = id.get_processor_brand_string().map(|b| b.as_str().trim().to_string()).unwrap_or_default();
     let f = &mut t.features;
     if let Some(fi) = id.get_feature_info() {
+        // AMD's family 19h (Zen 3 and Zen 4; only Zen 4 has AVX-512) splits 512-bit
+        // operations in two; family 1Ah (Zen 5) has a 512-bit datapath in its desktop and
+        // server parts. Intel's AVX-512 cores are taken at full width.
+        t.split_512 = t.vendor == "AuthenticAMD" && fi.family_id() == 0x19;
         f.sse41 = fi.has_sse41();
         f.sse42 = fi.has_sse42();
         f.avx = fi.has_avx();
@@ -228,6 +236,7 @@ impl Target {
             optimization: Default::default(),
             int4_weights: None,
             int8_weights: false,
+            split_512: false,
         };
         #[cfg(target_arch = "x86_64")]
         detect_x86(&mut t);
@@ -259,6 +268,7 @@ impl Target {
         };
         let f = &mut self.features;
         if cap < Level::X86V4 {
+            self.split_512 = false;
             f.avx512f = false;
             f.avx512bw = false;
             f.avx512dq = false;
@@ -324,6 +334,7 @@ impl Target {
             optimization: Default::default(),
             int4_weights: None,
             int8_weights: false,
+            split_512: false,
         })
     }
 
@@ -420,6 +431,9 @@ impl fmt::Display for Target {
         )?;
         if let Some(c) = self.capped_to {
             write!(f, ", capped by --cpu {}", c.name())?;
+        }
+        if self.split_512 && self.level == Level::X86V4 {
+            write!(f, "; 512-bit operations run as two 256-bit halves")?;
         }
         writeln!(f)?;
         writeln!(

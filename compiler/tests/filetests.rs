@@ -72,6 +72,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
     let mut half_weights = false;
     let mut int4_weights = None;
     let mut int8_weights = false;
+    let mut split_512 = false;
     let mut optimization = aim_compiler::passes::Optimization::default();
     for w in words {
         match w {
@@ -80,6 +81,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
             "+f16-weights" => half_weights = true,
             "+int4-weights" => int4_weights = Some(32),
             "+int8-weights" => int8_weights = true,
+            "+split512" => split_512 = true,
             _ if w.starts_with("-O") => {
                 optimization.level = w[2..]
                     .parse()
@@ -90,7 +92,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
             _ if w.starts_with("-disable=") => optimization.disabled.push(w["-disable=".len()..].to_string()),
             other => {
                 return Err(format!(
-                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, +int4-weights, +int8-weights, -ON, -disable=PASS)"
+                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, +int4-weights, +int8-weights, +split512, -ON, -disable=PASS)"
             ))
             }
         }
@@ -111,6 +113,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
         optimization,
         int4_weights,
         int8_weights,
+        split_512,
     })
 }
 

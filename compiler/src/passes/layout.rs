@@ -158,12 +158,80 @@ impl State {
     }
 }
 
-/// Runs the pass for a block of `lanes` floats.
-pub fn run(g: &mut Graph, lanes: usize) -> Result<(), PassError> {
+/// The channel blocks a target's kernels offer, and what the wider one is worth.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Blocks {
+    /// The target's vector of floats (16 on AVX-512, 8 on AVX2 and NEON).
+    pub wide: usize,
+    /// A narrower block whose kernels the target also runs (AVX2's 8 on AVX-512), if any.
+    pub narrow: Option<usize>,
+    /// How many times the multiply-adds per second the wide block's kernels do over the
+    /// narrow one's: 2 where 512-bit FMAs run at full width; 1.12 where they run as two
+    /// 256-bit halves (AMD Zen 4: the same arithmetic per cycle, AVX-512's 32 registers and
+    /// larger tiles ahead by 6–7% on layers that fill both blocks — text_orientation and
+    /// MobileNetV3 measured with each block, the latter padded 1.10× more by 16 — and
+    /// behind on models padded 1.14× (ppocr_mobile_cls, 6%) and 1.24× (oww_embedding, 7%)).
+    pub wide_speedup: f64,
+}
+
+impl Blocks {
+    /// One block width and no choice.
+    pub fn only(lanes: usize) -> Blocks {
+        Blocks { wide: lanes, narrow: None, wide_speedup: 1.0 }
+    }
+
+    /// The block for `g`: the one whose convolutions cost least, counting the
+    /// multiply-adds each does with its channels rounded up to the block (a 24-channel layer
+    /// does 1.78× its arithmetic in blocks of 16, none more in blocks of 8) divided by the
+    /// block's speed. `AIM_CHANNEL_BLOCK` (a width the target offers) overrides it, for
+    /// comparisons.
+    pub fn choose(&self, g: &Graph) -> usize {
+        let Some(narrow) = self.narrow else { return self.wide };
+        if let Some(forced) = std::env::var("AIM_CHANNEL_BLOCK").ok().and_then(|v| v.parse().ok()) {
+            if forced == self.wide || forced == narrow {
+                return forced;
+            }
+        }
+        let wide_cost = padded_macs(g, self.wide) / self.wide_speedup;
+        if padded_macs(g, narrow) < wide_cost {
+            narrow
+        } else {
+            self.wide
+        }
+    }
+}
+
+/// Multiply-adds per image of `g`'s blocked convolutions with their channels rounded up to
+/// blocks of `lanes` (an output of unknown size counts as one pixel).
+fn padded_macs(g: &Graph, lanes: usize) -> f64 {
+    let pad = |c: usize| c.div_ceil(lanes) * lanes;
+    let mut total = 0.0;
+    for n in &g.nodes {
+        let Some(kind) = blockable(g, n) else { continue };
+        let Some(w) = n.input(1).and_then(|w| g.initializers.get(w)) else { continue };
+        let (cout, window) = (w.shape()[0], w.shape()[2] * w.shape()[3]);
+        let pixels: usize = match g.value_types.get(&n.outputs[0]).and_then(|t| t.shape.clone()) {
+            Some(s) => s.iter().skip(2).map(|d| if let Dim::Known(v) = d { *v } else { 1 }).product(),
+            None => 1,
+        };
+        let per_pixel = match kind {
+            // A first layer with fewer channels than a block reads them as NCHW, unpadded.
+            Kind::Dense { cin } if cin < lanes => cin * pad(cout),
+            Kind::Dense { cin } => pad(cin) * pad(cout),
+            Kind::Depthwise => pad(cout),
+        };
+        total += (pixels * window * per_pixel) as f64;
+    }
+    total
+}
+
+/// Runs the pass with the block [`Blocks::choose`] picks for `g`.
+pub fn run(g: &mut Graph, blocks: Blocks) -> Result<(), PassError> {
     let kinds: Vec<Option<Kind>> = g.nodes.iter().map(|n| blockable(g, n)).collect();
     if kinds.iter().all(Option::is_none) {
         return Ok(());
     }
+    let lanes = blocks.choose(g);
     let mut st = State {
         taken: g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()).collect(),
         blocked: HashMap::new(),

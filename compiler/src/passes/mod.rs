@@ -95,6 +95,14 @@ pub fn cpu_pass_names(target: &crate::target::Target) -> Vec<&'static str> {
 /// The whole cpu pipeline for `target`, before the level selects from it.
 fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
     let lanes = aim_kernels::nchwc::lanes_of(target.isa_kind());
+    let blocks = match target.isa_kind() {
+        IsaKind::Avx512 => layout::Blocks {
+            wide: lanes,
+            narrow: Some(aim_kernels::nchwc::lanes_of(IsaKind::Avx2)),
+            wide_speedup: if target.split_512 { 1.12 } else { 2.0 },
+        },
+        _ => layout::Blocks::only(lanes),
+    };
     let tile = aim_kernels::gemm::Isa::new(target.isa_kind()).map_or((4, 16), |i| (i.mr(), i.nr()));
     // Cranelift rounds vectors with SSE4.1's roundps or NEON's frintn.
     let round = target.features.sse41 || target.level == crate::target::Level::Neon;
@@ -137,7 +145,7 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
     passes.extend([
         Pass::new("byte-tables", byte_tables::run),
         Pass::new("explicit-pool-pads", pool_pads::run),
-        Pass::new("layout-nchwc", move |g| layout::run(g, lanes)),
+        Pass::new("layout-nchwc", move |g| layout::run(g, blocks)),
         // After the layout: a chain whose inputs broadcast (a per-channel gate over a feature
         // map) is left to the blocked layout's per-channel operands where that takes it.
         Pass::new("fuse-broadcast-elementwise", move |g| fuse_elementwise::run(g, round, true)),

@@ -38,6 +38,20 @@ pub fn lanes_of(kind: IsaKind) -> usize {
     }
 }
 
+/// The kernels that run a channel block of `block` floats where the program's kernels are
+/// `isa`'s: `isa` itself for its own block, AVX2 for a block of 8 on an AVX-512 CPU (which
+/// has AVX2 and FMA: the compiler picks 8 where 16 would pad the channels more than
+/// AVX-512's width pays back), else none.
+pub fn isa_for_block(isa: Isa, block: usize) -> Option<Isa> {
+    if lanes(isa) == block {
+        Some(isa)
+    } else if isa.kind() == IsaKind::Avx512 && block == lanes_of(IsaKind::Avx2) {
+        Isa::new(IsaKind::Avx2)
+    } else {
+        None
+    }
+}
+
 /// Output pixels in one microkernel tile of the blocked convolution.
 pub(crate) fn tile_rows(isa: Isa) -> usize {
     match isa.kind() {
@@ -65,4 +79,25 @@ pub struct Geometry {
     pub strides: [usize; 2],
     /// Dilations.
     pub dilations: [usize; 2],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family runs its own block; AVX-512 programs also run AVX2's narrower one (with
+    /// AVX2's kernels), and no family runs a block wider than its vector or one of another
+    /// size.
+    #[test]
+    fn blocks_each_family_runs() {
+        for isa in Isa::all_available() {
+            assert_eq!(isa_for_block(isa, lanes(isa)), Some(isa));
+            assert_eq!(isa_for_block(isa, 4), None);
+            assert_eq!(isa_for_block(isa, 32), None);
+            match isa.kind() {
+                IsaKind::Avx512 => assert_eq!(isa_for_block(isa, 8).map(Isa::kind), Some(IsaKind::Avx2)),
+                _ => assert_eq!(isa_for_block(isa, 16), None),
+            }
+        }
+    }
 }

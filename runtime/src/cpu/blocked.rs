@@ -26,19 +26,22 @@ enum Kernel {
     Winograd(nchwc::Winograd),
 }
 
-/// Checks that the graph's block is this CPU program's.
-fn block_of(n: &Node, isa: Isa) -> Result<usize, RunError> {
-    let lanes = nchwc::lanes(isa);
+/// The graph's channel block for `n` and the kernels that run it in a program of `isa`'s
+/// (its own block, or AVX2's 8 on an AVX-512 CPU), or why the program cannot.
+fn block_of(n: &Node, isa: Isa) -> Result<(usize, Isa), RunError> {
     let b = n.int("block", 0);
-    if b != lanes as i64 {
-        return Err(prep_err(n, format!("compiled for channel blocks of {b}, but this program's ISA uses {lanes}")));
+    match usize::try_from(b).ok().and_then(|b| nchwc::isa_for_block(isa, b).map(|k| (b, k))) {
+        Some(found) => Ok(found),
+        None => Err(prep_err(
+            n,
+            format!("compiled for channel blocks of {b}, but this program's ISA uses {}", nchwc::lanes(isa)),
+        )),
     }
-    Ok(lanes)
 }
 
 /// Packs a blocked `aim:Conv`.
 pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
-    let lanes = block_of(n, isa)?;
+    let (lanes, isa) = block_of(n, isa)?;
     let (w, dims, prepacked) = super::prepacked::weight(g, n, 4)?;
     let (cout, cg, kh, kw) = (dims[0], dims[1], dims[2], dims[3]);
     let group = n.int("group", 1).max(1) as usize;
@@ -174,7 +177,7 @@ pub(super) struct Reorder {
 
 /// Prepares `aim:ToBlocked` / `aim:FromBlocked`.
 pub(super) fn prepare_reorder(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
-    let lanes = block_of(n, isa)?;
+    let (lanes, isa) = block_of(n, isa)?;
     let to_blocked = n.op == "ToBlocked";
     let channels = n.int("channels", 0).max(0) as usize;
     if !to_blocked && channels == 0 {
@@ -245,8 +248,14 @@ pub(super) fn reorder_schedule(r: &Reorder, shape: &[usize]) -> Vec<String> {
     )]
 }
 
-/// Blocked pooling, prepared.
-pub(super) enum BlockedPool {
+/// Blocked pooling, prepared: the window or global average, and the kernels of its block.
+pub(super) struct BlockedPool {
+    what: PoolKind,
+    isa: Isa,
+}
+
+/// What a blocked pooling node computes.
+enum PoolKind {
     Window(nchwc::Pool, usize),
     GlobalAverage { channels: usize, lanes: usize },
 }
@@ -254,13 +263,13 @@ pub(super) enum BlockedPool {
 /// Prepares `aim:MaxPool`, `aim:AveragePool` (blocked in and out) and
 /// `aim:GlobalAveragePool` (blocked in, NCHW out).
 pub(super) fn prepare_pool(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
-    let lanes = block_of(n, isa)?;
+    let (lanes, isa) = block_of(n, isa)?;
     if n.op == "GlobalAveragePool" {
         let channels = n.int("channels", 0).max(0) as usize;
         if channels == 0 {
             return Err(prep_err(n, "GlobalAveragePool needs its channel count"));
         }
-        return Ok(Prepared::Pool(BlockedPool::GlobalAverage { channels, lanes }));
+        return Ok(Prepared::Pool(BlockedPool { what: PoolKind::GlobalAverage { channels, lanes }, isa }));
     }
     let two = |name: &str, default: usize| -> Result<[usize; 2], RunError> {
         match n.ints(name) {
@@ -287,29 +296,29 @@ pub(super) fn prepare_pool(n: &Node, isa: Isa) -> Result<Prepared, RunError> {
         pads,
         include_pad: n.int("count_include_pad", 0) != 0,
     };
-    Ok(Prepared::Pool(BlockedPool::Window(pool, lanes)))
+    Ok(Prepared::Pool(BlockedPool { what: PoolKind::Window(pool, lanes), isa }))
 }
 
 /// Runs blocked pooling on `x`.
-pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: In, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
-    let xs = x.shape;
-    let (l, expect) = match p {
-        BlockedPool::Window(_, l) => (*l, None),
-        BlockedPool::GlobalAverage { channels, lanes } => (*lanes, Some(channels.div_ceil(*lanes))),
+pub(super) fn run_pool(p: &BlockedPool, x: In, y: &mut Out, pool: &ThreadPool) -> Result<(), String> {
+    let (xs, isa) = (x.shape, p.isa);
+    let (l, expect) = match &p.what {
+        PoolKind::Window(_, l) => (*l, None),
+        PoolKind::GlobalAverage { channels, lanes } => (*lanes, Some(channels.div_ceil(*lanes))),
     };
     if xs.len() != 5 || xs[4] != l || expect.is_some_and(|b| xs[1] != b) {
         return Err(format!("expected a blocked input, got {xs:?}"));
     }
     let (n, blocks, h, w) = (xs[0], xs[1], xs[2], xs[3]);
-    match p {
-        BlockedPool::Window(win, _) => {
+    match &p.what {
+        PoolKind::Window(win, _) => {
             let (oh, ow) =
                 win.output(h, w).ok_or_else(|| format!("the {:?} window does not fit a {h}×{w} input", win.kernel))?;
             let y = y.take(&[n, blocks, oh, ow, l])?;
             win.run(isa, x.data, n, blocks, h, w, y, pool)?;
             Ok(())
         }
-        BlockedPool::GlobalAverage { channels, .. } => {
+        PoolKind::GlobalAverage { channels, .. } => {
             let y = y.take(&[n, *channels, 1, 1])?;
             nchwc::global_average(isa, x.data, n, *channels, h * w, y, pool)?;
             Ok(())
@@ -319,8 +328,8 @@ pub(super) fn run_pool(p: &BlockedPool, isa: Isa, x: In, y: &mut Out, pool: &Thr
 
 /// The loops of blocked pooling over an input of `shape`, for explore.
 pub(super) fn pool_schedule(p: &BlockedPool, shape: &[usize]) -> Vec<String> {
-    match p {
-        BlockedPool::Window(win, l) => {
+    match &p.what {
+        PoolKind::Window(win, l) => {
             let (oh, _) = win.output(shape[2], shape[3]).unwrap_or((0, 0));
             vec![format!(
                 "parallel for (image, block, output row) in 0..{}: {} over {}×{} windows, {l} channels per vector",
@@ -330,7 +339,7 @@ pub(super) fn pool_schedule(p: &BlockedPool, shape: &[usize]) -> Vec<String> {
                 win.kernel[1]
             )]
         }
-        BlockedPool::GlobalAverage { channels, lanes } => {
+        PoolKind::GlobalAverage { channels, lanes } => {
             vec![format!("parallel for (image, block) in 0..{}: sum {} pixels of {lanes} channels, write the {channels} true channels as NCHW", shape[0] * shape[1], shape[2] * shape[3])]
         }
     }

@@ -554,7 +554,7 @@ impl CpuProgram {
             Prepared::Deconv(d) => residual.separate().and_then(|r| deconv::run(d, x, r, y, pool)),
             Prepared::Blocked(c) => blocked::run(c, x, residual, y, pool),
             Prepared::Reorder(r) => blocked::run_reorder(r, x, y, pool),
-            Prepared::Pool(q) => blocked::run_pool(q, self.isa, x, y, pool),
+            Prepared::Pool(q) => blocked::run_pool(q, x, y, pool),
             Prepared::Reduce(r) => elementwise::run_reduce(r, x, y, pool),
             Prepared::Transpose(t) => transpose::run(t, x, y, pool),
             Prepared::Softmax(scale) => softmax::run(*scale, self.isa, x, mask, y, pool),
