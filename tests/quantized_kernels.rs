@@ -30,7 +30,8 @@ fn caps() -> Vec<&'static str> {
 
 /// Whether `cpu` gives this machine the integer convolution kernels (the byte regions and
 /// `aim:QConv`): AVX-512 VNNI, or the AVX2 level (the plain and sign kernels,
-/// `aim_kernels::int8::{plain, sign}`); natively on an AVX-512 CPU without VNNI they stay f32.
+/// `aim_kernels::int8::{plain, sign}`), or NEON with the dot products (`sdot`); natively on
+/// an AVX-512 CPU without VNNI, and on NEON without `sdot`, they stay f32.
 fn integer_kernel(cpu: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -42,7 +43,11 @@ fn integer_kernel(cpu: &str) -> bool {
             _ => false,
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        cpu == "native" && std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = cpu;
         false
@@ -50,7 +55,7 @@ fn integer_kernel(cpu: &str) -> bool {
 }
 
 /// Whether `cpu` gives this machine an integer GEMM for quantized dense layers (dynamic
-/// or static): AVX-512 VNNI, or AVX2's exact kernels (`aim_kernels::qgemm`).
+/// or static): AVX-512 VNNI, AVX2's exact kernels (`aim_kernels::qgemm`), or NEON's `sdot`.
 fn integer_gemm(cpu: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -58,8 +63,7 @@ fn integer_gemm(cpu: &str) -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = cpu;
-        false
+        integer_kernel(cpu)
     }
 }
 
@@ -124,7 +128,7 @@ fn dynamically_quantized_dense_layers_match_the_interpreter() {
 
 /// Whether `cpu` gives this machine the integer convolution of dynamically quantized
 /// models (`aim:ConvInteger`) for a layer of `group` groups whose kernel shape the byte
-/// kernel takes (`fits`): with AVX-512 VNNI every such layer (the byte kernel); on the
+/// kernel takes (`fits`): with AVX-512 VNNI or NEON `sdot` every such layer (the byte kernel); on the
 /// AVX2 level without VNNI, one group (the exact 16-bit kernel, `aim_kernels::qconv16`).
 fn integer_conv(cpu: &str, group: usize, fits: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -138,7 +142,12 @@ fn integer_conv(cpu: &str, group: usize, fits: bool) -> bool {
             _ => false,
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        let _ = group;
+        integer_kernel(cpu) && fits
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = (cpu, group, fits);
         false
@@ -150,7 +159,8 @@ fn integer_conv(cpu: &str, group: usize, fits: bool) -> bool {
 /// a bias, then a Relu and a scale and shift (the activation and the program the integer
 /// kernel applies in its epilogue) — with kernel sizes,
 /// strides, padding and groups: the sums are exact whichever kernel runs them, so every
-/// cap gives the interpreter's values; with VNNI or AVX2 the convolution stays on bytes.
+/// cap gives the interpreter's values; with VNNI, AVX2 or NEON `sdot` the convolution stays
+/// on bytes.
 #[test]
 fn dynamically_quantized_convolutions_match_the_interpreter() {
     let mut r = Rng(19);

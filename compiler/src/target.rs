@@ -22,6 +22,8 @@ pub struct Features {
     pub avx512vnni: bool,
     pub avx512bf16: bool,
     pub neon: bool,
+    /// AArch64 FEAT_DotProd (`sdot`): what the integer kernels need on NEON.
+    pub dotprod: bool,
 }
 
 impl Features {
@@ -243,6 +245,7 @@ impl Target {
         #[cfg(target_arch = "aarch64")]
         {
             t.features.neon = std::arch::is_aarch64_feature_detected!("neon");
+            t.features.dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
         }
         // Sizes CPUID did not report: the common values, so tiling still has numbers.
         if t.l1d == 0 {
@@ -285,6 +288,7 @@ impl Target {
             f.sse41 = false;
             f.sse42 = false;
             f.neon = false;
+            f.dotprod = false;
         }
         self.level = level_of(&self.features, self.arch);
         self.capped_to = Some(cap);
@@ -419,6 +423,7 @@ impl fmt::Display for Target {
             ("avx512vnni", x.avx512vnni),
             ("avx512bf16", x.avx512bf16),
             ("neon", x.neon),
+            ("dotprod", x.dotprod),
         ];
         let on: Vec<&str> = names.iter().filter(|(_, b)| *b).map(|(n, _)| *n).collect();
         writeln!(f, "features: {}", if on.is_empty() { "none".to_string() } else { on.join(" ") })?;

@@ -78,6 +78,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
         match w {
             "+avx512vnni" => features.avx512vnni = true,
             "+avx512bf16" => features.avx512bf16 = true,
+            "+dotprod" => features.dotprod = true,
             "+f16-weights" => half_weights = true,
             "+int4-weights" => int4_weights = Some(32),
             "+int8-weights" => int8_weights = true,
@@ -92,7 +93,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
             _ if w.starts_with("-disable=") => optimization.disabled.push(w["-disable=".len()..].to_string()),
             other => {
                 return Err(format!(
-                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +f16-weights, +int4-weights, +int8-weights, +split512, -ON, -disable=PASS)"
+                "unknown target option '{other}' (known: +avx512vnni, +avx512bf16, +dotprod, +f16-weights, +int4-weights, +int8-weights, +split512, -ON, -disable=PASS)"
             ))
             }
         }

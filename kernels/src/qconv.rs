@@ -202,6 +202,7 @@ pub fn qconv(isa: Isa, p: &PackedQConv, a: &QConvInput, y: &mut [f32], par: &dyn
                 &rows,
                 &packed,
                 &crate::qgemm::Avx2Packing::Wide,
+                Some(&p.sums[gi * mg..(gi + 1) * mg]),
                 groups4,
                 npx,
                 out,

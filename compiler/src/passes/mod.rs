@@ -110,8 +110,12 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
     // four times the products per instruction of f32; AVX2: `vpmaddubsw`, twice, exact
     // with the plain or sign kernel of `aim_kernels::int8`); elsewhere quantized layers run as f32
     // kernels (the quantize-dequantize pass).
+    // NEON's `sdot` (FEAT_DotProd) multiplies four times the bytes per instruction of f32
+    // `fmla`, as VNNI does.
+    let neon_dot = target.features.dotprod && target.isa_kind() == IsaKind::Neon;
     let int8 = (target.features.avx512vnni && target.isa_kind() == IsaKind::Avx512)
-        || (target.features.avx2 && target.isa_kind() == IsaKind::Avx2);
+        || (target.features.avx2 && target.isa_kind() == IsaKind::Avx2)
+        || neon_dot;
     // Quantized dense layers (dynamic and static) also run as integer GEMMs on AVX2 (exact
     // 16-bit products, `aim_kernels::qgemm`): their weights then stay bytes, a quarter of
     // the f32 emulation's, and their sums are ORT's exact ones.
@@ -129,6 +133,7 @@ fn every_cpu_pass(target: &crate::target::Target) -> Vec<Pass> {
         // activations with VNNI only (AVX2's `vpmaddubsw` multiplies no faster than f32).
         match target.isa_kind() {
             IsaKind::Avx512 if target.features.avx512vnni => qdq::IntegerConv::Vnni,
+            IsaKind::Neon if neon_dot => qdq::IntegerConv::Vnni,
             IsaKind::Avx512 | IsaKind::Avx2 if target.features.avx2 => qdq::IntegerConv::OneGroup,
             _ => qdq::IntegerConv::Off,
         },

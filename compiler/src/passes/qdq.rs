@@ -92,7 +92,8 @@ pub enum IntegerConv {
     /// `aim_kernels::qconv16` runs it: `vpmaddwd` beats f32 FMAs there, `vpmaddubsw` does
     /// not); grouped ones and activation products stay f32.
     OneGroup,
-    /// Every ConvInteger the byte kernel takes, and activation products (AVX-512 VNNI).
+    /// Every ConvInteger the byte kernel takes, and activation products (AVX-512 VNNI,
+    /// NEON `sdot`).
     Vnni,
 }
 

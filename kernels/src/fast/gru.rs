@@ -176,6 +176,8 @@ struct Direction<'a> {
     q: &'a Seq<'a>,
     d: usize,
     linear_before_reset: bool,
+    /// Which gate loops run (read on x86-64, where they are compiled per ISA).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     isa: Isa,
     blocking: Blocking,
     y: SharedY,

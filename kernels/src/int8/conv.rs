@@ -56,6 +56,9 @@ pub struct Conv8 {
     /// The same for the AVX2 sign kernel ([`super::sign::start`]), when it takes the packed
     /// weights (no −128).
     sign_init: Option<Vec<[i32; NR]>>,
+    /// The same for the NEON kernel ([`super::neon`]), from the packed weights' sums
+    /// whatever they are (AArch64 only).
+    dot_init: Option<Vec<[i32; NR]>>,
     /// Whether every pair of packed weights fits the AVX2 plain kernel ([`super::plain`]).
     plain: bool,
     /// Per panel, the packed weights that differ from the true ones: pairs shrunk for the
@@ -185,7 +188,40 @@ impl Conv8 {
             (fixes, sign_init, false)
         };
         let (taps, wino) = (ntaps, None);
-        Ok(Conv8 { c, m, window, wide, taps, groups, panels, x_zero, init, sign_init, plain, fixes, ep, wino })
+        let dot_init = cfg!(target_arch = "aarch64").then(|| {
+            init.iter()
+                .enumerate()
+                .map(|(p, i)| {
+                    let panel = &panels[p * panel_bytes..(p + 1) * panel_bytes];
+                    let sums: Vec<i32> = (0..NR)
+                        .map(|j| {
+                            panel
+                                .chunks_exact(NR * 4)
+                                .map(|g| g[j * 4..j * 4 + 4].iter().map(|&v| v as i8 as i32).sum::<i32>())
+                                .sum()
+                        })
+                        .collect();
+                    super::sign::start(i, &sums)
+                })
+                .collect()
+        });
+        Ok(Conv8 {
+            c,
+            m,
+            window,
+            wide,
+            taps,
+            groups,
+            panels,
+            x_zero,
+            init,
+            sign_init,
+            dot_init,
+            plain,
+            fixes,
+            ep,
+            wino,
+        })
     }
 
     /// Output channels.
@@ -238,7 +274,7 @@ impl Conv8 {
             return Err(format!("{} weights for {} filters of {}×9", w.len(), self.m, self.c));
         }
         self.wino = Some(Wino8::new(self.c, self.m, w));
-        (self.panels, self.fixes, self.sign_init) = (Vec::new(), Vec::new(), None);
+        (self.panels, self.fixes, self.sign_init, self.dot_init) = (Vec::new(), Vec::new(), None, None);
         Ok(self)
     }
 
@@ -352,8 +388,9 @@ impl Conv8 {
         let zrow16: Vec<u8> =
             if widened { zrow.iter().flat_map(|&z| (z as i16).to_ne_bytes()).collect() } else { vec![] };
         // Where the sums start: the sign kernel's values when it runs.
-        let starts = match &self.sign_init {
-            Some(i) if micro.signed_start() && !widened => i.as_slice(),
+        let starts = match (&self.sign_init, &self.dot_init) {
+            (_, Some(i)) if micro.flipped_start() => i.as_slice(),
+            (Some(i), _) if micro.signed_start() && !widened => i.as_slice(),
             _ => self.init.as_slice(),
         };
         let fast = self.ep.fast(isa);

@@ -30,6 +30,10 @@ pub(crate) enum Micro {
     /// AVX2: `vpmaddubsw` on weights whose every pair fits 16 bits ([`super::plain`]).
     #[cfg(target_arch = "x86_64")]
     Avx2Plain,
+    /// AArch64 `sdot` ([`super::neon`]): the activations flipped to signed terms, the
+    /// sums started from `128 · Σw` of the packed weights.
+    #[cfg(target_arch = "aarch64")]
+    NeonDot,
     /// Plain Rust (exact, like every kernel here: the sums are integers).
     Portable,
 }
@@ -51,6 +55,10 @@ impl Micro {
                 }
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        if isa.kind() == crate::gemm::IsaKind::Neon && super::neon::available() {
+            return Micro::NeonDot;
+        }
         let _ = (isa, avx2);
         Micro::Portable
     }
@@ -64,8 +72,20 @@ impl Micro {
             Micro::Avx2Sign => "AVX2 vpmaddubsw, signs moved onto the weights: exact",
             #[cfg(target_arch = "x86_64")]
             Micro::Avx2Plain => "AVX2 vpmaddubsw, every pair of weights fits 16 bits: exact",
+            #[cfg(target_arch = "aarch64")]
+            Micro::NeonDot => "NEON sdot, activations flipped to signed bytes: exact",
             Micro::Portable => "portable",
         }
+    }
+
+    /// Whether this kernel's sums start from [`super::sign::start`]'s values of the packed
+    /// weights as they are (the NEON kernel, which takes any packing).
+    pub(crate) fn flipped_start(self) -> bool {
+        #[cfg(target_arch = "aarch64")]
+        if self == Micro::NeonDot {
+            return true;
+        }
+        false
     }
 
     /// Whether this kernel's sums start from [`super::sign::start`]'s values.
@@ -109,6 +129,8 @@ impl Micro {
             Micro::Avx2Plain => {
                 by_two_rows::<super::plain::Plain>(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr())
             }
+            #[cfg(target_arch = "aarch64")]
+            Micro::NeonDot => super::neon::tile(ind.as_ptr(), taps, groups, panel, init, rows, acc.as_mut_ptr()),
             Micro::Portable => portable(ind.as_ptr(), taps, groups, panel, init, acc),
         }
     }

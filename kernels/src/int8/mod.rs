@@ -30,6 +30,8 @@ pub(crate) mod epilogue;
 mod epilogue_avx2;
 pub(crate) mod fixes;
 pub(crate) mod micro;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
 pub(crate) mod plain;
 pub mod pool;
 pub(crate) mod sign;

@@ -379,7 +379,10 @@ pub fn qgemm(isa: Isa, a: &QuantizedA, b: &PackedQB, ep: &QEpilogue, y: &mut [f3
         return narrow(isa, a, b, y, ldy, par, store);
     }
     let rows = Rows { data: a.data, stride: a.stride, m, signed: false };
-    tiles(isa, &rows, &b.data, &b.avx2, k.div_ceil(4), n, y, ldy, par, store);
+    // The NEON kernel starts each column from its weights' sum, which is the packed one
+    // where no weight was packed as another.
+    let dot_sums = b.fixes.iter().all(Vec::is_empty).then_some(&b.colsum[..]);
+    tiles(isa, &rows, &b.data, &b.avx2, dot_sums, k.div_ceil(4), n, y, ldy, par, store);
 }
 
 /// Below this many columns a product runs as dot products of rows and columns
@@ -460,13 +463,17 @@ pub(crate) struct Rows<'a> {
 /// Runs every MR×NR tile of `rows · panels` (`groups` groups of four deep, `n` columns in
 /// panels of NR) over `par`'s threads and hands each tile's sums (one array per row) to
 /// `store` with its first row, first column and destination in `y` (`ldy` apart). `avx2` is the AVX2 kernel the
-/// panels were packed for (the plain and sign kernels take u8 rows only).
+/// panels were packed for (the plain and sign kernels take u8 rows only). `dot_sums` are
+/// the s8 side's sums along the depth — per column of the panels for u8 rows, per row for
+/// s8 rows — which the NEON kernel (it flips the u8 side to signed bytes) starts from;
+/// without them it does not run.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tiles<F>(
     isa: Isa,
     a: &Rows,
     panels_data: &[u8],
     avx2: &Avx2Packing,
+    dot_sums: Option<&[i32]>,
     groups: usize,
     n: usize,
     y: &mut [f32],
@@ -504,6 +511,10 @@ pub(crate) fn tiles<F>(
         let _ = avx2;
         None::<&[[i32; NR]]>
     };
+    #[cfg(target_arch = "aarch64")]
+    let neon = dot_sums.filter(|s| use_neon_dot(isa) && s.len() >= if a.signed { m } else { n });
+    #[cfg(not(target_arch = "aarch64"))]
+    let _ = dot_sums;
     // Without VNNI and with weights the plain kernel cannot take, the rows are widened to
     // 16 bits once per call (a pass over M·K bytes, next to M·K·N products) for
     // `int8::widened`: on AMD Zen 3 it ran 1.2–1.5× the sign kernel on a
@@ -600,6 +611,22 @@ pub(crate) fn tiles<F>(
                                 (true, 2..=3) => micro_avx2::<true, 3>(at, p, groups, dst),
                                 (true, _) => micro_avx2::<true, 6>(at, p, groups, dst),
                             }
+                        }
+                    }
+                    #[cfg(target_arch = "aarch64")]
+                    _ if neon.is_some() => {
+                        let sums = neon.unwrap_or_default();
+                        let out = out as *mut [i32; NR];
+                        if a.signed {
+                            // Σ a·(b − 128) + 128·Σa: each row's sum added after.
+                            crate::int8::neon::gemm_tile(&ptrs[..rows], true, groups, panel.as_ptr(), &[0; NR], out);
+                            for r in 0..rows {
+                                let add = sums[r0 + r].wrapping_mul(128);
+                                (*out.add(r)).iter_mut().for_each(|v| *v = v.wrapping_add(add));
+                            }
+                        } else {
+                            let start = crate::int8::sign::start(&[0; NR], &sums[p * NR..]);
+                            crate::int8::neon::gemm_tile(&ptrs[..rows], false, groups, panel.as_ptr(), &start, out);
                         }
                     }
                     (_, false, _) => micro_portable::<false>(&ptrs, panel, groups, out),
@@ -702,16 +729,32 @@ pub fn use_avx2(isa: Isa) -> bool {
     }
 }
 
-/// Whether `isa` has an integer microkernel here that beats f32 arithmetic (VNNI, or
-/// AVX2's 16-bit products): where it has not, quantized layers run as f32 kernels.
+/// Whether `isa` runs the NEON dot-product kernel here ([`crate::int8::neon`]): NEON
+/// chosen and FEAT_DotProd present.
+pub fn use_neon_dot(isa: Isa) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        isa.kind() == crate::gemm::IsaKind::Neon && crate::int8::neon::available()
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// Whether `isa` has an integer microkernel here that beats f32 arithmetic (VNNI, AVX2's
+/// 16-bit products, NEON's `sdot`): where it has not, quantized layers run as f32 kernels.
 pub fn integer_kernels(isa: Isa) -> bool {
-    use_vnni(isa) || use_avx2(isa)
+    use_vnni(isa) || use_avx2(isa) || use_neon_dot(isa)
 }
 
 /// The microkernel's name, for schedule texts.
 pub fn micro_name(isa: Isa) -> &'static str {
     if use_vnni(isa) {
         "AVX-512 VNNI vpdpbusd"
+    } else if use_neon_dot(isa) {
+        "NEON sdot (the u8 side flipped to signed bytes, exact)"
     } else if use_avx2(isa) {
         "AVX2 vpmaddwd (exact 16-bit products)"
     } else {
