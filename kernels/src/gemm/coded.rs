@@ -333,6 +333,9 @@ impl Coded {
         // the codes per row and block.
         #[cfg(target_arch = "x86_64")]
         let quant = if int8 { quantize_rows(a, m, k, s.block) } else { Vec::new() };
+        // With AVX-512 VNNI the codes multiply the quantized rows in `vpdpbusd`.
+        #[cfg(target_arch = "x86_64")]
+        let vnni = int8 && kind == super::IsaKind::Avx512 && super::coded_vnni::available();
         let mut sums = [[0f32; MAX_NR]; 4];
         for j in j0..j1 {
             #[cfg(target_arch = "x86_64")]
@@ -345,10 +348,17 @@ impl Coded {
                 for (i, r) in rows.iter_mut().enumerate().take(m) {
                     *r = acc[i * width + (j - j0) * nr..][..nr].as_mut_ptr();
                 }
-                // SAFETY: AVX2 panels are only made where the CPU has it; `codes` holds the
-                // panel's pairs, `params` and `zeros` its blocks' 16 scales and zero points,
-                // `quant` every row's codes; each row pointer has 16 floats of `acc`.
-                unsafe { x86::panel_int8(codes, params, zeros, &quant, m, k, s.block, &rows) };
+                // SAFETY: AVX2 panels are only made where the CPU has it (the VNNI kernel runs
+                // where `available` found it); `codes` holds the panel's pairs, `params` and
+                // `zeros` its blocks' 16 scales and zero points, `quant` every row's codes;
+                // each row pointer has 16 floats of `acc`.
+                unsafe {
+                    if vnni {
+                        super::coded_vnni::panel(codes, params, zeros, &quant, m, k, s.block, &rows)
+                    } else {
+                        x86::panel_int8(codes, params, zeros, &quant, m, k, s.block, &rows)
+                    }
+                };
                 continue;
             }
             for b in 0..blocks {
@@ -904,7 +914,15 @@ mod tests {
     /// those rows (where the ISA has the integer path; elsewhere the f32 one).
     #[test]
     fn int8_rows_are_exact_sums_of_the_quantized_rows() {
-        let (k, n, block) = (70, 21, 32);
+        // Depths and blocks with every tail of a step of four pairs (blocks of 12, 4, 6 and
+        // 10 rows end inside a step, the last two on an odd pair).
+        for (k, block) in [(70, 32), (64, 32), (13, 16), (101, 16), (7, 8), (50, 12), (9, 4), (50, 6), (45, 10)] {
+            int8_rows_case(k, block);
+        }
+    }
+
+    fn int8_rows_case(k: usize, block: usize) {
+        let n = 21;
         let code = |p: usize, j: usize| ((p * 11 + j * 5 + p * j) % 16) as u8;
         let scale = |b: usize, j: usize| 0.02 + (b * 3 + j) as f32 * 0.001;
         let zero = |b: usize, j: usize| ((2 * b + j) % 16) as u8;
@@ -937,7 +955,7 @@ mod tests {
                         let terms = (0..k).map(|p| act(i, p) * w(p));
                         let (want, mag) = terms.fold((0f64, 0f64), |(s, g), t| (s + t, g + t.abs()));
                         let got = y[i * n + j] as f64;
-                        let at = format!("{isa:?} width {width} m {m} ({i}, {j})");
+                        let at = format!("{isa:?} width {width} k {k} block {block} m {m} ({i}, {j})");
                         assert!((got - want).abs() <= 1e-6 * mag, "{at}: {got} vs {want}");
                     }
                 }

@@ -8,6 +8,8 @@
 //! `std::arch`; everything around them is planned by the compiler.
 
 pub mod coded;
+#[cfg(target_arch = "x86_64")]
+mod coded_vnni;
 mod micro;
 mod pack;
 
