@@ -352,13 +352,7 @@ impl Coded {
                 // where `available` found it); `codes` holds the panel's pairs, `params` and
                 // `zeros` its blocks' 16 scales and zero points, `quant` every row's codes;
                 // each row pointer has 16 floats of `acc`.
-                unsafe {
-                    if vnni {
-                        super::coded_vnni::panel(codes, params, zeros, &quant, m, k, s.block, &rows)
-                    } else {
-                        x86::panel_int8(codes, params, zeros, &quant, m, k, s.block, &rows)
-                    }
-                };
+                unsafe { x86::panel_int8(vnni, codes, params, zeros, &quant, m, k, s.block, &rows) };
                 continue;
             }
             for b in 0..blocks {
@@ -497,13 +491,30 @@ fn block_portable(
     }
 }
 
+/// A decode step streams every weight once: asks for the 4-bit codes and the scales of
+/// block `b + 8` of a panel whose blocks have `block` rows (past the panel's end they are
+/// the next panel's, which follows in memory; a prefetch past the buffer is only a hint).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn prefetch_ahead(codes: &[u8], params: &[u8], block: usize, b: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    /// How many blocks ahead of the one it sums the decode kernel asks for weights.
+    const PREFETCH_BLOCKS: usize = 8;
+    let code_bytes = 8 * block;
+    let next = codes.as_ptr().wrapping_add(code_bytes * (b + PREFETCH_BLOCKS));
+    // SAFETY: prefetches are hints (SSE, in every x86-64 CPU): they never fault.
+    unsafe {
+        for line in (0..code_bytes).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+        }
+        _mm_prefetch::<_MM_HINT_T0>(params.as_ptr().wrapping_add(64 * (b + PREFETCH_BLOCKS)) as *const i8);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Params, MAX_NR};
     use std::arch::x86_64::*;
-
-    /// How many blocks ahead of the one it sums the decode kernel asks for weights.
-    const PREFETCH_BLOCKS: usize = 8;
 
     /// Bytes of code rows that hold `rows` weight rows from `first` at `BITS`.
     fn code_bytes<const BITS: usize>(first: usize, rows: usize) -> usize {
@@ -682,13 +693,17 @@ mod x86 {
     /// 16 bits over up to 8 pairs a lane, then in 32; then per block
     /// `row += scale · act_scale · (Σ code·q − zero · Σ q)`, exact in f32 until the products.
     ///
+    /// With `vnni`, the AVX-512 VNNI kernel (`coded_vnni::panel`) computes the same sums.
+    ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `codes` holds the panel's ⌈k/2⌉ pairs of 16 bytes;
-    /// `params` its ⌈k/block⌉ blocks of 16 f32 scales (bytes, little-endian) and `zeros` as
-    /// many of 16 bytes; `quant` is `quantize_rows(a, m, k, block)`; each of the m ≤ 4 row
-    /// pointers is valid for 16 floats.
+    /// The CPU has AVX2 and FMA (and, with `vnni`, what `coded_vnni::available` checks);
+    /// `codes` holds the panel's ⌈k/2⌉ pairs of 16 bytes; `params` its ⌈k/block⌉ blocks
+    /// of 16 f32 scales (bytes, little-endian) and `zeros` as many of 16 bytes; `quant` is
+    /// `quantize_rows(a, m, k, block)`; each of the m ≤ 4 row pointers is valid for 16
+    /// floats.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn panel_int8(
+        vnni: bool,
         codes: &[u8],
         params: &[u8],
         zeros: Option<&[u8]>,
@@ -698,16 +713,26 @@ mod x86 {
         block: usize,
         rows: &[*mut f32],
     ) {
+        use super::super::coded_vnni::panel as vnni_m;
         // SAFETY: as the caller promised. The row count is a constant inside, so that every
         // row's sums stay in registers (a loop over a variable count kept them on the stack:
         // a store-to-load round trip per step).
+        macro_rules! rows {
+            ($kernel:ident) => {
+                match m {
+                    1 => $kernel::<1>(codes, params, zeros, quant, k, block, rows),
+                    2 => $kernel::<2>(codes, params, zeros, quant, k, block, rows),
+                    3 => $kernel::<3>(codes, params, zeros, quant, k, block, rows),
+                    4 => $kernel::<4>(codes, params, zeros, quant, k, block, rows),
+                    _ => {}
+                }
+            };
+        }
         unsafe {
-            match m {
-                1 => panel_int8_m::<1>(codes, params, zeros, quant, k, block, rows),
-                2 => panel_int8_m::<2>(codes, params, zeros, quant, k, block, rows),
-                3 => panel_int8_m::<3>(codes, params, zeros, quant, k, block, rows),
-                4 => panel_int8_m::<4>(codes, params, zeros, quant, k, block, rows),
-                _ => {}
+            if vnni {
+                rows!(vnni_m)
+            } else {
+                rows!(panel_int8_m)
             }
         }
     }
@@ -749,15 +774,7 @@ mod x86 {
             for b in 0..blocks {
                 let (p0, p1) = (b * block, k.min((b + 1) * block));
                 let (r0, r1) = (p0 / 2, p1.div_ceil(2));
-                // A decode step streams every weight once: ask for the codes and scales a
-                // few blocks ahead (past the panel's end they are the next panel's, which
-                // follows in memory; a prefetch past the buffer is only a hint).
-                let (code_bytes, ahead) = (8 * block, PREFETCH_BLOCKS);
-                let next = codes.as_ptr().wrapping_add(code_bytes * (b + ahead));
-                for line in (0..code_bytes).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
-                }
-                _mm_prefetch::<_MM_HINT_T0>(params.as_ptr().wrapping_add(64 * (b + ahead)) as *const i8);
+                super::prefetch_ahead(codes, params, block, b);
                 // Sums over the block: columns 0..8 and 8..16, per lane, in 32 bits.
                 let (mut c0, mut c1) = ([z; M], [z; M]);
                 let mut r = r0;

@@ -16,47 +16,11 @@
 
 use std::arch::x86_64::*;
 
-/// How many blocks ahead of the one it sums the kernel asks for codes and scales.
-const PREFETCH_BLOCKS: usize = 8;
-
 /// Whether this CPU runs [`panel`].
 pub(crate) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vnni")
-}
-
-/// A whole panel's product with the rows quantized to int8 (`quant`, from
-/// `coded::quantize_rows`), added to `rows` (16 floats each): the AVX-512 VNNI form of
-/// `coded::x86::panel_int8`, with the same arguments.
-///
-/// # Safety
-/// [`available`]; `codes` holds the panel's ⌈k/2⌉ pairs of 16 bytes; `params` its
-/// ⌈k/block⌉ blocks of 16 f32 scales (bytes, little-endian) and `zeros` as many of 16
-/// bytes; `quant` is `quantize_rows(a, m, k, block)`; each of the m ≤ 4 row pointers is
-/// valid for 16 floats.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn panel(
-    codes: &[u8],
-    params: &[u8],
-    zeros: Option<&[u8]>,
-    quant: &[i32],
-    m: usize,
-    k: usize,
-    block: usize,
-    rows: &[*mut f32],
-) {
-    // SAFETY: as the caller promised; the row count is a constant inside, so that every
-    // row's sums stay in registers.
-    unsafe {
-        match m {
-            1 => panel_m::<1>(codes, params, zeros, quant, k, block, rows),
-            2 => panel_m::<2>(codes, params, zeros, quant, k, block, rows),
-            3 => panel_m::<3>(codes, params, zeros, quant, k, block, rows),
-            4 => panel_m::<4>(codes, params, zeros, quant, k, block, rows),
-            _ => {}
-        }
-    }
 }
 
 /// The `vpermt2w` indices that take, from the interleaved low (`a`, columns 0–7 of each
@@ -71,12 +35,17 @@ fn gather(first: usize) -> [i16; 32] {
     })
 }
 
-/// [`panel`] for `M` rows.
+/// A whole panel's product with `M` rows quantized to int8 (`quant`, from
+/// `coded::quantize_rows`), added to `rows` (16 floats each): the AVX-512 VNNI form of
+/// `coded::x86::panel_int8`, which runs it.
 ///
 /// # Safety
-/// As for [`panel`] with m = `M`.
+/// [`available`]; `codes` holds the panel's ⌈k/2⌉ pairs of 16 bytes; `params` its
+/// ⌈k/block⌉ blocks of 16 f32 scales (bytes, little-endian) and `zeros` as many of 16
+/// bytes; `quant` is `quantize_rows(a, M, k, block)`; each of the `M` ≤ 4 row pointers is
+/// valid for 16 floats.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn panel_m<const M: usize>(
+pub(crate) unsafe fn panel<const M: usize>(
     codes: &[u8],
     params: &[u8],
     zeros: Option<&[u8]>,
@@ -108,14 +77,7 @@ unsafe fn panel_m<const M: usize>(
         for b in 0..blocks {
             let (p0, p1) = (b * block, k.min((b + 1) * block));
             let (r0, r1) = (p0 / 2, p1.div_ceil(2));
-            // A decode step streams every weight once: ask for the codes and scales a few
-            // blocks ahead (a prefetch past the buffer is only a hint).
-            let (code_bytes, ahead) = (8 * block, PREFETCH_BLOCKS);
-            let next = codes.as_ptr().wrapping_add(code_bytes * (b + ahead));
-            for line in (0..code_bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
-            }
-            _mm_prefetch::<_MM_HINT_T0>(params.as_ptr().wrapping_add(64 * (b + ahead)) as *const i8);
+            super::coded::prefetch_ahead(codes, params, block, b);
             let mut c = [_mm512_setzero_si512(); M];
             let mut r = r0;
             while r < r1 {
