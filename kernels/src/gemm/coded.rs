@@ -227,6 +227,20 @@ impl Coded {
         self.shape.bytes()
     }
 
+    /// How few-row products multiply on an ISA of `kind` here, for `aim explore`.
+    pub(crate) fn rows_kernel(&self, kind: super::IsaKind) -> &'static str {
+        #[cfg(target_arch = "x86_64")]
+        if self.int8_rows && avx2(kind, self.shape.nr) {
+            return if kind == super::IsaKind::Avx512 && super::coded_vnni::available() {
+                "rows quantized per block to int8, AVX-512 VNNI vpdpbusd"
+            } else {
+                "rows quantized per block to int8, AVX2 vpmaddubsw"
+            };
+        }
+        let _ = kind;
+        "f32 rows, products on the codes in registers"
+    }
+
     fn params(&self, pj: usize, b: usize) -> Params {
         let s = self.shape;
         let all = self.bytes.bytes();
@@ -976,6 +990,30 @@ mod tests {
                         assert!((got - want).abs() <= 1e-6 * mag, "{at}: {got} vs {want}");
                     }
                 }
+            }
+        }
+    }
+
+    /// `aim explore`'s loop nest says how coded weights are read: products on the codes for
+    /// a few rows (int8 rows where the layer allows it and the ISA has the kernel), panels
+    /// widened per task for many.
+    #[test]
+    fn schedules_name_how_codes_are_read() {
+        let shape = CodedShape { k: 64, n: 40, block: 32, nr: 16, zeros: false, bits: 4 };
+        let bytes = shape.pack(|p, j| ((p + j) % 16) as u8, |_, _| 0.5, |_, _| 0);
+        for isa in Isa::all_available() {
+            for int8 in [false, true] {
+                let q =
+                    Coded::new(shape, Tensor::from_vec(&[bytes.len()], bytes.clone())).unwrap().with_int8_rows(int8);
+                let blocking = Blocking { kc: 64, mc: 24 };
+                let Ok(b) = PackedB::from_codes(isa, blocking, q) else { continue };
+                let few = super::super::schedule(isa, blocking, 1, 40, 64, Some(&b), 2).join("\n");
+                assert!(few.contains("4-bit codes × the row"), "{isa:?}: {few}");
+                let x86 = cfg!(target_arch = "x86_64")
+                    && matches!(isa.kind(), super::super::IsaKind::Avx2 | super::super::IsaKind::Avx512);
+                assert_eq!(few.contains("int8"), int8 && x86, "{isa:?} int8 {int8}: {few}");
+                let many = super::super::schedule(isa, blocking, 64, 40, 64, Some(&b), 2).join("\n");
+                assert!(many.contains("widened from its codes"), "{isa:?}: {many}");
             }
         }
     }

@@ -517,29 +517,43 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
 
 /// The loop nest [`gemm`] / [`gemm_lazy_b`] run for C[m×n] = A[m×k]·B[k×n], as lines of
 /// text (for `aim explore`): tiles, cache blocks, parallel tasks for `threads` threads.
+/// `b` is the packed B (its form decides how panels are read), or `None` for a B packed
+/// on the fly ([`gemm_lazy_b`]).
 pub fn schedule(
     isa: Isa,
     blocking: Blocking,
     m: usize,
     n: usize,
     k: usize,
-    lazy_b: bool,
+    b: Option<&PackedB>,
     threads: usize,
 ) -> Vec<String> {
     let (mr, nr) = (isa.mr(), isa.nr());
     let np = n.div_ceil(nr);
     let kblocks = k.div_ceil(blocking.kc).max(1);
-    if m <= SMALL_M && !lazy_b {
+    let coded = b.and_then(PackedB::coded);
+    if let (Some(q), true) = (coded, m <= SMALL_M) {
+        let s = q.shape;
+        return vec![format!(
+            "parallel for column-panel group in 0..{}: for row in 0..{m}: per block of {} rows, the {}-bit codes × the row ({}), scaled per block",
+            np.min(threads).max(1),
+            s.block,
+            s.bits,
+            q.rows_kernel(isa.kind())
+        )];
+    }
+    if m <= SMALL_M && b.is_some() {
         return vec![
             format!("for row in 0..{m}: vector × matrix over {np} packed column panels of {nr}"),
             format!("  for k-block in 0..{kblocks} (≤{}): row += a[k] · B[k, panel]", blocking.kc),
         ];
     }
     let tasks = np.min(threads).max(1);
-    let b = if lazy_b {
-        format!("B panel packed on the fly (kc×{nr}, stays in L1)")
-    } else {
-        "B panels packed at load time".to_string()
+    let b = match b {
+        None => format!("B panel packed on the fly (kc×{nr}, stays in L1)"),
+        Some(p) if p.coded().is_some() => "B panel widened from its codes into a per-task buffer".to_string(),
+        Some(p) if p.is_half() => "B panel widened from f16 into a per-task buffer".to_string(),
+        Some(_) => "B panels packed at load time".to_string(),
     };
     vec![
         format!("parallel for column-panel group in 0..{tasks} ({np} panels of {nr} columns)"),

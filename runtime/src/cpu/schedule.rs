@@ -55,7 +55,7 @@ impl CpuProgram {
                                 "for image in 0..{}, group in 0..{}: C[{mg} ch × {n_out} px] = W[{mg}×{k}] · im2col ({gather}, never materialised)",
                                 s[0], c.group
                             )];
-                            v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, mg, n_out, k, true, self.pool.size()).into_iter().map(|l| format!("  {l}")));
+                            v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, mg, n_out, k, None, self.pool.size()).into_iter().map(|l| format!("  {l}")));
                             v
                         }
                         _ => dynamic(),
@@ -69,7 +69,7 @@ impl CpuProgram {
                             let m: usize = s[..s.len() - 1].iter().product();
                             let a = if m > 4 && !matches!(self.isa.kind(), IsaKind::Avx512 | IsaKind::Avx2) { "packed per run" } else { "rows read in place" };
                             let mut v = vec![format!("C[{m}×{}] = A[{m}×{}] · W (W {}, A {a})", d.n, d.k, d.weight.held())];
-                            v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, m, d.n, d.k, false, self.pool.size()).into_iter().map(|l| format!("  {l}")));
+                            v.extend(aim_kernels::gemm::schedule(self.isa, self.blocking, m, d.n, d.k, Some(&d.weight), self.pool.size()).into_iter().map(|l| format!("  {l}")));
                             if let Some(p) = &d.post {
                                 v.push(format!("  each tile, after its activation: the program after the layer ({} steps, over the tile gathered into one block)", p.steps()));
                             }
