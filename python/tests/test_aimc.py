@@ -120,54 +120,40 @@ def test_errors_are_aim_errors_with_the_reason():
         aimc.InferenceSession(path("mlp"), providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
 
 
-def _int8_mlp(model, x):
-    """The mlp in numpy with each weight quantized to 8 bits per column, symmetric: scale
-    max|w| / 127, codes round(w / scale)."""
+def _quantized_mlp(model, x, quantize):
+    """The mlp (Gemm with transB, Relu) in numpy, each weight (K x N) replaced by
+    `quantize(w)`: its dequantized values."""
     import onnx
     from onnx import numpy_helper
     m = onnx.load(model)
     inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
-
-    def q8(w):
-        s = np.abs(w).max(0) / np.float32(127)
-        s = np.where(s > 0, s, 1.0).astype(np.float32)
-        return (np.clip(np.round(w / s), -127, 127) * s).astype(np.float32)
-
     h = x
     for n in m.graph.node:
         if n.op_type == "Gemm":
-            h = h @ q8(inits[n.input[1]].T) + inits[n.input[2]]
+            h = h @ quantize(inits[n.input[1]].T) + inits[n.input[2]]
         elif n.op_type == "Relu":
             h = np.maximum(h, 0)
     return h.astype(np.float32)
 
 
-def _int4_mlp(model, x, block=32):
-    """The mlp (Gemm with transB, Relu) in numpy with each weight quantized to 4 bits per
-    block of `block` rows along K: scale (max - min) / 15 over the block and 0, zero point
-    round(-min / scale), codes clamp(round(w / scale) + zero, 0, 15)."""
-    import onnx
-    from onnx import numpy_helper
-    m = onnx.load(model)
-    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+def _q8(w):
+    """8 bits per column, symmetric: scale max|w| / 127, codes round(w / scale)."""
+    s = np.abs(w).max(0) / np.float32(127)
+    s = np.where(s > 0, s, 1.0).astype(np.float32)
+    return (np.clip(np.round(w / s), -127, 127) * s).astype(np.float32)
 
-    def q4(w):
-        out = np.empty_like(w)
-        for b in range(0, w.shape[0], block):
-            blk = w[b:b + block]
-            lo, hi = np.minimum(blk.min(0), 0), np.maximum(blk.max(0), 0)
-            s = np.where(hi > lo, (hi - lo) / 15, 1.0).astype(np.float32)
-            z = np.clip(np.round(-lo / s), 0, 15)
-            out[b:b + block] = (np.clip(np.round(blk / s) + z, 0, 15) - z) * s
-        return out
 
-    h = x
-    for n in m.graph.node:
-        if n.op_type == "Gemm":
-            h = h @ q4(inits[n.input[1]].T) + inits[n.input[2]]
-        elif n.op_type == "Relu":
-            h = np.maximum(h, 0)
-    return h.astype(np.float32)
+def _q4(w, block=32):
+    """4 bits per block of `block` rows along K: scale (max - min) / 15 over the block and
+    0, zero point round(-min / scale), codes clamp(round(w / scale) + zero, 0, 15)."""
+    out = np.empty_like(w)
+    for b in range(0, w.shape[0], block):
+        blk = w[b:b + block]
+        lo, hi = np.minimum(blk.min(0), 0), np.maximum(blk.max(0), 0)
+        s = np.where(hi > lo, (hi - lo) / 15, 1.0).astype(np.float32)
+        z = np.clip(np.round(-lo / s), 0, 15)
+        out[b:b + block] = (np.clip(np.round(blk / s) + z, 0, 15) - z) * s
+    return out
 
 
 @needs_models
@@ -196,12 +182,12 @@ def test_graph_optimization_level_picks_the_opt_level():
     # them with the same quantization (ORT's MatMulNBits asymmetric formula, blocks of 32).
     q = aimc.Model(path("mlp"), weights="int4")
     got = q.run(feeds("mlp"))["gemm_15"]
-    close(got, _int4_mlp(path("mlp"), feeds("mlp")["input"]))
+    close(got, _quantized_mlp(path("mlp"), feeds("mlp")["input"], _q4))
     with pytest.raises(aimc.AimError, match="int4:BLOCK"):
         aimc.Model(path("mlp"), weights="int3")
     # weights="int8": per-column symmetric 8-bit weights, as numpy computes them.
     q8 = aimc.Model(path("mlp"), weights="int8")
-    close(q8.run(feeds("mlp"))["gemm_15"], _int8_mlp(path("mlp"), feeds("mlp")["input"]))
+    close(q8.run(feeds("mlp"))["gemm_15"], _quantized_mlp(path("mlp"), feeds("mlp")["input"], _q8))
     m = aimc.Model(path("mlp"), opt_level=2, disabled_passes=["fuse-epilogues"])
     assert m.opt_level == 2
     close(m.run(feeds("mlp"))["gemm_15"], aimc.Model(path("mlp")).run(feeds("mlp"))["gemm_15"])
