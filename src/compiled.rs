@@ -34,17 +34,20 @@ pub fn is_aim_file(path: &Path) -> bool {
 }
 
 /// The model at `path` as the IR: an ONNX file imported, or the graph a `.aim` file holds
-/// (an optimized one holds `aim`-domain ops that only the cpu backend runs).
+/// (an optimized one holds `aim`-domain ops that only the cpu backend runs; of a package
+/// for several targets, the program this CPU would load, else the first).
 pub fn import(path: &Path) -> Result<aim_ir::Model, Error> {
     if is_aim_file(path) {
-        Ok(aim_file::read(path)?.model)
+        let choose = |hs: &[Header]| Ok(crate::package::choose(hs, "native").unwrap_or(0));
+        Ok(aim_file::read_choosing(path, &choose)?.model)
     } else {
         Ok(aim_onnx::import_file(path)?)
     }
 }
 
-/// The header of the `.aim` file at `path`, with the number of constants whose checksums
-/// were verified when `verify` is set.
+/// The header of the `.aim` file at `path` (of its first program), with the bytes of its
+/// data section and the number of constants whose checksums were verified when `verify`
+/// is set.
 pub fn header(path: &Path, verify: bool) -> Result<(Header, usize, Option<usize>), Error> {
     let f = aim_file::read(path)?;
     let verified = if verify {
@@ -173,7 +176,7 @@ pub(crate) fn prepack(mut g: aim_ir::Graph, target: &Target, path: &str) -> Resu
 /// The target an optimized `.aim` file was compiled for, on this host: the same ISA level
 /// (the blocked layouts and kernels in the program are chosen for it) and the recorded
 /// cache sizes (so the program blocks its loops exactly as where it was compiled).
-fn recorded_target(h: &Header, path: &str, cpu: &str) -> Result<Target, Error> {
+pub(crate) fn recorded_target(h: &Header, path: &str, cpu: &str) -> Result<Target, Error> {
     let get = |k: &str| {
         h.target
             .get(k)
@@ -219,7 +222,7 @@ fn recorded_target(h: &Header, path: &str, cpu: &str) -> Result<Target, Error> {
 /// Loads a `.aim` file (see the module docs for the two stages).
 pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
     let p = path.display().to_string();
-    let file = aim_file::read(path)?;
+    let file = aim_file::read_choosing(path, &|hs: &[Header]| crate::package::choose(hs, &opts.cpu))?;
     let (header, mut ir) = (file.header.clone(), file.model);
     match header.stage.as_str() {
         "source" => {

@@ -21,6 +21,7 @@ pub mod gpu;
 mod guard;
 pub mod logging;
 pub mod npz;
+pub mod package;
 pub mod quantize;
 mod random;
 #[cfg(feature = "serve")]
@@ -283,7 +284,15 @@ pub fn parse_weights(w: &str) -> Result<WeightChoice, String> {
 /// weight and pass choices, which are checked here (an unknown pass name, or f16 weights
 /// at a level without the packed kernels that keep them, is an error naming the option).
 pub(crate) fn cpu_target(opts: &Options) -> Result<aim_compiler::target::Target, Error> {
-    let mut target = aim_compiler::target::Target::host().with_cpu(&opts.cpu)?;
+    with_options(aim_compiler::target::Target::host().with_cpu(&opts.cpu)?, opts)
+}
+
+/// `target` with the compile options of `opts` (level, disabled passes, weights), checked
+/// against each other.
+pub(crate) fn with_options(
+    mut target: aim_compiler::target::Target,
+    opts: &Options,
+) -> Result<aim_compiler::target::Target, Error> {
     target.half_weights = opts.half_weights;
     target.optimization =
         aim_compiler::passes::Optimization { level: opts.opt_level, disabled: opts.disabled_passes.clone() };

@@ -2,7 +2,8 @@
 # The AArch64 build (NEON microkernels, portable kernels, Cranelift's AArch64 backend) under
 # user-mode QEMU: the kernel, runtime and compiler unit tests, ONNX conformance on both
 # backends, the differential tests (under the NEON and baseline caps), the fuzz corpus and
-# the quantized models on the integer kernels (NEON `sdot`: QEMU's CPU has FEAT_DotProd);
+# the quantized models on the integer kernels (NEON `sdot`: QEMU's CPU has FEAT_DotProd), and
+# a package of every target (`aim compile --target all`) picking and running its AArch64 program;
 # then, given MODELS_DIR, shared objects cross-compiled on this machine by `aim compile
 # --target aarch64-unknown-linux-gnu` (target/release/aim) run from the C example against
 # the AArch64 libaim_runtime.so. Installs the AArch64 Rust standard library (rustup),
@@ -32,7 +33,7 @@ echo "== [${SECONDS}s] aarch64: unit tests of the libraries, conformance, differ
 # minutes more.
 AIM_SKIP_PTX_INTERPRETER=1 AIM_ONNX_CASES="$cases" AIM_REQUIRE_CONFORMANCE=1 \
     cargo test "${target[@]}" --no-default-features -p aim-kernels -p aim-runtime -p aim-onnx -p aim-compiler -p aim \
-    --lib --test kernels --test conformance --test differential --test fuzz_corpus --test quantized_kernels
+    --lib --test kernels --test conformance --test differential --test fuzz_corpus --test quantized_kernels --test package
 if [ -n "$models" ]; then
     echo "== [${SECONDS}s] aarch64 shared objects from C"
     cargo build "${target[@]}" -p aim-runtime-capi

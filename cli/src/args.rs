@@ -213,8 +213,11 @@ pub(crate) enum Cmd {
         #[arg(short, long)]
         output: PathBuf,
         /// Compile a shared object for TRIPLE[,LEVEL]: x86_64-unknown-linux-gnu (levels
-        /// x86-64-v3, x86-64-v4, ...; default the host's) or aarch64-unknown-linux-gnu.
-        #[arg(long, value_name = "TRIPLE[,LEVEL]")]
+        /// x86-64-v3, x86-64-v4, ...; default the host's) or aarch64-unknown-linux-gnu. With
+        /// a .aim output, a package of one program per target: `all`, or a list of
+        /// x86_64-unknown-linux-gnu, x86-64-v2, x86-64-v3, x86-64-v4 and
+        /// aarch64-unknown-linux-gnu (loading picks the best one the CPU runs).
+        #[arg(long, value_name = "TRIPLE[,LEVEL] | all | LIST")]
         target: Option<String>,
         /// With --target: the prefix of the exported symbols (NAME_load); default from the
         /// output's file name.

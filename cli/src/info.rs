@@ -20,8 +20,22 @@ pub(crate) fn info(out: &mut dyn Write, path: PathBuf, verify: bool) -> Result<(
     writeln!(out, "model: {}", path.display())?;
     if aim_file {
         let (h, data, verified) = aim::compiled::header(&path, verify)?;
-        let target: Vec<String> = h.target.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        writeln!(out, "aim file: {} program from {} by {} (target {})", h.stage, h.source, h.writer, target.join(" "))?;
+        let (programs, chosen) = aim::package::programs(&path, "native")?;
+        let target = |h: &aim_ir::aim_file::Header| -> String {
+            h.target.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        };
+        if programs.len() == 1 {
+            writeln!(out, "aim file: {} program from {} by {} (target {})", h.stage, h.source, h.writer, target(&h))?;
+        } else {
+            writeln!(out, "aim file: {} programs from {} by {}", programs.len(), h.source, h.writer)?;
+            for (i, p) in programs.iter().enumerate() {
+                let mark = if chosen.as_ref().ok() == Some(&i) { "  (runs here)" } else { "" };
+                writeln!(out, "  program {i}: {} {} (target {}){mark}", p.stage, aim::package::describe(p), target(p))?;
+            }
+            if let Err(why) = &chosen {
+                writeln!(out, "  {why}")?;
+            }
+        }
         writeln!(out, "data section: {:.1} MiB", data as f64 / (1 << 20) as f64)?;
         if let Some(n) = verified {
             writeln!(out, "checksums: all {n} constants verified")?;

@@ -153,35 +153,14 @@ fn dispatch(cli: Cli) -> Result<bool> {
             let q = output.with_extension("quantized.onnx");
             let opts =
                 quantize::quantize_options(&mode, calibration, &method, symmetric, per_channel, Vec::new(), None);
-            let done = opts.and_then(|o| quantize::quantize_cmd(&mut out, &model, &q, &o)).and_then(|_| match target {
-                Some(_) if cpu != "native" => {
-                    Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
-                }
-                Some(t) => compile::aot_options(t, name, linker, &shape, &passes)
-                    .and_then(|o| compile::compile_so(&mut out, &q, &output, &o)),
-                None if name.is_some() || linker.is_some() => {
-                    Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
-                }
-                None => compile::compile_cmd(&mut out, &q, &output, &cpu, &shape, &passes),
-            });
+            let done = opts
+                .and_then(|o| quantize::quantize_cmd(&mut out, &model, &q, &o))
+                .and_then(|_| compile::compile_any(&mut out, &q, &output, &cpu, &shape, target, name, linker, &passes));
             let _ = std::fs::remove_file(&q);
             done.map(|_| true)
         }
-        Cmd::Compile { model, output, cpu, shape, target: Some(target), name, linker, passes, .. } => {
-            if cpu != "native" {
-                Err(anyhow::anyhow!("--cpu caps a .aim file's level; with --target give the level as TRIPLE,LEVEL"))
-            } else {
-                compile::aot_options(target, name, linker, &shape, &passes)
-                    .and_then(|o| compile::compile_so(&mut out, &model, &output, &o))
-                    .map(|_| true)
-            }
-        }
-        Cmd::Compile { model, output, cpu, shape, target: None, name, linker, passes, .. } => {
-            if name.is_some() || linker.is_some() {
-                Err(anyhow::anyhow!("--name and --linker are for shared objects (--target)"))
-            } else {
-                compile::compile_cmd(&mut out, &model, &output, &cpu, &shape, &passes).map(|_| true)
-            }
+        Cmd::Compile { model, output, cpu, shape, target, name, linker, passes, .. } => {
+            compile::compile_any(&mut out, &model, &output, &cpu, &shape, target, name, linker, &passes).map(|_| true)
         }
         Cmd::Quantize {
             model,

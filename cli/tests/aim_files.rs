@@ -100,6 +100,46 @@ fn symbolic_dims_are_stored_as_source_or_specialised_with_a_shape() {
     assert!(String::from_utf8_lossy(&o.stderr).contains('x'), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// `aim compile --target all` with a `.aim` output writes one package: it says what each
+/// program reads, `aim info` lists the programs and which one runs here, `aim run` runs
+/// that one as the single-target file does, and the flags of shared objects are refused.
+#[test]
+fn a_package_for_every_target_lists_and_runs_its_programs() {
+    let d = tempdir("aim-package");
+    let onnx = conv_model(&d, "2");
+    let (all, single) = (d.join("all.aim"), d.join("single.aim"));
+    let said = ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", all.to_str().unwrap(), "--target", "all"]));
+    assert!(said.contains("5 optimized programs"), "{said}");
+    assert!(said.contains("aarch64 aarch64-neon:") && said.contains("0.0 MiB of them its own"), "{said}");
+    let info = ok(&aim(&["info", all.to_str().unwrap(), "--verify"]));
+    for s in [
+        "aim file: 5 programs from net_2.onnx",
+        "program 0: optimized x86_64 baseline",
+        "program 4: optimized aarch64 aarch64-neon",
+        "(runs here)",
+        "checksums: all 1 constants verified",
+    ] {
+        assert!(info.contains(s), "{s:?} not in:\n{info}");
+    }
+    ok(&aim(&["compile", onnx.to_str().unwrap(), "-o", single.to_str().unwrap()]));
+    write_npz(&d.join("in.npz"), &[("x".into(), input(2))]).unwrap();
+    let want = outputs(&single, &d.join("in.npz"), &d.join("a.npz"));
+    let got = outputs(&all, &d.join("in.npz"), &d.join("b.npz"));
+    assert_eq!(got[0].1.bytes(), want[0].1.bytes(), "bit for bit the single-target file's outputs");
+    for (target, extra, want) in [
+        ("all", vec!["--cpu", "x86-64-v3"], "--cpu caps a single-target .aim file's level"),
+        ("all", vec!["--name", "net"], "--name and --linker are for shared objects"),
+        ("x86-64-v3,x86-64-v9", vec![], "'x86-64-v9' is not a target of a .aim file"),
+    ] {
+        let mut args = vec!["compile", onnx.to_str().unwrap(), "-o", all.to_str().unwrap(), "--target", target];
+        args.extend(extra.iter().copied());
+        let o = aim(&args);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        assert!(e.contains(want) && !e.contains("panicked"), "{args:?}: wanted {want:?} in {e}");
+    }
+}
+
 #[test]
 fn damaged_aim_files_are_one_line_errors() {
     let d = tempdir("aim-damaged");

@@ -65,6 +65,14 @@ pub enum Level {
 }
 
 impl Level {
+    /// Every level, lowest first within each architecture.
+    pub const ALL: [Level; 5] = [Level::Baseline, Level::X86V2, Level::X86V3, Level::X86V4, Level::Neon];
+
+    /// The level [`Level::name`] names (how `.aim` files record it).
+    pub fn named(name: &str) -> Option<Level> {
+        Level::ALL.into_iter().find(|l| l.name() == name)
+    }
+
     /// The name `--cpu` takes for this level.
     pub fn name(self) -> &'static str {
         match self {
@@ -263,6 +271,8 @@ impl Target {
     pub fn with_cpu(mut self, cpu: &str) -> Result<Target, UnknownCpu> {
         let cap = match cpu {
             "native" | "" => return Ok(self),
+            // NEON is every AArch64 CPU's level: naming it caps nothing.
+            "aarch64-neon" | "neon" if self.arch == "aarch64" => return Ok(self),
             "x86-64-v4" => Level::X86V4,
             "x86-64-v3" => Level::X86V3,
             "x86-64-v2" => Level::X86V2,

@@ -17,8 +17,11 @@ use std::sync::Arc;
 
 /// The first 8 bytes of every `.aim` file.
 pub const MAGIC: &[u8; 8] = b"AIMFILE\0";
-/// The format version this build writes and reads.
+/// The format version of a file with one program, which this build writes and reads.
 pub const VERSION: u32 = 1;
+/// The format version of a file with several programs over one data section (a package
+/// for several targets, [`write_package`]), which this build writes and reads.
+pub const VERSION_PACKAGE: u32 = 2;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = 64;
 /// Alignment of every constant in the data section.
@@ -65,12 +68,18 @@ pub struct ArenaPlan {
     pub slots: Vec<(String, usize, usize)>,
 }
 
-/// An opened `.aim` file: the model (constants viewing the mapped file) and its header.
+/// An opened `.aim` file: one of its programs as a model (constants viewing the mapped
+/// file), with the headers of every program it holds.
 pub struct AimFile {
-    /// The program, with every `@k` constant a view of the mapped data section.
+    /// The chosen program, with every `@k` constant a view of the mapped data section.
     pub model: Model,
-    /// The stage, target and provenance.
+    /// The chosen program's stage, target and provenance.
     pub header: Header,
+    /// Every program's header, in file order (one, except in a package for several
+    /// targets): what a loader chooses from, and what `aim info` lists.
+    pub programs: Vec<Header>,
+    /// The index in `programs` of the one read into `model`.
+    pub chosen: usize,
     constants: Vec<Constant>,
     backing: Backing,
     data_off: usize,
@@ -127,6 +136,25 @@ fn align(x: usize, a: usize) -> usize {
 /// Writes `model` with `header` to `path` (replacing it): the program text with its
 /// larger constants in the data section.
 pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileError> {
+    write_package(path, &[(model, header)]).map(|_| ())
+}
+
+/// How much of a package's data section one program reads ([`write_package`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramBytes {
+    /// Bytes of the constants the program reads.
+    pub read: usize,
+    /// Bytes of those that no other program of the file reads.
+    pub own: usize,
+}
+
+/// Writes several programs of one model to `path` (replacing it), each with its header,
+/// over one data section in which equal constants are stored once (`aim compile --target
+/// all`: a program per ISA level and architecture, sharing the weights their layouts agree
+/// on). One program is written as [`write`] writes it (version [`VERSION`]); more, as
+/// version [`VERSION_PACKAGE`].
+/// Returns, per program, the bytes of constants it reads and of those no other program reads.
+pub fn write_package(path: &Path, programs: &[(&Model, &Header)]) -> Result<Vec<ProgramBytes>, AimFileError> {
     let err = |reason: String| AimFileError { path: path.display().to_string(), reason };
     if path.is_dir() {
         return Err(err("is a directory; give the file to write".into()));
@@ -135,10 +163,11 @@ pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileE
     let file = std::fs::File::create(&tmp).map_err(|e| err(format!("cannot create {}: {e}", tmp.display())))?;
     let written = (|| {
         let mut w = std::io::BufWriter::new(file);
-        write_to(&mut w, model, header)?;
+        let bytes = write_to(&mut w, programs)?;
         w.flush().map_err(|e| format!("write failed: {e}"))?;
         drop(w);
-        std::fs::rename(&tmp, path).map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))
+        std::fs::rename(&tmp, path).map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
+        Ok(bytes)
     })();
     // No partial file is left behind on any error.
     if written.is_err() {
@@ -150,47 +179,59 @@ pub fn write(path: &Path, model: &Model, header: &Header) -> Result<(), AimFileE
 /// The bytes of the `.aim` file [`write`] would write: what a shared object embeds.
 pub fn to_bytes(model: &Model, header: &Header) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
-    write_to(&mut out, model, header)?;
+    write_to(&mut out, &[(model, header)])?;
     Ok(out)
 }
 
-/// Writes the file's bytes to `w`.
-fn write_to(w: &mut impl Write, model: &Model, header: &Header) -> Result<(), String> {
-    let (text, tensors) = crate::text::print_model_with_data(model);
-    let mut offset = 0usize;
-    let mut table = Vec::with_capacity(tensors.len());
-    for t in &tensors {
-        let o = align(offset, CONST_ALIGN);
-        let bytes = t.bytes();
-        table.push(serde_json::json!({
-            "offset": o,
-            "bytes": bytes.len(),
-            "dtype": t.dtype().name(),
-            "shape": t.shape(),
-            "fnv1a64": format!("{:016x}", fnv1a64(bytes)),
-        }));
-        offset = o + bytes.len();
-    }
-    let mut index = serde_json::json!({
-        "stage": header.stage,
-        "target": header.target,
-        "writer": header.writer,
-        "source": header.source,
-        "constants": table,
-        "program": text,
-    });
+/// The index entries of one program: its stage, target, arena plan and text.
+fn program_entry(header: &Header, text: String) -> serde_json::Value {
+    let mut p = serde_json::json!({ "stage": header.stage, "target": header.target, "program": text });
     if let Some(plan) = &header.plan {
-        index["plan"] = serde_json::json!({
+        p["plan"] = serde_json::json!({
             "arena_bytes": plan.arena_bytes,
             "slots": plan.slots.iter().map(|(n, o, b)| serde_json::json!([n, o, b])).collect::<Vec<_>>(),
         });
     }
+    p
+}
+
+/// Writes the file's bytes to `w`; returns what each program reads of them.
+fn write_to(w: &mut impl Write, programs: &[(&Model, &Header)]) -> Result<Vec<ProgramBytes>, String> {
+    let Some(&(_, first)) = programs.first() else {
+        return Err("no program to write".into());
+    };
+    let models: Vec<&Model> = programs.iter().map(|&(m, _)| m).collect();
+    let (texts, table) = crate::text::print_models_with_data(&models);
+    let tensors = &table.tensors;
+    let mut offset = 0usize;
+    let mut entries = Vec::with_capacity(tensors.len());
+    for (t, h) in tensors.iter().zip(&table.checksums) {
+        let o = align(offset, CONST_ALIGN);
+        let bytes = t.bytes();
+        entries.push(serde_json::json!({
+            "offset": o,
+            "bytes": bytes.len(),
+            "dtype": t.dtype().name(),
+            "shape": t.shape(),
+            "fnv1a64": format!("{h:016x}"),
+        }));
+        offset = o + bytes.len();
+    }
+    let mut entries_of = texts.into_iter().zip(programs).map(|(text, &(_, h))| program_entry(h, text));
+    let (version, mut index) = if programs.len() == 1 {
+        (VERSION, entries_of.next().expect("one program"))
+    } else {
+        (VERSION_PACKAGE, serde_json::json!({ "programs": entries_of.collect::<Vec<_>>() }))
+    };
+    index["writer"] = serde_json::json!(first.writer);
+    index["source"] = serde_json::json!(first.source);
+    index["constants"] = serde_json::json!(entries);
     let index = serde_json::to_vec(&index).map_err(|e| format!("cannot encode the index: {e}"))?;
     let index_off = HEADER_BYTES;
     let data_off = align(index_off + index.len(), DATA_ALIGN);
     let mut head = Vec::with_capacity(HEADER_BYTES);
     head.extend_from_slice(MAGIC);
-    head.extend_from_slice(&VERSION.to_le_bytes());
+    head.extend_from_slice(&version.to_le_bytes());
     head.extend_from_slice(&0u32.to_le_bytes());
     for v in [index_off, index.len(), data_off, offset] {
         head.extend_from_slice(&(v as u64).to_le_bytes());
@@ -202,21 +243,47 @@ fn write_to(w: &mut impl Write, model: &Model, header: &Header) -> Result<(), St
     w.write_all(&index).map_err(io)?;
     w.write_all(&vec![0u8; data_off - index_off - index.len()]).map_err(io)?;
     let mut at = 0usize;
-    for t in &tensors {
+    for t in tensors {
         let o = align(at, CONST_ALIGN);
         w.write_all(&vec![0u8; o - at]).map_err(io)?;
         w.write_all(t.bytes()).map_err(io)?;
         at = o + t.bytes().len();
     }
-    Ok(())
+    let mut bytes = vec![ProgramBytes { read: 0, own: 0 }; programs.len()];
+    for (t, &users) in tensors.iter().zip(&table.users) {
+        for (i, b) in bytes.iter_mut().enumerate() {
+            if users & (1u64 << i.min(63)) != 0 {
+                b.read += t.bytes().len();
+                if users.count_ones() == 1 {
+                    b.own += t.bytes().len();
+                }
+            }
+        }
+    }
+    Ok(bytes)
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// Opens a `.aim` file: maps it, checks its structure and builds the model over the map.
+/// Chooses which of a file's programs to read, from their headers (file order): an index,
+/// or why none fits (the error then names the file).
+pub type Chooser<'a> = &'a dyn Fn(&[Header]) -> Result<usize, String>;
+
+/// The first program (the only one, but in a package).
+fn first(_: &[Header]) -> Result<usize, String> {
+    Ok(0)
+}
+
+/// Opens a `.aim` file: maps it, checks its structure and builds the model of its first
+/// program over the map.
 pub fn read(path: &Path) -> Result<AimFile, AimFileError> {
+    read_choosing(path, &first)
+}
+
+/// Opens a `.aim` file as [`read`] does, reading the program `choose` picks.
+pub fn read_choosing(path: &Path, choose: Chooser<'_>) -> Result<AimFile, AimFileError> {
     let err = |reason: String| AimFileError { path: path.display().to_string(), reason };
     let file = std::fs::File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
     // SAFETY: the map is read-only; aim's files are not written while models use them
@@ -229,7 +296,7 @@ pub fn read(path: &Path) -> Result<AimFile, AimFileError> {
     // not front to back: reading ahead would make the whole file resident.
     #[cfg(unix)]
     let _ = map.advise(memmap2::Advice::Random);
-    from_backing(Backing::Map(crate::mapped::register(map))).map_err(err)
+    from_backing(Backing::Map(crate::mapped::register(map)), choose).map_err(err)
 }
 
 /// Parses a `.aim` image that lives as long as the process (the read-only data of a shared
@@ -239,7 +306,7 @@ pub fn parse_static(bytes: &'static [u8]) -> Result<AimFile, String> {
     if !(bytes.as_ptr() as usize).is_multiple_of(DATA_ALIGN) {
         return Err(format!("the image at {:p} does not start on a {DATA_ALIGN}-byte boundary", bytes.as_ptr()));
     }
-    from_backing(Backing::Static(bytes))
+    from_backing(Backing::Static(bytes), &first)
 }
 
 /// Parses a `.aim` file held in memory (what [`read`] does after mapping; the fuzz target's
@@ -248,15 +315,15 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<AimFile, String> {
     let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| format!("cannot allocate: {e}"))?;
     anon[..bytes.len()].copy_from_slice(bytes);
     let map = anon.make_read_only().map_err(|e| format!("cannot seal: {e}"))?;
-    from_backing_len(Backing::Map(Arc::new(map)), bytes.len())
+    from_backing_len(Backing::Map(Arc::new(map)), bytes.len(), &first)
 }
 
-fn from_backing(backing: Backing) -> Result<AimFile, String> {
+fn from_backing(backing: Backing, choose: Chooser<'_>) -> Result<AimFile, String> {
     let len = backing.bytes().len();
-    from_backing_len(backing, len)
+    from_backing_len(backing, len, choose)
 }
 
-fn from_backing_len(backing: Backing, len: usize) -> Result<AimFile, String> {
+fn from_backing_len(backing: Backing, len: usize, choose: Chooser<'_>) -> Result<AimFile, String> {
     let b = &backing.bytes()[..len];
     if b.len() < HEADER_BYTES {
         return Err(format!("truncated: {} bytes, shorter than the {HEADER_BYTES}-byte header", b.len()));
@@ -265,8 +332,10 @@ fn from_backing_len(backing: Backing, len: usize) -> Result<AimFile, String> {
         return Err("not a .aim file (bad magic)".into());
     }
     let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
-        return Err(format!("format version {version}; this aim reads version {VERSION} (compile the model again)"));
+    if version != VERSION && version != VERSION_PACKAGE {
+        return Err(format!(
+            "format version {version}; this aim reads versions {VERSION} and {VERSION_PACKAGE} (compile the model again)"
+        ));
     }
     let flags = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
     if flags != 0 {
@@ -296,21 +365,43 @@ fn from_backing_len(backing: Backing, len: usize) -> Result<AimFile, String> {
     }
     let index: serde_json::Value =
         serde_json::from_slice(index).map_err(|e| format!("corrupt: the index is not valid JSON: {e}"))?;
-    let text_of = |k: &str| -> Result<String, String> {
+    // Version 1 is one program whose entries sit in the index itself; version 2 lists them.
+    let listed: Vec<&serde_json::Value> = if version == VERSION {
+        vec![&index]
+    } else {
+        let list = index.get("programs").and_then(|p| p.as_array()).ok_or("the index has no 'programs' list")?;
+        if list.is_empty() {
+            return Err("the index's 'programs' list is empty".into());
+        }
+        list.iter().collect()
+    };
+    let top = |k: &str| -> Result<String, String> {
         index.get(k).and_then(|v| v.as_str()).map(str::to_string).ok_or_else(|| format!("the index has no '{k}'"))
     };
-    let mut target = BTreeMap::new();
-    if let Some(t) = index.get("target").and_then(|t| t.as_object()) {
-        for (k, v) in t {
-            target.insert(k.clone(), v.as_str().ok_or_else(|| format!("target '{k}' is not a string"))?.to_string());
+    let (writer, source) = (top("writer")?, top("source")?);
+    let mut programs = Vec::with_capacity(listed.len());
+    let mut texts = Vec::with_capacity(listed.len());
+    for (i, p) in listed.iter().enumerate() {
+        // Errors in a package name the program; a one-program file has only the one.
+        let which = if version == VERSION { String::new() } else { format!("program {i}: ") };
+        let text_of = |k: &str| -> Result<&str, String> {
+            p.get(k).and_then(|v| v.as_str()).ok_or_else(|| format!("{which}the index has no '{k}'"))
+        };
+        let mut target = BTreeMap::new();
+        if let Some(t) = p.get("target").and_then(|t| t.as_object()) {
+            for (k, v) in t {
+                let v = v.as_str().ok_or_else(|| format!("{which}target '{k}' is not a string"))?;
+                target.insert(k.clone(), v.to_string());
+            }
         }
+        let plan = match p.get("plan") {
+            None => None,
+            Some(p) => Some(plan_of(p).ok_or_else(|| format!("{which}corrupt: the index's 'plan' is malformed"))?),
+        };
+        let stage = text_of("stage")?.to_string();
+        texts.push(text_of("program")?);
+        programs.push(Header { stage, target, writer: writer.clone(), source: source.clone(), plan });
     }
-    let plan = match index.get("plan") {
-        None => None,
-        Some(p) => Some(plan_of(p).ok_or("corrupt: the index's 'plan' is malformed")?),
-    };
-    let header =
-        Header { stage: text_of("stage")?, target, writer: text_of("writer")?, source: text_of("source")?, plan };
     let entries = index.get("constants").and_then(|c| c.as_array()).ok_or("the index has no 'constants' list")?;
     let mut constants = Vec::with_capacity(entries.len());
     for (k, e) in entries.iter().enumerate() {
@@ -346,7 +437,8 @@ fn from_backing_len(backing: Backing, len: usize) -> Result<AimFile, String> {
         }
         constants.push(Constant { offset, bytes, dtype, shape, fnv1a64 });
     }
-    let program = text_of("program")?;
+    let chosen = choose(&programs)?;
+    let program = *texts.get(chosen).ok_or_else(|| format!("there is no program {chosen}"))?;
     let resolve = |k: usize, dtype: DType, shape: &[usize]| -> Result<Tensor, String> {
         let c = constants.get(k).ok_or_else(|| format!("there are only {} constants", constants.len()))?;
         if c.dtype != dtype || c.shape != shape {
@@ -369,9 +461,10 @@ fn from_backing_len(backing: Backing, len: usize) -> Result<AimFile, String> {
         }
         .map_err(|e| e.to_string())
     };
-    let model = crate::text::parse_model_with_data(&program, &resolve)
+    let model = crate::text::parse_model_with_data(program, &resolve)
         .map_err(|e| format!("corrupt: the program text does not parse: {e}"))?;
-    Ok(AimFile { model, header, constants, backing, data_off })
+    let header = programs[chosen].clone();
+    Ok(AimFile { model, header, programs, chosen, constants, backing, data_off })
 }
 
 /// An arena plan from its JSON form, `{"arena_bytes": n, "slots": [[name, offset, bytes]]}`.

@@ -165,3 +165,82 @@ fn writing_over_a_directory_leaves_nothing_behind() {
     assert!(!dir.with_extension("aim.partial").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The same model with its weight `w` scaled by `k`: a program whose other constants equal
+/// `sample`'s (as two targets' programs share the weights their layouts agree on).
+fn sample_with_w_scaled(k: f32) -> Model {
+    let mut m = sample();
+    let w: Vec<f32> = m.graph.initializers["w"].data::<f32>().iter().map(|x| x * k).collect();
+    m.graph.initializers.insert("w".into(), Tensor::from_slice(&[300, 7], &w));
+    m
+}
+
+fn header_for_level(level: &str) -> Header {
+    let mut h = header();
+    h.target.insert("level".into(), level.into());
+    h
+}
+
+/// A package of three programs stores each distinct constant once, lists every program's
+/// header, and reads the program the chooser picks, its constants views of the one data
+/// section.
+#[test]
+fn packages_share_equal_constants_and_read_the_chosen_program() {
+    let dir = std::env::temp_dir().join(format!("aim-file-package-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("all.aim");
+    let (a, b, c) = (sample(), sample_with_w_scaled(2.0), sample());
+    let (ha, hb, hc) = (header_for_level("x86-64-v2"), header_for_level("x86-64-v3"), header_for_level("x86-64-v4"));
+    let bytes_read = write_package(&p, &[(&a, &ha), (&b, &hb), (&c, &hc)]).expect("writes");
+    let (w, odd) = (300 * 7 * 4, 33);
+    let both = |read, own| ProgramBytes { read, own };
+    assert_eq!(bytes_read, vec![both(w + odd, 0), both(w + odd, w), both(w + odd, 0)]);
+    let bytes = std::fs::read(&p).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), VERSION_PACKAGE);
+    let pick_v3 = |hs: &[Header]| -> Result<usize, String> {
+        hs.iter().position(|h| h.target["level"] == "x86-64-v3").ok_or_else(|| "no v3".to_string())
+    };
+    let f = read_choosing(&p, &pick_v3).expect("reads");
+    assert_eq!(f.programs, vec![ha, hb.clone(), hc]);
+    assert_eq!((f.chosen, &f.header), (1, &hb));
+    assert_eq!(print_model(&f.model, TensorDetail::Full), print_model(&b, TensorDetail::Full));
+    // w twice (two values) and `odd` once: the programs share `odd` and a's w with c's.
+    assert_eq!(f.verify(), Ok(3));
+    assert_eq!(f.data_bytes(), 2 * 300 * 7 * 4 + 33);
+    let first = read(&p).expect("reads the first");
+    assert_eq!(print_model(&first.model, TensorDetail::Full), print_model(&a, TensorDetail::Full));
+    let e = read_choosing(&p, &|_: &[Header]| Err("none of them runs here".to_string())).err().expect("refused");
+    assert!(e.to_string().contains("none of them runs here") && e.to_string().contains("all.aim"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A package whose program list is missing or empty, or whose program lacks its text, is a
+/// clear error naming the program.
+#[test]
+fn damaged_package_indexes_are_clear_errors() {
+    let (a, b) = (sample(), sample_with_w_scaled(3.0));
+    let (ha, hb) = (header_for_level("x86-64-v3"), header_for_level("x86-64-v4"));
+    let mut bytes = Vec::new();
+    write_to(&mut bytes, &[(&a, &ha), (&b, &hb)]).unwrap();
+    assert!(parse_bytes(&bytes).is_ok());
+    let index_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+    let index = std::str::from_utf8(&bytes[64..64 + index_len]).unwrap().to_string();
+    let edits = [
+        ("\"programs\":", "\"programz\":", "no 'programs' list"),
+        ("\"program\":\"opset", "\"text\":\"opset", "program 0: the index has no 'program'"),
+        ("\"stage\":\"optimized\"", "\"stage\":7", "program 0: the index has no 'stage'"),
+    ];
+    for (from, to, want) in edits {
+        assert!(index.contains(from), "{from} not in {index}");
+        let fixed = index.replacen(from, to, 1);
+        let mut b = bytes[..64].to_vec();
+        b[24..32].copy_from_slice(&(fixed.len() as u64).to_le_bytes());
+        b[48..56].copy_from_slice(&fnv1a64(fixed.as_bytes()).to_le_bytes());
+        b.extend_from_slice(fixed.as_bytes());
+        let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+        b.resize(data_off, 0);
+        b.extend_from_slice(&bytes[data_off..]);
+        let e = parse_bytes(&b).err().unwrap_or_else(|| panic!("{from} -> {to} accepted"));
+        assert!(e.contains(want), "{from} -> {to}: wanted '{want}' in: {e}");
+    }
+}

@@ -6,7 +6,8 @@ mod print;
 
 pub use parse::{parse_graph, parse_model, parse_model_with_data, DataResolver, ParseError};
 pub use print::{
-    print_graph, print_model, print_model_with_data, print_node, quote_str, tensor_literal, TensorDetail, INLINE_MAX,
+    print_graph, print_model, print_model_with_data, print_models_with_data, print_node, quote_str, tensor_literal,
+    ConstantTable, TensorDetail, INLINE_MAX,
 };
 
 /// True for characters a value name may use without quotes.

@@ -30,9 +30,46 @@ pub enum TensorDetail {
 enum Mode<'a> {
     /// Written out as literals, in full or summarised.
     Inline(TensorDetail),
-    /// Tensors of more than [`INLINE_MAX`] elements appended to a table and printed as
+    /// Tensors of more than [`INLINE_MAX`] elements added to a table and printed as
     /// `@index` references into it; smaller ones written out in full.
-    Table(&'a RefCell<Vec<Tensor>>),
+    Table(&'a RefCell<ConstantTable>),
+}
+
+/// The constants of one or more printed models, each distinct tensor once: a tensor equal
+/// to one already in the table (same dtype, shape and bytes) is referenced by that one's
+/// index. That is how the programs of a multi-target `.aim` file share the weights their
+/// targets agree on, and how a model reading one weight twice stores it once.
+#[derive(Default)]
+pub struct ConstantTable {
+    /// The tensors, in the order first printed.
+    pub tensors: Vec<Tensor>,
+    /// FNV-1a 64 of each tensor's bytes (see `aim_file::fnv1a64`), by index.
+    pub checksums: Vec<u64>,
+    /// Which of the printed models reference each tensor, by index: bit `i` for model `i`
+    /// (models past the 64th share bit 63).
+    pub users: Vec<u64>,
+    /// The model being printed.
+    current: usize,
+    by_checksum: std::collections::HashMap<u64, Vec<usize>>,
+}
+
+impl ConstantTable {
+    /// The index of `t` in the table, added if no equal tensor is there yet.
+    pub fn index_of(&mut self, t: &Tensor) -> usize {
+        let h = crate::aim_file::fnv1a64(t.bytes());
+        let same = |u: &Tensor| u.dtype() == t.dtype() && u.shape() == t.shape() && u.bytes() == t.bytes();
+        let slot = self.by_checksum.entry(h).or_default();
+        let bit = 1u64 << self.current.min(63);
+        if let Some(&k) = slot.iter().find(|&&k| same(&self.tensors[k])) {
+            self.users[k] |= bit;
+            return k;
+        }
+        slot.push(self.tensors.len());
+        self.tensors.push(t.clone());
+        self.checksums.push(h);
+        self.users.push(bit);
+        self.tensors.len() - 1
+    }
 }
 
 /// The most elements a tensor printed with [`print_model_with_data`] has to be written out
@@ -46,12 +83,26 @@ pub fn print_model(m: &Model, detail: TensorDetail) -> String {
 
 /// Prints a model with its larger constants (initializers and tensor attributes at every
 /// depth, over [`INLINE_MAX`] elements) left out of the text: each prints as `@k`, the
-/// `k`-th tensor of the returned table, in the order they are printed. How `.aim` files
+/// `k`-th tensor of the returned table (equal tensors share one entry). How `.aim` files
 /// keep a program's text apart from its weights; [`super::parse_model_with_data`] reads it.
 pub fn print_model_with_data(m: &Model) -> (String, Vec<Tensor>) {
-    let table = RefCell::new(Vec::new());
-    let text = print_model_mode(m, Mode::Table(&table));
-    (text, table.into_inner())
+    let (mut texts, table) = print_models_with_data(&[m]);
+    (texts.remove(0), table.tensors)
+}
+
+/// Prints several models against one constant table, as [`print_model_with_data`] prints
+/// one: the texts in order, and the table every `@k` of them refers to.
+pub fn print_models_with_data(ms: &[&Model]) -> (Vec<String>, ConstantTable) {
+    let table = RefCell::new(ConstantTable::default());
+    let texts = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            table.borrow_mut().current = i;
+            print_model_mode(m, Mode::Table(&table))
+        })
+        .collect();
+    (texts, table.into_inner())
 }
 
 fn print_model_mode(m: &Model, mode: Mode<'_>) -> String {
@@ -207,9 +258,8 @@ fn tensor_text(t: &Tensor, mode: Mode<'_>) -> String {
     match mode {
         Mode::Inline(detail) => tensor_literal(t, detail),
         Mode::Table(table) if t.len() > INLINE_MAX => {
-            let mut table = table.borrow_mut();
-            table.push(t.clone());
-            format!("{} @{}", ValueType::known(t.dtype(), t.shape()), table.len() - 1)
+            let k = table.borrow_mut().index_of(t);
+            format!("{} @{k}", ValueType::known(t.dtype(), t.shape()))
         }
         Mode::Table(_) => tensor_literal(t, TensorDetail::Full),
     }
