@@ -15,8 +15,8 @@
 
 // The version of this ABI: bumped when a declaration in `aim.h` changes incompatibly, so a
 // host can check at run time that it was built against the library it loaded. 2:
-// `AimLoadOptions` gained `weights` and `pin_threads`.
-#define AIM_ABI_VERSION 2
+// `AimLoadOptions` gained `weights` and `pin_threads`; 3: `memory_budget`.
+#define AIM_ABI_VERSION 3
 
 // The custom-op ABI this aim speaks; a library's table of a higher version is refused.
 #define AIM_CUSTOM_OP_ABI_VERSION 1
@@ -102,6 +102,10 @@ typedef struct AimLoadOptions {
   const char *weights;
   // Non-zero: each worker thread bound to a core of its own (as `--pin-threads`).
   uint32_t pin_threads;
+  // The peak resident memory a run must fit in, in bytes (as `--memory-budget`;
+  // `aim_model_load` only); 0: no limit. A budget that cannot be met fails the load
+  // with the breakdown in `aim_last_error`.
+  uint64_t memory_budget;
 } AimLoadOptions;
 
 // A model input or output as the model declares it. The pointers stay valid as long as

@@ -272,7 +272,8 @@ pub(crate) fn load(path: &Path, opts: &Options) -> Result<Model, Error> {
                 aim_ir::limits::set_max_tensor_bytes(b);
             }
             aim_ir::verify(&ir.graph).map_err(|cause| Error::Verify { path: p.clone(), cause })?;
-            let target = recorded_target(&header, &p, &opts.cpu)?;
+            let mut target = recorded_target(&header, &p, &opts.cpu)?;
+            target.memory_budget = opts.memory_budget;
             let threads = opts.threads.unwrap_or(target.physical_cores).max(1);
             let pool = crate::thread_pool(threads, opts)?;
             let prog = crate::build_program(ir.graph.clone(), &target, &pool, &p)?;

@@ -11,6 +11,7 @@
 //! whose ops aim cannot run (naming all of them). `run` executes it on the selected backend.
 
 pub mod aot;
+pub mod budget;
 pub mod compare;
 pub mod compiled;
 pub mod conformance;
@@ -195,6 +196,11 @@ pub struct Options {
     /// `include/aim.h`): their ops are registered for the whole process, as
     /// [`register_custom_ops_library`] does.
     pub custom_ops: Vec<PathBuf>,
+    /// The peak resident memory (bytes) a run must fit in (`--memory-budget`; cpu
+    /// backend): the weights a program reads from the model file are handed back between
+    /// uses as far as it needs ([`budget`]), and a budget that cannot be met is an error
+    /// with the breakdown. None: no limit.
+    pub memory_budget: Option<usize>,
 }
 
 /// The shapes of a model's inputs by name: one signature to specialise for.
@@ -221,6 +227,7 @@ impl Default for Options {
             disabled_passes: Vec::new(),
             pin_threads: false,
             custom_ops: Vec::new(),
+            memory_budget: None,
         }
     }
 }
@@ -293,6 +300,7 @@ pub(crate) fn with_options(
     mut target: aim_compiler::target::Target,
     opts: &Options,
 ) -> Result<aim_compiler::target::Target, Error> {
+    target.memory_budget = opts.memory_budget;
     target.half_weights = opts.half_weights;
     target.optimization =
         aim_compiler::passes::Optimization { level: opts.opt_level, disabled: opts.disabled_passes.clone() };
@@ -537,6 +545,11 @@ pub(crate) fn build_program(
         }
         _ => prog,
     };
+    if let Some(b) = target.memory_budget {
+        let plan = budget::fit(&prog, b, path)?;
+        log!(Info, "{path}: {plan}");
+        prog.set_memory_note(plan.to_string());
+    }
     Ok(prog.with_bodies(bodies))
 }
 
@@ -733,6 +746,11 @@ impl Model {
             );
             Model::from_ir_with(ir, path, opts)
         })?;
+        if let Some(b) = opts.memory_budget {
+            // Programs compiled at load were fitted; this catches a model whose programs
+            // are compiled per input shape, and whose loading alone already exceeds it.
+            budget::check_loaded(b, &path.display().to_string())?;
+        }
         log!(Info, "{}: loaded on the {} backend ({:.1} ms in all)", path.display(), m.backend, ms(t0));
         Ok(m)
     }
@@ -912,6 +930,13 @@ impl Model {
             Some(p) => Some(f(&p)),
             None => g.get(spec.as_deref(), &self.path_text()).ok().map(f),
         }
+    }
+
+    /// What `--memory-budget` chose for the cpu program specialised most recently (else the
+    /// shape-generic one): the expected peak and which weights are handed back between
+    /// uses; None without a budget.
+    pub fn memory_plan(&self) -> Option<String> {
+        self.with_program(|p| p.memory_note().map(str::to_string)).flatten()
     }
 
     /// The optimised graph of the cpu backend's shape-generic program (compiled now if

@@ -24,8 +24,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The version of this ABI: bumped when a declaration in `aim.h` changes incompatibly, so a
 /// host can check at run time that it was built against the library it loaded. 2:
-/// `AimLoadOptions` gained `weights` and `pin_threads`.
-pub const AIM_ABI_VERSION: u32 = 2;
+/// `AimLoadOptions` gained `weights` and `pin_threads`; 3: `memory_budget`.
+pub const AIM_ABI_VERSION: u32 = 3;
 
 /// What a call did: `AIM_STATUS_OK`, or why it failed (the message is in
 /// [`aim_last_error`]).
@@ -99,6 +99,10 @@ pub struct AimLoadOptions {
     pub weights: *const c_char,
     /// Non-zero: each worker thread bound to a core of its own (as `--pin-threads`).
     pub pin_threads: u32,
+    /// The peak resident memory a run must fit in, in bytes (as `--memory-budget`;
+    /// `aim_model_load` only); 0: no limit. A budget that cannot be met fails the load
+    /// with the breakdown in `aim_last_error`.
+    pub memory_budget: u64,
 }
 
 /// A model input or output as the model declares it. The pointers stay valid as long as
@@ -570,6 +574,11 @@ pub unsafe extern "C" fn aim_runtime_load_embedded(
                 threads = Some(o.threads as usize);
             }
             pin = o.pin_threads != 0;
+            if o.memory_budget != 0 {
+                return Err(invalid(
+                    "memory budgets are planned by libaim's loader (aim_model_load): options.memory_budget must be 0 for a compiled model",
+                ));
+            }
             if !o.weights.is_null() && !matches!(text(o.weights, "options.weights")?, "f32" | "") {
                 return Err(invalid(
                     "a compiled model holds its weights as it was compiled (options.weights must be null or \"f32\"; compile with aim compile --weights)",

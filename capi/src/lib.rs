@@ -83,6 +83,11 @@ pub unsafe extern "C" fn aim_model_load(
                     .apply(&mut opts);
             }
             opts.pin_threads = o.pin_threads != 0;
+            if o.memory_budget != 0 {
+                opts.memory_budget = Some(usize::try_from(o.memory_budget).map_err(|_| {
+                    invalid(format!("aim_model_load: options.memory_budget {} is too large", o.memory_budget))
+                })?);
+            }
         }
         let model = Model::load_with_options(path, &opts).map_err(|e| Failure(load_status(&e), e.to_string()))?;
         *out = Box::into_raw(Box::new(AimModel::new(Box::new(model))));

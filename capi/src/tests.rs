@@ -45,7 +45,8 @@ fn last_error() -> String {
 
 fn load(path: &std::path::Path) -> *mut AimModel {
     let p = cstr(path.to_str().expect("utf-8 path"));
-    let opts = AimLoadOptions { threads: 1, cpu: null(), backend: null(), weights: null(), pin_threads: 0 };
+    let opts =
+        AimLoadOptions { threads: 1, cpu: null(), backend: null(), weights: null(), pin_threads: 0, memory_budget: 0 };
     let mut m = null_mut();
     let s = unsafe { aim_model_load(p.as_ptr(), &opts, &mut m) };
     assert_eq!(s, AimStatus::Ok, "{}", last_error());
@@ -76,20 +77,67 @@ fn loading_bad_paths_and_options_is_an_error_with_a_message() {
     let path = model_file("bad");
     let p = cstr(path.to_str().unwrap());
     let backend = cstr("gpu");
-    let opts = AimLoadOptions { threads: 0, cpu: null(), backend: backend.as_ptr(), weights: null(), pin_threads: 0 };
+    let opts = AimLoadOptions {
+        threads: 0,
+        cpu: null(),
+        backend: backend.as_ptr(),
+        weights: null(),
+        pin_threads: 0,
+        memory_budget: 0,
+    };
     assert_eq!(unsafe { aim_model_load(p.as_ptr(), &opts, &mut m) }, AimStatus::InvalidArgument);
     assert!(last_error().contains("unknown backend 'gpu'"), "{}", last_error());
     let cpu = cstr("pentium");
-    let opts = AimLoadOptions { threads: 0, cpu: cpu.as_ptr(), backend: null(), weights: null(), pin_threads: 0 };
+    let opts = AimLoadOptions {
+        threads: 0,
+        cpu: cpu.as_ptr(),
+        backend: null(),
+        weights: null(),
+        pin_threads: 0,
+        memory_budget: 0,
+    };
     assert_eq!(unsafe { aim_model_load(p.as_ptr(), &opts, &mut m) }, AimStatus::InvalidArgument);
     assert!(last_error().contains("pentium"), "{}", last_error());
     let weights = cstr("int3");
-    let opts = AimLoadOptions { threads: 0, cpu: null(), backend: null(), weights: weights.as_ptr(), pin_threads: 0 };
+    let opts = AimLoadOptions {
+        threads: 0,
+        cpu: null(),
+        backend: null(),
+        weights: weights.as_ptr(),
+        pin_threads: 0,
+        memory_budget: 0,
+    };
     assert_eq!(unsafe { aim_model_load(p.as_ptr(), &opts, &mut m) }, AimStatus::InvalidArgument);
     assert!(last_error().contains("options.weights 'int3'"), "{}", last_error());
     // int4 weights and pinned threads load (a layer shorter than a block stays f32).
     let weights = cstr("int4");
-    let opts = AimLoadOptions { threads: 2, cpu: null(), backend: null(), weights: weights.as_ptr(), pin_threads: 1 };
+    let opts = AimLoadOptions {
+        threads: 2,
+        cpu: null(),
+        backend: null(),
+        weights: weights.as_ptr(),
+        pin_threads: 1,
+        memory_budget: 0,
+    };
+    assert_eq!(unsafe { aim_model_load(p.as_ptr(), &opts, &mut m) }, AimStatus::Ok, "{}", last_error());
+    unsafe { aim_model_free(m) };
+    // A memory budget no process fits in is refused with the breakdown; a roomy one loads.
+    let opts = AimLoadOptions {
+        threads: 1,
+        cpu: null(),
+        backend: null(),
+        weights: null(),
+        pin_threads: 0,
+        memory_budget: 4096,
+    };
+    assert_ne!(unsafe { aim_model_load(p.as_ptr(), &opts, &mut m) }, AimStatus::Ok);
+    assert!(
+        last_error().contains("a budget of 0.0 MiB cannot be met") && last_error().contains("loaded"),
+        "{}",
+        last_error()
+    );
+    assert!(m.is_null());
+    let opts = AimLoadOptions { memory_budget: 16 << 30, ..opts };
     assert_eq!(unsafe { aim_model_load(p.as_ptr(), &opts, &mut m) }, AimStatus::Ok, "{}", last_error());
     unsafe { aim_model_free(m) };
 }

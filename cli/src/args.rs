@@ -24,6 +24,11 @@ pub(crate) struct LoadArgs {
     /// AIM_MAX_TENSOR_BYTES, else half the machine's memory).
     #[arg(long, value_name = "BYTES")]
     pub(crate) max_tensor_bytes: Option<String>,
+    /// Fit a run's peak resident memory under this size (bytes, or with a K, M or G
+    /// suffix; cpu backend): weights read from a .aim file are handed back between uses
+    /// as far as needed; a budget that cannot be met is an error with the breakdown.
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) memory_budget: Option<String>,
     /// Compile a program specialised to this input shape at load (`input=1x3x640x640`);
     /// repeatable: one per input with symbolic dims, a name given again starts another
     /// signature. Other shapes are compiled on first use. Without `--inputs`, the random
@@ -125,6 +130,17 @@ impl LoadArgs {
                     anyhow::anyhow!("--max-tensor-bytes {b}: expected a size such as 4096, 64M or 2G")
                 })?),
             };
+        let memory_budget = match &self.memory_budget {
+            None => None,
+            Some(b) => Some(
+                aim_ir::limits::parse_bytes(b)
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| anyhow::anyhow!("--memory-budget {b}: expected a size such as 500M or 2G"))?,
+            ),
+        };
+        if memory_budget.is_some() && backend != Backend::Cpu {
+            bail!("--memory-budget plans the cpu backend's memory");
+        }
         // An unknown --cpu is an error on either backend (the reference one does not use it).
         aim_compiler::target::Target::host().with_cpu(&self.cpu)?;
         if self.shape_cache == Some(0) {
@@ -147,6 +163,7 @@ impl LoadArgs {
             disabled_passes: self.passes.disable_pass.clone(),
             pin_threads: self.pin_threads,
             custom_ops: Vec::new(),
+            memory_budget,
         })
     }
 }

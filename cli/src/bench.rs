@@ -126,6 +126,9 @@ pub(crate) fn bench(
     )?;
     let rss = peak_rss_mb();
     writeln!(out, "peak RSS: {rss:.1} MiB")?;
+    if let Some(plan) = m.memory_plan() {
+        writeln!(out, "{plan}")?;
+    }
     // After the runs: a fast kernel that declined a node's attributes or shapes shows here
     // (`aim info` cannot know without running).
     if let Some((_, kinds)) = m.node_kinds() {

@@ -35,6 +35,9 @@ pub(crate) fn run(
     for (name, t) in &outs {
         writeln!(out, "{name}: {}", summary(t))?;
     }
+    if let Some(plan) = m.memory_plan() {
+        eprintln!("{plan}");
+    }
     if let Some(p) = outputs {
         npz::write_npz(&p, &outs)?;
     }

@@ -144,6 +144,10 @@ pub struct Target {
     /// Whether dense layers' f32 weights are quantized to 8 bits per column (`--weights
     /// int8`): the user's choice too.
     pub int8_weights: bool,
+    /// The peak resident memory (bytes) the program must fit in at run time, where the
+    /// user set one (`--memory-budget`): the facade plans which weights read from the
+    /// model file are handed back between uses (`aim::budget`). It changes no arithmetic.
+    pub memory_budget: Option<usize>,
     /// Whether the CPU runs a 512-bit multiply-add as two 256-bit halves (AMD Zen 4), so
     /// that AVX-512 does no more arithmetic per cycle than AVX2: what the blocked layout
     /// weighs against the padding a 16-channel block adds (`passes::layout::Blocks`).
@@ -246,6 +250,7 @@ impl Target {
             optimization: Default::default(),
             int4_weights: None,
             int8_weights: false,
+            memory_budget: None,
             split_512: false,
         };
         #[cfg(target_arch = "x86_64")]
@@ -348,6 +353,7 @@ impl Target {
             optimization: Default::default(),
             int4_weights: None,
             int8_weights: false,
+            memory_budget: None,
             split_512: false,
         })
     }

@@ -114,6 +114,7 @@ fn target_of(spec: &str) -> Result<Target, String> {
         optimization,
         int4_weights,
         int8_weights,
+        memory_budget: None,
         split_512,
     })
 }

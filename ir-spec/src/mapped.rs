@@ -43,6 +43,17 @@ pub fn release_pages() {
     drop(maps);
 }
 
+/// Whether `bytes` lie in a live weight map: pages [`release_range`] can hand back, which
+/// a later read faults in again from the file.
+pub fn in_map(bytes: &[u8]) -> bool {
+    let (start, end) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+    let maps = MAPS.lock().unwrap_or_else(|e| e.into_inner());
+    maps.iter().filter_map(Weak::upgrade).any(|m| {
+        let base = m.as_ptr() as usize;
+        start >= base && end <= base + m.len()
+    })
+}
+
 /// Hands back the resident pages under `bytes` if they lie in a live weight map (a
 /// weight just packed: the program holds its packed form). Bytes elsewhere — owned memory,
 /// which `MADV_DONTNEED` would zero — are left alone.

@@ -39,6 +39,31 @@ impl Floats {
     }
 }
 
+impl Floats {
+    /// The floats' bytes.
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the floats, viewed as their bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len * 4) }
+    }
+
+    /// Bytes of these floats that lie in a memory-mapped file (a `.aim` file's prepacked
+    /// weights): what [`Floats::release_pages`] can hand back. 0 for owned floats.
+    pub fn mapped_bytes(&self) -> usize {
+        match &self._owner {
+            Owner::Tensor(_) if aim_ir::mapped::in_map(self.bytes()) => self.len * 4,
+            _ => 0,
+        }
+    }
+
+    /// Hands the resident pages of floats viewed in a mapped file back to the kernel; the
+    /// next read faults them in again from the file (the page cache). Owned floats stay.
+    pub fn release_pages(&self) {
+        if let Owner::Tensor(_) = &self._owner {
+            aim_ir::mapped::release_range(self.bytes());
+        }
+    }
+}
+
 impl std::ops::Deref for Floats {
     type Target = [f32];
     fn deref(&self) -> &[f32] {

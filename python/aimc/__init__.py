@@ -152,6 +152,24 @@ def _feeds(feeds, declared):
     return out
 
 
+def _size(v):
+    """Bytes from an int or a string such as ``"500M"`` or ``"2G"`` (powers of 1024); None
+    stays None."""
+    if v is None or isinstance(v, int):
+        if v is not None and v <= 0:
+            raise ValueError(f"a memory size must be positive, got {v}")
+        return v
+    s = str(v).strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    try:
+        n = float(s[:-1] if scale > 1 else s) * scale
+    except ValueError:
+        raise ValueError(f"'{v}' is not a size (say 500M, 2G or a number of bytes)") from None
+    if n < 1:
+        raise ValueError(f"'{v}' is not a size of memory")
+    return int(n)
+
+
 class Model:
     """A model compiled for this CPU: ``Model(path_or_bytes, threads=None, cpu=None,
     backend=None, opt_level=None, disabled_passes=None)``.
@@ -164,11 +182,13 @@ class Model:
     (``--disable-pass``), both for the cpu backend; ``custom_ops``: custom-op libraries to
     register first (see ``register_custom_ops_library``); ``weights``: how dense layers
     hold their weights, ``"f32"`` (default), ``"f16"``, ``"int4"`` / ``"int4:BLOCK"`` or
-    ``"int8"`` (the command line's ``--weights``).
+    ``"int8"`` (the command line's ``--weights``); ``memory_budget``: the peak resident
+    memory a run must fit in, in bytes or as ``"500M"`` / ``"2G"`` (the command line's
+    ``--memory-budget``; an AimError with the breakdown when it cannot be met).
     """
 
     def __init__(self, model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None,
-                 custom_ops=None, weights=None):
+                 custom_ops=None, weights=None, memory_budget=None):
         for lib in custom_ops or []:
             register_custom_ops_library(lib)
         if not isinstance(model, (bytes, bytearray)):
@@ -178,7 +198,7 @@ class Model:
         self._native = _NativeModel(model, threads=threads, cpu=cpu, backend=backend,
                                     opt_level=None if opt_level is None else int(opt_level),
                                     disabled_passes=None if disabled_passes is None else list(disabled_passes),
-                                    weights=weights)
+                                    weights=weights, memory_budget=_size(memory_budget))
         self._declared = {n: d for n, d, _ in self._native.inputs if d is not None and d != "bfloat16"}
 
     @property
@@ -262,13 +282,14 @@ class SessionOptions:
     aim's ``-O`` level on the CPU as the enum's documentation says (the cuda backend runs
     its whole pipeline whatever the level). aim runs nodes in order, so
     ``execution_mode`` and ``inter_op_num_threads`` are accepted and have no effect; the
-    logging fields likewise. Setting any other attribute is an AttributeError, as in ONNX
-    Runtime.
+    logging fields likewise. ``memory_budget`` (aim's own; None by default) is the peak
+    resident memory a run must fit in, as ``Model``'s. Setting any other attribute is an
+    AttributeError, as in ONNX Runtime.
     """
 
     __slots__ = ("intra_op_num_threads", "inter_op_num_threads", "graph_optimization_level", "execution_mode",
                  "log_severity_level", "log_verbosity_level", "enable_profiling", "enable_cpu_mem_arena",
-                 "enable_mem_pattern", "optimized_model_filepath", "logid", "_custom_ops")
+                 "enable_mem_pattern", "optimized_model_filepath", "logid", "memory_budget", "_custom_ops")
 
     def __init__(self):
         self.intra_op_num_threads = 0
@@ -282,6 +303,7 @@ class SessionOptions:
         self.enable_mem_pattern = True
         self.optimized_model_filepath = ""
         self.logid = ""
+        self.memory_budget = None
         self._custom_ops = []
 
     def register_custom_ops_library(self, path):
@@ -333,7 +355,8 @@ class InferenceSession:
                 warnings.warn(f"Specified provider '{name}' is not in available provider names "
                               f"({', '.join(get_available_providers())})", RuntimeWarning, stacklevel=2)
         if self._model is None:
-            self._model = Model(path_or_bytes, threads=threads or None, opt_level=level)
+            self._model = Model(path_or_bytes, threads=threads or None, opt_level=level,
+                                memory_budget=opts.memory_budget)
         self._inputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.inputs]
         self._outputs = [NodeArg(n, _ORT_TYPES.get(d, "tensor(undefined)"), s) for n, d, s in self._model.outputs]
 

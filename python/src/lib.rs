@@ -124,7 +124,7 @@ fn describe<'py>(py: Python<'py>, v: &aim_ir::ValueInfo) -> PyResult<Bound<'py, 
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None, weights=None))]
+    #[pyo3(signature = (model, threads=None, cpu=None, backend=None, opt_level=None, disabled_passes=None, weights=None, memory_budget=None))]
     // Each argument is one of Python's keyword arguments.
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -136,8 +136,9 @@ impl Model {
         opt_level: Option<u32>,
         disabled_passes: Option<Vec<String>>,
         weights: Option<String>,
+        memory_budget: Option<usize>,
     ) -> PyResult<Model> {
-        let mut opts = Options { threads: threads.filter(|&t| t > 0), ..Options::default() };
+        let mut opts = Options { threads: threads.filter(|&t| t > 0), memory_budget, ..Options::default() };
         if let Some(l) = opt_level {
             opts.opt_level = OptLevel::from_number(l)
                 .ok_or_else(|| AimError::new_err(format!("opt_level {l}: the levels are 0, 1, 2 and 3")))?;

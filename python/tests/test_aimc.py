@@ -289,6 +289,24 @@ def test_compiled_aim_files_load_in_place_of_onnx(tmp_path):
         aimc.compile(path("yolo_like"), tmp_path / "z.aim", shapes={"nope": [1]})
 
 
+@needs_models
+def test_a_memory_budget_keeps_outputs_and_refuses_what_it_cannot_meet(tmp_path):
+    x = feeds("bert_l6")
+    aimc.compile(path("bert_l6"), tmp_path / "b.aim")
+    want = aimc.Model(tmp_path / "b.aim").run(x)
+    # What this process holds already (Python, NumPy, ONNX Runtime), and 64 MiB more: the
+    # model's largest weight (44.7 MiB) and its intermediates fit, its 85 MiB of weights not.
+    rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) << 10
+    opts = aimc.SessionOptions()
+    opts.memory_budget = rss + (64 << 20)
+    got = aimc.InferenceSession(str(tmp_path / "b.aim"), sess_options=opts).run(None, x)
+    np.testing.assert_array_equal(got[0], next(iter(want.values())))
+    with pytest.raises(aimc.AimError, match="a budget of 1.0 MiB cannot be met"):
+        aimc.Model(tmp_path / "b.aim", memory_budget=1 << 20)
+    with pytest.raises(ValueError, match="not a size"):
+        aimc.Model(tmp_path / "b.aim", memory_budget="lots")
+
+
 def _custom_model(domain, attrs=None):
     """x -> ScaleShift(scale=2, shift=-1) -> Relu -> PairSum -> y, the custom ops in
     `domain` (None: written out in ONNX ops), as serialized ONNX."""

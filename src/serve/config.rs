@@ -33,6 +33,9 @@ pub struct ModelConfig {
     /// How its dense layers hold their weights (`weights:`, as `aim run --weights`): f16,
     /// int4 and its block size, or int8.
     pub weights: crate::WeightChoice,
+    /// The peak resident memory each of its cpu instances must fit in (`memory_budget:`,
+    /// as `aim run --memory-budget`; bytes).
+    pub memory_budget: Option<usize>,
 }
 
 /// Dynamic batching for one model, with Triton's semantics.
@@ -142,6 +145,7 @@ struct ModelEntry {
     max_queue_size: Option<usize>,
     default_timeout_microseconds: Option<u64>,
     weights: Option<String>,
+    memory_budget: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -244,6 +248,7 @@ impl ServeConfig {
                 versions: vec![(1, PathBuf::from(path))],
                 batching,
                 weights: crate::WeightChoice::default(),
+                memory_budget: None,
             });
         }
         if out.is_empty() {
@@ -293,7 +298,14 @@ impl ServeConfig {
                 batching(&batching_entry!(file.scheduler), &batching_entry!(m)).with_context(|| at.clone())?;
             let w = m.weights.as_deref().unwrap_or("f32");
             let weights = crate::parse_weights(w).map_err(|e| anyhow::anyhow!("{at}.weights: '{w}': {e}"))?;
-            models.push(ModelConfig { name: m.name.clone(), versions, batching, weights });
+            let memory_budget =
+                match &m.memory_budget {
+                    None => None,
+                    Some(b) => Some(aim_ir::limits::parse_bytes(b).filter(|&n| n > 0).ok_or_else(|| {
+                        anyhow::anyhow!("{at}.memory_budget: '{b}' is not a size such as 500M or 2G")
+                    })?),
+                };
+            models.push(ModelConfig { name: m.name.clone(), versions, batching, weights, memory_budget });
         }
         let devices = resolve_devices(&file.devices, threads)?;
         Ok(ServeConfig {
@@ -446,6 +458,11 @@ mod tests {
         assert_eq!(int4.models[0].weights, crate::WeightChoice { int4: Some(64), ..Default::default() });
         let int8 = parse("models:\n  - {name: a, path: a.onnx, weights: int8}\n").unwrap();
         assert!(int8.models[0].weights.int8);
+        assert_eq!(c.models[0].memory_budget, None);
+        let budget = parse("models:\n  - {name: a, path: a.onnx, memory_budget: 300M}\n").unwrap();
+        assert_eq!(budget.models[0].memory_budget, Some(300 << 20));
+        let e = parse("models:\n  - {name: a, path: a.onnx, memory_budget: lots}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("memory_budget: 'lots' is not a size"), "{e:#}");
         let with_ops = parse("models:\n  - {name: a, path: a.onnx}\ncustom_ops: [lib/libops.so]\n").unwrap();
         assert_eq!(with_ops.custom_ops, vec![PathBuf::from("/m/lib/libops.so")]);
         assert_eq!(c.models[0].versions, vec![(1, PathBuf::from("/m/r1.onnx")), (2, PathBuf::from("/m/r2.onnx"))]);

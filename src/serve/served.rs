@@ -116,6 +116,7 @@ impl Served {
                 half_weights: cfg.weights.half,
                 int4_weights: cfg.weights.int4,
                 int8_weights: cfg.weights.int8,
+                memory_budget: cfg.memory_budget.filter(|_| backend == crate::Backend::Cpu),
                 ..crate::Options::default()
             };
             instances.push(crate::Model::load_with_options(path, &opts).with_context(|| at.clone())?);

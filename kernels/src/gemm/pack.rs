@@ -309,6 +309,18 @@ impl PackedB {
         }
     }
 
+    /// Bytes of the packed floats that lie in a memory-mapped file (a `.aim` file's
+    /// prepacked weights), which [`PackedB::release_pages`] can hand back.
+    pub fn mapped_bytes(&self) -> usize {
+        self.data.mapped_bytes()
+    }
+
+    /// Hands the resident pages of packed floats viewed in a mapped file back to the
+    /// kernel (read again from the file on the next use); other storage stays.
+    pub fn release_pages(&self) {
+        self.data.release_pages()
+    }
+
     /// Whether the weights are held as f16.
     pub fn is_half(&self) -> bool {
         self.half.is_some()

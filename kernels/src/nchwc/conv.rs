@@ -108,6 +108,17 @@ fn cin_eff(input: Layout, cin: usize, lanes: usize) -> usize {
 }
 
 impl Conv {
+    /// Bytes of the packed weights that lie in a memory-mapped file, which
+    /// [`Conv::release_pages`] can hand back.
+    pub fn mapped_bytes(&self) -> usize {
+        self.weights.mapped_bytes()
+    }
+
+    /// Hands the resident pages of weights viewed in a mapped file back to the kernel.
+    pub fn release_pages(&self) {
+        self.weights.release_pages()
+    }
+
     /// Packs `weights` (`[cout][cin][kh][kw]`) and `bias` for `isa`'s channel block, in
     /// panels of [`panel_blocks`] output blocks; `kc` is the k block (see
     /// [`crate::gemm::Blocking`]: its `kc` is sized for the same tile).

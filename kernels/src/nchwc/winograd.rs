@@ -54,6 +54,17 @@ const G: [[f64; 3]; T] = [
 ];
 
 impl Winograd {
+    /// Bytes of the transformed weights that lie in a memory-mapped file, which
+    /// [`Winograd::release_pages`] can hand back.
+    pub fn mapped_bytes(&self) -> usize {
+        self.products.iter().map(Conv::mapped_bytes).sum()
+    }
+
+    /// Hands the resident pages of weights viewed in a mapped file back to the kernel.
+    pub fn release_pages(&self) {
+        self.products.iter().for_each(Conv::release_pages)
+    }
+
     /// The convolution with `post` (a program of one input) applied to its output after
     /// the activation, on each row just written.
     pub fn with_post(mut self, post: super::shared::Post) -> Winograd {

@@ -18,12 +18,33 @@ pub(super) struct BlockedConv {
     cout: usize,
     input: Layout,
     lanes: usize,
+    /// Whether each run hands the pages of weights read from a mapped file back after it
+    /// (a memory budget's choice, [`super::CpuProgram::release_after_use`]).
+    pub(super) release: std::sync::atomic::AtomicBool,
 }
 
 enum Kernel {
     Conv(nchwc::Conv),
     Depthwise(nchwc::Depthwise),
     Winograd(nchwc::Winograd),
+}
+
+/// Bytes of `c`'s weights that lie in a memory-mapped file (prepacked in a `.aim` file).
+pub(super) fn mapped_bytes(c: &BlockedConv) -> usize {
+    match &c.kernel {
+        Kernel::Conv(k) => k.mapped_bytes(),
+        Kernel::Winograd(w) => w.mapped_bytes(),
+        Kernel::Depthwise(_) => 0,
+    }
+}
+
+/// Hands the resident pages of `c`'s weights in a mapped file back to the kernel.
+pub(super) fn release_pages(c: &BlockedConv) {
+    match &c.kernel {
+        Kernel::Conv(k) => k.release_pages(),
+        Kernel::Winograd(w) => w.release_pages(),
+        Kernel::Depthwise(_) => {}
+    }
 }
 
 /// The graph's channel block for `n` and the kernels that run it in a program of `isa`'s
@@ -124,7 +145,7 @@ pub(super) fn prepare(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Resu
         Kernel::Depthwise(d) => Kernel::Depthwise(d.with_post(post)),
         Kernel::Winograd(w) => Kernel::Winograd(w.with_post(post)),
     };
-    Ok(Prepared::Blocked(Box::new(BlockedConv { kernel, geo, cin, cout, input, lanes })))
+    Ok(Prepared::Blocked(Box::new(BlockedConv { kernel, geo, cin, cout, input, lanes, release: Default::default() })))
 }
 
 /// The weights of a blocked convolution in the packed form its kernel reads (`None` for

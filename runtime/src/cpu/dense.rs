@@ -16,6 +16,9 @@ pub(super) struct DensePrep {
     pub(super) post: Option<std::sync::Arc<aim_kernels::ewprog::wide::Wide>>,
     pub(super) k: usize,
     pub(super) n: usize,
+    /// Whether each run hands the pages of weights read from a mapped file back after it
+    /// (a memory budget's choice, [`super::CpuProgram::release_after_use`]).
+    pub(super) release: std::sync::atomic::AtomicBool,
 }
 
 pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -> Result<Prepared, RunError> {
@@ -35,7 +38,15 @@ pub(super) fn prepare_dense(g: &Graph, n: &Node, isa: Isa, blocking: Blocking) -
         None => None,
     };
     let post = super::post_program(n, isa)?;
-    Ok(Prepared::Dense(Box::new(DensePrep { weight, bias, act: activation(n), post, k, n: nn })))
+    Ok(Prepared::Dense(Box::new(DensePrep {
+        weight,
+        bias,
+        act: activation(n),
+        post,
+        k,
+        n: nn,
+        release: Default::default(),
+    })))
 }
 
 /// The packed weight (f32, or f16 with `weights = "f16"`), its depth and its outputs.

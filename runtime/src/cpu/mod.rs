@@ -90,6 +90,30 @@ enum Prepared {
     Int8(Box<int8::Int8Prep>),
 }
 
+impl Prepared {
+    /// Bytes of the weights this kernel reads from a memory-mapped file (prepacked dense
+    /// and blocked convolution weights of a `.aim` file), and its flag saying whether each
+    /// run hands their pages back.
+    fn mapped_weights(&self) -> Option<(usize, &std::sync::atomic::AtomicBool)> {
+        match self {
+            Prepared::Dense(d) => Some((d.weight.mapped_bytes(), &d.release)),
+            Prepared::Blocked(c) => Some((blocked::mapped_bytes(c), &c.release)),
+            _ => None,
+        }
+        .filter(|(bytes, _)| *bytes > 0)
+    }
+
+    /// After a run of the kernel: hands the pages of its mapped weights back if asked to.
+    fn release_if_asked(&self) {
+        let asked = |f: &std::sync::atomic::AtomicBool| f.load(std::sync::atomic::Ordering::Relaxed);
+        match self {
+            Prepared::Dense(d) if asked(&d.release) => d.weight.release_pages(),
+            Prepared::Blocked(c) if asked(&c.release) => blocked::release_pages(c),
+            _ => {}
+        }
+    }
+}
+
 /// Why a node could not be prepared.
 fn prep_err(n: &Node, msg: impl Into<String>) -> RunError {
     RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg: msg.into() }
@@ -181,6 +205,16 @@ impl Placement {
     }
 }
 
+/// A weight a program reads in place from a memory-mapped file
+/// ([`CpuProgram::mapped_weights`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MappedWeight {
+    /// The packed weights of the prepared kernel of this node.
+    Node(usize),
+    /// This constant of the typed steps, read by library kernels.
+    Constant(usize),
+}
+
 /// A graph compiled for this CPU.
 pub struct CpuProgram {
     graph: Graph,
@@ -210,6 +244,8 @@ pub struct CpuProgram {
     entry: Option<entry::Entry>,
     /// Keeps generated code mapped.
     _code: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    /// What a memory budget chose for this program, in words ([`CpuProgram::set_memory_note`]).
+    memory_note: std::sync::OnceLock<String>,
 }
 
 impl CpuProgram {
@@ -323,6 +359,7 @@ impl CpuProgram {
             records: None,
             entry: None,
             _code: code.owner,
+            memory_note: Default::default(),
         };
         match plan::Plan::build(&prog.graph, &prog.values) {
             Ok(p) => {
@@ -332,6 +369,51 @@ impl CpuProgram {
             Err(why) => prog.no_plan = Some(why),
         }
         Ok(prog)
+    }
+
+    /// The weights this program reads in place from a memory-mapped file — prepacked
+    /// dense and convolution weights of a `.aim` file, and the constants library kernels
+    /// read (an embedding table) — with their bytes: what a memory budget can hand back
+    /// between uses ([`CpuProgram::release_after_use`]).
+    pub fn mapped_weights(&self) -> Vec<(MappedWeight, usize)> {
+        let mut w: Vec<(MappedWeight, usize)> = self
+            .prepared
+            .iter()
+            .filter_map(|(&i, p)| p.mapped_weights().map(|(b, _)| (MappedWeight::Node(i), b)))
+            .collect();
+        if let Some(plan) = &self.plan {
+            w.extend(plan.mapped_library_consts().into_iter().map(|(k, b)| (MappedWeight::Constant(k), b)));
+        }
+        w.sort();
+        w
+    }
+
+    /// Makes every run hand the pages of weight `w` back to the kernel once the step that
+    /// reads it has run, so that they count in the process's memory only while it runs;
+    /// the next run reads them again from the file (the page cache). False where `w` is
+    /// not one of [`CpuProgram::mapped_weights`].
+    pub fn release_after_use(&self, w: MappedWeight) -> bool {
+        match w {
+            MappedWeight::Node(i) => match self.prepared.get(&i).and_then(Prepared::mapped_weights) {
+                Some((_, flag)) => {
+                    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    true
+                }
+                None => false,
+            },
+            MappedWeight::Constant(k) => self.plan.as_ref().is_some_and(|p| p.release_constant(k)),
+        }
+    }
+
+    /// Records what a memory budget chose for this program (once), for
+    /// [`CpuProgram::memory_note`].
+    pub fn set_memory_note(&self, note: String) {
+        let _ = self.memory_note.set(note);
+    }
+
+    /// What a memory budget chose for this program, in words, if one was given.
+    pub fn memory_note(&self) -> Option<&str> {
+        self.memory_note.get().map(String::as_str)
     }
 
     /// The weights this program's kernels hold packed, by node index: the kind of kernel

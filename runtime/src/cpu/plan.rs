@@ -116,8 +116,42 @@ pub struct Plan {
     /// a memory map are not is viewed through its aligned copy); else the bytes as they are.
     consts: Vec<Tensor>,
     const_addrs: Vec<usize>,
+    /// Per constant: whether library steps hand its pages back after reading it (a memory
+    /// budget's choice for a constant read in place from a mapped file).
+    release_consts: Vec<std::sync::atomic::AtomicBool>,
     /// The graph's outputs: their types.
     pub(super) outputs: Vec<(DType, Vec<usize>)>,
+}
+
+impl Plan {
+    /// The constants library steps read that lie in a memory-mapped file, with their bytes:
+    /// what a memory budget can have handed back after each such step
+    /// ([`Plan::release_constant`]).
+    pub(super) fn mapped_library_consts(&self) -> Vec<(usize, usize)> {
+        let mut read = vec![false; self.consts.len()];
+        for s in self.steps.iter().filter(|s| s.kernel == KernelRef::Library) {
+            for o in s.ins.iter().flatten() {
+                if let Loc::Const(k) = o.loc {
+                    read[k] = true;
+                }
+            }
+        }
+        (0..self.consts.len())
+            .filter(|&k| read[k] && aim_ir::mapped::in_map(self.consts[k].bytes()))
+            .map(|k| (k, self.consts[k].bytes().len()))
+            .collect()
+    }
+
+    /// Makes library steps hand the pages of constant `k` back after reading it.
+    pub(super) fn release_constant(&self, k: usize) -> bool {
+        match self.release_consts.get(k) {
+            Some(flag) => {
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// The Reshape-like nodes whose result is a graph output and whose input another step
@@ -300,7 +334,8 @@ impl Plan {
                 false => t.bytes().as_ptr() as usize,
             })
             .collect();
-        Ok(Plan { steps, arena_bytes, consts, const_addrs, outputs })
+        let release_consts = consts.iter().map(|_| Default::default()).collect();
+        Ok(Plan { steps, arena_bytes, consts, const_addrs, release_consts, outputs })
     }
 }
 
@@ -525,7 +560,7 @@ impl CpuProgram {
         let p = self.prepared.get(&s.node);
         let ops = || cx.frame.ops(s);
         match (s.kernel, p) {
-            (KernelRef::Library, None) => self.library_step(s, &cx.plan.consts, cx.frame),
+            (KernelRef::Library, None) => self.library_step(s, cx.plan, cx.frame),
             (KernelRef::Loop, Some(p)) => self.loop_step(s, p, &ops()).map_err(fail),
             (KernelRef::Prepared, Some(p)) => self.prepared_step(s, p, &ops()).map_err(fail),
             (KernelRef::Int8, Some(p)) => self.int8_step(s, p, &ops()).map_err(fail),
@@ -622,7 +657,8 @@ impl CpuProgram {
         run.map_err(|e| format!("internal error: {}", panic_message(&*e)))?
     }
 
-    fn library_step(&self, s: &Step, consts: &[Tensor], f: &Frame) -> Result<(), RunError> {
+    fn library_step(&self, s: &Step, plan: &Plan, f: &Frame) -> Result<(), RunError> {
+        let consts = &plan.consts;
         let n = &self.graph.nodes[s.node];
         let fail = |msg: String| RunError::Node { node: n.name.clone(), op: format!("{}:{}", n.domain, n.op), msg };
         let ins: Vec<Option<Tensor>> = s
@@ -672,6 +708,13 @@ impl CpuProgram {
             }
         }
         drop((made, ins));
+        for o in s.ins.iter().flatten() {
+            if let Loc::Const(k) = o.loc {
+                if plan.release_consts[k].load(std::sync::atomic::Ordering::Relaxed) {
+                    aim_ir::mapped::release_range(consts[k].bytes());
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -280,9 +280,10 @@ impl CpuProgram {
         Ok((outs, p))
     }
 
-    /// Bytes of the arena each run uses.
+    /// Bytes of the arena each run uses (the typed steps' where the program has them: the
+    /// memory plan's and the values it left to their kernels).
     pub fn arena_bytes(&self) -> usize {
-        self.values.arena_bytes
+        self.plan.as_ref().map_or(self.values.arena_bytes, |p| p.arena_bytes)
     }
 
     /// Runs the program keeping a copy of every value a node makes, in the order they were
@@ -560,7 +561,9 @@ impl CpuProgram {
             Prepared::Softmax(scale) => softmax::run(*scale, self.isa, x, mask, y, pool),
             Prepared::Elementwise(_) | Prepared::Int8(_) => Err("a loop or byte op is not run here".to_string()),
         }));
-        run.map_err(|e| format!("internal error: {}", panic_message(&*e)))?
+        let done = run.map_err(|e| format!("internal error: {}", panic_message(&*e)))?;
+        p.release_if_asked();
+        done
     }
 
     /// Runs byte op `i` (`int8.rs`): its operands are bytes (u8 or f32) from the arena or
