@@ -99,12 +99,7 @@ pub fn compile_shared_object(model: &Path, out: &Path, opts: &AotOptions) -> Res
             _ => "aarch64",
         };
         let mut target = Target::for_arch(arch, &level)?;
-        if opts.optimization.level == crate::OptLevel::O0 {
-            return Err(Error::BadOption {
-                option: "opt-level",
-                reason: "-O0 runs the reference kernels: there is no compiled program to write".into(),
-            });
-        }
+        crate::compiled::something_to_write(opts.optimization.level)?;
         target.optimization = opts.optimization.clone();
         target.half_weights = opts.half_weights;
         target.int4_weights = opts.int4_weights;

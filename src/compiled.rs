@@ -64,12 +64,7 @@ pub fn header(path: &Path, verify: bool) -> Result<(Header, usize, Option<usize>
 pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<CompileSummary, Error> {
     let p = model.display().to_string();
     crate::guard::contain(&format!("compiling {p}"), || {
-        if opts.opt_level == crate::OptLevel::O0 {
-            return Err(Error::BadOption {
-                option: "opt-level",
-                reason: "-O0 runs the reference kernels: there is no compiled program to write".into(),
-            });
-        }
+        something_to_write(opts.opt_level)?;
         let mut ir = import_checked(model)?;
         let target = crate::cpu_target(opts)?;
         let sigs = crate::signatures(&ir.graph, &opts.shapes, &p)?;
@@ -96,6 +91,18 @@ pub fn compile_to_file(model: &Path, out: &Path, opts: &Options) -> Result<Compi
         let file_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
         Ok(CompileSummary { stage: stage.to_string(), level: target.level.name().to_string(), file_bytes, nodes })
     })
+}
+
+/// Refuses `-O0` for ahead-of-time compilation: that level runs the reference kernels, so
+/// there is no compiled program to write.
+pub(crate) fn something_to_write(level: crate::OptLevel) -> Result<(), Error> {
+    if level == crate::OptLevel::O0 {
+        return Err(Error::BadOption {
+            option: "opt-level",
+            reason: "-O0 runs the reference kernels: there is no compiled program to write".into(),
+        });
+    }
+    Ok(())
 }
 
 /// Imports the ONNX model at `model`, verifies it, checks that aim can run its ops and

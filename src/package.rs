@@ -88,12 +88,7 @@ pub fn targets(spec: &str) -> Result<Vec<(&'static str, Level)>, Error> {
 pub fn compile_package(model: &Path, out: &Path, spec: &str, opts: &Options) -> Result<PackageSummary, Error> {
     let p = model.display().to_string();
     crate::guard::contain(&format!("compiling {p}"), || {
-        if opts.opt_level == crate::OptLevel::O0 {
-            return Err(Error::BadOption {
-                option: "opt-level",
-                reason: "-O0 runs the reference kernels: there is no compiled program to write".into(),
-            });
-        }
+        crate::compiled::something_to_write(opts.opt_level)?;
         let wanted = targets(spec)?;
         let mut ir = import_checked(model)?;
         let sigs = crate::signatures(&ir.graph, &opts.shapes, &p)?;

@@ -105,12 +105,27 @@ fn damaged_headers_and_indexes_are_clear_errors() {
     assert!(parse_bytes(b"\x08\x07onnx...").err().expect("refused").contains("truncated"));
 }
 
+/// The file `bytes` with the first `from` of its index replaced by `to`, the header's
+/// index length and checksum made to match (so only what the index says is wrong).
+fn with_index_edited(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+    let index_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+    let index = std::str::from_utf8(&bytes[64..64 + index_len]).unwrap();
+    assert!(index.contains(from), "{from} not in {index}");
+    let fixed = index.replacen(from, to, 1);
+    let mut b = bytes[..64].to_vec();
+    b[24..32].copy_from_slice(&(fixed.len() as u64).to_le_bytes());
+    b[48..56].copy_from_slice(&fnv1a64(fixed.as_bytes()).to_le_bytes());
+    b.extend_from_slice(fixed.as_bytes());
+    let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+    b.resize(data_off, 0);
+    b.extend_from_slice(&bytes[data_off..]);
+    b
+}
+
 /// An index that passes its checksum but lies about a constant is still caught.
 #[test]
 fn inconsistent_indexes_are_clear_errors() {
     let (_, bytes) = written("lies");
-    let index_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
-    let index = std::str::from_utf8(&bytes[64..64 + index_len]).unwrap().to_string();
     let edits = [
         ("\"dtype\":\"f32\"", "\"dtype\":\"i32\"", "the program wants f32"),
         ("\"bytes\":8400", "\"bytes\":8000", "not f32 [300, 7]"),
@@ -119,16 +134,9 @@ fn inconsistent_indexes_are_clear_errors() {
         ("@1", "@5", "only 2 constants"),
     ];
     for (from, to, want) in edits {
-        assert!(index.contains(from), "{from} not in {index}");
-        let fixed = index.replacen(from, to, 1);
-        let mut b = bytes[..64].to_vec();
-        b[24..32].copy_from_slice(&(fixed.len() as u64).to_le_bytes());
-        b[48..56].copy_from_slice(&fnv1a64(fixed.as_bytes()).to_le_bytes());
-        b.extend_from_slice(fixed.as_bytes());
-        let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
-        b.resize(data_off, 0);
-        b.extend_from_slice(&bytes[data_off..]);
-        let e = parse_bytes(&b).err().unwrap_or_else(|| panic!("{from} -> {to} accepted"));
+        let e = parse_bytes(&with_index_edited(&bytes, from, to))
+            .err()
+            .unwrap_or_else(|| panic!("{from} -> {to} accepted"));
         assert!(e.contains(want), "{from} -> {to}: wanted '{want}' in: {e}");
     }
 }
@@ -223,24 +231,15 @@ fn damaged_package_indexes_are_clear_errors() {
     let mut bytes = Vec::new();
     write_to(&mut bytes, &[(&a, &ha), (&b, &hb)]).unwrap();
     assert!(parse_bytes(&bytes).is_ok());
-    let index_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
-    let index = std::str::from_utf8(&bytes[64..64 + index_len]).unwrap().to_string();
     let edits = [
         ("\"programs\":", "\"programz\":", "no 'programs' list"),
         ("\"program\":\"opset", "\"text\":\"opset", "program 0: the index has no 'program'"),
         ("\"stage\":\"optimized\"", "\"stage\":7", "program 0: the index has no 'stage'"),
     ];
     for (from, to, want) in edits {
-        assert!(index.contains(from), "{from} not in {index}");
-        let fixed = index.replacen(from, to, 1);
-        let mut b = bytes[..64].to_vec();
-        b[24..32].copy_from_slice(&(fixed.len() as u64).to_le_bytes());
-        b[48..56].copy_from_slice(&fnv1a64(fixed.as_bytes()).to_le_bytes());
-        b.extend_from_slice(fixed.as_bytes());
-        let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
-        b.resize(data_off, 0);
-        b.extend_from_slice(&bytes[data_off..]);
-        let e = parse_bytes(&b).err().unwrap_or_else(|| panic!("{from} -> {to} accepted"));
+        let e = parse_bytes(&with_index_edited(&bytes, from, to))
+            .err()
+            .unwrap_or_else(|| panic!("{from} -> {to} accepted"));
         assert!(e.contains(want), "{from} -> {to}: wanted '{want}' in: {e}");
     }
 }
