@@ -25,7 +25,7 @@ def bench(aim, model, inputs, threads, iters, budget):
         cmd += ["--memory-budget", str(budget)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        return None, None, r.stderr.strip().splitlines()[-2 if len(r.stderr.strip().splitlines()) > 1 else -1]
+        return None, None, next((l for l in r.stderr.splitlines() if l.startswith("error")), r.stderr.strip())
     peak = int(re.search(r"maxrss_kb=(\d+)", r.stderr).group(1)) / 1024
     stats = json.loads(r.stdout.strip().splitlines()[-1])
     plan = next((l for l in r.stdout.splitlines() if l.startswith("memory budget")), "")

@@ -227,6 +227,22 @@ impl Coded {
         self.shape.bytes()
     }
 
+    /// Bytes of the codes that lie in a memory-mapped file (a `.aim` file's), which
+    /// [`Coded::release_pages`] can hand back.
+    pub fn mapped_bytes(&self) -> usize {
+        if aim_ir::mapped::in_map(self.bytes.bytes()) {
+            self.bytes.bytes().len()
+        } else {
+            0
+        }
+    }
+
+    /// Hands the resident pages of codes viewed in a mapped file back to the kernel (read
+    /// again from the file on the next use); codes in memory stay.
+    pub fn release_pages(&self) {
+        aim_ir::mapped::release_range(self.bytes.bytes())
+    }
+
     /// How few-row products multiply on an ISA of `kind` here, for `aim explore`.
     pub(crate) fn rows_kernel(&self, kind: super::IsaKind) -> &'static str {
         #[cfg(target_arch = "x86_64")]

@@ -309,16 +309,19 @@ impl PackedB {
         }
     }
 
-    /// Bytes of the packed floats that lie in a memory-mapped file (a `.aim` file's
-    /// prepacked weights), which [`PackedB::release_pages`] can hand back.
+    /// Bytes of the packed floats or codes that lie in a memory-mapped file (a `.aim` file's
+    /// prepacked or coded weights), which [`PackedB::release_pages`] can hand back.
     pub fn mapped_bytes(&self) -> usize {
-        self.data.mapped_bytes()
+        self.data.mapped_bytes() + self.coded.as_ref().map_or(0, |c| c.mapped_bytes())
     }
 
-    /// Hands the resident pages of packed floats viewed in a mapped file back to the
-    /// kernel (read again from the file on the next use); other storage stays.
+    /// Hands the resident pages of packed floats or codes viewed in a mapped file back to
+    /// the kernel (read again from the file on the next use); other storage stays.
     pub fn release_pages(&self) {
-        self.data.release_pages()
+        self.data.release_pages();
+        if let Some(c) = &self.coded {
+            c.release_pages();
+        }
     }
 
     /// Whether the weights are held as f16.
