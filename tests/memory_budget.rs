@@ -89,6 +89,12 @@ fn weights_read_from_a_file_are_handed_back_as_far_as_the_budget_needs() {
         assert!(e.contains(part), "wanted {part:?} in: {e}");
     }
 
+    // Weights kept as 8-bit codes are read from the file and handed back the same way.
+    let coded = d.join("chain_int8.aim");
+    aim::compiled::compile_to_file(&onnx, &coded, &Options { int8_weights: true, ..Options::default() }).unwrap();
+    let plan = Model::load_with_options(&coded, &budget(64 << 30)).unwrap().memory_plan().unwrap();
+    assert!(plan.contains("of the 6.0 MiB of weights read from the model file"), "{plan}");
+
     // The ONNX model's weights are packed into memory at load: the error says what to do.
     let opts = Options { memory_budget: Some(8 << 20), ..Options::default() };
     let e = Model::load_with_options(&onnx, &opts).err().expect("refused").to_string();
