@@ -32,7 +32,7 @@ pub struct Plan {
     pub budget: usize,
     /// Resident bytes after loading: code, runtime, weights packed in memory.
     pub loaded: usize,
-    /// Bytes of the arena a run adds.
+    /// Bytes of the arena a run adds, with its inputs and outputs.
     pub arena: usize,
     /// Bytes of weights the kernels read in place from the mapped model file.
     pub mapped: usize,
@@ -49,7 +49,7 @@ impl std::fmt::Display for Plan {
         let m = |b: usize| b as f64 / MIB;
         write!(
             f,
-            "memory budget {:.1} MiB: expected peak {:.1} MiB = {:.1} loaded (code, runtime, weights packed in memory) + {:.1} intermediates + {:.1} of the {:.1} MiB of weights read from the model file",
+            "memory budget {:.1} MiB: expected peak {:.1} MiB = {:.1} loaded (code, runtime, weights packed in memory) + {:.1} intermediates, inputs and outputs + {:.1} of the {:.1} MiB of weights read from the model file",
             m(self.budget),
             m(self.peak),
             m(self.loaded),
@@ -94,15 +94,16 @@ pub(crate) fn fit(prog: &CpuProgram, budget: usize, path: &str) -> Result<Plan, 
     let bad = |reason: String| Error::BadOption { option: "memory-budget", reason: format!("{path}: {reason}") };
     let loaded = resident_bytes()
         .ok_or_else(|| bad("the process's resident memory cannot be read here (it needs Linux's /proc)".into()))?;
-    let arena = prog.arena_bytes();
+    // The arena, and the inputs a caller passes and the outputs a run returns.
+    let arena = prog.arena_bytes() + prog.io_bytes();
     let mut weights = prog.mapped_weights();
-    let mapped: usize = weights.iter().map(|&(_, b)| b).sum();
-    // Largest first: each one handed back saves its bytes but the largest of them, which
-    // is resident while its node runs.
-    weights.sort_by_key(|&(w, b)| (std::cmp::Reverse(b), w));
+    let mapped: usize = weights.iter().map(|&(_, b, _)| b).sum();
+    // Largest first: each one handed back saves its bytes but what it makes resident while
+    // its step runs (all of it, but a few rows of a table a Gather reads).
+    weights.sort_by_key(|&(w, b, _)| (std::cmp::Reverse(b), w));
     let peak_with = |n: usize| {
-        let released: usize = weights[..n].iter().map(|&(_, b)| b).sum();
-        let in_flight = weights.first().filter(|_| n > 0).map_or(0, |&(_, b)| b);
+        let released: usize = weights[..n].iter().map(|&(_, b, _)| b).sum();
+        let in_flight = weights[..n].iter().map(|&(_, _, t)| t).max().unwrap_or(0);
         loaded + arena + mapped - released + in_flight
     };
     let Some(n) = (0..=weights.len()).find(|&n| peak_with(n) <= budget) else {
@@ -116,7 +117,7 @@ pub(crate) fn fit(prog: &CpuProgram, budget: usize, path: &str) -> Result<Plan, 
             "weights packed at load stay in memory: compile the model with `aim compile` so that its weights are read from the file, or store them smaller with --weights int8|f16"
         };
         return Err(bad(format!(
-            "a budget of {:.1} MiB cannot be met: a run needs at least {:.1} MiB = {:.1} loaded (code, runtime, weights packed in memory) + {:.1} intermediates + {:.1} for the largest weight read from the model file ({:.1} MiB read so, all handed back between uses); {hint}",
+            "a budget of {:.1} MiB cannot be met: a run needs at least {:.1} MiB = {:.1} loaded (code, runtime, weights packed in memory) + {:.1} intermediates, inputs and outputs + {:.1} for the weight read from the model file that is largest while in use ({:.1} MiB read so, all handed back between uses); {hint}",
             m(budget),
             m(least),
             m(loaded),
@@ -125,9 +126,9 @@ pub(crate) fn fit(prog: &CpuProgram, budget: usize, path: &str) -> Result<Plan, 
             m(mapped),
         )));
     };
-    for &(i, _) in &weights[..n] {
-        prog.release_after_use(i);
+    for &(w, _, _) in &weights[..n] {
+        prog.release_after_use(w);
     }
-    let released = weights[..n].iter().map(|&(_, b)| b).sum();
+    let released = weights[..n].iter().map(|&(_, b, _)| b).sum();
     Ok(Plan { budget, loaded, arena, mapped, released, released_weights: n, peak: peak_with(n) })
 }

@@ -372,20 +372,35 @@ impl CpuProgram {
     }
 
     /// The weights this program reads in place from a memory-mapped file — prepacked
-    /// dense and convolution weights of a `.aim` file, and the constants library kernels
-    /// read (an embedding table) — with their bytes: what a memory budget can hand back
-    /// between uses ([`CpuProgram::release_after_use`]).
-    pub fn mapped_weights(&self) -> Vec<(MappedWeight, usize)> {
-        let mut w: Vec<(MappedWeight, usize)> = self
+    /// dense and convolution weights of a `.aim` file, 4- and 8-bit codes, and the
+    /// constants library kernels read (an embedding table) — each with its bytes and a bound
+    /// on the bytes one run makes resident (less than all of them for a table a Gather reads
+    /// a few rows of): what a memory budget can hand back between uses
+    /// ([`CpuProgram::release_after_use`]).
+    pub fn mapped_weights(&self) -> Vec<(MappedWeight, usize, usize)> {
+        let mut w: Vec<(MappedWeight, usize, usize)> = self
             .prepared
             .iter()
-            .filter_map(|(&i, p)| p.mapped_weights().map(|(b, _)| (MappedWeight::Node(i), b)))
+            .filter_map(|(&i, p)| p.mapped_weights().map(|(b, _)| (MappedWeight::Node(i), b, b)))
             .collect();
         if let Some(plan) = &self.plan {
-            w.extend(plan.mapped_library_consts().into_iter().map(|(k, b)| (MappedWeight::Constant(k), b)));
+            w.extend(
+                plan.mapped_library_consts(&self.graph).into_iter().map(|(k, b, t)| (MappedWeight::Constant(k), b, t)),
+            );
         }
         w.sort();
         w
+    }
+
+    /// Bytes of the graph's inputs and outputs where their shapes are known: what a run's
+    /// caller holds and a run returns, beside the arena.
+    pub fn io_bytes(&self) -> usize {
+        let g = &self.graph;
+        g.inputs
+            .iter()
+            .chain(&g.outputs)
+            .filter_map(|v| Some(v.ty.concrete_shape()?.iter().product::<usize>() * v.ty.dtype?.size()))
+            .sum()
     }
 
     /// Makes every run hand the pages of weight `w` back to the kernel once the step that

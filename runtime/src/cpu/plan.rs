@@ -124,22 +124,40 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The constants library steps read that lie in a memory-mapped file, with their bytes:
+    /// The constants library steps read that lie in a memory-mapped file: each one's index,
+    /// bytes, and a bound on the bytes one run makes resident ([`Plan::touched_bound`]) —
     /// what a memory budget can have handed back after each such step
     /// ([`Plan::release_constant`]).
-    pub(super) fn mapped_library_consts(&self) -> Vec<(usize, usize)> {
-        let mut read = vec![false; self.consts.len()];
+    pub(super) fn mapped_library_consts(&self, g: &Graph) -> Vec<(usize, usize, usize)> {
+        let mut touched: Vec<Option<usize>> = vec![None; self.consts.len()];
         for s in self.steps.iter().filter(|s| s.kernel == KernelRef::Library) {
-            for o in s.ins.iter().flatten() {
-                if let Loc::Const(k) = o.loc {
-                    read[k] = true;
-                }
+            for (i, o) in s.ins.iter().enumerate() {
+                let Some(Operand { loc: Loc::Const(k), .. }) = o else { continue };
+                let bound = self.touched_bound(g, s, i, *k);
+                touched[*k] = Some(touched[*k].map_or(bound, |t| t.max(bound)));
             }
         }
         (0..self.consts.len())
-            .filter(|&k| read[k] && aim_ir::mapped::in_map(self.consts[k].bytes()))
-            .map(|k| (k, self.consts[k].bytes().len()))
+            .filter_map(|k| touched[k].map(|t| (k, t)))
+            .filter(|&(k, _)| aim_ir::mapped::in_map(self.consts[k].bytes()))
+            .map(|(k, t)| (k, self.consts[k].bytes().len(), t))
             .collect()
+    }
+
+    /// The most bytes of constant `k` that step `s` (reading it as input `i`) makes
+    /// resident: all of them, but for the table of a Gather along its first axis, whose
+    /// rows read are as many as the indices. The page cache maps file pages in folios of up
+    /// to 2 MiB, so each row read counts as that much (or the whole table, if less).
+    fn touched_bound(&self, g: &Graph, s: &Step, i: usize, k: usize) -> usize {
+        const FOLIO: usize = 2 << 20;
+        let bytes = self.consts[k].bytes().len();
+        let n = &g.nodes[s.node];
+        let rows = match (n.domain.as_str(), n.op.as_str(), i, s.ins.get(1)) {
+            ("", "Gather", 0, Some(Some(idx))) if n.int("axis", 0) == 0 => idx.elements(),
+            _ => return bytes,
+        };
+        let row = self.consts[k].shape().iter().skip(1).product::<usize>() * self.consts[k].dtype().size();
+        bytes.min(rows.saturating_mul(row.div_ceil(FOLIO).max(1) * FOLIO + FOLIO))
     }
 
     /// Makes library steps hand the pages of constant `k` back after reading it.
