@@ -527,6 +527,41 @@ fn fast_kernels_match_reference() {
             ],
             vec![],
         ),
+        // Multi-head attention as exporters write it: x [2, 4, 6, 10] read as [batch,
+        // seq, heads, head dim], split into heads by transposes (K straight to [.., H, S]),
+        // merged back by one: every transpose is read or written in place.
+        (
+            "attention-heads",
+            vec![
+                node("Transpose", "tq", &["x"], &["q"], vec![ints("perm", &[0, 2, 1, 3])]),
+                node("Transpose", "tk", &["x"], &["kt"], vec![ints("perm", &[0, 2, 3, 1])]),
+                node("Transpose", "tv", &["x"], &["v"], vec![ints("perm", &[0, 2, 1, 3])]),
+                node("MatMul", "qk", &["q", "kt"], &["s"], vec![]),
+                node("Mul", "scale", &["s", "c"], &["sc"], vec![]),
+                node("Softmax", "p", &["sc"], &["p"], vec![int_attr("axis", -1)]),
+                node("MatMul", "pv", &["p", "v"], &["o"], vec![]),
+                node("Transpose", "merge", &["o"], &["y"], vec![ints("perm", &[0, 2, 1, 3])]),
+            ],
+            vec![f32_tensor("c", &[], &[0.3])],
+        ),
+        // The same with one key/value head (the mean over the heads) for all six query
+        // heads: 24 query rows per key/value item, the panel schedule.
+        (
+            "attention-heads-shared-kv",
+            vec![
+                node("ReduceMean", "kv", &["x"], &["r"], vec![ints("axes", &[2])]),
+                node("Transpose", "tq", &["x"], &["q"], vec![ints("perm", &[0, 2, 1, 3])]),
+                node("Transpose", "tk", &["r"], &["kt"], vec![ints("perm", &[0, 2, 3, 1])]),
+                node("Transpose", "tv", &["r"], &["v"], vec![ints("perm", &[0, 2, 1, 3])]),
+                node("MatMul", "qk", &["q", "kt"], &["s"], vec![]),
+                node("Mul", "scale", &["s", "c"], &["sc"], vec![]),
+                node("Add", "mask", &["sc", "m"], &["sm"], vec![]),
+                node("Softmax", "p", &["sm"], &["p"], vec![int_attr("axis", -1)]),
+                node("MatMul", "pv", &["p", "v"], &["o"], vec![]),
+                node("Transpose", "merge", &["o"], &["y"], vec![ints("perm", &[0, 2, 1, 3])]),
+            ],
+            vec![f32_tensor("c", &[], &[0.3]), f32_tensor("m", &[1, 1, 1, 4], &[0.0, -1e30, 0.5, -2.0])],
+        ),
         // Both operands broadcast: a column times a row (a LayerNorm written out in full).
         (
             "outer-broadcast",

@@ -52,18 +52,24 @@ fn transposed_constant(g: &Graph, producers: &HashMap<String, usize>, name: &str
 }
 
 /// Replaces, front to back, each node `at` for which `fuse(g, at)` gives a fused node by that
-/// node, removing the nodes it absorbs (and their outputs' types): the driver of the passes
-/// that fold a chain into its last node.
+/// node, removing the nodes it absorbs (and the types of the values no node computes any
+/// more): the driver of the passes that fold a chain into its last node. A fused node may
+/// also absorb a node after it and compute that node's outputs in its place.
 pub fn fuse_each(g: &mut Graph, fuse: impl Fn(&Graph, &Chains, usize) -> Option<(Node, Vec<usize>)>) {
     let mut chains = Chains::new(g);
     let mut i = 0;
     while i < g.nodes.len() {
         if let Some((node, mut remove)) = fuse(g, &chains, i) {
-            g.nodes[i] = node;
+            let old = std::mem::replace(&mut g.nodes[i], node);
+            for o in old.outputs.iter().filter(|o| !g.nodes[i].outputs.contains(o)) {
+                g.value_types.remove(o);
+            }
             remove.sort_unstable();
             for k in remove.into_iter().rev() {
                 for o in g.nodes[k].outputs.clone() {
-                    g.value_types.remove(&o);
+                    if !g.nodes[i].outputs.contains(&o) {
+                        g.value_types.remove(&o);
+                    }
                 }
                 g.nodes.remove(k);
                 if k < i {

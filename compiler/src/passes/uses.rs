@@ -55,6 +55,14 @@ impl Chains {
         let k = *self.producers.get(v)?;
         self.readers.get(v).is_some_and(|r| r.as_slice() == [reader]).then_some(k)
     }
+
+    /// The node reading `v` when it is `v`'s only reader (and `v` is not a graph output).
+    pub fn sole_reader(&self, v: &str) -> Option<usize> {
+        match self.readers.get(v)?.as_slice() {
+            &[r] if r != usize::MAX => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// Removes the nodes whose index is marked in `removed` (the fusion passes mark the nodes they

@@ -161,7 +161,15 @@ pub(super) const AIM_OPS: &[AimOp] = &[
         true,
         Integer,
     ),
-    op("Attention", &[One("Q"), One("K"), One("V"), Opt("M")], &[a("scale", F)], Library, 0, false, No),
+    op(
+        "Attention",
+        &[One("Q"), One("K"), One("V"), Opt("M")],
+        &[a("k_perm", Is), a("out_perm", Is), a("q_perm", Is), a("scale", F), a("v_perm", Is)],
+        Library,
+        0,
+        false,
+        No,
+    ),
     op(
         "AveragePool",
         &[One("X")],

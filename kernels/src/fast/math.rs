@@ -35,7 +35,7 @@ pub fn fma(isa: crate::gemm::Isa) -> bool {
 
 /// `a·b + c`, fused where `FMA`.
 #[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA {
         a.mul_add(b, c)
     } else {

@@ -143,23 +143,6 @@ macro_rules! plain_versions {
 /// value is a chain of dependent scalar operations).
 const ACC: usize = 16;
 
-/// The largest value of `s` (NaNs are passed over; the caller's arithmetic propagates them).
-#[inline(always)]
-fn lanes_max(s: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; ACC];
-    let chunks = s.chunks_exact(ACC);
-    let mut m = chunks.remainder().iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
-    for c in chunks {
-        for i in 0..ACC {
-            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
-        }
-    }
-    for a in acc {
-        m = if a > m { a } else { m };
-    }
-    m
-}
-
 /// Σ f(s[i]), in sixteen partial sums.
 #[inline(always)]
 fn lanes_sum(s: &[f32], f: impl Fn(f32) -> f32) -> f32 {
@@ -174,29 +157,115 @@ fn lanes_sum(s: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     acc.iter().sum::<f32>() + rest
 }
 
-/// One softmax row: exp(x − max) / Σ.
+/// Like `plain_versions!`, for a generic with a `const FMA: bool` parameter (the math
+/// functions' polynomials, see `math::fma`): fused multiply-adds in the AVX2 and AVX-512
+/// versions and on aarch64, a multiply and an add elsewhere.
+macro_rules! fma_versions {
+    ($vis:vis $name:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
+        fma_versions!($vis $name, $generic, ($($arg: $ty),*) -> ());
+    };
+    ($vis:vis $name:ident, $generic:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        $vis fn $name(isa: $crate::gemm::Isa, $($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn v4($($arg: $ty),*) -> $ret { $generic::<true>($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3($($arg: $ty),*) -> $ret { $generic::<true>($($arg),*) }
+                // SAFETY: the ISA was checked available when the program was built.
+                match isa.kind() {
+                    $crate::gemm::IsaKind::Avx512 => return unsafe { v4($($arg),*) },
+                    $crate::gemm::IsaKind::Avx2 => return unsafe { v3($($arg),*) },
+                    $crate::gemm::IsaKind::Portable | $crate::gemm::IsaKind::Neon => {}
+                }
+            }
+            let _ = isa;
+            $generic::<{ cfg!(target_arch = "aarch64") }>($($arg),*)
+        }
+    };
+}
+
+/// `d = softmax(f(s, m))` over one row, where `f` maps each value of `s` with its
+/// companion in `m` (the mask row, or `s` again when there is none): the largest mapped
+/// value, then exp(x − max) stored and summed in one pass, then the division. The map is
+/// evaluated twice rather than stored, so the row is read twice and written twice.
 #[inline(always)]
-fn softmax_row_generic(s: &[f32], d: &mut [f32]) {
-    let m = lanes_max(s);
-    for (o, &v) in d.iter_mut().zip(s) {
-        *o = math::exp(v - m);
-    }
-    let k = 1.0 / lanes_sum(d, |v| v);
+fn softmax_mapped<const FMA: bool>(s: &[f32], m: &[f32], d: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    let k = 1.0 / exp_mapped::<FMA>(s, m, d, f);
     d.iter_mut().for_each(|v| *v *= k);
 }
-plain_versions!(softmax_row, softmax_row_generic, (s: &[f32], d: &mut [f32]));
 
-/// `d = softmax(s · scale + m)` (`m` empty: no mask), through `tmp`.
+/// [`softmax_mapped`] without the division: `d = exp(f(s, m) − max)`, returning Σ d (a
+/// caller that scales something smaller than the row, like attention's output row, divides
+/// that instead).
 #[inline(always)]
-fn scaled_softmax_row_generic(s: &[f32], m: &[f32], scale: f32, tmp: &mut [f32], d: &mut [f32]) {
-    if m.is_empty() {
-        tmp.iter_mut().zip(s).for_each(|(t, &v)| *t = v * scale);
-    } else {
-        tmp.iter_mut().zip(s).zip(m).for_each(|((t, &v), &k)| *t = v * scale + k);
+fn exp_mapped<const FMA: bool>(s: &[f32], m: &[f32], d: &mut [f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let n = s.len();
+    let (m, d) = (&m[..n], &mut d[..n]);
+    let whole = n / ACC * ACC;
+    let mut acc = [f32::NEG_INFINITY; ACC];
+    for (sc, mc) in s[..whole].chunks_exact(ACC).zip(m[..whole].chunks_exact(ACC)) {
+        for l in 0..ACC {
+            let x = f(sc[l], mc[l]);
+            acc[l] = if x > acc[l] { x } else { acc[l] };
+        }
     }
-    softmax_row_generic(tmp, d);
+    let mut mx = f32::NEG_INFINITY;
+    for i in whole..n {
+        let x = f(s[i], m[i]);
+        mx = if x > mx { x } else { mx };
+    }
+    for a in acc {
+        mx = if a > mx { a } else { mx };
+    }
+    let mut sums = [0f32; ACC];
+    for ((sc, mc), dc) in
+        s[..whole].chunks_exact(ACC).zip(m[..whole].chunks_exact(ACC)).zip(d[..whole].chunks_exact_mut(ACC))
+    {
+        for l in 0..ACC {
+            let e = math::exp_with::<FMA>(f(sc[l], mc[l]) - mx);
+            dc[l] = e;
+            sums[l] += e;
+        }
+    }
+    let mut sum = 0f32;
+    for i in whole..n {
+        let e = math::exp_with::<FMA>(f(s[i], m[i]) - mx);
+        d[i] = e;
+        sum += e;
+    }
+    sums.iter().sum::<f32>() + sum
 }
-plain_versions!(pub(super) scaled_softmax_row, scaled_softmax_row_generic, (s: &[f32], m: &[f32], scale: f32, tmp: &mut [f32], d: &mut [f32]));
+
+/// One softmax row: exp(x − max) / Σ.
+#[inline(always)]
+fn softmax_row_generic<const FMA: bool>(s: &[f32], d: &mut [f32]) {
+    softmax_mapped::<FMA>(s, s, d, |v, _| v);
+}
+fma_versions!(softmax_row, softmax_row_generic, (s: &[f32], d: &mut [f32]));
+
+/// `d = softmax(s · scale + m)` (`m` empty: no mask).
+#[inline(always)]
+fn scaled_softmax_row_generic<const FMA: bool>(s: &[f32], m: &[f32], scale: f32, d: &mut [f32]) {
+    if m.is_empty() {
+        softmax_mapped::<FMA>(s, s, d, |v, _| v * scale);
+    } else {
+        softmax_mapped::<FMA>(s, m, d, |v, k| math::madd::<FMA>(v, scale, k));
+    }
+}
+fma_versions!(pub(super) scaled_softmax_row, scaled_softmax_row_generic, (s: &[f32], m: &[f32], scale: f32, d: &mut [f32]));
+
+/// `d = exp(s · scale + m − max)` (`m` empty: no mask), returning Σ d: the softmax row
+/// before its division.
+#[inline(always)]
+fn scaled_exp_row_generic<const FMA: bool>(s: &[f32], m: &[f32], scale: f32, d: &mut [f32]) -> f32 {
+    if m.is_empty() {
+        exp_mapped::<FMA>(s, s, d, |v, _| v * scale)
+    } else {
+        exp_mapped::<FMA>(s, m, d, |v, k| math::madd::<FMA>(v, scale, k))
+    }
+}
+fma_versions!(pub(super) scaled_exp_row, scaled_exp_row_generic, (s: &[f32], m: &[f32], scale: f32, d: &mut [f32]) -> f32);
 
 /// One layer-norm row: (x − mean) / √(var + eps) · scale + bias.
 #[inline(always)]
@@ -1147,7 +1216,6 @@ pub fn scaled_masked_softmax(
     let out = SharedMut(y.as_mut_ptr());
     par.for_each(nrows.div_ceil(per), &|t| {
         let out = out;
-        let mut row = vec![0f32; len];
         for i in t * per..((t + 1) * per).min(nrows) {
             let s = &x[i * len..(i + 1) * len];
             let m: &[f32] = match &mask_rows {
@@ -1156,7 +1224,7 @@ pub fn scaled_masked_softmax(
             };
             // SAFETY: row i is written by this task only.
             let d = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * len), len) };
-            scaled_softmax_row(isa, s, m, scale, &mut row, d);
+            scaled_softmax_row(isa, s, m, scale, d);
         }
     });
     Ok(())

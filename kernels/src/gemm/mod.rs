@@ -14,6 +14,12 @@ mod micro;
 mod pack;
 
 pub use coded::{Coded, CodedShape};
+/// The microkernel of an ISA over packed panels, for kernels that pack their own operands
+/// (fused attention).
+pub(crate) use micro::run as microkernel;
+/// [`microkernel`] with A's rows read in place (x86-64's AVX-512 and AVX2 kernels).
+#[cfg(target_arch = "x86_64")]
+pub(crate) use micro::run_plain as microkernel_plain;
 pub use micro::{install_portable, portable_is_generated, MicroFn};
 pub use pack::{PackedA, PackedB};
 

@@ -138,9 +138,13 @@ impl CpuProgram {
                         NodeKind::Metadata => format!("{}: a new shape over the same bytes, or a read of the input's shape (no data moved)", n.op),
                         NodeKind::CompiledControlFlow => format!("{}: its bodies run as compiled programs of their own", n.op),
                         NodeKind::Fast if n.domain == "aim" && n.op == "Attention" => format!(
-                            "attention kernel: per key/value item, the query rows of every batch item reading it (4 at a time) scored against each key row where it lies, softmax(scores·{} {}), then Σ p·V rows",
+                            "attention kernel: per key/value item, the query rows of every batch item reading it: softmax(scores·{} {}), then Σ p·V rows; fewer than 8 rows per item: 4 at a time against each key row where it lies, else per group of GEMM tile rows against the keys and values packed once into microkernel panels{}",
                             n.float("scale", 1.0),
-                            if n.input(3).is_some() { "+ mask row" } else { "" }
+                            if n.input(3).is_some() { "+ mask row" } else { "" },
+                            ["q_perm", "k_perm", "v_perm", "out_perm"]
+                                .iter()
+                                .filter_map(|a| n.ints(a).map(|p| format!("; {a} {p:?} read in place")))
+                                .collect::<String>()
                         ),
                         NodeKind::Fast if n.domain == "aim" && n.op == "QMatMul" => format!(
                             "integer product of two quantized activations: A quantized to u8 (scale {} zero {}), each B item quantized (scale {} zero {}) and packed per run, exact sums × {} in the epilogue",
