@@ -454,12 +454,12 @@ enum ASrc<'a> {
 const TASKS_PER_THREAD: usize = 4;
 
 /// How the tiled products split `np` column panels over `threads` threads: `(tasks, per)`,
-/// tasks of `per` panels each (the last one fewer), about [`TASKS_PER_THREAD`] per thread.
-/// Tasks of equal size, because threads claim them in turn: 12 panels as 8 tasks of one
-/// or two panels left one thread a two-panel task at the end, 17% longer than the 6 tasks
-/// of two panels on a 384-wide layer with 2 threads.
+/// tasks of `per` panels each (the last one fewer), at least [`TASKS_PER_THREAD`] per
+/// thread where there are panels enough. Tasks of equal size, because threads claim them
+/// in turn: 12 panels as 8 tasks of one or two panels left one thread a two-panel task at
+/// the end, 17% longer than 12 tasks of one on a 384-wide layer with 2 threads.
 fn panel_tasks(np: usize, threads: usize) -> (usize, usize) {
-    let per = np.div_ceil(threads.max(1) * TASKS_PER_THREAD).max(1);
+    let per = (np / (threads.max(1) * TASKS_PER_THREAD)).max(1);
     (np.div_ceil(per).max(1), per)
 }
 
