@@ -221,7 +221,10 @@ def timing(aim, path, inputs, threads, rounds, iters, path_kind):
             r = peer_round(p, path, inputs, threads, 5, 2, env)
             probe = probe or r
         except subprocess.CalledProcessError as e:
-            failed[p] = (e.stderr or "").strip().splitlines()[-1:] or ["failed"]
+            # A peer killed by a signal (OpenVINO crashes on some models under the AVX2 cap)
+            # prints nothing: say which signal.
+            died = f"crashed (signal {-e.returncode})" if e.returncode < 0 else f"exit status {e.returncode}"
+            failed[p] = (e.stderr or "").strip().splitlines()[-1:] or [died]
             peers.remove(p)
     base = probe["median"] if probe else aim_round(aim, path, inputs, threads, 5, 2, cpu)["median"]
     n = min(5000, max(iters, int(300.0 / max(base, 1e-3))))
