@@ -186,7 +186,10 @@ unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(
     const PANEL: usize = 6;
     let mut c0 = [_mm256_setzero_ps(); MR];
     let mut c1 = [_mm256_setzero_ps(); MR];
-    for p in 0..kc {
+    // Four k steps per loop iteration: one step per iteration spends a third of its
+    // instructions on addresses and the loop (12 FMAs, 8 loads, 8 others), close to what
+    // the front end issues in the 6 cycles of the FMAs; unrolled, measured 2% faster.
+    let step = |p: usize, c0: &mut [__m256; MR], c1: &mut [__m256; MR]| {
         let b0 = _mm256_loadu_ps(b.add(p * 16));
         let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
         for r in 0..MR {
@@ -194,6 +197,18 @@ unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(
             c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
             c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
         }
+    };
+    let mut p = 0;
+    while p + 4 <= kc {
+        step(p, &mut c0, &mut c1);
+        step(p + 1, &mut c0, &mut c1);
+        step(p + 2, &mut c0, &mut c1);
+        step(p + 3, &mut c0, &mut c1);
+        p += 4;
+    }
+    while p < kc {
+        step(p, &mut c0, &mut c1);
+        p += 1;
     }
     for r in 0..MR {
         let row = c.add(r * ldc);

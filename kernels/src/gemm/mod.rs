@@ -476,6 +476,7 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
     let (tasks, per) = panel_tasks(np, par.threads());
     let cp = crate::util::SharedMut(c.as_mut_ptr());
     let mc_panels = (mc / mr).max(1);
+    let prefetch = kc * nr * 4 <= PREFETCH_PANEL_BYTES;
     par.for_each(tasks, &|t| {
         let cp = cp;
         let (j0, j1) = (t * per, ((t + 1) * per).min(np));
@@ -486,7 +487,12 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
             for i0 in (0..mp).step_by(mc_panels) {
                 for j in j0..j1 {
                     let bp = b.panel(kb, j, &mut widened);
+                    let rows_here = (i0 + mc_panels).min(mp) - i0;
+                    let next = if j + 1 < j1 && prefetch { b.stored_panel(kb, j + 1) } else { None };
                     for i in i0..(i0 + mc_panels).min(mp) {
+                        if let Some(next) = next {
+                            prefetch_share(next, i - i0, rows_here);
+                        }
                         let (rows, cols) = ((m - i * mr).min(mr), (n - j * nr).min(nr));
                         // SAFETY: tile (i, j) lies inside C (checked by the callers) and
                         // belongs to this task's panels only; the panels hold kc_len×MR /
@@ -529,6 +535,36 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
             }
         }
     });
+}
+
+/// The largest B panel [`tiled`] prefetches while it works on the one before: half the
+/// smallest L1 data cache of the x86-64 cores aim runs on (32 KiB), so that the two fit
+/// together. (AMD cores bring every prefetch into L1: an AVX-512 panel of 256×32 floats,
+/// the whole L1 of a Zen 4, evicted the panel in use and measured 2.7% slower with the
+/// prefetch than without; an AVX2 panel of 256×16 measured 5% faster with it.)
+const PREFETCH_PANEL_BYTES: usize = 16 << 10;
+
+/// Prefetches share `t` of `of` of `next` (the B panel a product uses after the current
+/// one) into L1. A panel's first pass streams it from memory while the microkernel runs;
+/// spread over the row panels that use the current panel, the next one arrives ahead of
+/// use instead (measured on a dense layer whose weights are not in cache: AVX2 93 → 104
+/// GFLOP/s, the rate it has on weights that are).
+#[inline]
+fn prefetch_share(next: &[f32], t: usize, of: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        const LINE: usize = 16; // floats per 64-byte line
+        let lines = next.len().div_ceil(LINE);
+        let (l0, l1) = (t * lines / of, ((t + 1) * lines / of).min(lines));
+        for l in l0..l1 {
+            // SAFETY: the address lies inside `next`; a prefetch is a hint (SSE, in every
+            // x86-64 CPU) and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(l * LINE) as *const i8) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (next, t, of);
 }
 
 /// The loop nest [`gemm`] / [`gemm_lazy_b`] run for C[m×n] = A[m×k]·B[k×n], as lines of

@@ -355,6 +355,19 @@ impl PackedB {
 
     /// Panel `j` of k block `kb` (`kc_len × NR` floats): in place, or widened from f16 into
     /// `scratch` (the caller's, reused from panel to panel).
+    /// Panel `j` of k block `kb` as the f32 bytes it is stored as, where it is stored as
+    /// f32 (not as f16 or codes, which are widened into a buffer): what a product
+    /// prefetches while it works on the panel before.
+    pub(crate) fn stored_panel(&self, kb: usize, j: usize) -> Option<&[f32]> {
+        if self.coded.is_some() || self.half.is_some() || j >= self.n.div_ceil(self.isa.nr()) {
+            return None;
+        }
+        let nr = self.isa.nr();
+        let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
+        let at = block_offset(kb, self.kc, self.n.div_ceil(nr), nr) + j * kc_len * nr;
+        self.data.get(at..at + kc_len * nr)
+    }
+
     pub(crate) fn panel(&self, kb: usize, j: usize, scratch: &mut Vec<f32>) -> *const f32 {
         use half::slice::HalfFloatSliceExt;
         let nr = self.isa.nr();
