@@ -84,8 +84,9 @@ unsafe fn avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usiz
 
 /// Like [`run`] for `rows` rows (1..=MR) of A read in place, row-major with leading
 /// dimension `lda` (a dense layer's activations, which then need no packing), on the
-/// AVX-512 and AVX2 kernels. With `narrow` (AVX-512 only) just the first 16 columns of the
-/// tile are computed and written (a layer of ten outputs then does half the work).
+/// AVX-512 and AVX2 kernels. With `narrow` just the first half of the tile's columns (16
+/// on AVX-512, 8 on AVX2) is computed and written (a layer of ten outputs then does half
+/// the work on AVX-512; 257 columns on AVX2 end in a panel of one column).
 ///
 /// # Safety
 /// As for [`run`], with `a` holding `rows` rows of `kc` floats at stride `lda`, `c` valid
@@ -105,12 +106,6 @@ pub(crate) unsafe fn run_plain(
     acc: bool,
 ) {
     macro_rules! go {
-        ($f:ident, $($r:literal)*) => {
-            match rows {
-                $($r => $f::<$r, true>(kc, a, lda, b, c, ldc, acc),)*
-                _ => unreachable!("1..=MR rows"),
-            }
-        };
         ($f:ident; $nv:literal, $($r:literal)*) => {
             match rows {
                 $($r => $f::<$r, true, $nv>(kc, a, lda, b, c, ldc, acc),)*
@@ -121,7 +116,8 @@ pub(crate) unsafe fn run_plain(
     match isa.kind() {
         IsaKind::Avx512 if narrow => go!(avx512_mr; 1, 1 2 3 4 5 6 7 8 9 10 11 12),
         IsaKind::Avx512 => go!(avx512_mr; 2, 1 2 3 4 5 6 7 8 9 10 11 12),
-        IsaKind::Avx2 => go!(avx2_mr, 1 2 3 4 5 6),
+        IsaKind::Avx2 if narrow => go!(avx2_mr; 1, 1 2 3 4 5 6),
+        IsaKind::Avx2 => go!(avx2_mr; 2, 1 2 3 4 5 6),
         _ => unreachable!("A is read in place only by the AVX-512 and AVX2 kernels"),
     }
 }
@@ -167,13 +163,14 @@ unsafe fn avx512_mr<const MR: usize, const PLAIN: bool, const NV: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
-    avx2_mr::<6, false>(kc, a, 0, b, c, ldc, acc)
+    avx2_mr::<6, false, 2>(kc, a, 0, b, c, ldc, acc)
 }
 
-/// The first `MR` rows of the 6×16 tile, A packed or in place as for [`avx512_mr`].
+/// The first `MR` rows and `NV` (one or two) vectors of columns of the 6×16 tile, A packed
+/// or in place as for [`avx512_mr`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(
+unsafe fn avx2_mr<const MR: usize, const PLAIN: bool, const NV: usize>(
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -191,11 +188,13 @@ unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(
     // the front end issues in the 6 cycles of the FMAs; unrolled, measured 2% faster.
     let step = |p: usize, c0: &mut [__m256; MR], c1: &mut [__m256; MR]| {
         let b0 = _mm256_loadu_ps(b.add(p * 16));
-        let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
+        let b1 = if NV == 2 { _mm256_loadu_ps(b.add(p * 16 + 8)) } else { b0 };
         for r in 0..MR {
             let av = _mm256_broadcast_ss(&*(if PLAIN { a.add(r * lda + p) } else { a.add(p * PANEL + r) }));
             c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
-            c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+            if NV == 2 {
+                c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+            }
         }
     };
     let mut p = 0;
@@ -214,10 +213,14 @@ unsafe fn avx2_mr<const MR: usize, const PLAIN: bool>(
         let row = c.add(r * ldc);
         if acc {
             c0[r] = _mm256_add_ps(c0[r], _mm256_loadu_ps(row));
-            c1[r] = _mm256_add_ps(c1[r], _mm256_loadu_ps(row.add(8)));
         }
         _mm256_storeu_ps(row, c0[r]);
-        _mm256_storeu_ps(row.add(8), c1[r]);
+        if NV == 2 {
+            if acc {
+                c1[r] = _mm256_add_ps(c1[r], _mm256_loadu_ps(row.add(8)));
+            }
+            _mm256_storeu_ps(row.add(8), c1[r]);
+        }
     }
 }
 

@@ -900,7 +900,7 @@ unsafe fn tile_plain(
             }
         }
         // An edge panel of at most half a tile computes only that half.
-        let narrow = isa.kind() == IsaKind::Avx512 && cols <= nr / 2;
+        let narrow = cols <= nr / 2;
         micro::run_plain(isa, rows, narrow, kc_len, ap, lda, bp, buf.as_mut_ptr(), nr, acc);
         for r in 0..rows {
             std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * nr), dst.add(r * ldc), cols);
