@@ -458,7 +458,19 @@ fn product(
         // SAFETY: A holds `rows` rows of kc floats, B kc×NR floats, C `rows` rows of NR at
         // stride ldc (checked above); the ISA is this CPU's.
         unsafe {
-            crate::gemm::microkernel_plain(isa, rows, false, kc, a.as_ptr(), kc, b.as_ptr(), c.as_mut_ptr(), ldc, false)
+            crate::gemm::microkernel_plain(
+                isa,
+                rows,
+                false,
+                kc,
+                a.as_ptr(),
+                kc,
+                b.as_ptr(),
+                c.as_mut_ptr(),
+                ldc,
+                false,
+                &[],
+            )
         };
         return;
     }

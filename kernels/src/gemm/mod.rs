@@ -490,9 +490,7 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
                     let rows_here = (i0 + mc_panels).min(mp) - i0;
                     let next = if j + 1 < j1 && prefetch { b.stored_panel(kb, j + 1) } else { None };
                     for i in i0..(i0 + mc_panels).min(mp) {
-                        if let Some(next) = next {
-                            prefetch_share(next, i - i0, rows_here);
-                        }
+                        let pf = next.map_or(&[][..], |next| share(next, i - i0, rows_here));
                         let (rows, cols) = ((m - i * mr).min(mr), (n - j * nr).min(nr));
                         // SAFETY: tile (i, j) lies inside C (checked by the callers) and
                         // belongs to this task's panels only; the panels hold kc_len×MR /
@@ -500,18 +498,21 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
                         unsafe {
                             let dst = cp.0.add(i * mr * ldc + j * nr);
                             match a {
-                                ASrc::Packed(pa) => tile(
-                                    isa,
-                                    kc_len,
-                                    pa.panel(kb, i),
-                                    bp,
-                                    dst,
-                                    ldc,
-                                    rows,
-                                    cols,
-                                    kb > 0 || ep.residual_in_c,
-                                    &mut buf,
-                                ),
+                                ASrc::Packed(pa) => {
+                                    prefetch_now(pf);
+                                    tile(
+                                        isa,
+                                        kc_len,
+                                        pa.panel(kb, i),
+                                        bp,
+                                        dst,
+                                        ldc,
+                                        rows,
+                                        cols,
+                                        kb > 0 || ep.residual_in_c,
+                                        &mut buf,
+                                    )
+                                }
                                 ASrc::Plain(x) => tile_plain(
                                     isa,
                                     kc_len,
@@ -524,6 +525,7 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
                                     cols,
                                     kb > 0 || ep.residual_in_c,
                                     &mut buf,
+                                    pf,
                                 ),
                             }
                             if kb + 1 == kblocks {
@@ -544,27 +546,25 @@ fn tiled(a: ASrc, m: usize, mc: usize, b: &PackedB, c: &mut [f32], ldc: usize, e
 /// prefetch than without; an AVX2 panel of 256×16 measured 5% faster with it.)
 const PREFETCH_PANEL_BYTES: usize = 16 << 10;
 
-/// Prefetches share `t` of `of` of `next` (the B panel a product uses after the current
-/// one) into L1. A panel's first pass streams it from memory while the microkernel runs;
-/// spread over the row panels that use the current panel, the next one arrives ahead of
-/// use instead (measured on a dense layer whose weights are not in cache: AVX2 93 → 104
-/// GFLOP/s, the rate it has on weights that are).
+/// Share `t` of `of` of `next` (the B panel a product uses after the current one): the
+/// lines to prefetch while row panel `t` of `of` runs against the current panel. A
+/// panel's first pass otherwise streams it from memory while the microkernel waits;
+/// spread over the row panels, the next one arrives ahead of use (measured on dense
+/// layers whose weights are out of cache: AVX2 93 → 104 GFLOP/s).
+fn share(next: &[f32], t: usize, of: usize) -> &[f32] {
+    const LINE: usize = 16; // floats per 64-byte line
+    let lines = next.len().div_ceil(LINE);
+    let (l0, l1) = (t * lines / of, ((t + 1) * lines / of).min(lines));
+    &next[(l0 * LINE).min(next.len())..(l1 * LINE).min(next.len())]
+}
+
+/// Prefetches `v` into L1 before a microkernel that does not spread prefetches itself.
 #[inline]
-fn prefetch_share(next: &[f32], t: usize, of: usize) {
+fn prefetch_now(v: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        const LINE: usize = 16; // floats per 64-byte line
-        let lines = next.len().div_ceil(LINE);
-        let (l0, l1) = (t * lines / of, ((t + 1) * lines / of).min(lines));
-        for l in l0..l1 {
-            // SAFETY: the address lies inside `next`; a prefetch is a hint (SSE, in every
-            // x86-64 CPU) and never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(l * LINE) as *const i8) };
-        }
-    }
+    micro::prefetch_lines(v);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (next, t, of);
+    let _ = v;
 }
 
 /// The loop nest [`gemm`] / [`gemm_lazy_b`] run for C[m×n] = A[m×k]·B[k×n], as lines of
@@ -886,12 +886,13 @@ unsafe fn tile_plain(
     cols: usize,
     acc: bool,
     buf: &mut [f32],
+    pf: &[f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         let nr = isa.nr();
         if cols == nr {
-            micro::run_plain(isa, rows, false, kc_len, ap, lda, bp, dst, ldc, acc);
+            micro::run_plain(isa, rows, false, kc_len, ap, lda, bp, dst, ldc, acc, pf);
             return;
         }
         if acc {
@@ -901,14 +902,14 @@ unsafe fn tile_plain(
         }
         // An edge panel of at most half a tile computes only that half.
         let narrow = cols <= nr / 2;
-        micro::run_plain(isa, rows, narrow, kc_len, ap, lda, bp, buf.as_mut_ptr(), nr, acc);
+        micro::run_plain(isa, rows, narrow, kc_len, ap, lda, bp, buf.as_mut_ptr(), nr, acc, pf);
         for r in 0..rows {
             std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * nr), dst.add(r * ldc), cols);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, kc_len, ap, lda, bp, dst, ldc, rows, cols, acc, buf);
+        let _ = (isa, kc_len, ap, lda, bp, dst, ldc, rows, cols, acc, buf, pf);
         unreachable!("A is read in place only on x86-64");
     }
 }
