@@ -215,11 +215,11 @@ unsafe fn avx2_mr<const MR: usize, const PLAIN: bool, const NV: usize>(
     // One line of `pf` (what the caller wants in cache next) every four k steps: spread
     // out, the prefetches do not stall the loop waiting for free miss buffers, as a burst
     // of them before the call did (3% of a BERT layer's time on the prefetches alone).
-    let (pf_lines, mut line) = (pf.len().div_ceil(16), 0);
+    let (pf_lines, mut line) = (pf.len().div_ceil(LINE_FLOATS), 0);
     let mut p = 0;
     while p + 4 <= kc {
         if line < pf_lines {
-            _mm_prefetch::<_MM_HINT_T0>(pf.as_ptr().add(line * 16) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(pf.as_ptr().add(line * LINE_FLOATS) as *const i8);
             line += 1;
         }
         step(p, &mut c0, &mut c1);
@@ -232,7 +232,7 @@ unsafe fn avx2_mr<const MR: usize, const PLAIN: bool, const NV: usize>(
         step(p, &mut c0, &mut c1);
         p += 1;
     }
-    prefetch_lines(&pf[(line * 16).min(pf.len())..]);
+    prefetch_lines(&pf[(line * LINE_FLOATS).min(pf.len())..]);
     for r in 0..MR {
         let row = c.add(r * ldc);
         if acc {
@@ -248,13 +248,16 @@ unsafe fn avx2_mr<const MR: usize, const PLAIN: bool, const NV: usize>(
     }
 }
 
+/// Floats in one 64-byte cache line: the unit the prefetches count in.
+pub(crate) const LINE_FLOATS: usize = 16;
+
 /// Prefetches every 64-byte line of `v` into L1 at once (a hint: it never faults).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn prefetch_lines(v: &[f32]) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    for l in 0..v.len().div_ceil(16) {
+    for l in 0..v.len().div_ceil(LINE_FLOATS) {
         // SAFETY: the address lies inside `v`; prefetches are SSE, in every x86-64 CPU.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().add(l * 16) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().add(l * LINE_FLOATS) as *const i8) };
     }
 }
 

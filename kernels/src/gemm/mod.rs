@@ -552,7 +552,7 @@ const PREFETCH_PANEL_BYTES: usize = 16 << 10;
 /// spread over the row panels, the next one arrives ahead of use (measured on dense
 /// layers whose weights are out of cache: AVX2 93 → 104 GFLOP/s).
 fn share(next: &[f32], t: usize, of: usize) -> &[f32] {
-    const LINE: usize = 16; // floats per 64-byte line
+    const LINE: usize = micro::LINE_FLOATS;
     let lines = next.len().div_ceil(LINE);
     let (l0, l1) = (t * lines / of, ((t + 1) * lines / of).min(lines));
     &next[(l0 * LINE).min(next.len())..(l1 * LINE).min(next.len())]

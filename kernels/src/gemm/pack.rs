@@ -362,10 +362,15 @@ impl PackedB {
         if self.coded.is_some() || self.half.is_some() || j >= self.n.div_ceil(self.isa.nr()) {
             return None;
         }
+        self.data.get(self.panel_span(kb, j))
+    }
+
+    /// Where panel `j` of k block `kb` lies in the stored panels (`data` or `half`).
+    fn panel_span(&self, kb: usize, j: usize) -> std::ops::Range<usize> {
         let nr = self.isa.nr();
         let kc_len = self.kc.min(self.k - (kb * self.kc).min(self.k));
         let at = block_offset(kb, self.kc, self.n.div_ceil(nr), nr) + j * kc_len * nr;
-        self.data.get(at..at + kc_len * nr)
+        at..at + kc_len * nr
     }
 
     pub(crate) fn panel(&self, kb: usize, j: usize, scratch: &mut Vec<f32>) -> *const f32 {
@@ -386,13 +391,13 @@ impl PackedB {
             }
             return scratch.as_ptr();
         }
-        let at = block_offset(kb, self.kc, self.n.div_ceil(nr), nr) + j * kc_len * nr;
+        let span = self.panel_span(kb, j);
         match &self.half {
-            None => self.data[at..].as_ptr(),
+            None => self.data[span.start..].as_ptr(),
             Some(h) => {
-                let len = kc_len * nr;
+                let len = span.len();
                 scratch.resize(len, 0.0);
-                h[at..at + len].convert_to_f32_slice(&mut scratch[..len]);
+                h[span].convert_to_f32_slice(&mut scratch[..len]);
                 scratch.as_ptr()
             }
         }
